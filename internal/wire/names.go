@@ -1,0 +1,84 @@
+package wire
+
+// Exchanges, all durable, declared identically by every node.
+const (
+	// ExchangeEvents is the topic exchange every event rides.
+	ExchangeEvents = "mesh.events"
+	// ExchangeRPC is the topic exchange tool invocations ride.
+	ExchangeRPC = "mesh.rpc"
+	// ExchangeDead is the topic exchange dead letters are published to, with
+	// the event's original routing key.
+	ExchangeDead = "mesh.events.dead"
+	// ExchangeUnrouted is the fanout exchange set as mesh.events' alternate
+	// exchange: it receives every event no queue is bound for.
+	ExchangeUnrouted = "mesh.events.unrouted"
+)
+
+// Queues the topology keeps for operators.
+const (
+	// QueueDead keeps every dead letter (bound to ExchangeDead with "#").
+	QueueDead = "mesh.dead-letters"
+	// QueueUnrouted keeps every event no module consumed.
+	QueueUnrouted = "mesh.unrouted"
+)
+
+// Headers of the event contract (SPEC §1).
+const (
+	HeaderEventID     = "x-event-id"
+	HeaderSource      = "x-source"
+	HeaderNode        = "x-node"
+	HeaderTime        = "x-time"
+	HeaderCausationID = "x-causation-id"
+	HeaderSchema      = "x-schema"
+
+	HeaderTraceParent = "traceparent"
+	HeaderTraceState  = "tracestate"
+
+	// ContentTypeJSON is the only content type an event may carry.
+	ContentTypeJSON = "application/json"
+)
+
+// Headers the runtime adds for its own bookkeeping. They start with x-mesh-
+// so they never collide with an emitter's own x- headers.
+const (
+	// HeaderAttempt is the number of attempts already made on a classic
+	// queue, which counts nothing itself (the runtime republishes a failed
+	// event with this header raised by one).
+	HeaderAttempt = "x-mesh-attempt"
+	// HeaderRoutingKey keeps the original routing key on an event the
+	// runtime republished straight to a queue.
+	HeaderRoutingKey = "x-mesh-routing-key"
+
+	// HeaderDeadQueue names the queue that gave up on a dead letter.
+	HeaderDeadQueue = "x-mesh-dead-queue"
+	// HeaderDeadAttempts is how many times the handler was tried.
+	HeaderDeadAttempts = "x-mesh-dead-attempts"
+	// HeaderDeadReason is why: one of the DeadReason values.
+	HeaderDeadReason = "x-mesh-dead-reason"
+	// HeaderDeadError is the last error, as text.
+	HeaderDeadError = "x-mesh-dead-error"
+	// HeaderDeadTime is when the runtime gave up, RFC 3339 UTC.
+	HeaderDeadTime = "x-mesh-dead-time"
+)
+
+// Reasons a dead letter gives in HeaderDeadReason.
+const (
+	DeadReasonPermanent     = "permanent"      // the handler said the error is permanent
+	DeadReasonDeliveryLimit = "delivery_limit" // every attempt failed
+	DeadReasonMalformed     = "malformed"      // the message breaks the contract
+	DeadReasonNoHandler     = "no_handler"     // no subscribed pattern matches it (a binding left from an earlier run)
+)
+
+// Origins are the reserved first words of an event type.
+var Origins = []string{"module", "mesh", "node"}
+
+// ModuleQueue is the durable queue of a consuming module on a node.
+func ModuleQueue(node, module string) string {
+	return node + "." + module + ".events"
+}
+
+// ModuleEventType is the full type of an event a module emits by its own
+// relative name: module.<module>.<name>.
+func ModuleEventType(module, name string) string {
+	return "module." + module + "." + name
+}

@@ -1,0 +1,13 @@
+package wire
+
+import "time"
+
+// EmitOptions are the per-emit settings the sdk's options fill in and the
+// runtime reads.
+type EmitOptions struct {
+	Schema      string
+	CausationID string
+	TTL         time.Duration
+	Priority    uint8
+	HasPriority bool
+}

@@ -1,0 +1,181 @@
+package wire
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
+
+// MaxNameBytes is the AMQP limit for a routing key, exchange or queue name.
+const MaxNameBytes = 255
+
+// ErrInvalid is wrapped by every *InvalidError.
+var ErrInvalid = errors.New("invalid name")
+
+// InvalidError says which rule a routing key, pattern or name broke.
+type InvalidError struct {
+	What  string // "event type", "pattern", "queue name", "module name", ...
+	Value string
+	Rule  string
+}
+
+func (e *InvalidError) Error() string {
+	return fmt.Sprintf("%s %q: %s", e.What, e.Value, e.Rule)
+}
+
+// Unwrap lets errors.Is(err, ErrInvalid) hold.
+func (e *InvalidError) Unwrap() error { return ErrInvalid }
+
+func invalid(what, value, rule string, args ...any) error {
+	return &InvalidError{What: what, Value: value, Rule: fmt.Sprintf(rule, args...)}
+}
+
+// checkWord applies the rules every word of a key shares.
+func checkWord(what, value, word string, i int) error {
+	if word == "" {
+		return invalid(what, value, "word %d is empty (no leading, trailing or double dots)", i+1)
+	}
+	for _, r := range word {
+		switch {
+		case r == '*' || r == '#':
+			return invalid(what, value, "word %d contains %q, which only a pattern may use, as a whole word", i+1, r)
+		case r == utf8.RuneError:
+			return invalid(what, value, "is not valid UTF-8")
+		case unicode.IsControl(r):
+			return invalid(what, value, "word %d contains a control character", i+1)
+		case unicode.IsSpace(r):
+			return invalid(what, value, "word %d contains whitespace", i+1)
+		}
+	}
+	return nil
+}
+
+func checkLength(what, value string) error {
+	if value == "" {
+		return invalid(what, value, "is empty")
+	}
+	if len(value) > MaxNameBytes {
+		return invalid(what, value, "is %d bytes, over the AMQP limit of %d", len(value), MaxNameBytes)
+	}
+	if !utf8.ValidString(value) {
+		return invalid(what, value, "is not valid UTF-8")
+	}
+	return nil
+}
+
+// ValidateEventType checks a full event type (the routing key): at least three
+// dotted words, the first one of Origins, no empty word, no '*', '#',
+// whitespace or control characters, at most 255 bytes. It never cleans.
+func ValidateEventType(key string) error {
+	const what = "event type"
+	if err := checkLength(what, key); err != nil {
+		return err
+	}
+	words := strings.Split(key, ".")
+	for i, w := range words {
+		if err := checkWord(what, key, w, i); err != nil {
+			return err
+		}
+	}
+	if len(words) < 3 {
+		return invalid(what, key, "has %d words, needs at least 3 (<origin>.<name>.<event>)", len(words))
+	}
+	switch words[0] {
+	case "module", "mesh", "node":
+	default:
+		return invalid(what, key, "origin %q is not one of module, mesh, node", words[0])
+	}
+	return nil
+}
+
+// ValidateRelativeType checks the name a module emits under its own
+// namespace ("site.created"): one or more words, each following the event
+// type rules. The full type module.<module>.<name> is checked separately.
+func ValidateRelativeType(name string) error {
+	const what = "event name"
+	if err := checkLength(what, name); err != nil {
+		return err
+	}
+	for i, w := range strings.Split(name, ".") {
+		if err := checkWord(what, name, w, i); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ValidatePattern checks an AMQP topic pattern: words as in an event type,
+// or a whole word that is '*' (one word) or '#' (zero or more words).
+func ValidatePattern(pattern string) error {
+	const what = "pattern"
+	if err := checkLength(what, pattern); err != nil {
+		return err
+	}
+	for i, w := range strings.Split(pattern, ".") {
+		if w == "*" || w == "#" {
+			continue
+		}
+		if err := checkWord(what, pattern, w, i); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ValidateWord checks a name that becomes one word of routing keys and queue
+// names: a node or module name. what names the field ("node name").
+func ValidateWord(what, name string) error {
+	if err := checkLength(what, name); err != nil {
+		return err
+	}
+	if strings.Contains(name, ".") {
+		return invalid(what, name, "contains '.', but must be a single word")
+	}
+	return checkWord(what, name, name, 0)
+}
+
+// ValidateQueueName checks a queue name the runtime derives: not empty, at
+// most 255 bytes, no whitespace or control characters.
+func ValidateQueueName(name string) error {
+	const what = "queue name"
+	if err := checkLength(what, name); err != nil {
+		return err
+	}
+	for _, r := range name {
+		if unicode.IsControl(r) || unicode.IsSpace(r) {
+			return invalid(what, name, "contains whitespace or a control character")
+		}
+	}
+	return nil
+}
+
+// MatchPattern reports whether an AMQP topic pattern matches a routing key,
+// with the broker's semantics: '*' is exactly one word, '#' zero or more.
+func MatchPattern(pattern, key string) bool {
+	return match(strings.Split(pattern, "."), strings.Split(key, "."))
+}
+
+func match(p, k []string) bool {
+	for len(p) > 0 {
+		if p[0] == "#" {
+			for p = p[1:]; len(p) > 0 && p[0] == "#"; p = p[1:] {
+			}
+			if len(p) == 0 {
+				return true
+			}
+			for i := 0; i <= len(k); i++ {
+				if match(p, k[i:]) {
+					return true
+				}
+			}
+			return false
+		}
+		if len(k) == 0 || (p[0] != "*" && p[0] != k[0]) {
+			return false
+		}
+		p, k = p[1:], k[1:]
+	}
+	return len(k) == 0
+}

@@ -1,0 +1,55 @@
+package runtime
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/meshkit/mesh/internal/wire"
+	"github.com/meshkit/mesh/sdk"
+)
+
+// moduleMesh is a module's sdk.Mesh: it emits under the module's namespace
+// and subscribes the module's queue.
+type moduleMesh struct {
+	module *Module
+}
+
+var _ sdk.Mesh = (*moduleMesh)(nil)
+
+func (mm *moduleMesh) Emit(ctx context.Context, name string, body any, opts ...sdk.EmitOption) (string, error) {
+	m := mm.module
+	if err := wire.ValidateRelativeType(name); err != nil {
+		return "", fmt.Errorf("emit: %w", err)
+	}
+	eventType := wire.ModuleEventType(m.def.Name, name)
+	if err := wire.ValidateEventType(eventType); err != nil {
+		return "", fmt.Errorf("emit: %w", err)
+	}
+	o, err := sdk.ApplyEmitOptions(opts...)
+	if err != nil {
+		return "", err
+	}
+	return m.node.emit(ctx, m.def.Name, eventType, body, o)
+}
+
+func (mm *moduleMesh) On(pattern string, h sdk.Handler) error {
+	m := mm.module
+	if err := wire.ValidatePattern(pattern); err != nil {
+		return fmt.Errorf("on: %w", err)
+	}
+	if h == nil {
+		return fmt.Errorf("on %q: handler is nil", pattern)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.started {
+		return fmt.Errorf("on %q: %w", pattern, sdk.ErrAlreadyStarted)
+	}
+	for _, s := range m.subs {
+		if s.pattern == pattern {
+			return fmt.Errorf("on %q: pattern already subscribed by module %s", pattern, m.def.Name)
+		}
+	}
+	m.subs = append(m.subs, subscription{pattern: pattern, handler: h})
+	return nil
+}

@@ -1,0 +1,488 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/meshkit/mesh/internal/causation"
+	"github.com/meshkit/mesh/internal/wire"
+	"github.com/meshkit/mesh/sdk"
+)
+
+// Module is a module loaded on a node.
+type Module struct {
+	node  *Node
+	def   sdk.Module
+	cfg   ModuleConfig
+	queue string
+	log   *slog.Logger
+	mesh  *moduleMesh
+
+	mu      sync.Mutex
+	subs    []subscription // fixed once started
+	started bool
+	stopped bool
+
+	ch        *amqp.Channel // owned by the consumer; workers ack on it (amqp091-go serialises frames per channel)
+	tag       string
+	workers   sync.WaitGroup
+	retries   map[*time.Timer]struct{}
+	handleCtx context.Context // handlers run under it; cancelled only when a stop's grace runs out
+	cancelH   context.CancelFunc
+	runCancel context.CancelFunc
+	runDone   chan struct{}
+}
+
+type subscription struct {
+	pattern string
+	handler sdk.Handler
+}
+
+// Load runs def on the node in-process: Setup subscribes its handlers,
+// then its queue <node>.<module>.events is declared, bound to exactly the
+// patterns subscribed (a pattern bound on an earlier run and no longer
+// subscribed is unbound) and consumed; then Run, if any, starts.
+// Zero fields of mc take the node's defaults.
+func (n *Node) Load(ctx context.Context, def sdk.Module, mc ModuleConfig) (*Module, error) {
+	if err := wire.ValidateWord("module name", def.Name); err != nil {
+		return nil, fmt.Errorf("load module: %w", err)
+	}
+	for _, e := range def.Emits {
+		if err := wire.ValidateRelativeType(e); err != nil {
+			return nil, fmt.Errorf("load module %s: emits: %w", def.Name, err)
+		}
+	}
+	mc = mc.over(n.cfg.Module)
+	if err := mc.validate(); err != nil {
+		return nil, fmt.Errorf("load module %s: %w", def.Name, err)
+	}
+	queue := wire.ModuleQueue(n.cfg.Node, def.Name)
+	if err := wire.ValidateQueueName(queue); err != nil {
+		return nil, fmt.Errorf("load module %s: %w", def.Name, err)
+	}
+	m := &Module{
+		node:    n,
+		def:     def,
+		cfg:     mc,
+		queue:   queue,
+		log:     n.log.With("module", def.Name),
+		retries: make(map[*time.Timer]struct{}),
+		runDone: make(chan struct{}),
+	}
+	m.mesh = &moduleMesh{module: m}
+	m.handleCtx, m.cancelH = context.WithCancel(context.Background())
+
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		return nil, sdk.ErrClosed
+	}
+	if _, dup := n.modules[def.Name]; dup {
+		n.mu.Unlock()
+		return nil, fmt.Errorf("load module %s: a module of that name is already loaded on node %s", def.Name, n.cfg.Node)
+	}
+	n.modules[def.Name] = m
+	n.mu.Unlock()
+
+	if err := m.start(ctx); err != nil {
+		n.mu.Lock()
+		delete(n.modules, def.Name)
+		n.mu.Unlock()
+		m.cancelH()
+		if m.ch != nil {
+			m.ch.Close()
+		}
+		return nil, fmt.Errorf("load module %s: %w", def.Name, err)
+	}
+	return m, nil
+}
+
+func (m *Module) start(ctx context.Context) error {
+	if m.def.Setup != nil {
+		if err := m.def.Setup(m.mesh); err != nil {
+			return fmt.Errorf("setup: %w", err)
+		}
+	}
+	m.mu.Lock()
+	m.started = true
+	subs := slices.Clone(m.subs)
+	m.mu.Unlock()
+	if len(subs) > 0 {
+		if err := m.consume(ctx, subs); err != nil {
+			return err
+		}
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	m.runCancel = cancel
+	go func() {
+		defer close(m.runDone)
+		if m.def.Run == nil {
+			return
+		}
+		if err := m.def.Run(runCtx, m.mesh); err != nil && !errors.Is(err, context.Canceled) {
+			m.log.Error("module run ended with an error", "err", err)
+		}
+	}()
+	m.log.Info("module loaded", "queue", m.queue, "patterns", len(subs), "queue_type", m.cfg.QueueType)
+	return nil
+}
+
+// consume declares the module's queue, reconciles its bindings and starts
+// the workers.
+func (m *Module) consume(ctx context.Context, subs []subscription) error {
+	ch, err := m.node.subConn.Channel()
+	if err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	m.ch = ch
+	if _, err := ch.QueueDeclare(m.queue, true, false, false, false, moduleQueueArgs(m.cfg)); err != nil {
+		return fmt.Errorf("declare queue %s (if it exists with other arguments, such as another queue type or attempt limit, the broker refuses it: delete the queue or keep its settings): %w", m.queue, err)
+	}
+	want := make([]string, len(subs))
+	for i, s := range subs {
+		want[i] = s.pattern
+	}
+	had, err := m.node.bindings.load(m.queue)
+	if err != nil {
+		return err
+	}
+	for _, p := range want {
+		if err := ch.QueueBind(m.queue, p, wire.ExchangeEvents, false, nil); err != nil {
+			return fmt.Errorf("bind %s to %q: %w", m.queue, p, err)
+		}
+	}
+	for _, p := range had {
+		if slices.Contains(want, p) {
+			continue
+		}
+		if err := ch.QueueUnbind(m.queue, p, wire.ExchangeEvents, nil); err != nil {
+			return fmt.Errorf("unbind %s from %q: %w", m.queue, p, err)
+		}
+		m.log.Info("unbound a pattern the module no longer consumes", "pattern", p)
+	}
+	if err := m.node.bindings.store(m.queue, want); err != nil {
+		return err
+	}
+	if err := ch.Qos(m.cfg.Prefetch, 0, false); err != nil {
+		return fmt.Errorf("set prefetch: %w", err)
+	}
+	m.tag = "mesh." + m.node.cfg.Node + "." + m.def.Name
+	deliveries, err := ch.Consume(m.queue, m.tag, false, false, false, false, nil)
+	if err != nil {
+		return fmt.Errorf("consume %s: %w", m.queue, err)
+	}
+	for range m.cfg.Concurrency {
+		m.workers.Add(1)
+		go func() {
+			defer m.workers.Done()
+			for d := range deliveries {
+				m.handle(d)
+			}
+		}()
+	}
+	return nil
+}
+
+// Mesh returns the module's view of the mesh, to emit from outside its
+// handlers.
+func (m *Module) Mesh() sdk.Mesh { return m.mesh }
+
+// Stop stops consuming, lets the handlers in flight finish until ctx is
+// done, acknowledges what finished, and closes the module's channel: what
+// was delivered but not finished returns to the queue. Run's context is
+// cancelled. Stop is idempotent.
+func (m *Module) Stop(ctx context.Context) error {
+	m.mu.Lock()
+	if m.stopped {
+		m.mu.Unlock()
+		return nil
+	}
+	m.stopped = true
+	m.mu.Unlock()
+
+	if m.runCancel != nil {
+		m.runCancel()
+	}
+	var errs []error
+	if m.ch != nil {
+		if err := m.ch.Cancel(m.tag, false); err != nil {
+			errs = append(errs, fmt.Errorf("cancel consumer: %w", err))
+		}
+		drained := make(chan struct{})
+		go func() { m.workers.Wait(); close(drained) }()
+		select {
+		case <-drained:
+		case <-ctx.Done():
+			m.log.Warn("grace period over with handlers still running; their events return to the queue")
+			m.cancelH()
+			<-drained
+		}
+		m.mu.Lock()
+		for t := range m.retries {
+			t.Stop() // its event returns to the queue when the channel closes
+		}
+		m.mu.Unlock()
+		if err := m.ch.Close(); err != nil && !errors.Is(err, amqp.ErrClosed) {
+			errs = append(errs, fmt.Errorf("close channel: %w", err))
+		}
+	}
+	m.cancelH()
+	if m.runCancel != nil {
+		select {
+		case <-m.runDone:
+		case <-ctx.Done():
+		}
+	}
+	m.node.mu.Lock()
+	if m.node.modules[m.def.Name] == m {
+		delete(m.node.modules, m.def.Name)
+	}
+	m.node.mu.Unlock()
+	m.log.Info("module stopped")
+	return errors.Join(errs...)
+}
+
+// handle runs one delivery through validation, the handler and the
+// failure policy. Every path ends in exactly one ack, reject or scheduled
+// retry.
+func (m *Module) handle(d amqp.Delivery) {
+	meta, err := wire.DecodeMeta(d.Headers, d.ContentType, d.Body)
+	eventType := d.RoutingKey
+	if meta.RoutingKey != "" {
+		eventType = meta.RoutingKey
+	}
+	attempt := m.attempt(d, meta)
+	if err == nil {
+		err = wire.ValidateEventType(eventType)
+	}
+	if err != nil {
+		m.deadLetter(d, eventType, attempt, wire.DeadReasonMalformed, err)
+		return
+	}
+	if m.cfg.QueueType == QueueClassic && d.Redelivered {
+		// The last delivery of this message was never settled: its
+		// consumer stopped or crashed. That counts as an attempt, which a
+		// classic queue does not record, so record it and deliver again.
+		m.failed(d, eventType, attempt, errors.New("the consumer stopped before the handler finished"))
+		return
+	}
+	h := m.handlerFor(eventType)
+	if h == nil {
+		m.deadLetter(d, eventType, attempt, wire.DeadReasonNoHandler, fmt.Errorf("no handler of module %s matches %s", m.def.Name, eventType))
+		return
+	}
+	ev := sdk.Event{
+		ID:          meta.ID,
+		Type:        eventType,
+		Source:      meta.Source,
+		Node:        meta.Node,
+		Time:        meta.Time,
+		CausationID: meta.CausationID,
+		Schema:      meta.Schema,
+		Headers:     meta.Extra,
+		Body:        d.Body,
+		Attempt:     attempt,
+		Redelivered: d.Redelivered,
+	}
+	if err := m.call(h, ev); err != nil {
+		if errors.Is(err, sdk.ErrPermanent) {
+			m.deadLetter(d, eventType, attempt, wire.DeadReasonPermanent, err)
+			return
+		}
+		m.failed(d, eventType, attempt, err)
+		return
+	}
+	if err := d.Ack(false); err != nil {
+		m.log.Warn("ack failed; the event will be delivered again", "event_id", ev.ID, "err", err)
+	}
+}
+
+// attempt is the 1-based number of this handling of d.
+func (m *Module) attempt(d amqp.Delivery, meta wire.Meta) int {
+	if m.cfg.QueueType == QueueQuorum {
+		if n, ok := d.Headers["x-delivery-count"].(int64); ok && n >= 0 {
+			return int(n) + 1
+		}
+		return 1
+	}
+	return meta.Attempt + 1
+}
+
+func (m *Module) handlerFor(eventType string) sdk.Handler {
+	for _, s := range m.subs { // fixed since start: no lock needed
+		if wire.MatchPattern(s.pattern, eventType) {
+			return s.handler
+		}
+	}
+	return nil
+}
+
+// call runs the handler with the event as the context's cause, under the
+// handler timeout, turning a panic into an error. A handler that ignores
+// its context and runs on past the timeout is left running; its event is
+// settled as a failed attempt.
+func (m *Module) call(h sdk.Handler, ev sdk.Event) error {
+	ctx, cancel := context.WithTimeout(causation.With(m.handleCtx, ev.ID), m.cfg.HandlerTimeout)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		defer func() {
+			if r := recover(); r != nil {
+				done <- fmt.Errorf("handler panicked: %v", r)
+			}
+		}()
+		done <- h.HandleEvent(ctx, ev)
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return fmt.Errorf("handler timed out after %v", m.cfg.HandlerTimeout)
+		}
+		return fmt.Errorf("handler stopped: %w", ctx.Err())
+	}
+}
+
+// failed settles a failed attempt: dead-lettered if it was the last one,
+// otherwise tried again after a back-off.
+func (m *Module) failed(d amqp.Delivery, eventType string, attempt int, cause error) {
+	if attempt >= m.cfg.MaxAttempts {
+		m.deadLetter(d, eventType, attempt, wire.DeadReasonDeliveryLimit, cause)
+		return
+	}
+	delay := m.node.backoff(attempt)
+	m.log.Debug("handler failed; will retry", "event_type", eventType, "attempt", attempt, "retry_in", delay, "err", cause)
+	m.later(delay, func() {
+		if m.cfg.QueueType == QueueQuorum {
+			// reject with requeue counts toward x-delivery-limit on every
+			// version from 3.10 to 4.3; nack does not on 4.3.
+			if err := d.Reject(true); err != nil {
+				m.log.Warn("requeue failed; the event returns when the channel closes", "err", err)
+			}
+			return
+		}
+		m.requeueClassic(d, eventType, attempt)
+	})
+}
+
+// requeueClassic puts a copy of d at the back of its classic queue with the
+// attempts made so far, then acknowledges d. Until the copy is confirmed d
+// stays unacknowledged, so nothing is lost if either step fails.
+func (m *Module) requeueClassic(d amqp.Delivery, eventType string, attempts int) {
+	msg := republishing(d)
+	msg.Headers[wire.HeaderAttempt] = int64(attempts)
+	msg.Headers[wire.HeaderRoutingKey] = eventType
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := m.node.pub.publish(ctx, "", m.queue, msg); err != nil {
+		m.log.Warn("requeue failed; the event will be delivered again", "err", err)
+		_ = d.Reject(true)
+		return
+	}
+	if err := d.Ack(false); err != nil {
+		m.log.Warn("ack after requeue failed; the event may be handled twice", "err", err)
+	}
+}
+
+// deadLetter publishes d to the dead-letter exchange with its original
+// routing key, id, headers and body plus why, where and after how many
+// attempts, waits for the confirm, then acknowledges d.
+func (m *Module) deadLetter(d amqp.Delivery, eventType string, attempts int, reason string, cause error) {
+	msg := republishing(d)
+	msg.Headers[wire.HeaderDeadQueue] = m.queue
+	msg.Headers[wire.HeaderDeadAttempts] = int64(attempts)
+	msg.Headers[wire.HeaderDeadReason] = reason
+	msg.Headers[wire.HeaderDeadError] = truncateText(cause.Error(), 4096)
+	msg.Headers[wire.HeaderDeadTime] = time.Now().UTC().Format(time.RFC3339Nano)
+	key := eventType
+	if len(key) > wire.MaxNameBytes {
+		key = d.RoutingKey // a forged x-mesh-routing-key; the broker's own key always fits
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := m.node.pub.publish(ctx, wire.ExchangeDead, key, msg); err != nil {
+		delay := m.node.backoff(attempts)
+		m.log.Error("dead-lettering failed; the event goes back to the queue", "err", err, "retry_in", delay)
+		m.later(delay, func() { _ = d.Reject(true) })
+		return
+	}
+	m.log.Warn("event dead-lettered", "event_type", eventType, "event_id", d.MessageId, "reason", reason, "attempts", attempts, "err", cause)
+	if err := d.Ack(false); err != nil {
+		m.log.Warn("ack after dead-lettering failed; the event may be dead-lettered twice", "err", err)
+	}
+}
+
+// later runs f after delay unless the module stops first.
+func (m *Module) later(delay time.Duration, f func()) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.stopped {
+		return // the event returns to the queue when the channel closes
+	}
+	var t *time.Timer
+	t = time.AfterFunc(delay, func() {
+		m.mu.Lock()
+		_, live := m.retries[t]
+		delete(m.retries, t)
+		m.mu.Unlock()
+		if live {
+			f()
+		}
+	})
+	m.retries[t] = struct{}{}
+}
+
+// republishing copies d for publishing again: same body, id, properties and
+// headers, without what the broker added on delivery.
+func republishing(d amqp.Delivery) amqp.Publishing {
+	headers := make(amqp.Table, len(d.Headers)+5)
+	for k, v := range d.Headers {
+		switch k {
+		case "x-delivery-count", "x-death", "x-first-death-exchange", "x-first-death-queue", "x-first-death-reason",
+			"x-last-death-exchange", "x-last-death-queue", "x-last-death-reason":
+			continue
+		}
+		headers[k] = v
+	}
+	return amqp.Publishing{
+		Headers:         headers,
+		ContentType:     d.ContentType,
+		ContentEncoding: d.ContentEncoding,
+		DeliveryMode:    amqp.Persistent,
+		Priority:        d.Priority,
+		CorrelationId:   d.CorrelationId,
+		ReplyTo:         d.ReplyTo,
+		MessageId:       d.MessageId,
+		Timestamp:       d.Timestamp,
+		Type:            d.Type,
+		AppId:           d.AppId,
+		Body:            d.Body,
+	}
+}
+
+func truncateText(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// backoff is the delay before attempt+1: exponential from RetryMin,
+// capped at RetryMax, with up to 20% jitter so retries of a burst spread.
+func (n *Node) backoff(attempt int) time.Duration {
+	d := n.cfg.RetryMin
+	for i := 1; i < attempt && d < n.cfg.RetryMax; i++ {
+		d *= 2
+	}
+	d = min(d, n.cfg.RetryMax)
+	return d - time.Duration(rand.Int64N(int64(d)/5+1))
+}

@@ -1,0 +1,162 @@
+package runtime_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/internal/wire"
+	"github.com/meshkit/mesh/runtime"
+	"github.com/meshkit/mesh/sdk"
+)
+
+// TestBindingsFollowTheModule: a module restarted with a changed pattern
+// set no longer receives the dropped pattern, and receives the new one.
+func TestBindingsFollowTheModule(t *testing.T) {
+	t.Parallel()
+	url := brokertest.VHost(t)
+	state := t.TempDir()
+	n := testNode(t, url, "anchor", func(c *runtime.Config) { c.StateDir = state })
+	rec := newRecorder(nil)
+	subscribe := func(patterns ...string) sdk.Module {
+		return sdk.Module{Name: "watcher", Setup: func(m sdk.Mesh) error {
+			for _, p := range patterns {
+				if err := m.On(p, rec); err != nil {
+					return err
+				}
+			}
+			return nil
+		}}
+	}
+	m := load(t, n, subscribe("mesh.a.#", "mesh.b.#"), runtime.ModuleConfig{})
+	for _, typ := range []string{"mesh.a.x", "mesh.b.x"} {
+		if _, err := n.Emit(emitCtx(t), "test", typ, 1); err != nil {
+			t.Fatal(err)
+		}
+		if ev := rec.next(t); ev.Type != typ {
+			t.Fatalf("got %s, want %s", ev.Type, typ)
+		}
+	}
+	stop(t, m)
+
+	// A new node process with the same state dir: the record survives.
+	n2 := testNode(t, url, "anchor", func(c *runtime.Config) { c.StateDir = state })
+	load(t, n2, subscribe("mesh.a.#", "mesh.c.#"), runtime.ModuleConfig{})
+	raw := rawConn(t, url)
+	before := queueDepth(t, raw, wire.QueueUnrouted)
+	if _, err := n2.Emit(emitCtx(t), "test", "mesh.b.x", 1); err != nil {
+		t.Fatal(err)
+	}
+	// Confirmed means routed: with mesh.b.# unbound, the event went to the
+	// unrouted keeper, not to the module's queue.
+	if got := queueDepth(t, raw, wire.QueueUnrouted); got != before+1 {
+		t.Errorf("unrouted queue has %d, want %d: mesh.b.# is still bound", got, before+1)
+	}
+	for _, typ := range []string{"mesh.c.x", "mesh.a.y"} {
+		if _, err := n2.Emit(emitCtx(t), "test", typ, 1); err != nil {
+			t.Fatal(err)
+		}
+		if ev := rec.next(t); ev.Type != typ {
+			t.Fatalf("got %s, want %s (the dropped pattern was delivered)", ev.Type, typ)
+		}
+	}
+}
+
+// TestCausationThroughContext: an event emitted inside a handler carries the
+// handled event's id, with nothing done by the author.
+func TestCausationThroughContext(t *testing.T) {
+	t.Parallel()
+	n := testNode(t, "", "anchor", nil)
+	rec := newRecorder(nil)
+	var self sdk.Mesh
+	m := load(t, n, sdk.Module{Name: "chain", Setup: func(m sdk.Mesh) error {
+		self = m
+		if err := m.On("module.chain.first", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			_, err := self.Emit(ctx, "second", map[string]string{"from": ev.ID})
+			return err
+		})); err != nil {
+			return err
+		}
+		return m.On("module.chain.second", rec)
+	}}, runtime.ModuleConfig{})
+	first, err := m.Mesh().Emit(emitCtx(t), "first", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := rec.next(t)
+	if ev.CausationID != first {
+		t.Errorf("second event's causation %q, want the first event's id %q", ev.CausationID, first)
+	}
+	if ev.Source != "chain" || ev.Node != "anchor" {
+		t.Errorf("source %q node %q", ev.Source, ev.Node)
+	}
+	// Outside a handler there is no cause.
+	if _, err := m.Mesh().Emit(emitCtx(t), "second", 1); err != nil {
+		t.Fatal(err)
+	}
+	if ev := rec.next(t); ev.CausationID != "" {
+		t.Errorf("causation %q outside a handler", ev.CausationID)
+	}
+}
+
+// TestModuleRules: On after start, duplicate patterns, bad names and bad
+// configs are refused with errors that name what broke.
+func TestModuleRules(t *testing.T) {
+	t.Parallel()
+	n := testNode(t, "", "anchor", nil)
+	m := load(t, n, sdk.Module{Name: "late", Setup: func(m sdk.Mesh) error {
+		if err := m.On("mesh.x.#", newRecorder(nil)); err != nil {
+			return err
+		}
+		if err := m.On("mesh.x.#", newRecorder(nil)); err == nil {
+			return errors.New("duplicate pattern accepted")
+		}
+		if err := m.On("mesh..x", newRecorder(nil)); !errors.Is(err, sdk.ErrInvalidName) {
+			return errors.New("bad pattern accepted")
+		}
+		return nil
+	}}, runtime.ModuleConfig{})
+	if err := m.Mesh().On("mesh.y.#", newRecorder(nil)); !errors.Is(err, sdk.ErrAlreadyStarted) {
+		t.Errorf("On after start: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := n.Load(ctx, sdk.Module{Name: "late"}, runtime.ModuleConfig{}); err == nil {
+		t.Error("a second module of the same name was loaded")
+	}
+	if _, err := n.Load(ctx, sdk.Module{Name: "a.b"}, runtime.ModuleConfig{}); !errors.Is(err, sdk.ErrInvalidName) {
+		t.Errorf("module name with a dot: %v", err)
+	}
+	if _, err := n.Load(ctx, sdk.Module{Name: "prio"}, runtime.ModuleConfig{MaxPriority: 5}); err == nil {
+		t.Error("max priority on a quorum queue accepted")
+	}
+	if _, err := n.Load(ctx, sdk.Module{Name: "conc"}, runtime.ModuleConfig{Prefetch: 4, Concurrency: 8}); err == nil {
+		t.Error("concurrency over prefetch accepted")
+	}
+	// A module queue with other arguments than the broker has is refused
+	// with a clear error, not silently used.
+	stop(t, m)
+	if _, err := n.Load(ctx, sdk.Module{Name: "late", Setup: func(m sdk.Mesh) error {
+		return m.On("mesh.x.#", newRecorder(nil))
+	}}, runtime.ModuleConfig{MaxAttempts: 9}); err == nil {
+		t.Error("changed attempt limit on an existing quorum queue accepted")
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	err := runtime.Config{Node: "a b", MaxBodyBytes: -1, Module: runtime.ModuleConfig{QueueType: "stream", Prefetch: -3}}.Validate()
+	if err == nil {
+		t.Fatal("bad config accepted")
+	}
+	for _, field := range []string{"node", "max_body_bytes", "queue_type", "prefetch"} {
+		if !strings.Contains(err.Error(), field+":") {
+			t.Errorf("error %q does not name %s", err, field)
+		}
+	}
+	if err := (runtime.Config{Node: "anchor"}).Validate(); err != nil {
+		t.Errorf("defaults refused: %v", err)
+	}
+}

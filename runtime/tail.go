@@ -1,0 +1,87 @@
+package runtime
+
+import (
+	"context"
+	"fmt"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/meshkit/mesh/internal/wire"
+	"github.com/meshkit/mesh/sdk"
+)
+
+// TailedEvent is one event seen by Tail.
+type TailedEvent struct {
+	// Event is the decoded event; when Err is set, only Type and Body are.
+	Event sdk.Event
+	// Headers are all of the message's headers as they were on the wire.
+	Headers map[string]any
+	// Err says how the message breaks the contract, or is nil.
+	Err error
+}
+
+// Tail calls fn with every event matching pattern from now until ctx is
+// done or fn returns an error. It reads from a temporary, exclusive,
+// server-named queue that the broker deletes when Tail returns, so it takes
+// nothing from any module.
+func (n *Node) Tail(ctx context.Context, pattern string, fn func(TailedEvent) error) error {
+	if err := wire.ValidatePattern(pattern); err != nil {
+		return err
+	}
+	ch, err := n.subConn.Channel()
+	if err != nil {
+		return fmt.Errorf("tail: open channel: %w", err)
+	}
+	defer ch.Close()
+	q, err := ch.QueueDeclare("", false, true, true, false, amqp.Table{
+		"x-queue-type": QueueClassic,
+		"x-max-length": int64(100_000), // a stalled tail drops its oldest, never the broker's memory
+	})
+	if err != nil {
+		return fmt.Errorf("tail: declare queue: %w", err)
+	}
+	if err := ch.QueueBind(q.Name, pattern, wire.ExchangeEvents, false, nil); err != nil {
+		return fmt.Errorf("tail: bind %q: %w", pattern, err)
+	}
+	deliveries, err := ch.ConsumeWithContext(ctx, q.Name, "", true, true, false, false, nil)
+	if err != nil {
+		return fmt.Errorf("tail: consume: %w", err)
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case d, ok := <-deliveries:
+			if !ok {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return fmt.Errorf("tail: the broker closed the queue")
+			}
+			if err := fn(tailed(d)); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func tailed(d amqp.Delivery) TailedEvent {
+	meta, err := wire.DecodeMeta(d.Headers, d.ContentType, d.Body)
+	return TailedEvent{
+		Event: sdk.Event{
+			ID:          meta.ID,
+			Type:        d.RoutingKey,
+			Source:      meta.Source,
+			Node:        meta.Node,
+			Time:        meta.Time,
+			CausationID: meta.CausationID,
+			Schema:      meta.Schema,
+			Headers:     meta.Extra,
+			Body:        d.Body,
+			Attempt:     1,
+			Redelivered: d.Redelivered,
+		},
+		Headers: d.Headers,
+		Err:     err,
+	}
+}

@@ -1,0 +1,40 @@
+// Package sdk is what a mesh module imports: emit events, handle events,
+// and declare what the module emits and consumes. It never shows an
+// exchange, a queue, an AMQP type or a header key.
+//
+// # Emitting
+//
+// A module emits under its own name: Emit(ctx, "site.created", body) from
+// module "umami" publishes the event type module.umami.site.created. Emit
+// returns the event's id once the broker has confirmed it.
+//
+//	id, err := mesh.Emit(ctx, "site.created", Site{ID: 42})
+//
+// # Handling
+//
+// A module consumes with AMQP topic patterns ("module.umami.#",
+// "node.*.joined", "#"). A handler returns nil to acknowledge the event, an
+// error to have it retried with back-off, or an error wrapped by Permanent to
+// have it dead-lettered at once. A panic or a timeout counts as an error.
+// Past the redelivery limit the event is dead-lettered, never looped
+// forever.
+//
+//	mesh.On("module.umami.site.*", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+//		var s Site
+//		if err := ev.Decode(&s); err != nil {
+//			return sdk.Permanent(err)
+//		}
+//		return nil
+//	}))
+//
+// # Causation
+//
+// Anything emitted with the context a handler received carries the handled
+// event's id as its causation id, with nothing for the author to do.
+//
+// # Delivery
+//
+// Delivery is at least once: a handler can see an event again after a crash
+// between its work and the acknowledgement. Event.ID stays the same across
+// retries, redeliveries and replays, so handlers can be made idempotent by it.
+package sdk

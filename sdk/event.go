@@ -1,0 +1,46 @@
+package sdk
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// Event is one event as a handler receives it: its metadata and its body.
+type Event struct {
+	// ID is the event's ULID, the same across retries, redeliveries and
+	// replays.
+	ID string
+	// Type is the full event type, for example module.umami.site.created.
+	Type string
+	// Source is the emitter: a module, a mesh context or a node name.
+	Source string
+	// Node is the node the event was emitted from.
+	Node string
+	// Time is when it was emitted, in UTC.
+	Time time.Time
+	// CausationID is the id of the event or request that caused this one,
+	// or "".
+	CausationID string
+	// Schema is the version of the body's shape, or "".
+	Schema string
+	// Headers holds the emitter's other x- headers, as text. The mesh
+	// ignores them; a handler may read them.
+	Headers map[string]string
+	// Body is the JSON payload.
+	Body json.RawMessage
+	// Attempt counts the handler calls for this event in this queue,
+	// starting at 1.
+	Attempt int
+	// Redelivered is true when the broker delivered the event before, to
+	// this or another consumer of the queue.
+	Redelivered bool
+}
+
+// Decode unmarshals the event's JSON body into v.
+func (e Event) Decode(v any) error {
+	if err := json.Unmarshal(e.Body, v); err != nil {
+		return fmt.Errorf("decode body of %s event %s: %w", e.Type, e.ID, err)
+	}
+	return nil
+}

@@ -1,0 +1,66 @@
+package sdk
+
+import (
+	"context"
+)
+
+// Mesh is a module's view of the event mesh. It is safe for concurrent use.
+type Mesh interface {
+	// Emit publishes an event of type module.<this module>.<name> with body
+	// marshalled to JSON (a json.RawMessage or []byte is taken as JSON
+	// as is, and must be valid). It returns the event's id once the broker
+	// confirmed the event. If ctx carries a handled event (the ctx a Handler
+	// received), its id becomes the causation id.
+	//
+	// Errors: ErrInvalidName for a bad name, ErrBodyNotJSON,
+	// ErrBodyTooLarge, ErrRefused (transient), ErrClosed, or ctx's error.
+	Emit(ctx context.Context, name string, body any, opts ...EmitOption) (id string, err error)
+
+	// On subscribes h to the events matching an AMQP topic pattern
+	// ("module.umami.#", "node.*.joined", "#"). Call it while the module
+	// is set up (Module.Setup): once the module consumes, its patterns are
+	// fixed and On returns ErrAlreadyStarted. A pattern already subscribed
+	// is refused. Patterns the module no longer subscribes to on its next
+	// start are unbound from its queue.
+	//
+	// An event matching several of the module's patterns is delivered once,
+	// to the handler of the first pattern subscribed that matches.
+	On(pattern string, h Handler) error
+}
+
+// Handler handles events.
+//
+// HandleEvent returns nil to acknowledge the event. Any other error has the
+// event retried with back-off, up to the node's attempt limit, after which
+// it is dead-lettered with the last error. An error wrapped by Permanent is
+// dead-lettered at once. A panic counts as an error; so does running past
+// the node's handler timeout, after which ctx is cancelled.
+//
+// The ctx carries the event as the cause of anything emitted with it.
+type Handler interface {
+	HandleEvent(ctx context.Context, ev Event) error
+}
+
+// HandlerFunc adapts a function to a Handler.
+type HandlerFunc func(ctx context.Context, ev Event) error
+
+// HandleEvent calls f.
+func (f HandlerFunc) HandleEvent(ctx context.Context, ev Event) error { return f(ctx, ev) }
+
+// Module is what a module author writes: its name, what it emits, how it
+// subscribes and, optionally, work it runs for as long as it is loaded.
+type Module struct {
+	// Name is the module's name, one word (no dots): it becomes part of
+	// the types it emits (module.<Name>.<event>) and of its queue.
+	Name string
+	// Emits lists the event names (relative, "site.created") the module
+	// emits, for the mesh's event graph.
+	Emits []string
+	// Setup subscribes the module's handlers with m.On. It runs before the
+	// module consumes. It may be nil for a module that only emits.
+	Setup func(m Mesh) error
+	// Run, if not nil, runs once the module consumes, until ctx is
+	// cancelled when the module is stopped. A module that emits on its own
+	// (on a timer, from a socket) does it here.
+	Run func(ctx context.Context, m Mesh) error
+}

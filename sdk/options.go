@@ -1,0 +1,76 @@
+package sdk
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/meshkit/mesh/internal/wire"
+)
+
+// EmitOption is a per-emit setting: WithSchema, WithCausation, WithTTL,
+// WithPriority.
+type EmitOption func(*wire.EmitOptions) error
+
+// WithSchema records the version of the body's shape (x-schema).
+func WithSchema(version string) EmitOption {
+	return func(o *wire.EmitOptions) error {
+		if version == "" {
+			return errors.New("schema version is empty")
+		}
+		o.Schema = version
+		return nil
+	}
+}
+
+// WithCausation sets the causation id explicitly, overriding the one taken
+// from the handled event in the context.
+func WithCausation(id string) EmitOption {
+	return func(o *wire.EmitOptions) error {
+		if id == "" {
+			return errors.New("causation id is empty")
+		}
+		o.CausationID = id
+		return nil
+	}
+}
+
+// WithTTL makes the event expire if no consumer took it within ttl; an
+// expired event is dropped by the broker.
+func WithTTL(ttl time.Duration) EmitOption {
+	return func(o *wire.EmitOptions) error {
+		if ttl < time.Millisecond {
+			return fmt.Errorf("time to live %v is under 1ms", ttl)
+		}
+		o.TTL = ttl
+		return nil
+	}
+}
+
+// WithPriority sets the event's priority, 0 to 9. Only queues declared with
+// a maximum priority (classic queues) honour it; quorum queues accept and
+// ignore it.
+func WithPriority(p uint8) EmitOption {
+	return func(o *wire.EmitOptions) error {
+		if p > 9 {
+			return fmt.Errorf("priority %d is over 9", p)
+		}
+		o.Priority, o.HasPriority = p, true
+		return nil
+	}
+}
+
+// ApplyEmitOptions folds opts into one set of settings. Implementations of
+// Mesh call it; module authors do not need to.
+func ApplyEmitOptions(opts ...EmitOption) (wire.EmitOptions, error) {
+	var o wire.EmitOptions
+	for _, opt := range opts {
+		if opt == nil {
+			continue
+		}
+		if err := opt(&o); err != nil {
+			return o, fmt.Errorf("emit option: %w", err)
+		}
+	}
+	return o, nil
+}
