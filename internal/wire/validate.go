@@ -41,8 +41,6 @@ func checkWord(what, value, word string, i int) error {
 		switch {
 		case r == '*' || r == '#':
 			return invalid(what, value, "word %d contains %q, which only a pattern may use, as a whole word", i+1, r)
-		case r == utf8.RuneError:
-			return invalid(what, value, "is not valid UTF-8")
 		case unicode.IsControl(r):
 			return invalid(what, value, "word %d contains a control character", i+1)
 		case unicode.IsSpace(r):
@@ -143,6 +141,9 @@ func ValidateQueueName(name string) error {
 	if err := checkLength(what, name); err != nil {
 		return err
 	}
+	if strings.HasPrefix(name, "amq.") {
+		return invalid(what, name, "starts with \"amq.\", which the broker reserves")
+	}
 	for _, r := range name {
 		if unicode.IsControl(r) || unicode.IsSpace(r) {
 			return invalid(what, name, "contains whitespace or a control character")
@@ -152,30 +153,60 @@ func ValidateQueueName(name string) error {
 }
 
 // MatchPattern reports whether an AMQP topic pattern matches a routing key,
-// with the broker's semantics: '*' is exactly one word, '#' zero or more.
+// with the broker's semantics: '*' is exactly one word, '#' zero or more, and
+// the empty key has no words. It runs in time proportional to the product of
+// the word counts, whatever the pattern.
 func MatchPattern(pattern, key string) bool {
-	return match(strings.Split(pattern, "."), strings.Split(key, "."))
+	if !strings.Contains(pattern, "#") {
+		return matchWords(pattern, key)
+	}
+	return matchTable(words(pattern), words(key))
 }
 
-func match(p, k []string) bool {
-	for len(p) > 0 {
-		if p[0] == "#" {
-			for p = p[1:]; len(p) > 0 && p[0] == "#"; p = p[1:] {
-			}
-			if len(p) == 0 {
-				return true
-			}
-			for i := 0; i <= len(k); i++ {
-				if match(p, k[i:]) {
-					return true
-				}
-			}
-			return false
-		}
-		if len(k) == 0 || (p[0] != "*" && p[0] != k[0]) {
-			return false
-		}
-		p, k = p[1:], k[1:]
+func words(s string) []string {
+	if s == "" {
+		return nil
 	}
-	return len(k) == 0
+	return strings.Split(s, ".")
+}
+
+// matchWords matches a pattern without '#' word by word, without allocating.
+func matchWords(pattern, key string) bool {
+	if pattern == "" || key == "" {
+		return pattern == key
+	}
+	for {
+		pw, prest, pmore := strings.Cut(pattern, ".")
+		kw, krest, kmore := strings.Cut(key, ".")
+		if pw != "*" && pw != kw {
+			return false
+		}
+		if !pmore || !kmore {
+			return pmore == kmore
+		}
+		pattern, key = prest, krest
+	}
+}
+
+// matchTable matches by dynamic programming over (pattern word, key word):
+// next[j] says whether p[i+1:] matches k[j:].
+func matchTable(p, k []string) bool {
+	n := len(k)
+	next := make([]bool, n+1)
+	cur := make([]bool, n+1)
+	next[n] = true
+	for i := len(p) - 1; i >= 0; i-- {
+		for j := n; j >= 0; j-- {
+			switch {
+			case p[i] == "#":
+				cur[j] = next[j] || (j < n && cur[j+1])
+			case j < n && (p[i] == "*" || p[i] == k[j]):
+				cur[j] = next[j+1]
+			default:
+				cur[j] = false
+			}
+		}
+		next, cur = cur, next
+	}
+	return next[0]
 }
