@@ -16,7 +16,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"net/url"
+	neturl "net/url"
 	"os"
 	"os/exec"
 	"strings"
@@ -37,24 +37,39 @@ func Host() string {
 // URL of the virtual host.
 func VHost(t testing.TB) string {
 	t.Helper()
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	name := "mesh-test-" + hex.EncodeToString(b[:])
-	ctl(t, "add_vhost", name)
+	url, remove, err := Create("mesh-test")
+	if err != nil {
+		t.Fatalf("%v (is RabbitMQ running? scripts/ensure-rabbitmq.sh starts it)", err)
+	}
 	t.Cleanup(func() {
-		if err := run("delete_vhost", name); err != nil {
-			t.Errorf("delete test vhost %s: %v", name, err)
+		if err := remove(); err != nil {
+			t.Errorf("%v", err)
 		}
 	})
-	ctl(t, "set_permissions", "-p", name, "guest", ".*", ".*", ".*")
-	return "amqp://guest:guest@" + Host() + "/" + url.PathEscape(name)
+	return url
 }
 
-func ctl(t testing.TB, args ...string) {
-	t.Helper()
-	if err := run(args...); err != nil {
-		t.Fatalf("rabbitmqctl: %v (is RabbitMQ running? scripts/ensure-rabbitmq.sh starts it)", err)
+// Create makes a fresh virtual host named prefix-<random> with all rights
+// for guest, for programs that are not tests (the benchmark). It returns the
+// vhost's AMQP URL and a function that deletes it.
+func Create(prefix string) (url string, remove func() error, err error) {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	name := prefix + "-" + hex.EncodeToString(b[:])
+	if err := run("add_vhost", name); err != nil {
+		return "", nil, fmt.Errorf("rabbitmqctl: %w", err)
 	}
+	remove = func() error {
+		if err := run("delete_vhost", name); err != nil {
+			return fmt.Errorf("delete vhost %s: %w", name, err)
+		}
+		return nil
+	}
+	if err := run("set_permissions", "-p", name, "guest", ".*", ".*", ".*"); err != nil {
+		_ = remove()
+		return "", nil, fmt.Errorf("rabbitmqctl: %w", err)
+	}
+	return "amqp://guest:guest@" + Host() + "/" + neturl.PathEscape(name), remove, nil
 }
 
 func run(args ...string) error {

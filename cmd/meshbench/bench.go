@@ -1,0 +1,390 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/runtime"
+	"github.com/meshkit/mesh/sdk"
+)
+
+type options struct {
+	events, publishers, rate, rounds int
+	latencyFor                       time.Duration
+	queueTypes                       string
+}
+
+// payload is the 256-byte JSON body both sides send: the send time lets
+// the consumer measure latency.
+type payload struct {
+	SentNanos int64  `json:"sent_ns"`
+	Seq       int    `json:"seq"`
+	Pad       string `json:"pad"`
+}
+
+func body(seq int) []byte {
+	p := payload{SentNanos: time.Now().UnixNano(), Seq: seq}
+	b, _ := json.Marshal(p)
+	p.Pad = strings.Repeat("x", 256-len(b))
+	b, _ = json.Marshal(p)
+	return b
+}
+
+// side is one implementation under test: it publishes and, through its
+// consumer, reports each handled event's latency.
+type side interface {
+	publish(ctx context.Context, seq int) error
+	close() error
+}
+
+type sink struct {
+	mu        sync.Mutex
+	latencies []time.Duration
+	handled   atomic.Int64
+	want      int64
+	done      chan struct{}
+}
+
+func newSink(want int) *sink {
+	return &sink{want: int64(want), done: make(chan struct{}), latencies: make([]time.Duration, 0, want)}
+}
+
+func (s *sink) handle(b []byte) error {
+	var p payload
+	if err := json.Unmarshal(b, &p); err != nil {
+		return err
+	}
+	lat := time.Since(time.Unix(0, p.SentNanos))
+	s.mu.Lock()
+	s.latencies = append(s.latencies, lat)
+	s.mu.Unlock()
+	if s.handled.Add(1) == s.want {
+		close(s.done)
+	}
+	return nil
+}
+
+func (s *sink) wait(timeout time.Duration) error {
+	select {
+	case <-s.done:
+		return nil
+	case <-time.After(timeout):
+		return fmt.Errorf("only %d of %d events handled after %v", s.handled.Load(), s.want, timeout)
+	}
+}
+
+func run(o options) error {
+	if o.latencyFor == 0 {
+		o.latencyFor = 5 * time.Second
+	}
+	url, remove, err := brokertest.Create("mesh-bench")
+	if err != nil {
+		return fmt.Errorf("make a benchmark vhost: %w", err)
+	}
+	defer func() {
+		if err := remove(); err != nil {
+			fmt.Fprintln(os.Stderr, "meshbench:", err)
+		}
+	}()
+	fmt.Printf("meshbench: %d events/round, %d publishers, 256-byte JSON bodies, persistent, confirms on, prefetch 32, %d rounds (median)\n",
+		o.events, o.publishers, o.rounds)
+	for i, qt := range strings.Split(o.queueTypes, ",") {
+		if err := benchQueueType(url, qt, o, i == 0); err != nil {
+			return fmt.Errorf("%s queues: %w", qt, err)
+		}
+	}
+	return nil
+}
+
+func benchQueueType(url, qt string, o options, headline bool) error {
+	fmt.Printf("\n== %s queues ==\n", qt)
+	var rawTP, meshTP, rawP50, rawP99, meshP50, meshP99 []float64
+	mk := map[string]func(*sink) (side, error){
+		"raw":  func(s *sink) (side, error) { return newRaw(url, qt, s) },
+		"mesh": func(s *sink) (side, error) { return newMesh(url, qt, s) },
+	}
+	for r := 0; r < o.rounds; r++ {
+		for _, name := range []string{"raw", "mesh"} {
+			tp, err := throughput(mk[name], o)
+			if err != nil {
+				return fmt.Errorf("%s throughput: %w", name, err)
+			}
+			p50, p99, err := latency(mk[name], o)
+			if err != nil {
+				return fmt.Errorf("%s latency: %w", name, err)
+			}
+			fmt.Printf("round %d %-4s  %8.0f events/s   p50 %6.2f ms   p99 %6.2f ms\n", r+1, name, tp, p50, p99)
+			if name == "raw" {
+				rawTP, rawP50, rawP99 = append(rawTP, tp), append(rawP50, p50), append(rawP99, p99)
+			} else {
+				meshTP, meshP50, meshP99 = append(meshTP, tp), append(meshP50, p50), append(meshP99, p99)
+			}
+		}
+	}
+	rt, mt := median(rawTP), median(meshTP)
+	fmt.Printf("throughput  raw %8.0f events/s   mesh %8.0f events/s   ratio mesh/raw %.2f", rt, mt, mt/rt)
+	if headline {
+		fmt.Printf("   (target >= 0.85)")
+	}
+	fmt.Println()
+	fmt.Printf("latency at %d events/s: p50 raw %.2f ms  mesh %.2f ms (ratio %.2f);  p99 raw %.2f ms  mesh %.2f ms   ratio mesh/raw %.2f",
+		o.rate, median(rawP50), median(meshP50), median(meshP50)/median(rawP50), median(rawP99), median(meshP99), median(meshP99)/median(rawP99))
+	if headline {
+		fmt.Printf("   (target <= 1.5)")
+	}
+	fmt.Println()
+	return nil
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// throughput publishes o.events from o.publishers goroutines and returns
+// events handled per second, from the first publish to the last handling.
+func throughput(mk func(*sink) (side, error), o options) (float64, error) {
+	s := newSink(o.events)
+	sd, err := mk(s)
+	if err != nil {
+		return 0, err
+	}
+	defer sd.close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var next atomic.Int64
+	start := time.Now()
+	var wg sync.WaitGroup
+	errs := make(chan error, o.publishers)
+	for range o.publishers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1))
+				if i > o.events {
+					return
+				}
+				if err := sd.publish(ctx, i); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return 0, err
+	}
+	if err := s.wait(2 * time.Minute); err != nil {
+		return 0, err
+	}
+	return float64(o.events) / time.Since(start).Seconds(), nil
+}
+
+// latency offers o.rate events per second for o.latencyFor, each publish on
+// its own goroutine so a slow confirm never lowers the offered rate, and
+// returns the p50 and p99 of publish-to-handler latency in milliseconds.
+func latency(mk func(*sink) (side, error), o options) (p50, p99 float64, err error) {
+	n := int(o.latencyFor.Seconds() * float64(o.rate))
+	s := newSink(n)
+	sd, err := mk(s)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer sd.close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	interval := time.Second / time.Duration(o.rate)
+	start := time.Now()
+	var wg sync.WaitGroup
+	var failed atomic.Pointer[error]
+	for i := range n {
+		if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
+			time.Sleep(d)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := sd.publish(ctx, i); err != nil {
+				failed.CompareAndSwap(nil, &err)
+			}
+		}()
+	}
+	wg.Wait()
+	if e := failed.Load(); e != nil {
+		return 0, 0, *e
+	}
+	if err := s.wait(2 * time.Minute); err != nil {
+		return 0, 0, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	slices.Sort(s.latencies)
+	q := func(f float64) float64 {
+		return float64(s.latencies[int(f*float64(len(s.latencies)-1))]) / float64(time.Millisecond)
+	}
+	return q(0.50), q(0.99), nil
+}
+
+// meshSide runs a node with one module that consumes what it emits.
+type meshSide struct {
+	node *runtime.Node
+	mod  *runtime.Module
+}
+
+var meshRuns atomic.Int64
+
+func newMesh(url, qt string, s *sink) (side, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	state, err := os.MkdirTemp("", "meshbench-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(state) // the binding record is only needed while the node runs
+	node, err := runtime.New(ctx, runtime.Config{
+		Node:     "bench",
+		AMQPURL:  url,
+		StateDir: state,
+		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		return nil, err
+	}
+	// A fresh module (and queue) per round, so no round sees another's
+	// events.
+	name := fmt.Sprintf("bench%d", meshRuns.Add(1))
+	mod, err := node.Load(ctx, sdk.Module{Name: name, Setup: func(m sdk.Mesh) error {
+		return m.On("module."+name+".#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			return s.handle(ev.Body)
+		}))
+	}}, runtime.ModuleConfig{QueueType: qt})
+	if err != nil {
+		node.Close(ctx)
+		return nil, err
+	}
+	return &meshSide{node: node, mod: mod}, nil
+}
+
+func (m *meshSide) publish(ctx context.Context, seq int) error {
+	_, err := m.mod.Mesh().Emit(ctx, "measured", json.RawMessage(body(seq)))
+	return err
+}
+
+func (m *meshSide) close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return m.node.Close(ctx)
+}
+
+// rawSide is the baseline: plain amqp091-go with the same settings.
+type rawSide struct {
+	pubConn, subConn *amqp.Connection
+	pub              *amqp.Channel
+	queue            string
+}
+
+func newRaw(url, qt string, s *sink) (side, error) {
+	pubConn, err := amqp.Dial(url)
+	if err != nil {
+		return nil, err
+	}
+	subConn, err := amqp.Dial(url)
+	if err != nil {
+		pubConn.Close()
+		return nil, err
+	}
+	r := &rawSide{pubConn: pubConn, subConn: subConn, queue: fmt.Sprintf("raw.bench%d.events", meshRuns.Add(1))}
+	fail := func(err error) (side, error) {
+		r.close()
+		return nil, err
+	}
+	if r.pub, err = pubConn.Channel(); err != nil {
+		return fail(err)
+	}
+	if err := r.pub.Confirm(false); err != nil {
+		return fail(err)
+	}
+	if err := r.pub.ExchangeDeclare("raw.events", "topic", true, false, false, false, nil); err != nil {
+		return fail(err)
+	}
+	sub, err := subConn.Channel()
+	if err != nil {
+		return fail(err)
+	}
+	args := amqp.Table{"x-queue-type": qt}
+	if _, err := sub.QueueDeclare(r.queue, true, false, false, false, args); err != nil {
+		return fail(err)
+	}
+	if err := sub.QueueBind(r.queue, "module.raw.#", "raw.events", false, nil); err != nil {
+		return fail(err)
+	}
+	if err := sub.Qos(32, 0, false); err != nil {
+		return fail(err)
+	}
+	deliveries, err := sub.Consume(r.queue, "", false, false, false, false, nil)
+	if err != nil {
+		return fail(err)
+	}
+	go func() {
+		for d := range deliveries {
+			if err := s.handle(d.Body); err != nil {
+				_ = d.Reject(true)
+				continue
+			}
+			_ = d.Ack(false)
+		}
+	}()
+	return r, nil
+}
+
+func (r *rawSide) publish(ctx context.Context, seq int) error {
+	now := time.Now().UTC()
+	id := ulid.MustNew(ulid.Timestamp(now), ulid.DefaultEntropy()).String()
+	dc, err := r.pub.PublishWithDeferredConfirmWithContext(ctx, "raw.events", "module.raw.measured", true, false, amqp.Publishing{
+		Headers: amqp.Table{
+			"x-event-id": id, "x-source": "raw", "x-node": "bench", "x-time": now.Format(time.RFC3339Nano),
+		},
+		ContentType:  "application/json",
+		DeliveryMode: amqp.Persistent,
+		MessageId:    id,
+		Timestamp:    now,
+		Body:         body(seq),
+	})
+	if err != nil {
+		return err
+	}
+	ok, err := dc.WaitContext(ctx)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return errors.New("nacked")
+	}
+	return nil
+}
+
+func (r *rawSide) close() error {
+	if ch, err := r.subConn.Channel(); err == nil {
+		_, _ = ch.QueueDelete(r.queue, false, false, false)
+	}
+	r.subConn.Close()
+	return r.pubConn.Close()
+}
