@@ -25,18 +25,18 @@ bench: ## Run throughput/latency benchmarks beside a raw amqp091-go baseline
 	$(ENSURE)
 	$(GO) run ./cmd/meshbench
 
-demo: ## Start a node with an example module that emits and handles events
-	$(ENSURE)
-	$(GO) run ./examples/demo
+demo: ## Run a node with example modules in-process, shown live by meshctl tail
+	scripts/demo.sh
 
 lint: ## Fail on unformatted files (gofmt -l), then go vet
 	@files="$$(gofmt -l .)"; \
 	if [ -n "$$files" ]; then echo "gofmt needed on:"; echo "$$files"; exit 1; fi
 	$(GO) vet ./...
 
-fuzz: ## Fuzz the wire validators for 20s each
+fuzz: ## Fuzz event-type validation, header decoding and topic matching, 20s each
 	$(GO) test -run='^$$' -fuzz=FuzzValidateEventType -fuzztime=20s ./internal/wire
 	$(GO) test -run='^$$' -fuzz=FuzzDecodeMeta -fuzztime=20s ./internal/wire
+	$(GO) test -run='^$$' -fuzz=FuzzMatchPattern -fuzztime=20s ./internal/wire
 
 clean: ## Remove built binaries
 	rm -rf bin
