@@ -262,3 +262,45 @@ func TestHandlerTimeoutCountsAsFailure(t *testing.T) {
 		t.Errorf("dead letter error %v after %d calls", d.Headers["x-mesh-dead-error"], calls.Load())
 	}
 }
+
+// TestHungHandlerDoesNotStopTheModule: a handler that ignores its context
+// and never returns is counted as a failed attempt at its timeout, and the
+// module, with a single worker, goes on handling other events meanwhile.
+func TestHungHandlerDoesNotStopTheModule(t *testing.T) {
+	t.Parallel()
+	url := brokertest.VHost(t)
+	n := testNode(t, url, "anchor", nil)
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	var hangs atomic.Int32
+	rec := newRecorder(nil)
+	m := load(t, n, sdk.Module{Name: "stuck", Setup: func(m sdk.Mesh) error {
+		if err := m.On("module.stuck.hang", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			hangs.Add(1)
+			<-release // ignores ctx on purpose
+			return nil
+		})); err != nil {
+			return err
+		}
+		return m.On("module.stuck.ok", rec)
+	}}, runtime.ModuleConfig{MaxAttempts: 2, HandlerTimeout: 100 * time.Millisecond, Concurrency: 1})
+	if _, err := m.Mesh().Emit(emitCtx(t), "hang", 1); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		if _, err := m.Mesh().Emit(emitCtx(t), "ok", i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 5 {
+		rec.next(t)
+	}
+	d := nextDead(t, rawConn(t, url))
+	if d.RoutingKey != "module.stuck.hang" || d.Headers["x-mesh-dead-attempts"] != int64(2) ||
+		!strings.Contains(fmt.Sprint(d.Headers["x-mesh-dead-error"]), "timed out after 100ms") {
+		t.Errorf("dead letter %s: %v", d.RoutingKey, d.Headers)
+	}
+	if got := hangs.Load(); got != 2 {
+		t.Errorf("hanging handler called %d times, want 2", got)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -180,15 +181,24 @@ func (m *Module) consume(ctx context.Context, subs []subscription) error {
 		return fmt.Errorf("consume %s: %w", m.queue, err)
 	}
 	for range m.cfg.Concurrency {
-		m.workers.Add(1)
-		go func() {
-			defer m.workers.Done()
-			for d := range deliveries {
-				m.handle(d)
-			}
-		}()
+		m.startWorker(deliveries)
 	}
 	return nil
+}
+
+// startWorker starts a goroutine that handles deliveries until they end,
+// or until its handler overran its timeout: a replacement worker then took
+// its place, and it exits once the handler returns.
+func (m *Module) startWorker(deliveries <-chan amqp.Delivery) {
+	m.workers.Add(1)
+	go func() {
+		defer m.workers.Done()
+		for d := range deliveries {
+			if replaced := m.handle(d, deliveries); replaced {
+				return
+			}
+		}
+	}()
 }
 
 // Mesh returns the module's view of the mesh, to emit from outside its
@@ -223,7 +233,11 @@ func (m *Module) Stop(ctx context.Context) error {
 		case <-ctx.Done():
 			m.log.Warn("grace period over with handlers still running; their events return to the queue")
 			m.cancelH()
-			<-drained
+			select {
+			case <-drained:
+			case <-time.After(time.Second):
+				m.log.Error("handlers ignore their cancelled context; leaving them behind")
+			}
 		}
 		m.mu.Lock()
 		for t := range m.retries {
@@ -252,8 +266,10 @@ func (m *Module) Stop(ctx context.Context) error {
 
 // handle runs one delivery through validation, the handler and the
 // failure policy. Every path ends in exactly one ack, reject or scheduled
-// retry.
-func (m *Module) handle(d amqp.Delivery) {
+// retry. It reports whether the handler overran its timeout, in which case
+// the delivery was settled as failed and a new worker started in the
+// calling worker's place.
+func (m *Module) handle(d amqp.Delivery, deliveries <-chan amqp.Delivery) (replaced bool) {
 	meta, err := wire.DecodeMeta(d.Headers, d.ContentType, d.Body)
 	eventType := d.RoutingKey
 	if meta.RoutingKey != "" {
@@ -265,19 +281,19 @@ func (m *Module) handle(d amqp.Delivery) {
 	}
 	if err != nil {
 		m.deadLetter(d, eventType, attempt, wire.DeadReasonMalformed, err)
-		return
+		return false
 	}
 	if m.cfg.QueueType == QueueClassic && d.Redelivered {
 		// The last delivery of this message was never settled: its
 		// consumer stopped or crashed. That counts as an attempt, which a
 		// classic queue does not record, so record it and deliver again.
 		m.failed(d, eventType, attempt, errors.New("the consumer stopped before the handler finished"))
-		return
+		return false
 	}
 	h := m.handlerFor(eventType)
 	if h == nil {
 		m.deadLetter(d, eventType, attempt, wire.DeadReasonNoHandler, fmt.Errorf("no handler of module %s matches %s", m.def.Name, eventType))
-		return
+		return false
 	}
 	ev := sdk.Event{
 		ID:          meta.ID,
@@ -292,17 +308,23 @@ func (m *Module) handle(d amqp.Delivery) {
 		Attempt:     attempt,
 		Redelivered: d.Redelivered,
 	}
-	if err := m.call(h, ev); err != nil {
-		if errors.Is(err, sdk.ErrPermanent) {
-			m.deadLetter(d, eventType, attempt, wire.DeadReasonPermanent, err)
-			return
+	err, overran := m.call(h, ev, func() {
+		m.startWorker(deliveries)
+		m.failed(d, eventType, attempt, fmt.Errorf("handler timed out after %v", m.cfg.HandlerTimeout))
+	})
+	switch {
+	case overran:
+		return true
+	case err == nil:
+		if err := d.Ack(false); err != nil {
+			m.log.Warn("ack failed; the event will be delivered again", "event_id", ev.ID, "err", err)
 		}
+	case errors.Is(err, sdk.ErrPermanent):
+		m.deadLetter(d, eventType, attempt, wire.DeadReasonPermanent, err)
+	default:
 		m.failed(d, eventType, attempt, err)
-		return
 	}
-	if err := d.Ack(false); err != nil {
-		m.log.Warn("ack failed; the event will be delivered again", "event_id", ev.ID, "err", err)
-	}
+	return false
 }
 
 // attempt is the 1-based number of this handling of d.
@@ -325,31 +347,45 @@ func (m *Module) handlerFor(eventType string) sdk.Handler {
 	return nil
 }
 
-// call runs the handler with the event as the context's cause, under the
-// handler timeout, turning a panic into an error. A handler that ignores
-// its context and runs on past the timeout is left running; its event is
-// settled as a failed attempt.
-func (m *Module) call(h sdk.Handler, ev sdk.Event) error {
+// call runs the handler in the calling worker, with the event as the
+// context's cause and the handler timeout as its deadline, turning a panic
+// into an error. If the deadline passes first, overran runs at once (from
+// another goroutine) to settle the event and replace the worker, and call
+// reports overran=true when the handler finally returns; its result is then
+// ignored. Running inline, rather than on a goroutine per event, spares
+// every event a goroutine start and stack growth.
+func (m *Module) call(h sdk.Handler, ev sdk.Event, overran func()) (err error, timedOut bool) {
 	ctx, cancel := context.WithTimeout(causation.With(m.handleCtx, ev.ID), m.cfg.HandlerTimeout)
 	defer cancel()
-	done := make(chan error, 1)
-	go func() {
-		defer func() {
-			if r := recover(); r != nil {
-				done <- fmt.Errorf("handler panicked: %v", r)
-			}
-		}()
-		done <- h.HandleEvent(ctx, ev)
-	}()
-	select {
-	case err := <-done:
-		return err
-	case <-ctx.Done():
-		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			return fmt.Errorf("handler timed out after %v", m.cfg.HandlerTimeout)
+	var settled atomic.Bool
+	overranDone := make(chan struct{})
+	stopWatch := context.AfterFunc(ctx, func() {
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) && settled.CompareAndSwap(false, true) {
+			defer close(overranDone)
+			overran()
 		}
-		return fmt.Errorf("handler stopped: %w", ctx.Err())
+	})
+	err = safeHandle(ctx, h, ev)
+	stopWatch()
+	if !settled.CompareAndSwap(false, true) {
+		// Wait until the replacement worker is counted, so that the
+		// module's worker count never drops to zero in between.
+		<-overranDone
+		return nil, true
 	}
+	if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		err = fmt.Errorf("handler timed out after %v: %w", m.cfg.HandlerTimeout, err)
+	}
+	return err, false
+}
+
+func safeHandle(ctx context.Context, h sdk.Handler, ev sdk.Event) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("handler panicked: %v", r)
+		}
+	}()
+	return h.HandleEvent(ctx, ev)
 }
 
 // failed settles a failed attempt: dead-lettered if it was the last one,

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/oklog/ulid/v2"
@@ -112,14 +113,14 @@ func run(o options) error {
 
 func benchQueueType(url, qt string, o options, headline bool) error {
 	fmt.Printf("\n== %s queues ==\n", qt)
-	var rawTP, meshTP, rawP50, rawP99, meshP50, meshP99 []float64
+	var rawTP, meshTP, rawCPU, meshCPU, rawP50, rawP99, meshP50, meshP99 []float64
 	mk := map[string]func(*sink) (side, error){
 		"raw":  func(s *sink) (side, error) { return newRaw(url, qt, s) },
 		"mesh": func(s *sink) (side, error) { return newMesh(url, qt, s) },
 	}
 	for r := 0; r < o.rounds; r++ {
 		for _, name := range []string{"raw", "mesh"} {
-			tp, err := throughput(mk[name], o)
+			tp, cpu, err := throughput(mk[name], o)
 			if err != nil {
 				return fmt.Errorf("%s throughput: %w", name, err)
 			}
@@ -127,11 +128,13 @@ func benchQueueType(url, qt string, o options, headline bool) error {
 			if err != nil {
 				return fmt.Errorf("%s latency: %w", name, err)
 			}
-			fmt.Printf("round %d %-4s  %8.0f events/s   p50 %6.2f ms   p99 %6.2f ms\n", r+1, name, tp, p50, p99)
+			fmt.Printf("round %d %-4s  %8.0f events/s  client CPU %5.1f µs/event   p50 %6.2f ms   p99 %6.2f ms\n",
+				r+1, name, tp, float64(cpu)/float64(time.Microsecond), p50, p99)
+			us := float64(cpu) / float64(time.Microsecond)
 			if name == "raw" {
-				rawTP, rawP50, rawP99 = append(rawTP, tp), append(rawP50, p50), append(rawP99, p99)
+				rawTP, rawCPU, rawP50, rawP99 = append(rawTP, tp), append(rawCPU, us), append(rawP50, p50), append(rawP99, p99)
 			} else {
-				meshTP, meshP50, meshP99 = append(meshTP, tp), append(meshP50, p50), append(meshP99, p99)
+				meshTP, meshCPU, meshP50, meshP99 = append(meshTP, tp), append(meshCPU, us), append(meshP50, p50), append(meshP99, p99)
 			}
 		}
 	}
@@ -141,6 +144,7 @@ func benchQueueType(url, qt string, o options, headline bool) error {
 		fmt.Printf("   (target >= 0.85)")
 	}
 	fmt.Println()
+	fmt.Printf("client CPU  raw %5.1f µs/event   mesh %5.1f µs/event   ratio mesh/raw %.2f\n", median(rawCPU), median(meshCPU), median(meshCPU)/median(rawCPU))
 	fmt.Printf("latency at %d events/s: p50 raw %.2f ms  mesh %.2f ms (ratio %.2f);  p99 raw %.2f ms  mesh %.2f ms   ratio mesh/raw %.2f",
 		o.rate, median(rawP50), median(meshP50), median(meshP50)/median(rawP50), median(rawP99), median(meshP99), median(meshP99)/median(rawP99))
 	if headline {
@@ -156,18 +160,29 @@ func median(xs []float64) float64 {
 	return s[len(s)/2]
 }
 
+// cpuTime is this process's user+system CPU time so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
 // throughput publishes o.events from o.publishers goroutines and returns
-// events handled per second, from the first publish to the last handling.
-func throughput(mk func(*sink) (side, error), o options) (float64, error) {
+// events handled per second, from the first publish to the last handling,
+// and the client's CPU time per event (publisher and consumer together).
+func throughput(mk func(*sink) (side, error), o options) (float64, time.Duration, error) {
 	s := newSink(o.events)
 	sd, err := mk(s)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer sd.close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var next atomic.Int64
+	cpu0 := cpuTime()
 	start := time.Now()
 	var wg sync.WaitGroup
 	errs := make(chan error, o.publishers)
@@ -190,12 +205,13 @@ func throughput(mk func(*sink) (side, error), o options) (float64, error) {
 	wg.Wait()
 	close(errs)
 	if err := <-errs; err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	if err := s.wait(2 * time.Minute); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	return float64(o.events) / time.Since(start).Seconds(), nil
+	elapsed := time.Since(start)
+	return float64(o.events) / elapsed.Seconds(), (cpuTime() - cpu0) / time.Duration(o.events), nil
 }
 
 // latency offers o.rate events per second for o.latencyFor, each publish on

@@ -13,6 +13,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"runtime/pprof"
 )
 
 func main() {
@@ -23,9 +24,23 @@ func main() {
 	flag.DurationVar(&o.latencyFor, "latency-for", 0, "length of a latency round (default 5s)")
 	flag.IntVar(&o.rounds, "rounds", 3, "alternating rounds per figure; the median is reported")
 	flag.StringVar(&o.queueTypes, "queue-types", "quorum,classic", "queue types to measure, the first is the headline")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to `FILE`")
 	flag.Parse()
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "meshbench:", err)
+			os.Exit(1)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(os.Stderr, "meshbench:", err)
+			os.Exit(1)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "meshbench:", err)
+		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 }
