@@ -180,10 +180,31 @@ func (m *Module) consume(ctx context.Context, subs []subscription) error {
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", m.queue, err)
 	}
+	go m.watch(ch.NotifyClose(make(chan *amqp.Error, 1)), ch.NotifyCancel(make(chan string, 1)))
 	for range m.cfg.Concurrency {
 		m.startWorker(deliveries)
 	}
 	return nil
+}
+
+// watch logs when the broker ends the module's consumption on its own: its
+// channel closed with an error or its consumer was cancelled (the queue was
+// deleted). It returns when the channel closes.
+func (m *Module) watch(closed <-chan *amqp.Error, cancelled <-chan string) {
+	for {
+		select {
+		case err, ok := <-closed:
+			if ok && err != nil {
+				m.log.Error("module stopped consuming: its channel closed", "queue", m.queue, "err", err)
+			}
+			return
+		case _, ok := <-cancelled:
+			if ok {
+				m.log.Error("module stopped consuming: the broker cancelled its consumer (was the queue deleted?)", "queue", m.queue)
+			}
+			cancelled = nil
+		}
+	}
 }
 
 // startWorker starts a goroutine that handles deliveries until they end,

@@ -31,6 +31,10 @@ type Node struct {
 	mu      sync.Mutex
 	modules map[string]*Module
 	closed  bool
+
+	done     chan struct{} // closed when a broker connection is lost
+	doneOnce sync.Once
+	doneErr  error
 }
 
 // New connects to the broker, declares and verifies the topology, and
@@ -45,6 +49,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		log:      cfg.Logger.With("node", cfg.Node),
 		bindings: bindingRecord{dir: cfg.StateDir},
 		modules:  make(map[string]*Module),
+		done:     make(chan struct{}),
 	}
 	var err error
 	if n.pubConn, err = dial(ctx, cfg, "publish"); err != nil {
@@ -67,8 +72,38 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		n.subConn.Close()
 		return nil, fmt.Errorf("node %s: %w", cfg.Node, err)
 	}
+	go n.watch(n.pubConn, "publish")
+	go n.watch(n.subConn, "consume")
 	n.log.Info("node connected", "broker", redactURL(cfg.AMQPURL))
 	return n, nil
+}
+
+// watch reports the loss of a broker connection through Done. The node does
+// not reconnect yet: a supervisor (systemd, meshd's caller) restarts it.
+func (n *Node) watch(conn *amqp.Connection, role string) {
+	err, ok := <-conn.NotifyClose(make(chan *amqp.Error, 1))
+	if !ok || err == nil {
+		return // closed by Close
+	}
+	n.log.Error("broker connection lost", "connection", role, "err", err)
+	n.doneOnce.Do(func() {
+		n.doneErr = fmt.Errorf("broker connection (%s) lost: %w", role, err)
+		close(n.done)
+	})
+}
+
+// Done is closed when the node can no longer work because a broker
+// connection was lost; Err then says why. It is not closed by Close.
+func (n *Node) Done() <-chan struct{} { return n.done }
+
+// Err returns why Done was closed, or nil.
+func (n *Node) Err() error {
+	select {
+	case <-n.done:
+		return n.doneErr
+	default:
+		return nil
+	}
 }
 
 func dial(ctx context.Context, cfg Config, role string) (*amqp.Connection, error) {

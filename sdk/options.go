@@ -35,8 +35,9 @@ func WithCausation(id string) EmitOption {
 	}
 }
 
-// WithTTL makes the event expire if no consumer took it within ttl; an
-// expired event is dropped by the broker.
+// WithTTL gives the event a time to live: a copy still waiting in a
+// module's queue when ttl runs out is not handled; the broker sets it aside
+// in the dead letters with the reason "expired".
 func WithTTL(ttl time.Duration) EmitOption {
 	return func(o *wire.EmitOptions) error {
 		if ttl < time.Millisecond {

@@ -55,7 +55,14 @@ func run(c *cli.Context) error {
 		log.Warn("could not announce the node", "err", err)
 	}
 	log.Info("node running; SIGTERM or SIGINT stops it")
-	<-ctx.Done()
+	select {
+	case <-ctx.Done():
+	case <-node.Done():
+		// Reconnecting is not built yet: exit non-zero so the supervisor
+		// restarts the node; unacked deliveries return to their queues.
+		_ = node.Close(context.Background())
+		return node.Err()
+	}
 
 	shutdown, cancel := context.WithTimeout(context.Background(), c.Duration("grace")+5*time.Second)
 	defer cancel()

@@ -1,0 +1,110 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+
+	"github.com/meshkit/mesh/internal/brokertest"
+)
+
+// TestEmitAndTail runs the meshctl binary's `tail --json` and `emit`
+// against the real broker: tail prints the emitted event, with its headers
+// and body, as one JSON object per line. (Separate processes: urfave/cli
+// keeps global flag state that two apps in one process would race on.)
+func TestEmitAndTail(t *testing.T) {
+	url := brokertest.VHost(t)
+	bin := filepath.Join(t.TempDir(), "meshctl")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel) // after the cleanup below, which stops tail with SIGTERM
+	tail := exec.CommandContext(ctx, bin, "--amqp-url", url, "tail", "--json", "mesh.ops.#")
+	stdout, err := tail.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tailErr bytes.Buffer
+	tail.Stderr = &tailErr
+	if err := tail.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = tail.Process.Signal(syscall.SIGTERM)
+		if err := tail.Wait(); err != nil {
+			t.Errorf("tail exited with %v: %s", err, tailErr.String())
+		}
+	})
+	lines := make(chan string, 10)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+
+	// Emit until tail has bound its queue and prints the event.
+	var line string
+	for line == "" {
+		out, err := exec.CommandContext(ctx, bin, "--amqp-url", url, "--node", "ops-laptop", "emit", "--schema", "2",
+			"mesh.ops.restarted", `{"service":"db"}`).Output()
+		if err != nil {
+			t.Fatalf("emit: %v", err)
+		}
+		id := strings.TrimSpace(string(out))
+		if _, err := ulid.ParseStrict(id); err != nil {
+			t.Fatalf("emit printed %q, not an id", id)
+		}
+		select {
+		case line = <-lines:
+		case <-time.After(500 * time.Millisecond):
+		case <-ctx.Done():
+			t.Fatalf("tail printed nothing: %s", tailErr.String())
+		}
+	}
+	var got struct {
+		ID, Type, Source, Node, Schema string
+		Headers                        map[string]string
+		Body                           json.RawMessage
+	}
+	if err := json.Unmarshal([]byte(line), &got); err != nil {
+		t.Fatalf("tail line %q: %v", line, err)
+	}
+	if got.Type != "mesh.ops.restarted" || got.Source != "meshctl" || got.Node != "ops-laptop" || got.Schema != "2" {
+		t.Errorf("tail printed %+v", got)
+	}
+	if got.Headers["x-event-id"] != got.ID || got.Headers["x-source"] != "meshctl" {
+		t.Errorf("headers %v", got.Headers)
+	}
+	if string(got.Body) != `{"service":"db"}` {
+		t.Errorf("body %s", got.Body)
+	}
+}
+
+func TestEmitRefusesBadInput(t *testing.T) {
+	url := brokertest.VHost(t)
+	for _, args := range [][]string{
+		{"emit", "mesh.ops", "{}"},
+		{"emit", "mesh.ops.x", "not json"},
+		{"emit", "mesh.ops.x"},
+		{"tail", "a..b"},
+	} {
+		a := app()
+		a.Writer = io.Discard
+		if err := a.Run(append([]string{"meshctl", "--amqp-url", url}, args...)); err == nil {
+			t.Errorf("meshctl %v succeeded", args)
+		}
+	}
+}
