@@ -139,6 +139,9 @@ func (m *Module) start(ctx context.Context) error {
 // consume declares the module's queue, reconciles its bindings and starts
 // the workers.
 func (m *Module) consume(ctx context.Context, subs []subscription) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	ch, err := m.node.subConn.Channel()
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)

@@ -147,6 +147,9 @@ func (p *publisher) fail(err error) {
 // publish sends msg persistent and mandatory and waits for the broker's
 // confirm. It returns nil only for a positive confirm of a routed message.
 func (p *publisher) publish(ctx context.Context, exchange, key string, msg amqp.Publishing) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("publish to %s with key %q: %w", exchange, key, err)
+	}
 	w := waitPool.Get().(*confirmWait)
 	w.messageID = msg.MessageId
 	p.mu.Lock()
@@ -165,6 +168,9 @@ func (p *publisher) publish(ctx context.Context, exchange, key string, msg amqp.
 	p.mu.Unlock()
 	if err != nil {
 		waitPool.Put(w)
+		if errors.Is(err, amqp.ErrClosed) {
+			err = errors.Join(sdk.ErrClosed, err)
+		}
 		return fmt.Errorf("publish to %s with key %q: %w", exchange, key, err)
 	}
 	select {

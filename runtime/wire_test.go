@@ -291,3 +291,21 @@ func TestUnroutedEventsAreKept(t *testing.T) {
 		t.Errorf("unrouted keeper got %v %s, want %s", d.Headers["x-event-id"], d.RoutingKey, id)
 	}
 }
+
+// TestNodesDeclareTheSameTopology: several nodes on one broker declare the
+// topology without conflicting, and an event one emits reaches a module on
+// the other.
+func TestNodesDeclareTheSameTopology(t *testing.T) {
+	t.Parallel()
+	url := brokertest.VHost(t)
+	a := testNode(t, url, "anchor", nil)
+	b := testNode(t, url, "beacon", nil)
+	rec := newRecorder(nil)
+	load(t, b, sdk.Module{Name: "watcher", Setup: func(m sdk.Mesh) error { return m.On("node.anchor.*", rec) }}, runtime.ModuleConfig{})
+	if _, err := a.Emit(emitCtx(t), "anchor", "node.anchor.joined", map[string]any{}); err != nil {
+		t.Fatal(err)
+	}
+	if ev := rec.next(t); ev.Node != "anchor" || ev.Type != "node.anchor.joined" {
+		t.Errorf("beacon's module got %+v", ev)
+	}
+}
