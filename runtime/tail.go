@@ -43,7 +43,9 @@ func (n *Node) Tail(ctx context.Context, pattern string, fn func(TailedEvent) er
 	if err := ch.QueueBind(q.Name, pattern, wire.ExchangeEvents, false, nil); err != nil {
 		return fmt.Errorf("tail: bind %q: %w", pattern, err)
 	}
-	deliveries, err := ch.ConsumeWithContext(ctx, q.Name, "", true, true, false, false, nil)
+	// Plain Consume: ConsumeWithContext would cancel the consumer from its own
+	// goroutine while the deferred Close runs, and the two calls can hang.
+	deliveries, err := ch.Consume(q.Name, "", true, true, false, false, nil)
 	if err != nil {
 		return fmt.Errorf("tail: consume: %w", err)
 	}
