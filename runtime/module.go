@@ -120,6 +120,8 @@ func (m *Module) start(ctx context.Context) error {
 		if err := m.consume(ctx, subs); err != nil {
 			return err
 		}
+	} else if err := m.unbindAll(); err != nil {
+		return err
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
 	m.runCancel = cancel
@@ -154,6 +156,27 @@ func (m *Module) consume(ctx context.Context, subs []subscription) error {
 	for i, s := range subs {
 		want[i] = s.pattern
 	}
+	if err := m.reconcileBindings(ch, want); err != nil {
+		return err
+	}
+	if err := ch.Qos(m.cfg.Prefetch, 0, false); err != nil {
+		return fmt.Errorf("set prefetch: %w", err)
+	}
+	m.tag = "mesh." + m.node.cfg.Node + "." + m.def.Name
+	deliveries, err := ch.Consume(m.queue, m.tag, false, false, false, false, nil)
+	if err != nil {
+		return fmt.Errorf("consume %s: %w", m.queue, err)
+	}
+	go m.watch(ch.NotifyClose(make(chan *amqp.Error, 1)), ch.NotifyCancel(make(chan string, 1)))
+	for range m.cfg.Concurrency {
+		m.startWorker(deliveries)
+	}
+	return nil
+}
+
+// reconcileBindings binds the module's queue to every pattern in want and
+// unbinds the patterns recorded for it that want no longer has.
+func (m *Module) reconcileBindings(ch *amqp.Channel, want []string) error {
 	had, err := m.node.bindings.load(m.queue)
 	if err != nil {
 		return err
@@ -172,22 +195,23 @@ func (m *Module) consume(ctx context.Context, subs []subscription) error {
 		}
 		m.log.Info("unbound a pattern the module no longer consumes", "pattern", p)
 	}
-	if err := m.node.bindings.store(m.queue, want); err != nil {
+	return m.node.bindings.store(m.queue, want)
+}
+
+// unbindAll unbinds a module that consumes nothing (any more) from what it
+// consumed before, so its queue stops filling. The queue and what is in it
+// stay for the operator.
+func (m *Module) unbindAll() error {
+	had, err := m.node.bindings.load(m.queue)
+	if err != nil || len(had) == 0 {
 		return err
 	}
-	if err := ch.Qos(m.cfg.Prefetch, 0, false); err != nil {
-		return fmt.Errorf("set prefetch: %w", err)
-	}
-	m.tag = "mesh." + m.node.cfg.Node + "." + m.def.Name
-	deliveries, err := ch.Consume(m.queue, m.tag, false, false, false, false, nil)
+	ch, err := m.node.subConn.Channel()
 	if err != nil {
-		return fmt.Errorf("consume %s: %w", m.queue, err)
+		return fmt.Errorf("open channel: %w", err)
 	}
-	go m.watch(ch.NotifyClose(make(chan *amqp.Error, 1)), ch.NotifyCancel(make(chan string, 1)))
-	for range m.cfg.Concurrency {
-		m.startWorker(deliveries)
-	}
-	return nil
+	defer ch.Close()
+	return m.reconcileBindings(ch, nil)
 }
 
 // watch logs when the broker ends the module's consumption on its own: its
@@ -319,19 +343,7 @@ func (m *Module) handle(d amqp.Delivery, deliveries <-chan amqp.Delivery) (repla
 		m.deadLetter(d, eventType, attempt, wire.DeadReasonNoHandler, fmt.Errorf("no handler of module %s matches %s", m.def.Name, eventType))
 		return false
 	}
-	ev := sdk.Event{
-		ID:          meta.ID,
-		Type:        eventType,
-		Source:      meta.Source,
-		Node:        meta.Node,
-		Time:        meta.Time,
-		CausationID: meta.CausationID,
-		Schema:      meta.Schema,
-		Headers:     meta.Extra,
-		Body:        d.Body,
-		Attempt:     attempt,
-		Redelivered: d.Redelivered,
-	}
+	ev := eventOf(d, meta, eventType, attempt)
 	err, overran := m.call(h, ev, func() {
 		m.startWorker(deliveries)
 		m.failed(d, eventType, attempt, fmt.Errorf("handler timed out after %v", m.cfg.HandlerTimeout))
@@ -349,6 +361,23 @@ func (m *Module) handle(d amqp.Delivery, deliveries <-chan amqp.Delivery) (repla
 		m.failed(d, eventType, attempt, err)
 	}
 	return false
+}
+
+// eventOf is what a handler sees of a delivery.
+func eventOf(d amqp.Delivery, meta wire.Meta, eventType string, attempt int) sdk.Event {
+	return sdk.Event{
+		ID:          meta.ID,
+		Type:        eventType,
+		Source:      meta.Source,
+		Node:        meta.Node,
+		Time:        meta.Time,
+		CausationID: meta.CausationID,
+		Schema:      meta.Schema,
+		Headers:     meta.Extra,
+		Body:        d.Body,
+		Attempt:     attempt,
+		Redelivered: d.Redelivered,
+	}
 }
 
 // attempt is the 1-based number of this handling of d.

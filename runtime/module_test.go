@@ -160,3 +160,26 @@ func TestConfigValidate(t *testing.T) {
 		t.Errorf("defaults refused: %v", err)
 	}
 }
+
+// TestModuleThatStopsConsumingIsUnbound: a module that subscribed before and
+// now subscribes nothing has its queue unbound, so events stop piling up in
+// it.
+func TestModuleThatStopsConsumingIsUnbound(t *testing.T) {
+	t.Parallel()
+	url := brokertest.VHost(t)
+	n := testNode(t, url, "anchor", nil)
+	stop(t, load(t, n, sdk.Module{Name: "fickle", Setup: func(m sdk.Mesh) error {
+		return m.On("mesh.a.#", newRecorder(nil))
+	}}, runtime.ModuleConfig{}))
+	load(t, n, sdk.Module{Name: "fickle"}, runtime.ModuleConfig{})
+	if _, err := n.Emit(emitCtx(t), "test", "mesh.a.x", 1); err != nil {
+		t.Fatal(err)
+	}
+	raw := rawConn(t, url)
+	if depth := queueDepth(t, raw, "anchor.fickle.events"); depth != 0 {
+		t.Errorf("the queue of a module that consumes nothing got %d events", depth)
+	}
+	if depth := queueDepth(t, raw, wire.QueueUnrouted); depth != 1 {
+		t.Errorf("unrouted queue has %d events, want 1", depth)
+	}
+}

@@ -70,19 +70,7 @@ func (n *Node) Tail(ctx context.Context, pattern string, fn func(TailedEvent) er
 func tailed(d amqp.Delivery) TailedEvent {
 	meta, err := wire.DecodeMeta(d.Headers, d.ContentType, d.Body)
 	return TailedEvent{
-		Event: sdk.Event{
-			ID:          meta.ID,
-			Type:        d.RoutingKey,
-			Source:      meta.Source,
-			Node:        meta.Node,
-			Time:        meta.Time,
-			CausationID: meta.CausationID,
-			Schema:      meta.Schema,
-			Headers:     meta.Extra,
-			Body:        d.Body,
-			Attempt:     1,
-			Redelivered: d.Redelivered,
-		},
+		Event:   eventOf(d, meta, d.RoutingKey, 1),
 		Headers: d.Headers,
 		Err:     err,
 	}
