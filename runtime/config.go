@@ -33,6 +33,7 @@ const (
 	DefaultHandlerTimeout = 30 * time.Second
 	DefaultRetryMin       = 200 * time.Millisecond
 	DefaultRetryMax       = 30 * time.Second
+	DefaultCallTimeout    = 30 * time.Second
 )
 
 // Config configures a Node. The zero value of every field but Node takes
@@ -54,6 +55,9 @@ type Config struct {
 	// RetryMin and RetryMax bound the exponential back-off before a failed
 	// event is tried again. Defaults 200ms and 30s.
 	RetryMin, RetryMax time.Duration
+	// CallTimeout is a tool call's deadline when its context has none.
+	// Default 30s.
+	CallTimeout time.Duration
 	// Logger receives the node's structured log. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -104,6 +108,9 @@ func (c *Config) withDefaults() {
 	if c.RetryMax == 0 {
 		c.RetryMax = DefaultRetryMax
 	}
+	if c.CallTimeout == 0 {
+		c.CallTimeout = DefaultCallTimeout
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -152,6 +159,9 @@ func (c Config) Validate() error {
 	}
 	if c.RetryMin < 0 || c.RetryMax < c.RetryMin {
 		errs = append(errs, fmt.Errorf("retry_min/retry_max: want 0 <= min <= max, have %v and %v", c.RetryMin, c.RetryMax))
+	}
+	if c.CallTimeout < 0 {
+		errs = append(errs, fmt.Errorf("call_timeout: %v is negative", c.CallTimeout))
 	}
 	if err := c.Module.validate(); err != nil {
 		errs = append(errs, err)

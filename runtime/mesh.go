@@ -53,3 +53,29 @@ func (mm *moduleMesh) On(pattern string, h sdk.Handler) error {
 	m.subs = append(m.subs, subscription{pattern: pattern, handler: h})
 	return nil
 }
+
+func (mm *moduleMesh) Call(ctx context.Context, tool string, req, resp any) error {
+	return mm.module.node.call(ctx, mm.module.def.Name, tool, req, resp)
+}
+
+func (mm *moduleMesh) Serve(key string, h sdk.ToolHandler) error {
+	m := mm.module
+	if err := wire.ValidateToolKey(key); err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	if h == nil {
+		return fmt.Errorf("serve %q: handler is nil", key)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.started {
+		return fmt.Errorf("serve %q: %w", key, sdk.ErrAlreadyStarted)
+	}
+	for _, t := range m.tools {
+		if t.key == key {
+			return fmt.Errorf("serve %q: tool already served by module %s", key, m.def.Name)
+		}
+	}
+	m.tools = append(m.tools, tool{key: key, handler: h})
+	return nil
+}

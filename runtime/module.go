@@ -32,8 +32,8 @@ type Module struct {
 	started bool
 	stopped bool
 
-	ch        *amqp.Channel // owned by the consumer; workers ack on it (amqp091-go serialises frames per channel)
-	tag       string
+	tools     []tool            // fixed once started
+	consumers []consumerChannel // the channels the module consumes on
 	workers   sync.WaitGroup
 	retries   map[*time.Timer]struct{}
 	handleCtx context.Context // handlers run under it; cancelled only when a stop's grace runs out
@@ -45,6 +45,19 @@ type Module struct {
 type subscription struct {
 	pattern string
 	handler sdk.Handler
+}
+
+type tool struct {
+	key     string
+	handler sdk.ToolHandler
+}
+
+// consumerChannel is a channel a module consumes on, with its consumer
+// tags. Its workers ack and reply on it from several goroutines: amqp091-go
+// serialises the frames of one channel, and acks need no order.
+type consumerChannel struct {
+	ch   *amqp.Channel
+	tags []string
 }
 
 // Load runs def on the node in-process: Setup subscribes its handlers,
@@ -98,8 +111,8 @@ func (n *Node) Load(ctx context.Context, def sdk.Module, mc ModuleConfig) (*Modu
 		delete(n.modules, def.Name)
 		n.mu.Unlock()
 		m.cancelH()
-		if m.ch != nil {
-			m.ch.Close()
+		for _, c := range m.consumers {
+			c.ch.Close()
 		}
 		return nil, fmt.Errorf("load module %s: %w", def.Name, err)
 	}
@@ -115,6 +128,7 @@ func (m *Module) start(ctx context.Context) error {
 	m.mu.Lock()
 	m.started = true
 	subs := slices.Clone(m.subs)
+	tools := slices.Clone(m.tools)
 	m.mu.Unlock()
 	if len(subs) > 0 {
 		if err := m.consume(ctx, subs); err != nil {
@@ -122,6 +136,11 @@ func (m *Module) start(ctx context.Context) error {
 		}
 	} else if err := m.unbindAll(); err != nil {
 		return err
+	}
+	if len(tools) > 0 {
+		if err := m.serve(ctx, tools); err != nil {
+			return err
+		}
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
 	m.runCancel = cancel
@@ -148,7 +167,7 @@ func (m *Module) consume(ctx context.Context, subs []subscription) error {
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
 	}
-	m.ch = ch
+	m.consumers = append(m.consumers, consumerChannel{ch: ch})
 	if _, err := ch.QueueDeclare(m.queue, true, false, false, false, moduleQueueArgs(m.cfg)); err != nil {
 		return fmt.Errorf("declare queue %s (if it exists with other arguments, such as another queue type or attempt limit, the broker refuses it: delete the queue or keep its settings): %w", m.queue, err)
 	}
@@ -162,11 +181,12 @@ func (m *Module) consume(ctx context.Context, subs []subscription) error {
 	if err := ch.Qos(m.cfg.Prefetch, 0, false); err != nil {
 		return fmt.Errorf("set prefetch: %w", err)
 	}
-	m.tag = "mesh." + m.node.cfg.Node + "." + m.def.Name
-	deliveries, err := ch.Consume(m.queue, m.tag, false, false, false, false, nil)
+	tag := "mesh." + m.node.cfg.Node + "." + m.def.Name
+	deliveries, err := ch.Consume(m.queue, tag, false, false, false, false, nil)
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", m.queue, err)
 	}
+	m.consumers[len(m.consumers)-1].tags = []string{tag}
 	go m.watch(ch.NotifyClose(make(chan *amqp.Error, 1)), ch.NotifyCancel(make(chan string, 1)))
 	for range m.cfg.Concurrency {
 		m.startWorker(deliveries)
@@ -270,29 +290,33 @@ func (m *Module) Stop(ctx context.Context) error {
 		m.runCancel()
 	}
 	var errs []error
-	if m.ch != nil {
-		if err := m.ch.Cancel(m.tag, false); err != nil {
-			errs = append(errs, fmt.Errorf("cancel consumer: %w", err))
-		}
-		drained := make(chan struct{})
-		go func() { m.workers.Wait(); close(drained) }()
-		select {
-		case <-drained:
-		case <-ctx.Done():
-			m.log.Warn("grace period over with handlers still running; their events return to the queue")
-			m.cancelH()
-			select {
-			case <-drained:
-			case <-time.After(time.Second):
-				m.log.Error("handlers ignore their cancelled context; leaving them behind")
+	for _, c := range m.consumers {
+		for _, tag := range c.tags {
+			if err := c.ch.Cancel(tag, false); err != nil {
+				errs = append(errs, fmt.Errorf("cancel consumer %s: %w", tag, err))
 			}
 		}
-		m.mu.Lock()
-		for t := range m.retries {
-			t.Stop() // its event returns to the queue when the channel closes
+	}
+	drained := make(chan struct{})
+	go func() { m.workers.Wait(); close(drained) }()
+	select {
+	case <-drained:
+	case <-ctx.Done():
+		m.log.Warn("grace period over with handlers still running; their events return to the queue")
+		m.cancelH()
+		select {
+		case <-drained:
+		case <-time.After(time.Second):
+			m.log.Error("handlers ignore their cancelled context; leaving them behind")
 		}
-		m.mu.Unlock()
-		if err := m.ch.Close(); err != nil && !errors.Is(err, amqp.ErrClosed) {
+	}
+	m.mu.Lock()
+	for t := range m.retries {
+		t.Stop() // its event returns to the queue when the channel closes
+	}
+	m.mu.Unlock()
+	for _, c := range m.consumers {
+		if err := c.ch.Close(); err != nil && !errors.Is(err, amqp.ErrClosed) {
 			errs = append(errs, fmt.Errorf("close channel: %w", err))
 		}
 	}

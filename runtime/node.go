@@ -32,6 +32,9 @@ type Node struct {
 	modules map[string]*Module
 	closed  bool
 
+	callerMu sync.Mutex
+	calls    *caller // made on the first call
+
 	done     chan struct{} // closed when a broker connection is lost
 	doneOnce sync.Once
 	doneErr  error
@@ -146,6 +149,11 @@ func (n *Node) Close(ctx context.Context) error {
 	for _, m := range mods {
 		errs = append(errs, m.Stop(ctx))
 	}
+	n.callerMu.Lock()
+	if n.calls != nil {
+		n.calls.close()
+	}
+	n.callerMu.Unlock()
 	errs = append(errs, n.pub.close())
 	errs = append(errs, n.subConn.Close(), n.pubConn.Close())
 	return errors.Join(ignoreClosed(errs)...)
@@ -159,6 +167,16 @@ func ignoreClosed(errs []error) []error {
 		}
 	}
 	return out
+}
+
+// Call invokes a tool with source as the caller (x-source); see
+// sdk.Mesh.Call. It is the operator's way to call (meshctl call); modules
+// call through their sdk.Mesh.
+func (n *Node) Call(ctx context.Context, source, tool string, req, resp any) error {
+	if err := wire.ValidateWord("source", source); err != nil {
+		return err
+	}
+	return n.call(ctx, source, tool, req, resp)
 }
 
 // Emit publishes an event of any full type (module., mesh. or node.
@@ -189,7 +207,7 @@ func (n *Node) emit(ctx context.Context, source, eventType string, body any, o w
 		o.CausationID = causation.From(ctx)
 	}
 	now := time.Now().UTC()
-	id := ulid.MustNew(ulid.Timestamp(now), ulid.DefaultEntropy()).String()
+	id := newID(now)
 	headers := amqp.Table{
 		wire.HeaderEventID: id,
 		wire.HeaderSource:  source,
@@ -220,6 +238,11 @@ func (n *Node) emit(ctx context.Context, source, eventType string, body any, o w
 		return "", fmt.Errorf("emit %s: %w", eventType, err)
 	}
 	return id, nil
+}
+
+// newID returns a new ULID for an event or request made at now.
+func newID(now time.Time) string {
+	return ulid.MustNew(ulid.Timestamp(now), ulid.DefaultEntropy()).String()
 }
 
 // encodeBody turns an emit's body into JSON: json.RawMessage and []byte

@@ -1,6 +1,7 @@
 package sdk
 
 import (
+	"context"
 	"errors"
 
 	"github.com/meshkit/mesh/internal/wire"
@@ -31,10 +32,58 @@ var (
 	ErrUnroutable = errors.New("unroutable")
 	// ErrClosed is returned once the mesh has been closed.
 	ErrClosed = errors.New("mesh closed")
-	// ErrAlreadyStarted is returned by On once the module consumes: its
-	// patterns are fixed for this run.
+	// ErrAlreadyStarted is returned by On and Serve once the module
+	// consumes: its patterns and tools are fixed for this run.
 	ErrAlreadyStarted = errors.New("module already started")
+	// ErrNoServer is returned by Call at once when nobody serves the tool:
+	// no server ever declared it, or none is running now.
+	ErrNoServer = errors.New("no server for this tool")
+	// ErrDeadlineExceeded is returned by Call when no answer came before
+	// the deadline. It is transient; errors.Is(err,
+	// context.DeadlineExceeded) holds as well.
+	ErrDeadlineExceeded error = deadlineExceeded{}
+	// ErrConnectionLost is returned by Call when the broker connection
+	// dropped while the call was in flight. It is transient.
+	ErrConnectionLost = errors.New("broker connection lost")
 )
+
+// Tool error codes the mesh itself uses. A tool may use its own.
+const (
+	CodeRejected       = "rejected"        // the handler returned a Permanent error
+	CodeFailed         = "failed"          // the handler returned another error
+	CodeInternal       = "internal"        // the handler panicked or its response could not be encoded
+	CodeInvalidRequest = "invalid_request" // the request broke the wire contract
+)
+
+// ToolError is a tool's error: a server handler returns it to choose the
+// code, and Call returns it with what the server sent.
+type ToolError struct {
+	// Code is a short machine-readable word ("not_found", "rejected").
+	Code string
+	// Message says what went wrong, for people.
+	Message string
+	// Permanent is true when calling again with the same request cannot
+	// succeed.
+	Permanent bool
+}
+
+func (e *ToolError) Error() string {
+	kind := "transient"
+	if e.Permanent {
+		kind = "permanent"
+	}
+	return "tool error " + e.Code + " (" + kind + "): " + e.Message
+}
+
+// Is makes errors.Is(err, ErrPermanent) hold for a permanent ToolError.
+func (e *ToolError) Is(target error) bool {
+	return target == ErrPermanent && e.Permanent
+}
+
+type deadlineExceeded struct{}
+
+func (deadlineExceeded) Error() string        { return "call deadline exceeded" }
+func (deadlineExceeded) Is(target error) bool { return target == context.DeadlineExceeded }
 
 type permanentError struct{ err error }
 

@@ -44,3 +44,32 @@ func (e Event) Decode(v any) error {
 	}
 	return nil
 }
+
+// Request is one tool call as a server receives it.
+type Request struct {
+	// ID is the request's ULID.
+	ID string
+	// Tool is the tool key called, for example invoice.create.
+	Tool string
+	// Caller is the calling module (or meshctl), and Node its node.
+	Caller, Node string
+	// Time is when the call was made, in UTC.
+	Time time.Time
+	// Deadline is when the caller gives up; the handler's context ends then.
+	Deadline time.Time
+	// CausationID is the id of the event or request that caused this call,
+	// or "".
+	CausationID string
+	// Headers holds the caller's other x- headers, as text.
+	Headers map[string]string
+	// Body is the JSON request.
+	Body json.RawMessage
+}
+
+// Decode unmarshals the request's JSON body into v.
+func (r Request) Decode(v any) error {
+	if err := json.Unmarshal(r.Body, v); err != nil {
+		return fmt.Errorf("decode request %s to %s: %w", r.ID, r.Tool, err)
+	}
+	return nil
+}

@@ -26,6 +26,48 @@ type Mesh interface {
 	// An event matching several of the module's patterns is delivered once,
 	// to the handler of the first pattern subscribed that matches.
 	On(pattern string, h Handler) error
+
+	// Call invokes a tool ("invoice.create") with req marshalled to JSON
+	// and, on success, unmarshals the tool's response into resp (unless
+	// resp is nil). The call's deadline is ctx's, or the node's default
+	// call timeout; the request expires on the broker when the caller gives
+	// up. If ctx carries a handled event or request, its id becomes the
+	// request's causation id.
+	//
+	// Errors: ErrNoServer at once when nobody serves the tool;
+	// ErrDeadlineExceeded when no answer came in time; a *ToolError with
+	// the tool's code and message (errors.Is(err, ErrPermanent) tells a
+	// permanent one); ErrConnectionLost when the broker connection dropped
+	// during the call; ErrInvalidName, ErrBodyNotJSON, ErrBodyTooLarge for
+	// a bad call.
+	Call(ctx context.Context, tool string, req, resp any) error
+
+	// Serve answers calls of a tool with h. Several servers of one tool,
+	// on this node or others, compete: each call is answered by one. Call
+	// it during Module.Setup, like On.
+	Serve(tool string, h ToolHandler) error
+}
+
+// ToolHandler answers tool calls.
+//
+// HandleCall returns the response, which is marshalled to JSON, or an
+// error: a *ToolError is sent to the caller as it is; an error marked with
+// Permanent becomes a permanent ToolError with code "rejected"; any other
+// error a transient one with code "failed". A panic becomes a permanent
+// ToolError with code "internal"; the server keeps serving.
+//
+// ctx ends at the caller's deadline and carries the request as the cause
+// of anything emitted or called with it.
+type ToolHandler interface {
+	HandleCall(ctx context.Context, req Request) (any, error)
+}
+
+// ToolHandlerFunc adapts a function to a ToolHandler.
+type ToolHandlerFunc func(ctx context.Context, req Request) (any, error)
+
+// HandleCall calls f.
+func (f ToolHandlerFunc) HandleCall(ctx context.Context, req Request) (any, error) {
+	return f(ctx, req)
 }
 
 // Handler handles events.

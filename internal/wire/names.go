@@ -82,3 +82,25 @@ func ModuleQueue(node, module string) string {
 func ModuleEventType(module, name string) string {
 	return "module." + module + "." + name
 }
+
+// Headers and values of the RPC wire (docs/adr/0007-rpc-wire.md).
+const (
+	// HeaderDeadline is when the caller gives up, RFC 3339 UTC with
+	// nanoseconds; a server never starts a request past it.
+	HeaderDeadline = "x-deadline"
+	// HeaderStatus is a reply's outcome: StatusOK or StatusError.
+	HeaderStatus = "x-status"
+	// HeaderErrorCode, HeaderErrorMessage and HeaderErrorPermanent
+	// describe an error reply.
+	HeaderErrorCode      = "x-error-code"
+	HeaderErrorMessage   = "x-error-message"
+	HeaderErrorPermanent = "x-error-permanent"
+
+	StatusOK    = "ok"
+	StatusError = "error"
+)
+
+// ServeQueue is the durable queue shared by every server of a tool.
+func ServeQueue(tool string) string {
+	return "serve." + tool
+}

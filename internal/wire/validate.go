@@ -210,3 +210,22 @@ func matchTable(p, k []string) bool {
 	}
 	return next[0]
 }
+
+// ValidateToolKey checks a tool key ("invoice.create"): one or more dotted
+// words with the event type's word rules, short enough that its serve
+// queue name (serve.<key>) stays within 255 bytes.
+func ValidateToolKey(key string) error {
+	const what = "tool key"
+	if err := checkLength(what, key); err != nil {
+		return err
+	}
+	if limit := MaxNameBytes - len(ServeQueue("")); len(key) > limit {
+		return invalid(what, key, "is %d bytes, over %d (its queue name serve.<key> must fit in %d)", len(key), limit, MaxNameBytes)
+	}
+	for i, w := range strings.Split(key, ".") {
+		if err := checkWord(what, key, w, i); err != nil {
+			return err
+		}
+	}
+	return nil
+}

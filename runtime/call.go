@@ -1,0 +1,305 @@
+package runtime
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/meshkit/mesh/internal/causation"
+	"github.com/meshkit/mesh/internal/wire"
+	"github.com/meshkit/mesh/sdk"
+)
+
+// serverCheckTTL is how long a tool seen with a consumer is trusted to
+// still have one before Call checks again; serverRecheck is how often a
+// call waiting for its answer checks that a server is still there.
+const (
+	serverCheckTTL = time.Second
+	serverRecheck  = time.Second
+)
+
+// caller makes tool calls for a node: one channel publishes requests
+// (mandatory, without confirms: a request nobody can route comes back as a
+// basic.return at once), and one exclusive, auto-delete, server-named reply
+// queue per connection receives every answer, matched by correlation id.
+type caller struct {
+	node       *Node
+	pub        *amqp.Channel // shared by calling goroutines: amqp091-go serialises Publish per channel
+	replies    *amqp.Channel
+	replyQueue string
+
+	mu      sync.Mutex
+	pending map[string]chan callResult
+	lost    error // set once a channel is gone; every later call fails with it
+
+	checkMu sync.Mutex
+	check   *amqp.Channel        // passive declares; a 404 closes it, so it is reopened
+	served  map[string]time.Time // tool → when it was last seen with a consumer
+}
+
+type callResult struct {
+	reply amqp.Delivery
+	err   error
+}
+
+// caller returns the node's caller, making it on first use.
+func (n *Node) caller() (*caller, error) {
+	n.callerMu.Lock()
+	defer n.callerMu.Unlock()
+	if n.calls != nil {
+		return n.calls, nil
+	}
+	c, err := newCaller(n)
+	if err != nil {
+		return nil, err
+	}
+	n.calls = c
+	return c, nil
+}
+
+func newCaller(n *Node) (*caller, error) {
+	c := &caller{node: n, pending: make(map[string]chan callResult), served: make(map[string]time.Time)}
+	var err error
+	if c.pub, err = n.pubConn.Channel(); err != nil {
+		return nil, fmt.Errorf("open request channel: %w", err)
+	}
+	if c.replies, err = n.subConn.Channel(); err != nil {
+		c.pub.Close()
+		return nil, fmt.Errorf("open reply channel: %w", err)
+	}
+	q, err := c.replies.QueueDeclare("", false, true, true, false, amqp.Table{"x-queue-type": QueueClassic})
+	if err == nil {
+		c.replyQueue = q.Name
+		var deliveries <-chan amqp.Delivery
+		deliveries, err = c.replies.Consume(q.Name, "", true, true, false, false, nil)
+		if err == nil {
+			go c.receive(deliveries)
+		}
+	}
+	if err != nil {
+		c.pub.Close()
+		c.replies.Close()
+		return nil, fmt.Errorf("declare reply queue: %w", err)
+	}
+	go c.returned(c.pub.NotifyReturn(make(chan amqp.Return, 16)))
+	go c.watch(c.pub.NotifyClose(make(chan *amqp.Error, 1)), c.replies.NotifyClose(make(chan *amqp.Error, 1)))
+	return c, nil
+}
+
+// receive hands each reply to its waiting call; a reply nobody waits for
+// (the caller gave up) is dropped.
+func (c *caller) receive(deliveries <-chan amqp.Delivery) {
+	for d := range deliveries {
+		c.resolve(d.CorrelationId, callResult{reply: d})
+	}
+}
+
+// returned fails a call whose request the broker could not route: no
+// server ever declared the tool.
+func (c *caller) returned(returns <-chan amqp.Return) {
+	for r := range returns {
+		c.resolve(r.CorrelationId, callResult{err: sdk.ErrNoServer})
+	}
+}
+
+func (c *caller) resolve(id string, res callResult) {
+	c.mu.Lock()
+	ch, ok := c.pending[id]
+	delete(c.pending, id)
+	c.mu.Unlock()
+	if ok {
+		ch <- res // buffered 1, and only one resolve finds it
+	}
+}
+
+// watch fails every call in flight, and every later one, once either
+// channel is gone: the broker or the connection went away.
+func (c *caller) watch(pubClosed, repliesClosed <-chan *amqp.Error) {
+	var err *amqp.Error
+	select {
+	case err = <-pubClosed:
+	case err = <-repliesClosed:
+	}
+	lost := sdk.ErrConnectionLost
+	if err == nil {
+		lost = sdk.ErrClosed
+	}
+	c.mu.Lock()
+	c.lost = lost
+	pending := c.pending
+	c.pending = make(map[string]chan callResult)
+	c.mu.Unlock()
+	for _, ch := range pending {
+		ch <- callResult{err: lost}
+	}
+}
+
+func (c *caller) close() {
+	c.pub.Close()
+	c.replies.Close()
+	c.checkMu.Lock()
+	if c.check != nil {
+		c.check.Close()
+	}
+	c.checkMu.Unlock()
+}
+
+// hasServer reports whether tool's serve queue exists and has a consumer,
+// trusting a positive answer for serverCheckTTL unless fresh is set.
+func (c *caller) hasServer(tool string, fresh bool) (bool, error) {
+	c.checkMu.Lock()
+	defer c.checkMu.Unlock()
+	if seen, ok := c.served[tool]; ok && !fresh && time.Since(seen) < serverCheckTTL {
+		return true, nil
+	}
+	if c.check == nil || c.check.IsClosed() {
+		ch, err := c.node.subConn.Channel()
+		if err != nil {
+			return false, fmt.Errorf("%w: open check channel: %v", sdk.ErrConnectionLost, err)
+		}
+		c.check = ch
+	}
+	q, err := c.check.QueueDeclarePassive(wire.ServeQueue(tool), true, false, false, false, nil)
+	if isAMQPCode(err, amqp.NotFound) {
+		c.check = nil // the 404 closed it
+		delete(c.served, tool)
+		return false, nil
+	}
+	if err != nil {
+		c.check = nil
+		return false, fmt.Errorf("check servers of %s: %w", tool, err)
+	}
+	if q.Consumers == 0 {
+		delete(c.served, tool)
+		return false, nil
+	}
+	c.served[tool] = time.Now()
+	return true, nil
+}
+
+func isAMQPCode(err error, code int) bool {
+	var ae *amqp.Error
+	return errors.As(err, &ae) && ae.Code == code
+}
+
+// call makes one tool call on behalf of source.
+func (n *Node) call(ctx context.Context, source, tool string, req, resp any) error {
+	if err := wire.ValidateToolKey(tool); err != nil {
+		return fmt.Errorf("call: %w", err)
+	}
+	body, err := n.encodeBody(req)
+	if err != nil {
+		return fmt.Errorf("call %s: %w", tool, err)
+	}
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(n.cfg.CallTimeout)
+	}
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	c, err := n.caller()
+	if err != nil {
+		return fmt.Errorf("call %s: %w", tool, err)
+	}
+	if served, err := c.hasServer(tool, false); err != nil {
+		return fmt.Errorf("call %s: %w", tool, err)
+	} else if !served {
+		return fmt.Errorf("call %s: %w", tool, sdk.ErrNoServer)
+	}
+
+	now := time.Now().UTC()
+	remaining := time.Until(deadline)
+	if remaining < time.Millisecond {
+		return fmt.Errorf("call %s: %w", tool, sdk.ErrDeadlineExceeded)
+	}
+	id := newID(now)
+	headers := amqp.Table{
+		wire.HeaderEventID:  id,
+		wire.HeaderSource:   source,
+		wire.HeaderNode:     n.cfg.Node,
+		wire.HeaderTime:     now.Format(time.RFC3339Nano),
+		wire.HeaderDeadline: deadline.UTC().Format(time.RFC3339Nano),
+	}
+	if cause := causation.From(ctx); cause != "" {
+		headers[wire.HeaderCausationID] = cause
+	}
+	result := make(chan callResult, 1)
+	c.mu.Lock()
+	if c.lost != nil {
+		c.mu.Unlock()
+		return fmt.Errorf("call %s: %w", tool, c.lost)
+	}
+	c.pending[id] = result
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		delete(c.pending, id)
+		c.mu.Unlock()
+	}()
+	err = c.pub.Publish(wire.ExchangeRPC, tool, true, false, amqp.Publishing{
+		Headers:       headers,
+		ContentType:   wire.ContentTypeJSON,
+		DeliveryMode:  amqp.Transient, // docs/adr/0007-rpc-wire.md: a request outliving its caller is useless
+		CorrelationId: id,
+		ReplyTo:       c.replyQueue,
+		Expiration:    strconv.FormatInt(max(remaining.Milliseconds(), 1), 10),
+		MessageId:     id,
+		Timestamp:     now,
+		Body:          body,
+	})
+	if err != nil {
+		return fmt.Errorf("call %s: %w: %v", tool, sdk.ErrConnectionLost, err)
+	}
+
+	recheck := time.NewTicker(serverRecheck)
+	defer recheck.Stop()
+	for {
+		select {
+		case res := <-result:
+			if res.err != nil {
+				return fmt.Errorf("call %s: %w", tool, res.err)
+			}
+			return decodeReply(tool, res.reply, resp)
+		case <-recheck.C:
+			// A server that stopped after the call was sent leaves the
+			// request in its queue: say so now, not at the deadline.
+			if served, err := c.hasServer(tool, true); err == nil && !served {
+				return fmt.Errorf("call %s: %w (the servers stopped)", tool, sdk.ErrNoServer)
+			}
+		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return fmt.Errorf("call %s: no answer within %v: %w", tool, remaining.Round(time.Millisecond), sdk.ErrDeadlineExceeded)
+			}
+			return fmt.Errorf("call %s: %w", tool, ctx.Err())
+		}
+	}
+}
+
+// decodeReply turns a reply into the response or the tool's error.
+func decodeReply(tool string, d amqp.Delivery, resp any) error {
+	status, _ := d.Headers[wire.HeaderStatus].(string)
+	switch status {
+	case wire.StatusOK:
+		if resp == nil {
+			return nil
+		}
+		if err := json.Unmarshal(d.Body, resp); err != nil {
+			return fmt.Errorf("call %s: decode response: %w", tool, err)
+		}
+		return nil
+	case wire.StatusError:
+		code, _ := d.Headers[wire.HeaderErrorCode].(string)
+		msg, _ := d.Headers[wire.HeaderErrorMessage].(string)
+		permanent, _ := d.Headers[wire.HeaderErrorPermanent].(bool)
+		return fmt.Errorf("call %s: %w", tool, &sdk.ToolError{Code: code, Message: msg, Permanent: permanent})
+	default:
+		return fmt.Errorf("call %s: %w", tool, &sdk.ToolError{Code: sdk.CodeInvalidRequest,
+			Message: fmt.Sprintf("the reply's %s is %q, want %q or %q", wire.HeaderStatus, status, wire.StatusOK, wire.StatusError), Permanent: true})
+	}
+}

@@ -1,0 +1,195 @@
+package runtime
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/meshkit/mesh/internal/causation"
+	"github.com/meshkit/mesh/internal/wire"
+	"github.com/meshkit/mesh/sdk"
+)
+
+// serveQueueArgs are the arguments of a serve.<key> queue: a durable
+// classic queue, declared identically by every server of the key
+// (docs/adr/0007-rpc-wire.md).
+func serveQueueArgs() amqp.Table {
+	return amqp.Table{"x-queue-type": QueueClassic}
+}
+
+// serve declares, binds and consumes the serve queue of each tool on one
+// channel, with Prefetch requests in flight and as many workers per tool.
+func (m *Module) serve(ctx context.Context, tools []tool) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	ch, err := m.node.subConn.Channel()
+	if err != nil {
+		return fmt.Errorf("open serve channel: %w", err)
+	}
+	m.consumers = append(m.consumers, consumerChannel{ch: ch})
+	cc := &m.consumers[len(m.consumers)-1]
+	if err := ch.Qos(m.cfg.Prefetch, 0, false); err != nil {
+		return fmt.Errorf("set prefetch: %w", err)
+	}
+	for _, t := range tools {
+		queue := wire.ServeQueue(t.key)
+		if _, err := ch.QueueDeclare(queue, true, false, false, false, serveQueueArgs()); err != nil {
+			return fmt.Errorf("declare queue %s: %w", queue, err)
+		}
+		if err := ch.QueueBind(queue, t.key, wire.ExchangeRPC, false, nil); err != nil {
+			return fmt.Errorf("bind %s to %q: %w", queue, t.key, err)
+		}
+		tag := "mesh." + m.node.cfg.Node + "." + m.def.Name + ".serve." + t.key
+		if len(tag) > wire.MaxNameBytes {
+			tag = "" // the broker names it
+		}
+		deliveries, err := ch.Consume(queue, tag, false, false, false, false, nil)
+		if err != nil {
+			return fmt.Errorf("consume %s: %w", queue, err)
+		}
+		cc.tags = append(cc.tags, tag)
+		for range m.cfg.Prefetch {
+			m.workers.Add(1)
+			go func() {
+				defer m.workers.Done()
+				for d := range deliveries {
+					m.answer(ch, t, d)
+				}
+			}()
+		}
+		m.log.Info("serving tool", "tool", t.key, "queue", queue)
+	}
+	return nil
+}
+
+// answer runs one request and replies on ch, then acks it. A request past
+// its deadline is acked and dropped without running: its caller is gone.
+func (m *Module) answer(ch *amqp.Channel, t tool, d amqp.Delivery) {
+	meta, err := wire.DecodeMeta(d.Headers, d.ContentType, d.Body)
+	if err != nil {
+		m.log.Warn("malformed request refused", "tool", t.key, "err", err)
+		m.reply(ch, d, nil, &sdk.ToolError{Code: sdk.CodeInvalidRequest, Message: err.Error(), Permanent: true})
+		return
+	}
+	deadline := time.Now().Add(m.node.cfg.CallTimeout)
+	if s, ok := d.Headers[wire.HeaderDeadline].(string); ok {
+		if dl, err := time.Parse(time.RFC3339Nano, s); err == nil {
+			deadline = dl
+		}
+	}
+	if !time.Now().Before(deadline) {
+		m.log.Debug("request past its deadline dropped without running", "tool", t.key, "request_id", meta.ID)
+		m.settle(d)
+		return
+	}
+	req := sdk.Request{
+		ID:          meta.ID,
+		Tool:        t.key,
+		Caller:      meta.Source,
+		Node:        meta.Node,
+		Time:        meta.Time,
+		Deadline:    deadline,
+		CausationID: meta.CausationID,
+		Headers:     meta.Extra,
+		Body:        d.Body,
+	}
+	ctx, cancel := context.WithDeadline(causation.With(m.handleCtx, req.ID), deadline)
+	resp, err := safeAnswer(ctx, t.handler, req)
+	cancel()
+	if m.handleCtx.Err() != nil {
+		// The module stopped past its grace period and cancelled the
+		// handler: give the request back for another server to answer.
+		if err := d.Reject(true); err != nil {
+			m.log.Warn("returning a request failed; it returns when the channel closes", "err", err)
+		}
+		return
+	}
+	if !time.Now().Before(deadline) {
+		// The caller gave up; a reply would only be dropped.
+		m.settle(d)
+		return
+	}
+	if err != nil {
+		m.reply(ch, d, nil, toolError(err))
+		return
+	}
+	body, err := m.node.encodeBody(resp)
+	if err != nil {
+		m.reply(ch, d, nil, &sdk.ToolError{Code: sdk.CodeInternal, Message: "encode response: " + err.Error(), Permanent: true})
+		return
+	}
+	m.reply(ch, d, body, nil)
+}
+
+// toolError is how a handler's error travels to the caller.
+func toolError(err error) *sdk.ToolError {
+	var te *sdk.ToolError
+	switch {
+	case errors.As(err, &te):
+		return te
+	case errors.Is(err, sdk.ErrPermanent):
+		return &sdk.ToolError{Code: sdk.CodeRejected, Message: err.Error(), Permanent: true}
+	default:
+		return &sdk.ToolError{Code: sdk.CodeFailed, Message: err.Error()}
+	}
+}
+
+func safeAnswer(ctx context.Context, h sdk.ToolHandler, req sdk.Request) (resp any, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = &sdk.ToolError{Code: sdk.CodeInternal, Message: fmt.Sprintf("handler panicked: %v", r), Permanent: true}
+		}
+	}()
+	resp, err = h.HandleCall(ctx, req)
+	if resp == nil && err == nil {
+		resp = json.RawMessage("null")
+	}
+	return resp, err
+}
+
+// reply sends the answer to the caller's reply queue, then acks the
+// request. Both go on the request's own channel, in that order, so the
+// broker has routed the reply before it forgets the request.
+func (m *Module) reply(ch *amqp.Channel, d amqp.Delivery, body []byte, te *sdk.ToolError) {
+	if d.ReplyTo == "" {
+		m.settle(d) // nobody to answer
+		return
+	}
+	headers := amqp.Table{
+		wire.HeaderStatus: wire.StatusOK,
+		wire.HeaderSource: m.def.Name,
+		wire.HeaderNode:   m.node.cfg.Node,
+	}
+	if te != nil {
+		headers[wire.HeaderStatus] = wire.StatusError
+		headers[wire.HeaderErrorCode] = te.Code
+		headers[wire.HeaderErrorMessage] = truncateText(te.Message, 4096)
+		headers[wire.HeaderErrorPermanent] = te.Permanent
+		body = []byte("null")
+	}
+	err := ch.Publish("", d.ReplyTo, false, false, amqp.Publishing{
+		Headers:       headers,
+		ContentType:   wire.ContentTypeJSON,
+		DeliveryMode:  amqp.Transient,
+		CorrelationId: d.CorrelationId,
+		Timestamp:     time.Now().UTC(),
+		Body:          body,
+	})
+	if err != nil {
+		m.log.Warn("reply failed; the request returns to the queue", "err", err)
+		_ = d.Reject(true)
+		return
+	}
+	m.settle(d)
+}
+
+func (m *Module) settle(d amqp.Delivery) {
+	if err := d.Ack(false); err != nil {
+		m.log.Warn("ack of a request failed; it may run again", "err", err)
+	}
+}
