@@ -40,6 +40,15 @@ func app() *cli.App {
 				Action: emit,
 			},
 			{
+				Name:      "call",
+				Usage:     "call a tool and print its JSON response; exits 1 with the error if it fails",
+				ArgsUsage: "TOOL JSON",
+				Flags: []cli.Flag{
+					&cli.DurationFlag{Name: "timeout", Value: 30 * time.Second, Usage: "how long to wait for the answer"},
+				},
+				Action: call,
+			},
+			{
 				Name:      "tail",
 				Usage:     "print events matching an AMQP topic pattern live",
 				ArgsUsage: "PATTERN",
@@ -92,6 +101,25 @@ func emit(c *cli.Context) error {
 	}
 	fmt.Fprintln(c.App.Writer, id)
 	return nil
+}
+
+func call(c *cli.Context) error {
+	if c.NArg() != 2 {
+		return fmt.Errorf("call wants TOOL and JSON, got %d arguments", c.NArg())
+	}
+	ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout"))
+	defer cancel()
+	node, err := connect(ctx, c)
+	if err != nil {
+		return err
+	}
+	defer node.Close(context.Background())
+	var resp json.RawMessage
+	if err := node.Call(ctx, "meshctl", c.Args().Get(0), json.RawMessage(c.Args().Get(1)), &resp); err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(c.App.Writer, "%s\n", resp)
+	return err
 }
 
 func tail(c *cli.Context) error {

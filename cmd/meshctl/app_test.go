@@ -5,7 +5,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
+	"log/slog"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -16,6 +18,8 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/runtime"
+	"github.com/meshkit/mesh/sdk"
 )
 
 // TestEmitAndTail runs the meshctl binary's `tail --json` and `emit`
@@ -24,10 +28,7 @@ import (
 // keeps global flag state that two apps in one process would race on.)
 func TestEmitAndTail(t *testing.T) {
 	url := brokertest.VHost(t)
-	bin := filepath.Join(t.TempDir(), "meshctl")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
+	bin := build(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel) // after the cleanup below, which stops tail with SIGTERM
 	tail := exec.CommandContext(ctx, bin, "--amqp-url", url, "tail", "--json", "mesh.ops.#")
@@ -100,11 +101,64 @@ func TestEmitRefusesBadInput(t *testing.T) {
 		{"emit", "mesh.ops.x", "not json"},
 		{"emit", "mesh.ops.x"},
 		{"tail", "a..b"},
+		{"call", "nobody.serves", "{}"},
+		{"call", "bad tool", "{}"},
 	} {
 		a := app()
 		a.Writer = io.Discard
 		if err := a.Run(append([]string{"meshctl", "--amqp-url", url}, args...)); err == nil {
 			t.Errorf("meshctl %v succeeded", args)
 		}
+	}
+}
+
+func build(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "meshctl")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// TestCall runs `meshctl call` against a tool served in-process: it prints
+// the response, or the tool's error and exits 1.
+func TestCall(t *testing.T) {
+	url := brokertest.VHost(t)
+	bin := build(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	node, err := runtime.New(ctx, runtime.Config{Node: "anchor", AMQPURL: url, StateDir: t.TempDir(),
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close(context.Background())
+	_, err = node.Load(ctx, sdk.Module{Name: "greeter", Setup: func(m sdk.Mesh) error {
+		return m.Serve("greet.hello", sdk.ToolHandlerFunc(func(ctx context.Context, req sdk.Request) (any, error) {
+			var in struct{ Name string }
+			if err := req.Decode(&in); err != nil || in.Name == "" {
+				return nil, &sdk.ToolError{Code: "bad_name", Message: "say who", Permanent: true}
+			}
+			return map[string]string{"greeting": "hello " + in.Name, "caller": req.Caller}, nil
+		}))
+	}}, runtime.ModuleConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.CommandContext(ctx, bin, "--amqp-url", url, "call", "--timeout", "10s", "greet.hello", `{"name":"ops"}`).Output()
+	if err != nil {
+		t.Fatalf("call: %v", err)
+	}
+	if got := strings.TrimSpace(string(out)); got != `{"caller":"meshctl","greeting":"hello ops"}` {
+		t.Errorf("call printed %s", got)
+	}
+	cmd := exec.CommandContext(ctx, bin, "--amqp-url", url, "call", "greet.hello", `{}`)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	err = cmd.Run()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 || !strings.Contains(stderr.String(), "bad_name") || !strings.Contains(stderr.String(), "say who") {
+		t.Errorf("failing call: %v, stderr %q", err, stderr.String())
 	}
 }
