@@ -26,7 +26,9 @@ import (
 type options struct {
 	events, publishers, rate, rounds int
 	latencyFor                       time.Duration
-	queueTypes                       string
+	queueTypes, only                 string
+	rpcSequential, rpcCalls          int
+	rpcCallers                       int
 }
 
 // payload is the 256-byte JSON body both sides send: the send time lets
@@ -103,9 +105,16 @@ func run(o options) error {
 	}()
 	fmt.Printf("meshbench: %d events/round, %d publishers, 256-byte JSON bodies, persistent, confirms on, prefetch 32, %d rounds (median)\n",
 		o.events, o.publishers, o.rounds)
-	for i, qt := range strings.Split(o.queueTypes, ",") {
-		if err := benchQueueType(url, qt, o, i == 0); err != nil {
-			return fmt.Errorf("%s queues: %w", qt, err)
+	if o.only != "rpc" {
+		for i, qt := range strings.Split(o.queueTypes, ",") {
+			if err := benchQueueType(url, qt, o, i == 0); err != nil {
+				return fmt.Errorf("%s queues: %w", qt, err)
+			}
+		}
+	}
+	if o.only != "events" {
+		if err := benchRPC(url, o); err != nil {
+			return fmt.Errorf("rpc: %w", err)
 		}
 	}
 	return nil
