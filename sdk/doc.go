@@ -1,5 +1,5 @@
 // Package sdk is what a mesh module imports: emit events, handle events,
-// and declare what the module emits and consumes. It never shows an
+// call and serve tools, and declare what the module emits and consumes. It never shows an
 // exchange, a queue, an AMQP type or a header key.
 //
 // # Emitting
@@ -27,10 +27,23 @@
 //		return nil
 //	}))
 //
+// # Tools
+//
+// A module serves a tool ("invoice.create") with Serve and calls one with
+// Call. Servers of one tool compete: each call is answered once. A call to
+// a tool nobody serves fails at once with ErrNoServer; a call that gets no
+// answer before its deadline fails with ErrDeadlineExceeded; a tool's error
+// arrives as a *ToolError with a code, a message and whether it is
+// permanent.
+//
+//	var inv Invoice
+//	err := mesh.Call(ctx, "invoice.create", order, &inv)
+//
 // # Causation
 //
-// Anything emitted with the context a handler received carries the handled
-// event's id as its causation id, with nothing for the author to do.
+// Anything emitted or called with the context a handler received carries
+// the handled event's (or request's) id as its causation id, with nothing
+// for the author to do.
 //
 // # Delivery
 //

@@ -105,3 +105,51 @@ func ExampleWithPriority() {
 	// 5 2 <nil>
 	// emit option: priority 12 is over 9
 }
+
+// A module serves a tool in Setup; its handler answers with a value or a
+// ToolError the caller can branch on.
+func ExampleMesh_Serve() {
+	setup := func(m sdk.Mesh) error {
+		return m.Serve("invoice.create", sdk.ToolHandlerFunc(func(ctx context.Context, req sdk.Request) (any, error) {
+			var order struct{ Total int }
+			if err := req.Decode(&order); err != nil {
+				return nil, &sdk.ToolError{Code: "bad_order", Message: err.Error(), Permanent: true}
+			}
+			return map[string]int{"invoice": 1, "total": order.Total}, nil
+		}))
+	}
+	_ = setup
+}
+
+// Call returns at once with ErrNoServer when nobody serves the tool, and a
+// ToolError with the server's code otherwise.
+func ExampleMesh_Call() {
+	call := func(ctx context.Context, m sdk.Mesh) error {
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		var invoice struct{ Invoice, Total int }
+		err := m.Call(ctx, "invoice.create", map[string]int{"total": 99}, &invoice)
+		var te *sdk.ToolError
+		switch {
+		case errors.Is(err, sdk.ErrNoServer):
+			return fmt.Errorf("billing is not running: %w", err)
+		case errors.As(err, &te) && te.Permanent:
+			return sdk.Permanent(err) // the order is bad: retrying will not help
+		case err != nil:
+			return err // transient: deadline, connection, a failing server
+		}
+		fmt.Println("invoice", invoice.Invoice)
+		return nil
+	}
+	_ = call
+}
+
+func ExampleToolError() {
+	err := fmt.Errorf("call invoice.create: %w", &sdk.ToolError{Code: "not_found", Message: "no order 12", Permanent: true})
+	var te *sdk.ToolError
+	fmt.Println(errors.As(err, &te), te.Code, errors.Is(err, sdk.ErrPermanent))
+	fmt.Println(errors.Is(sdk.ErrDeadlineExceeded, context.DeadlineExceeded))
+	// Output:
+	// true not_found true
+	// true
+}
