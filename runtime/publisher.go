@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -12,30 +13,31 @@ import (
 )
 
 // publisher owns one confirm-mode channel and pipelines publishes on it:
-// any number of goroutines publish at once, each waits only for its own
-// confirm, and one goroutine reads the confirms and returns.
+// any number of goroutines publish at once and each waits only for its own
+// confirm (amqp091-go's deferred confirmation, resolved by the connection's
+// reader without another goroutine in between).
 //
-// The channel is shared by the publishing goroutines on purpose: amqp091-go
-// serialises Publish with the channel's own lock, and GetNextPublishSeqNo
-// must be read under the same lock we publish under (p.mu), so that the
-// delivery tag we wait for is the one the broker will confirm.
+// The channel is shared by the publishing goroutines on purpose:
+// amqp091-go serialises Publish with the channel's own lock.
+//
+// Returns (an unroutable mandatory publish) are matched by message id. The
+// broker sends basic.return before the basic.ack of the same message, and
+// amqp091-go hands them over in that order from one goroutine, so by the
+// time a publish's confirm is done its return is already in the buffered
+// returns channel. A publisher drains that channel under p.mu before it
+// looks for its id, and so does a periodic sweep that keeps the buffer from
+// filling; an id is therefore always either in the channel or in the map.
 type publisher struct {
-	ch *amqp.Channel
+	ch      *amqp.Channel
+	returns chan amqp.Return
 
 	mu       sync.Mutex
-	pending  map[uint64]*confirmWait
-	returned map[string]struct{} // message ids the broker returned, awaiting their ack
-	err      error               // set once the channel is gone
+	returned map[string]struct{}
 
-	done chan struct{}
+	stop      chan struct{}
+	done      chan struct{}
+	closeOnce sync.Once
 }
-
-type confirmWait struct {
-	messageID string
-	result    chan error
-}
-
-var waitPool = sync.Pool{New: func() any { return &confirmWait{result: make(chan error, 1)} }}
 
 func newPublisher(conn *amqp.Connection) (*publisher, error) {
 	ch, err := conn.Channel()
@@ -48,144 +50,104 @@ func newPublisher(conn *amqp.Connection) (*publisher, error) {
 	}
 	p := &publisher{
 		ch:       ch,
-		pending:  make(map[uint64]*confirmWait),
+		returns:  ch.NotifyReturn(make(chan amqp.Return, 4096)),
 		returned: make(map[string]struct{}),
+		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 	}
-	// The confirm channel is buffered for throughput. The return channel is
-	// not, and both are read by the one goroutine below: amqp091-go hands
-	// frames over one at a time, so a basic.return is read before the
-	// basic.ack of the same message (rabbitmq-3.10-facts.md, item 5).
-	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 1024))
-	returns := ch.NotifyReturn(make(chan amqp.Return))
-	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
-	go p.track(confirms, returns, closed)
+	go p.sweep()
 	return p, nil
 }
 
-func (p *publisher) track(confirms <-chan amqp.Confirmation, returns <-chan amqp.Return, closed <-chan *amqp.Error) {
+// sweep drains returns nobody has looked for yet, so the buffer never fills
+// (amqp091-go drops a notification it cannot deliver within 5 s).
+func (p *publisher) sweep() {
 	defer close(p.done)
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
 	for {
 		select {
-		case r, ok := <-returns:
-			if !ok {
-				returns = nil
-				continue
-			}
+		case <-p.stop:
+			return
+		case <-t.C:
 			p.mu.Lock()
-			p.returned[r.MessageId] = struct{}{}
+			p.drainReturns()
+			if len(p.returned) > 4096 {
+				// Ids of returned publishes whose publishers gave up
+				// waiting; nobody will ask for them.
+				clear(p.returned)
+			}
 			p.mu.Unlock()
-		case c, ok := <-confirms:
+		}
+	}
+}
+
+// drainReturns moves what the returns channel holds into p.returned. The
+// caller holds p.mu.
+func (p *publisher) drainReturns() {
+	for {
+		select {
+		case r, ok := <-p.returns:
 			if !ok {
-				p.fail(errors.New("publish channel closed"))
 				return
 			}
-			p.resolve(c)
-		case e := <-closed:
-			// Resolve the confirms already buffered before failing the
-			// rest.
-		drain:
-			for {
-				select {
-				case c, ok := <-confirms:
-					if !ok {
-						break drain
-					}
-					p.resolve(c)
-				default:
-					break drain
-				}
-			}
-			if e == nil {
-				p.fail(sdk.ErrClosed)
-			} else {
-				p.fail(fmt.Errorf("publish channel closed: %w", e))
-			}
+			p.returned[r.MessageId] = struct{}{}
+		default:
 			return
 		}
 	}
 }
 
-func (p *publisher) resolve(c amqp.Confirmation) {
-	p.mu.Lock()
-	w, ok := p.pending[c.DeliveryTag]
-	if ok {
-		delete(p.pending, c.DeliveryTag)
-	}
-	var wasReturned bool
-	if ok {
-		if _, wasReturned = p.returned[w.messageID]; wasReturned {
-			delete(p.returned, w.messageID)
-		}
-	}
-	p.mu.Unlock()
-	if !ok {
-		return
-	}
-	switch {
-	case !c.Ack:
-		w.result <- sdk.ErrRefused
-	case wasReturned:
-		w.result <- sdk.ErrUnroutable
-	default:
-		w.result <- nil
-	}
-}
-
-func (p *publisher) fail(err error) {
+// wasReturned reports whether the broker returned the message with id, and
+// forgets it.
+func (p *publisher) wasReturned(id string) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.err == nil {
-		p.err = err
-	}
-	for tag, w := range p.pending {
-		delete(p.pending, tag)
-		w.result <- err
-	}
+	p.drainReturns()
+	_, ok := p.returned[id]
+	delete(p.returned, id)
+	return ok
 }
 
-// publish sends msg persistent and mandatory and waits for the broker's
-// confirm. It returns nil only for a positive confirm of a routed message.
+// publish sends msg mandatory and waits for the broker's confirm. It
+// returns nil only for a positive confirm of a routed message.
 func (p *publisher) publish(ctx context.Context, exchange, key string, msg amqp.Publishing) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("publish to %s with key %q: %w", exchange, key, err)
 	}
-	w := waitPool.Get().(*confirmWait)
-	w.messageID = msg.MessageId
-	p.mu.Lock()
-	if p.err != nil {
-		err := p.err
-		p.mu.Unlock()
-		waitPool.Put(w)
-		return err
-	}
-	tag := p.ch.GetNextPublishSeqNo()
-	p.pending[tag] = w
-	err := p.ch.Publish(exchange, key, true, false, msg)
+	dc, err := p.ch.PublishWithDeferredConfirm(exchange, key, true, false, msg)
 	if err != nil {
-		delete(p.pending, tag)
-	}
-	p.mu.Unlock()
-	if err != nil {
-		waitPool.Put(w)
 		if errors.Is(err, amqp.ErrClosed) {
 			err = errors.Join(sdk.ErrClosed, err)
 		}
 		return fmt.Errorf("publish to %s with key %q: %w", exchange, key, err)
 	}
 	select {
-	case err := <-w.result:
-		waitPool.Put(w)
-		return err
+	case <-dc.Done():
 	case <-ctx.Done():
-		// The confirm will still arrive and be written to w.result, so w
-		// must not go back to the pool: leave it to the garbage collector.
 		return fmt.Errorf("wait for confirm: %w", ctx.Err())
+	}
+	switch {
+	case dc.Acked() && p.wasReturned(msg.MessageId):
+		return sdk.ErrUnroutable
+	case dc.Acked():
+		return nil
+	case p.ch.IsClosed():
+		// The channel closed before the broker confirmed: the message may or
+		// may not have arrived.
+		return fmt.Errorf("publish to %s with key %q: no confirm before the channel closed: %w", exchange, key, sdk.ErrClosed)
+	default:
+		return sdk.ErrRefused
 	}
 }
 
+// close closes the channel; it is idempotent.
 func (p *publisher) close() error {
 	err := p.ch.Close()
+	p.closeOnce.Do(func() { close(p.stop) })
 	<-p.done
+	if errors.Is(err, amqp.ErrClosed) {
+		return nil
+	}
 	return err
 }
