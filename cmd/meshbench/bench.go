@@ -270,8 +270,10 @@ func latency(mk func(*sink) (side, error), o options) (p50, p99 float64, err err
 
 // meshSide runs a node with one module that consumes what it emits.
 type meshSide struct {
-	node *runtime.Node
-	mod  *runtime.Module
+	node  *runtime.Node
+	mod   *runtime.Module
+	url   string
+	queue string
 }
 
 var meshRuns atomic.Int64
@@ -305,7 +307,7 @@ func newMesh(url, qt string, s *sink) (side, error) {
 		node.Close(ctx)
 		return nil, err
 	}
-	return &meshSide{node: node, mod: mod}, nil
+	return &meshSide{node: node, mod: mod, url: url, queue: "bench." + name + ".events"}, nil
 }
 
 func (m *meshSide) publish(ctx context.Context, seq int) error {
@@ -313,17 +315,34 @@ func (m *meshSide) publish(ctx context.Context, seq int) error {
 	return err
 }
 
+// close stops the node and deletes the round's queue, so that idle queues
+// do not pile up in the broker and slow the rounds after this one.
 func (m *meshSide) close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	return m.node.Close(ctx)
+	err := m.node.Close(ctx)
+	return errors.Join(err, deleteQueue(m.url, m.queue))
+}
+
+func deleteQueue(url, queue string) error {
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	_, err = ch.QueueDelete(queue, false, false, false)
+	return err
 }
 
 // rawSide is the baseline: plain amqp091-go with the same settings.
 type rawSide struct {
 	pubConn, subConn *amqp.Connection
 	pub              *amqp.Channel
-	queue            string
+	url, queue       string
 }
 
 func newRaw(url, qt string, s *sink) (side, error) {
@@ -336,7 +355,7 @@ func newRaw(url, qt string, s *sink) (side, error) {
 		pubConn.Close()
 		return nil, err
 	}
-	r := &rawSide{pubConn: pubConn, subConn: subConn, queue: fmt.Sprintf("raw.bench%d.events", meshRuns.Add(1))}
+	r := &rawSide{pubConn: pubConn, subConn: subConn, url: url, queue: fmt.Sprintf("raw.bench%d.events", meshRuns.Add(1))}
 	fail := func(err error) (side, error) {
 		r.close()
 		return nil, err
@@ -407,9 +426,7 @@ func (r *rawSide) publish(ctx context.Context, seq int) error {
 }
 
 func (r *rawSide) close() error {
-	if ch, err := r.subConn.Channel(); err == nil {
-		_, _ = ch.QueueDelete(r.queue, false, false, false)
-	}
 	r.subConn.Close()
-	return r.pubConn.Close()
+	r.pubConn.Close()
+	return deleteQueue(r.url, r.queue)
 }

@@ -22,7 +22,7 @@ func main() {
 	flag.IntVar(&o.publishers, "publishers", 64, "concurrent publishers in the throughput rounds")
 	flag.IntVar(&o.rate, "rate", 2000, "offered events per second in the latency rounds")
 	flag.DurationVar(&o.latencyFor, "latency-for", 0, "length of a latency round (default 5s)")
-	flag.IntVar(&o.rounds, "rounds", 3, "alternating rounds per figure; the median is reported")
+	flag.IntVar(&o.rounds, "rounds", 5, "alternating rounds per figure; the median is reported")
 	flag.StringVar(&o.queueTypes, "queue-types", "quorum,classic", "queue types to measure, the first is the headline")
 	flag.StringVar(&o.only, "only", "", "run only \"events\" or \"rpc\"")
 	flag.IntVar(&o.rpcSequential, "rpc-sequential", 2000, "sequential calls per round for the round-trip latency")

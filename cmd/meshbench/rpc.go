@@ -120,21 +120,26 @@ func concurrentCalls(s rpcSide, n, callers int) (float64, error) {
 // meshRPC serves and calls the echo tool through a node each.
 type meshRPC struct {
 	server, client *runtime.Node
-	tool           string
+	url, tool      string
 }
 
 func newMeshRPC(url string) (rpcSide, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	state, err := os.MkdirTemp("", "meshbench-rpc-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(state) // nothing in it outlives the nodes' start
 	mk := func(name string) (*runtime.Node, error) {
-		return runtime.New(ctx, runtime.Config{Node: name, AMQPURL: url, StateDir: os.TempDir(),
+		return runtime.New(ctx, runtime.Config{Node: name, AMQPURL: url, StateDir: state,
 			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	}
 	server, err := mk("rpcserver")
 	if err != nil {
 		return nil, err
 	}
-	r := &meshRPC{server: server, tool: fmt.Sprintf("bench.echo%d", meshRuns.Add(1))}
+	r := &meshRPC{server: server, url: url, tool: fmt.Sprintf("bench.echo%d", meshRuns.Add(1))}
 	if _, err := server.Load(ctx, sdk.Module{Name: "echo", Setup: func(m sdk.Mesh) error {
 		return m.Serve(r.tool, sdk.ToolHandlerFunc(func(ctx context.Context, req sdk.Request) (any, error) {
 			return req.Body, nil
@@ -161,6 +166,7 @@ func (r *meshRPC) close() {
 	defer cancel()
 	r.client.Close(ctx)
 	r.server.Close(ctx)
+	_ = deleteQueue(r.url, "serve."+r.tool)
 }
 
 // rawRPC is the baseline: plain amqp091-go request/reply with the same
