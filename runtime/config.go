@@ -67,10 +67,13 @@ type Config struct {
 type ModuleConfig struct {
 	// QueueType is QueueQuorum (default) or QueueClassic.
 	QueueType string
-	// Prefetch bounds unacknowledged deliveries. Default 32.
+	// Prefetch bounds unacknowledged deliveries, of events and, separately,
+	// of tool requests; a module serving tools handles up to Prefetch
+	// requests of each tool at once. Default 32.
 	Prefetch int
-	// Concurrency is how many handler calls run at once, at most Prefetch.
-	// Default 1: events are handled in queue order, retries aside.
+	// Concurrency is how many event handler calls run at once, at most
+	// Prefetch. Default 1: events are handled in queue order, retries
+	// aside.
 	Concurrency int
 	// MaxAttempts is how many times a handler is tried before the event is
 	// dead-lettered. Default 5. It is also the queue's delivery limit, so

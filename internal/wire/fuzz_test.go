@@ -354,3 +354,26 @@ func FuzzMatchPattern(f *testing.F) {
 		}
 	})
 }
+
+// FuzzValidateToolKey: a key it accepts makes a valid serve queue name and
+// contains no pattern characters, whitespace or control characters.
+func FuzzValidateToolKey(f *testing.F) {
+	for _, s := range []string{"invoice.create", "audit", "a..b", "a.*", "x y", strings.Repeat("k", 249), strings.Repeat("k", 250), ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, key string) {
+		err := ValidateToolKey(key)
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("error %v does not wrap ErrInvalid", err)
+			}
+			return
+		}
+		if err := ValidateQueueName(ServeQueue(key)); err != nil {
+			t.Fatalf("accepted key %q makes an invalid queue name: %v", key, err)
+		}
+		if strings.ContainsAny(key, "*# \t\n") || strings.Contains(key, "..") || strings.HasPrefix(key, ".") || strings.HasSuffix(key, ".") {
+			t.Fatalf("accepted key %q breaks a word rule", key)
+		}
+	})
+}
