@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -582,9 +583,13 @@ func republishing(d amqp.Delivery) amqp.Publishing {
 	}
 }
 
+// truncateText cuts s to at most n bytes, at a rune boundary.
 func truncateText(s string, n int) string {
 	if len(s) <= n {
 		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
 	}
 	return s[:n] + "…"
 }

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -84,5 +85,18 @@ func TestPublisherClassifiesConfirms(t *testing.T) {
 	p.close()
 	if err := p.publish(ctx, "x", "ok.x", amqp.Publishing{MessageId: "late", Body: []byte("1")}); !errors.Is(err, sdk.ErrClosed) {
 		t.Errorf("publish after close: %v, want ErrClosed", err)
+	}
+}
+
+func TestTruncateTextKeepsRunes(t *testing.T) {
+	s := "ab€" // € is 3 bytes
+	for n := range 6 {
+		got := truncateText(s, n)
+		if !utf8.ValidString(got) {
+			t.Errorf("truncateText(%q, %d) = %q, not valid UTF-8", s, n, got)
+		}
+	}
+	if got := truncateText(s, 5); got != s {
+		t.Errorf("short enough text changed: %q", got)
 	}
 }
