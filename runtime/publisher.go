@@ -117,8 +117,8 @@ func (p *publisher) publish(ctx context.Context, exchange, key string, msg amqp.
 	}
 	dc, err := p.ch.PublishWithDeferredConfirm(exchange, key, true, false, msg)
 	if err != nil {
-		if errors.Is(err, amqp.ErrClosed) {
-			err = errors.Join(sdk.ErrClosed, err)
+		if !errors.Is(err, amqp.ErrFieldType) { // a bad header is ours; anything else is the connection
+			err = errors.Join(p.closedErr(), err)
 		}
 		return fmt.Errorf("publish to %s with key %q: %w", exchange, key, err)
 	}
@@ -135,16 +135,27 @@ func (p *publisher) publish(ctx context.Context, exchange, key string, msg amqp.
 	case p.ch.IsClosed():
 		// The channel closed before the broker confirmed: the message may or
 		// may not have arrived.
-		return fmt.Errorf("publish to %s with key %q: no confirm before the channel closed: %w", exchange, key, sdk.ErrClosed)
+		return fmt.Errorf("publish to %s with key %q: no confirm before the channel closed: %w", exchange, key, p.closedErr())
 	default:
 		return sdk.ErrRefused
 	}
 }
 
+// closedErr says why the channel is gone: ErrClosed after close, else
+// ErrConnectionLost (the broker or the network ended it).
+func (p *publisher) closedErr() error {
+	select {
+	case <-p.stop:
+		return sdk.ErrClosed
+	default:
+		return sdk.ErrConnectionLost
+	}
+}
+
 // close closes the channel; it is idempotent.
 func (p *publisher) close() error {
-	err := p.ch.Close()
 	p.closeOnce.Do(func() { close(p.stop) })
+	err := p.ch.Close()
 	<-p.done
 	if errors.Is(err, amqp.ErrClosed) {
 		return nil

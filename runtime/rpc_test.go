@@ -414,11 +414,16 @@ func TestCallFailsWhenTheConnectionDrops(t *testing.T) {
 	url := brokertest.VHost(t)
 	server := testNode(t, url, "anchor", nil)
 	started := make(chan struct{}, 1)
+	release := make(chan struct{})
 	load(t, server, serveModule("slow", "slow.op", func(ctx context.Context, req sdk.Request) (any, error) {
 		started <- struct{}{}
-		<-ctx.Done()
-		return nil, ctx.Err()
+		select {
+		case <-ctx.Done():
+		case <-release:
+		}
+		return nil, errors.New("released")
 	}), runtime.ModuleConfig{})
+	t.Cleanup(func() { close(release) }) // runs before the server node's close
 	proxy := brokertest.NewProxy(t)
 	caller := testNode(t, strings.Replace(url, brokertest.Host(), proxy.Addr(), 1), "caller", nil)
 	answer := make(chan error, 1)
@@ -439,5 +444,56 @@ func TestCallFailsWhenTheConnectionDrops(t *testing.T) {
 	}
 	if err := caller.Call(callCtx(t, 5*time.Second), "test", "slow.op", 1, nil); err == nil {
 		t.Error("a call on a lost connection succeeded")
+	}
+}
+
+// TestEmitFailsWhenTheConnectionDrops: emits waiting for their confirm when
+// the connection is cut fail at once with ErrConnectionLost, and later ones
+// fail too instead of hanging.
+func TestEmitFailsWhenTheConnectionDrops(t *testing.T) {
+	t.Parallel()
+	url := brokertest.VHost(t)
+	proxy := brokertest.NewProxy(t)
+	n := testNode(t, strings.Replace(url, brokertest.Host(), proxy.Addr(), 1), "anchor", nil)
+	m := load(t, n, sdk.Module{Name: "busy"}, runtime.ModuleConfig{})
+	errs := make(chan error, 1000)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				if _, err := m.Mesh().Emit(context.Background(), "tick", 1); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	time.Sleep(200 * time.Millisecond) // a stream of emits is in flight
+	proxy.Cut()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("emits hang after the connection dropped")
+	}
+	close(errs)
+	for err := range errs {
+		if !errors.Is(err, sdk.ErrConnectionLost) {
+			t.Errorf("emit failed with %v, want ErrConnectionLost", err)
+		}
+	}
+	if _, err := m.Mesh().Emit(emitCtx(t), "tick", 1); !errors.Is(err, sdk.ErrConnectionLost) {
+		t.Errorf("emit after the drop: %v, want ErrConnectionLost", err)
+	}
+	select {
+	case <-n.Done():
+	case <-time.After(10 * time.Second):
+		t.Error("Node.Done not closed after the connection dropped")
+	}
+	if n.Err() == nil {
+		t.Error("Node.Err is nil after the connection dropped")
 	}
 }

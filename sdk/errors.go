@@ -42,8 +42,9 @@ var (
 	// the deadline. It is transient; errors.Is(err,
 	// context.DeadlineExceeded) holds as well.
 	ErrDeadlineExceeded error = deadlineExceeded{}
-	// ErrConnectionLost is returned by Call when the broker connection
-	// dropped while the call was in flight. It is transient.
+	// ErrConnectionLost is returned by Call and Emit when the broker
+	// connection dropped while the call or the publish was in flight. It is
+	// transient.
 	ErrConnectionLost = errors.New("broker connection lost")
 )
 

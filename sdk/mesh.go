@@ -13,7 +13,9 @@ type Mesh interface {
 	// received), its id becomes the causation id.
 	//
 	// Errors: ErrInvalidName for a bad name, ErrBodyNotJSON,
-	// ErrBodyTooLarge, ErrRefused (transient), ErrClosed, or ctx's error.
+	// ErrBodyTooLarge, ErrRefused (transient), ErrConnectionLost
+	// (transient: the event may or may not have reached the broker),
+	// ErrClosed, or ctx's error.
 	Emit(ctx context.Context, name string, body any, opts ...EmitOption) (id string, err error)
 
 	// On subscribes h to the events matching an AMQP topic pattern
