@@ -6,7 +6,7 @@ GO     ?= go
 ENSURE := scripts/ensure-rabbitmq.sh
 
 .DEFAULT_GOAL := help
-.PHONY: help build test bench demo lint fuzz clean
+.PHONY: help build test bench demo lint fuzz generate clean
 
 help: ## List targets with their descriptions
 	@grep -E '^[a-zA-Z_-]+:.*?## .*$$' $(MAKEFILE_LIST) | \
@@ -38,6 +38,14 @@ fuzz: ## Fuzz event-type validation, header decoding and topic matching, 20s eac
 	$(GO) test -run='^$$' -fuzz=FuzzDecodeMeta -fuzztime=20s ./internal/wire
 	$(GO) test -run='^$$' -fuzz=FuzzMatchPattern -fuzztime=20s ./internal/wire
 	$(GO) test -run='^$$' -fuzz=FuzzValidateToolKey -fuzztime=20s ./internal/wire
+
+generate: ## Regenerate the plugin protocol's Go code from internal/plugin/pb/module.proto (needs protoc)
+	@command -v protoc >/dev/null || { echo "generate needs protoc: apt-get install protobuf-compiler"; exit 1; }
+	$(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
+	$(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.2
+	cd internal/plugin/pb && PATH="$$PATH:$$($(GO) env GOPATH)/bin" protoc \
+		--go_out=. --go_opt=paths=source_relative \
+		--go-grpc_out=. --go-grpc_opt=paths=source_relative module.proto
 
 clean: ## Remove built binaries
 	rm -rf bin

@@ -1,0 +1,75 @@
+// Package plugin is the glue both sides of a module process share: the
+// go-plugin handshake (with the protocol version) and the gRPC plugin that
+// carries the pb.Module service. The sdk serves it in a module process
+// (sdk.Run); the runtime dials it from meshd.
+//
+//	client := goplugin.NewClient(&goplugin.ClientConfig{
+//		HandshakeConfig:  plugin.Handshake(),
+//		Plugins:          plugin.Set(nil),
+//		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
+//		Cmd:              exec.Command(path),
+//	})
+package plugin
+
+import (
+	"context"
+	"strconv"
+
+	goplugin "github.com/hashicorp/go-plugin"
+	"google.golang.org/grpc"
+
+	"github.com/meshkit/mesh/internal/plugin/pb"
+)
+
+// protocolVersion is the version of the pb protocol. It is a string so a
+// test can build a module of another version with -ldflags -X.
+var protocolVersion = "1"
+
+// ProtocolVersion is the plugin protocol version this build speaks.
+func ProtocolVersion() uint {
+	v, err := strconv.ParseUint(protocolVersion, 10, 32)
+	if err != nil {
+		panic("plugin: bad protocol version " + protocolVersion)
+	}
+	return uint(v)
+}
+
+// Name is the one plugin a module process serves.
+const Name = "module"
+
+// Handshake is the go-plugin handshake: a module refuses to run unless
+// started by meshd, and meshd refuses a module of another protocol version.
+func Handshake() goplugin.HandshakeConfig {
+	return goplugin.HandshakeConfig{
+		ProtocolVersion:  ProtocolVersion(),
+		MagicCookieKey:   "MESH_MODULE",
+		MagicCookieValue: "7f3c1e0a-mesh-module",
+	}
+}
+
+// Set is the plugin set for go-plugin. server makes the module's service in
+// a module process; meshd passes nil.
+func Set(server func(*goplugin.GRPCBroker) pb.ModuleServer) goplugin.PluginSet {
+	return goplugin.PluginSet{Name: &grpcPlugin{server: server}}
+}
+
+// Client is what meshd gets from Dispense: the module's service and the
+// broker to offer the host's callback service on.
+type Client struct {
+	Module pb.ModuleClient
+	Broker *goplugin.GRPCBroker
+}
+
+type grpcPlugin struct {
+	goplugin.NetRPCUnsupportedPlugin
+	server func(*goplugin.GRPCBroker) pb.ModuleServer
+}
+
+func (p *grpcPlugin) GRPCServer(b *goplugin.GRPCBroker, s *grpc.Server) error {
+	pb.RegisterModuleServer(s, p.server(b))
+	return nil
+}
+
+func (p *grpcPlugin) GRPCClient(_ context.Context, b *goplugin.GRPCBroker, c *grpc.ClientConn) (any, error) {
+	return &Client{Module: pb.NewModuleClient(c), Broker: b}, nil
+}

@@ -1,0 +1,420 @@
+package runtime
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os/exec"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	goplugin "github.com/hashicorp/go-plugin"
+	"google.golang.org/grpc"
+
+	"github.com/meshkit/mesh/internal/causation"
+	"github.com/meshkit/mesh/internal/plugin"
+	"github.com/meshkit/mesh/internal/plugin/pb"
+	"github.com/meshkit/mesh/sdk"
+)
+
+// PluginModule is a module running in its own process (a binary built with
+// sdk.Run), supervised by the node: if the process exits it is started
+// again with back-off, and the deliveries it had are failed attempts that
+// the broker redelivers.
+type PluginModule struct {
+	node   *Node
+	path   string
+	args   []string
+	log    *slog.Logger
+	module *Module // the in-process side: queue, retries, dead letters
+
+	mu      sync.Mutex
+	proc    *moduleProcess // nil while restarting
+	running chan struct{}  // closed while proc is set; replaced when it goes
+
+	stopping atomic.Bool
+	done     chan struct{}
+}
+
+// moduleProcess is one run of the module binary.
+type moduleProcess struct {
+	client *goplugin.Client
+	remote *plugin.Client
+	desc   *pb.Description
+	stream pb.Module_DeliverClient
+	sendq  chan *pb.Delivery
+	exited chan struct{} // closed when the stream ends: the process is gone
+	seq    atomic.Uint64
+
+	mu      sync.Mutex
+	pending map[uint64]chan *pb.Outcome
+}
+
+// LoadPlugin starts the module binary at path, asks it what it is, and
+// loads it like Load does: its queue, bindings, retries and dead letters
+// are the node's, and its handlers run in the module process. Event
+// deliveries cross the boundary in batches, up to mc.Prefetch at a time.
+func (n *Node) LoadPlugin(ctx context.Context, path string, args []string, mc ModuleConfig) (*PluginModule, error) {
+	pm := &PluginModule{node: n, path: path, args: args, log: n.log.With("plugin", path), done: make(chan struct{})}
+	proc, err := pm.launch(ctx)
+	if err != nil {
+		return nil, err
+	}
+	pm.proc, pm.running = proc, make(chan struct{})
+	close(pm.running)
+	mc = mc.over(n.cfg.Module)
+	mc.Concurrency = mc.Prefetch // the module process handles a whole batch at once
+	patterns := proc.desc.Patterns
+	def := sdk.Module{Name: proc.desc.Name, Emits: proc.desc.Emits, Setup: func(m sdk.Mesh) error {
+		for i, p := range patterns {
+			if err := m.On(p, pm.forward(uint32(i))); err != nil {
+				return err
+			}
+		}
+		return nil
+	}}
+	if pm.module, err = n.Load(ctx, def, mc); err != nil {
+		proc.client.Kill()
+		return nil, err
+	}
+	pm.log = pm.log.With("module", proc.desc.Name)
+	if err := pm.start(ctx, proc); err != nil {
+		stopCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = pm.module.Stop(stopCtx)
+		proc.client.Kill()
+		return nil, err
+	}
+	go pm.supervise(proc)
+	return pm, nil
+}
+
+// launch starts the binary, checks the handshake and opens the delivery
+// stream.
+func (pm *PluginModule) launch(ctx context.Context) (*moduleProcess, error) {
+	client := goplugin.NewClient(&goplugin.ClientConfig{
+		HandshakeConfig:  plugin.Handshake(),
+		Plugins:          plugin.Set(nil),
+		Cmd:              exec.Command(pm.path, pm.args...),
+		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
+		Logger:           hclog.New(&hclog.LoggerOptions{Name: "module", Level: hclog.Warn}),
+	})
+	fail := func(err error) (*moduleProcess, error) {
+		client.Kill()
+		return nil, fmt.Errorf("start module %s: %w", pm.path, err)
+	}
+	rpc, err := client.Client()
+	if err != nil {
+		return fail(versionError(err))
+	}
+	raw, err := rpc.Dispense(plugin.Name)
+	if err != nil {
+		return fail(err)
+	}
+	remote := raw.(*plugin.Client)
+	desc, err := remote.Module.Describe(ctx, &pb.Empty{})
+	if err != nil {
+		return fail(fmt.Errorf("describe: %w", err))
+	}
+	stream, err := remote.Module.Deliver(context.Background())
+	if err != nil {
+		return fail(fmt.Errorf("open the delivery stream: %w", err))
+	}
+	p := &moduleProcess{client: client, remote: remote, desc: desc, stream: stream,
+		sendq: make(chan *pb.Delivery, 256), exited: make(chan struct{}), pending: make(map[uint64]chan *pb.Outcome)}
+	go p.send()
+	go p.receive()
+	return p, nil
+}
+
+// versionError names both versions when the handshake failed on them.
+func versionError(err error) error {
+	return fmt.Errorf("%w (this meshd speaks module protocol version %d)", err, plugin.ProtocolVersion())
+}
+
+// start hands the process the host's callback service.
+func (pm *PluginModule) start(ctx context.Context, p *moduleProcess) error {
+	id := p.remote.Broker.NextId()
+	go p.remote.Broker.AcceptAndServe(id, func(opts []grpc.ServerOption) *grpc.Server {
+		s := grpc.NewServer(opts...)
+		pb.RegisterHostServer(s, &hostServer{pm: pm})
+		return s
+	})
+	if _, err := p.remote.Module.Start(ctx, &pb.StartRequest{HostBrokerId: id}); err != nil {
+		return fmt.Errorf("start module %s: %w", p.desc.Name, err)
+	}
+	return nil
+}
+
+// supervise starts the module again, with back-off, whenever its process
+// goes away, until Stop.
+func (pm *PluginModule) supervise(p *moduleProcess) {
+	defer close(pm.done)
+	backoff := 100 * time.Millisecond
+	for {
+		<-p.exited
+		if pm.stopping.Load() {
+			return
+		}
+		pm.log.Error("module process exited; restarting it", "retry_in", backoff)
+		pm.mu.Lock()
+		pm.proc, pm.running = nil, make(chan struct{})
+		pm.mu.Unlock()
+		for {
+			time.Sleep(backoff)
+			if pm.stopping.Load() {
+				return
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			next, err := pm.launch(ctx)
+			if err == nil {
+				err = pm.start(ctx, next)
+				if err != nil {
+					next.client.Kill()
+				}
+			}
+			cancel()
+			if err == nil {
+				p = next
+				pm.mu.Lock()
+				pm.proc = p
+				close(pm.running)
+				pm.mu.Unlock()
+				pm.log.Info("module process restarted")
+				backoff = 100 * time.Millisecond
+				break
+			}
+			backoff = min(backoff*2, 30*time.Second)
+			pm.log.Error("module restart failed", "err", err, "retry_in", backoff)
+		}
+	}
+}
+
+// Module returns the module as the node runs it.
+func (pm *PluginModule) Module() *Module { return pm.module }
+
+// Stop stops consuming, lets the deliveries in flight finish until ctx is
+// done (see Module.Stop), then ends the module process.
+func (pm *PluginModule) Stop(ctx context.Context) error {
+	pm.stopping.Store(true)
+	err := pm.module.Stop(ctx)
+	pm.mu.Lock()
+	p := pm.proc
+	pm.mu.Unlock()
+	if p != nil {
+		p.client.Kill()
+	}
+	<-pm.done
+	return err
+}
+
+// current returns the running process, waiting while it restarts: an
+// event that arrives then is not a failed attempt unless the restart takes
+// longer than its handler timeout.
+func (pm *PluginModule) current(ctx context.Context) (*moduleProcess, error) {
+	for {
+		pm.mu.Lock()
+		p, running := pm.proc, pm.running
+		pm.mu.Unlock()
+		if p != nil {
+			return p, nil
+		}
+		select {
+		case <-running:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("module process still restarting: %w", ctx.Err())
+		}
+	}
+}
+
+// forward is the in-process handler of pattern i: it hands the event to the
+// module process and waits for its outcome.
+func (pm *PluginModule) forward(i uint32) sdk.Handler {
+	return sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+		p, err := pm.current(ctx)
+		if err != nil {
+			return err
+		}
+		deadline, _ := ctx.Deadline()
+		d := &pb.Delivery{
+			Seq: p.seq.Add(1), Pattern: i, Id: ev.ID, Type: ev.Type, Source: ev.Source, Node: ev.Node,
+			TimeUnixNano: ev.Time.UnixNano(), CausationId: ev.CausationID, Schema: ev.Schema, Headers: ev.Headers,
+			Body: ev.Body, Attempt: uint32(ev.Attempt), Redelivered: ev.Redelivered, DeadlineUnixNano: deadline.UnixNano(),
+		}
+		result := make(chan *pb.Outcome, 1)
+		p.mu.Lock()
+		p.pending[d.Seq] = result
+		p.mu.Unlock()
+		defer func() {
+			p.mu.Lock()
+			delete(p.pending, d.Seq)
+			p.mu.Unlock()
+		}()
+		select {
+		case p.sendq <- d:
+		case <-p.exited:
+			return errors.New("module process exited")
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		select {
+		case o := <-result:
+			switch o.Kind {
+			case pb.Outcome_OK:
+				return nil
+			case pb.Outcome_PERMANENT:
+				return sdk.Permanent(errors.New(o.Error))
+			default:
+				return errors.New(o.Error)
+			}
+		case <-p.exited:
+			return errors.New("module process exited while handling the event")
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
+}
+
+// send crosses deliveries in batches that wait up to a millisecond to fill
+// (shared/reference/plugin-boundary-cost.md).
+func (p *moduleProcess) send() {
+	for {
+		var batch []*pb.Delivery
+		select {
+		case d := <-p.sendq:
+			batch = append(batch, d)
+		case <-p.exited:
+			return
+		}
+		timer := time.NewTimer(time.Millisecond)
+	fill:
+		for len(batch) < cap(p.sendq) {
+			select {
+			case d := <-p.sendq:
+				batch = append(batch, d)
+			case <-timer.C:
+				break fill
+			}
+		}
+		timer.Stop()
+		if err := p.stream.Send(&pb.DeliveryBatch{Deliveries: batch}); err != nil {
+			return // receive sees the stream end and marks the process gone
+		}
+	}
+}
+
+func (p *moduleProcess) receive() {
+	defer close(p.exited)
+	for {
+		b, err := p.stream.Recv()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		for _, o := range b.Outcomes {
+			if ch, ok := p.pending[o.Seq]; ok {
+				ch <- o
+				delete(p.pending, o.Seq)
+			}
+		}
+		p.mu.Unlock()
+	}
+}
+
+// hostServer is the callback service a module process calls: it emits and
+// calls as the module, so x-source and x-node are the host's, and names
+// stay in the module's namespace whatever the process sends.
+type hostServer struct {
+	pb.UnimplementedHostServer
+	pm *PluginModule
+}
+
+func (h *hostServer) Emit(ctx context.Context, b *pb.EmitBatch) (*pb.EmitResults, error) {
+	mesh := h.pm.module.Mesh()
+	res := &pb.EmitResults{Results: make([]*pb.EmitResult, len(b.Emits))}
+	var wg sync.WaitGroup
+	for i, e := range b.Emits {
+		wg.Add(1)
+		go func() { // the batch's publishes pipeline on the confirm channel
+			defer wg.Done()
+			opts := []sdk.EmitOption{}
+			if e.Schema != "" {
+				opts = append(opts, sdk.WithSchema(e.Schema))
+			}
+			if e.TtlMillis > 0 {
+				opts = append(opts, sdk.WithTTL(time.Duration(e.TtlMillis)*time.Millisecond))
+			}
+			if e.HasPriority {
+				opts = append(opts, sdk.WithPriority(uint8(min(e.Priority, 255))))
+			}
+			ectx := ctx
+			if e.CausationId != "" {
+				ectx = causation.With(ctx, e.CausationId)
+			}
+			id, err := mesh.Emit(ectx, e.Name, json.RawMessage(e.Body), opts...)
+			res.Results[i] = &pb.EmitResult{Id: id, ErrorKind: errorKind(err)}
+			if err != nil {
+				res.Results[i].Error = err.Error()
+				h.pm.log.Warn("emit from the module refused", "name", e.Name, "err", err)
+			}
+		}()
+	}
+	wg.Wait()
+	return res, nil
+}
+
+func (h *hostServer) Call(ctx context.Context, r *pb.CallRequest) (*pb.CallResponse, error) {
+	ctx, cancel := context.WithDeadline(ctx, time.Unix(0, r.DeadlineUnixNano))
+	defer cancel()
+	if r.CausationId != "" {
+		ctx = causation.With(ctx, r.CausationId)
+	}
+	var resp json.RawMessage
+	err := h.pm.module.Mesh().Call(ctx, r.Tool, json.RawMessage(r.Body), &resp)
+	out := &pb.CallResponse{Body: resp, ErrorKind: errorKind(err)}
+	if err != nil {
+		out.Error = err.Error()
+		var te *sdk.ToolError
+		if errors.As(err, &te) {
+			out.Error, out.ToolCode, out.ToolPermanent = te.Message, te.Code, te.Permanent
+		}
+	}
+	return out, nil
+}
+
+// errorKind names the sdk sentinel err wraps, for the module process.
+func errorKind(err error) pb.ErrorKind {
+	var te *sdk.ToolError
+	switch {
+	case err == nil:
+		return pb.ErrorKind_NONE
+	case errors.As(err, &te):
+		return pb.ErrorKind_TOOL
+	case errors.Is(err, sdk.ErrInvalidName):
+		return pb.ErrorKind_INVALID_NAME
+	case errors.Is(err, sdk.ErrBodyTooLarge):
+		return pb.ErrorKind_BODY_TOO_LARGE
+	case errors.Is(err, sdk.ErrBodyNotJSON):
+		return pb.ErrorKind_BODY_NOT_JSON
+	case errors.Is(err, sdk.ErrRefused):
+		return pb.ErrorKind_REFUSED
+	case errors.Is(err, sdk.ErrUnroutable):
+		return pb.ErrorKind_UNROUTABLE
+	case errors.Is(err, sdk.ErrClosed):
+		return pb.ErrorKind_CLOSED
+	case errors.Is(err, sdk.ErrConnectionLost):
+		return pb.ErrorKind_CONNECTION_LOST
+	case errors.Is(err, sdk.ErrNoServer):
+		return pb.ErrorKind_NO_SERVER
+	case errors.Is(err, sdk.ErrDeadlineExceeded):
+		return pb.ErrorKind_DEADLINE_EXCEEDED
+	case errors.Is(err, sdk.ErrForbidden):
+		return pb.ErrorKind_FORBIDDEN
+	default:
+		return pb.ErrorKind_OTHER
+	}
+}

@@ -1,0 +1,212 @@
+package runtime_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/runtime"
+	"github.com/meshkit/mesh/sdk"
+)
+
+var (
+	buildOnce sync.Once
+	buildDir  string
+	buildErr  error
+)
+
+// echoModule builds testdata/echomodule once for the package's tests, and
+// a copy speaking another protocol version.
+func echoModule(t *testing.T) (current, otherVersion string) {
+	t.Helper()
+	buildOnce.Do(func() {
+		buildDir, buildErr = os.MkdirTemp("", "mesh-plugin-test-")
+		if buildErr != nil {
+			return
+		}
+		for _, b := range []struct{ out, ldflags string }{
+			{"echomodule", ""},
+			{"echomodule-v99", "-X github.com/meshkit/mesh/internal/plugin.protocolVersion=99"},
+		} {
+			out, err := exec.Command("go", "build", "-ldflags", b.ldflags, "-o", filepath.Join(buildDir, b.out), "./testdata/echomodule").CombinedOutput()
+			if err != nil {
+				buildErr = fmt.Errorf("build %s: %v\n%s", b.out, err, out)
+				return
+			}
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return filepath.Join(buildDir, "echomodule"), filepath.Join(buildDir, "echomodule-v99")
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if buildDir != "" {
+		os.RemoveAll(buildDir)
+	}
+	os.Exit(code)
+}
+
+func loadPlugin(t *testing.T, n *runtime.Node, path string, mc runtime.ModuleConfig) *runtime.PluginModule {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pm, err := n.LoadPlugin(ctx, path, nil, mc)
+	if err != nil {
+		t.Fatalf("load plugin: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = pm.Stop(ctx)
+	})
+	return pm
+}
+
+// TestPluginEmitHandleAndCall: an event handled in a module process, the
+// event it emits (with the host's source and node, and the handled event as
+// its cause), a call from it to a tool served in-process, and an emit under
+// a bad name refused with the same error as in-process.
+func TestPluginEmitHandleAndCall(t *testing.T) {
+	t.Parallel()
+	bin, _ := echoModule(t)
+	url := brokertest.VHost(t)
+	n := testNode(t, url, "anchor", nil)
+	rec := newRecorder(nil)
+	load(t, n, sdk.Module{Name: "watch", Setup: func(m sdk.Mesh) error {
+		if err := m.Serve("test.echo", sdk.ToolHandlerFunc(func(ctx context.Context, req sdk.Request) (any, error) {
+			var s string
+			err := req.Decode(&s)
+			return s + " back, " + req.Caller, err
+		})); err != nil {
+			return err
+		}
+		return m.On("module.echo.#", rec)
+	}}, runtime.ModuleConfig{})
+	loadPlugin(t, n, bin, runtime.ModuleConfig{})
+
+	ping, err := n.Emit(emitCtx(t), "test", "mesh.test.ping", map[string]string{"do": "pong"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := rec.next(t)
+	if ev.Type != "module.echo.pong" || ev.Source != "echo" || ev.Node != "anchor" || ev.CausationID != ping || ev.Schema != "1" {
+		t.Errorf("pong %+v, want module.echo.pong from echo on anchor caused by %s", ev, ping)
+	}
+	var body struct {
+		Ping    string
+		Attempt int
+	}
+	if err := ev.Decode(&body); err != nil || body.Ping != ping || body.Attempt != 1 {
+		t.Errorf("pong body %+v %v", body, err)
+	}
+
+	if _, err := n.Emit(emitCtx(t), "test", "mesh.test.call", map[string]string{"do": "call"}); err != nil {
+		t.Fatal(err)
+	}
+	if ev := rec.next(t); !strings.Contains(string(ev.Body), `"answer":"hello back, echo"`) {
+		t.Errorf("call from the module: %s", ev.Body)
+	}
+	if _, err := n.Emit(emitCtx(t), "test", "mesh.test.bad", map[string]string{"do": "bad-name"}); err != nil {
+		t.Fatal(err)
+	}
+	if ev := rec.next(t); string(ev.Body) != `{"invalid":true}` {
+		t.Errorf("bad name from the module: %s", ev.Body)
+	}
+}
+
+// TestPluginCrashIsRestarted: a module process that exits on one event is
+// restarted; that event is dead-lettered after the attempt limit, and the
+// other events are all handled, none lost. (Prefetch 1, so that only the
+// crashing event is in flight when the process dies: every delivery in
+// flight at a crash counts as a failed attempt.)
+func TestPluginCrashIsRestarted(t *testing.T) {
+	t.Parallel()
+	bin, _ := echoModule(t)
+	url := brokertest.VHost(t)
+	n := testNode(t, url, "anchor", nil)
+	rec := newRecorder(nil)
+	load(t, n, sdk.Module{Name: "watch", Setup: func(m sdk.Mesh) error { return m.On("module.echo.pong", rec) }}, runtime.ModuleConfig{})
+	loadPlugin(t, n, bin, runtime.ModuleConfig{MaxAttempts: 3, Prefetch: 1})
+	crash, err := n.Emit(emitCtx(t), "test", "mesh.test.crash", map[string]string{"do": "crash"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const good = 20
+	for range good {
+		if _, err := n.Emit(emitCtx(t), "test", "mesh.test.ping", map[string]string{"do": "pong"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pongs := make(map[string]bool)
+	for len(pongs) < good {
+		ev := rec.next(t)
+		var body struct{ Ping string }
+		_ = ev.Decode(&body)
+		pongs[body.Ping] = true
+	}
+	d := nextDead(t, rawConn(t, url))
+	if d.MessageId != crash || d.Headers["x-mesh-dead-attempts"] != int64(3) {
+		t.Errorf("dead letter %s after %v attempts (%v), want the crashing event after 3", d.MessageId, d.Headers["x-mesh-dead-attempts"], d.Headers["x-mesh-dead-error"])
+	}
+}
+
+// TestPluginOutcomes: a panic, an error and a permanent error in the module
+// process have the same effect as in-process.
+func TestPluginOutcomes(t *testing.T) {
+	t.Parallel()
+	bin, _ := echoModule(t)
+	url := brokertest.VHost(t)
+	n := testNode(t, url, "anchor", nil)
+	loadPlugin(t, n, bin, runtime.ModuleConfig{MaxAttempts: 2})
+	raw := rawConn(t, url)
+	for _, c := range []struct{ do, reason, attempts, text string }{
+		{"permanent", "permanent", "1", "never"},
+		{"fail", "delivery_limit", "2", "not now"},
+		{"panic", "delivery_limit", "2", "the module broke"},
+	} {
+		if _, err := n.Emit(emitCtx(t), "test", "mesh.test."+c.do, map[string]string{"do": c.do}); err != nil {
+			t.Fatal(err)
+		}
+		d := nextDead(t, raw)
+		if d.Headers["x-mesh-dead-reason"] != c.reason || fmt.Sprint(d.Headers["x-mesh-dead-attempts"]) != c.attempts ||
+			!strings.Contains(fmt.Sprint(d.Headers["x-mesh-dead-error"]), c.text) {
+			t.Errorf("%s: dead letter %v", c.do, d.Headers)
+		}
+	}
+}
+
+// TestPluginProtocolMismatch: a module built for another protocol version
+// is refused with an error naming both versions.
+func TestPluginProtocolMismatch(t *testing.T) {
+	t.Parallel()
+	_, v99 := echoModule(t)
+	n := testNode(t, "", "anchor", nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := n.LoadPlugin(ctx, v99, nil, runtime.ModuleConfig{})
+	if err == nil || !strings.Contains(err.Error(), "99") || !strings.Contains(err.Error(), "version 1") {
+		t.Errorf("loading a version 99 module: %v, want an error naming 99 and 1", err)
+	}
+}
+
+// TestModuleBinaryAlone: a module binary run by hand says it needs meshd.
+func TestModuleBinaryAlone(t *testing.T) {
+	t.Parallel()
+	bin, _ := echoModule(t)
+	out, err := exec.Command(bin).CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || !strings.Contains(string(out), "meshd starts it") {
+		t.Errorf("module run alone: %v, %s", err, out)
+	}
+}

@@ -1,0 +1,59 @@
+// Command echomodule is a module binary for the runtime's plugin tests: it
+// answers mesh.test.* events as their body says.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/meshkit/mesh/sdk"
+)
+
+func main() {
+	var mesh sdk.Mesh
+	err := sdk.Run(sdk.Module{
+		Name:  "echo",
+		Emits: []string{"pong", "called"},
+		Setup: func(m sdk.Mesh) error {
+			mesh = m
+			return m.On("mesh.test.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+				var cmd struct{ Do string }
+				if err := ev.Decode(&cmd); err != nil {
+					return sdk.Permanent(err)
+				}
+				switch cmd.Do {
+				case "pong":
+					_, err := mesh.Emit(ctx, "pong", map[string]any{"ping": ev.ID, "attempt": ev.Attempt}, sdk.WithSchema("1"))
+					return err
+				case "crash":
+					os.Exit(3)
+				case "panic":
+					panic("the module broke")
+				case "fail":
+					return errors.New("not now")
+				case "permanent":
+					return sdk.Permanent(errors.New("never"))
+				case "call":
+					var answer string
+					if err := mesh.Call(ctx, "test.echo", "hello", &answer); err != nil {
+						_, emitErr := mesh.Emit(ctx, "called", map[string]string{"error": err.Error()})
+						return emitErr
+					}
+					_, err := mesh.Emit(ctx, "called", map[string]string{"answer": answer})
+					return err
+				case "bad-name":
+					_, err := mesh.Emit(ctx, "bad..name", 1)
+					_, emitErr := mesh.Emit(ctx, "called", map[string]bool{"invalid": errors.Is(err, sdk.ErrInvalidName)})
+					return emitErr
+				}
+				return fmt.Errorf("unknown command %q", cmd.Do)
+			}))
+		},
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}
