@@ -75,6 +75,16 @@ func (n *Node) Load(ctx context.Context, def sdk.Module, mc ModuleConfig) (*Modu
 			return nil, fmt.Errorf("load module %s: emits: %w", def.Name, err)
 		}
 	}
+	for _, c := range def.Calls {
+		if err := wire.ValidateToolKey(c); err != nil {
+			return nil, fmt.Errorf("load module %s: calls: %w", def.Name, err)
+		}
+	}
+	switch def.Kind {
+	case "", "dispatcher", "agent":
+	default:
+		return nil, fmt.Errorf("load module %s: kind %q is not dispatcher, agent or empty", def.Name, def.Kind)
+	}
 	mc = mc.over(n.cfg.Module)
 	if err := mc.validate(); err != nil {
 		return nil, fmt.Errorf("load module %s: %w", def.Name, err)

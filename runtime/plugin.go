@@ -50,8 +50,9 @@ type moduleProcess struct {
 	exited chan struct{} // closed when the stream ends: the process is gone
 	seq    atomic.Uint64
 
-	mu      sync.Mutex
-	pending map[uint64]chan *pb.Outcome
+	mu        sync.Mutex
+	pending   map[uint64]chan *pb.Outcome
+	streamErr error // why the delivery stream ended
 }
 
 // LoadPlugin starts the module binary at path, asks it what it is, and
@@ -69,7 +70,7 @@ func (n *Node) LoadPlugin(ctx context.Context, path string, args []string, mc Mo
 	mc = mc.over(n.cfg.Module)
 	mc.Concurrency = mc.Prefetch // the module process handles a whole batch at once
 	patterns := proc.desc.Patterns
-	def := sdk.Module{Name: proc.desc.Name, Emits: proc.desc.Emits, Setup: func(m sdk.Mesh) error {
+	def := sdk.Module{Name: proc.desc.Name, Kind: proc.desc.Kind, Emits: proc.desc.Emits, Calls: proc.desc.Calls, Setup: func(m sdk.Mesh) error {
 		for i, p := range patterns {
 			if err := m.On(p, pm.forward(uint32(i))); err != nil {
 				return err
@@ -89,8 +90,24 @@ func (n *Node) LoadPlugin(ctx context.Context, path string, args []string, mc Mo
 		proc.client.Kill()
 		return nil, err
 	}
+	pm.announce("started", nil)
 	go pm.supervise(proc)
 	return pm, nil
+}
+
+// announce emits node.<node>.module.<what> about this module, so the mesh
+// sees modules start, crash and restart.
+func (pm *PluginModule) announce(what string, cause error) {
+	body := map[string]any{"module": pm.module.def.Name, "path": pm.path}
+	if cause != nil {
+		body["error"] = cause.Error()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	n := pm.node
+	if _, err := n.Emit(ctx, n.cfg.Node, "node."+n.cfg.Node+".module."+what, body); err != nil {
+		pm.log.Warn("could not announce the module", "event", what, "err", err)
+	}
 }
 
 // launch starts the binary, checks the handshake and opens the delivery
@@ -161,6 +178,7 @@ func (pm *PluginModule) supervise(p *moduleProcess) {
 			return
 		}
 		pm.log.Error("module process exited; restarting it", "retry_in", backoff)
+		pm.announce("crashed", p.exitErr())
 		pm.mu.Lock()
 		pm.proc, pm.running = nil, make(chan struct{})
 		pm.mu.Unlock()
@@ -185,6 +203,7 @@ func (pm *PluginModule) supervise(p *moduleProcess) {
 				close(pm.running)
 				pm.mu.Unlock()
 				pm.log.Info("module process restarted")
+				pm.announce("restarted", nil)
 				backoff = 100 * time.Millisecond
 				break
 			}
@@ -307,11 +326,21 @@ func (p *moduleProcess) send() {
 	}
 }
 
+// exitErr says how the process ended, as far as the stream saw it.
+func (p *moduleProcess) exitErr() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.streamErr
+}
+
 func (p *moduleProcess) receive() {
 	defer close(p.exited)
 	for {
 		b, err := p.stream.Recv()
 		if err != nil {
+			p.mu.Lock()
+			p.streamErr = err
+			p.mu.Unlock()
 			return
 		}
 		p.mu.Lock()

@@ -136,7 +136,13 @@ func TestPluginCrashIsRestarted(t *testing.T) {
 	url := brokertest.VHost(t)
 	n := testNode(t, url, "anchor", nil)
 	rec := newRecorder(nil)
-	load(t, n, sdk.Module{Name: "watch", Setup: func(m sdk.Mesh) error { return m.On("module.echo.pong", rec) }}, runtime.ModuleConfig{})
+	lifecycle := newRecorder(nil)
+	load(t, n, sdk.Module{Name: "watch", Setup: func(m sdk.Mesh) error {
+		if err := m.On("node.anchor.module.*", lifecycle); err != nil {
+			return err
+		}
+		return m.On("module.echo.pong", rec)
+	}}, runtime.ModuleConfig{})
 	loadPlugin(t, n, bin, runtime.ModuleConfig{MaxAttempts: 3, Prefetch: 1})
 	crash, err := n.Emit(emitCtx(t), "test", "mesh.test.crash", map[string]string{"do": "crash"})
 	if err != nil {
@@ -158,6 +164,19 @@ func TestPluginCrashIsRestarted(t *testing.T) {
 	d := nextDead(t, rawConn(t, url))
 	if d.MessageId != crash || d.Headers["x-mesh-dead-attempts"] != int64(3) {
 		t.Errorf("dead letter %s after %v attempts (%v), want the crashing event after 3", d.MessageId, d.Headers["x-mesh-dead-attempts"], d.Headers["x-mesh-dead-error"])
+	}
+	// The node told the mesh: started once, then crashed and restarted
+	// with each of the 3 attempts.
+	counts := map[string]int{}
+	for len(counts) < 3 || counts["node.anchor.module.restarted"] < 3 {
+		ev := lifecycle.next(t)
+		counts[ev.Type]++
+		if !strings.Contains(string(ev.Body), `"module":"echo"`) {
+			t.Errorf("%s says %s", ev.Type, ev.Body)
+		}
+	}
+	if counts["node.anchor.module.started"] != 1 || counts["node.anchor.module.crashed"] != 3 {
+		t.Errorf("module lifecycle events %v", counts)
 	}
 }
 

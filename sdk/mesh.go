@@ -97,9 +97,14 @@ type Module struct {
 	// Name is the module's name, one word (no dots): it becomes part of
 	// the types it emits (module.<Name>.<event>) and of its queue.
 	Name string
+	// Kind is what the module is, for operators: "dispatcher", "agent",
+	// or "" for a plain module.
+	Kind string
 	// Emits lists the event names (relative, "site.created") the module
 	// emits, for the mesh's event graph.
 	Emits []string
+	// Calls lists the tool keys the module calls, for the graph.
+	Calls []string
 	// Setup subscribes the module's handlers with m.On. It runs before the
 	// module consumes. It may be nil for a module that only emits.
 	Setup func(m Mesh) error

@@ -62,7 +62,7 @@ func (s *moduleServer) Describe(context.Context, *pb.Empty) (*pb.Description, er
 			s.descErr = s.module.Setup(&pluginMesh{server: s, collect: c})
 		}
 		s.handlers = c.handlers
-		s.desc = &pb.Description{Name: s.module.Name, Emits: s.module.Emits, Patterns: c.patterns}
+		s.desc = &pb.Description{Name: s.module.Name, Kind: s.module.Kind, Emits: s.module.Emits, Calls: s.module.Calls, Patterns: c.patterns}
 	})
 	return s.desc, s.descErr
 }

@@ -196,6 +196,8 @@ type Description struct {
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	Emits         []string               `protobuf:"bytes,2,rep,name=emits,proto3" json:"emits,omitempty"`
 	Patterns      []string               `protobuf:"bytes,3,rep,name=patterns,proto3" json:"patterns,omitempty"`
+	Kind          string                 `protobuf:"bytes,4,opt,name=kind,proto3" json:"kind,omitempty"`
+	Calls         []string               `protobuf:"bytes,5,rep,name=calls,proto3" json:"calls,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -247,6 +249,20 @@ func (x *Description) GetEmits() []string {
 func (x *Description) GetPatterns() []string {
 	if x != nil {
 		return x.Patterns
+	}
+	return nil
+}
+
+func (x *Description) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *Description) GetCalls() []string {
+	if x != nil {
+		return x.Calls
 	}
 	return nil
 }
@@ -980,11 +996,13 @@ var File_module_proto protoreflect.FileDescriptor
 const file_module_proto_rawDesc = "" +
 	"\n" +
 	"\fmodule.proto\x12\x0emesh.plugin.v1\"\a\n" +
-	"\x05Empty\"S\n" +
+	"\x05Empty\"}\n" +
 	"\vDescription\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05emits\x18\x02 \x03(\tR\x05emits\x12\x1a\n" +
-	"\bpatterns\x18\x03 \x03(\tR\bpatterns\"4\n" +
+	"\bpatterns\x18\x03 \x03(\tR\bpatterns\x12\x12\n" +
+	"\x04kind\x18\x04 \x01(\tR\x04kind\x12\x14\n" +
+	"\x05calls\x18\x05 \x03(\tR\x05calls\"4\n" +
 	"\fStartRequest\x12$\n" +
 	"\x0ehost_broker_id\x18\x01 \x01(\rR\fhostBrokerId\"\xe2\x03\n" +
 	"\bDelivery\x12\x10\n" +
