@@ -105,16 +105,21 @@ func run(o options) error {
 	}()
 	fmt.Printf("meshbench: %d events/round, %d publishers, 256-byte JSON bodies, persistent, confirms on, prefetch 32, %d rounds (median)\n",
 		o.events, o.publishers, o.rounds)
-	if o.only != "rpc" {
+	if o.only == "" || o.only == "events" {
 		for i, qt := range strings.Split(o.queueTypes, ",") {
 			if err := benchQueueType(url, qt, o, i == 0); err != nil {
 				return fmt.Errorf("%s queues: %w", qt, err)
 			}
 		}
 	}
-	if o.only != "events" {
+	if o.only == "" || o.only == "rpc" {
 		if err := benchRPC(url, o); err != nil {
 			return fmt.Errorf("rpc: %w", err)
+		}
+	}
+	if o.only == "" || o.only == "plugin" {
+		if err := benchPlugin(url, o); err != nil {
+			return fmt.Errorf("module process: %w", err)
 		}
 	}
 	return nil

@@ -1,0 +1,38 @@
+// Package countmodule is the module the benchmark runs both in-process and
+// as a module process: it decodes every mesh.bench.* event and, when it has
+// handled the number it expects, emits module.count.done.
+package countmodule
+
+import (
+	"context"
+	"sync/atomic"
+
+	"github.com/meshkit/mesh/sdk"
+)
+
+// Module returns the module, expecting expect events.
+func Module(expect int64) sdk.Module {
+	var handled atomic.Int64
+	var mesh sdk.Mesh
+	return sdk.Module{
+		Name:  "count",
+		Emits: []string{"done"},
+		Setup: func(m sdk.Mesh) error {
+			mesh = m
+			return m.On("mesh.bench.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+				var body struct {
+					SentNanos int64 `json:"sent_ns"`
+					Seq       int   `json:"seq"`
+				}
+				if err := ev.Decode(&body); err != nil {
+					return sdk.Permanent(err)
+				}
+				if handled.Add(1) == expect {
+					_, err := mesh.Emit(ctx, "done", map[string]int64{"handled": expect})
+					return err
+				}
+				return nil
+			}))
+		},
+	}
+}

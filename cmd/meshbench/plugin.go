@@ -1,0 +1,125 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/meshkit/mesh/cmd/meshbench/countmodule"
+	"github.com/meshkit/mesh/runtime"
+	"github.com/meshkit/mesh/sdk"
+)
+
+// benchPlugin measures emit→handle throughput of the same module run as a
+// module process and in-process, beside the raw baseline, in one run.
+func benchPlugin(url string, o options) error {
+	dir, err := os.MkdirTemp("", "meshbench-plugin-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	bin := filepath.Join(dir, "countplugin")
+	if out, err := exec.Command("go", "build", "-o", bin, "./cmd/meshbench/countplugin").CombinedOutput(); err != nil {
+		return fmt.Errorf("build the module binary: %v\n%s", err, out)
+	}
+	fmt.Printf("\n== module process: %d events a round through the plugin boundary, the same module in-process, and raw ==\n", o.events)
+	var raw, inproc, plugin []float64
+	for r := 0; r < o.rounds; r++ {
+		rt, _, err := throughput(func(s *sink) (side, error) { return newRaw(url, runtime.QueueQuorum, s) }, o)
+		if err != nil {
+			return fmt.Errorf("raw: %w", err)
+		}
+		it, err := countThroughput(url, o, "")
+		if err != nil {
+			return fmt.Errorf("in-process: %w", err)
+		}
+		pt, err := countThroughput(url, o, bin)
+		if err != nil {
+			return fmt.Errorf("module process: %w", err)
+		}
+		fmt.Printf("round %d  raw %8.0f events/s   in-process %8.0f events/s   module process %8.0f events/s\n", r+1, rt, it, pt)
+		raw, inproc, plugin = append(raw, rt), append(inproc, it), append(plugin, pt)
+	}
+	fmt.Printf("module process %.0f events/s, in-process %.0f, raw %.0f: module process / in-process %.2f (target >= 0.70), in-process / raw %.2f\n",
+		median(plugin), median(inproc), median(raw), median(plugin)/median(inproc), median(inproc)/median(raw))
+	return nil
+}
+
+// countThroughput runs countmodule in-process (bin == "") or as the module
+// process bin, publishes o.events to it from o.publishers goroutines, and
+// returns events handled per second, until the module says it is done.
+func countThroughput(url string, o options, bin string) (float64, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	state, err := os.MkdirTemp("", "meshbench-count-")
+	if err != nil {
+		return 0, err
+	}
+	defer os.RemoveAll(state)
+	node, err := runtime.New(ctx, runtime.Config{Node: "bench", AMQPURL: url, StateDir: state,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		return 0, err
+	}
+	defer node.Close(context.Background())
+	done := make(chan struct{})
+	var once sync.Once
+	if _, err := node.Load(ctx, sdk.Module{Name: "watch", Setup: func(m sdk.Mesh) error {
+		return m.On("module.count.done", sdk.HandlerFunc(func(context.Context, sdk.Event) error {
+			once.Do(func() { close(done) })
+			return nil
+		}))
+	}}, runtime.ModuleConfig{}); err != nil {
+		return 0, err
+	}
+	mc := runtime.ModuleConfig{Concurrency: runtime.DefaultPrefetch} // as a module process gets
+	if bin == "" {
+		_, err = node.Load(ctx, countmodule.Module(int64(o.events)), mc)
+	} else {
+		var pm *runtime.PluginModule
+		pm, err = node.LoadPlugin(ctx, bin, []string{strconv.Itoa(o.events)}, mc)
+		if err == nil {
+			defer pm.Stop(context.Background())
+		}
+	}
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = deleteQueue(url, "bench.count.events"); _ = deleteQueue(url, "bench.watch.events") }()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, o.publishers)
+	start := time.Now()
+	for range o.publishers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1)); i <= o.events; i = int(next.Add(1)) {
+				if _, err := node.Emit(ctx, "bench", "mesh.bench.measured", json.RawMessage(body(i))); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return 0, err
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return 0, fmt.Errorf("the module did not handle %d events in time", o.events)
+	}
+	return float64(o.events) / time.Since(start).Seconds(), nil
+}
