@@ -29,6 +29,7 @@ type PluginModule struct {
 	node   *Node
 	path   string
 	args   []string
+	window int // deliveries in flight at most: the prefetch
 	log    *slog.Logger
 	module *Module // the in-process side: queue, retries, dead letters
 
@@ -49,6 +50,7 @@ type moduleProcess struct {
 	sendq  chan *pb.Delivery
 	exited chan struct{} // closed when the stream ends: the process is gone
 	seq    atomic.Uint64
+	window int
 
 	mu        sync.Mutex
 	pending   map[uint64]chan *pb.Outcome
@@ -60,15 +62,15 @@ type moduleProcess struct {
 // are the node's, and its handlers run in the module process. Event
 // deliveries cross the boundary in batches, up to mc.Prefetch at a time.
 func (n *Node) LoadPlugin(ctx context.Context, path string, args []string, mc ModuleConfig) (*PluginModule, error) {
-	pm := &PluginModule{node: n, path: path, args: args, log: n.log.With("plugin", path), done: make(chan struct{})}
+	mc = mc.over(n.cfg.Module)
+	mc.Concurrency = mc.Prefetch // the module process handles a whole batch at once
+	pm := &PluginModule{node: n, path: path, args: args, window: mc.Prefetch, log: n.log.With("plugin", path), done: make(chan struct{})}
 	proc, err := pm.launch(ctx)
 	if err != nil {
 		return nil, err
 	}
 	pm.proc, pm.running = proc, make(chan struct{})
 	close(pm.running)
-	mc = mc.over(n.cfg.Module)
-	mc.Concurrency = mc.Prefetch // the module process handles a whole batch at once
 	patterns := proc.desc.Patterns
 	def := sdk.Module{Name: proc.desc.Name, Kind: proc.desc.Kind, Emits: proc.desc.Emits, Calls: proc.desc.Calls, Setup: func(m sdk.Mesh) error {
 		for i, p := range patterns {
@@ -141,7 +143,7 @@ func (pm *PluginModule) launch(ctx context.Context) (*moduleProcess, error) {
 	if err != nil {
 		return fail(fmt.Errorf("open the delivery stream: %w", err))
 	}
-	p := &moduleProcess{client: client, remote: remote, desc: desc, stream: stream,
+	p := &moduleProcess{client: client, remote: remote, desc: desc, stream: stream, window: pm.window,
 		sendq: make(chan *pb.Delivery, 256), exited: make(chan struct{}), pending: make(map[uint64]chan *pb.Outcome)}
 	go p.send()
 	go p.receive()
@@ -299,7 +301,8 @@ func (pm *PluginModule) forward(i uint32) sdk.Handler {
 }
 
 // send crosses deliveries in batches that wait up to a millisecond to fill
-// (shared/reference/plugin-boundary-cost.md).
+// (shared/reference/plugin-boundary-cost.md), or less when the prefetch
+// window is full: then nothing more can arrive until outcomes go back.
 func (p *moduleProcess) send() {
 	for {
 		var batch []*pb.Delivery
@@ -311,7 +314,7 @@ func (p *moduleProcess) send() {
 		}
 		timer := time.NewTimer(time.Millisecond)
 	fill:
-		for len(batch) < cap(p.sendq) {
+		for len(batch) < cap(p.sendq) && !p.windowFull() {
 			select {
 			case d := <-p.sendq:
 				batch = append(batch, d)
@@ -324,6 +327,17 @@ func (p *moduleProcess) send() {
 			return // receive sees the stream end and marks the process gone
 		}
 	}
+}
+
+// windowFull reports whether every delivery the window allows is waiting
+// for its outcome and none is left to send.
+func (p *moduleProcess) windowFull() bool {
+	if len(p.sendq) > 0 {
+		return false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.pending) >= p.window
 }
 
 // exitErr says how the process ended, as far as the stream saw it.

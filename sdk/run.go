@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	goplugin "github.com/hashicorp/go-plugin"
@@ -98,8 +99,12 @@ func (s *moduleServer) Deliver(stream pb.Module_DeliverServer) error {
 	outcomes := make(chan *pb.Outcome, 256)
 	done := make(chan struct{})
 	defer close(done)
+	var inflight atomic.Int64
+	// Outcomes go back as soon as every delivery received is handled: the
+	// host sends in batches, so they come back in batches.
+	idle := func() bool { return inflight.Load() == 0 && len(outcomes) == 0 }
 	go func() {
-		for batch := range batches(outcomes, done) {
+		for batch := range batches(outcomes, done, idle) {
 			if err := stream.Send(&pb.OutcomeBatch{Outcomes: batch}); err != nil {
 				return
 			}
@@ -110,8 +115,13 @@ func (s *moduleServer) Deliver(stream pb.Module_DeliverServer) error {
 		if err != nil {
 			return err
 		}
+		inflight.Add(int64(len(b.Deliveries)))
 		for _, d := range b.Deliveries {
-			go func() { outcomes <- s.handle(d) }()
+			go func() {
+				o := s.handle(d)
+				inflight.Add(-1)
+				outcomes <- o
+			}()
 		}
 	}
 }
@@ -146,8 +156,9 @@ func (s *moduleServer) handle(d *pb.Delivery) *pb.Outcome {
 }
 
 // batches groups what arrives on in: a batch starts with the first item and
-// waits up to linger for more, up to maxBatch.
-func batches[T any](in <-chan T, done <-chan struct{}) <-chan []T {
+// waits up to linger for more, up to maxBatch, or until flushNow (if not
+// nil) says nothing more is coming soon.
+func batches[T any](in <-chan T, done <-chan struct{}, flushNow func() bool) <-chan []T {
 	out := make(chan []T)
 	go func() {
 		defer close(out)
@@ -161,7 +172,7 @@ func batches[T any](in <-chan T, done <-chan struct{}) <-chan []T {
 			batch := []T{first}
 			timer := time.NewTimer(linger)
 		fill:
-			for len(batch) < maxBatch {
+			for len(batch) < maxBatch && (flushNow == nil || !flushNow()) {
 				select {
 				case v := <-in:
 					batch = append(batch, v)
@@ -195,7 +206,7 @@ type emitResult struct {
 
 // batchEmits sends the module's emits to the host in batches.
 func (s *moduleServer) batchEmits() {
-	for batch := range batches(s.emits, make(chan struct{})) {
+	for batch := range batches(s.emits, make(chan struct{}), nil) {
 		req := &pb.EmitBatch{Emits: make([]*pb.Emit, len(batch))}
 		for i, e := range batch {
 			req.Emits[i] = e.emit
