@@ -30,6 +30,7 @@ type Node struct {
 
 	mu      sync.Mutex
 	modules map[string]*Module
+	plugins []*PluginModule
 	closed  bool
 
 	callerMu sync.Mutex
@@ -132,7 +133,8 @@ func dial(ctx context.Context, cfg Config, role string) (*amqp.Connection, error
 // Name returns the node's name.
 func (n *Node) Name() string { return n.cfg.Node }
 
-// Close stops every module (see Module.Stop) and closes the connections.
+// Close stops every module (see Module.Stop), ends the module processes,
+// and closes the connections.
 func (n *Node) Close(ctx context.Context) error {
 	n.mu.Lock()
 	if n.closed {
@@ -140,12 +142,18 @@ func (n *Node) Close(ctx context.Context) error {
 		return nil
 	}
 	n.closed = true
+	plugins := n.plugins
+	n.mu.Unlock()
+	var errs []error
+	for _, pm := range plugins { // their modules first, then their processes
+		errs = append(errs, pm.Stop(ctx))
+	}
+	n.mu.Lock()
 	mods := make([]*Module, 0, len(n.modules))
 	for _, m := range n.modules {
 		mods = append(mods, m)
 	}
 	n.mu.Unlock()
-	var errs []error
 	for _, m := range mods {
 		errs = append(errs, m.Stop(ctx))
 	}

@@ -94,6 +94,9 @@ func (n *Node) LoadPlugin(ctx context.Context, path string, args []string, mc Mo
 	}
 	pm.announce("started", nil)
 	go pm.supervise(proc)
+	n.mu.Lock()
+	n.plugins = append(n.plugins, pm)
+	n.mu.Unlock()
 	return pm, nil
 }
 
@@ -217,6 +220,12 @@ func (pm *PluginModule) supervise(p *moduleProcess) {
 
 // Module returns the module as the node runs it.
 func (pm *PluginModule) Module() *Module { return pm.module }
+
+// Name is the name the module process reported.
+func (pm *PluginModule) Name() string { return pm.module.def.Name }
+
+// Kind is the kind the module process reported.
+func (pm *PluginModule) Kind() string { return pm.module.def.Kind }
 
 // Stop stops consuming, lets the deliveries in flight finish until ctx is
 // done (see Module.Stop), then ends the module process.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/meshkit/mesh/runtime"
+	"github.com/meshkit/mesh/runtime/nodeconfig"
 )
 
 func app() *cli.App {
@@ -20,17 +22,53 @@ func app() *cli.App {
 		Usage: "run a mesh node",
 		Commands: []*cli.Command{{
 			Name:  "run",
-			Usage: "start a node and run until SIGTERM or SIGINT",
+			Usage: "start a node and its modules, and run until SIGTERM or SIGINT",
+			Description: "Settings come from the --config file, then the MESH_* environment variables, then the flags;\n" +
+				"each overrides the one before.",
 			Flags: []cli.Flag{
-				&cli.StringFlag{Name: "node", EnvVars: []string{"MESH_NODE"}, Required: true, Usage: "this node's `NAME`, unique on the mesh"},
-				&cli.StringFlag{Name: "amqp-url", EnvVars: []string{"MESH_AMQP_URL"}, Value: runtime.DefaultAMQPURL, Usage: "the broker's `URL`"},
+				&cli.StringFlag{Name: "config", EnvVars: []string{"MESH_CONFIG"}, Usage: "the node's configuration `FILE` (mesh.yaml)"},
+				&cli.StringFlag{Name: "node", EnvVars: []string{"MESH_NODE"}, Usage: "this node's `NAME`, unique on the mesh"},
+				&cli.StringFlag{Name: "amqp-url", EnvVars: []string{"MESH_AMQP_URL"}, Usage: "the broker's `URL` (default " + runtime.DefaultAMQPURL + ")"},
 				&cli.StringFlag{Name: "state-dir", EnvVars: []string{"MESH_STATE_DIR"}, Usage: "node-local state `DIR` (default ~/.local/state/mesh/NODE)"},
 				&cli.StringFlag{Name: "log-level", EnvVars: []string{"MESH_LOG_LEVEL"}, Value: "info", Usage: "debug, info, warn or error"},
-				&cli.DurationFlag{Name: "grace", EnvVars: []string{"MESH_GRACE"}, Value: 30 * time.Second, Usage: "how long in-flight handlers may finish on stop"},
+				&cli.DurationFlag{Name: "grace", EnvVars: []string{"MESH_GRACE"}, Usage: "how long in-flight handlers may finish on stop (default 30s)"},
 			},
 			Action: run,
 		}},
 	}
+}
+
+// config layers the file, the environment and the flags, and validates the
+// result.
+func config(c *cli.Context) (nodeconfig.File, error) {
+	var f nodeconfig.File
+	if path := c.String("config"); path != "" {
+		var err error
+		if f, err = nodeconfig.Load(path); err != nil {
+			return f, err
+		}
+	}
+	// IsSet is true for a flag given on the command line or through its
+	// environment variable, which urfave/cli already ranks above each other.
+	if c.IsSet("node") {
+		f.Node = c.String("node")
+	}
+	if c.IsSet("amqp-url") {
+		f.AMQPURL = c.String("amqp-url")
+	}
+	if c.IsSet("state-dir") {
+		f.StateDir = c.String("state-dir")
+	}
+	if c.IsSet("grace") {
+		f.Grace = c.Duration("grace")
+	}
+	if f.Grace == 0 {
+		f.Grace = 30 * time.Second
+	}
+	if err := f.Validate(); err != nil {
+		return f, fmt.Errorf("config: %w", err)
+	}
+	return f, nil
 }
 
 func run(c *cli.Context) error {
@@ -39,22 +77,43 @@ func run(c *cli.Context) error {
 		return fmt.Errorf("--log-level: %w", err)
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	ctx, stop := signal.NotifyContext(c.Context, syscall.SIGTERM, os.Interrupt)
-	defer stop()
-
-	node, err := runtime.New(ctx, runtime.Config{
-		Node:     c.String("node"),
-		AMQPURL:  c.String("amqp-url"),
-		StateDir: c.String("state-dir"),
-		Logger:   log,
-	})
+	f, err := config(c)
 	if err != nil {
 		return err
 	}
-	if _, err := node.Emit(ctx, node.Name(), "node."+node.Name()+".joined", map[string]any{}); err != nil {
+	ctx, stop := signal.NotifyContext(c.Context, syscall.SIGTERM, os.Interrupt)
+	defer stop()
+
+	cfg := f.Runtime()
+	cfg.Logger = log
+	node, err := runtime.New(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	shutdown := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), f.Grace+5*time.Second)
+		defer cancel()
+		if _, err := node.Emit(ctx, node.Name(), "node."+node.Name()+".left", map[string]any{}); err != nil {
+			log.Warn("could not announce the node leaving", "err", err)
+		}
+		graceCtx, cancelGrace := context.WithTimeout(ctx, f.Grace)
+		defer cancelGrace()
+		return node.Close(graceCtx)
+	}
+	for i, m := range f.Modules {
+		pm, err := node.LoadPlugin(ctx, m.Path, m.Args, m.ModuleConfig())
+		if err == nil && (pm.Name() != m.Name || (m.Kind != "" && pm.Kind() != m.Kind)) {
+			err = fmt.Errorf("modules[%d]: the config says %s (kind %q), the binary %s says %s (kind %q)",
+				i, m.Name, m.Kind, m.Path, pm.Name(), pm.Kind())
+		}
+		if err != nil {
+			return errors.Join(err, shutdown())
+		}
+	}
+	if _, err := node.Emit(ctx, node.Name(), "node."+node.Name()+".joined", map[string]any{"modules": len(f.Modules)}); err != nil {
 		log.Warn("could not announce the node", "err", err)
 	}
-	log.Info("node running; SIGTERM or SIGINT stops it")
+	log.Info("node running; SIGTERM or SIGINT stops it", "modules", len(f.Modules))
 	select {
 	case <-ctx.Done():
 	case <-node.Done():
@@ -63,13 +122,7 @@ func run(c *cli.Context) error {
 		_ = node.Close(context.Background())
 		return node.Err()
 	}
-
-	shutdown, cancel := context.WithTimeout(context.Background(), c.Duration("grace")+5*time.Second)
-	defer cancel()
-	if _, err := node.Emit(shutdown, node.Name(), "node."+node.Name()+".left", map[string]any{}); err != nil {
-		log.Warn("could not announce the node leaving", "err", err)
-	}
-	if err := node.Close(shutdown); err != nil {
+	if err := shutdown(); err != nil {
 		return fmt.Errorf("stop: %w", err)
 	}
 	log.Info("node stopped")

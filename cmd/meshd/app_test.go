@@ -2,14 +2,17 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/oklog/ulid/v2"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshkit/mesh/internal/brokertest"
@@ -56,7 +59,7 @@ func TestRunAnnouncesAndStopsOnSIGTERM(t *testing.T) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, "run")
 	cmd.Env = append(os.Environ(), "MESH_NODE=anchor", "MESH_AMQP_URL="+url, "MESH_STATE_DIR="+t.TempDir())
-	var logs strings.Builder
+	var logs lockedBuffer
 	cmd.Stderr = &logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -93,4 +96,164 @@ func TestRunRequiresANode(t *testing.T) {
 	if err := app().Run([]string{"meshd", "run", "--node", "a.b", "--amqp-url", "amqp://guest:guest@127.0.0.1:1/"}); err == nil || !strings.Contains(err.Error(), "node") {
 		t.Errorf("run with a dotted node name: %v", err)
 	}
+}
+
+// TestRunModulesFromConfig runs meshd with a config file that loads a module
+// binary: an event reaches the module process, what it emits carries the
+// host's source and node, and SIGTERM stops everything with exit 0.
+func TestRunModulesFromConfig(t *testing.T) {
+	url := brokertest.VHost(t)
+	dir := t.TempDir()
+	meshd, module := filepath.Join(dir, "meshd"), filepath.Join(dir, "echomodule")
+	for _, b := range []struct{ out, pkg string }{{meshd, "."}, {module, "../../runtime/testdata/echomodule"}} {
+		if out, err := exec.Command("go", "build", "-o", b.out, b.pkg).CombinedOutput(); err != nil {
+			t.Fatalf("build %s: %v\n%s", b.pkg, err, out)
+		}
+	}
+	cfg := filepath.Join(dir, "mesh.yaml")
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`
+node: anchor
+amqp_url: %s
+state_dir: %s
+grace: 5s
+defaults:
+  max_attempts: 3
+modules:
+  - name: echo
+    path: %s
+    prefetch: 8
+`, url, filepath.Join(dir, "state"), module)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, meshd, "run", "--config", cfg)
+	var logs lockedBuffer
+	cmd.Stderr = &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+
+	// Wait until the module's queue is consumed, then ping it.
+	for {
+		q, err := ch.QueueDeclarePassive("anchor.echo.events", true, false, false, false, nil)
+		if err == nil && q.Consumers > 0 {
+			break
+		}
+		if err != nil {
+			if ch, err = conn.Channel(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the module never consumed; meshd log:\n%s", logs.String())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	q, err := ch.QueueDeclare("", false, true, true, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind(q.Name, "module.echo.#", "mesh.events", false, nil); err != nil {
+		t.Fatal(err)
+	}
+	pongs, err := ch.Consume(q.Name, "", true, true, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := ulid.Make().String()
+	if err := ch.PublishWithContext(ctx, "mesh.events", "mesh.test.ping", false, false, amqp.Publishing{
+		Headers: amqp.Table{"x-event-id": id, "x-source": "test", "x-node": "test",
+			"x-time": time.Now().UTC().Format(time.RFC3339)},
+		ContentType: "application/json", Body: []byte(`{"do":"pong"}`),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case d := <-pongs:
+		if d.RoutingKey != "module.echo.pong" || d.Headers["x-source"] != "echo" || d.Headers["x-node"] != "anchor" || d.Headers["x-causation-id"] != id {
+			t.Errorf("pong %s %v", d.RoutingKey, d.Headers)
+		}
+	case <-ctx.Done():
+		t.Fatalf("no pong; meshd log:\n%s", logs.String())
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("meshd exited with %v; log:\n%s", err, logs.String())
+	}
+}
+
+// TestConfigErrorsNameTheFields: a bad config file is refused with one
+// error per broken field.
+func TestConfigErrorsNameTheFields(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "mesh.yaml")
+	if err := os.WriteFile(cfg, []byte(`
+node: "bad node"
+modules:
+  - name: a.b
+    path: /nonexistent/module
+  - name: ok
+    path: ""
+    queue_type: stream
+    prefetch: -1
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("MESH_NODE", "")
+	err := app().Run([]string{"meshd", "run", "--config", cfg})
+	if err == nil {
+		t.Fatal("bad config accepted")
+	}
+	for _, want := range []string{"node:", "modules[0].name:", "modules[0].path:", "modules[1].path: is empty", "modules[1]: queue_type:", "prefetch:"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not name %q:\n%v", want, err)
+		}
+	}
+	if err := os.WriteFile(cfg, []byte("node: anchor\nnodes: typo\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := app().Run([]string{"meshd", "run", "--config", cfg}); err == nil || !strings.Contains(err.Error(), "nodes") {
+		t.Errorf("unknown field: %v", err)
+	}
+	// Flags override the file.
+	if err := os.WriteFile(cfg, []byte("node: \"bad node\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err = app().Run([]string{"meshd", "run", "--config", cfg, "--node", "anchor", "--amqp-url", "amqp://guest:guest@127.0.0.1:1/"})
+	if err == nil || strings.Contains(err.Error(), "node:") || !strings.Contains(err.Error(), "connect") {
+		t.Errorf("--node did not override the file's node: %v", err)
+	}
+}
+
+// lockedBuffer collects a process's output while the test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

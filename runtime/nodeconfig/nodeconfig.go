@@ -1,0 +1,131 @@
+// Package nodeconfig reads a node's configuration file (mesh.yaml): the
+// node, its broker, its state dir, defaults for its modules, and the
+// module binaries it runs. Environment variables and flags override the
+// file; Validate names every field that breaks a rule.
+//
+//	f, err := nodeconfig.Load("mesh.yaml")
+//	if err != nil {
+//		return err // "mesh.yaml: modules[1].path: is empty"
+//	}
+package nodeconfig
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/meshkit/mesh/internal/wire"
+	"github.com/meshkit/mesh/runtime"
+)
+
+// File is a node's configuration file.
+type File struct {
+	Node         string        `yaml:"node"`
+	AMQPURL      string        `yaml:"amqp_url"`
+	StateDir     string        `yaml:"state_dir"`
+	MaxBodyBytes int           `yaml:"max_body_bytes"`
+	CallTimeout  time.Duration `yaml:"call_timeout"`
+	RetryMin     time.Duration `yaml:"retry_min"`
+	RetryMax     time.Duration `yaml:"retry_max"`
+	Grace        time.Duration `yaml:"grace"`
+	// Defaults apply to every module unless it says otherwise.
+	Defaults Module   `yaml:"defaults"`
+	Modules  []Module `yaml:"modules"`
+}
+
+// Module is one module binary the node runs, and how it consumes.
+type Module struct {
+	// Name is the name the module must report; a binary that says another
+	// name is refused, so the config cannot silently run the wrong one.
+	Name           string        `yaml:"name"`
+	Kind           string        `yaml:"kind"`
+	Path           string        `yaml:"path"`
+	Args           []string      `yaml:"args"`
+	QueueType      string        `yaml:"queue_type"`
+	Prefetch       int           `yaml:"prefetch"`
+	MaxAttempts    int           `yaml:"max_attempts"`
+	HandlerTimeout time.Duration `yaml:"handler_timeout"`
+	MaxPriority    int           `yaml:"max_priority"`
+}
+
+// Load reads and decodes path; unknown fields are errors. It does not
+// validate: apply the environment and flags first, then Validate.
+func Load(path string) (File, error) {
+	var f File
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return f, fmt.Errorf("read config: %w", err)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(&f); err != nil {
+		return f, fmt.Errorf("%s: %w", path, err)
+	}
+	return f, nil
+}
+
+// Runtime is the node's runtime configuration from the file.
+func (f File) Runtime() runtime.Config {
+	return runtime.Config{
+		Node: f.Node, AMQPURL: f.AMQPURL, StateDir: f.StateDir, MaxBodyBytes: f.MaxBodyBytes,
+		CallTimeout: f.CallTimeout, RetryMin: f.RetryMin, RetryMax: f.RetryMax,
+		Module: f.Defaults.runtime(),
+	}
+}
+
+// ModuleConfig is how module m consumes.
+func (m Module) ModuleConfig() runtime.ModuleConfig { return m.runtime() }
+
+func (m Module) runtime() runtime.ModuleConfig {
+	return runtime.ModuleConfig{
+		QueueType: m.QueueType, Prefetch: m.Prefetch, MaxAttempts: m.MaxAttempts,
+		HandlerTimeout: m.HandlerTimeout, MaxPriority: m.MaxPriority,
+	}
+}
+
+// Validate checks the whole configuration and returns every problem, each
+// naming its field.
+func (f File) Validate() error {
+	var errs []error
+	if err := f.Runtime().Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if f.Grace < 0 {
+		errs = append(errs, fmt.Errorf("grace: %v is negative", f.Grace))
+	}
+	if f.Defaults.Name != "" || f.Defaults.Path != "" || len(f.Defaults.Args) > 0 {
+		errs = append(errs, errors.New("defaults: name, path and args belong to each module, not to the defaults"))
+	}
+	names := make(map[string]int)
+	for i, m := range f.Modules {
+		field := fmt.Sprintf("modules[%d]", i)
+		if err := wire.ValidateWord("module name", m.Name); err != nil {
+			errs = append(errs, fmt.Errorf("%s.name: %w", field, err))
+		} else if j, dup := names[m.Name]; dup {
+			errs = append(errs, fmt.Errorf("%s.name: %q is already modules[%d]", field, m.Name, j))
+		} else {
+			names[m.Name] = i
+		}
+		switch m.Kind {
+		case "", "dispatcher", "agent":
+		default:
+			errs = append(errs, fmt.Errorf("%s.kind: %q is not dispatcher, agent or empty", field, m.Kind))
+		}
+		if m.Path == "" {
+			errs = append(errs, fmt.Errorf("%s.path: is empty", field))
+		} else if st, err := os.Stat(m.Path); err != nil {
+			errs = append(errs, fmt.Errorf("%s.path: %w", field, err))
+		} else if st.IsDir() || st.Mode()&0o111 == 0 {
+			errs = append(errs, fmt.Errorf("%s.path: %s is not an executable file", field, m.Path))
+		}
+		cfg := runtime.Config{Node: "x", Module: m.runtime()}
+		if err := cfg.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", field, err))
+		}
+	}
+	return errors.Join(errs...)
+}
