@@ -3,6 +3,7 @@ package runtime
 import (
 	"context"
 	"fmt"
+	"log/slog"
 
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/sdk"
@@ -79,3 +80,5 @@ func (mm *moduleMesh) Serve(key string, h sdk.ToolHandler) error {
 	m.tools = append(m.tools, tool{key: key, handler: h})
 	return nil
 }
+
+func (mm *moduleMesh) Logger() *slog.Logger { return mm.module.log }

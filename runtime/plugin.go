@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	goplugin "github.com/hashicorp/go-plugin"
 	"google.golang.org/grpc"
 
@@ -31,7 +30,10 @@ type PluginModule struct {
 	args   []string
 	window int // deliveries in flight at most: the prefetch
 	log    *slog.Logger
-	module *Module // the in-process side: queue, retries, dead letters
+	// procLog is where the module process's own log lines go: tagged with
+	// the module once it has said its name.
+	procLog atomic.Pointer[slog.Logger]
+	module  *Module // the in-process side: queue, retries, dead letters
 
 	mu      sync.Mutex
 	proc    *moduleProcess // nil while restarting
@@ -65,6 +67,7 @@ func (n *Node) LoadPlugin(ctx context.Context, path string, args []string, mc Mo
 	mc = mc.over(n.cfg.Module)
 	mc.Concurrency = mc.Prefetch // the module process handles a whole batch at once
 	pm := &PluginModule{node: n, path: path, args: args, window: mc.Prefetch, log: n.log.With("plugin", path), done: make(chan struct{})}
+	pm.procLog.Store(pm.log)
 	proc, err := pm.launch(ctx)
 	if err != nil {
 		return nil, err
@@ -85,6 +88,7 @@ func (n *Node) LoadPlugin(ctx context.Context, path string, args []string, mc Mo
 		return nil, err
 	}
 	pm.log = pm.log.With("module", proc.desc.Name)
+	pm.procLog.Store(pm.log)
 	if err := pm.start(ctx, proc); err != nil {
 		stopCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -123,7 +127,7 @@ func (pm *PluginModule) launch(ctx context.Context) (*moduleProcess, error) {
 		Plugins:          plugin.Set(nil),
 		Cmd:              exec.Command(pm.path, pm.args...),
 		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
-		Logger:           hclog.New(&hclog.LoggerOptions{Name: "module", Level: hclog.Warn}),
+		Logger:           pluginLogger(&pm.procLog),
 	})
 	fail := func(err error) (*moduleProcess, error) {
 		client.Kill()

@@ -1,9 +1,12 @@
 package runtime_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -228,4 +231,52 @@ func TestModuleBinaryAlone(t *testing.T) {
 	if !errors.As(err, &exit) || !strings.Contains(string(out), "meshd starts it") {
 		t.Errorf("module run alone: %v, %s", err, out)
 	}
+}
+
+// TestPluginLogs: what a module process logs through its Mesh's Logger
+// arrives in the node's log at its level, tagged with the module.
+func TestPluginLogs(t *testing.T) {
+	t.Parallel()
+	bin, _ := echoModule(t)
+	var logs syncBuffer
+	n := testNode(t, "", "anchor", func(c *runtime.Config) {
+		c.Logger = slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	})
+	loadPlugin(t, n, bin, runtime.ModuleConfig{})
+	if _, err := n.Emit(emitCtx(t), "test", "mesh.test.log", map[string]string{"do": "log"}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, line := range strings.Split(logs.String(), "\n") {
+			var entry map[string]any
+			if json.Unmarshal([]byte(line), &entry) != nil || entry["msg"] != "echo was asked to log" {
+				continue
+			}
+			if entry["level"] != "WARN" || entry["module"] != "echo" || entry["node"] != "anchor" || entry["attempt"] != float64(1) {
+				t.Errorf("module log line %s", line)
+			}
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("the module's log line never reached the node's log:\n%s", logs.String())
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger and a test at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -2,6 +2,7 @@ package sdk
 
 import (
 	"context"
+	"log/slog"
 )
 
 // Mesh is a module's view of the event mesh. It is safe for concurrent use.
@@ -43,6 +44,10 @@ type Mesh interface {
 	// during the call; ErrInvalidName, ErrBodyNotJSON, ErrBodyTooLarge for
 	// a bad call.
 	Call(ctx context.Context, tool string, req, resp any) error
+
+	// Logger is the module's structured logger. Under meshd its lines
+	// reach the node's log tagged with the module and at their level.
+	Logger() *slog.Logger
 
 	// Serve answers calls of a tool with h. Several servers of one tool,
 	// on this node or others, compete: each call is answered by one. Call

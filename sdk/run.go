@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -370,3 +372,25 @@ func (pm *pluginMesh) Call(ctx context.Context, tool string, req, resp any) erro
 func (pm *pluginMesh) Serve(tool string, h ToolHandler) error {
 	return fmt.Errorf("serve %q: serving tools from a module process is not built yet; run the module in-process", tool)
 }
+
+// processLogger writes JSON lines in hclog's shape to stderr, which
+// go-plugin in meshd reads, parses and logs at their level.
+var processLogger = slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{
+	Level: slog.LevelDebug,
+	ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
+		if len(groups) > 0 {
+			return a
+		}
+		switch a.Key {
+		case slog.TimeKey:
+			return slog.String("@timestamp", a.Value.Time().Format("2006-01-02T15:04:05.000000Z07:00"))
+		case slog.LevelKey:
+			return slog.String("@level", strings.ToLower(a.Value.String()))
+		case slog.MessageKey:
+			return slog.String("@message", a.Value.String())
+		}
+		return a
+	},
+}))
+
+func (pm *pluginMesh) Logger() *slog.Logger { return processLogger }

@@ -43,6 +43,9 @@ func main() {
 					}
 					_, err := mesh.Emit(ctx, "called", map[string]string{"answer": answer})
 					return err
+				case "log":
+					mesh.Logger().Warn("echo was asked to log", "attempt", ev.Attempt)
+					return nil
 				case "bad-name":
 					_, err := mesh.Emit(ctx, "bad..name", 1)
 					_, emitErr := mesh.Emit(ctx, "called", map[string]bool{"invalid": errors.Is(err, sdk.ErrInvalidName)})
