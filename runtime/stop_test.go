@@ -23,13 +23,23 @@ func TestStopMidStreamLosesNothing(t *testing.T) {
 	var mu sync.Mutex
 	seen := make(map[int]int)
 	var cut atomic.Int32
+	var stalling atomic.Bool
+	stalled := make(chan struct{}, 1)
 	handler := sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
 		var i int
 		if err := ev.Decode(&i); err != nil {
 			return sdk.Permanent(err)
 		}
+		work := time.After(2 * time.Millisecond)
+		if stalling.Load() {
+			work = nil // from now on, handlers run until the stop cuts them off
+			select {
+			case stalled <- struct{}{}:
+			default:
+			}
+		}
 		select {
-		case <-time.After(10 * time.Millisecond): // long enough that the stop cuts handlers off
+		case <-work:
 		case <-ctx.Done():
 			cut.Add(1)
 			return ctx.Err()
@@ -64,9 +74,16 @@ func TestStopMidStreamLosesNothing(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	stalling.Store(true)
+	select { // a handler is in flight and will not finish by itself
+	case <-stalled:
+	case <-time.After(15 * time.Second):
+		t.Fatal("no handler started after the stall began")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	_ = m.Stop(ctx)
 	cancel()
+	stalling.Store(false)
 	<-emitted
 	load(t, n, mod, mc)
 	deadline := time.Now().Add(30 * time.Second)
