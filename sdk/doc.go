@@ -45,6 +45,20 @@
 // the handled event's (or request's) id as its causation id, with nothing
 // for the author to do.
 //
+// # Running
+//
+// The same Module runs in-process, in a Go program that embeds the runtime,
+// or as its own process under meshd, whose whole main is Run:
+//
+//	func main() {
+//		if err := sdk.Run(notifier.Module()); err != nil {
+//			log.Fatal(err)
+//		}
+//	}
+//
+// A module logs through Mesh.Logger; under meshd its lines reach the
+// node's log at their level, tagged with the module.
+//
 // # Delivery
 //
 // Delivery is at least once: a handler can see an event again after a crash

@@ -153,3 +153,17 @@ func ExampleToolError() {
 	// true not_found true
 	// true
 }
+
+// Run is the whole main of a module binary that meshd starts and
+// supervises.
+func ExampleRun() {
+	main := func() {
+		if err := sdk.Run(sdk.Module{Name: "notifier", Setup: func(m sdk.Mesh) error {
+			m.Logger().Info("notifier set up")
+			return nil
+		}}); err != nil {
+			fmt.Println(err) // not started by meshd
+		}
+	}
+	_ = main
+}
