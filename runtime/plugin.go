@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"os/exec"
 	"sync"
 	"sync/atomic"
@@ -46,6 +47,7 @@ type PluginModule struct {
 // moduleProcess is one run of the module binary.
 type moduleProcess struct {
 	client *goplugin.Client
+	rpc    goplugin.ClientProtocol
 	remote *plugin.Client
 	desc   *pb.Description
 	stream pb.Module_DeliverClient
@@ -150,7 +152,7 @@ func (pm *PluginModule) launch(ctx context.Context) (*moduleProcess, error) {
 	if err != nil {
 		return fail(fmt.Errorf("open the delivery stream: %w", err))
 	}
-	p := &moduleProcess{client: client, remote: remote, desc: desc, stream: stream, window: pm.window,
+	p := &moduleProcess{client: client, rpc: rpc, remote: remote, desc: desc, stream: stream, window: pm.window,
 		sendq: make(chan *pb.Delivery, 256), exited: make(chan struct{}), pending: make(map[uint64]chan *pb.Outcome)}
 	go p.send()
 	go p.receive()
@@ -182,7 +184,7 @@ func (pm *PluginModule) supervise(p *moduleProcess) {
 	defer close(pm.done)
 	backoff := 100 * time.Millisecond
 	for {
-		<-p.exited
+		pm.watchLiveness(p)
 		if pm.stopping.Load() {
 			return
 		}
@@ -222,6 +224,83 @@ func (pm *PluginModule) supervise(p *moduleProcess) {
 	}
 }
 
+// Liveness: a module process that does not answer a ping within
+// pingTimeout is killed, and so restarted. A hung handler alone does not
+// trigger it (gRPC answers pings beside it); its handler timeout counts it.
+const (
+	pingEvery   = 2 * time.Second
+	pingTimeout = 3 * time.Second
+)
+
+// watchLiveness returns when p is gone, killing it first if it stopped
+// answering.
+func (pm *PluginModule) watchLiveness(p *moduleProcess) {
+	t := time.NewTicker(pingEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-p.exited:
+			return
+		case <-t.C:
+		}
+		answered := make(chan error, 1)
+		go func() { answered <- p.rpc.Ping() }()
+		select {
+		case <-p.exited:
+			return
+		case err := <-answered:
+			if err == nil {
+				continue
+			}
+			pm.log.Error("module process failed its ping; killing it", "err", err)
+		case <-time.After(pingTimeout):
+			pm.log.Error("module process stopped answering; killing it", "timeout", pingTimeout)
+		}
+		p.kill(0) // it cannot answer a request to exit
+		<-p.exited
+		return
+	}
+}
+
+// kill ends the process: go-plugin asks it to exit first, and if it has not
+// within grace it is killed outright (a frozen process never answers).
+func (p *moduleProcess) kill(grace time.Duration) {
+	done := make(chan struct{})
+	if grace > 0 {
+		go func() { p.client.Kill(); close(done) }()
+		select {
+		case <-done:
+			return
+		case <-time.After(grace):
+		}
+	}
+	if rc := p.client.ReattachConfig(); rc != nil && rc.Pid > 0 {
+		if proc, err := os.FindProcess(rc.Pid); err == nil {
+			_ = proc.Kill()
+		}
+	}
+	if grace == 0 {
+		p.client.Kill() // cleans up after the dead process
+	} else {
+		<-done
+	}
+}
+
+// PID is the process id of the module process now running, or 0 while it
+// restarts.
+func (pm *PluginModule) PID() int {
+	pm.mu.Lock()
+	p := pm.proc
+	pm.mu.Unlock()
+	if p == nil {
+		return 0
+	}
+	if rc := p.client.ReattachConfig(); rc != nil {
+		return rc.Pid
+	}
+	return 0
+}
+
 // Module returns the module as the node runs it.
 func (pm *PluginModule) Module() *Module { return pm.module }
 
@@ -240,7 +319,7 @@ func (pm *PluginModule) Stop(ctx context.Context) error {
 	p := pm.proc
 	pm.mu.Unlock()
 	if p != nil {
-		p.client.Kill()
+		p.kill(2 * time.Second)
 	}
 	<-pm.done
 	return err

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -279,4 +280,78 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// TestPluginKilledMidStream: a module process killed with SIGKILL while
+// events stream through it is restarted, and every event is handled: the
+// ones it had in flight come back from the queue.
+func TestPluginKilledMidStream(t *testing.T) {
+	t.Parallel()
+	bin, _ := echoModule(t)
+	url := brokertest.VHost(t)
+	n := testNode(t, url, "anchor", nil)
+	rec := newRecorder(nil)
+	load(t, n, sdk.Module{Name: "watch", Setup: func(m sdk.Mesh) error { return m.On("module.echo.pong", rec) }}, runtime.ModuleConfig{})
+	pm := loadPlugin(t, n, bin, runtime.ModuleConfig{MaxAttempts: 10})
+	const total = 300
+	go func() {
+		for range total {
+			if _, err := n.Emit(context.Background(), "test", "mesh.test.ping", map[string]string{"do": "pong"}); err != nil {
+				t.Errorf("emit: %v", err)
+				return
+			}
+		}
+	}()
+	pongs := make(map[string]bool)
+	killed := false
+	for len(pongs) < total {
+		ev := rec.next(t)
+		var body struct{ Ping string }
+		_ = ev.Decode(&body)
+		pongs[body.Ping] = true
+		if !killed && len(pongs) == total/5 {
+			pid := pm.PID()
+			if pid == 0 {
+				t.Fatal("no module process")
+			}
+			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			killed = true
+		}
+	}
+	if pid := pm.PID(); pid == 0 {
+		t.Error("the module process was not restarted")
+	}
+}
+
+// TestPluginThatStopsAnsweringIsRestarted: a module process frozen with
+// SIGSTOP fails its pings, is killed and restarted, and handles events
+// again.
+func TestPluginThatStopsAnsweringIsRestarted(t *testing.T) {
+	t.Parallel()
+	bin, _ := echoModule(t)
+	url := brokertest.VHost(t)
+	n := testNode(t, url, "anchor", nil)
+	rec := newRecorder(nil)
+	load(t, n, sdk.Module{Name: "watch", Setup: func(m sdk.Mesh) error { return m.On("module.echo.pong", rec) }}, runtime.ModuleConfig{})
+	pm := loadPlugin(t, n, bin, runtime.ModuleConfig{})
+	frozen := pm.PID()
+	if err := syscall.Kill(frozen, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(frozen, syscall.SIGKILL) })
+	deadline := time.Now().Add(30 * time.Second)
+	for pm.PID() == frozen || pm.PID() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the frozen module process was never replaced")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if _, err := n.Emit(emitCtx(t), "test", "mesh.test.ping", map[string]string{"do": "pong"}); err != nil {
+		t.Fatal(err)
+	}
+	if ev := rec.next(t); ev.Type != "module.echo.pong" {
+		t.Errorf("got %s", ev.Type)
+	}
 }
