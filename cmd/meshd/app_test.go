@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -194,6 +195,59 @@ modules:
 	}
 	if err := cmd.Wait(); err != nil {
 		t.Errorf("meshd exited with %v; log:\n%s", err, logs.String())
+	}
+
+	// SIGTERM in the middle of a stream: meshd exits 0, and once it runs
+	// again every event has been handled; none is lost.
+	const total = 200
+	run := func() (*exec.Cmd, *lockedBuffer) {
+		cmd := exec.CommandContext(ctx, meshd, "run", "--config", cfg)
+		logs := &lockedBuffer{}
+		cmd.Stderr = logs
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return cmd, logs
+	}
+	cmd, logs2 := run()
+	defer cmd.Process.Kill()
+	seen := make(map[string]bool)
+	next := func() {
+		select {
+		case d := <-pongs:
+			var body struct{ Ping string }
+			_ = json.Unmarshal(d.Body, &body)
+			seen[body.Ping] = true
+		case <-ctx.Done():
+			t.Fatalf("only %d of %d pongs; meshd log:\n%s", len(seen), total, logs2.String())
+		}
+	}
+	for i := range total {
+		if err := ch.PublishWithContext(ctx, "mesh.events", "mesh.test.ping", false, false, amqp.Publishing{
+			Headers: amqp.Table{"x-event-id": ulid.Make().String(), "x-source": "test", "x-node": "test",
+				"x-time": time.Now().UTC().Format(time.RFC3339)},
+			ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: []byte(`{"do":"pong"}`),
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if i == total/4 {
+			next() // the module is handling the stream
+			if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("meshd stopped mid-stream exited with %v; log:\n%s", err, logs2.String())
+	}
+	cmd, logs2 = run()
+	defer cmd.Process.Kill()
+	for len(seen) < total {
+		next()
+	}
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("meshd exited with %v", err)
 	}
 }
 
