@@ -76,10 +76,15 @@ func (n *Node) LoadPlugin(ctx context.Context, path string, args []string, mc Mo
 	}
 	pm.proc, pm.running = proc, make(chan struct{})
 	close(pm.running)
-	patterns := proc.desc.Patterns
+	patterns, tools := proc.desc.Patterns, proc.desc.Tools
 	def := sdk.Module{Name: proc.desc.Name, Kind: proc.desc.Kind, Emits: proc.desc.Emits, Calls: proc.desc.Calls, Setup: func(m sdk.Mesh) error {
 		for i, p := range patterns {
 			if err := m.On(p, pm.forward(uint32(i))); err != nil {
+				return err
+			}
+		}
+		for i, t := range tools {
+			if err := m.Serve(t, pm.answer(uint32(i))); err != nil {
 				return err
 			}
 		}
@@ -389,6 +394,28 @@ func (pm *PluginModule) forward(i uint32) sdk.Handler {
 		case <-ctx.Done():
 			return ctx.Err()
 		}
+	})
+}
+
+// answer is the in-process handler of tool i: it runs the call in the
+// module process. Calls are not batched: each is one unary gRPC call.
+func (pm *PluginModule) answer(i uint32) sdk.ToolHandler {
+	return sdk.ToolHandlerFunc(func(ctx context.Context, req sdk.Request) (any, error) {
+		p, err := pm.current(ctx)
+		if err != nil {
+			return nil, err
+		}
+		a, err := p.remote.Module.Answer(ctx, &pb.ToolRequest{
+			Tool: i, Id: req.ID, Caller: req.Caller, Node: req.Node, TimeUnixNano: req.Time.UnixNano(),
+			DeadlineUnixNano: req.Deadline.UnixNano(), CausationId: req.CausationID, Headers: req.Headers, Body: req.Body,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("module process: %w", err)
+		}
+		if a.IsError {
+			return nil, &sdk.ToolError{Code: a.Code, Message: a.Message, Permanent: a.Permanent}
+		}
+		return json.RawMessage(a.Body), nil
 	})
 }
 

@@ -355,3 +355,23 @@ func TestPluginThatStopsAnsweringIsRestarted(t *testing.T) {
 		t.Errorf("got %s", ev.Type)
 	}
 }
+
+// TestPluginServesTools: a tool served by a module process answers calls,
+// with the caller's metadata, and its ToolError reaches the caller intact.
+func TestPluginServesTools(t *testing.T) {
+	t.Parallel()
+	bin, _ := echoModule(t)
+	url := brokertest.VHost(t)
+	n := testNode(t, url, "anchor", nil)
+	loadPlugin(t, n, bin, runtime.ModuleConfig{})
+	caller := testNode(t, url, "beacon", nil)
+	var got string
+	if err := caller.Call(callCtx(t, 10*time.Second), "ops", "echo.upper", "hello", &got); err != nil || got != "HELLO (asked by ops)" {
+		t.Errorf("call: %q, %v", got, err)
+	}
+	err := caller.Call(callCtx(t, 10*time.Second), "ops", "echo.upper", "", nil)
+	var te *sdk.ToolError
+	if !errors.As(err, &te) || te.Code != "empty" || te.Message != "nothing to shout" || !te.Permanent {
+		t.Errorf("tool error from the module process: %v", err)
+	}
+}

@@ -49,7 +49,8 @@ type moduleServer struct {
 	broker *goplugin.GRPCBroker
 
 	once     sync.Once
-	handlers []Handler // by pattern index
+	handlers []Handler     // by pattern index
+	tools    []ToolHandler // by tool index
 	desc     *pb.Description
 	descErr  error
 
@@ -64,8 +65,9 @@ func (s *moduleServer) Describe(context.Context, *pb.Empty) (*pb.Description, er
 		if s.module.Setup != nil {
 			s.descErr = s.module.Setup(&pluginMesh{server: s, collect: c})
 		}
-		s.handlers = c.handlers
-		s.desc = &pb.Description{Name: s.module.Name, Kind: s.module.Kind, Emits: s.module.Emits, Calls: s.module.Calls, Patterns: c.patterns}
+		s.handlers, s.tools = c.handlers, c.toolHandlers
+		s.desc = &pb.Description{Name: s.module.Name, Kind: s.module.Kind, Emits: s.module.Emits, Calls: s.module.Calls,
+			Patterns: c.patterns, Tools: c.tools}
 	})
 	return s.desc, s.descErr
 }
@@ -263,10 +265,49 @@ func errorOf(kind pb.ErrorKind, msg string) error {
 	return fmt.Errorf("%s: %w", msg, sentinel)
 }
 
-// collector records what Setup subscribes, in order.
+// collector records what Setup subscribes and serves, in order.
 type collector struct {
-	patterns []string
-	handlers []Handler
+	patterns     []string
+	handlers     []Handler
+	tools        []string
+	toolHandlers []ToolHandler
+}
+
+// Answer runs one tool call with the same rules as in-process: a ToolError
+// as it is, a Permanent error as "rejected", another error as "failed", a
+// panic as "internal".
+func (s *moduleServer) Answer(_ context.Context, r *pb.ToolRequest) (*pb.ToolAnswer, error) {
+	if int(r.Tool) >= len(s.tools) {
+		return &pb.ToolAnswer{IsError: true, Code: CodeInternal, Message: fmt.Sprintf("no tool %d", r.Tool), Permanent: true}, nil
+	}
+	req := Request{ID: r.Id, Tool: s.desc.Tools[r.Tool], Caller: r.Caller, Node: r.Node, Time: time.Unix(0, r.TimeUnixNano).UTC(),
+		Deadline: time.Unix(0, r.DeadlineUnixNano), CausationID: r.CausationId, Headers: r.Headers, Body: r.Body}
+	ctx, cancel := context.WithDeadline(causation.With(context.Background(), req.ID), req.Deadline)
+	defer cancel()
+	resp, err := func() (resp any, err error) {
+		defer func() {
+			if p := recover(); p != nil {
+				err = &ToolError{Code: CodeInternal, Message: fmt.Sprintf("handler panicked: %v", p), Permanent: true}
+			}
+		}()
+		return s.tools[r.Tool].HandleCall(ctx, req)
+	}()
+	if err == nil {
+		var body []byte
+		if body, err = toJSON(resp); err == nil {
+			return &pb.ToolAnswer{Body: body}, nil
+		}
+		err = &ToolError{Code: CodeInternal, Message: "encode response: " + err.Error(), Permanent: true}
+	}
+	var te *ToolError
+	switch {
+	case errors.As(err, &te):
+	case errors.Is(err, ErrPermanent):
+		te = &ToolError{Code: CodeRejected, Message: err.Error(), Permanent: true}
+	default:
+		te = &ToolError{Code: CodeFailed, Message: err.Error()}
+	}
+	return &pb.ToolAnswer{IsError: true, Code: te.Code, Message: te.Message, Permanent: te.Permanent}, nil
 }
 
 // pluginMesh is a module's Mesh inside its own process: emits and calls go
@@ -370,7 +411,18 @@ func (pm *pluginMesh) Call(ctx context.Context, tool string, req, resp any) erro
 }
 
 func (pm *pluginMesh) Serve(tool string, h ToolHandler) error {
-	return fmt.Errorf("serve %q: serving tools from a module process is not built yet; run the module in-process", tool)
+	if pm.collect == nil {
+		return fmt.Errorf("serve %q: %w", tool, ErrAlreadyStarted)
+	}
+	if err := wire.ValidateToolKey(tool); err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	if h == nil {
+		return fmt.Errorf("serve %q: handler is nil", tool)
+	}
+	pm.collect.tools = append(pm.collect.tools, tool)
+	pm.collect.toolHandlers = append(pm.collect.toolHandlers, h)
+	return nil
 }
 
 // processLogger writes JSON lines in hclog's shape to stderr, which

@@ -152,7 +152,7 @@ func (x Outcome_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Outcome_Kind.Descriptor instead.
 func (Outcome_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{5, 0}
+	return file_module_proto_rawDescGZIP(), []int{7, 0}
 }
 
 type Empty struct {
@@ -198,6 +198,7 @@ type Description struct {
 	Patterns      []string               `protobuf:"bytes,3,rep,name=patterns,proto3" json:"patterns,omitempty"`
 	Kind          string                 `protobuf:"bytes,4,opt,name=kind,proto3" json:"kind,omitempty"`
 	Calls         []string               `protobuf:"bytes,5,rep,name=calls,proto3" json:"calls,omitempty"`
+	Tools         []string               `protobuf:"bytes,6,rep,name=tools,proto3" json:"tools,omitempty"` // the tools it serves, in Serve order
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -267,6 +268,197 @@ func (x *Description) GetCalls() []string {
 	return nil
 }
 
+func (x *Description) GetTools() []string {
+	if x != nil {
+		return x.Tools
+	}
+	return nil
+}
+
+type ToolRequest struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	Tool             uint32                 `protobuf:"varint,1,opt,name=tool,proto3" json:"tool,omitempty"` // index into Description.tools
+	Id               string                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	Caller           string                 `protobuf:"bytes,3,opt,name=caller,proto3" json:"caller,omitempty"`
+	Node             string                 `protobuf:"bytes,4,opt,name=node,proto3" json:"node,omitempty"`
+	TimeUnixNano     int64                  `protobuf:"varint,5,opt,name=time_unix_nano,json=timeUnixNano,proto3" json:"time_unix_nano,omitempty"`
+	DeadlineUnixNano int64                  `protobuf:"varint,6,opt,name=deadline_unix_nano,json=deadlineUnixNano,proto3" json:"deadline_unix_nano,omitempty"`
+	CausationId      string                 `protobuf:"bytes,7,opt,name=causation_id,json=causationId,proto3" json:"causation_id,omitempty"`
+	Headers          map[string]string      `protobuf:"bytes,8,rep,name=headers,proto3" json:"headers,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Body             []byte                 `protobuf:"bytes,9,opt,name=body,proto3" json:"body,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *ToolRequest) Reset() {
+	*x = ToolRequest{}
+	mi := &file_module_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ToolRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ToolRequest) ProtoMessage() {}
+
+func (x *ToolRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_module_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ToolRequest.ProtoReflect.Descriptor instead.
+func (*ToolRequest) Descriptor() ([]byte, []int) {
+	return file_module_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ToolRequest) GetTool() uint32 {
+	if x != nil {
+		return x.Tool
+	}
+	return 0
+}
+
+func (x *ToolRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ToolRequest) GetCaller() string {
+	if x != nil {
+		return x.Caller
+	}
+	return ""
+}
+
+func (x *ToolRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *ToolRequest) GetTimeUnixNano() int64 {
+	if x != nil {
+		return x.TimeUnixNano
+	}
+	return 0
+}
+
+func (x *ToolRequest) GetDeadlineUnixNano() int64 {
+	if x != nil {
+		return x.DeadlineUnixNano
+	}
+	return 0
+}
+
+func (x *ToolRequest) GetCausationId() string {
+	if x != nil {
+		return x.CausationId
+	}
+	return ""
+}
+
+func (x *ToolRequest) GetHeaders() map[string]string {
+	if x != nil {
+		return x.Headers
+	}
+	return nil
+}
+
+func (x *ToolRequest) GetBody() []byte {
+	if x != nil {
+		return x.Body
+	}
+	return nil
+}
+
+type ToolAnswer struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Body          []byte                 `protobuf:"bytes,1,opt,name=body,proto3" json:"body,omitempty"`
+	IsError       bool                   `protobuf:"varint,2,opt,name=is_error,json=isError,proto3" json:"is_error,omitempty"`
+	Code          string                 `protobuf:"bytes,3,opt,name=code,proto3" json:"code,omitempty"`
+	Message       string                 `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
+	Permanent     bool                   `protobuf:"varint,5,opt,name=permanent,proto3" json:"permanent,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ToolAnswer) Reset() {
+	*x = ToolAnswer{}
+	mi := &file_module_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ToolAnswer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ToolAnswer) ProtoMessage() {}
+
+func (x *ToolAnswer) ProtoReflect() protoreflect.Message {
+	mi := &file_module_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ToolAnswer.ProtoReflect.Descriptor instead.
+func (*ToolAnswer) Descriptor() ([]byte, []int) {
+	return file_module_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ToolAnswer) GetBody() []byte {
+	if x != nil {
+		return x.Body
+	}
+	return nil
+}
+
+func (x *ToolAnswer) GetIsError() bool {
+	if x != nil {
+		return x.IsError
+	}
+	return false
+}
+
+func (x *ToolAnswer) GetCode() string {
+	if x != nil {
+		return x.Code
+	}
+	return ""
+}
+
+func (x *ToolAnswer) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *ToolAnswer) GetPermanent() bool {
+	if x != nil {
+		return x.Permanent
+	}
+	return false
+}
+
 type StartRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	HostBrokerId  uint32                 `protobuf:"varint,1,opt,name=host_broker_id,json=hostBrokerId,proto3" json:"host_broker_id,omitempty"`
@@ -276,7 +468,7 @@ type StartRequest struct {
 
 func (x *StartRequest) Reset() {
 	*x = StartRequest{}
-	mi := &file_module_proto_msgTypes[2]
+	mi := &file_module_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -288,7 +480,7 @@ func (x *StartRequest) String() string {
 func (*StartRequest) ProtoMessage() {}
 
 func (x *StartRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[2]
+	mi := &file_module_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -301,7 +493,7 @@ func (x *StartRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRequest.ProtoReflect.Descriptor instead.
 func (*StartRequest) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{2}
+	return file_module_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *StartRequest) GetHostBrokerId() uint32 {
@@ -333,7 +525,7 @@ type Delivery struct {
 
 func (x *Delivery) Reset() {
 	*x = Delivery{}
-	mi := &file_module_proto_msgTypes[3]
+	mi := &file_module_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -345,7 +537,7 @@ func (x *Delivery) String() string {
 func (*Delivery) ProtoMessage() {}
 
 func (x *Delivery) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[3]
+	mi := &file_module_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -358,7 +550,7 @@ func (x *Delivery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Delivery.ProtoReflect.Descriptor instead.
 func (*Delivery) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{3}
+	return file_module_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Delivery) GetSeq() uint64 {
@@ -468,7 +660,7 @@ type DeliveryBatch struct {
 
 func (x *DeliveryBatch) Reset() {
 	*x = DeliveryBatch{}
-	mi := &file_module_proto_msgTypes[4]
+	mi := &file_module_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -480,7 +672,7 @@ func (x *DeliveryBatch) String() string {
 func (*DeliveryBatch) ProtoMessage() {}
 
 func (x *DeliveryBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[4]
+	mi := &file_module_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -493,7 +685,7 @@ func (x *DeliveryBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeliveryBatch.ProtoReflect.Descriptor instead.
 func (*DeliveryBatch) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{4}
+	return file_module_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *DeliveryBatch) GetDeliveries() []*Delivery {
@@ -514,7 +706,7 @@ type Outcome struct {
 
 func (x *Outcome) Reset() {
 	*x = Outcome{}
-	mi := &file_module_proto_msgTypes[5]
+	mi := &file_module_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -526,7 +718,7 @@ func (x *Outcome) String() string {
 func (*Outcome) ProtoMessage() {}
 
 func (x *Outcome) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[5]
+	mi := &file_module_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -539,7 +731,7 @@ func (x *Outcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Outcome.ProtoReflect.Descriptor instead.
 func (*Outcome) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{5}
+	return file_module_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Outcome) GetSeq() uint64 {
@@ -572,7 +764,7 @@ type OutcomeBatch struct {
 
 func (x *OutcomeBatch) Reset() {
 	*x = OutcomeBatch{}
-	mi := &file_module_proto_msgTypes[6]
+	mi := &file_module_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -584,7 +776,7 @@ func (x *OutcomeBatch) String() string {
 func (*OutcomeBatch) ProtoMessage() {}
 
 func (x *OutcomeBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[6]
+	mi := &file_module_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -597,7 +789,7 @@ func (x *OutcomeBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutcomeBatch.ProtoReflect.Descriptor instead.
 func (*OutcomeBatch) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{6}
+	return file_module_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *OutcomeBatch) GetOutcomes() []*Outcome {
@@ -622,7 +814,7 @@ type Emit struct {
 
 func (x *Emit) Reset() {
 	*x = Emit{}
-	mi := &file_module_proto_msgTypes[7]
+	mi := &file_module_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -634,7 +826,7 @@ func (x *Emit) String() string {
 func (*Emit) ProtoMessage() {}
 
 func (x *Emit) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[7]
+	mi := &file_module_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -647,7 +839,7 @@ func (x *Emit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Emit.ProtoReflect.Descriptor instead.
 func (*Emit) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{7}
+	return file_module_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Emit) GetName() string {
@@ -708,7 +900,7 @@ type EmitBatch struct {
 
 func (x *EmitBatch) Reset() {
 	*x = EmitBatch{}
-	mi := &file_module_proto_msgTypes[8]
+	mi := &file_module_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -720,7 +912,7 @@ func (x *EmitBatch) String() string {
 func (*EmitBatch) ProtoMessage() {}
 
 func (x *EmitBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[8]
+	mi := &file_module_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -733,7 +925,7 @@ func (x *EmitBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EmitBatch.ProtoReflect.Descriptor instead.
 func (*EmitBatch) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{8}
+	return file_module_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *EmitBatch) GetEmits() []*Emit {
@@ -754,7 +946,7 @@ type EmitResult struct {
 
 func (x *EmitResult) Reset() {
 	*x = EmitResult{}
-	mi := &file_module_proto_msgTypes[9]
+	mi := &file_module_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -766,7 +958,7 @@ func (x *EmitResult) String() string {
 func (*EmitResult) ProtoMessage() {}
 
 func (x *EmitResult) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[9]
+	mi := &file_module_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -779,7 +971,7 @@ func (x *EmitResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EmitResult.ProtoReflect.Descriptor instead.
 func (*EmitResult) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{9}
+	return file_module_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *EmitResult) GetId() string {
@@ -812,7 +1004,7 @@ type EmitResults struct {
 
 func (x *EmitResults) Reset() {
 	*x = EmitResults{}
-	mi := &file_module_proto_msgTypes[10]
+	mi := &file_module_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -824,7 +1016,7 @@ func (x *EmitResults) String() string {
 func (*EmitResults) ProtoMessage() {}
 
 func (x *EmitResults) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[10]
+	mi := &file_module_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -837,7 +1029,7 @@ func (x *EmitResults) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EmitResults.ProtoReflect.Descriptor instead.
 func (*EmitResults) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{10}
+	return file_module_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *EmitResults) GetResults() []*EmitResult {
@@ -859,7 +1051,7 @@ type CallRequest struct {
 
 func (x *CallRequest) Reset() {
 	*x = CallRequest{}
-	mi := &file_module_proto_msgTypes[11]
+	mi := &file_module_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -871,7 +1063,7 @@ func (x *CallRequest) String() string {
 func (*CallRequest) ProtoMessage() {}
 
 func (x *CallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[11]
+	mi := &file_module_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -884,7 +1076,7 @@ func (x *CallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallRequest.ProtoReflect.Descriptor instead.
 func (*CallRequest) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{11}
+	return file_module_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CallRequest) GetTool() string {
@@ -928,7 +1120,7 @@ type CallResponse struct {
 
 func (x *CallResponse) Reset() {
 	*x = CallResponse{}
-	mi := &file_module_proto_msgTypes[12]
+	mi := &file_module_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -940,7 +1132,7 @@ func (x *CallResponse) String() string {
 func (*CallResponse) ProtoMessage() {}
 
 func (x *CallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[12]
+	mi := &file_module_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -953,7 +1145,7 @@ func (x *CallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallResponse.ProtoReflect.Descriptor instead.
 func (*CallResponse) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{12}
+	return file_module_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CallResponse) GetBody() []byte {
@@ -996,13 +1188,34 @@ var File_module_proto protoreflect.FileDescriptor
 const file_module_proto_rawDesc = "" +
 	"\n" +
 	"\fmodule.proto\x12\x0emesh.plugin.v1\"\a\n" +
-	"\x05Empty\"}\n" +
+	"\x05Empty\"\x93\x01\n" +
 	"\vDescription\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05emits\x18\x02 \x03(\tR\x05emits\x12\x1a\n" +
 	"\bpatterns\x18\x03 \x03(\tR\bpatterns\x12\x12\n" +
 	"\x04kind\x18\x04 \x01(\tR\x04kind\x12\x14\n" +
-	"\x05calls\x18\x05 \x03(\tR\x05calls\"4\n" +
+	"\x05calls\x18\x05 \x03(\tR\x05calls\x12\x14\n" +
+	"\x05tools\x18\x06 \x03(\tR\x05tools\"\xe8\x02\n" +
+	"\vToolRequest\x12\x12\n" +
+	"\x04tool\x18\x01 \x01(\rR\x04tool\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\x12\x16\n" +
+	"\x06caller\x18\x03 \x01(\tR\x06caller\x12\x12\n" +
+	"\x04node\x18\x04 \x01(\tR\x04node\x12$\n" +
+	"\x0etime_unix_nano\x18\x05 \x01(\x03R\ftimeUnixNano\x12,\n" +
+	"\x12deadline_unix_nano\x18\x06 \x01(\x03R\x10deadlineUnixNano\x12!\n" +
+	"\fcausation_id\x18\a \x01(\tR\vcausationId\x12B\n" +
+	"\aheaders\x18\b \x03(\v2(.mesh.plugin.v1.ToolRequest.HeadersEntryR\aheaders\x12\x12\n" +
+	"\x04body\x18\t \x01(\fR\x04body\x1a:\n" +
+	"\fHeadersEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x87\x01\n" +
+	"\n" +
+	"ToolAnswer\x12\x12\n" +
+	"\x04body\x18\x01 \x01(\fR\x04body\x12\x19\n" +
+	"\bis_error\x18\x02 \x01(\bR\aisError\x12\x12\n" +
+	"\x04code\x18\x03 \x01(\tR\x04code\x12\x18\n" +
+	"\amessage\x18\x04 \x01(\tR\amessage\x12\x1c\n" +
+	"\tpermanent\x18\x05 \x01(\bR\tpermanent\"4\n" +
 	"\fStartRequest\x12$\n" +
 	"\x0ehost_broker_id\x18\x01 \x01(\rR\fhostBrokerId\"\xe2\x03\n" +
 	"\bDelivery\x12\x10\n" +
@@ -1086,11 +1299,12 @@ const file_module_proto_rawDesc = "" +
 	"\x11DEADLINE_EXCEEDED\x10\n" +
 	"\x12\b\n" +
 	"\x04TOOL\x10\v\x12\r\n" +
-	"\tFORBIDDEN\x10\f2\xd2\x01\n" +
+	"\tFORBIDDEN\x10\f2\x95\x02\n" +
 	"\x06Module\x12>\n" +
 	"\bDescribe\x12\x15.mesh.plugin.v1.Empty\x1a\x1b.mesh.plugin.v1.Description\x12<\n" +
 	"\x05Start\x12\x1c.mesh.plugin.v1.StartRequest\x1a\x15.mesh.plugin.v1.Empty\x12J\n" +
-	"\aDeliver\x12\x1d.mesh.plugin.v1.DeliveryBatch\x1a\x1c.mesh.plugin.v1.OutcomeBatch(\x010\x012\x89\x01\n" +
+	"\aDeliver\x12\x1d.mesh.plugin.v1.DeliveryBatch\x1a\x1c.mesh.plugin.v1.OutcomeBatch(\x010\x01\x12A\n" +
+	"\x06Answer\x12\x1b.mesh.plugin.v1.ToolRequest\x1a\x1a.mesh.plugin.v1.ToolAnswer2\x89\x01\n" +
 	"\x04Host\x12>\n" +
 	"\x04Emit\x12\x19.mesh.plugin.v1.EmitBatch\x1a\x1b.mesh.plugin.v1.EmitResults\x12A\n" +
 	"\x04Call\x12\x1b.mesh.plugin.v1.CallRequest\x1a\x1c.mesh.plugin.v1.CallResponseB,Z*github.com/meshkit/mesh/internal/plugin/pbb\x06proto3"
@@ -1108,49 +1322,55 @@ func file_module_proto_rawDescGZIP() []byte {
 }
 
 var file_module_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_module_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_module_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_module_proto_goTypes = []any{
 	(ErrorKind)(0),        // 0: mesh.plugin.v1.ErrorKind
 	(Outcome_Kind)(0),     // 1: mesh.plugin.v1.Outcome.Kind
 	(*Empty)(nil),         // 2: mesh.plugin.v1.Empty
 	(*Description)(nil),   // 3: mesh.plugin.v1.Description
-	(*StartRequest)(nil),  // 4: mesh.plugin.v1.StartRequest
-	(*Delivery)(nil),      // 5: mesh.plugin.v1.Delivery
-	(*DeliveryBatch)(nil), // 6: mesh.plugin.v1.DeliveryBatch
-	(*Outcome)(nil),       // 7: mesh.plugin.v1.Outcome
-	(*OutcomeBatch)(nil),  // 8: mesh.plugin.v1.OutcomeBatch
-	(*Emit)(nil),          // 9: mesh.plugin.v1.Emit
-	(*EmitBatch)(nil),     // 10: mesh.plugin.v1.EmitBatch
-	(*EmitResult)(nil),    // 11: mesh.plugin.v1.EmitResult
-	(*EmitResults)(nil),   // 12: mesh.plugin.v1.EmitResults
-	(*CallRequest)(nil),   // 13: mesh.plugin.v1.CallRequest
-	(*CallResponse)(nil),  // 14: mesh.plugin.v1.CallResponse
-	nil,                   // 15: mesh.plugin.v1.Delivery.HeadersEntry
+	(*ToolRequest)(nil),   // 4: mesh.plugin.v1.ToolRequest
+	(*ToolAnswer)(nil),    // 5: mesh.plugin.v1.ToolAnswer
+	(*StartRequest)(nil),  // 6: mesh.plugin.v1.StartRequest
+	(*Delivery)(nil),      // 7: mesh.plugin.v1.Delivery
+	(*DeliveryBatch)(nil), // 8: mesh.plugin.v1.DeliveryBatch
+	(*Outcome)(nil),       // 9: mesh.plugin.v1.Outcome
+	(*OutcomeBatch)(nil),  // 10: mesh.plugin.v1.OutcomeBatch
+	(*Emit)(nil),          // 11: mesh.plugin.v1.Emit
+	(*EmitBatch)(nil),     // 12: mesh.plugin.v1.EmitBatch
+	(*EmitResult)(nil),    // 13: mesh.plugin.v1.EmitResult
+	(*EmitResults)(nil),   // 14: mesh.plugin.v1.EmitResults
+	(*CallRequest)(nil),   // 15: mesh.plugin.v1.CallRequest
+	(*CallResponse)(nil),  // 16: mesh.plugin.v1.CallResponse
+	nil,                   // 17: mesh.plugin.v1.ToolRequest.HeadersEntry
+	nil,                   // 18: mesh.plugin.v1.Delivery.HeadersEntry
 }
 var file_module_proto_depIdxs = []int32{
-	15, // 0: mesh.plugin.v1.Delivery.headers:type_name -> mesh.plugin.v1.Delivery.HeadersEntry
-	5,  // 1: mesh.plugin.v1.DeliveryBatch.deliveries:type_name -> mesh.plugin.v1.Delivery
-	1,  // 2: mesh.plugin.v1.Outcome.kind:type_name -> mesh.plugin.v1.Outcome.Kind
-	7,  // 3: mesh.plugin.v1.OutcomeBatch.outcomes:type_name -> mesh.plugin.v1.Outcome
-	9,  // 4: mesh.plugin.v1.EmitBatch.emits:type_name -> mesh.plugin.v1.Emit
-	0,  // 5: mesh.plugin.v1.EmitResult.error_kind:type_name -> mesh.plugin.v1.ErrorKind
-	11, // 6: mesh.plugin.v1.EmitResults.results:type_name -> mesh.plugin.v1.EmitResult
-	0,  // 7: mesh.plugin.v1.CallResponse.error_kind:type_name -> mesh.plugin.v1.ErrorKind
-	2,  // 8: mesh.plugin.v1.Module.Describe:input_type -> mesh.plugin.v1.Empty
-	4,  // 9: mesh.plugin.v1.Module.Start:input_type -> mesh.plugin.v1.StartRequest
-	6,  // 10: mesh.plugin.v1.Module.Deliver:input_type -> mesh.plugin.v1.DeliveryBatch
-	10, // 11: mesh.plugin.v1.Host.Emit:input_type -> mesh.plugin.v1.EmitBatch
-	13, // 12: mesh.plugin.v1.Host.Call:input_type -> mesh.plugin.v1.CallRequest
-	3,  // 13: mesh.plugin.v1.Module.Describe:output_type -> mesh.plugin.v1.Description
-	2,  // 14: mesh.plugin.v1.Module.Start:output_type -> mesh.plugin.v1.Empty
-	8,  // 15: mesh.plugin.v1.Module.Deliver:output_type -> mesh.plugin.v1.OutcomeBatch
-	12, // 16: mesh.plugin.v1.Host.Emit:output_type -> mesh.plugin.v1.EmitResults
-	14, // 17: mesh.plugin.v1.Host.Call:output_type -> mesh.plugin.v1.CallResponse
-	13, // [13:18] is the sub-list for method output_type
-	8,  // [8:13] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	17, // 0: mesh.plugin.v1.ToolRequest.headers:type_name -> mesh.plugin.v1.ToolRequest.HeadersEntry
+	18, // 1: mesh.plugin.v1.Delivery.headers:type_name -> mesh.plugin.v1.Delivery.HeadersEntry
+	7,  // 2: mesh.plugin.v1.DeliveryBatch.deliveries:type_name -> mesh.plugin.v1.Delivery
+	1,  // 3: mesh.plugin.v1.Outcome.kind:type_name -> mesh.plugin.v1.Outcome.Kind
+	9,  // 4: mesh.plugin.v1.OutcomeBatch.outcomes:type_name -> mesh.plugin.v1.Outcome
+	11, // 5: mesh.plugin.v1.EmitBatch.emits:type_name -> mesh.plugin.v1.Emit
+	0,  // 6: mesh.plugin.v1.EmitResult.error_kind:type_name -> mesh.plugin.v1.ErrorKind
+	13, // 7: mesh.plugin.v1.EmitResults.results:type_name -> mesh.plugin.v1.EmitResult
+	0,  // 8: mesh.plugin.v1.CallResponse.error_kind:type_name -> mesh.plugin.v1.ErrorKind
+	2,  // 9: mesh.plugin.v1.Module.Describe:input_type -> mesh.plugin.v1.Empty
+	6,  // 10: mesh.plugin.v1.Module.Start:input_type -> mesh.plugin.v1.StartRequest
+	8,  // 11: mesh.plugin.v1.Module.Deliver:input_type -> mesh.plugin.v1.DeliveryBatch
+	4,  // 12: mesh.plugin.v1.Module.Answer:input_type -> mesh.plugin.v1.ToolRequest
+	12, // 13: mesh.plugin.v1.Host.Emit:input_type -> mesh.plugin.v1.EmitBatch
+	15, // 14: mesh.plugin.v1.Host.Call:input_type -> mesh.plugin.v1.CallRequest
+	3,  // 15: mesh.plugin.v1.Module.Describe:output_type -> mesh.plugin.v1.Description
+	2,  // 16: mesh.plugin.v1.Module.Start:output_type -> mesh.plugin.v1.Empty
+	10, // 17: mesh.plugin.v1.Module.Deliver:output_type -> mesh.plugin.v1.OutcomeBatch
+	5,  // 18: mesh.plugin.v1.Module.Answer:output_type -> mesh.plugin.v1.ToolAnswer
+	14, // 19: mesh.plugin.v1.Host.Emit:output_type -> mesh.plugin.v1.EmitResults
+	16, // 20: mesh.plugin.v1.Host.Call:output_type -> mesh.plugin.v1.CallResponse
+	15, // [15:21] is the sub-list for method output_type
+	9,  // [9:15] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_module_proto_init() }
@@ -1164,7 +1384,7 @@ func file_module_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_module_proto_rawDesc), len(file_module_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   14,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

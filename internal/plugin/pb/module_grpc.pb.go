@@ -26,6 +26,7 @@ const (
 	Module_Describe_FullMethodName = "/mesh.plugin.v1.Module/Describe"
 	Module_Start_FullMethodName    = "/mesh.plugin.v1.Module/Start"
 	Module_Deliver_FullMethodName  = "/mesh.plugin.v1.Module/Deliver"
+	Module_Answer_FullMethodName   = "/mesh.plugin.v1.Module/Answer"
 )
 
 // ModuleClient is the client API for Module service.
@@ -43,6 +44,8 @@ type ModuleClient interface {
 	// Deliver carries batches of deliveries to the module and batches of
 	// outcomes back, for as long as the module runs.
 	Deliver(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[DeliveryBatch, OutcomeBatch], error)
+	// Answer runs one tool call the module serves.
+	Answer(ctx context.Context, in *ToolRequest, opts ...grpc.CallOption) (*ToolAnswer, error)
 }
 
 type moduleClient struct {
@@ -86,6 +89,16 @@ func (c *moduleClient) Deliver(ctx context.Context, opts ...grpc.CallOption) (gr
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Module_DeliverClient = grpc.BidiStreamingClient[DeliveryBatch, OutcomeBatch]
 
+func (c *moduleClient) Answer(ctx context.Context, in *ToolRequest, opts ...grpc.CallOption) (*ToolAnswer, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ToolAnswer)
+	err := c.cc.Invoke(ctx, Module_Answer_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ModuleServer is the server API for Module service.
 // All implementations must embed UnimplementedModuleServer
 // for forward compatibility.
@@ -101,6 +114,8 @@ type ModuleServer interface {
 	// Deliver carries batches of deliveries to the module and batches of
 	// outcomes back, for as long as the module runs.
 	Deliver(grpc.BidiStreamingServer[DeliveryBatch, OutcomeBatch]) error
+	// Answer runs one tool call the module serves.
+	Answer(context.Context, *ToolRequest) (*ToolAnswer, error)
 	mustEmbedUnimplementedModuleServer()
 }
 
@@ -119,6 +134,9 @@ func (UnimplementedModuleServer) Start(context.Context, *StartRequest) (*Empty, 
 }
 func (UnimplementedModuleServer) Deliver(grpc.BidiStreamingServer[DeliveryBatch, OutcomeBatch]) error {
 	return status.Error(codes.Unimplemented, "method Deliver not implemented")
+}
+func (UnimplementedModuleServer) Answer(context.Context, *ToolRequest) (*ToolAnswer, error) {
+	return nil, status.Error(codes.Unimplemented, "method Answer not implemented")
 }
 func (UnimplementedModuleServer) mustEmbedUnimplementedModuleServer() {}
 func (UnimplementedModuleServer) testEmbeddedByValue()                {}
@@ -184,6 +202,24 @@ func _Module_Deliver_Handler(srv interface{}, stream grpc.ServerStream) error {
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Module_DeliverServer = grpc.BidiStreamingServer[DeliveryBatch, OutcomeBatch]
 
+func _Module_Answer_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ToolRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ModuleServer).Answer(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Module_Answer_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ModuleServer).Answer(ctx, req.(*ToolRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Module_ServiceDesc is the grpc.ServiceDesc for Module service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -198,6 +234,10 @@ var Module_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Start",
 			Handler:    _Module_Start_Handler,
+		},
+		{
+			MethodName: "Answer",
+			Handler:    _Module_Answer_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/meshkit/mesh/sdk"
 )
@@ -18,6 +19,18 @@ func main() {
 		Emits: []string{"pong", "called"},
 		Setup: func(m sdk.Mesh) error {
 			mesh = m
+			if err := m.Serve("echo.upper", sdk.ToolHandlerFunc(func(ctx context.Context, req sdk.Request) (any, error) {
+				var s string
+				if err := req.Decode(&s); err != nil {
+					return nil, sdk.Permanent(err)
+				}
+				if s == "" {
+					return nil, &sdk.ToolError{Code: "empty", Message: "nothing to shout", Permanent: true}
+				}
+				return strings.ToUpper(s) + " (asked by " + req.Caller + ")", nil
+			})); err != nil {
+				return err
+			}
 			return m.On("mesh.test.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
 				var cmd struct{ Do string }
 				if err := ev.Decode(&cmd); err != nil {
