@@ -85,6 +85,15 @@ type ModuleConfig struct {
 	// MaxPriority declares the queue with x-max-priority so it honours
 	// event priorities (1 to 9). Classic queues only; 0 means none.
 	MaxPriority int
+	// EmitGrants are topic patterns of full event types outside its own
+	// namespace the module may emit with sdk.AsFullType ("mesh.delivery.#",
+	// "node.*.drained"). None by default.
+	EmitGrants []string
+	// ToolGrants, when not nil, are the topic patterns of the tool keys the
+	// module may serve; a Serve outside them is refused. nil places no
+	// limit (a module compiled into the program is trusted); meshd's config
+	// always sets it for module processes.
+	ToolGrants []string
 }
 
 func (c *Config) withDefaults() {
@@ -146,6 +155,12 @@ func (m ModuleConfig) over(d ModuleConfig) ModuleConfig {
 	if m.MaxPriority == 0 {
 		m.MaxPriority = d.MaxPriority
 	}
+	if m.EmitGrants == nil {
+		m.EmitGrants = d.EmitGrants
+	}
+	if m.ToolGrants == nil {
+		m.ToolGrants = d.ToolGrants
+	}
 	return m
 }
 
@@ -193,6 +208,16 @@ func (m ModuleConfig) validate() error {
 	}
 	if m.MaxPriority < 0 || m.MaxPriority > 9 {
 		errs = append(errs, fmt.Errorf("max_priority: %d is not within 0..9", m.MaxPriority))
+	}
+	for i, g := range m.EmitGrants {
+		if err := wire.ValidatePattern(g); err != nil {
+			errs = append(errs, fmt.Errorf("emit_grants[%d]: %w", i, err))
+		}
+	}
+	for i, g := range m.ToolGrants {
+		if err := wire.ValidatePattern(g); err != nil {
+			errs = append(errs, fmt.Errorf("tool_grants[%d]: %w", i, err))
+		}
 	}
 	if m.MaxPriority > 0 && m.QueueType != QueueClassic {
 		errs = append(errs, fmt.Errorf("max_priority: only a classic queue honours priorities; set queue_type to %q or max_priority to 0", QueueClassic))

@@ -183,3 +183,37 @@ func TestModuleThatStopsConsumingIsUnbound(t *testing.T) {
 		t.Errorf("unrouted queue has %d events, want 1", depth)
 	}
 }
+
+// TestEmitGrants: with sdk.AsFullType a module emits under its own
+// namespace, and under mesh./node. only what its config grants; serving a
+// tool outside its tool grants is refused.
+func TestEmitGrants(t *testing.T) {
+	t.Parallel()
+	n := testNode(t, "", "anchor", nil)
+	m := load(t, n, sdk.Module{Name: "deployer"}, runtime.ModuleConfig{EmitGrants: []string{"mesh.delivery.#"}})
+	ctx := emitCtx(t)
+	for _, c := range []struct {
+		name string
+		ok   bool
+	}{
+		{"mesh.delivery.deployed", true},
+		{"module.deployer.done", true},
+		{"node.anchor.joined", false},
+		{"module.other.done", false},
+		{"mesh.billing.paid", false},
+	} {
+		_, err := m.Mesh().Emit(ctx, c.name, 1, sdk.AsFullType())
+		if c.ok && err != nil {
+			t.Errorf("%s: %v", c.name, err)
+		}
+		if !c.ok && !errors.Is(err, sdk.ErrForbidden) {
+			t.Errorf("%s: %v, want ErrForbidden", c.name, err)
+		}
+	}
+	_, err := n.Load(ctx, sdk.Module{Name: "server", Setup: func(m sdk.Mesh) error {
+		return m.Serve("billing.pay", sdk.ToolHandlerFunc(func(context.Context, sdk.Request) (any, error) { return nil, nil }))
+	}}, runtime.ModuleConfig{ToolGrants: []string{"invoice.*"}})
+	if !errors.Is(err, sdk.ErrForbidden) {
+		t.Errorf("serving an ungranted tool: %v", err)
+	}
+}

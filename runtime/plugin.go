@@ -513,6 +513,9 @@ func (h *hostServer) Emit(ctx context.Context, b *pb.EmitBatch) (*pb.EmitResults
 			if e.HasPriority {
 				opts = append(opts, sdk.WithPriority(uint8(min(e.Priority, 255))))
 			}
+			if e.FullType {
+				opts = append(opts, sdk.AsFullType()) // still subject to the module's grants
+			}
 			ectx := ctx
 			if e.CausationId != "" {
 				ectx = causation.With(ctx, e.CausationId)

@@ -97,7 +97,7 @@ func TestPluginEmitHandleAndCall(t *testing.T) {
 		}
 		return m.On("module.echo.#", rec)
 	}}, runtime.ModuleConfig{})
-	loadPlugin(t, n, bin, runtime.ModuleConfig{})
+	loadPlugin(t, n, bin, runtime.ModuleConfig{EmitGrants: []string{"mesh.granted.#"}})
 
 	ping, err := n.Emit(emitCtx(t), "test", "mesh.test.ping", map[string]string{"do": "pong"})
 	if err != nil {
@@ -126,6 +126,13 @@ func TestPluginEmitHandleAndCall(t *testing.T) {
 	}
 	if ev := rec.next(t); string(ev.Body) != `{"invalid":true}` {
 		t.Errorf("bad name from the module: %s", ev.Body)
+	}
+	// Outside its namespace only what its config grants (mesh.granted.#).
+	if _, err := n.Emit(emitCtx(t), "test", "mesh.test.forge", map[string]string{"do": "forge"}); err != nil {
+		t.Fatal(err)
+	}
+	if ev := rec.next(t); string(ev.Body) != `{"forbidden":true,"granted":true}` {
+		t.Errorf("emits outside the namespace: %s", ev.Body)
 	}
 }
 
@@ -373,5 +380,19 @@ func TestPluginServesTools(t *testing.T) {
 	var te *sdk.ToolError
 	if !errors.As(err, &te) || te.Code != "empty" || te.Message != "nothing to shout" || !te.Permanent {
 		t.Errorf("tool error from the module process: %v", err)
+	}
+}
+
+// TestPluginToolGrants: a module process may serve only the tools its
+// config grants.
+func TestPluginToolGrants(t *testing.T) {
+	t.Parallel()
+	bin, _ := echoModule(t)
+	n := testNode(t, "", "anchor", nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := n.LoadPlugin(ctx, bin, nil, runtime.ModuleConfig{ToolGrants: []string{}})
+	if !errors.Is(err, sdk.ErrForbidden) || !strings.Contains(err.Error(), "echo.upper") {
+		t.Errorf("loading a module that serves an ungranted tool: %v, want ErrForbidden naming echo.upper", err)
 	}
 }

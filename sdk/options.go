@@ -61,6 +61,18 @@ func WithPriority(p uint8) EmitOption {
 	}
 }
 
+// AsFullType makes Emit take the name as a full event type
+// ("mesh.delivery.deployed", "node.anchor.drained") instead of one under the
+// module's own namespace. A module may emit under module.<its name>. and,
+// under mesh. or node., only the types its node config grants it; anything
+// else is refused with ErrForbidden.
+func AsFullType() EmitOption {
+	return func(o *wire.EmitOptions) error {
+		o.FullType = true
+		return nil
+	}
+}
+
 // ApplyEmitOptions folds opts into one set of settings. Implementations of
 // Mesh call it; module authors do not need to.
 func ApplyEmitOptions(opts ...EmitOption) (wire.EmitOptions, error) {

@@ -330,7 +330,7 @@ func (pm *pluginMesh) Emit(ctx context.Context, name string, body any, opts ...E
 		o.CausationID = causation.From(ctx)
 	}
 	e := &pb.Emit{Name: name, Body: raw, Schema: o.Schema, CausationId: o.CausationID,
-		TtlMillis: o.TTL.Milliseconds(), Priority: uint32(o.Priority), HasPriority: o.HasPriority}
+		TtlMillis: o.TTL.Milliseconds(), Priority: uint32(o.Priority), HasPriority: o.HasPriority, FullType: o.FullType}
 	select {
 	case <-pm.server.ready:
 	case <-ctx.Done():

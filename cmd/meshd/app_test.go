@@ -123,6 +123,7 @@ modules:
   - name: echo
     path: %s
     prefetch: 8
+    tools: ["echo.*"]
 `, url, filepath.Join(dir, "state"), module)), 0o600); err != nil {
 		t.Fatal(err)
 	}

@@ -10,4 +10,7 @@ type EmitOptions struct {
 	TTL         time.Duration
 	Priority    uint8
 	HasPriority bool
+	// FullType says the emitted name is a full event type, not one
+	// relative to the module's namespace.
+	FullType bool
 }

@@ -50,6 +50,12 @@ type Module struct {
 	MaxAttempts    int           `yaml:"max_attempts"`
 	HandlerTimeout time.Duration `yaml:"handler_timeout"`
 	MaxPriority    int           `yaml:"max_priority"`
+	// EmitGrants are patterns of full event types under mesh. or node. the
+	// module may emit (sdk.AsFullType).
+	EmitGrants []string `yaml:"emit_grants"`
+	// Tools are patterns of the tool keys the module may serve; a module
+	// process serves none that are not listed.
+	Tools []string `yaml:"tools"`
 }
 
 // Load reads and decodes path; unknown fields are errors. It does not
@@ -77,13 +83,18 @@ func (f File) Runtime() runtime.Config {
 	}
 }
 
-// ModuleConfig is how module m consumes.
-func (m Module) ModuleConfig() runtime.ModuleConfig { return m.runtime() }
+// ModuleConfig is how module m consumes, and what it is granted; a module
+// process may serve only the tools listed.
+func (m Module) ModuleConfig() runtime.ModuleConfig {
+	mc := m.runtime()
+	mc.ToolGrants = append([]string{}, m.Tools...) // never nil: default deny
+	return mc
+}
 
 func (m Module) runtime() runtime.ModuleConfig {
 	return runtime.ModuleConfig{
 		QueueType: m.QueueType, Prefetch: m.Prefetch, MaxAttempts: m.MaxAttempts,
-		HandlerTimeout: m.HandlerTimeout, MaxPriority: m.MaxPriority,
+		HandlerTimeout: m.HandlerTimeout, MaxPriority: m.MaxPriority, EmitGrants: m.EmitGrants,
 	}
 }
 
@@ -122,7 +133,7 @@ func (f File) Validate() error {
 		} else if st.IsDir() || st.Mode()&0o111 == 0 {
 			errs = append(errs, fmt.Errorf("%s.path: %s is not an executable file", field, m.Path))
 		}
-		cfg := runtime.Config{Node: "x", Module: m.runtime()}
+		cfg := runtime.Config{Node: "x", Module: m.ModuleConfig()}
 		if err := cfg.Validate(); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", field, err))
 		}

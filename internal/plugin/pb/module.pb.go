@@ -808,6 +808,7 @@ type Emit struct {
 	TtlMillis     int64                  `protobuf:"varint,5,opt,name=ttl_millis,json=ttlMillis,proto3" json:"ttl_millis,omitempty"`
 	Priority      uint32                 `protobuf:"varint,6,opt,name=priority,proto3" json:"priority,omitempty"`
 	HasPriority   bool                   `protobuf:"varint,7,opt,name=has_priority,json=hasPriority,proto3" json:"has_priority,omitempty"`
+	FullType      bool                   `protobuf:"varint,8,opt,name=full_type,json=fullType,proto3" json:"full_type,omitempty"` // name is a full event type (sdk.AsFullType)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -887,6 +888,13 @@ func (x *Emit) GetPriority() uint32 {
 func (x *Emit) GetHasPriority() bool {
 	if x != nil {
 		return x.HasPriority
+	}
+	return false
+}
+
+func (x *Emit) GetFullType() bool {
+	if x != nil {
+		return x.FullType
 	}
 	return false
 }
@@ -1251,7 +1259,7 @@ const file_module_proto_rawDesc = "" +
 	"\x06FAILED\x10\x01\x12\r\n" +
 	"\tPERMANENT\x10\x02\"C\n" +
 	"\fOutcomeBatch\x123\n" +
-	"\boutcomes\x18\x01 \x03(\v2\x17.mesh.plugin.v1.OutcomeR\boutcomes\"\xc7\x01\n" +
+	"\boutcomes\x18\x01 \x03(\v2\x17.mesh.plugin.v1.OutcomeR\boutcomes\"\xe4\x01\n" +
 	"\x04Emit\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04body\x18\x02 \x01(\fR\x04body\x12\x16\n" +
@@ -1260,7 +1268,8 @@ const file_module_proto_rawDesc = "" +
 	"\n" +
 	"ttl_millis\x18\x05 \x01(\x03R\tttlMillis\x12\x1a\n" +
 	"\bpriority\x18\x06 \x01(\rR\bpriority\x12!\n" +
-	"\fhas_priority\x18\a \x01(\bR\vhasPriority\"7\n" +
+	"\fhas_priority\x18\a \x01(\bR\vhasPriority\x12\x1b\n" +
+	"\tfull_type\x18\b \x01(\bR\bfullType\"7\n" +
 	"\tEmitBatch\x12*\n" +
 	"\x05emits\x18\x01 \x03(\v2\x14.mesh.plugin.v1.EmitR\x05emits\"l\n" +
 	"\n" +

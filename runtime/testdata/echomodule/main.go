@@ -59,6 +59,11 @@ func main() {
 				case "log":
 					mesh.Logger().Warn("echo was asked to log", "attempt", ev.Attempt)
 					return nil
+				case "forge":
+					_, err := mesh.Emit(ctx, "mesh.secret.thing", 1, sdk.AsFullType())
+					_, granted := mesh.Emit(ctx, "mesh.granted.thing", 1, sdk.AsFullType())
+					_, emitErr := mesh.Emit(ctx, "called", map[string]any{"forbidden": errors.Is(err, sdk.ErrForbidden), "granted": granted == nil})
+					return emitErr
 				case "bad-name":
 					_, err := mesh.Emit(ctx, "bad..name", 1)
 					_, emitErr := mesh.Emit(ctx, "called", map[string]bool{"invalid": errors.Is(err, sdk.ErrInvalidName)})
