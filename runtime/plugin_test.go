@@ -396,3 +396,32 @@ func TestPluginToolGrants(t *testing.T) {
 		t.Errorf("loading a module that serves an ungranted tool: %v, want ErrForbidden naming echo.upper", err)
 	}
 }
+
+// TestPluginHungHandler: a handler in a module process that never returns
+// is a failed attempt at its timeout, and the module keeps handling other
+// events meanwhile.
+func TestPluginHungHandler(t *testing.T) {
+	t.Parallel()
+	bin, _ := echoModule(t)
+	url := brokertest.VHost(t)
+	n := testNode(t, url, "anchor", nil)
+	rec := newRecorder(nil)
+	load(t, n, sdk.Module{Name: "watch", Setup: func(m sdk.Mesh) error { return m.On("module.echo.pong", rec) }}, runtime.ModuleConfig{})
+	loadPlugin(t, n, bin, runtime.ModuleConfig{MaxAttempts: 2, HandlerTimeout: 300 * time.Millisecond})
+	hang, err := n.Emit(emitCtx(t), "test", "mesh.test.hang", map[string]string{"do": "hang"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		if _, err := n.Emit(emitCtx(t), "test", "mesh.test.ping", map[string]string{"do": "pong"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 5 {
+		rec.next(t)
+	}
+	d := nextDead(t, rawConn(t, url))
+	if d.MessageId != hang || d.Headers["x-mesh-dead-attempts"] != int64(2) || !strings.Contains(fmt.Sprint(d.Headers["x-mesh-dead-error"]), "timed out") {
+		t.Errorf("dead letter %s: %v", d.MessageId, d.Headers)
+	}
+}

@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
-# make demo: a local broker, a node running the example modules in-process,
-# and meshctl tail showing what travels on the mesh.
+# make demo: a local broker, meshd running the example modules as module
+# processes (examples/mesh.yaml), and meshctl tail showing what travels on
+# the mesh, then meshctl call invoking a tool.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin"
 scripts/ensure-rabbitmq.sh
-go build -o bin/ ./cmd/meshctl ./cmd/meshdemo
+go build -o bin/ ./cmd/meshd ./cmd/meshctl
+go build -o bin/modules/ ./examples/modules/...
 seconds="${DEMO_SECONDS:-6}"
-echo "== meshctl tail 'module.#' beside a node running umami and notifier for ${seconds}s =="
+echo "== meshd runs umami, notifier, billing and tax as module processes for ${seconds}s; meshctl tail 'module.#' shows the events =="
 bin/meshctl tail 'module.#' &
 tail_pid=$!
-trap 'kill "$tail_pid" 2>/dev/null || true' EXIT
-sleep 1 # let tail bind its queue before the first event
-bin/meshdemo --duration "${seconds}s" --interval 1s
+bin/meshd run --config examples/mesh.yaml --log-level warn &
+meshd_pid=$!
+trap 'kill "$tail_pid" "$meshd_pid" 2>/dev/null || true' EXIT
+sleep "$seconds"
+echo "== meshctl call invoice.create (served by the billing module process, which calls tax.rate) =="
+bin/meshctl call invoice.create '{"site":"demo.example","cents":1000}'
+kill -TERM "$meshd_pid"
+wait "$meshd_pid" && echo "== meshd stopped cleanly (exit 0) on SIGTERM ==" || echo "== meshd exited with status $? =="
 sleep 0.5
 kill "$tail_pid" 2>/dev/null || true
 wait "$tail_pid" 2>/dev/null || true

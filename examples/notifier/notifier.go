@@ -1,11 +1,13 @@
-// Package notifier is an example module that consumes and emits: for every
-// site umami creates it sends a welcome notification and emits
+// Package notifier is an example module that consumes, calls and emits:
+// for every site umami creates it asks billing for a first invoice
+// (invoice.create, if billing runs) and emits
 // module.notifier.notification.sent, which carries the site event's id as
 // its causation id without the module doing anything for it.
 package notifier
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 
@@ -18,12 +20,14 @@ type Sent struct {
 	Subject string `json:"subject"`
 }
 
-// Module returns the module; it reports what it handles on out.
+// Module returns the module; it also reports what it handles on out, if
+// out is not nil.
 func Module(out io.Writer) sdk.Module {
 	var mesh sdk.Mesh
 	return sdk.Module{
 		Name:  "notifier",
 		Emits: []string{"notification.sent"},
+		Calls: []string{"invoice.create"},
 		Setup: func(m sdk.Mesh) error {
 			mesh = m
 			return m.On("module.umami.site.created", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
@@ -34,8 +38,23 @@ func Module(out io.Writer) sdk.Module {
 				if err := ev.Decode(&site); err != nil {
 					return sdk.Permanent(err) // retrying cannot fix a body we cannot read
 				}
-				fmt.Fprintf(out, "notifier: handled %s %s (site %d, attempt %d)\n", ev.Type, ev.ID, site.ID, ev.Attempt)
-				_, err := mesh.Emit(ctx, "notification.sent", Sent{To: "owner@" + site.Name, Subject: "Your site is live"})
+				if out != nil {
+					fmt.Fprintf(out, "notifier: handled %s %s (site %d, attempt %d)\n", ev.Type, ev.ID, site.ID, ev.Attempt)
+				}
+				mesh.Logger().Info("handling a new site", "site", site.Name, "event_id", ev.ID, "attempt", ev.Attempt)
+				subject := "Your site is live"
+				var invoice struct {
+					TotalCents int `json:"total_cents"`
+				}
+				switch err := mesh.Call(ctx, "invoice.create", map[string]any{"site": site.Name, "cents": 900}, &invoice); {
+				case err == nil:
+					subject += fmt.Sprintf("; your first invoice is %d cents", invoice.TotalCents)
+				case errors.Is(err, sdk.ErrNoServer):
+					// billing is not running here: notify without an invoice
+				default:
+					return err // retried with back-off
+				}
+				_, err := mesh.Emit(ctx, "notification.sent", Sent{To: "owner@" + site.Name, Subject: subject})
 				return err
 			}))
 		},

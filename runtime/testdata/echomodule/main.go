@@ -44,6 +44,8 @@ func main() {
 					os.Exit(3)
 				case "panic":
 					panic("the module broke")
+				case "hang":
+					select {} // ignores its deadline and never returns
 				case "fail":
 					return errors.New("not now")
 				case "permanent":
