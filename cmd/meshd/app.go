@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
@@ -30,6 +32,7 @@ func app() *cli.App {
 				&cli.StringFlag{Name: "node", EnvVars: []string{"MESH_NODE"}, Usage: "this node's `NAME`, unique on the mesh"},
 				&cli.StringFlag{Name: "amqp-url", EnvVars: []string{"MESH_AMQP_URL"}, Usage: "the broker's `URL` (default " + runtime.DefaultAMQPURL + ")"},
 				&cli.StringFlag{Name: "state-dir", EnvVars: []string{"MESH_STATE_DIR"}, Usage: "node-local state `DIR` (default ~/.local/state/mesh/NODE)"},
+				&cli.StringFlag{Name: "http-addr", EnvVars: []string{"MESH_HTTP_ADDR"}, Usage: "serve /healthz and /readyz on `HOST:PORT` (default off)"},
 				&cli.StringFlag{Name: "log-level", EnvVars: []string{"MESH_LOG_LEVEL"}, Value: "info", Usage: "debug, info, warn or error"},
 				&cli.DurationFlag{Name: "grace", EnvVars: []string{"MESH_GRACE"}, Usage: "how long in-flight handlers may finish on stop (default 30s)"},
 			},
@@ -58,6 +61,9 @@ func config(c *cli.Context) (nodeconfig.File, error) {
 	}
 	if c.IsSet("state-dir") {
 		f.StateDir = c.String("state-dir")
+	}
+	if c.IsSet("http-addr") {
+		f.HTTPAddr = c.String("http-addr")
 	}
 	if c.IsSet("grace") {
 		f.Grace = c.Duration("grace")
@@ -100,6 +106,13 @@ func run(c *cli.Context) error {
 		defer cancelGrace()
 		return node.Close(graceCtx)
 	}
+	if f.HTTPAddr != "" {
+		srv, err := serveHealth(f.HTTPAddr, node, log)
+		if err != nil {
+			return errors.Join(err, shutdown())
+		}
+		defer srv.Close()
+	}
 	for i, m := range f.Modules {
 		pm, err := node.LoadPlugin(ctx, m.Path, m.Args, m.ModuleConfig())
 		if err == nil && (pm.Name() != m.Name || (m.Kind != "" && pm.Kind() != m.Kind)) {
@@ -127,4 +140,32 @@ func run(c *cli.Context) error {
 	}
 	log.Info("node stopped")
 	return nil
+}
+
+// serveHealth answers /healthz (the process runs) and /readyz (the node
+// has its broker connection) on addr.
+func serveHealth(addr string, node *runtime.Node, log *slog.Logger) (*http.Server, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("http_addr: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := node.Err(); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("health server stopped", "err", err)
+		}
+	}()
+	log.Info("serving /healthz and /readyz", "addr", ln.Addr().String())
+	return srv, nil
 }

@@ -13,6 +13,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"time"
 
@@ -24,9 +25,11 @@ import (
 
 // File is a node's configuration file.
 type File struct {
-	Node         string        `yaml:"node"`
-	AMQPURL      string        `yaml:"amqp_url"`
-	StateDir     string        `yaml:"state_dir"`
+	Node     string `yaml:"node"`
+	AMQPURL  string `yaml:"amqp_url"`
+	StateDir string `yaml:"state_dir"`
+	// HTTPAddr serves /healthz and /readyz when set (host:port).
+	HTTPAddr     string        `yaml:"http_addr"`
 	MaxBodyBytes int           `yaml:"max_body_bytes"`
 	CallTimeout  time.Duration `yaml:"call_timeout"`
 	RetryMin     time.Duration `yaml:"retry_min"`
@@ -104,6 +107,11 @@ func (f File) Validate() error {
 	var errs []error
 	if err := f.Runtime().Validate(); err != nil {
 		errs = append(errs, err)
+	}
+	if f.HTTPAddr != "" {
+		if _, _, err := net.SplitHostPort(f.HTTPAddr); err != nil {
+			errs = append(errs, fmt.Errorf("http_addr: %w", err))
+		}
 	}
 	if f.Grace < 0 {
 		errs = append(errs, fmt.Errorf("grace: %v is negative", f.Grace))
