@@ -425,3 +425,43 @@ func TestPluginHungHandler(t *testing.T) {
 		t.Errorf("dead letter %s: %v", d.MessageId, d.Headers)
 	}
 }
+
+// TestPluginCrashLoopDoesNotDisturbOthers: one module process crashing on
+// every event it gets, over and over, while another module process on the
+// same node handles its events undisturbed.
+func TestPluginCrashLoopDoesNotDisturbOthers(t *testing.T) {
+	t.Parallel()
+	bin, _ := echoModule(t)
+	url := brokertest.VHost(t)
+	n := testNode(t, url, "anchor", nil)
+	rec := newRecorder(nil)
+	load(t, n, sdk.Module{Name: "watch", Setup: func(m sdk.Mesh) error { return m.On("module.echo.pong", rec) }}, runtime.ModuleConfig{})
+	loadPlugin(t, n, bin, runtime.ModuleConfig{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	crashy, err := n.LoadPlugin(ctx, bin, []string{"crashy"}, runtime.ModuleConfig{MaxAttempts: 4, Prefetch: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = crashy.Stop(context.Background()) })
+	for range 3 {
+		if _, err := n.Emit(emitCtx(t), "test", "mesh.crashy.boom", 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const good = 30
+	for range good {
+		if _, err := n.Emit(emitCtx(t), "test", "mesh.test.ping", map[string]string{"do": "pong"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range good {
+		rec.next(t)
+	}
+	raw := rawConn(t, url)
+	for range 3 {
+		if d := nextDead(t, raw); d.RoutingKey != "mesh.crashy.boom" || d.Headers["x-mesh-dead-attempts"] != int64(4) {
+			t.Errorf("dead letter %s after %v attempts", d.RoutingKey, d.Headers["x-mesh-dead-attempts"])
+		}
+	}
+}

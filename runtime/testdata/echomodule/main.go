@@ -13,12 +13,22 @@ import (
 )
 
 func main() {
+	name := "echo"
+	if len(os.Args) > 1 {
+		name = os.Args[1] // another instance of the same code, under another name
+	}
 	var mesh sdk.Mesh
 	err := sdk.Run(sdk.Module{
-		Name:  "echo",
+		Name:  name,
 		Emits: []string{"pong", "called"},
 		Setup: func(m sdk.Mesh) error {
 			mesh = m
+			if name != "echo" {
+				return m.On("mesh."+name+".#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+					os.Exit(4) // crashes on everything it gets
+					return nil
+				}))
+			}
 			if err := m.Serve("echo.upper", sdk.ToolHandlerFunc(func(ctx context.Context, req sdk.Request) (any, error) {
 				var s string
 				if err := req.Decode(&s); err != nil {
