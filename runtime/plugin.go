@@ -423,25 +423,7 @@ func (pm *PluginModule) answer(i uint32) sdk.ToolHandler {
 // (shared/reference/plugin-boundary-cost.md), or less when the prefetch
 // window is full: then nothing more can arrive until outcomes go back.
 func (p *moduleProcess) send() {
-	for {
-		var batch []*pb.Delivery
-		select {
-		case d := <-p.sendq:
-			batch = append(batch, d)
-		case <-p.exited:
-			return
-		}
-		timer := time.NewTimer(time.Millisecond)
-	fill:
-		for len(batch) < cap(p.sendq) && !p.windowFull() {
-			select {
-			case d := <-p.sendq:
-				batch = append(batch, d)
-			case <-timer.C:
-				break fill
-			}
-		}
-		timer.Stop()
+	for batch := range plugin.Batches(p.sendq, p.exited, p.windowFull) {
 		if err := p.stream.Send(&pb.DeliveryBatch{Deliveries: batch}); err != nil {
 			return // receive sees the stream end and marks the process gone
 		}

@@ -91,14 +91,6 @@ func (s *moduleServer) Start(_ context.Context, req *pb.StartRequest) (*pb.Empty
 	return &pb.Empty{}, nil
 }
 
-// linger is how long a batch waits to fill before it crosses the process
-// boundary (shared/reference/plugin-boundary-cost.md: batches that wait
-// about 1 ms cut the CPU per message from about 105 µs to 36 µs).
-const (
-	linger   = time.Millisecond
-	maxBatch = 64
-)
-
 func (s *moduleServer) Deliver(stream pb.Module_DeliverServer) error {
 	outcomes := make(chan *pb.Outcome, 256)
 	done := make(chan struct{})
@@ -108,7 +100,7 @@ func (s *moduleServer) Deliver(stream pb.Module_DeliverServer) error {
 	// host sends in batches, so they come back in batches.
 	idle := func() bool { return inflight.Load() == 0 && len(outcomes) == 0 }
 	go func() {
-		for batch := range batches(outcomes, done, idle) {
+		for batch := range plugin.Batches(outcomes, done, idle) {
 			if err := stream.Send(&pb.OutcomeBatch{Outcomes: batch}); err != nil {
 				return
 			}
@@ -159,45 +151,6 @@ func (s *moduleServer) handle(d *pb.Delivery) *pb.Outcome {
 	}
 }
 
-// batches groups what arrives on in: a batch starts with the first item and
-// waits up to linger for more, up to maxBatch, or until flushNow (if not
-// nil) says nothing more is coming soon.
-func batches[T any](in <-chan T, done <-chan struct{}, flushNow func() bool) <-chan []T {
-	out := make(chan []T)
-	go func() {
-		defer close(out)
-		for {
-			var first T
-			select {
-			case first = <-in:
-			case <-done:
-				return
-			}
-			batch := []T{first}
-			timer := time.NewTimer(linger)
-		fill:
-			for len(batch) < maxBatch && (flushNow == nil || !flushNow()) {
-				select {
-				case v := <-in:
-					batch = append(batch, v)
-				case <-timer.C:
-					break fill
-				case <-done:
-					timer.Stop()
-					return
-				}
-			}
-			timer.Stop()
-			select {
-			case out <- batch:
-			case <-done:
-				return
-			}
-		}
-	}()
-	return out
-}
-
 type emitRequest struct {
 	emit   *pb.Emit
 	result chan emitResult
@@ -210,7 +163,7 @@ type emitResult struct {
 
 // batchEmits sends the module's emits to the host in batches.
 func (s *moduleServer) batchEmits() {
-	for batch := range batches(s.emits, make(chan struct{}), nil) {
+	for batch := range plugin.Batches(s.emits, make(chan struct{}), nil) {
 		req := &pb.EmitBatch{Emits: make([]*pb.Emit, len(batch))}
 		for i, e := range batch {
 			req.Emits[i] = e.emit
