@@ -412,8 +412,13 @@ func (pm *PluginModule) answer(i uint32) sdk.ToolHandler {
 		if err != nil {
 			return nil, fmt.Errorf("module process: %w", err)
 		}
-		if a.IsError {
+		switch {
+		case a.IsError && a.Code != "":
 			return nil, &sdk.ToolError{Code: a.Code, Message: a.Message, Permanent: a.Permanent}
+		case a.IsError && a.Permanent:
+			return nil, sdk.Permanent(errors.New(a.Message)) // toolError makes it "rejected"
+		case a.IsError:
+			return nil, errors.New(a.Message) // and this "failed"
 		}
 		return json.RawMessage(a.Body), nil
 	})

@@ -381,6 +381,16 @@ func TestPluginServesTools(t *testing.T) {
 	if !errors.As(err, &te) || te.Code != "empty" || te.Message != "nothing to shout" || !te.Permanent {
 		t.Errorf("tool error from the module process: %v", err)
 	}
+	// Errors without a code are classified by the host, as in-process.
+	for _, c := range []struct {
+		say, code string
+		permanent bool
+	}{{"busy", sdk.CodeFailed, false}, {"never", sdk.CodeRejected, true}} {
+		err := caller.Call(callCtx(t, 10*time.Second), "ops", "echo.upper", c.say, nil)
+		if !errors.As(err, &te) || te.Code != c.code || te.Permanent != c.permanent {
+			t.Errorf("%s: %v, want code %s permanent %v", c.say, err, c.code, c.permanent)
+		}
+	}
 }
 
 // TestPluginToolGrants: a module process may serve only the tools its

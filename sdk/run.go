@@ -226,9 +226,8 @@ type collector struct {
 	toolHandlers []ToolHandler
 }
 
-// Answer runs one tool call with the same rules as in-process: a ToolError
-// as it is, a Permanent error as "rejected", another error as "failed", a
-// panic as "internal".
+// Answer runs one tool call: a ToolError goes back as it is, a panic as
+// "internal", any other error without a code for the host to classify.
 func (s *moduleServer) Answer(_ context.Context, r *pb.ToolRequest) (*pb.ToolAnswer, error) {
 	if int(r.Tool) >= len(s.tools) {
 		return &pb.ToolAnswer{IsError: true, Code: CodeInternal, Message: fmt.Sprintf("no tool %d", r.Tool), Permanent: true}, nil
@@ -253,14 +252,11 @@ func (s *moduleServer) Answer(_ context.Context, r *pb.ToolRequest) (*pb.ToolAns
 		err = &ToolError{Code: CodeInternal, Message: "encode response: " + err.Error(), Permanent: true}
 	}
 	var te *ToolError
-	switch {
-	case errors.As(err, &te):
-	case errors.Is(err, ErrPermanent):
-		te = &ToolError{Code: CodeRejected, Message: err.Error(), Permanent: true}
-	default:
-		te = &ToolError{Code: CodeFailed, Message: err.Error()}
+	if errors.As(err, &te) {
+		return &pb.ToolAnswer{IsError: true, Code: te.Code, Message: te.Message, Permanent: te.Permanent}, nil
 	}
-	return &pb.ToolAnswer{IsError: true, Code: te.Code, Message: te.Message, Permanent: te.Permanent}, nil
+	// No code: the host gives it one by the same rules as in-process.
+	return &pb.ToolAnswer{IsError: true, Message: err.Error(), Permanent: errors.Is(err, ErrPermanent)}, nil
 }
 
 // pluginMesh is a module's Mesh inside its own process: emits and calls go

@@ -34,8 +34,13 @@ func main() {
 				if err := req.Decode(&s); err != nil {
 					return nil, sdk.Permanent(err)
 				}
-				if s == "" {
+				switch s {
+				case "":
 					return nil, &sdk.ToolError{Code: "empty", Message: "nothing to shout", Permanent: true}
+				case "busy":
+					return nil, errors.New("too busy to shout")
+				case "never":
+					return nil, sdk.Permanent(errors.New("will never shout that"))
 				}
 				return strings.ToUpper(s) + " (asked by " + req.Caller + ")", nil
 			})); err != nil {
