@@ -32,6 +32,7 @@ func Run(m Module) error {
 	if os.Getenv(plugin.Handshake().MagicCookieKey) != plugin.Handshake().MagicCookieValue {
 		return errors.New("this is a mesh module: meshd starts it (meshd run --config ...); it does not run on its own")
 	}
+	go exitWithParent(os.Getppid())
 	goplugin.Serve(&goplugin.ServeConfig{
 		HandshakeConfig: plugin.Handshake(),
 		Plugins: plugin.Set(func(b *goplugin.GRPCBroker) pb.ModuleServer {
@@ -40,6 +41,19 @@ func Run(m Module) error {
 		GRPCServer: goplugin.DefaultGRPCServer,
 	})
 	return nil
+}
+
+// exitWithParent ends the module process when meshd is gone (killed with
+// SIGKILL, say): the process is then adopted by another parent, and an
+// orphaned module has nobody to deliver to it. The broker redelivers what
+// meshd had not acked.
+func exitWithParent(parent int) {
+	for range time.Tick(time.Second) {
+		if os.Getppid() != parent {
+			fmt.Fprintln(os.Stderr, "meshd is gone; the module exits")
+			os.Exit(0)
+		}
+	}
 }
 
 // moduleServer runs a module in its process for meshd.

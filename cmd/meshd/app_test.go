@@ -268,6 +268,42 @@ modules:
 	if err := cmd.Wait(); err != nil {
 		t.Errorf("meshd exited with %v", err)
 	}
+
+	// meshd killed with SIGKILL: its module process notices and exits
+	// instead of living on as an orphan.
+	cmd, logs2 = run()
+	var child int
+	for child == 0 {
+		out, _ := exec.Command("pgrep", "-P", fmt.Sprint(cmd.Process.Pid)).Output()
+		fmt.Sscan(string(out), &child)
+		select {
+		case <-ctx.Done():
+			t.Fatalf("meshd started no module process; log:\n%s", logs2.String())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	for alive(child) {
+		select {
+		case <-ctx.Done():
+			_ = syscall.Kill(child, syscall.SIGKILL)
+			t.Fatal("the module process outlived meshd")
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// alive reports whether pid runs (a zombie nobody reaped has exited).
+func alive(pid int) bool {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+	return len(fields) > 0 && fields[0] != "Z"
 }
 
 // TestConfigErrorsNameTheFields: a bad config file is refused with one
