@@ -8,6 +8,7 @@ require (
 	github.com/oklog/ulid/v2 v2.1.2
 	github.com/rabbitmq/amqp091-go v1.16.0
 	github.com/urfave/cli/v2 v2.27.7
+	go.etcd.io/bbolt v1.5.0
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12
 	gopkg.in/yaml.v3 v3.0.1

@@ -30,6 +30,7 @@ const (
 // queue per connection receives every answer, matched by correlation id.
 type caller struct {
 	node       *Node
+	sess       *session
 	pub        *amqp.Channel // shared by calling goroutines: amqp091-go serialises Publish per channel
 	replies    *amqp.Channel
 	replyQueue string
@@ -48,14 +49,28 @@ type callResult struct {
 	err   error
 }
 
-// caller returns the node's caller, making it on first use.
-func (n *Node) caller() (*caller, error) {
+// caller returns the node's caller on the current session, making it on
+// first use and again after a reconnect (its reply queue went with the
+// old connection). While the node is reconnecting it waits, until ctx is
+// done.
+func (n *Node) caller(ctx context.Context) (*caller, error) {
+	s, err := n.awaitSession(ctx)
+	if err != nil {
+		return nil, err
+	}
 	n.callerMu.Lock()
 	defer n.callerMu.Unlock()
-	if n.calls != nil {
-		return n.calls, nil
+	if c := n.calls; c != nil {
+		c.mu.Lock()
+		usable := c.sess == s && c.lost == nil
+		c.mu.Unlock()
+		if usable {
+			return c, nil
+		}
+		c.close()
+		n.calls = nil
 	}
-	c, err := newCaller(n)
+	c, err := newCaller(n, s)
 	if err != nil {
 		return nil, err
 	}
@@ -63,13 +78,13 @@ func (n *Node) caller() (*caller, error) {
 	return c, nil
 }
 
-func newCaller(n *Node) (*caller, error) {
-	c := &caller{node: n, pending: make(map[string]chan callResult), served: make(map[string]time.Time)}
+func newCaller(n *Node, s *session) (*caller, error) {
+	c := &caller{node: n, sess: s, pending: make(map[string]chan callResult), served: make(map[string]time.Time)}
 	var err error
-	if c.pub, err = n.pubConn.Channel(); err != nil {
+	if c.pub, err = s.pubConn.Channel(); err != nil {
 		return nil, fmt.Errorf("open request channel: %w", err)
 	}
-	if c.replies, err = n.subConn.Channel(); err != nil {
+	if c.replies, err = s.subConn.Channel(); err != nil {
 		c.pub.Close()
 		return nil, fmt.Errorf("open reply channel: %w", err)
 	}
@@ -159,7 +174,7 @@ func (c *caller) hasServer(tool string, fresh bool) (bool, error) {
 		return true, nil
 	}
 	if c.check == nil || c.check.IsClosed() {
-		ch, err := c.node.subConn.Channel()
+		ch, err := c.sess.subConn.Channel()
 		if err != nil {
 			return false, fmt.Errorf("%w: open check channel: %v", sdk.ErrConnectionLost, err)
 		}
@@ -203,7 +218,7 @@ func (n *Node) call(ctx context.Context, source, tool string, req, resp any) err
 	}
 	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	c, err := n.caller()
+	c, err := n.caller(ctx)
 	if err != nil {
 		return fmt.Errorf("call %s: %w", tool, err)
 	}

@@ -34,6 +34,16 @@ const (
 	DefaultRetryMin       = 200 * time.Millisecond
 	DefaultRetryMax       = 30 * time.Second
 	DefaultCallTimeout    = 30 * time.Second
+	// DefaultConsumerTimeout is RabbitMQ's default consumer_timeout: a
+	// delivery left unacknowledged longer closes its channel.
+	DefaultConsumerTimeout = 30 * time.Minute
+	DefaultSpoolMaxBytes   = 256 << 20
+	DefaultEmitTimeout     = 30 * time.Second
+	DefaultReconnectMin    = 100 * time.Millisecond
+	DefaultReconnectMax    = 10 * time.Second
+	DefaultLockWait        = 30 * time.Second
+	DefaultDedupRetention  = 24 * time.Hour
+	DefaultDedupMaxEntries = 1_000_000
 )
 
 // Config configures a Node. The zero value of every field but Node takes
@@ -60,6 +70,58 @@ type Config struct {
 	CallTimeout time.Duration
 	// Logger receives the node's structured log. Default slog.Default().
 	Logger *slog.Logger
+
+	// TLS configures amqps:// connections: the CA that signed the broker's
+	// certificate and, for client-certificate authentication, a
+	// certificate and key. Files are PEM. Empty fields use the system's
+	// roots and no client certificate.
+	TLS TLSConfig
+	// ReconnectMin and ReconnectMax bound the exponential back-off, with
+	// jitter, between attempts to reconnect to the broker. Defaults 100ms
+	// and 10s.
+	ReconnectMin, ReconnectMax time.Duration
+	// LockWait is how long a reconnecting node waits for its node lock
+	// queue to be released by the broker (which notices a dead connection
+	// only after its heartbeats are missed) before it concludes another
+	// node of the same name runs. Default 30s.
+	LockWait time.Duration
+	// SpoolMaxBytes bounds the local spool of events the broker has not
+	// confirmed (kept in StateDir while the broker is unreachable). When
+	// it is full, emits fail with sdk.ErrBackPressure. Default 256 MiB.
+	SpoolMaxBytes int64
+	// EmitTimeout is how long an emit whose context has no deadline keeps
+	// retrying while the broker refuses it (a queue at its length limit)
+	// before it fails with sdk.ErrRefused. Default 30s.
+	EmitTimeout time.Duration
+	// ConsumerTimeout must be the broker's consumer_timeout (RabbitMQ's
+	// default is 30 min). A module whose handler timeout plus retry
+	// back-off could hold a delivery longer is refused, because the broker
+	// would close its channel. Default 30 min.
+	ConsumerTimeout time.Duration
+	// DedupRetention is how long a module remembers the ids of events it
+	// handled, to acknowledge redeliveries without handling them again.
+	// Default 24h.
+	DedupRetention time.Duration
+	// DedupMaxEntries bounds the ids each module remembers; the oldest
+	// are forgotten first. Default 1,000,000 (about 40 MB of memory).
+	DedupMaxEntries int
+	// Ephemeral makes a short-lived client node (meshctl): it takes no
+	// node lock, keeps no spool and does not reconnect; an emit it cannot
+	// get confirmed fails.
+	Ephemeral bool
+}
+
+// TLSConfig names the PEM files of an amqps:// connection.
+type TLSConfig struct {
+	// CAFile is the CA certificate(s) that signed the broker's
+	// certificate. Empty: the system's roots.
+	CAFile string
+	// CertFile and KeyFile are the node's client certificate and key,
+	// both or neither.
+	CertFile, KeyFile string
+	// ServerName overrides the name checked in the broker's certificate.
+	// Empty: the host of the broker URL.
+	ServerName string
 }
 
 // ModuleConfig is how one module consumes. Zero fields take the node's
@@ -80,8 +142,13 @@ type ModuleConfig struct {
 	// changing it for an existing quorum queue is refused by the broker.
 	MaxAttempts int
 	// HandlerTimeout bounds one handler call; past it the call counts as a
-	// failed attempt. Default 30s.
+	// failed attempt. Default 30s. Plus the node's RetryMax it must stay
+	// below the node's ConsumerTimeout.
 	HandlerTimeout time.Duration
+	// AllowDuplicates turns off de-duplication for the whole module: every
+	// delivery reaches its handler, even one whose id it already handled.
+	// Use it for handlers that are idempotent by themselves.
+	AllowDuplicates bool
 	// MaxPriority declares the queue with x-max-priority so it honours
 	// event priorities (1 to 9). Classic queues only; 0 means none.
 	MaxPriority int
@@ -126,6 +193,30 @@ func (c *Config) withDefaults() {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.ReconnectMin == 0 {
+		c.ReconnectMin = DefaultReconnectMin
+	}
+	if c.ReconnectMax == 0 {
+		c.ReconnectMax = DefaultReconnectMax
+	}
+	if c.LockWait == 0 {
+		c.LockWait = DefaultLockWait
+	}
+	if c.SpoolMaxBytes == 0 {
+		c.SpoolMaxBytes = DefaultSpoolMaxBytes
+	}
+	if c.EmitTimeout == 0 {
+		c.EmitTimeout = DefaultEmitTimeout
+	}
+	if c.ConsumerTimeout == 0 {
+		c.ConsumerTimeout = DefaultConsumerTimeout
+	}
+	if c.DedupRetention == 0 {
+		c.DedupRetention = DefaultDedupRetention
+	}
+	if c.DedupMaxEntries == 0 {
+		c.DedupMaxEntries = DefaultDedupMaxEntries
+	}
 	c.Module = c.Module.over(ModuleConfig{
 		QueueType:      QueueQuorum,
 		Prefetch:       DefaultPrefetch,
@@ -161,6 +252,7 @@ func (m ModuleConfig) over(d ModuleConfig) ModuleConfig {
 	if m.ToolGrants == nil {
 		m.ToolGrants = d.ToolGrants
 	}
+	m.AllowDuplicates = m.AllowDuplicates || d.AllowDuplicates
 	return m
 }
 
@@ -181,10 +273,48 @@ func (c Config) Validate() error {
 	if c.CallTimeout < 0 {
 		errs = append(errs, fmt.Errorf("call_timeout: %v is negative", c.CallTimeout))
 	}
+	if c.ReconnectMin < 0 || c.ReconnectMax < c.ReconnectMin {
+		errs = append(errs, fmt.Errorf("reconnect_min/reconnect_max: want 0 <= min <= max, have %v and %v", c.ReconnectMin, c.ReconnectMax))
+	}
+	if c.SpoolMaxBytes < 0 {
+		errs = append(errs, fmt.Errorf("spool_max_bytes: %d is negative", c.SpoolMaxBytes))
+	}
+	for name, d := range map[string]time.Duration{"lock_wait": c.LockWait, "emit_timeout": c.EmitTimeout,
+		"consumer_timeout": c.ConsumerTimeout, "dedup_retention": c.DedupRetention} {
+		if d < 0 {
+			errs = append(errs, fmt.Errorf("%s: %v is negative", name, d))
+		}
+	}
+	if c.DedupMaxEntries < 0 {
+		errs = append(errs, fmt.Errorf("dedup_max_entries: %d is negative", c.DedupMaxEntries))
+	}
+	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
+		errs = append(errs, errors.New("tls.cert_file/tls.key_file: give both or neither"))
+	}
 	if err := c.Module.validate(); err != nil {
 		errs = append(errs, err)
 	}
+	if err := c.CheckConsumerTimeout(c.Module); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
+}
+
+// CheckConsumerTimeout refuses a module config under which a delivery could
+// stay unacknowledged longer than the broker's consumer timeout: a handler
+// runs up to HandlerTimeout, and a failed event waits up to RetryMax
+// before it is returned. The broker would close the channel of such a
+// consumer. (The per-queue x-consumer-timeout argument is not enforced
+// on RabbitMQ 3.10, so the runtime cannot lower the limit per queue.)
+func (c Config) CheckConsumerTimeout(m ModuleConfig) error {
+	c.withDefaults()
+	m = m.over(c.Module)
+	if held := m.HandlerTimeout + c.RetryMax; held >= c.ConsumerTimeout {
+		return fmt.Errorf("handler_timeout: %v plus retry_max %v holds a delivery for %v, not below the broker's consumer_timeout %v; "+
+			"lower handler_timeout or retry_max, or raise consumer_timeout here and on the broker (rabbitmq.conf consumer_timeout)",
+			m.HandlerTimeout, c.RetryMax, held, c.ConsumerTimeout)
+	}
+	return nil
 }
 
 func (m ModuleConfig) validate() error {

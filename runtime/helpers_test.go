@@ -185,3 +185,64 @@ func emitCtx(t *testing.T) context.Context {
 	t.Cleanup(cancel)
 	return ctx
 }
+
+// idSet counts how many times each event id was seen.
+type idSet struct {
+	mu  sync.Mutex
+	ids map[string]int
+}
+
+func newIDSet() *idSet { return &idSet{ids: make(map[string]int)} }
+
+func (s *idSet) add(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ids[id]++
+}
+
+// len is how many distinct ids were seen.
+func (s *idSet) len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.ids)
+}
+
+// duplicates is how many ids were seen more than once.
+func (s *idSet) duplicates() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, c := range s.ids {
+		if c > 1 {
+			n++
+		}
+	}
+	return n
+}
+
+// missingFrom returns the ids of s that other never saw.
+func (s *idSet) missingFrom(other *idSet) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	other.mu.Lock()
+	defer other.mu.Unlock()
+	var missing []string
+	for id := range s.ids {
+		if other.ids[id] == 0 {
+			missing = append(missing, id)
+		}
+	}
+	return missing
+}
+
+// waitFor polls cond until it holds, failing the test after limit.
+func waitFor(t *testing.T, limit time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("condition not met within %v", limit)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

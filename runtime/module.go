@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -15,6 +16,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshkit/mesh/internal/causation"
+	"github.com/meshkit/mesh/internal/dedup"
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/sdk"
 )
@@ -34,7 +36,10 @@ type Module struct {
 	stopped bool
 
 	tools     []tool            // fixed once started
-	consumers []consumerChannel // the channels the module consumes on
+	consumers []consumerChannel // the channels the module consumes on, on the current session
+	resumeMu  sync.Mutex        // one resume at a time
+	dedup     *dedup.Set        // ids of events handled; nil if the module allows duplicates
+	claimed   map[string]chan struct{}
 	workers   sync.WaitGroup
 	retries   map[*time.Timer]struct{}
 	handleCtx context.Context // handlers run under it; cancelled only when a stop's grace runs out
@@ -46,6 +51,7 @@ type Module struct {
 type subscription struct {
 	pattern string
 	handler sdk.Handler
+	dedup   bool // de-duplicate deliveries by event id for this handler
 }
 
 type tool struct {
@@ -59,6 +65,7 @@ type tool struct {
 type consumerChannel struct {
 	ch   *amqp.Channel
 	tags []string
+	sess *session
 }
 
 // Load runs def on the node in-process: Setup subscribes its handlers,
@@ -100,6 +107,7 @@ func (n *Node) Load(ctx context.Context, def sdk.Module, mc ModuleConfig) (*Modu
 		queue:   queue,
 		log:     n.log.With("module", def.Name),
 		retries: make(map[*time.Timer]struct{}),
+		claimed: make(map[string]chan struct{}),
 		runDone: make(chan struct{}),
 	}
 	m.mesh = &moduleMesh{module: m}
@@ -122,8 +130,14 @@ func (n *Node) Load(ctx context.Context, def sdk.Module, mc ModuleConfig) (*Modu
 		delete(n.modules, def.Name)
 		n.mu.Unlock()
 		m.cancelH()
+		m.mu.Lock()
+		m.stopped = true
 		for _, c := range m.consumers {
 			c.ch.Close()
+		}
+		m.mu.Unlock()
+		if m.dedup != nil {
+			m.dedup.Close()
 		}
 		return nil, fmt.Errorf("load module %s: %w", def.Name, err)
 	}
@@ -138,20 +152,26 @@ func (m *Module) start(ctx context.Context) error {
 	}
 	m.mu.Lock()
 	m.started = true
+	for i := range m.subs {
+		m.subs[i].dedup = !m.cfg.AllowDuplicates && !sdk.DuplicatesAllowed(m.subs[i].handler)
+	}
 	subs := slices.Clone(m.subs)
 	tools := slices.Clone(m.tools)
 	m.mu.Unlock()
-	if len(subs) > 0 {
-		if err := m.consume(ctx, subs); err != nil {
-			return err
+	if slices.ContainsFunc(subs, func(s subscription) bool { return s.dedup }) {
+		path := filepath.Join(m.node.cfg.StateDir, "dedup", m.def.Name+".log")
+		set, err := dedup.Open(path, dedup.Options{Retention: m.node.cfg.DedupRetention, MaxEntries: m.node.cfg.DedupMaxEntries})
+		if err != nil {
+			return fmt.Errorf("open the record of handled events: %w", err)
 		}
-	} else if err := m.unbindAll(); err != nil {
+		m.dedup = set
+	}
+	s, err := m.node.awaitSession(ctx)
+	if err != nil {
 		return err
 	}
-	if len(tools) > 0 {
-		if err := m.serve(ctx, tools); err != nil {
-			return err
-		}
+	if err := m.attach(ctx, s, subs, tools); err != nil {
+		return err
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
 	m.runCancel = cancel
@@ -168,17 +188,94 @@ func (m *Module) start(ctx context.Context) error {
 	return nil
 }
 
+// attach consumes the module's queue and serves its tools on s.
+func (m *Module) attach(ctx context.Context, s *session, subs []subscription, tools []tool) error {
+	if len(subs) > 0 {
+		if err := m.consume(ctx, s, subs); err != nil {
+			return err
+		}
+	} else if err := m.unbindAll(s); err != nil {
+		return err
+	}
+	if len(tools) > 0 {
+		if err := m.serve(ctx, s, tools); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// resume brings the module's consumers and tool servers back on s after
+// their channels were lost; what was in flight on the old channels went
+// back to the queues (and a handler that finished meanwhile is not run
+// again: see handle). On failure it tries again after a back-off while s
+// lasts.
+func (m *Module) resume(s *session) {
+	m.resumeMu.Lock()
+	defer m.resumeMu.Unlock()
+	m.mu.Lock()
+	if m.stopped || s.isLost() {
+		m.mu.Unlock()
+		return
+	}
+	old := m.consumers
+	m.consumers = nil
+	subs, tools := slices.Clone(m.subs), slices.Clone(m.tools)
+	m.mu.Unlock()
+	for _, c := range old {
+		_ = c.ch.Close()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := m.attach(ctx, s, subs, tools); err != nil {
+		if s.isLost() || errors.Is(err, sdk.ErrClosed) {
+			return
+		}
+		delay := jitter(expBackoff(time.Second, 30*time.Second, 1))
+		m.log.Error("resuming the module failed; trying again", "err", err, "retry_in", delay)
+		time.AfterFunc(delay, func() { m.resume(s) })
+		return
+	}
+	m.log.Info("module resumed")
+}
+
+// track adds a channel the module consumes on, unless the module stopped
+// meanwhile (then it closes ch and says so).
+func (m *Module) track(c consumerChannel) (*consumerChannel, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.stopped {
+		c.ch.Close()
+		return nil, sdk.ErrClosed
+	}
+	m.consumers = append(m.consumers, c)
+	return &m.consumers[len(m.consumers)-1], nil
+}
+
+// addTag records a consumer tag on the channel ch, for Stop to cancel.
+func (m *Module) addTag(ch *amqp.Channel, tag string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for i := range m.consumers {
+		if m.consumers[i].ch == ch {
+			m.consumers[i].tags = append(m.consumers[i].tags, tag)
+		}
+	}
+}
+
 // consume declares the module's queue, reconciles its bindings and starts
 // the workers.
-func (m *Module) consume(ctx context.Context, subs []subscription) error {
+func (m *Module) consume(ctx context.Context, s *session, subs []subscription) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	ch, err := m.node.subConn.Channel()
+	ch, err := s.subConn.Channel()
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
 	}
-	m.consumers = append(m.consumers, consumerChannel{ch: ch})
+	if _, err := m.track(consumerChannel{ch: ch, sess: s}); err != nil {
+		return err
+	}
 	if _, err := ch.QueueDeclare(m.queue, true, false, false, false, moduleQueueArgs(m.cfg)); err != nil {
 		return fmt.Errorf("declare queue %s (if it exists with other arguments, such as another queue type or attempt limit, the broker refuses it: delete the queue or keep its settings): %w", m.queue, err)
 	}
@@ -197,8 +294,8 @@ func (m *Module) consume(ctx context.Context, subs []subscription) error {
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", m.queue, err)
 	}
-	m.consumers[len(m.consumers)-1].tags = []string{tag}
-	go m.watch(ch.NotifyClose(make(chan *amqp.Error, 1)), ch.NotifyCancel(make(chan string, 1)))
+	m.addTag(ch, tag)
+	go m.watch(s, ch, ch.NotifyClose(make(chan *amqp.Error, 1)), ch.NotifyCancel(make(chan string, 1)))
 	for range m.cfg.Concurrency {
 		m.startWorker(deliveries)
 	}
@@ -232,12 +329,12 @@ func (m *Module) reconcileBindings(ch *amqp.Channel, want []string) error {
 // unbindAll unbinds a module that consumes nothing (any more) from what it
 // consumed before, so its queue stops filling. The queue and what is in it
 // stay for the operator.
-func (m *Module) unbindAll() error {
+func (m *Module) unbindAll(s *session) error {
 	had, err := m.node.bindings.load(m.queue)
 	if err != nil || len(had) == 0 {
 		return err
 	}
-	ch, err := m.node.subConn.Channel()
+	ch, err := s.subConn.Channel()
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
 	}
@@ -245,24 +342,45 @@ func (m *Module) unbindAll() error {
 	return m.reconcileBindings(ch, nil)
 }
 
-// watch logs when the broker ends the module's consumption on its own: its
-// channel closed with an error or its consumer was cancelled (the queue was
-// deleted). It returns when the channel closes.
-func (m *Module) watch(closed <-chan *amqp.Error, cancelled <-chan string) {
+// watch notices when the broker ends the module's consumption on its own
+// while the session lasts: the channel ch closed with an error, or its
+// consumer was cancelled (the queue was deleted). The module then resumes
+// after a second: its queue is declared again and consumed on a new
+// channel. A lost session is the supervisor's to handle. watch returns
+// when the channel closes.
+func (m *Module) watch(s *session, ch *amqp.Channel, closed <-chan *amqp.Error, cancelled <-chan string) {
 	for {
 		select {
 		case err, ok := <-closed:
 			if ok && err != nil {
-				m.log.Error("module stopped consuming: its channel closed", "queue", m.queue, "err", err)
+				m.resumeLater(s, ch, "its channel closed", err)
 			}
 			return
 		case _, ok := <-cancelled:
 			if ok {
-				m.log.Error("module stopped consuming: the broker cancelled its consumer (was the queue deleted?)", "queue", m.queue)
+				m.resumeLater(s, ch, "the broker cancelled its consumer (was the queue deleted?)", nil)
 			}
 			cancelled = nil
 		}
 	}
+}
+
+// resumeLater resumes the module in a second if by then the session s is
+// still current and ch still one of the module's channels.
+func (m *Module) resumeLater(s *session, ch *amqp.Channel, why string, err error) {
+	time.AfterFunc(time.Second, func() {
+		if m.node.session() != s {
+			return // lost with its session: the supervisor resumes every module
+		}
+		m.mu.Lock()
+		current := slices.ContainsFunc(m.consumers, func(c consumerChannel) bool { return c.ch == ch })
+		m.mu.Unlock()
+		if !current {
+			return
+		}
+		m.log.Error("module stopped consuming; resuming it", "why", why, "queue", m.queue, "err", err)
+		m.resume(s)
+	})
 }
 
 // startWorker starts a goroutine that handles deliveries until they end,
@@ -300,10 +418,15 @@ func (m *Module) Stop(ctx context.Context) error {
 	if m.runCancel != nil {
 		m.runCancel()
 	}
+	m.resumeMu.Lock() // a resume in progress finishes first
+	m.resumeMu.Unlock()
+	m.mu.Lock()
+	consumers := slices.Clone(m.consumers)
+	m.mu.Unlock()
 	var errs []error
-	for _, c := range m.consumers {
+	for _, c := range consumers {
 		for _, tag := range c.tags {
-			if err := c.ch.Cancel(tag, false); err != nil {
+			if err := c.ch.Cancel(tag, false); err != nil && !errors.Is(err, amqp.ErrClosed) {
 				errs = append(errs, fmt.Errorf("cancel consumer %s: %w", tag, err))
 			}
 		}
@@ -326,12 +449,17 @@ func (m *Module) Stop(ctx context.Context) error {
 		t.Stop() // its event returns to the queue when the channel closes
 	}
 	m.mu.Unlock()
-	for _, c := range m.consumers {
+	for _, c := range consumers {
 		if err := c.ch.Close(); err != nil && !errors.Is(err, amqp.ErrClosed) {
 			errs = append(errs, fmt.Errorf("close channel: %w", err))
 		}
 	}
 	m.cancelH()
+	if m.dedup != nil {
+		if err := m.dedup.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close the record of handled events: %w", err))
+		}
+	}
 	if m.runCancel != nil {
 		select {
 		case <-m.runDone:
@@ -366,6 +494,25 @@ func (m *Module) handle(d amqp.Delivery, deliveries <-chan amqp.Delivery) (repla
 		m.deadLetter(d, eventType, attempt, wire.DeadReasonMalformed, err)
 		return false
 	}
+	sub, ok := m.subscriptionFor(eventType)
+	if !ok {
+		m.deadLetter(d, eventType, attempt, wire.DeadReasonNoHandler, fmt.Errorf("no handler of module %s matches %s", m.def.Name, eventType))
+		return false
+	}
+	release := func() {}
+	if sub.dedup {
+		var dup bool
+		release, dup = m.claim(meta.ID)
+		if dup {
+			m.node.stats.duplicates.Add(1)
+			m.log.Debug("event already handled; acknowledged without handling it again", "event_id", meta.ID, "event_type", eventType)
+			if err := d.Ack(false); err != nil {
+				m.log.Warn("ack of a duplicate failed; it will be delivered again", "event_id", meta.ID, "err", err)
+			}
+			return false
+		}
+		defer release()
+	}
 	if m.cfg.QueueType == QueueClassic && d.Redelivered {
 		// The last delivery of this message was never settled: its
 		// consumer stopped or crashed. That counts as an attempt, which a
@@ -373,13 +520,9 @@ func (m *Module) handle(d amqp.Delivery, deliveries <-chan amqp.Delivery) (repla
 		m.failed(d, eventType, attempt, errors.New("the consumer stopped before the handler finished"))
 		return false
 	}
-	h := m.handlerFor(eventType)
-	if h == nil {
-		m.deadLetter(d, eventType, attempt, wire.DeadReasonNoHandler, fmt.Errorf("no handler of module %s matches %s", m.def.Name, eventType))
-		return false
-	}
 	ev := eventOf(d, meta, eventType, attempt)
-	err, overran := m.call(h, ev, func() {
+	err, overran := m.call(sub.handler, ev, func() {
+		release() // settled as failed: a redelivery must not wait for the hung handler
 		m.startWorker(deliveries)
 		m.failed(d, eventType, attempt, fmt.Errorf("handler timed out after %v", m.cfg.HandlerTimeout))
 	})
@@ -387,8 +530,16 @@ func (m *Module) handle(d amqp.Delivery, deliveries <-chan amqp.Delivery) (repla
 	case overran:
 		return true
 	case err == nil:
+		m.node.stats.handled.Add(1)
+		if sub.dedup {
+			// Recorded before the ack: if the ack is lost (the connection
+			// dropped), the redelivery is recognised.
+			if err := m.dedup.Record(ev.ID); err != nil {
+				m.log.Warn("could not record the event as handled; a redelivery would run it again", "event_id", ev.ID, "err", err)
+			}
+		}
 		if err := d.Ack(false); err != nil {
-			m.log.Warn("ack failed; the event will be delivered again", "event_id", ev.ID, "err", err)
+			m.log.Warn("ack failed; the event will be delivered again (and recognised as handled)", "event_id", ev.ID, "err", err)
 		}
 	case errors.Is(err, sdk.ErrPermanent):
 		m.deadLetter(d, eventType, attempt, wire.DeadReasonPermanent, err)
@@ -426,13 +577,46 @@ func (m *Module) attempt(d amqp.Delivery, meta wire.Meta) int {
 	return meta.Attempt + 1
 }
 
-func (m *Module) handlerFor(eventType string) sdk.Handler {
+func (m *Module) subscriptionFor(eventType string) (subscription, bool) {
 	for _, s := range m.subs { // fixed since start: no lock needed
 		if wire.MatchPattern(s.pattern, eventType) {
-			return s.handler
+			return s, true
 		}
 	}
-	return nil
+	return subscription{}, false
+}
+
+// claim reports whether the event id was already handled by the module.
+// If not, the caller holds the id until it calls release: a second
+// delivery of the same id meanwhile (a duplicate from a fan-out retry, a
+// resend) waits for the first one's outcome instead of running alongside
+// it.
+func (m *Module) claim(id string) (release func(), dup bool) {
+	for {
+		seen, err := m.dedup.Seen(id)
+		if err != nil {
+			m.log.Warn("could not check whether the event was handled; handling it", "event_id", id, "err", err)
+			return func() {}, false
+		}
+		if seen {
+			return nil, true
+		}
+		m.mu.Lock()
+		busy, held := m.claimed[id]
+		if !held {
+			mine := make(chan struct{})
+			m.claimed[id] = mine
+			m.mu.Unlock()
+			return sync.OnceFunc(func() {
+				m.mu.Lock()
+				delete(m.claimed, id)
+				m.mu.Unlock()
+				close(mine)
+			}), false
+		}
+		m.mu.Unlock()
+		<-busy
+	}
 }
 
 // call runs the handler in the calling worker, with the event as the
@@ -479,6 +663,7 @@ func safeHandle(ctx context.Context, h sdk.Handler, ev sdk.Event) (err error) {
 // failed settles a failed attempt: dead-lettered if it was the last one,
 // otherwise tried again after a back-off.
 func (m *Module) failed(d amqp.Delivery, eventType string, attempt int, cause error) {
+	m.node.stats.failed.Add(1)
 	if attempt >= m.cfg.MaxAttempts {
 		m.deadLetter(d, eventType, attempt, wire.DeadReasonDeliveryLimit, cause)
 		return
@@ -505,9 +690,13 @@ func (m *Module) requeueClassic(d amqp.Delivery, eventType string, attempts int)
 	msg := republishing(d)
 	msg.Headers[wire.HeaderAttempt] = int64(attempts)
 	msg.Headers[wire.HeaderRoutingKey] = eventType
+	s, ok := m.liveSession(d)
+	if !ok {
+		return // the delivery's channel is gone: the broker delivers it again
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := m.node.pub.publish(ctx, "", m.queue, msg); err != nil {
+	if err := s.pub.publish(ctx, "", m.queue, msg); err != nil {
 		m.log.Warn("requeue failed; the event will be delivered again", "err", err)
 		_ = d.Reject(true)
 		return
@@ -531,18 +720,34 @@ func (m *Module) deadLetter(d amqp.Delivery, eventType string, attempts int, rea
 	if len(key) > wire.MaxNameBytes {
 		key = d.RoutingKey // a forged x-mesh-routing-key; the broker's own key always fits
 	}
+	s, ok := m.liveSession(d)
+	if !ok {
+		return // the delivery's channel is gone: the broker delivers it again
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := m.node.pub.publish(ctx, wire.ExchangeDead, key, msg); err != nil {
+	if err := s.pub.publish(ctx, wire.ExchangeDead, key, msg); err != nil {
 		delay := m.node.backoff(attempts)
 		m.log.Error("dead-lettering failed; the event goes back to the queue", "err", err, "retry_in", delay)
 		m.later(delay, func() { _ = d.Reject(true) })
 		return
 	}
+	m.node.stats.deadLettered.Add(1)
 	m.log.Warn("event dead-lettered", "event_type", eventType, "event_id", d.MessageId, "reason", reason, "attempts", attempts, "err", cause)
 	if err := d.Ack(false); err != nil {
 		m.log.Warn("ack after dead-lettering failed; the event may be dead-lettered twice", "err", err)
 	}
+}
+
+// liveSession returns the session to republish d on (to the dead letters,
+// or back to a classic queue), if d's channel is still open: a delivery
+// whose channel closed is back in its queue and must not be copied.
+func (m *Module) liveSession(d amqp.Delivery) (*session, bool) {
+	if ch, ok := d.Acknowledger.(*amqp.Channel); ok && ch.IsClosed() {
+		return nil, false
+	}
+	s := m.node.session()
+	return s, s != nil
 }
 
 // later runs f after delay unless the module stops first.

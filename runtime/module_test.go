@@ -41,6 +41,11 @@ func TestBindingsFollowTheModule(t *testing.T) {
 		}
 	}
 	stop(t, m)
+	closeCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := n.Close(closeCtx); err != nil {
+		t.Fatal(err)
+	}
 
 	// A new node process with the same state dir: the record survives.
 	n2 := testNode(t, url, "anchor", func(c *runtime.Config) { c.StateDir = state })

@@ -6,27 +6,43 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/oklog/ulid/v2"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshkit/mesh/internal/causation"
+	"github.com/meshkit/mesh/internal/spool"
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/sdk"
 )
 
 // Node is a mesh node: it owns the broker connections and topology, and
 // runs modules in-process. It is safe for concurrent use.
+//
+// When the broker goes away the node reconnects by itself, with back-off,
+// and brings its modules' consumers, tool servers and reply queue back;
+// meanwhile emits go to the local spool and are resent, in order, once the
+// broker is back (docs/adr/0009-connection-supervision.md).
 type Node struct {
 	cfg      Config
 	log      *slog.Logger
-	pubConn  *amqp.Connection // publishes only: broker flow control on it never stalls acks
-	subConn  *amqp.Connection // consumes: one channel per module
-	pub      *publisher
 	bindings bindingRecord
+	stats    counters
+
+	sessMu    sync.Mutex
+	sess      *session      // nil while disconnected
+	sessReady chan struct{} // closed while sess is set
+
+	spool     *spool.Spool // nil on an ephemeral node
+	spoolGate sync.RWMutex // appends hold it shared; the drain takes it to end spooling
+	spooling  atomic.Bool  // emits go to the spool: it holds events not resent yet
+	drainKick chan struct{}
+	drained   chan struct{} // closed when the drain loop ends
 
 	mu      sync.Mutex
 	modules map[string]*Module
@@ -34,70 +50,70 @@ type Node struct {
 	closed  bool
 
 	callerMu sync.Mutex
-	calls    *caller // made on the first call
+	calls    *caller // made on the first call, again after a reconnect
 
-	done     chan struct{} // closed when a broker connection is lost
+	closing    chan struct{} // closed by Close
+	supervised chan struct{} // closed when the supervisor ends
+
+	done     chan struct{} // closed when the node fails for good
 	doneOnce sync.Once
 	doneErr  error
 }
 
-// New connects to the broker, declares and verifies the topology, and
-// returns a node ready to load modules and emit.
+// New connects to the broker, declares and verifies the topology, takes
+// the node lock (ErrNodeTaken if another node of the name runs), opens the
+// spool in the state dir, and returns a node ready to load modules and
+// emit. Events left in the spool by an earlier run are resent first.
 func New(ctx context.Context, cfg Config) (*Node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("node config: %w", err)
 	}
 	cfg.withDefaults()
 	n := &Node{
-		cfg:      cfg,
-		log:      cfg.Logger.With("node", cfg.Node),
-		bindings: bindingRecord{dir: cfg.StateDir},
-		modules:  make(map[string]*Module),
-		done:     make(chan struct{}),
+		cfg:        cfg,
+		log:        cfg.Logger.With("node", cfg.Node),
+		bindings:   bindingRecord{dir: cfg.StateDir},
+		modules:    make(map[string]*Module),
+		sessReady:  make(chan struct{}),
+		drainKick:  make(chan struct{}, 1),
+		drained:    make(chan struct{}),
+		closing:    make(chan struct{}),
+		supervised: make(chan struct{}),
+		done:       make(chan struct{}),
 	}
-	var err error
-	if n.pubConn, err = dial(ctx, cfg, "publish"); err != nil {
-		return nil, err
+	if !cfg.Ephemeral {
+		sp, err := spool.Open(filepath.Join(cfg.StateDir, "spool.db"), spool.Options{MaxBytes: cfg.SpoolMaxBytes})
+		if err != nil {
+			return nil, fmt.Errorf("node %s: open spool (state dir %s): %w", cfg.Node, cfg.StateDir, err)
+		}
+		n.spool = sp
+		n.spooling.Store(sp.Len() > 0)
 	}
-	if n.subConn, err = dial(ctx, cfg, "consume"); err != nil {
-		n.pubConn.Close()
-		return nil, err
-	}
-	ch, err := n.pubConn.Channel()
-	if err == nil {
-		err = declareTopology(ch)
-		ch.Close()
-	}
-	if err == nil {
-		n.pub, err = newPublisher(n.pubConn)
-	}
+	s, err := n.connect(ctx)
 	if err != nil {
-		n.pubConn.Close()
-		n.subConn.Close()
-		return nil, fmt.Errorf("node %s: %w", cfg.Node, err)
+		if n.spool != nil {
+			n.spool.Close()
+		}
+		return nil, err
 	}
-	go n.watch(n.pubConn, "publish")
-	go n.watch(n.subConn, "consume")
+	n.setSession(s)
+	go n.supervise(s)
+	if n.spool != nil {
+		go n.drainLoop()
+		if held := n.spool.Len(); held > 0 {
+			n.log.Info("resending events spooled by an earlier run", "events", held)
+			n.kickDrain()
+		}
+	} else {
+		close(n.drained)
+	}
 	n.log.Info("node connected", "broker", redactURL(cfg.AMQPURL))
 	return n, nil
 }
 
-// watch reports the loss of a broker connection through Done. The node does
-// not reconnect yet: a supervisor (systemd, meshd's caller) restarts it.
-func (n *Node) watch(conn *amqp.Connection, role string) {
-	err, ok := <-conn.NotifyClose(make(chan *amqp.Error, 1))
-	if !ok || err == nil {
-		return // closed by Close
-	}
-	n.log.Error("broker connection lost", "connection", role, "err", err)
-	n.doneOnce.Do(func() {
-		n.doneErr = fmt.Errorf("broker connection (%s) lost: %w", role, err)
-		close(n.done)
-	})
-}
-
-// Done is closed when the node can no longer work because a broker
-// connection was lost; Err then says why. It is not closed by Close.
+// Done is closed when the node can no longer work: an ephemeral node lost
+// its connection, or another node of the same name took the node lock while
+// this one was reconnecting. Err then says why. It is not closed by Close.
 func (n *Node) Done() <-chan struct{} { return n.done }
 
 // Err returns why Done was closed, or nil.
@@ -108,26 +124,6 @@ func (n *Node) Err() error {
 	default:
 		return nil
 	}
-}
-
-func dial(ctx context.Context, cfg Config, role string) (*amqp.Connection, error) {
-	timeout := 10 * time.Second
-	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < timeout {
-		timeout = max(time.Until(dl), time.Millisecond)
-	}
-	props := amqp.NewConnectionProperties()
-	props.SetClientConnectionName("mesh " + cfg.Node + " " + role)
-	conn, err := amqp.DialConfig(cfg.AMQPURL, amqp.Config{
-		Heartbeat:  10 * time.Second,
-		Locale:     "en_US",
-		Properties: props,
-		Dial:       amqp.DefaultDial(timeout),
-	})
-	if err != nil {
-		// amqp091-go errors do not carry the URL, so err is safe to show.
-		return nil, fmt.Errorf("connect to broker %s (%s): %w", redactURL(cfg.AMQPURL), role, err)
-	}
-	return conn, nil
 }
 
 // Name returns the node's name.
@@ -162,8 +158,18 @@ func (n *Node) Close(ctx context.Context) error {
 		n.calls.close()
 	}
 	n.callerMu.Unlock()
-	errs = append(errs, n.pub.close())
-	errs = append(errs, n.subConn.Close(), n.pubConn.Close())
+	close(n.closing)
+	<-n.supervised
+	<-n.drained
+	n.sessMu.Lock()
+	s := n.sess
+	n.sessMu.Unlock()
+	if s != nil {
+		s.close(true)
+	}
+	if n.spool != nil {
+		errs = append(errs, n.spool.Close())
+	}
 	return errors.Join(ignoreClosed(errs)...)
 }
 
@@ -242,7 +248,7 @@ func (n *Node) emit(ctx context.Context, source, eventType string, body any, o w
 	if o.HasPriority {
 		msg.Priority = o.Priority
 	}
-	if err := n.pub.publish(ctx, wire.ExchangeEvents, eventType, msg); err != nil {
+	if err := n.publishEvent(ctx, eventType, msg); err != nil {
 		return "", fmt.Errorf("emit %s: %w", eventType, err)
 	}
 	return id, nil

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -37,6 +38,7 @@ type publisher struct {
 	stop      chan struct{}
 	done      chan struct{}
 	closeOnce sync.Once
+	shut      atomic.Bool // closed by the node, not lost
 }
 
 func newPublisher(conn *amqp.Connection) (*publisher, error) {
@@ -144,16 +146,22 @@ func (p *publisher) publish(ctx context.Context, exchange, key string, msg amqp.
 // closedErr says why the channel is gone: ErrClosed after close, else
 // ErrConnectionLost (the broker or the network ended it).
 func (p *publisher) closedErr() error {
-	select {
-	case <-p.stop:
+	if p.shut.Load() {
 		return sdk.ErrClosed
-	default:
-		return sdk.ErrConnectionLost
 	}
+	return sdk.ErrConnectionLost
+}
+
+// abandon stops the publisher of a lost connection: publishes still
+// waiting fail with ErrConnectionLost.
+func (p *publisher) abandon() {
+	p.closeOnce.Do(func() { close(p.stop) })
+	<-p.done
 }
 
 // close closes the channel; it is idempotent.
 func (p *publisher) close() error {
+	p.shut.Store(true)
 	p.closeOnce.Do(func() { close(p.stop) })
 	err := p.ch.Close()
 	<-p.done

@@ -23,16 +23,18 @@ func serveQueueArgs() amqp.Table {
 
 // serve declares, binds and consumes the serve queue of each tool on one
 // channel, with Prefetch requests in flight and as many workers per tool.
-func (m *Module) serve(ctx context.Context, tools []tool) error {
+func (m *Module) serve(ctx context.Context, s *session, tools []tool) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	ch, err := m.node.subConn.Channel()
+	ch, err := s.subConn.Channel()
 	if err != nil {
 		return fmt.Errorf("open serve channel: %w", err)
 	}
-	m.consumers = append(m.consumers, consumerChannel{ch: ch})
-	cc := &m.consumers[len(m.consumers)-1]
+	if _, err := m.track(consumerChannel{ch: ch, sess: s}); err != nil {
+		return err
+	}
+	go m.watch(s, ch, ch.NotifyClose(make(chan *amqp.Error, 1)), ch.NotifyCancel(make(chan string, 1)))
 	if err := ch.Qos(m.cfg.Prefetch, 0, false); err != nil {
 		return fmt.Errorf("set prefetch: %w", err)
 	}
@@ -52,7 +54,7 @@ func (m *Module) serve(ctx context.Context, tools []tool) error {
 		if err != nil {
 			return fmt.Errorf("consume %s: %w", queue, err)
 		}
-		cc.tags = append(cc.tags, tag)
+		m.addTag(ch, tag)
 		for range m.cfg.Prefetch {
 			m.workers.Add(1)
 			go func() {

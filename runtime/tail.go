@@ -28,7 +28,11 @@ func (n *Node) Tail(ctx context.Context, pattern string, fn func(TailedEvent) er
 	if err := wire.ValidatePattern(pattern); err != nil {
 		return err
 	}
-	ch, err := n.subConn.Channel()
+	sess, err := n.awaitSession(ctx)
+	if err != nil {
+		return fmt.Errorf("tail: %w", err)
+	}
+	ch, err := sess.subConn.Channel()
 	if err != nil {
 		return fmt.Errorf("tail: open channel: %w", err)
 	}

@@ -46,6 +46,10 @@ var (
 	// connection dropped while the call or the publish was in flight. It is
 	// transient.
 	ErrConnectionLost = errors.New("broker connection lost")
+	// ErrBackPressure is returned by Emit when the node can take no more
+	// events for now: the broker is unreachable and the node's local spool
+	// is full. Nothing was kept; emit again later. It is transient.
+	ErrBackPressure = errors.New("back-pressure: the node's spool is full")
 )
 
 // Tool error codes the mesh itself uses. A tool may use its own.

@@ -96,6 +96,21 @@ type HandlerFunc func(ctx context.Context, ev Event) error
 // HandleEvent calls f.
 func (f HandlerFunc) HandleEvent(ctx context.Context, ev Event) error { return f(ctx, ev) }
 
+// AllowDuplicates marks h as idempotent by itself: the node then hands it
+// every delivery, including one whose event id the module already handled.
+// By default the node remembers the ids a module handled (for a retention
+// window) and acknowledges a redelivery or a resend of the same event
+// without running the handler again.
+func AllowDuplicates(h Handler) Handler { return duplicatesAllowed{h} }
+
+// DuplicatesAllowed reports whether h was marked with AllowDuplicates.
+func DuplicatesAllowed(h Handler) bool {
+	_, ok := h.(duplicatesAllowed)
+	return ok
+}
+
+type duplicatesAllowed struct{ Handler }
+
 // Module is what a module author writes: its name, what it emits, how it
 // subscribes and, optionally, work it runs for as long as it is loaded.
 type Module struct {

@@ -130,8 +130,9 @@ func run(c *cli.Context) error {
 	select {
 	case <-ctx.Done():
 	case <-node.Done():
-		// Reconnecting is not built yet: exit non-zero so the supervisor
-		// restarts the node; unacked deliveries return to their queues.
+		// The node cannot go on (another node took its name while it was
+		// reconnecting): exit non-zero; unacked deliveries return to their
+		// queues and the spool keeps what was not confirmed.
 		_ = node.Close(context.Background())
 		return node.Err()
 	}
@@ -142,8 +143,9 @@ func run(c *cli.Context) error {
 	return nil
 }
 
-// serveHealth answers /healthz (the process runs) and /readyz (the node
-// has its broker connection) on addr.
+// serveHealth answers /healthz (the process runs), /readyz (the node has
+// its broker connection) and /metrics (its counters, in Prometheus' text
+// format) on addr.
 func serveHealth(addr string, node *runtime.Node, log *slog.Logger) (*http.Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -158,7 +160,15 @@ func serveHealth(addr string, node *runtime.Node, log *slog.Logger) (*http.Serve
 			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
+		if !node.Connected() {
+			http.Error(w, "not ready: reconnecting to the broker (emits are spooled)", http.StatusServiceUnavailable)
+			return
+		}
 		fmt.Fprintln(w, "ready")
+	})
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		writeMetrics(w, node.Name(), node.Stats())
 	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {

@@ -1,9 +1,11 @@
 package brokertest
 
 import (
+	"crypto/tls"
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 )
 
@@ -14,6 +16,7 @@ type Proxy struct {
 	ln    net.Listener
 	mu    sync.Mutex
 	conns []net.Conn
+	down  atomic.Bool
 }
 
 // NewProxy starts a proxy to the broker (Host) and returns it; Addr is where
@@ -24,6 +27,22 @@ func NewProxy(t testing.TB) *Proxy {
 	if err != nil {
 		t.Fatalf("proxy listen: %v", err)
 	}
+	return serveProxy(t, ln)
+}
+
+// NewTLSProxy is a proxy that speaks TLS with cert to its clients and plain
+// AMQP to the broker: a local amqps:// listener without reconfiguring
+// RabbitMQ.
+func NewTLSProxy(t testing.TB, cert tls.Certificate) *Proxy {
+	t.Helper()
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
+	if err != nil {
+		t.Fatalf("proxy listen: %v", err)
+	}
+	return serveProxy(t, ln)
+}
+
+func serveProxy(t testing.TB, ln net.Listener) *Proxy {
 	p := &Proxy{ln: ln}
 	done := make(chan struct{})
 	go func() {
@@ -32,6 +51,10 @@ func NewProxy(t testing.TB) *Proxy {
 			c, err := ln.Accept()
 			if err != nil {
 				return
+			}
+			if p.down.Load() {
+				c.Close() // the broker is "unreachable"
+				continue
 			}
 			up, err := net.Dial("tcp", Host())
 			if err != nil {
@@ -65,3 +88,13 @@ func (p *Proxy) Cut() {
 	}
 	p.conns = nil
 }
+
+// Down cuts every connection and refuses new ones until Up, as a network
+// partition between the node and the broker would.
+func (p *Proxy) Down() {
+	p.down.Store(true)
+	p.Cut()
+}
+
+// Up lets connections through again after Down.
+func (p *Proxy) Up() { p.down.Store(false) }

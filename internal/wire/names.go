@@ -77,6 +77,13 @@ func ModuleQueue(node, module string) string {
 	return node + "." + module + ".events"
 }
 
+// NodeLockQueue is the exclusive, auto-delete queue a running node holds on
+// its connection: a second node of the same name gets 405 RESOURCE_LOCKED
+// declaring it, so two nodes never share a name (and module queues).
+func NodeLockQueue(node string) string {
+	return "mesh.node." + node + ".lock"
+}
+
 // ModuleEventType is the full type of an event a module emits by its own
 // relative name: module.<module>.<name>.
 func ModuleEventType(module, name string) string {

@@ -35,6 +35,26 @@ type File struct {
 	RetryMin     time.Duration `yaml:"retry_min"`
 	RetryMax     time.Duration `yaml:"retry_max"`
 	Grace        time.Duration `yaml:"grace"`
+	// TLS names the PEM files of an amqps:// broker URL.
+	TLS TLS `yaml:"tls"`
+	// ConsumerTimeout must match the broker's consumer_timeout (default 30
+	// min); a handler_timeout plus retry_max that reaches it is refused.
+	ConsumerTimeout time.Duration `yaml:"consumer_timeout"`
+	// SpoolMaxBytes bounds the local spool of unconfirmed events (default
+	// 256 MiB); past it emits fail with back-pressure.
+	SpoolMaxBytes int64 `yaml:"spool_max_bytes"`
+	// EmitTimeout bounds how long an emit retries while the broker refuses
+	// it (default 30s).
+	EmitTimeout  time.Duration `yaml:"emit_timeout"`
+	ReconnectMin time.Duration `yaml:"reconnect_min"`
+	ReconnectMax time.Duration `yaml:"reconnect_max"`
+	// LockWait is how long a reconnecting node waits for its old node
+	// lock to be released (default 30s).
+	LockWait time.Duration `yaml:"lock_wait"`
+	// DedupRetention and DedupMaxEntries bound the record of handled
+	// event ids each module keeps (defaults 24h and 1,000,000).
+	DedupRetention  time.Duration `yaml:"dedup_retention"`
+	DedupMaxEntries int           `yaml:"dedup_max_entries"`
 	// Defaults apply to every module unless it says otherwise.
 	Defaults Module   `yaml:"defaults"`
 	Modules  []Module `yaml:"modules"`
@@ -59,6 +79,16 @@ type Module struct {
 	// Tools are patterns of the tool keys the module may serve; a module
 	// process serves none that are not listed.
 	Tools []string `yaml:"tools"`
+	// AllowDuplicates turns off de-duplication by event id for the module.
+	AllowDuplicates bool `yaml:"allow_duplicates"`
+}
+
+// TLS names the PEM files of an amqps:// connection.
+type TLS struct {
+	CAFile     string `yaml:"ca_file"`
+	CertFile   string `yaml:"cert_file"`
+	KeyFile    string `yaml:"key_file"`
+	ServerName string `yaml:"server_name"`
 }
 
 // Load reads and decodes path; unknown fields are errors. It does not
@@ -82,7 +112,11 @@ func (f File) Runtime() runtime.Config {
 	return runtime.Config{
 		Node: f.Node, AMQPURL: f.AMQPURL, StateDir: f.StateDir, MaxBodyBytes: f.MaxBodyBytes,
 		CallTimeout: f.CallTimeout, RetryMin: f.RetryMin, RetryMax: f.RetryMax,
-		Module: f.Defaults.runtime(),
+		Module:          f.Defaults.runtime(),
+		TLS:             runtime.TLSConfig{CAFile: f.TLS.CAFile, CertFile: f.TLS.CertFile, KeyFile: f.TLS.KeyFile, ServerName: f.TLS.ServerName},
+		ConsumerTimeout: f.ConsumerTimeout, SpoolMaxBytes: f.SpoolMaxBytes, EmitTimeout: f.EmitTimeout,
+		ReconnectMin: f.ReconnectMin, ReconnectMax: f.ReconnectMax, LockWait: f.LockWait,
+		DedupRetention: f.DedupRetention, DedupMaxEntries: f.DedupMaxEntries,
 	}
 }
 
@@ -98,6 +132,7 @@ func (m Module) runtime() runtime.ModuleConfig {
 	return runtime.ModuleConfig{
 		QueueType: m.QueueType, Prefetch: m.Prefetch, MaxAttempts: m.MaxAttempts,
 		HandlerTimeout: m.HandlerTimeout, MaxPriority: m.MaxPriority, EmitGrants: m.EmitGrants,
+		AllowDuplicates: m.AllowDuplicates,
 	}
 }
 
@@ -141,9 +176,11 @@ func (f File) Validate() error {
 		} else if st.IsDir() || st.Mode()&0o111 == 0 {
 			errs = append(errs, fmt.Errorf("%s.path: %s is not an executable file", field, m.Path))
 		}
-		cfg := runtime.Config{Node: "x", Module: m.ModuleConfig()}
+		cfg := runtime.Config{Node: "x", Module: m.ModuleConfig(), RetryMin: f.RetryMin, RetryMax: f.RetryMax, ConsumerTimeout: f.ConsumerTimeout}
 		if err := cfg.Validate(); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", field, err))
+		} else if err := f.Runtime().CheckConsumerTimeout(m.ModuleConfig()); err != nil {
+			errs = append(errs, fmt.Errorf("%s.%w", field, err))
 		}
 	}
 	return errors.Join(errs...)

@@ -1,0 +1,131 @@
+package dedup
+
+import (
+	"path/filepath"
+	"testing"
+
+	"github.com/oklog/ulid/v2"
+)
+
+// seq returns n distinct ULID strings.
+func seq(n int) []string {
+	base := ulid.Make()
+	out := make([]string, n)
+	for i := range out {
+		id := base
+		id[15], id[14], id[13], id[12] = byte(i), byte(i>>8), byte(i>>16), byte(i>>24)
+		out[i] = id.String()
+	}
+	return out
+}
+
+// BenchmarkSeen asks for an id that is held, in a set of 100k ids.
+func BenchmarkSeen(b *testing.B) {
+	s := open(b, filepath.Join(b.TempDir(), "m.log"), Options{})
+	all := seq(100_000)
+	for _, id := range all {
+		mustRecord(b, s, id)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if ok, err := s.Seen(all[i%len(all)]); !ok || err != nil {
+			b.Fatal(ok, err)
+		}
+	}
+}
+
+// BenchmarkSeenParallel is BenchmarkSeen from GOMAXPROCS goroutines, to
+// show what the one mutex costs under contention.
+func BenchmarkSeenParallel(b *testing.B) {
+	s := open(b, filepath.Join(b.TempDir(), "m.log"), Options{})
+	all := seq(100_000)
+	for _, id := range all {
+		mustRecord(b, s, id)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		i := 0
+		for pb.Next() {
+			if ok, err := s.Seen(all[i%len(all)]); !ok || err != nil {
+				b.Error(ok, err)
+				return
+			}
+			i++
+		}
+	})
+}
+
+// BenchmarkRecord records new ids with the default options: one write(2)
+// each, plus, past a million ids, eviction and the occasional compaction
+// (amortised in ns/op).
+func BenchmarkRecord(b *testing.B) {
+	s := open(b, filepath.Join(b.TempDir(), "m.log"), Options{})
+	all := seq(b.N)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if err := s.Record(all[i]); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkRecordParallel is BenchmarkRecord from GOMAXPROCS goroutines.
+func BenchmarkRecordParallel(b *testing.B) {
+	s := open(b, filepath.Join(b.TempDir(), "m.log"), Options{})
+	all := seq(b.N + 1)
+	var next chan int = make(chan int, 1)
+	next <- 0
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			i := <-next
+			next <- i + 1
+			if err := s.Record(all[i%len(all)]); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
+
+// BenchmarkCompact measures one compaction of a full set (the default
+// MaxEntries of a million live ids): the pause a Record that triggers it
+// sees.
+func BenchmarkCompact(b *testing.B) {
+	s := open(b, filepath.Join(b.TempDir(), "m.log"), Options{})
+	all := seq(DefaultMaxEntries)
+	for _, id := range all {
+		mustRecord(b, s, id)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		s.mu.Lock()
+		err := s.compact(s.opts.Now().UnixNano())
+		s.mu.Unlock()
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkOpen measures loading a log of a million live ids.
+func BenchmarkOpen(b *testing.B) {
+	path := filepath.Join(b.TempDir(), "m.log")
+	s := open(b, path, Options{})
+	for _, id := range seq(DefaultMaxEntries) {
+		mustRecord(b, s, id)
+	}
+	s.Close()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		s, err := Open(path, Options{Logger: quiet})
+		if err != nil {
+			b.Fatal(err)
+		}
+		s.Close()
+	}
+}

@@ -1,0 +1,312 @@
+package dedup
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+)
+
+// Errors callers branch on.
+var (
+	// ErrInvalidID is wrapped by the error of Seen and Record for an event
+	// id that is not a ULID (26 characters of Crockford base32). It is
+	// permanent: the same id is refused every time.
+	ErrInvalidID = errors.New("dedup: event id is not a ULID")
+
+	// ErrClosed is returned by Seen and Record after Close.
+	ErrClosed = errors.New("dedup: closed")
+
+	// ErrFormat is wrapped by the error of Open when the file exists but
+	// does not start with the header of a dedup log of a version this
+	// package reads. The file is left untouched: remove it (the cost is
+	// possible duplicate runs of handlers) or fix the path.
+	ErrFormat = errors.New("dedup: not a dedup log")
+)
+
+// Defaults for [Options].
+const (
+	DefaultRetention  = 24 * time.Hour
+	DefaultMaxEntries = 1_000_000
+)
+
+const (
+	// defaultCompactMin is the number of log records below which the log
+	// is never compacted.
+	defaultCompactMin = 64 << 10
+
+	// purgeBatch is how many expired entries Record forgets at most per
+	// call, so that an idle period followed by traffic does not pause one
+	// Record for the whole backlog.
+	purgeBatch = 64
+)
+
+// Options configure a [Set]. The zero value is valid: every zero field
+// takes its default.
+type Options struct {
+	// Retention is how long an id is remembered after it was recorded.
+	// Default DefaultRetention (24h).
+	Retention time.Duration
+
+	// MaxEntries bounds the number of ids held; beyond it, the ids
+	// recorded first are forgotten first. Default DefaultMaxEntries.
+	MaxEntries int
+
+	// Now returns the current time. Default time.Now; tests set a fake
+	// clock. It must be safe for concurrent use.
+	Now func() time.Time
+
+	// Logger receives warnings that have no caller to return to (a failed
+	// compaction inside Record, whose record was written). Default
+	// slog.Default().
+	Logger *slog.Logger
+
+	// compactMin overrides defaultCompactMin, for tests.
+	compactMin int
+}
+
+// Validate checks the options after defaults, naming the field and the rule
+// of every error it finds.
+func (o Options) Validate() error {
+	var errs []error
+	if o.Retention < 0 {
+		errs = append(errs, fmt.Errorf("retention: %v is negative", o.Retention))
+	}
+	if o.MaxEntries < 0 {
+		errs = append(errs, fmt.Errorf("max_entries: %d is negative", o.MaxEntries))
+	}
+	return errors.Join(errs...)
+}
+
+func (o Options) withDefaults() Options {
+	if o.Retention == 0 {
+		o.Retention = DefaultRetention
+	}
+	if o.MaxEntries == 0 {
+		o.MaxEntries = DefaultMaxEntries
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.compactMin <= 0 {
+		o.compactMin = defaultCompactMin
+	}
+	return o
+}
+
+// Set is the record of the event ids one module handled, in memory and in an
+// append-only log file. Create it with [Open]; it is safe for concurrent use.
+type Set struct {
+	path string
+	opts Options
+
+	mu     sync.Mutex
+	closed bool
+	f      *os.File
+	ids    map[ulid.ULID]int64 // id -> recorded at, unix ns
+	order  queue               // ids in record order, with their times
+	end    int64               // file offset of the next record
+	count  int                 // records in the file, valid or not
+	retry  int                 // count below which a failed compaction is not retried
+	buf    [recordSize]byte
+}
+
+// Open opens the log at path, creating it (mode 0o600, parent directories
+// 0o700) if it does not exist, and loads the ids recorded within the
+// retention window. It cuts off a torn or invalid end of the file, and
+// compacts the log if it holds more than twice as many records as live ids.
+// Only one Set can have a file open at a time.
+func Open(path string, opts Options) (*Set, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, fmt.Errorf("dedup: options: %w", err)
+	}
+	opts = opts.withDefaults()
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("dedup: create dir: %w", err)
+	}
+	f, err := openLocked(path)
+	if err != nil {
+		return nil, fmt.Errorf("dedup: open %s: %w", path, err)
+	}
+	s := &Set{path: path, opts: opts, f: f}
+	if err := s.load(); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("dedup: open %s: %w", path, err)
+	}
+	removeStaleTemps(path)
+	if s.needsCompaction() {
+		if err := s.compact(s.opts.Now().UnixNano()); err != nil {
+			s.opts.Logger.Warn("dedup: compact log", "path", path, "err", err)
+			s.retry = s.count + s.opts.compactMin
+		}
+	}
+	return s, nil
+}
+
+// Seen reports whether id was recorded within the retention window. The
+// error wraps ErrInvalidID if id is not a ULID, and is ErrClosed after
+// Close.
+func (s *Set) Seen(id string) (bool, error) {
+	u, err := parseID(id)
+	if err != nil {
+		return false, err
+	}
+	cutoff := s.cutoff(s.opts.Now().UnixNano())
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return false, ErrClosed
+	}
+	at, ok := s.ids[u]
+	s.mu.Unlock()
+	return ok && at > cutoff, nil
+}
+
+// Record records that id was handled. It is idempotent: an id already held
+// is not written again. Otherwise it writes the record to the log with one
+// write(2), without fsync, and then adds id to memory, so that once Record
+// returned the id survives a crash of the process (see the package doc on
+// power loss). The error wraps ErrInvalidID if id is not a ULID, is
+// ErrClosed after Close, and otherwise is a write error, after which id is
+// not recorded.
+func (s *Set) Record(id string) error {
+	u, err := parseID(id)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	now := s.opts.Now().UnixNano()
+	if at, ok := s.ids[u]; ok && at > s.cutoff(now) {
+		return nil
+	}
+	encodeRecord(s.buf[:], u, now)
+	if _, err := s.f.WriteAt(s.buf[:], s.end); err != nil {
+		// The next record is written at the same offset, over whatever
+		// part of this one reached the file.
+		return fmt.Errorf("dedup: record %s: %w", id, err)
+	}
+	s.end += recordSize
+	s.count++
+	s.add(u, now)
+	s.purge(now, purgeBatch)
+	if s.needsCompaction() {
+		if err := s.compact(now); err != nil {
+			// The record itself was written: report the compaction
+			// here and try again after compactMin more records.
+			s.opts.Logger.Warn("dedup: compact log", "path", s.path, "err", err)
+			s.retry = s.count + s.opts.compactMin
+		}
+	}
+	return nil
+}
+
+// Len returns the number of ids held within the retention window. It
+// forgets the expired ones first, so it costs time proportional to their
+// number; it is meant for metrics and tests, not the hot path. After Close
+// it returns 0.
+func (s *Set) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return 0
+	}
+	s.purge(s.opts.Now().UnixNano(), -1)
+	return len(s.ids)
+}
+
+// Close syncs and closes the log and releases the memory. It is
+// idempotent: a second Close returns nil.
+func (s *Set) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	s.ids, s.order = nil, queue{}
+	serr := s.f.Sync()
+	cerr := s.f.Close()
+	if err := errors.Join(serr, cerr); err != nil {
+		return fmt.Errorf("dedup: close %s: %w", s.path, err)
+	}
+	return nil
+}
+
+// parseID returns the binary form of a ULID event id.
+func parseID(id string) (ulid.ULID, error) {
+	u, err := ulid.ParseStrict(id)
+	if err != nil {
+		shown := id
+		if len(shown) > 40 {
+			shown = shown[:40] + "..."
+		}
+		return u, fmt.Errorf("%w: %q: %w", ErrInvalidID, shown, err)
+	}
+	return u, nil
+}
+
+// cutoff returns the recording time at or before which an id has expired
+// at now.
+func (s *Set) cutoff(now int64) int64 {
+	r := int64(s.opts.Retention)
+	if now < minInt64+r {
+		return minInt64
+	}
+	return now - r
+}
+
+const minInt64 = -1 << 63
+
+// add puts id, recorded at, into memory and forgets the ids recorded first
+// beyond MaxEntries. An earlier entry of id in the record order becomes
+// stale: the map no longer holds its time.
+func (s *Set) add(id ulid.ULID, at int64) {
+	s.ids[id] = at
+	s.order.push(entry{id: id, at: at})
+	for len(s.ids) > s.opts.MaxEntries {
+		s.popFront()
+	}
+}
+
+// popFront removes the first entry of the record order, and its id from
+// the map unless the entry is stale.
+func (s *Set) popFront() {
+	e := s.order.front()
+	s.order.pop()
+	if at, ok := s.ids[e.id]; ok && at == e.at {
+		delete(s.ids, e.id)
+	}
+}
+
+// purge forgets expired and stale entries from the front of the record
+// order, at most limit of them (all if limit < 0). It stops at the first
+// live entry: if the clock stepped back, an expired id behind it stays in
+// memory (Seen treats it as absent) until compaction.
+func (s *Set) purge(now int64, limit int) {
+	cutoff := s.cutoff(now)
+	for ; limit != 0 && s.order.len() > 0; limit-- {
+		e := s.order.front()
+		if at, ok := s.ids[e.id]; ok && at == e.at && at > cutoff {
+			return
+		}
+		s.popFront()
+	}
+}
+
+// needsCompaction reports whether the log holds more than twice as many
+// records as live ids, and enough records to be worth it.
+func (s *Set) needsCompaction() bool {
+	return s.count > s.opts.compactMin && s.count > 2*len(s.ids) && s.count >= s.retry
+}

@@ -1,0 +1,230 @@
+package dedup
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+	"path/filepath"
+
+	"github.com/oklog/ulid/v2"
+)
+
+// The log file: header, then records of recordSize bytes at aligned offsets
+// (see the package doc).
+const (
+	headerSize = 8
+	recordSize = 16 + 8 + 4
+)
+
+// header starts every log: a magic and the format version (1).
+var header = [headerSize]byte{'M', 'E', 'S', 'H', 'D', 'D', 'P', 1}
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// encodeRecord writes the record of id recorded at into b.
+func encodeRecord(b []byte, id ulid.ULID, at int64) {
+	_ = b[recordSize-1]
+	copy(b[:16], id[:])
+	binary.LittleEndian.PutUint64(b[16:24], uint64(at))
+	binary.LittleEndian.PutUint32(b[24:28], crc32.Checksum(b[:24], castagnoli))
+}
+
+// decodeRecord returns the id and time of the record in b, and whether its
+// checksum matches.
+func decodeRecord(b []byte) (id ulid.ULID, at int64, ok bool) {
+	_ = b[recordSize-1]
+	if binary.LittleEndian.Uint32(b[24:28]) != crc32.Checksum(b[:24], castagnoli) {
+		return id, 0, false
+	}
+	copy(id[:], b[:16])
+	return id, int64(binary.LittleEndian.Uint64(b[16:24])), true
+}
+
+// openLocked opens (or creates) the file at path and takes an exclusive
+// lock on it. If the file was replaced (a compaction renamed a new one over
+// it) between the open and the lock, it opens the new one.
+func openLocked(path string) (*os.File, error) {
+	for range 10 {
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+		if err != nil {
+			return nil, err
+		}
+		if err := lockFile(f); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("lock (is another Set using it?): %w", err)
+		}
+		fi, err := f.Stat()
+		if err != nil {
+			f.Close()
+			return nil, err
+		}
+		pi, err := os.Stat(path)
+		if err == nil && os.SameFile(fi, pi) {
+			return f, nil
+		}
+		f.Close()
+	}
+	return nil, errors.New("the file keeps being replaced")
+}
+
+// load reads the log into memory: it checks the header (writing it to a new
+// file), loads the valid records recorded within the retention window and
+// cuts off invalid records and a partial record at the end.
+func (s *Set) load() error {
+	fi, err := s.f.Stat()
+	if err != nil {
+		return err
+	}
+	size := fi.Size()
+	if size < headerSize {
+		// A new file, or one whose creation was torn before the header
+		// reached the disk.
+		got := make([]byte, size)
+		if _, err := s.f.ReadAt(got, 0); err != nil {
+			return fmt.Errorf("read header: %w", err)
+		}
+		if !bytes.HasPrefix(header[:], got) {
+			return fmt.Errorf("%w: %d bytes that do not start with the header", ErrFormat, size)
+		}
+		if _, err := s.f.WriteAt(header[:], 0); err != nil {
+			return fmt.Errorf("write header: %w", err)
+		}
+		// Make the header durable once, so that a power loss cannot
+		// leave a log whose records have no header.
+		if err := s.f.Sync(); err != nil {
+			return fmt.Errorf("sync header: %w", err)
+		}
+		if err := syncDir(filepath.Dir(s.path)); err != nil {
+			return fmt.Errorf("sync dir: %w", err)
+		}
+		s.ids = make(map[ulid.ULID]int64)
+		s.end = headerSize
+		return nil
+	}
+	var h [headerSize]byte
+	if _, err := s.f.ReadAt(h[:], 0); err != nil {
+		return fmt.Errorf("read header: %w", err)
+	}
+	if h != header {
+		return fmt.Errorf("%w: header %q, want %q", ErrFormat, h[:], header[:])
+	}
+
+	n := (size - headerSize) / recordSize
+	s.ids = make(map[ulid.ULID]int64, min(n, int64(s.opts.MaxEntries)))
+	s.order = newQueue(int(min(n, int64(s.opts.MaxEntries)+1)))
+	cutoff := s.cutoff(s.opts.Now().UnixNano())
+	r := bufio.NewReaderSize(io.NewSectionReader(s.f, headerSize, n*recordSize), 1<<20)
+	var rec [recordSize]byte
+	good := int64(0) // records up to and including the last valid one
+	for i := int64(0); i < n; i++ {
+		if _, err := io.ReadFull(r, rec[:]); err != nil {
+			return fmt.Errorf("read record %d: %w", i, err)
+		}
+		id, at, ok := decodeRecord(rec[:])
+		if !ok {
+			continue // skip it: the records after it are still aligned
+		}
+		good = i + 1
+		if at > cutoff {
+			s.add(id, at)
+		}
+	}
+	s.end = headerSize + good*recordSize
+	s.count = int(good)
+	if s.end < size {
+		if err := s.f.Truncate(s.end); err != nil {
+			return fmt.Errorf("cut off torn end: %w", err)
+		}
+	}
+	return nil
+}
+
+// compact rewrites the log with only the live ids: to a temporary file in
+// the same directory, synced, renamed over the log, then the directory is
+// synced. Until the rename the old log stays in use; after it, the new one
+// is, even if syncing the directory fails.
+func (s *Set) compact(now int64) error {
+	s.purge(now, -1)
+	dir := filepath.Dir(s.path)
+	tmp, err := os.CreateTemp(dir, tempPrefix(s.path)+"*")
+	if err != nil {
+		return err
+	}
+	abandon := func(err error) error {
+		tmp.Close()
+		os.Remove(tmp.Name())
+		return err
+	}
+	// Lock the new file before it takes the log's name, so that an Open
+	// racing with the rename cannot take it.
+	if err := lockFile(tmp); err != nil {
+		return abandon(fmt.Errorf("lock: %w", err))
+	}
+	w := bufio.NewWriterSize(tmp, 256<<10)
+	w.Write(header[:])
+	cutoff := s.cutoff(now)
+	live := newQueue(len(s.ids))
+	var rec [recordSize]byte
+	s.order.each(func(e entry) {
+		at, ok := s.ids[e.id]
+		switch {
+		case !ok || at != e.at:
+			return // stale: the id was recorded again later
+		case at <= cutoff:
+			delete(s.ids, e.id) // expired behind a live entry (clock stepped back)
+			return
+		}
+		encodeRecord(rec[:], e.id, e.at)
+		w.Write(rec[:])
+		live.push(e)
+	})
+	if err := w.Flush(); err != nil {
+		return abandon(err)
+	}
+	if err := tmp.Sync(); err != nil {
+		return abandon(err)
+	}
+	if err := os.Rename(tmp.Name(), s.path); err != nil {
+		return abandon(err)
+	}
+	old := s.f
+	s.f = tmp
+	s.order = live
+	s.count = live.len()
+	s.end = headerSize + int64(live.len())*recordSize
+	s.retry = 0
+	return errors.Join(old.Close(), syncDir(dir))
+}
+
+// tempPrefix is the name prefix of the temporary files compaction writes
+// next to the log at path.
+func tempPrefix(path string) string {
+	return "." + filepath.Base(path) + ".compact-"
+}
+
+// removeStaleTemps removes the temporary files of compactions that a crash
+// interrupted. It runs with the log locked, so no compaction is running.
+func removeStaleTemps(path string) {
+	matches, _ := filepath.Glob(filepath.Join(filepath.Dir(path), escapeGlob(tempPrefix(path))+"*"))
+	for _, m := range matches {
+		os.Remove(m)
+	}
+}
+
+// escapeGlob escapes the pattern characters of filepath.Match in s.
+func escapeGlob(s string) string {
+	var b bytes.Buffer
+	for _, c := range []byte(s) {
+		switch c {
+		case '*', '?', '[', '\\':
+			b.WriteByte('\\')
+		}
+		b.WriteByte(c)
+	}
+	return b.String()
+}

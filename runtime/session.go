@@ -1,0 +1,418 @@
+package runtime
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/url"
+	"os"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/meshkit/mesh/internal/wire"
+	"github.com/meshkit/mesh/sdk"
+)
+
+// ErrNodeTaken is returned by New, and given by Err, when another node of
+// the same name holds the node lock on the mesh.
+var ErrNodeTaken = errors.New("a node of this name is already running on the mesh")
+
+// session is one pair of broker connections and what lives on them for as
+// long as they do: the publisher and the node lock. Everything bound to a
+// connection (module consumers, the caller's reply queue) is made on a
+// session and made again on the next one; nothing survives a reconnect by
+// itself (docs/adr/0009-connection-supervision.md).
+type session struct {
+	pubConn *amqp.Connection // publishes only: broker flow control on it never stalls acks
+	subConn *amqp.Connection // consumes: one channel per module
+	pub     *publisher
+	lock    *amqp.Channel // holds the node lock queue; nil on an ephemeral node
+
+	lost     chan struct{} // closed when either connection is gone
+	lostOnce sync.Once
+	lostErr  error
+}
+
+// markLost records why the session ended and closes lost, once.
+func (s *session) markLost(err error) {
+	s.lostOnce.Do(func() {
+		s.lostErr = err
+		close(s.lost)
+	})
+}
+
+func (s *session) isLost() bool {
+	select {
+	case <-s.lost:
+		return true
+	default:
+		return false
+	}
+}
+
+// close closes both connections; the broker returns whatever was delivered
+// on them and not acknowledged. byNode says the node is closing: publishes
+// still waiting then fail with sdk.ErrClosed, not sdk.ErrConnectionLost
+// (which would spool them).
+func (s *session) close(byNode bool) {
+	s.markLost(sdk.ErrClosed)
+	if s.pub != nil {
+		if byNode {
+			_ = s.pub.close()
+		} else {
+			s.pub.abandon()
+		}
+	}
+	_ = s.pubConn.Close()
+	_ = s.subConn.Close()
+}
+
+// connect dials both connections, declares the topology, takes the node
+// lock and opens the publisher.
+func (n *Node) connect(ctx context.Context) (*session, error) {
+	s := &session{lost: make(chan struct{})}
+	var err error
+	if s.pubConn, err = dial(ctx, n.cfg, "publish"); err != nil {
+		return nil, err
+	}
+	if s.subConn, err = dial(ctx, n.cfg, "consume"); err != nil {
+		s.pubConn.Close()
+		return nil, err
+	}
+	fail := func(err error) (*session, error) {
+		s.pubConn.Close()
+		s.subConn.Close()
+		return nil, err
+	}
+	ch, err := s.pubConn.Channel()
+	if err == nil {
+		err = declareTopology(ch)
+		ch.Close()
+	}
+	if err != nil {
+		return fail(fmt.Errorf("node %s: %w", n.cfg.Node, err))
+	}
+	if !n.cfg.Ephemeral {
+		if s.lock, err = n.takeLock(s.pubConn); err != nil {
+			return fail(err)
+		}
+	}
+	if s.pub, err = newPublisher(s.pubConn); err != nil {
+		return fail(fmt.Errorf("node %s: %w", n.cfg.Node, err))
+	}
+	go n.watchSession(s)
+	return s, nil
+}
+
+// takeLock declares the node's exclusive lock queue on conn and keeps the
+// channel open: the broker deletes the queue when conn closes.
+func (n *Node) takeLock(conn *amqp.Connection) (*amqp.Channel, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, fmt.Errorf("node %s: open lock channel: %w", n.cfg.Node, err)
+	}
+	queue := wire.NodeLockQueue(n.cfg.Node)
+	_, err = ch.QueueDeclare(queue, false, true, true, false, amqp.Table{"x-queue-type": QueueClassic})
+	if isAMQPCode(err, amqp.ResourceLocked) {
+		return nil, fmt.Errorf("node %s: %w: another process holds its lock queue %s on this broker; give this node another name or stop the other one", n.cfg.Node, ErrNodeTaken, queue)
+	}
+	if err != nil {
+		ch.Close()
+		return nil, fmt.Errorf("node %s: declare lock queue %s: %w", n.cfg.Node, queue, err)
+	}
+	return ch, nil
+}
+
+// watchSession marks s lost when either of its connections closes, or its
+// publisher's or lock's channel does (the broker closed it with an error:
+// the session cannot go on without them).
+func (n *Node) watchSession(s *session) {
+	pubClosed := s.pubConn.NotifyClose(make(chan *amqp.Error, 1))
+	subClosed := s.subConn.NotifyClose(make(chan *amqp.Error, 1))
+	chClosed := s.pub.ch.NotifyClose(make(chan *amqp.Error, 1))
+	var lockClosed chan *amqp.Error
+	if s.lock != nil {
+		lockClosed = s.lock.NotifyClose(make(chan *amqp.Error, 1))
+	}
+	var (
+		err  *amqp.Error
+		what string
+	)
+	select {
+	case err = <-pubClosed:
+		what = "publish connection"
+	case err = <-subClosed:
+		what = "consume connection"
+	case err = <-chClosed:
+		what = "publish channel"
+	case err = <-lockClosed:
+		what = "node lock channel"
+	}
+	if err == nil {
+		s.markLost(sdk.ErrClosed) // closed by us
+		return
+	}
+	s.markLost(fmt.Errorf("broker %s lost: %w", what, err))
+}
+
+// Session state of the node.
+
+// session returns the current session, or nil while the node is
+// disconnected.
+func (n *Node) session() *session {
+	n.sessMu.Lock()
+	defer n.sessMu.Unlock()
+	if n.sess != nil && n.sess.isLost() {
+		return nil
+	}
+	return n.sess
+}
+
+// setSession makes s (nil: none) the current session and wakes whoever
+// waits for one.
+func (n *Node) setSession(s *session) {
+	n.sessMu.Lock()
+	defer n.sessMu.Unlock()
+	n.sess = s
+	if s != nil {
+		close(n.sessReady)
+	} else {
+		select {
+		case <-n.sessReady:
+			n.sessReady = make(chan struct{})
+		default:
+		}
+	}
+}
+
+// awaitSession returns the current session, waiting for the node to
+// reconnect until ctx is done.
+func (n *Node) awaitSession(ctx context.Context) (*session, error) {
+	for {
+		n.sessMu.Lock()
+		s, ready := n.sess, n.sessReady
+		n.sessMu.Unlock()
+		if s != nil && !s.isLost() {
+			return s, nil
+		}
+		if n.cfg.Ephemeral {
+			return nil, sdk.ErrConnectionLost
+		}
+		select {
+		case <-ready:
+		case <-n.closing:
+			return nil, sdk.ErrClosed
+		case <-n.done:
+			return nil, fmt.Errorf("%w: %w", sdk.ErrConnectionLost, n.doneErr)
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w: not reconnected yet: %w", sdk.ErrConnectionLost, ctx.Err())
+		case <-s.lostChan():
+			// s was lost under us; the supervisor clears it shortly.
+			select {
+			case <-ready:
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}
+}
+
+// lostChan is s.lost, or nil (never ready) for no session.
+func (s *session) lostChan() <-chan struct{} {
+	if s == nil {
+		return nil
+	}
+	return s.lost
+}
+
+// Connected reports whether the node has its broker connections now.
+func (n *Node) Connected() bool { return n.session() != nil }
+
+// supervise waits for the session to be lost, then reconnects with
+// exponential back-off and jitter and brings everything back on the new
+// session: module consumers and tool servers, the caller, and the resend
+// of the spool. It returns when the node closes or fails for good.
+func (n *Node) supervise(s *session) {
+	defer close(n.supervised)
+	for {
+		select {
+		case <-s.lost:
+		case <-n.closing:
+			return
+		}
+		n.setSession(nil)
+		s.close(false)
+		if n.isClosing() {
+			return
+		}
+		n.stats.disconnects.Add(1)
+		if n.cfg.Ephemeral {
+			n.fail(s.lostErr)
+			return
+		}
+		down := time.Now()
+		n.log.Warn("broker connection lost; reconnecting", "err", s.lostErr)
+		next, ok := n.reconnect(down)
+		if !ok {
+			return
+		}
+		s = next
+		n.setSession(s)
+		n.stats.reconnects.Add(1)
+		n.log.Info("reconnected to the broker", "down_for", time.Since(down).Round(time.Millisecond))
+		n.resume(s)
+		n.kickDrain()
+	}
+}
+
+// reconnect tries to connect until it succeeds, the node closes, or the
+// node lock stays taken longer than LockWait (another node of this name
+// runs: the node fails).
+func (n *Node) reconnect(down time.Time) (*session, bool) {
+	var lockedSince time.Time
+	for attempt := 1; ; attempt++ {
+		delay := jitter(expBackoff(n.cfg.ReconnectMin, n.cfg.ReconnectMax, attempt))
+		select {
+		case <-time.After(delay):
+		case <-n.closing:
+			return nil, false
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		s, err := n.connect(ctx)
+		cancel()
+		if err == nil {
+			if n.isClosing() {
+				s.close(true)
+				return nil, false
+			}
+			return s, true
+		}
+		if errors.Is(err, ErrNodeTaken) {
+			if lockedSince.IsZero() {
+				lockedSince = time.Now()
+			}
+			if time.Since(lockedSince) > n.cfg.LockWait {
+				n.log.Error("giving up: the node lock stays taken", "err", err)
+				n.fail(err)
+				return nil, false
+			}
+		}
+		n.log.Warn("reconnect failed; trying again", "attempt", attempt, "down_for", time.Since(down).Round(time.Millisecond), "err", err)
+	}
+}
+
+// resume brings every module's consumers and tool servers back on s.
+func (n *Node) resume(s *session) {
+	n.mu.Lock()
+	mods := make([]*Module, 0, len(n.modules))
+	for _, m := range n.modules {
+		mods = append(mods, m)
+	}
+	n.mu.Unlock()
+	for _, m := range mods {
+		m.resume(s)
+	}
+}
+
+// fail ends the node's work for good: Done closes and Err says why.
+func (n *Node) fail(err error) {
+	n.doneOnce.Do(func() {
+		n.doneErr = err
+		close(n.done)
+	})
+}
+
+func (n *Node) isClosing() bool {
+	select {
+	case <-n.closing:
+		return true
+	default:
+		return false
+	}
+}
+
+// expBackoff is min·2^(attempt-1), capped at max.
+func expBackoff(minD, maxD time.Duration, attempt int) time.Duration {
+	d := minD
+	for i := 1; i < attempt && d < maxD; i++ {
+		d *= 2
+	}
+	return min(d, maxD)
+}
+
+// jitter takes up to 20% off d, so that many clients reconnecting or
+// retrying at once spread out.
+func jitter(d time.Duration) time.Duration {
+	return d - time.Duration(rand.Int64N(int64(d)/5+1))
+}
+
+// dial opens one connection to the broker, over TLS for amqps:// URLs.
+func dial(ctx context.Context, cfg Config, role string) (*amqp.Connection, error) {
+	timeout := 10 * time.Second
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < timeout {
+		timeout = max(time.Until(dl), time.Millisecond)
+	}
+	props := amqp.NewConnectionProperties()
+	props.SetClientConnectionName("mesh " + cfg.Node + " " + role)
+	ac := amqp.Config{
+		Heartbeat:  10 * time.Second,
+		Locale:     "en_US",
+		Properties: props,
+		Dial:       amqp.DefaultDial(timeout),
+	}
+	if u, err := url.Parse(cfg.AMQPURL); err == nil && u.Scheme == "amqps" {
+		tc, err := cfg.TLS.clientConfig()
+		if err != nil {
+			return nil, err
+		}
+		ac.TLSClientConfig = tc
+	}
+	conn, err := amqp.DialConfig(cfg.AMQPURL, ac)
+	if err != nil {
+		// amqp091-go errors do not carry the URL, so err is safe to show.
+		return nil, fmt.Errorf("connect to broker %s (%s): %w%s", redactURL(cfg.AMQPURL), role, err, tlsHint(err))
+	}
+	return conn, nil
+}
+
+// clientConfig builds the TLS configuration of an amqps:// connection.
+func (t TLSConfig) clientConfig() (*tls.Config, error) {
+	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: t.ServerName}
+	if t.CAFile != "" {
+		pem, err := os.ReadFile(t.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("tls.ca_file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("tls.ca_file: %s holds no PEM certificate", t.CAFile)
+		}
+		tc.RootCAs = pool
+	}
+	if t.CertFile != "" || t.KeyFile != "" {
+		cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("tls.cert_file/tls.key_file: %w", err)
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	return tc, nil
+}
+
+// tlsHint explains a certificate the node does not trust.
+func tlsHint(err error) string {
+	var unknown x509.UnknownAuthorityError
+	var verify *tls.CertificateVerificationError
+	var hostname x509.HostnameError
+	switch {
+	case errors.As(err, &hostname):
+		return " (the broker's certificate is not for this host name: connect by a name it holds, or set tls.server_name)"
+	case errors.As(err, &unknown), errors.As(err, &verify):
+		return " (the broker's certificate is not signed by a CA the node trusts: set tls.ca_file to the CA that signed it)"
+	}
+	return ""
+}
