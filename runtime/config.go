@@ -103,7 +103,8 @@ type Config struct {
 	// Default 24h.
 	DedupRetention time.Duration
 	// DedupMaxEntries bounds the ids each module remembers; the oldest
-	// are forgotten first. Default 1,000,000 (about 40 MB of memory).
+	// are forgotten first. Default 1,000,000 (about 80 MB of memory
+	// per module when full).
 	DedupMaxEntries int
 	// Ephemeral makes a short-lived client node (meshctl): it takes no
 	// node lock, keeps no spool and does not reconnect; an emit it cannot

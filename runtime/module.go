@@ -96,6 +96,9 @@ func (n *Node) Load(ctx context.Context, def sdk.Module, mc ModuleConfig) (*Modu
 	if err := mc.validate(); err != nil {
 		return nil, fmt.Errorf("load module %s: %w", def.Name, err)
 	}
+	if err := n.cfg.CheckConsumerTimeout(mc); err != nil {
+		return nil, fmt.Errorf("load module %s: %w", def.Name, err)
+	}
 	queue := wire.ModuleQueue(n.cfg.Node, def.Name)
 	if err := wire.ValidateQueueName(queue); err != nil {
 		return nil, fmt.Errorf("load module %s: %w", def.Name, err)
@@ -160,7 +163,7 @@ func (m *Module) start(ctx context.Context) error {
 	m.mu.Unlock()
 	if slices.ContainsFunc(subs, func(s subscription) bool { return s.dedup }) {
 		path := filepath.Join(m.node.cfg.StateDir, "dedup", m.def.Name+".log")
-		set, err := dedup.Open(path, dedup.Options{Retention: m.node.cfg.DedupRetention, MaxEntries: m.node.cfg.DedupMaxEntries})
+		set, err := dedup.Open(path, dedup.Options{Retention: m.node.cfg.DedupRetention, MaxEntries: m.node.cfg.DedupMaxEntries, Logger: m.log})
 		if err != nil {
 			return fmt.Errorf("open the record of handled events: %w", err)
 		}

@@ -70,8 +70,8 @@ type Options struct {
 	compactMin int
 }
 
-// Validate checks the options after defaults, naming the field and the rule
-// of every error it finds.
+// Validate checks the options, naming the field and the rule of every error
+// it finds. Zero fields take their defaults and are valid.
 func (o Options) Validate() error {
 	var errs []error
 	if o.Retention < 0 {
@@ -113,6 +113,7 @@ type Set struct {
 	f      *os.File
 	ids    map[ulid.ULID]int64 // id -> recorded at, unix ns
 	order  queue               // ids in record order, with their times
+	stale  int                 // entries of order superseded by a later entry of their id
 	end    int64               // file offset of the next record
 	count  int                 // records in the file, valid or not
 	retry  int                 // count below which a failed compaction is not retried
@@ -188,7 +189,8 @@ func (s *Set) Record(id string) error {
 		return ErrClosed
 	}
 	now := s.opts.Now().UnixNano()
-	if at, ok := s.ids[u]; ok && at > s.cutoff(now) {
+	at, held := s.ids[u]
+	if held && at > s.cutoff(now) {
 		return nil
 	}
 	encodeRecord(s.buf[:], u, now)
@@ -199,7 +201,7 @@ func (s *Set) Record(id string) error {
 	}
 	s.end += recordSize
 	s.count++
-	s.add(u, now)
+	s.add(u, now, held)
 	s.purge(now, purgeBatch)
 	if s.needsCompaction() {
 		if err := s.compact(now); err != nil {
@@ -214,8 +216,9 @@ func (s *Set) Record(id string) error {
 
 // Len returns the number of ids held within the retention window. It
 // forgets the expired ones first, so it costs time proportional to their
-// number; it is meant for metrics and tests, not the hot path. After Close
-// it returns 0.
+// number; it is meant for metrics and tests, not the hot path. If the clock
+// stepped back, ids that expired behind a live one are still counted until
+// the next compaction. After Close it returns 0.
 func (s *Set) Len() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -235,7 +238,7 @@ func (s *Set) Close() error {
 		return nil
 	}
 	s.closed = true
-	s.ids, s.order = nil, queue{}
+	s.ids, s.order, s.stale = nil, queue{}, 0
 	serr := s.f.Sync()
 	cerr := s.f.Close()
 	if err := errors.Join(serr, cerr); err != nil {
@@ -270,9 +273,13 @@ func (s *Set) cutoff(now int64) int64 {
 const minInt64 = -1 << 63
 
 // add puts id, recorded at, into memory and forgets the ids recorded first
-// beyond MaxEntries. An earlier entry of id in the record order becomes
-// stale: the map no longer holds its time.
-func (s *Set) add(id ulid.ULID, at int64) {
+// beyond MaxEntries. If the map held id already (an expired entry), its
+// earlier entry in the record order becomes stale: the map no longer holds
+// its time.
+func (s *Set) add(id ulid.ULID, at int64, held bool) {
+	if held {
+		s.stale++
+	}
 	s.ids[id] = at
 	s.order.push(entry{id: id, at: at})
 	for len(s.ids) > s.opts.MaxEntries {
@@ -280,14 +287,27 @@ func (s *Set) add(id ulid.ULID, at int64) {
 	}
 }
 
+// isStale reports whether e was superseded by a later entry of its id. It
+// looks at the map only if there are stale entries at all, which is rare (an
+// id recorded again after it expired).
+func (s *Set) isStale(e entry) bool {
+	if s.stale == 0 {
+		return false
+	}
+	at, ok := s.ids[e.id]
+	return !ok || at != e.at
+}
+
 // popFront removes the first entry of the record order, and its id from
 // the map unless the entry is stale.
 func (s *Set) popFront() {
 	e := s.order.front()
 	s.order.pop()
-	if at, ok := s.ids[e.id]; ok && at == e.at {
-		delete(s.ids, e.id)
+	if s.isStale(e) {
+		s.stale--
+		return
 	}
+	delete(s.ids, e.id)
 }
 
 // purge forgets expired and stale entries from the front of the record
@@ -297,8 +317,7 @@ func (s *Set) popFront() {
 func (s *Set) purge(now int64, limit int) {
 	cutoff := s.cutoff(now)
 	for ; limit != 0 && s.order.len() > 0; limit-- {
-		e := s.order.front()
-		if at, ok := s.ids[e.id]; ok && at == e.at && at > cutoff {
+		if e := s.order.front(); e.at > cutoff && !s.isStale(e) {
 			return
 		}
 		s.popFront()

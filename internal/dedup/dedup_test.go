@@ -482,6 +482,7 @@ func TestCompactionKeepsLatestOfReRecordedID(t *testing.T) {
 			want = append(want, id)
 		}
 	}
+	checkInvariants(t, s)
 	// again was evicted by MaxEntries (it was recorded first).
 	mustSeen(t, s, again, false)
 	for _, id := range want {
@@ -489,6 +490,7 @@ func TestCompactionKeepsLatestOfReRecordedID(t *testing.T) {
 	}
 	s.Close()
 	s = open(t, path, opts)
+	checkInvariants(t, s)
 	mustSeen(t, s, again, false)
 	for _, id := range want {
 		mustSeen(t, s, id, true)
@@ -617,6 +619,7 @@ func TestConcurrent(t *testing.T) {
 	if s.Len() != 5000 {
 		t.Fatalf("Len = %d, want 5000", s.Len())
 	}
+	checkInvariants(t, s)
 	held := maps.Clone(s.ids)
 	s.Close()
 	s = open(t, path, opts)
@@ -650,7 +653,7 @@ func TestMemoryPerID(t *testing.T) {
 	for i := range n {
 		var id ulid.ULID
 		id[0], id[1], id[2] = byte(i), byte(i>>8), byte(i>>16)
-		s.add(id, now+int64(i))
+		s.add(id, now+int64(i), false)
 	}
 	s.mu.Unlock()
 	after := heapAlloc()
@@ -675,5 +678,87 @@ func TestHeaderIsFirst(t *testing.T) {
 	}
 	if !bytes.HasPrefix(b, header[:]) {
 		t.Fatalf("log starts with %q, want the header", b[:headerSize])
+	}
+}
+
+// checkInvariants checks the memory of s: every held id has exactly one
+// entry in the record order with its time, the other entries are counted in
+// s.stale, and at most MaxEntries ids are held.
+func checkInvariants(t testing.TB, s *Set) {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	live := map[ulid.ULID]int{}
+	stale := 0
+	s.order.each(func(e entry) {
+		if at, ok := s.ids[e.id]; ok && at == e.at {
+			live[e.id]++
+		} else {
+			stale++
+		}
+	})
+	if stale != s.stale {
+		t.Fatalf("%d stale entries in the record order, s.stale = %d", stale, s.stale)
+	}
+	if len(live) != len(s.ids) {
+		t.Fatalf("%d held ids have an entry in the record order, %d are held", len(live), len(s.ids))
+	}
+	for id, n := range live {
+		if n != 1 {
+			t.Fatalf("id %s has %d live entries", id, n)
+		}
+	}
+	if len(s.ids) > s.opts.MaxEntries {
+		t.Fatalf("%d ids held, MaxEntries %d", len(s.ids), s.opts.MaxEntries)
+	}
+}
+
+// If the clock steps back, an id can expire behind one that is still live:
+// Seen treats it as absent at once, compaction drops it, and so does the
+// purge once the live one in front expires.
+func TestClockSteppedBack(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "m.log")
+	clk := newClock()
+	opts := Options{Retention: time.Hour, Now: clk.Now}
+	s := open(t, path, opts)
+	ahead := ulid.Make().String()
+	mustRecord(t, s, ahead)
+	clk.Advance(-30 * time.Minute)
+	behind := ids(5)
+	for _, id := range behind {
+		mustRecord(t, s, id)
+	}
+	clk.Advance(70 * time.Minute) // behind ids are 70m old, ahead is 40m old
+	mustSeen(t, s, ahead, true)
+	for _, id := range behind {
+		mustSeen(t, s, id, false)
+	}
+	fresh := ulid.Make().String()
+	mustRecord(t, s, fresh)
+	checkInvariants(t, s)
+	if n := s.Len(); n != 7 {
+		t.Fatalf("Len = %d, want 7: the expired ids behind a live one stay until compaction", n)
+	}
+
+	s.mu.Lock()
+	err := s.compact(clk.Now().UnixNano())
+	s.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkInvariants(t, s)
+	if n := s.Len(); n != 2 {
+		t.Fatalf("Len after compaction = %d, want 2", n)
+	}
+	if got := fileSize(t, path); got != headerSize+2*recordSize {
+		t.Fatalf("log is %d bytes after compaction, want 2 records", got)
+	}
+	s.Close()
+	s = open(t, path, opts)
+	checkInvariants(t, s)
+	mustSeen(t, s, ahead, true)
+	mustSeen(t, s, fresh, true)
+	if n := s.Len(); n != 2 {
+		t.Fatalf("Len after reopen = %d, want 2", n)
 	}
 }

@@ -65,7 +65,9 @@
 // written to a temporary file in the same directory, which is synced and
 // renamed over the log, and the directory is synced. This happens at Open
 // and, rarely, inside Record, which then pauses for the time it takes to
-// write the live ids (about 28 MB for a million ids) and sync them.
+// write the live ids (28 MB for a million ids) and sync them: about 100 ms
+// for a million on a virtual machine's disk. In the steady state of a full
+// set that is once per MaxEntries records.
 //
 // # Durability
 //
@@ -87,12 +89,14 @@
 // forgotten first. Times are wall-clock times, because they outlive the
 // process: if the clock steps, ids expire correspondingly earlier or later.
 //
-// Memory is about 60 bytes per id (map entry plus the record-order queue),
-// so 60 MB for the default bound of a million ids; Go maps do not shrink, so
-// that stays allocated once reached.
+// Memory is about 80 bytes per id (the map entry plus the record-order
+// queue), so 80 MB for the default bound of a million ids, per module; Go
+// maps do not shrink, so that stays allocated once reached. Open reads a
+// million ids in about half a second.
 //
 // # Concurrency
 //
 // A Set is safe for concurrent use. One mutex guards it; Seen holds it for a
-// map lookup, Record for the lookup and the write(2).
+// map lookup (the id is parsed and the clock read outside it), Record for the
+// lookup and the write(2).
 package dedup

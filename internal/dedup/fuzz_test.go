@@ -74,6 +74,7 @@ func FuzzOpenLog(f *testing.F) {
 			s.Close()
 			t.Fatalf("Open loaded %v, want %v", s.ids, want)
 		}
+		checkInvariants(t, s)
 		if s.Len() != len(want) {
 			t.Fatalf("Len = %d, want %d", s.Len(), len(want))
 		}

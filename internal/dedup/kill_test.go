@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,20 +21,62 @@ import (
 
 // killChildEnv names the log the child process of TestSIGKILLSurvival
 // records into; the test binary runs as that child when it is set.
-const killChildEnv = "MESH_DEDUP_KILL_CHILD_LOG"
+// killModeEnv says how: "concurrent" (four goroutines, default options) or
+// "compacting" (one goroutine, a small MaxEntries and compaction every
+// thousand records or so, so that the kill often lands in a compaction).
+const (
+	killChildEnv = "MESH_DEDUP_KILL_CHILD_LOG"
+	killModeEnv  = "MESH_DEDUP_KILL_CHILD_MODE"
+)
+
+// compactingOptions are the options of the "compacting" child.
+var compactingOptions = Options{MaxEntries: 1000, compactMin: 1000, Logger: quiet}
 
 // TestSIGKILLSurvival runs the test binary as a child that records ids and
 // prints each one after Record returned, kills it with SIGKILL mid-stream,
-// and checks that every id it printed is Seen when the log is reopened.
+// and checks that every id it printed (that MaxEntries lets it keep) is Seen
+// when the log is reopened.
 func TestSIGKILLSurvival(t *testing.T) {
 	if os.Getenv(killChildEnv) != "" {
 		t.Skip("in the child")
 	}
-	path := filepath.Join(t.TempDir(), "m.log")
+	t.Run("concurrent", func(t *testing.T) {
+		printed, path := runKilledChild(t, "concurrent", 5000)
+		s := open(t, path, Options{})
+		checkAllSeen(t, s, printed)
+		t.Logf("child printed %d ids before it died; the log holds %d", len(printed), s.Len())
+	})
+	t.Run("compacting", func(t *testing.T) {
+		inCompaction := 0
+		for range 5 {
+			printed, path := runKilledChild(t, "compacting", 4000+rand.IntN(3000))
+			if entries, _ := os.ReadDir(filepath.Dir(path)); len(entries) > 1 {
+				inCompaction++ // a temporary file shows the kill hit one
+			}
+			s := open(t, path, compactingOptions)
+			// One goroutine: the ids are recorded in the order printed,
+			// and at most one more was recorded after the last printed.
+			keep := compactingOptions.MaxEntries - 1
+			checkAllSeen(t, s, printed[len(printed)-keep:])
+			checkInvariants(t, s)
+			if entries, _ := os.ReadDir(filepath.Dir(path)); len(entries) != 1 {
+				t.Fatalf("%d files next to the log after Open, want none", len(entries)-1)
+			}
+		}
+		t.Logf("%d of 5 kills landed in a compaction", inCompaction)
+	})
+}
+
+// runKilledChild runs the child in mode, kills it with SIGKILL by its pid
+// after it printed killAfter ids, and returns every id it printed and the
+// path of its log.
+func runKilledChild(t *testing.T, mode string, killAfter int) (printed []string, path string) {
+	t.Helper()
+	path = filepath.Join(t.TempDir(), "m.log")
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestSIGKILLChild$", "-test.count=1")
-	cmd.Env = append(os.Environ(), killChildEnv+"="+path)
+	cmd.Env = append(os.Environ(), killChildEnv+"="+path, killModeEnv+"="+mode)
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -43,8 +86,6 @@ func TestSIGKILLSurvival(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	const killAfter = 5000
-	var printed []string
 	sc := bufio.NewScanner(out)
 	for sc.Scan() {
 		printed = append(printed, sc.Text())
@@ -66,8 +107,12 @@ func TestSIGKILLSurvival(t *testing.T) {
 	if len(printed) < killAfter {
 		t.Fatalf("child printed only %d ids", len(printed))
 	}
+	return printed, path
+}
 
-	s := open(t, path, Options{})
+// checkAllSeen checks that s has seen every id in printed.
+func checkAllSeen(t *testing.T, s *Set, printed []string) {
+	t.Helper()
 	for i, id := range printed {
 		ok, err := s.Seen(id)
 		if err != nil {
@@ -77,25 +122,28 @@ func TestSIGKILLSurvival(t *testing.T) {
 			t.Fatalf("id %d of %d (%s) printed after Record returned is not Seen after SIGKILL", i, len(printed), id)
 		}
 	}
-	if size := fileSize(t, path); (size-headerSize)%recordSize != 0 {
+	if size := fileSize(t, s.path); (size-headerSize)%recordSize != 0 {
 		t.Fatalf("log is %d bytes after Open: not aligned", size)
 	}
-	t.Logf("child printed %d ids before it died; the log holds %d", len(printed), s.Len())
 }
 
-// TestSIGKILLChild is the child of TestSIGKILLSurvival: it records ids from
-// four goroutines until it is killed, printing each after Record returned.
+// TestSIGKILLChild is the child of TestSIGKILLSurvival: it records ids
+// until it is killed, printing each after Record returned.
 func TestSIGKILLChild(t *testing.T) {
 	path := os.Getenv(killChildEnv)
 	if path == "" {
 		t.Skip("only run as the child of TestSIGKILLSurvival")
 	}
-	s, err := Open(path, Options{Logger: quiet})
+	opts, workers := Options{Logger: quiet}, 4
+	if os.Getenv(killModeEnv) == "compacting" {
+		opts, workers = compactingOptions, 1
+	}
+	s, err := Open(path, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var wg sync.WaitGroup
-	for range 4 {
+	for range workers {
 		wg.Go(func() {
 			for {
 				id := ulid.Make().String()

@@ -130,9 +130,14 @@ func (s *Set) load() error {
 			continue // skip it: the records after it are still aligned
 		}
 		good = i + 1
-		if at > cutoff {
-			s.add(id, at)
+		if at <= cutoff {
+			continue
 		}
+		prev, held := s.ids[id]
+		if held && prev == at {
+			continue // the same record twice: keep one entry
+		}
+		s.add(id, at, held)
 	}
 	s.end = headerSize + good*recordSize
 	s.count = int(good)
@@ -147,9 +152,23 @@ func (s *Set) load() error {
 // compact rewrites the log with only the live ids: to a temporary file in
 // the same directory, synced, renamed over the log, then the directory is
 // synced. Until the rename the old log stays in use; after it, the new one
-// is, even if syncing the directory fails.
+// is, even if syncing the directory fails. It first drops the stale and
+// expired entries from memory, which holds whether or not the rest
+// succeeds.
 func (s *Set) compact(now int64) error {
-	s.purge(now, -1)
+	cutoff := s.cutoff(now)
+	s.order.filter(func(e entry) bool {
+		if s.isStale(e) {
+			return false
+		}
+		if e.at <= cutoff {
+			delete(s.ids, e.id)
+			return false
+		}
+		return true
+	})
+	s.stale = 0
+
 	dir := filepath.Dir(s.path)
 	tmp, err := os.CreateTemp(dir, tempPrefix(s.path)+"*")
 	if err != nil {
@@ -167,21 +186,10 @@ func (s *Set) compact(now int64) error {
 	}
 	w := bufio.NewWriterSize(tmp, 256<<10)
 	w.Write(header[:])
-	cutoff := s.cutoff(now)
-	live := newQueue(len(s.ids))
 	var rec [recordSize]byte
 	s.order.each(func(e entry) {
-		at, ok := s.ids[e.id]
-		switch {
-		case !ok || at != e.at:
-			return // stale: the id was recorded again later
-		case at <= cutoff:
-			delete(s.ids, e.id) // expired behind a live entry (clock stepped back)
-			return
-		}
 		encodeRecord(rec[:], e.id, e.at)
 		w.Write(rec[:])
-		live.push(e)
 	})
 	if err := w.Flush(); err != nil {
 		return abandon(err)
@@ -194,9 +202,8 @@ func (s *Set) compact(now int64) error {
 	}
 	old := s.f
 	s.f = tmp
-	s.order = live
-	s.count = live.len()
-	s.end = headerSize + int64(live.len())*recordSize
+	s.count = s.order.len()
+	s.end = headerSize + int64(s.count)*recordSize
 	s.retry = 0
 	return errors.Join(old.Close(), syncDir(dir))
 }

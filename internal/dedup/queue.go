@@ -51,6 +51,24 @@ func (q *queue) each(f func(entry)) {
 	}
 }
 
+// filter keeps, in place and in order, the entries for which keep returns
+// true.
+func (q *queue) filter(keep func(entry) bool) {
+	mask := len(q.buf) - 1
+	kept := 0
+	for i := range q.n {
+		e := q.buf[(q.head+i)&mask]
+		if keep(e) {
+			q.buf[(q.head+kept)&mask] = e
+			kept++
+		}
+	}
+	for i := kept; i < q.n; i++ {
+		q.buf[(q.head+i)&mask] = entry{}
+	}
+	q.n = kept
+}
+
 func (q *queue) grow() {
 	bigger := newQueue(2 * len(q.buf))
 	q.each(bigger.push)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/meshkit/mesh/sdk"
 )
@@ -20,7 +21,7 @@ func main() {
 	var mesh sdk.Mesh
 	err := sdk.Run(sdk.Module{
 		Name:  name,
-		Emits: []string{"pong", "called"},
+		Emits: []string{"pong", "called", "tick"},
 		Setup: func(m sdk.Mesh) error {
 			mesh = m
 			if name != "echo" {
@@ -47,7 +48,11 @@ func main() {
 				return err
 			}
 			return m.On("mesh.test.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
-				var cmd struct{ Do string }
+				var cmd struct {
+					Do  string
+					N   int
+					Log string
+				}
 				if err := ev.Decode(&cmd); err != nil {
 					return sdk.Permanent(err)
 				}
@@ -73,6 +78,12 @@ func main() {
 					}
 					_, err := mesh.Emit(ctx, "called", map[string]string{"answer": answer})
 					return err
+				case "stream":
+					// Emits N tick events, one every 2 ms, in the
+					// background, writing the id of each emit that
+					// succeeded (confirmed, or on the node's disk) to Log.
+					go stream(mesh, cmd.N, cmd.Log)
+					return nil
 				case "log":
 					mesh.Logger().Warn("echo was asked to log", "attempt", ev.Attempt)
 					return nil
@@ -93,5 +104,29 @@ func main() {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
+	}
+}
+
+// stream emits n "tick" events and appends the id of each successful emit,
+// one per line, to the file at path.
+func stream(mesh sdk.Mesh, n int, path string) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		mesh.Logger().Error("stream: open log", "err", err)
+		return
+	}
+	defer f.Close()
+	for i := range n {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		id, err := mesh.Emit(ctx, "tick", map[string]int{"i": i})
+		cancel()
+		if err != nil {
+			mesh.Logger().Error("stream: emit", "i", i, "err", err)
+			continue
+		}
+		if _, err := f.WriteString(id + "\n"); err != nil {
+			return
+		}
+		time.Sleep(2 * time.Millisecond)
 	}
 }

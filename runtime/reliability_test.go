@@ -1,0 +1,297 @@
+package runtime_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/internal/wire"
+	"github.com/meshkit/mesh/runtime"
+	"github.com/meshkit/mesh/sdk"
+)
+
+// TestNodeNameTaken: a second node with a running node's name is refused
+// with an error naming the node; the lock is an exclusive queue (405 from
+// any other connection); once the first node closes, the name is free.
+func TestNodeNameTaken(t *testing.T) {
+	t.Parallel()
+	url := brokertest.VHost(t)
+	first := testNode(t, url, "anchor", nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := runtime.New(ctx, runtime.Config{Node: "anchor", AMQPURL: url, StateDir: t.TempDir(), Logger: testLogger()})
+	if !errors.Is(err, runtime.ErrNodeTaken) || !strings.Contains(err.Error(), "node anchor") {
+		t.Fatalf("second node anchor: %v, want ErrNodeTaken naming the node", err)
+	}
+	raw := rawConn(t, url)
+	if _, err := raw.QueueDeclarePassive(wire.NodeLockQueue("anchor"), false, true, true, false, nil); !isAMQPCode(err, amqp.ResourceLocked) {
+		t.Errorf("lock queue from another connection: %v, want 405", err)
+	}
+	if err := first.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	again := testNode(t, url, "anchor", nil)
+	if !again.Connected() {
+		t.Error("node not connected after the name was freed")
+	}
+}
+
+// TestSpoolBackPressure: while the broker is unreachable emits are
+// spooled until the spool is full; then they fail at once with
+// ErrBackPressure and keep nothing. When the broker is back, every
+// spooled event is delivered, in order, with its original id.
+func TestSpoolBackPressure(t *testing.T) {
+	t.Parallel()
+	url := brokertest.VHost(t)
+	proxy := brokertest.NewProxy(t)
+	n := testNode(t, strings.Replace(url, brokertest.Host(), proxy.Addr(), 1), "anchor", func(c *runtime.Config) {
+		c.SpoolMaxBytes = 8 << 10
+		c.ReconnectMin, c.ReconnectMax = 20*time.Millisecond, 100*time.Millisecond
+	})
+	rec := newRecorder(nil)
+	load(t, n, sdk.Module{Name: "sink", Setup: func(m sdk.Mesh) error { return m.On("mesh.spooled.#", rec) }}, runtime.ModuleConfig{})
+	proxy.Down()
+	waitFor(t, 10*time.Second, func() bool { return !n.Connected() })
+	var ids []string
+	var full error
+	for i := range 1000 {
+		id, err := n.Emit(emitCtx(t), "test", "mesh.spooled.tick", map[string]int{"i": i})
+		if err != nil {
+			full = err
+			break
+		}
+		ids = append(ids, id)
+	}
+	if !errors.Is(full, sdk.ErrBackPressure) {
+		t.Fatalf("emits into a full spool: %v, want ErrBackPressure", full)
+	}
+	if len(ids) < 10 {
+		t.Fatalf("only %d events were spooled before back-pressure", len(ids))
+	}
+	start := time.Now()
+	if _, err := n.Emit(emitCtx(t), "test", "mesh.spooled.tick", 1); !errors.Is(err, sdk.ErrBackPressure) || time.Since(start) > time.Second {
+		t.Errorf("emit into a full spool: %v after %v, want ErrBackPressure at once", err, time.Since(start))
+	}
+	if st := n.Stats(); st.SpoolEvents != len(ids) || st.BackPressure < 2 {
+		t.Errorf("stats %+v, want %d spooled and back-pressure counted", st, len(ids))
+	}
+	proxy.Up()
+	for i, id := range ids {
+		if ev := rec.next(t); ev.ID != id {
+			t.Fatalf("event %d: got id %s, want %s (in emit order)", i, ev.ID, id)
+		}
+	}
+	waitFor(t, 10*time.Second, func() bool { return n.Stats().SpoolEvents == 0 })
+	if _, err := n.Emit(emitCtx(t), "test", "mesh.spooled.tick", 1); err != nil {
+		t.Errorf("emit after the spool drained: %v", err)
+	}
+}
+
+// TestDuplicatesReachTheHandlerOnce: the same event (same x-event-id)
+// published three times reaches a handler once, also after the node
+// restarts with the same state dir; a handler marked AllowDuplicates
+// sees every copy.
+func TestDuplicatesReachTheHandlerOnce(t *testing.T) {
+	t.Parallel()
+	url := brokertest.VHost(t)
+	state := t.TempDir()
+	setState := func(c *runtime.Config) { c.StateDir = state }
+	n := testNode(t, url, "anchor", setState)
+	once, every := newRecorder(nil), newRecorder(nil)
+	def := sdk.Module{Name: "idem", Setup: func(m sdk.Mesh) error {
+		if err := m.On("mesh.once.#", once); err != nil {
+			return err
+		}
+		return m.On("mesh.every.#", sdk.AllowDuplicates(every))
+	}}
+	load(t, n, def, runtime.ModuleConfig{})
+	raw := rawConn(t, url)
+	publish := func(key, id string) {
+		t.Helper()
+		err := raw.PublishWithContext(emitCtx(t), wire.ExchangeEvents, key, false, false, amqp.Publishing{
+			Headers:     amqp.Table{"x-event-id": id, "x-source": "test", "x-node": "far", "x-time": time.Now().UTC().Format(time.RFC3339Nano)},
+			ContentType: "application/json", DeliveryMode: amqp.Persistent, MessageId: id, Body: []byte(`{}`),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, b := ulid.Make().String(), ulid.Make().String()
+	for range 3 {
+		publish("mesh.once.x", a)
+		publish("mesh.every.x", b)
+	}
+	publish("mesh.once.x", ulid.Make().String()) // a marker: everything before it was handled
+	for range 2 {
+		if ev := once.next(t); ev.ID != a && once.count() == 1 {
+			t.Fatalf("first event %s, want %s", ev.ID, a)
+		}
+	}
+	for range 3 {
+		if ev := every.next(t); ev.ID != b {
+			t.Fatalf("got %s, want %s", ev.ID, b)
+		}
+	}
+	if got := once.count(); got != 2 {
+		t.Errorf("de-duplicated handler ran %d times, want 2 (the event once, the marker once)", got)
+	}
+	if st := n.Stats(); st.Duplicates != 2 {
+		t.Errorf("duplicates suppressed = %d, want 2", st.Duplicates)
+	}
+
+	// The record survives a restart of the node on the same state dir.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := n.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	n2 := testNode(t, url, "anchor", setState)
+	again := newRecorder(nil)
+	load(t, n2, sdk.Module{Name: "idem", Setup: func(m sdk.Mesh) error {
+		if err := m.On("mesh.once.#", again); err != nil {
+			return err
+		}
+		return m.On("mesh.every.#", sdk.AllowDuplicates(every))
+	}}, runtime.ModuleConfig{})
+	publish("mesh.once.x", a)
+	marker := ulid.Make().String()
+	publish("mesh.once.x", marker)
+	if ev := again.next(t); ev.ID != marker {
+		t.Errorf("after a restart the handler got %s, want only the marker %s", ev.ID, marker)
+	}
+	if st := n2.Stats(); st.Duplicates != 1 {
+		t.Errorf("duplicates suppressed after the restart = %d, want 1", st.Duplicates)
+	}
+}
+
+// TestConsumerTimeoutChecked: a handler timeout that, with the retry
+// back-off, could hold a delivery past the broker's consumer timeout is
+// refused with an error naming both settings.
+func TestConsumerTimeoutChecked(t *testing.T) {
+	t.Parallel()
+	err := runtime.Config{Node: "x", Module: runtime.ModuleConfig{HandlerTimeout: 30 * time.Minute}}.Validate()
+	if err == nil || !strings.Contains(err.Error(), "handler_timeout") || !strings.Contains(err.Error(), "consumer_timeout") {
+		t.Errorf("handler_timeout 30m: %v, want an error naming handler_timeout and consumer_timeout", err)
+	}
+	if err := (runtime.Config{Node: "x", ConsumerTimeout: 2 * time.Hour, Module: runtime.ModuleConfig{HandlerTimeout: time.Hour}}).Validate(); err != nil {
+		t.Errorf("handler_timeout 1h with consumer_timeout 2h: %v", err)
+	}
+	cfg := runtime.Config{Node: "x"}
+	if err := cfg.CheckConsumerTimeout(runtime.ModuleConfig{HandlerTimeout: 29*time.Minute + 31*time.Second}); err == nil {
+		t.Error("29m31s + retry_max 30s accepted under a 30 min consumer timeout")
+	}
+	url := brokertest.VHost(t)
+	n := testNode(t, url, "anchor", nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := n.Load(ctx, sdk.Module{Name: "slow"}, runtime.ModuleConfig{HandlerTimeout: time.Hour}); err == nil || !strings.Contains(err.Error(), "consumer_timeout") {
+		t.Errorf("loading a module with handler_timeout 1h: %v, want the consumer timeout refusal", err)
+	}
+}
+
+// TestTLS: the node connects over amqps:// to a local TLS listener (a proxy
+// that terminates TLS in front of the broker) when tls.ca_file is the CA
+// that signed its certificate, and is refused with a clear error when it is
+// not.
+func TestTLS(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	ca, caKey, caPEM := newCA(t, "mesh test CA")
+	_, _, otherPEM := newCA(t, "some other CA")
+	serverCert := newServerCert(t, ca, caKey)
+	caFile, otherFile := filepath.Join(dir, "ca.pem"), filepath.Join(dir, "other.pem")
+	if err := os.WriteFile(caFile, caPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(otherFile, otherPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	url := brokertest.VHost(t)
+	proxy := brokertest.NewTLSProxy(t, serverCert)
+	tlsURL := strings.Replace(strings.Replace(url, brokertest.Host(), proxy.Addr(), 1), "amqp://", "amqps://", 1)
+
+	n := testNode(t, tlsURL, "anchor", func(c *runtime.Config) { c.TLS.CAFile = caFile })
+	rec := newRecorder(nil)
+	load(t, n, sdk.Module{Name: "sink", Setup: func(m sdk.Mesh) error { return m.On("mesh.tls.#", rec) }}, runtime.ModuleConfig{})
+	id, err := n.Emit(emitCtx(t), "test", "mesh.tls.ping", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev := rec.next(t); ev.ID != id {
+		t.Errorf("got %s, want %s", ev.ID, id)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = runtime.New(ctx, runtime.Config{Node: "wrong", AMQPURL: tlsURL, StateDir: t.TempDir(), Logger: testLogger(),
+		TLS: runtime.TLSConfig{CAFile: otherFile}})
+	if err == nil || !strings.Contains(err.Error(), "tls.ca_file") || !strings.Contains(err.Error(), "certificate") {
+		t.Errorf("wrong CA: %v, want a refusal that points at tls.ca_file", err)
+	}
+	if err != nil && strings.Contains(err.Error(), "guest@") {
+		t.Errorf("the error shows the password: %v", err)
+	}
+	_, err = runtime.New(ctx, runtime.Config{Node: "wrong", AMQPURL: tlsURL, StateDir: t.TempDir(), Logger: testLogger(),
+		TLS: runtime.TLSConfig{CAFile: filepath.Join(dir, "missing.pem")}})
+	if err == nil || !strings.Contains(err.Error(), "tls.ca_file") {
+		t.Errorf("missing CA file: %v, want an error naming tls.ca_file", err)
+	}
+}
+
+func newCA(t *testing.T, name string) (*x509.Certificate, *ecdsa.PrivateKey, []byte) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cert, key, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+}
+
+func newServerCert(t *testing.T, ca *x509.Certificate, caKey *ecdsa.PrivateKey) tls.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: "broker"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{"localhost"},
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}

@@ -1,0 +1,380 @@
+//go:build fault
+
+package fault
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/internal/wire"
+	"github.com/meshkit/mesh/runtime"
+	"github.com/meshkit/mesh/sdk"
+)
+
+// stream emits tick events from a few goroutines until stopped.
+type stream struct {
+	attempts  atomic.Int64
+	confirmed *idSet
+	stop      chan struct{}
+	wg        sync.WaitGroup
+}
+
+func startStream(t *testing.T, mesh sdk.Mesh, workers int) *stream {
+	s := &stream{confirmed: newIDSet(), stop: make(chan struct{})}
+	for w := range workers {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-s.stop:
+					return
+				default:
+				}
+				s.attempts.Add(1)
+				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+				id, err := mesh.Emit(ctx, "tick", map[string]int{"worker": w, "i": i})
+				cancel()
+				if err != nil {
+					t.Errorf("emit: %v", err)
+					return
+				}
+				s.confirmed.add(id)
+				time.Sleep(2 * time.Millisecond)
+			}
+		}()
+	}
+	return s
+}
+
+func (s *stream) end() {
+	close(s.stop)
+	s.wg.Wait()
+}
+
+// sinkModule handles module.sink.tick by recording its id.
+func sinkModule(handled *idSet) sdk.Module {
+	return sdk.Module{Name: "sink", Setup: func(m sdk.Mesh) error {
+		return m.On("module.sink.tick", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			handled.add(ev.ID)
+			return nil
+		}))
+	}}
+}
+
+// streamThrough runs a stream of emits and handles on one node while
+// fault runs, then checks that every confirmed emit was handled once.
+func streamThrough(t *testing.T, url string, fault func()) {
+	n := newNode(t, url, "fault", nil)
+	handled := newIDSet()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	m, err := n.Load(ctx, sinkModule(handled), runtime.ModuleConfig{Prefetch: 64, Concurrency: 4, MaxAttempts: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := startStream(t, m.Mesh(), 4)
+	time.Sleep(time.Second)
+	fault()
+	time.Sleep(2 * time.Second) // the stream goes on after the fault
+	s.end()
+	if !waitFor(2*time.Minute, func() bool { return handled.len() >= s.confirmed.len() }) {
+		t.Errorf("handled %d of %d confirmed events within 2 min", handled.len(), s.confirmed.len())
+	}
+	st := n.Stats()
+	if handled.overOnce() > 0 {
+		t.Errorf("%d events reached the handler more than once", handled.overOnce())
+	}
+	if st.Reconnects == 0 {
+		t.Error("the node never reconnected")
+	}
+	summary{
+		emitted: int(s.attempts.Load()), confirmed: s.confirmed.len(), handled: handled.len(),
+		duplicates: int(st.Duplicates), deadLettered: int(st.DeadLettered), lost: s.confirmed.missingFrom(handled),
+		extra: fmt.Sprintf("confirmed directly=%d spooled=%d resent=%d reconnects=%d", st.Emitted, st.Spooled, st.Resent, st.Reconnects),
+	}.report(t)
+}
+
+// TestBrokerAppRestart: the broker application stops for 3 s and starts
+// again in the middle of a stream of emits and handles.
+func TestBrokerAppRestart(t *testing.T) {
+	url := brokertest.VHost(t)
+	ensureBrokerRuns(t)
+	streamThrough(t, url, func() {
+		rabbitmqctl(t, "stop_app")
+		time.Sleep(3 * time.Second)
+		rabbitmqctl(t, "start_app")
+		waitBroker(t)
+	})
+}
+
+// TestConnectionsClosedRepeatedly: the broker closes every connection five
+// times, 700 ms apart, during a stream.
+func TestConnectionsClosedRepeatedly(t *testing.T) {
+	url := brokertest.VHost(t)
+	streamThrough(t, url, func() {
+		for range 5 {
+			rabbitmqctl(t, "close_all_connections", "mesh fault test")
+			time.Sleep(700 * time.Millisecond)
+		}
+	})
+}
+
+// TestMeshdKilledWithSpooledEvents: a module process streams emits through
+// meshd; the broker becomes unreachable, so they are spooled; meshd is
+// SIGKILLed; started again with the broker back, it resends the spool and
+// every emit the module saw succeed arrives.
+func TestMeshdKilledWithSpooledEvents(t *testing.T) {
+	url := brokertest.VHost(t)
+	dir := t.TempDir()
+	meshd, module := filepath.Join(dir, "meshd"), filepath.Join(dir, "echomodule")
+	for _, b := range []struct{ out, pkg string }{{meshd, "../../cmd/meshd"}, {module, "../../runtime/testdata/echomodule"}} {
+		if out, err := exec.Command("go", "build", "-o", b.out, b.pkg).CombinedOutput(); err != nil {
+			t.Fatalf("build %s: %v\n%s", b.pkg, err, out)
+		}
+	}
+	proxy := brokertest.NewProxy(t)
+	config := filepath.Join(dir, "mesh.yaml")
+	if err := os.WriteFile(config, []byte(fmt.Sprintf(`node: faultk
+amqp_url: %s
+state_dir: %s
+reconnect_max: 500ms
+modules:
+  - name: echo
+    path: %s
+    tools: [echo.upper]
+`, strings.Replace(url, brokertest.Host(), proxy.Addr(), 1), filepath.Join(dir, "state"), module)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	start := func(logName string) *exec.Cmd {
+		logFile, err := os.Create(filepath.Join(dir, logName))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { logFile.Close() })
+		cmd := exec.Command(meshd, "run", "--config", config)
+		cmd.Stdout, cmd.Stderr = logFile, logFile
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			done := make(chan struct{})
+			go func() { _ = cmd.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(20 * time.Second):
+				_ = cmd.Process.Kill()
+			}
+		})
+		return cmd
+	}
+	first := start("meshd-1.log")
+
+	raw, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	ch, err := raw.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !waitFor(30*time.Second, func() bool {
+		probe, err := raw.Channel()
+		if err != nil {
+			return false
+		}
+		defer probe.Close()
+		q, err := probe.QueueDeclarePassive(wire.ModuleQueue("faultk", "echo"), true, false, false, false, nil)
+		return err == nil && q.Consumers > 0
+	}) {
+		out, _ := os.ReadFile(filepath.Join(dir, "meshd-1.log"))
+		t.Fatalf("meshd never started consuming for its module; its log:\n%s", out)
+	}
+	if _, err := ch.QueueDeclare("fault.sink", true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind("fault.sink", "module.echo.tick", wire.ExchangeEvents, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	delivered := newIDSet()
+	deliveries, err := ch.Consume("fault.sink", "", true, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for d := range deliveries {
+			delivered.add(d.MessageId)
+		}
+	}()
+
+	driver := newNode(t, url, "driver", func(c *runtime.Config) { c.Ephemeral = true })
+	idLog := filepath.Join(dir, "emitted.ids")
+	const total = 1500
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := driver.Emit(ctx, "test", "mesh.test.stream", map[string]any{"do": "stream", "n": total, "log": idLog}); err != nil {
+		t.Fatal(err)
+	}
+	lines := func() int { ids, _ := readIDs(idLog); return len(ids) }
+	if !waitFor(30*time.Second, func() bool { return lines() >= 200 }) {
+		t.Fatalf("the module emitted %d events in 30 s", lines())
+	}
+	proxy.Down() // the broker is unreachable from meshd: emits go to its spool
+	atDown := lines()
+	if !waitFor(30*time.Second, func() bool { return lines() >= atDown+300 }) {
+		t.Fatalf("only %d emits succeeded while the broker was unreachable", lines()-atDown)
+	}
+	if err := first.Process.Kill(); err != nil { // SIGKILL, spool full of events
+		t.Fatal(err)
+	}
+	_ = first.Wait()
+	emittedIDs, err := readIDs(idLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	emitted := newIDSet()
+	for _, id := range emittedIDs {
+		emitted.add(id)
+	}
+	arrivedBefore := delivered.len()
+	proxy.Up()
+	start("meshd-2.log")
+	if !waitFor(90*time.Second, func() bool { return emitted.missingFrom(delivered) == 0 }) {
+		t.Errorf("after the restart, %d of %d emitted events never arrived", emitted.missingFrom(delivered), emitted.len())
+	}
+	summary{
+		emitted: emitted.len(), confirmed: emitted.len(), handled: delivered.len(),
+		lost: emitted.missingFrom(delivered),
+		extra: fmt.Sprintf("emits confirmed or spooled before the kill=%d, arrived before the restart=%d, arrived twice=%d",
+			emitted.len(), arrivedBefore, delivered.overOnce()),
+	}.report(t)
+}
+
+func readIDs(path string) ([]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var ids []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if line := strings.TrimSpace(sc.Text()); len(line) == 26 {
+			ids = append(ids, line)
+		}
+	}
+	return ids, sc.Err()
+}
+
+// TestQueueAtLengthLimit: a classic queue at x-max-length with
+// reject-publish, bound beside a module's queue. Emits are refused (negative
+// confirms), retried with back-off and slowed down, visible in the
+// node's counters; once the queue is drained every event is in it, and
+// the module, which got the retries' duplicates, handled each event once.
+func TestQueueAtLengthLimit(t *testing.T) {
+	url := brokertest.VHost(t)
+	n := newNode(t, url, "faultq", nil)
+	handled := newIDSet()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := n.Load(ctx, sinkModule(handled), runtime.ModuleConfig{Prefetch: 64, Concurrency: 4}); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	ch, err := raw.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare("fault.capped", true, false, false, false, amqp.Table{
+		"x-queue-type": "classic", "x-max-length": int64(10), "x-overflow": "reject-publish"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind("fault.capped", "module.sink.#", wire.ExchangeEvents, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	const total = 60
+	emitted := newIDSet()
+	var wg sync.WaitGroup
+	var emitErrs atomic.Int64
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range total / 4 {
+				ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+				id, err := n.Emit(ctx, "sink", "module.sink.tick", map[string]int{"w": w, "i": i})
+				cancel()
+				if err != nil {
+					emitErrs.Add(1)
+					t.Errorf("emit: %v", err)
+					continue
+				}
+				emitted.add(id)
+			}
+		}()
+	}
+	// The queue fills; emits are refused and wait.
+	if !waitFor(30*time.Second, func() bool { return n.Stats().Refused > 0 }) {
+		t.Fatal("no negative confirm from the full queue")
+	}
+	short, cancelShort := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	_, err = n.Emit(short, "sink", "module.sink.tick", 1)
+	cancelShort()
+	if !errors.Is(err, sdk.ErrRefused) {
+		t.Errorf("an emit with a short deadline into the full queue: %v, want ErrRefused", err)
+	}
+	refusedWhileFull := n.Stats().Refused
+	// Drain slowly: every event ends up in the capped queue once the
+	// refused ones are retried.
+	drained := newIDSet()
+	if err := ch.Qos(1, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	deliveries, err := ch.Consume("fault.capped", "", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for d := range deliveries {
+			drained.add(d.MessageId)
+			time.Sleep(20 * time.Millisecond)
+			_ = d.Ack(false)
+		}
+	}()
+	wg.Wait()
+	if !waitFor(60*time.Second, func() bool {
+		return emitted.missingFrom(drained) == 0 && emitted.missingFrom(handled) == 0
+	}) {
+		t.Errorf("capped queue got %d, module handled %d, of %d emitted", drained.len(), handled.len(), emitted.len())
+	}
+	st := n.Stats()
+	if handled.overOnce() > 0 {
+		t.Errorf("%d events reached the module's handler twice", handled.overOnce())
+	}
+	summary{
+		emitted: total, confirmed: emitted.len(), handled: handled.len(), duplicates: int(st.Duplicates),
+		deadLettered: int(st.DeadLettered), lost: emitted.missingFrom(drained) + emitted.missingFrom(handled),
+		extra: fmt.Sprintf("negative confirms=%d (%d while full), in the capped queue=%d, emits that failed=%d",
+			st.Refused, refusedWhileFull, drained.len(), emitErrs.Load()),
+	}.report(t)
+}

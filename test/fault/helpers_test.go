@@ -1,0 +1,180 @@
+//go:build fault
+
+package fault
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/runtime"
+)
+
+// summary is what every fault test reports in its last line.
+type summary struct {
+	emitted, confirmed, handled, duplicates, deadLettered, lost int
+	extra                                                       string
+}
+
+func (s summary) report(t *testing.T) {
+	t.Helper()
+	line := fmt.Sprintf("summary %s: emitted=%d confirmed=%d handled=%d duplicates_suppressed=%d dead_lettered=%d lost=%d",
+		t.Name(), s.emitted, s.confirmed, s.handled, s.duplicates, s.deadLettered, s.lost)
+	if s.extra != "" {
+		line += " (" + s.extra + ")"
+	}
+	fmt.Println(line)
+	if s.lost != 0 {
+		t.Errorf("lost %d events", s.lost)
+	}
+}
+
+// rabbitmqctl runs the broker's control tool.
+func rabbitmqctl(t *testing.T, args ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "rabbitmqctl", args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("rabbitmqctl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
+// ensureBrokerRuns starts the broker application again when the test ends,
+// whatever happened, and waits until it answers.
+func ensureBrokerRuns(t *testing.T) {
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		_ = exec.CommandContext(ctx, "rabbitmqctl", "start_app").Run()
+		waitBroker(t)
+	})
+}
+
+// waitBroker waits until the broker accepts an AMQP connection.
+func waitBroker(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		conn, err := amqp.Dial("amqp://guest:guest@" + brokertest.Host() + "/")
+		if err == nil {
+			conn.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the broker does not answer: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func testLogger() *slog.Logger {
+	if os.Getenv("MESH_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+// newNode starts a node that reconnects fast.
+func newNode(t *testing.T, url, name string, tweak func(*runtime.Config)) *runtime.Node {
+	t.Helper()
+	cfg := runtime.Config{
+		Node: name, AMQPURL: url, StateDir: t.TempDir(), Logger: testLogger(),
+		RetryMin: 10 * time.Millisecond, RetryMax: 100 * time.Millisecond,
+		ReconnectMin: 50 * time.Millisecond, ReconnectMax: time.Second,
+	}
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	n, err := runtime.New(ctx, cfg)
+	if err != nil {
+		t.Fatalf("new node: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := n.Close(ctx); err != nil {
+			t.Errorf("close node: %v", err)
+		}
+	})
+	return n
+}
+
+// idSet counts how many times each id was seen.
+type idSet struct {
+	mu  sync.Mutex
+	ids map[string]int
+}
+
+func newIDSet() *idSet { return &idSet{ids: make(map[string]int)} }
+
+func (s *idSet) add(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ids[id]++
+}
+
+func (s *idSet) len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.ids)
+}
+
+func (s *idSet) count(id string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ids[id]
+}
+
+// overOnce is how many ids were seen more than once.
+func (s *idSet) overOnce() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, c := range s.ids {
+		if c > 1 {
+			n++
+		}
+	}
+	return n
+}
+
+// missingFrom counts the ids of s that other never saw.
+func (s *idSet) missingFrom(other *idSet) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	other.mu.Lock()
+	defer other.mu.Unlock()
+	n := 0
+	for id := range s.ids {
+		if other.ids[id] == 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// waitFor polls cond until it holds or limit passes; it reports whether
+// cond held.
+func waitFor(limit time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return true
+}
