@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -79,7 +80,11 @@ func (n *Node) LoadPlugin(ctx context.Context, path string, args []string, mc Mo
 	patterns, tools := proc.desc.Patterns, proc.desc.Tools
 	def := sdk.Module{Name: proc.desc.Name, Kind: proc.desc.Kind, Emits: proc.desc.Emits, Calls: proc.desc.Calls, Setup: func(m sdk.Mesh) error {
 		for i, p := range patterns {
-			if err := m.On(p, pm.forward(uint32(i))); err != nil {
+			h := pm.forward(uint32(i))
+			if slices.Contains(proc.desc.DuplicatesAllowed, uint32(i)) {
+				h = sdk.AllowDuplicates(h)
+			}
+			if err := m.On(p, h); err != nil {
 				return err
 			}
 		}

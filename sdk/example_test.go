@@ -96,6 +96,17 @@ func ExampleHandlerFunc() {
 	// Output: handling node.anchor.joined attempt 1
 }
 
+func ExampleAllowDuplicates() {
+	// By default the node hands a module each event id once: a redelivery
+	// after a fault is acknowledged without running the handler again. A
+	// handler that is idempotent by itself (it upserts by a key, say) can
+	// take every delivery.
+	upsert := sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error { return nil })
+	h := sdk.AllowDuplicates(upsert)
+	fmt.Println(sdk.DuplicatesAllowed(h), sdk.DuplicatesAllowed(upsert))
+	// Output: true false
+}
+
 func ExampleWithPriority() {
 	o, err := sdk.ApplyEmitOptions(sdk.WithPriority(5), sdk.WithSchema("2"))
 	fmt.Println(o.Priority, o.Schema, err)

@@ -81,7 +81,7 @@ func (s *moduleServer) Describe(context.Context, *pb.Empty) (*pb.Description, er
 		}
 		s.handlers, s.tools = c.handlers, c.toolHandlers
 		s.desc = &pb.Description{Name: s.module.Name, Kind: s.module.Kind, Emits: s.module.Emits, Calls: s.module.Calls,
-			Patterns: c.patterns, Tools: c.tools}
+			Patterns: c.patterns, Tools: c.tools, DuplicatesAllowed: c.duplicatesAllowed()}
 	})
 	return s.desc, s.descErr
 }
@@ -238,6 +238,18 @@ type collector struct {
 	handlers     []Handler
 	tools        []string
 	toolHandlers []ToolHandler
+}
+
+// duplicatesAllowed lists the indexes of the handlers marked
+// AllowDuplicates.
+func (c *collector) duplicatesAllowed() []uint32 {
+	var idx []uint32
+	for i, h := range c.handlers {
+		if DuplicatesAllowed(h) {
+			idx = append(idx, uint32(i))
+		}
+	}
+	return idx
 }
 
 // Answer runs one tool call: a ToolError goes back as it is, a panic as

@@ -192,15 +192,18 @@ func (*Empty) Descriptor() ([]byte, []int) {
 }
 
 type Description struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Emits         []string               `protobuf:"bytes,2,rep,name=emits,proto3" json:"emits,omitempty"`
-	Patterns      []string               `protobuf:"bytes,3,rep,name=patterns,proto3" json:"patterns,omitempty"`
-	Kind          string                 `protobuf:"bytes,4,opt,name=kind,proto3" json:"kind,omitempty"`
-	Calls         []string               `protobuf:"bytes,5,rep,name=calls,proto3" json:"calls,omitempty"`
-	Tools         []string               `protobuf:"bytes,6,rep,name=tools,proto3" json:"tools,omitempty"` // the tools it serves, in Serve order
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Name     string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Emits    []string               `protobuf:"bytes,2,rep,name=emits,proto3" json:"emits,omitempty"`
+	Patterns []string               `protobuf:"bytes,3,rep,name=patterns,proto3" json:"patterns,omitempty"`
+	Kind     string                 `protobuf:"bytes,4,opt,name=kind,proto3" json:"kind,omitempty"`
+	Calls    []string               `protobuf:"bytes,5,rep,name=calls,proto3" json:"calls,omitempty"`
+	Tools    []string               `protobuf:"bytes,6,rep,name=tools,proto3" json:"tools,omitempty"` // the tools it serves, in Serve order
+	// Indexes into patterns of the handlers marked sdk.AllowDuplicates: the
+	// node does not de-duplicate their deliveries by event id.
+	DuplicatesAllowed []uint32 `protobuf:"varint,7,rep,packed,name=duplicates_allowed,json=duplicatesAllowed,proto3" json:"duplicates_allowed,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Description) Reset() {
@@ -271,6 +274,13 @@ func (x *Description) GetCalls() []string {
 func (x *Description) GetTools() []string {
 	if x != nil {
 		return x.Tools
+	}
+	return nil
+}
+
+func (x *Description) GetDuplicatesAllowed() []uint32 {
+	if x != nil {
+		return x.DuplicatesAllowed
 	}
 	return nil
 }
@@ -1196,14 +1206,15 @@ var File_module_proto protoreflect.FileDescriptor
 const file_module_proto_rawDesc = "" +
 	"\n" +
 	"\fmodule.proto\x12\x0emesh.plugin.v1\"\a\n" +
-	"\x05Empty\"\x93\x01\n" +
+	"\x05Empty\"\xc2\x01\n" +
 	"\vDescription\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05emits\x18\x02 \x03(\tR\x05emits\x12\x1a\n" +
 	"\bpatterns\x18\x03 \x03(\tR\bpatterns\x12\x12\n" +
 	"\x04kind\x18\x04 \x01(\tR\x04kind\x12\x14\n" +
 	"\x05calls\x18\x05 \x03(\tR\x05calls\x12\x14\n" +
-	"\x05tools\x18\x06 \x03(\tR\x05tools\"\xe8\x02\n" +
+	"\x05tools\x18\x06 \x03(\tR\x05tools\x12-\n" +
+	"\x12duplicates_allowed\x18\a \x03(\rR\x11duplicatesAllowed\"\xe8\x02\n" +
 	"\vToolRequest\x12\x12\n" +
 	"\x04tool\x18\x01 \x01(\rR\x04tool\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x16\n" +
