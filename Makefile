@@ -17,9 +17,11 @@ build: ## Build all packages and the binaries bin/meshd and bin/meshctl
 	$(GO) build -o bin/meshd ./cmd/meshd
 	$(GO) build -o bin/meshctl ./cmd/meshctl
 
-test: ## Run the whole test suite (race detector) against a local RabbitMQ
+test: ## Run the whole test suite (race detector) against a local RabbitMQ, then the fault tests one at a time
 	$(ENSURE)
 	$(GO) test -race -count=1 -timeout 20m ./...
+	@echo "fault tests (they stop and cut the broker, so they run alone, after the rest):"
+	$(GO) test -race -count=1 -p 1 -v -timeout 20m -tags fault ./test/fault
 
 bench: ## Run throughput/latency benchmarks beside a raw amqp091-go baseline
 	$(ENSURE)
@@ -33,11 +35,12 @@ lint: ## Fail on unformatted files (gofmt -l), then go vet
 	if [ -n "$$files" ]; then echo "gofmt needed on:"; echo "$$files"; exit 1; fi
 	$(GO) vet ./...
 
-fuzz: ## Fuzz event-type validation, header decoding and topic matching, 20s each
+fuzz: ## Fuzz event-type validation, header decoding, topic matching and the dedup log, 20s each
 	$(GO) test -run='^$$' -fuzz=FuzzValidateEventType -fuzztime=20s ./internal/wire
 	$(GO) test -run='^$$' -fuzz=FuzzDecodeMeta -fuzztime=20s ./internal/wire
 	$(GO) test -run='^$$' -fuzz=FuzzMatchPattern -fuzztime=20s ./internal/wire
 	$(GO) test -run='^$$' -fuzz=FuzzValidateToolKey -fuzztime=20s ./internal/wire
+	$(GO) test -run='^$$' -fuzz=FuzzOpenLog -fuzztime=20s -fuzzminimizetime=100x ./internal/dedup
 
 generate: ## Regenerate the plugin protocol's Go code from internal/plugin/pb/module.proto (needs protoc)
 	@command -v protoc >/dev/null || { echo "generate needs protoc: apt-get install protobuf-compiler"; exit 1; }

@@ -571,6 +571,8 @@ func errorKind(err error) pb.ErrorKind {
 		return pb.ErrorKind_DEADLINE_EXCEEDED
 	case errors.Is(err, sdk.ErrForbidden):
 		return pb.ErrorKind_FORBIDDEN
+	case errors.Is(err, sdk.ErrBackPressure):
+		return pb.ErrorKind_BACK_PRESSURE
 	default:
 		return pb.ErrorKind_OTHER
 	}

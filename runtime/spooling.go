@@ -266,6 +266,8 @@ func (n *Node) resend(s *session, recs []spool.Record) (done []uint64, refused b
 		case <-b.dc.Done():
 		case <-s.lost:
 			return done, false
+		case <-n.closing: // what is not deleted is sent again on the next start
+			return done, false
 		}
 		if !b.dc.Acked() {
 			if s.pub.ch.IsClosed() {

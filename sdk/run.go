@@ -224,6 +224,8 @@ func errorOf(kind pb.ErrorKind, msg string) error {
 		sentinel = ErrNoServer
 	case pb.ErrorKind_DEADLINE_EXCEEDED:
 		sentinel = ErrDeadlineExceeded
+	case pb.ErrorKind_BACK_PRESSURE:
+		sentinel = ErrBackPressure
 	case pb.ErrorKind_FORBIDDEN:
 		sentinel = ErrForbidden
 	default:

@@ -43,6 +43,7 @@ const (
 	ErrorKind_DEADLINE_EXCEEDED ErrorKind = 10
 	ErrorKind_TOOL              ErrorKind = 11
 	ErrorKind_FORBIDDEN         ErrorKind = 12
+	ErrorKind_BACK_PRESSURE     ErrorKind = 13
 )
 
 // Enum value maps for ErrorKind.
@@ -61,6 +62,7 @@ var (
 		10: "DEADLINE_EXCEEDED",
 		11: "TOOL",
 		12: "FORBIDDEN",
+		13: "BACK_PRESSURE",
 	}
 	ErrorKind_value = map[string]int32{
 		"NONE":              0,
@@ -76,6 +78,7 @@ var (
 		"DEADLINE_EXCEEDED": 10,
 		"TOOL":              11,
 		"FORBIDDEN":         12,
+		"BACK_PRESSURE":     13,
 	}
 )
 
@@ -1302,7 +1305,7 @@ const file_module_proto_rawDesc = "" +
 	"error_kind\x18\x02 \x01(\x0e2\x19.mesh.plugin.v1.ErrorKindR\terrorKind\x12\x14\n" +
 	"\x05error\x18\x03 \x01(\tR\x05error\x12\x1b\n" +
 	"\ttool_code\x18\x04 \x01(\tR\btoolCode\x12%\n" +
-	"\x0etool_permanent\x18\x05 \x01(\bR\rtoolPermanent*\xd6\x01\n" +
+	"\x0etool_permanent\x18\x05 \x01(\bR\rtoolPermanent*\xe9\x01\n" +
 	"\tErrorKind\x12\b\n" +
 	"\x04NONE\x10\x00\x12\t\n" +
 	"\x05OTHER\x10\x01\x12\x10\n" +
@@ -1319,7 +1322,8 @@ const file_module_proto_rawDesc = "" +
 	"\x11DEADLINE_EXCEEDED\x10\n" +
 	"\x12\b\n" +
 	"\x04TOOL\x10\v\x12\r\n" +
-	"\tFORBIDDEN\x10\f2\x95\x02\n" +
+	"\tFORBIDDEN\x10\f\x12\x11\n" +
+	"\rBACK_PRESSURE\x10\r2\x95\x02\n" +
 	"\x06Module\x12>\n" +
 	"\bDescribe\x12\x15.mesh.plugin.v1.Empty\x1a\x1b.mesh.plugin.v1.Description\x12<\n" +
 	"\x05Start\x12\x1c.mesh.plugin.v1.StartRequest\x1a\x15.mesh.plugin.v1.Empty\x12J\n" +
