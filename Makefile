@@ -35,12 +35,14 @@ lint: ## Fail on unformatted files (gofmt -l), then go vet
 	if [ -n "$$files" ]; then echo "gofmt needed on:"; echo "$$files"; exit 1; fi
 	$(GO) vet ./...
 
-fuzz: ## Fuzz event-type validation, header decoding, topic matching and the dedup log, 20s each
+fuzz: ## Fuzz event-type validation, header decoding, topic matching, the dedup log and dead-letter headers, 20s each
 	$(GO) test -run='^$$' -fuzz=FuzzValidateEventType -fuzztime=20s ./internal/wire
 	$(GO) test -run='^$$' -fuzz=FuzzDecodeMeta -fuzztime=20s ./internal/wire
 	$(GO) test -run='^$$' -fuzz=FuzzMatchPattern -fuzztime=20s ./internal/wire
 	$(GO) test -run='^$$' -fuzz=FuzzValidateToolKey -fuzztime=20s ./internal/wire
 	$(GO) test -run='^$$' -fuzz=FuzzOpenLog -fuzztime=20s -fuzzminimizetime=100x ./internal/dedup
+	$(GO) test -run='^$$' -fuzz=FuzzMessageOf -fuzztime=20s ./internal/deadletters
+	$(GO) test -run='^$$' -fuzz=FuzzSplitModuleQueue -fuzztime=20s ./internal/deadletters
 
 generate: ## Regenerate the plugin protocol's Go code from internal/plugin/pb/module.proto (needs protoc)
 	@command -v protoc >/dev/null || { echo "generate needs protoc: apt-get install protobuf-compiler"; exit 1; }

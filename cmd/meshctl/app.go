@@ -57,6 +57,8 @@ func app() *cli.App {
 				},
 				Action: tail,
 			},
+			dlqCommand(),
+			unroutedCommand(),
 		},
 	}
 }
@@ -70,9 +72,10 @@ func connect(ctx context.Context, c *cli.Context) (*runtime.Node, error) {
 		name = "meshctl-" + regexp.MustCompile(`[^A-Za-z0-9_-]`).ReplaceAllString(host, "-")
 	}
 	return runtime.New(ctx, runtime.Config{
-		Node:    name,
-		AMQPURL: c.String("amqp-url"),
-		Logger:  slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Node:      name,
+		Ephemeral: true, // no node lock, no spool: an emit is confirmed or fails
+		AMQPURL:   c.String("amqp-url"),
+		Logger:    slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
 }
 

@@ -1,4 +1,6 @@
-// Command meshctl talks to the mesh: emit an event, tail events live.
+// Command meshctl talks to the mesh: emit an event, call a tool, tail
+// events live, and list, show, replay or purge dead letters (meshctl dlq)
+// and unrouted events (meshctl unrouted).
 package main
 
 import (

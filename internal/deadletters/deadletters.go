@@ -1,0 +1,427 @@
+package deadletters
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/meshkit/mesh/internal/wire"
+)
+
+// Errors callers branch on. Errors returned by List, Show, Replay and
+// Purge, and the Err of each Left, wrap one of them (or the broker's or
+// the context's error).
+var (
+	// ErrNotKeeper means the queue named is not one of the keeper queues,
+	// wire.QueueDead and wire.QueueUnrouted. Permanent.
+	ErrNotKeeper = errors.New("not a keeper queue (want " + wire.QueueDead + " or " + wire.QueueUnrouted + ")")
+	// ErrNoQueue means the broker has no such queue in the virtual host:
+	// no node has declared the mesh's topology there yet. Permanent until
+	// one does.
+	ErrNoQueue = errors.New("queue does not exist")
+	// ErrBadFilter means a Filter field breaks its rule. Permanent.
+	ErrBadFilter = errors.New("bad filter")
+	// ErrNotFound means Show found no message with an id asked for.
+	ErrNotFound = errors.New("message not found")
+
+	// ErrQueueGone is a Left's reason when the queue a dead letter came
+	// from no longer exists: the broker returned the replayed copy. The
+	// dead letter stays. Permanent until the module runs again.
+	ErrQueueGone = errors.New("queue gone")
+	// ErrNoTarget is a Left's reason when a dead letter names no queue
+	// that gave up (neither x-mesh-dead-queue nor x-death), or a name no
+	// queue can have. Permanent.
+	ErrNoTarget = errors.New("names no queue to replay to")
+	// ErrUnroutable is a Left's reason when the broker returned a replayed
+	// unrouted event: mesh.events has no queue bound for it and no
+	// alternate exchange to keep it. Permanent until the topology is
+	// declared.
+	ErrUnroutable = errors.New("returned by the broker: no queue and no alternate exchange")
+	// ErrRefused is a Left's reason when the broker refused (nacked) the
+	// replayed copy, for example because the target queue is full.
+	// Transient: replaying again may work.
+	ErrRefused = errors.New("refused by the broker")
+)
+
+// Result says what Replay or Purge did, or on a dry run would do.
+type Result struct {
+	// DryRun is true when nothing was changed.
+	DryRun bool
+	// Matched is how many messages matched the filter.
+	Matched int
+	// Done is how many of them were replayed or purged (on a dry run:
+	// would be).
+	Done int
+	// Queues counts the replayed dead letters by the queue they went back
+	// to (on a dry run: would go back to). Nil for Purge and for unrouted
+	// events, which all go to mesh.events.
+	Queues map[string]int
+	// Left lists the matched messages that stayed in the keeper queue
+	// (on a dry run: would stay), with why.
+	Left []Left
+	// CameBack counts replayed unrouted events that no queue took again,
+	// so the alternate exchange brought them back to mesh.unrouted. It is
+	// a lower bound: a copy that arrives after the idle timeout is not
+	// counted. Always 0 on a dry run.
+	CameBack int
+}
+
+// Left is a matched message that stayed in the keeper queue.
+type Left struct {
+	// ID and Type are the message's id and event type.
+	ID, Type string
+	// Queue is the queue a dead letter would have gone back to ("" if it
+	// names none).
+	Queue string
+	// Err says why; it wraps ErrQueueGone, ErrNoTarget, ErrUnroutable or
+	// ErrRefused.
+	Err error
+}
+
+// Option is a per-call setting of List, Show, Replay and Purge.
+type Option func(*options)
+
+type options struct {
+	dryRun   bool
+	progress func(done, total int)
+	idle     time.Duration
+	now      func() time.Time
+}
+
+func collectOptions(opts []Option) options {
+	o := options{idle: DefaultIdleTimeout, now: time.Now}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.idle <= 0 {
+		o.idle = DefaultIdleTimeout
+	}
+	return o
+}
+
+// DefaultIdleTimeout is how long a browse waits for the next message before
+// it takes the queue as read to the end.
+const DefaultIdleTimeout = 500 * time.Millisecond
+
+// DryRun makes Replay and Purge report what they would do and change
+// nothing: every message stays where it is. A dry replay of dead letters
+// still checks that each target queue exists.
+func DryRun() Option { return func(o *options) { o.dryRun = true } }
+
+// WithProgress has Replay and Purge call f(done, total) once before acting
+// on the total matched messages and after each one, from the calling
+// goroutine. f must return quickly.
+func WithProgress(f func(done, total int)) Option {
+	return func(o *options) { o.progress = f }
+}
+
+// WithIdleTimeout sets how long a browse waits for the next message before
+// it stops reading (default DefaultIdleTimeout).
+func WithIdleTimeout(d time.Duration) Option { return func(o *options) { o.idle = d } }
+
+// keeper checks that queue is a keeper queue and says whether it is the
+// dead letters' one.
+func keeper(queue string) (dead bool, err error) {
+	switch queue {
+	case wire.QueueDead:
+		return true, nil
+	case wire.QueueUnrouted:
+		return false, nil
+	}
+	return false, fmt.Errorf("%w: %q", ErrNotKeeper, queue)
+}
+
+// List returns the messages of a keeper queue (wire.QueueDead or
+// wire.QueueUnrouted) that match f, in the order the queue delivers them
+// (oldest first, unless some were given back by an earlier browse).
+// Every message stays in the queue: List holds them unacknowledged while it
+// reads and gives them all back before it returns.
+func List(ctx context.Context, conn *amqp.Connection, queue string, f Filter, opts ...Option) ([]Message, error) {
+	dead, err := keeper(queue)
+	if err != nil {
+		return nil, err
+	}
+	if err := f.Validate(); err != nil {
+		return nil, err
+	}
+	o := collectOptions(opts)
+	matches, b, err := browseMatching(ctx, conn, queue, dead, f, o)
+	if b != nil {
+		err = errors.Join(err, b.close())
+	}
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Message, len(matches))
+	for i, h := range matches {
+		out[i] = h.m
+	}
+	return out, nil
+}
+
+// Show returns the messages of a keeper queue with the given ids (message
+// id or x-event-id), in queue order; every message stays in the queue. If
+// some id matches no message, it returns the messages found and an error
+// wrapping ErrNotFound that names the missing ids.
+func Show(ctx context.Context, conn *amqp.Connection, queue string, ids []string, opts ...Option) ([]Message, error) {
+	if len(ids) == 0 {
+		return nil, fmt.Errorf("%w: no id given", ErrBadFilter)
+	}
+	msgs, err := List(ctx, conn, queue, Filter{IDs: ids}, opts...)
+	if err != nil {
+		return nil, err
+	}
+	var missing []string
+	for _, id := range ids {
+		found := false
+		for _, m := range msgs {
+			if m.ID == id || text(m.Headers[wire.HeaderEventID]) == id {
+				found = true
+				break
+			}
+		}
+		if !found {
+			missing = append(missing, id)
+		}
+	}
+	if len(missing) > 0 {
+		return msgs, fmt.Errorf("%w in %s: %s", ErrNotFound, queue, strings.Join(missing, ", "))
+	}
+	return msgs, nil
+}
+
+// Replay sends the matching messages of a keeper queue back to be handled,
+// and removes each from the keeper queue only once the broker has confirmed
+// its copy and not returned it.
+//
+// A dead letter goes back to the queue that gave up on it, and only there,
+// through the default exchange: the original body, properties and message
+// id, persistent, with the original headers minus the dead-letter headers
+// (x-mesh-dead-*, x-death, x-first-death-*, x-last-death-*),
+// x-delivery-count and x-mesh-attempt, so attempts start over, and with
+// x-mesh-routing-key set to the event type, which the runtime reads as the
+// type of an event arriving by another routing key. If that queue no longer
+// exists the dead letter stays, reported in Result.Left with ErrQueueGone.
+//
+// An unrouted event is published again to mesh.events with its routing key
+// and headers. If a queue is bound for it now it is routed there; if not,
+// the alternate exchange brings it back to mesh.unrouted, counted in
+// Result.CameBack.
+//
+// A message left in place is not an error; the error is for what stopped
+// the whole replay (a bad filter, a missing queue, a lost connection, ctx
+// cancelled), and comes with the Result so far. Replay is at least once: if
+// it stops between a confirm and the removal, the event is both replayed
+// and still kept.
+func Replay(ctx context.Context, conn *amqp.Connection, queue string, f Filter, opts ...Option) (res Result, err error) {
+	dead, err := keeper(queue)
+	if err != nil {
+		return res, err
+	}
+	if err := f.Validate(); err != nil {
+		return res, err
+	}
+	o := collectOptions(opts)
+	res.DryRun = o.dryRun
+	matches, b, err := browseMatching(ctx, conn, queue, dead, f, o)
+	if b != nil {
+		defer func() { err = errors.Join(err, b.close()) }()
+	}
+	if err != nil {
+		return res, err
+	}
+	res.Matched = len(matches)
+	if dead {
+		res.Queues = make(map[string]int)
+	}
+	if len(matches) == 0 {
+		return res, nil
+	}
+	if o.dryRun {
+		return dryReplay(conn, matches, dead, res, o)
+	}
+	pub, err := newPublisher(conn)
+	if err != nil {
+		return res, err
+	}
+	defer pub.close()
+	o.report(0, len(matches))
+	replayed := make(map[string]int) // unrouted ids replayed, to know their copies
+	for i, h := range matches {
+		if err := ctx.Err(); err != nil {
+			return res, err
+		}
+		msg := replaying(h.d)
+		exchange, key := wire.ExchangeEvents, h.d.RoutingKey
+		if dead {
+			if err := checkTarget(h.m.Queue); err != nil {
+				res.Left = append(res.Left, Left{ID: h.m.ID, Type: h.m.Type, Queue: h.m.Queue, Err: err})
+				o.report(i+1, len(matches))
+				continue
+			}
+			exchange, key = "", h.m.Queue
+			if h.m.Type != "" {
+				msg.Headers[wire.HeaderRoutingKey] = h.m.Type
+			}
+		}
+		returned, err := pub.publish(ctx, exchange, key, msg)
+		switch {
+		case errors.Is(err, ErrRefused):
+			res.Left = append(res.Left, Left{ID: h.m.ID, Type: h.m.Type, Queue: h.m.Queue, Err: err})
+		case err != nil:
+			return res, fmt.Errorf("replay %s: %w", h.m.ID, err)
+		case returned != nil && dead:
+			res.Left = append(res.Left, Left{ID: h.m.ID, Type: h.m.Type, Queue: h.m.Queue,
+				Err: fmt.Errorf("%w: %s (%s)", ErrQueueGone, h.m.Queue, returned.ReplyText)})
+		case returned != nil:
+			res.Left = append(res.Left, Left{ID: h.m.ID, Type: h.m.Type,
+				Err: fmt.Errorf("%w (%s)", ErrUnroutable, returned.ReplyText)})
+		default:
+			if err := b.ack(h); err != nil {
+				return res, fmt.Errorf("remove replayed %s from %s (it was replayed and is still kept): %w", h.m.ID, queue, err)
+			}
+			res.Done++
+			if dead {
+				res.Queues[key]++
+			} else {
+				replayed[h.m.ID]++
+			}
+		}
+		o.report(i+1, len(matches))
+	}
+	if !dead && res.Done > 0 {
+		res.CameBack, err = b.cameBack(ctx, replayed, res.Done)
+	}
+	return res, err
+}
+
+// dryReplay fills in what Replay would do, checking for dead letters that
+// each target queue exists.
+func dryReplay(conn *amqp.Connection, matches []held, dead bool, res Result, o options) (Result, error) {
+	exists := make(map[string]bool)
+	o.report(0, len(matches))
+	for i, h := range matches {
+		switch {
+		case !dead:
+			res.Done++
+		case checkTarget(h.m.Queue) != nil:
+			res.Left = append(res.Left, Left{ID: h.m.ID, Type: h.m.Type, Queue: h.m.Queue, Err: checkTarget(h.m.Queue)})
+		default:
+			ok, known := exists[h.m.Queue]
+			if !known {
+				var err error
+				if ok, err = queueExists(conn, h.m.Queue); err != nil {
+					return res, err
+				}
+				exists[h.m.Queue] = ok
+			}
+			if ok {
+				res.Done++
+				res.Queues[h.m.Queue]++
+			} else {
+				res.Left = append(res.Left, Left{ID: h.m.ID, Type: h.m.Type, Queue: h.m.Queue,
+					Err: fmt.Errorf("%w: %s", ErrQueueGone, h.m.Queue)})
+			}
+		}
+		o.report(i+1, len(matches))
+	}
+	return res, nil
+}
+
+// checkTarget checks the queue a dead letter names before publishing to it:
+// a name that could not be sent would fail the publish, not just this one
+// dead letter.
+func checkTarget(queue string) error {
+	if queue == "" {
+		return ErrNoTarget
+	}
+	if err := wire.ValidateQueueName(queue); err != nil {
+		return fmt.Errorf("%w: %w", ErrNoTarget, err)
+	}
+	return nil
+}
+
+// Purge deletes the matching messages of a keeper queue; every other
+// message stays. With DryRun it only counts them.
+func Purge(ctx context.Context, conn *amqp.Connection, queue string, f Filter, opts ...Option) (res Result, err error) {
+	dead, err := keeper(queue)
+	if err != nil {
+		return res, err
+	}
+	if err := f.Validate(); err != nil {
+		return res, err
+	}
+	o := collectOptions(opts)
+	res.DryRun = o.dryRun
+	matches, b, err := browseMatching(ctx, conn, queue, dead, f, o)
+	if b != nil {
+		defer func() { err = errors.Join(err, b.close()) }()
+	}
+	if err != nil {
+		return res, err
+	}
+	res.Matched = len(matches)
+	if len(matches) == 0 {
+		return res, nil
+	}
+	o.report(0, len(matches))
+	for i, h := range matches {
+		if err := ctx.Err(); err != nil {
+			return res, err
+		}
+		if !o.dryRun {
+			if err := b.ack(h); err != nil {
+				return res, fmt.Errorf("purge %s from %s: %w", h.m.ID, queue, err)
+			}
+		}
+		res.Done++
+		o.report(i+1, len(matches))
+	}
+	return res, nil
+}
+
+func (o options) report(done, total int) {
+	if o.progress != nil {
+		o.progress(done, total)
+	}
+}
+
+// replaying copies d for publishing again: same body, id and properties
+// (but no expiration, as the runtime's own republishing), persistent, and
+// the headers without what the broker and the runtime added when the event
+// was retried or dead-lettered.
+func replaying(d amqp.Delivery) amqp.Publishing {
+	headers := make(amqp.Table, len(d.Headers)+1)
+	for k, v := range d.Headers {
+		if !droppedOnReplay(k) {
+			headers[k] = v
+		}
+	}
+	return amqp.Publishing{
+		Headers:         headers,
+		ContentType:     d.ContentType,
+		ContentEncoding: d.ContentEncoding,
+		DeliveryMode:    amqp.Persistent,
+		Priority:        d.Priority,
+		CorrelationId:   d.CorrelationId,
+		ReplyTo:         d.ReplyTo,
+		MessageId:       d.MessageId,
+		Timestamp:       d.Timestamp,
+		Type:            d.Type,
+		AppId:           d.AppId,
+		Body:            d.Body,
+	}
+}
+
+// droppedOnReplay says whether a replay drops header k.
+func droppedOnReplay(k string) bool {
+	switch k {
+	case "x-delivery-count", "x-death", wire.HeaderAttempt:
+		return true
+	}
+	return strings.HasPrefix(k, "x-mesh-dead-") || strings.HasPrefix(k, "x-first-death-") || strings.HasPrefix(k, "x-last-death-")
+}

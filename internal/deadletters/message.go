@@ -1,0 +1,242 @@
+package deadletters
+
+import (
+	"strings"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/meshkit/mesh/internal/wire"
+)
+
+// Message is one message kept in a keeper queue, as read from its
+// properties and headers. Reading never fails: a header that is missing or
+// of the wrong type leaves its field empty.
+type Message struct {
+	// ID is the AMQP message id, or the x-event-id header when the message
+	// id is missing.
+	ID string
+	// Type is the event type: the x-mesh-routing-key header when present
+	// (an event the runtime had republished straight to a queue), otherwise
+	// the routing key.
+	Type string
+	// Exchange and RoutingKey are as delivered: mesh.events.dead and the
+	// event type for a dead letter, mesh.events and the event type for an
+	// unrouted event.
+	Exchange, RoutingKey string
+	// Source and SourceNode are the emitting module and node (x-source,
+	// x-node).
+	Source, SourceNode string
+
+	// Queue is the queue that gave up on a dead letter: x-mesh-dead-queue,
+	// or for a dead letter the broker made, the queue of its latest
+	// x-death entry. Empty for an unrouted event.
+	Queue string
+	// Node and Module are read from Queue when it is a module queue
+	// (<node>.<module>.events), and empty otherwise.
+	Node, Module string
+	// Reason is why the message was dead-lettered (x-mesh-dead-reason, or
+	// the broker's x-death reason such as "delivery_limit" or "expired").
+	Reason string
+	// Error is the handler's last error (x-mesh-dead-error).
+	Error string
+	// Attempts is how many times the handler was tried
+	// (x-mesh-dead-attempts); 0 when unknown.
+	Attempts int
+
+	// Time is when the message was dead-lettered (x-mesh-dead-time, else
+	// the latest x-death time) or, for an unrouted event, when it arrived
+	// (x-death time, else the timestamp property, else x-time). It is UTC,
+	// and zero when nothing says.
+	Time time.Time
+
+	// ContentType is the content type property.
+	ContentType string
+	// Size is the body's length in bytes.
+	Size int
+	// Headers are all headers as delivered, including the broker's
+	// (x-death, x-delivery-count).
+	Headers amqp.Table
+	// Body is the body as delivered.
+	Body []byte
+}
+
+// moduleFor is the name the module filter compares: for a dead letter
+// the module whose queue gave up, for an unrouted event the module that
+// emitted it.
+func (m Message) moduleFor(dead bool) string {
+	if dead {
+		return m.Module
+	}
+	return m.Source
+}
+
+// nodeFor is the node the node filter compares, as moduleFor.
+func (m Message) nodeFor(dead bool) string {
+	if dead {
+		return m.Node
+	}
+	return m.SourceNode
+}
+
+// messageOf reads a delivery from a keeper queue: the dead letters' queue
+// when dead, else the unrouted events'.
+func messageOf(d amqp.Delivery, dead bool) Message {
+	h := d.Headers
+	m := Message{
+		ID:          d.MessageId,
+		Type:        d.RoutingKey,
+		Exchange:    d.Exchange,
+		RoutingKey:  d.RoutingKey,
+		Source:      text(h[wire.HeaderSource]),
+		SourceNode:  text(h[wire.HeaderNode]),
+		Queue:       text(h[wire.HeaderDeadQueue]),
+		Reason:      text(h[wire.HeaderDeadReason]),
+		Error:       text(h[wire.HeaderDeadError]),
+		ContentType: d.ContentType,
+		Size:        len(d.Body),
+		Headers:     h,
+		Body:        d.Body,
+	}
+	if m.ID == "" {
+		m.ID = text(h[wire.HeaderEventID])
+	}
+	if rk := text(h[wire.HeaderRoutingKey]); rk != "" {
+		m.Type = rk
+	}
+	if n, ok := integer(h[wire.HeaderDeadAttempts]); ok && n > 0 && n <= 1<<31 {
+		m.Attempts = int(n)
+	}
+	death := latestDeath(h)
+	if m.Queue == "" {
+		m.Queue = death.Queue
+	}
+	if m.Reason == "" {
+		m.Reason = death.Reason
+	}
+	m.Node, m.Module, _ = splitModuleQueue(m.Queue)
+	// A dead letter's timestamp and x-time say when the event was emitted,
+	// not when it died, so they are no stand-in for the dead time.
+	times := []time.Time{parseTime(text(h[wire.HeaderDeadTime])), death.Time}
+	if !dead {
+		times = []time.Time{death.Time, d.Timestamp, parseTime(text(h[wire.HeaderTime]))}
+	}
+	for _, t := range times {
+		if !t.IsZero() {
+			m.Time = t
+			break
+		}
+	}
+	if !m.Time.IsZero() {
+		m.Time = m.Time.UTC()
+	}
+	return m
+}
+
+// death is what the broker says about the latest time it dead-lettered a
+// message.
+type death struct {
+	Queue, Reason string
+	Time          time.Time
+}
+
+// latestDeath reads the broker's dead-lettering headers: the first entry of
+// x-death (the most recent one), then x-last-death-* (RabbitMQ 3.13+), then
+// x-first-death-*. Entries of the wrong type are skipped.
+func latestDeath(h amqp.Table) death {
+	var d death
+	if list, ok := h["x-death"].([]any); ok {
+		for _, e := range list {
+			t, ok := table(e)
+			if !ok {
+				continue
+			}
+			d.Queue = text(t["queue"])
+			d.Reason = text(t["reason"])
+			d.Time, _ = t["time"].(time.Time)
+			break
+		}
+	}
+	for _, prefix := range []string{"x-last-death-", "x-first-death-"} {
+		if d.Queue == "" {
+			d.Queue = text(h[prefix+"queue"])
+		}
+		if d.Reason == "" {
+			d.Reason = text(h[prefix+"reason"])
+		}
+	}
+	return d
+}
+
+// splitModuleQueue reads a module queue name, <node>.<module>.events (see
+// wire.ModuleQueue), into its node and module. Node and module names are
+// single words, so any other shape is not a module queue.
+func splitModuleQueue(queue string) (node, module string, ok bool) {
+	rest, found := strings.CutSuffix(queue, ".events")
+	if !found {
+		return "", "", false
+	}
+	node, module, found = strings.Cut(rest, ".")
+	if !found || node == "" || module == "" || strings.Contains(module, ".") {
+		return "", "", false
+	}
+	return node, module, true
+}
+
+// parseTime reads an RFC 3339 time, zero when s is not one.
+func parseTime(s string) time.Time {
+	if s == "" {
+		return time.Time{}
+	}
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return time.Time{}
+	}
+	return t.UTC()
+}
+
+// text reads a header value sent as text: an AMQP long string (string) or a
+// byte array, which other clients use for text.
+func text(v any) string {
+	switch s := v.(type) {
+	case string:
+		return s
+	case []byte:
+		return string(s)
+	}
+	return ""
+}
+
+// integer reads any AMQP integer header value.
+func integer(v any) (int64, bool) {
+	switch n := v.(type) {
+	case int:
+		return int64(n), true
+	case int8:
+		return int64(n), true
+	case int16:
+		return int64(n), true
+	case int32:
+		return int64(n), true
+	case int64:
+		return n, true
+	case uint8:
+		return int64(n), true
+	case uint16:
+		return int64(n), true
+	case uint32:
+		return int64(n), true
+	}
+	return 0, false
+}
+
+// table reads a nested AMQP table.
+func table(v any) (amqp.Table, bool) {
+	switch t := v.(type) {
+	case amqp.Table:
+		return t, true
+	case map[string]any:
+		return amqp.Table(t), true
+	}
+	return nil, false
+}
