@@ -54,10 +54,25 @@ type callResult struct {
 // old connection). While the node is reconnecting it waits, until ctx is
 // done.
 func (n *Node) caller(ctx context.Context) (*caller, error) {
-	s, err := n.awaitSession(ctx)
-	if err != nil {
-		return nil, err
+	for {
+		s, err := n.awaitSession(ctx)
+		if err != nil {
+			return nil, err
+		}
+		c, err := n.callerOn(s)
+		if errors.Is(err, amqp.ErrClosed) {
+			// The connection closed before the node noticed: wait for the
+			// next session.
+			s.markLost(fmt.Errorf("broker connection lost: %w", err))
+			continue
+		}
+		return c, err
 	}
+}
+
+// callerOn returns the caller on s, making it if the current one is on
+// another session or lost.
+func (n *Node) callerOn(s *session) (*caller, error) {
 	n.callerMu.Lock()
 	defer n.callerMu.Unlock()
 	if c := n.calls; c != nil {

@@ -280,10 +280,12 @@ func (c Config) Validate() error {
 	if c.SpoolMaxBytes < 0 {
 		errs = append(errs, fmt.Errorf("spool_max_bytes: %d is negative", c.SpoolMaxBytes))
 	}
-	for name, d := range map[string]time.Duration{"lock_wait": c.LockWait, "emit_timeout": c.EmitTimeout,
-		"consumer_timeout": c.ConsumerTimeout, "dedup_retention": c.DedupRetention} {
-		if d < 0 {
-			errs = append(errs, fmt.Errorf("%s: %v is negative", name, d))
+	for _, d := range []struct {
+		name string
+		d    time.Duration
+	}{{"lock_wait", c.LockWait}, {"emit_timeout", c.EmitTimeout}, {"consumer_timeout", c.ConsumerTimeout}, {"dedup_retention", c.DedupRetention}} {
+		if d.d < 0 {
+			errs = append(errs, fmt.Errorf("%s: %v is negative", d.name, d.d))
 		}
 	}
 	if c.DedupMaxEntries < 0 {

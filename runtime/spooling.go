@@ -104,7 +104,7 @@ type spooledEvent struct {
 	Time     time.Time         `json:"t"`
 	Expires  time.Time         `json:"x,omitzero"`
 	Priority uint8             `json:"p,omitempty"`
-	Body     json.RawMessage   `json:"b"`
+	Body     []byte            `json:"b"` // base64: the body's bytes as emitted, not re-encoded
 }
 
 // spoolEvent appends an event to the spool, durably, and wakes the
