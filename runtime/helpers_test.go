@@ -129,11 +129,17 @@ func (r *recorder) count() int {
 // next waits for the next event the handler sees.
 func (r *recorder) next(t *testing.T) sdk.Event {
 	t.Helper()
+	return r.nextWithin(t, 15*time.Second)
+}
+
+// nextWithin waits up to limit for the next event the handler sees.
+func (r *recorder) nextWithin(t *testing.T, limit time.Duration) sdk.Event {
+	t.Helper()
 	select {
 	case ev := <-r.seen:
 		return ev
-	case <-time.After(15 * time.Second):
-		t.Fatal("timed out waiting for an event at the handler")
+	case <-time.After(limit):
+		t.Fatalf("timed out after %v waiting for an event at the handler", limit)
 		return sdk.Event{}
 	}
 }

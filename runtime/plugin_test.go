@@ -180,7 +180,7 @@ func TestPluginCrashIsRestarted(t *testing.T) {
 	// with each of the 3 attempts.
 	counts := map[string]int{}
 	for len(counts) < 3 || counts["node.anchor.module.restarted"] < 3 {
-		ev := lifecycle.next(t)
+		ev := lifecycle.nextWithin(t, 45*time.Second) // three process launches; slow when CI is loaded
 		counts[ev.Type]++
 		if !strings.Contains(string(ev.Body), `"module":"echo"`) {
 			t.Errorf("%s says %s", ev.Type, ev.Body)
