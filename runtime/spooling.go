@@ -176,6 +176,10 @@ func (n *Node) drainLoop() {
 // and deleted once confirmed, until it is empty (emits then go straight to
 // the broker again), the session is lost or the node closes. A refused
 // event is tried again with back-off before anything after it.
+//
+// Under a steady stream of emits the spool would never be seen empty, so
+// the last batch is sent with new appends held back (they wait a few
+// milliseconds); the spool then empties and the fast path returns.
 func (n *Node) drain(s *session) {
 	refusals := 0
 	for !s.isLost() && !n.isClosing() {
@@ -184,20 +188,33 @@ func (n *Node) drain(s *session) {
 			n.log.Error("read the spool", "err", err)
 			return
 		}
-		if len(recs) == 0 {
+		locked := len(recs) < drainBatch
+		if locked {
 			n.spoolGate.Lock()
-			if n.spool.Len() == 0 {
+			if recs, err = n.spool.Oldest(drainBatch); err != nil {
+				n.spoolGate.Unlock()
+				n.log.Error("read the spool", "err", err)
+				return
+			}
+			if len(recs) == 0 {
+				n.spooling.Store(false)
+				n.spoolGate.Unlock()
+				return
+			}
+		}
+		done, refused := n.resend(s, recs)
+		delErr := n.spool.Delete(done...)
+		if locked {
+			if delErr == nil && n.spool.Len() == 0 {
 				n.spooling.Store(false)
 			}
 			n.spoolGate.Unlock()
-			if !n.spooling.Load() {
-				return
-			}
-			continue
 		}
-		done, refused := n.resend(s, recs)
-		if err := n.spool.Delete(done...); err != nil {
-			n.log.Error("delete resent events from the spool; they will be sent again", "err", err)
+		if delErr != nil {
+			n.log.Error("delete resent events from the spool; they will be sent again", "err", delErr)
+			return
+		}
+		if !n.spooling.Load() {
 			return
 		}
 		if refused {
