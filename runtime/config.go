@@ -54,7 +54,9 @@ type Config struct {
 	// AMQPURL is the broker, amqp://user:pass@host:port/vhost. It is never
 	// logged with its password.
 	AMQPURL string
-	// StateDir holds node-local state (the module binding records).
+	// StateDir holds node-local state: the spool (spool.db), the record
+	// of handled events per module (dedup/) and the module binding records
+	// (bindings/). One node process at a time may use it.
 	// Default: $XDG_STATE_HOME/mesh/<node>, or ~/.local/state/mesh/<node>.
 	StateDir string
 	// Module holds the defaults for every module; each field can be

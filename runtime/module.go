@@ -65,7 +65,6 @@ type tool struct {
 type consumerChannel struct {
 	ch   *amqp.Channel
 	tags []string
-	sess *session
 }
 
 // Load runs def on the node in-process: Setup subscribes its handlers,
@@ -244,15 +243,15 @@ func (m *Module) resume(s *session) {
 
 // track adds a channel the module consumes on, unless the module stopped
 // meanwhile (then it closes ch and says so).
-func (m *Module) track(c consumerChannel) (*consumerChannel, error) {
+func (m *Module) track(ch *amqp.Channel) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.stopped {
-		c.ch.Close()
-		return nil, sdk.ErrClosed
+		ch.Close()
+		return sdk.ErrClosed
 	}
-	m.consumers = append(m.consumers, c)
-	return &m.consumers[len(m.consumers)-1], nil
+	m.consumers = append(m.consumers, consumerChannel{ch: ch})
+	return nil
 }
 
 // addTag records a consumer tag on the channel ch, for Stop to cancel.
@@ -276,7 +275,7 @@ func (m *Module) consume(ctx context.Context, s *session, subs []subscription) e
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
 	}
-	if _, err := m.track(consumerChannel{ch: ch, sess: s}); err != nil {
+	if err := m.track(ch); err != nil {
 		return err
 	}
 	if _, err := ch.QueueDeclare(m.queue, true, false, false, false, moduleQueueArgs(m.cfg)); err != nil {

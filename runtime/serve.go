@@ -31,7 +31,7 @@ func (m *Module) serve(ctx context.Context, s *session, tools []tool) error {
 	if err != nil {
 		return fmt.Errorf("open serve channel: %w", err)
 	}
-	if _, err := m.track(consumerChannel{ch: ch, sess: s}); err != nil {
+	if err := m.track(ch); err != nil {
 		return err
 	}
 	go m.watch(s, ch, ch.NotifyClose(make(chan *amqp.Error, 1)), ch.NotifyCancel(make(chan string, 1)))

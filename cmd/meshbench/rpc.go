@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -132,7 +133,7 @@ func newMeshRPC(url string) (rpcSide, error) {
 	}
 	defer os.RemoveAll(state) // nothing in it outlives the nodes' start
 	mk := func(name string) (*runtime.Node, error) {
-		return runtime.New(ctx, runtime.Config{Node: name, AMQPURL: url, StateDir: state,
+		return runtime.New(ctx, runtime.Config{Node: name, AMQPURL: url, StateDir: filepath.Join(state, name),
 			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	}
 	server, err := mk("rpcserver")
