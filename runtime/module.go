@@ -15,6 +15,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/meshkit/mesh/internal/amqpmsg"
 	"github.com/meshkit/mesh/internal/causation"
 	"github.com/meshkit/mesh/internal/dedup"
 	"github.com/meshkit/mesh/internal/wire"
@@ -689,7 +690,7 @@ func (m *Module) failed(d amqp.Delivery, eventType string, attempt int, cause er
 // attempts made so far, then acknowledges d. Until the copy is confirmed d
 // stays unacknowledged, so nothing is lost if either step fails.
 func (m *Module) requeueClassic(d amqp.Delivery, eventType string, attempts int) {
-	msg := republishing(d)
+	msg := amqpmsg.Republishing(d, amqpmsg.BrokerAdded)
 	msg.Headers[wire.HeaderAttempt] = int64(attempts)
 	msg.Headers[wire.HeaderRoutingKey] = eventType
 	s, ok := m.liveSession(d)
@@ -712,7 +713,7 @@ func (m *Module) requeueClassic(d amqp.Delivery, eventType string, attempts int)
 // routing key, id, headers and body plus why, where and after how many
 // attempts, waits for the confirm, then acknowledges d.
 func (m *Module) deadLetter(d amqp.Delivery, eventType string, attempts int, reason string, cause error) {
-	msg := republishing(d)
+	msg := amqpmsg.Republishing(d, amqpmsg.BrokerAdded)
 	msg.Headers[wire.HeaderDeadQueue] = m.queue
 	msg.Headers[wire.HeaderDeadAttempts] = int64(attempts)
 	msg.Headers[wire.HeaderDeadReason] = reason
@@ -770,34 +771,6 @@ func (m *Module) later(delay time.Duration, f func()) {
 		}
 	})
 	m.retries[t] = struct{}{}
-}
-
-// republishing copies d for publishing again: same body, id, properties and
-// headers, without what the broker added on delivery.
-func republishing(d amqp.Delivery) amqp.Publishing {
-	headers := make(amqp.Table, len(d.Headers)+5)
-	for k, v := range d.Headers {
-		switch k {
-		case "x-delivery-count", "x-death", "x-first-death-exchange", "x-first-death-queue", "x-first-death-reason",
-			"x-last-death-exchange", "x-last-death-queue", "x-last-death-reason":
-			continue
-		}
-		headers[k] = v
-	}
-	return amqp.Publishing{
-		Headers:         headers,
-		ContentType:     d.ContentType,
-		ContentEncoding: d.ContentEncoding,
-		DeliveryMode:    amqp.Persistent,
-		Priority:        d.Priority,
-		CorrelationId:   d.CorrelationId,
-		ReplyTo:         d.ReplyTo,
-		MessageId:       d.MessageId,
-		Timestamp:       d.Timestamp,
-		Type:            d.Type,
-		AppId:           d.AppId,
-		Body:            d.Body,
-	}
 }
 
 // truncateText cuts s to at most n bytes, at a rune boundary.

@@ -9,6 +9,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/meshkit/mesh/internal/amqpmsg"
 	"github.com/meshkit/mesh/internal/wire"
 )
 
@@ -255,7 +256,7 @@ func Replay(ctx context.Context, conn *amqp.Connection, queue string, f Filter, 
 		if err := ctx.Err(); err != nil {
 			return res, err
 		}
-		msg := replaying(h.d)
+		msg := amqpmsg.Republishing(h.d, droppedOnReplay)
 		exchange, key := wire.ExchangeEvents, h.d.RoutingKey
 		if dead {
 			if err := checkTarget(h.m.Queue); err != nil {
@@ -390,38 +391,7 @@ func (o options) report(done, total int) {
 	}
 }
 
-// replaying copies d for publishing again: same body, id and properties
-// (but no expiration, as the runtime's own republishing), persistent, and
-// the headers without what the broker and the runtime added when the event
-// was retried or dead-lettered.
-func replaying(d amqp.Delivery) amqp.Publishing {
-	headers := make(amqp.Table, len(d.Headers)+1)
-	for k, v := range d.Headers {
-		if !droppedOnReplay(k) {
-			headers[k] = v
-		}
-	}
-	return amqp.Publishing{
-		Headers:         headers,
-		ContentType:     d.ContentType,
-		ContentEncoding: d.ContentEncoding,
-		DeliveryMode:    amqp.Persistent,
-		Priority:        d.Priority,
-		CorrelationId:   d.CorrelationId,
-		ReplyTo:         d.ReplyTo,
-		MessageId:       d.MessageId,
-		Timestamp:       d.Timestamp,
-		Type:            d.Type,
-		AppId:           d.AppId,
-		Body:            d.Body,
-	}
-}
-
 // droppedOnReplay says whether a replay drops header k.
 func droppedOnReplay(k string) bool {
-	switch k {
-	case "x-delivery-count", "x-death", wire.HeaderAttempt:
-		return true
-	}
-	return strings.HasPrefix(k, "x-mesh-dead-") || strings.HasPrefix(k, "x-first-death-") || strings.HasPrefix(k, "x-last-death-")
+	return k == wire.HeaderAttempt || strings.HasPrefix(k, "x-mesh-dead-") || amqpmsg.BrokerAdded(k)
 }

@@ -1,0 +1,47 @@
+// Package amqpmsg copies a delivered AMQP message for publishing again: to
+// the dead letters, back to a classic queue with its attempt count, or from
+// the dead letters back to the queue that gave up on it. The copy keeps the
+// body, id and properties, is persistent, and leaves out the headers the
+// caller says to drop.
+//
+//	msg := amqpmsg.Republishing(d, amqpmsg.BrokerAdded)
+package amqpmsg
+
+import (
+	"strings"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Republishing copies d for publishing again, without the headers drop
+// reports true for. It has room for a few headers more.
+func Republishing(d amqp.Delivery, drop func(header string) bool) amqp.Publishing {
+	headers := make(amqp.Table, len(d.Headers)+5)
+	for k, v := range d.Headers {
+		if !drop(k) {
+			headers[k] = v
+		}
+	}
+	return amqp.Publishing{
+		Headers:         headers,
+		ContentType:     d.ContentType,
+		ContentEncoding: d.ContentEncoding,
+		DeliveryMode:    amqp.Persistent,
+		Priority:        d.Priority,
+		CorrelationId:   d.CorrelationId,
+		ReplyTo:         d.ReplyTo,
+		MessageId:       d.MessageId,
+		Timestamp:       d.Timestamp,
+		Type:            d.Type,
+		AppId:           d.AppId,
+		Body:            d.Body,
+	}
+}
+
+// BrokerAdded reports the headers the broker adds on delivery and
+// dead-lettering: x-delivery-count, x-death, x-first-death-* and
+// x-last-death-*.
+func BrokerAdded(header string) bool {
+	return header == "x-delivery-count" || header == "x-death" ||
+		strings.HasPrefix(header, "x-first-death-") || strings.HasPrefix(header, "x-last-death-")
+}
