@@ -35,8 +35,9 @@ type Node struct {
 	stats    counters
 
 	sessMu    sync.Mutex
-	sess      *session      // nil while disconnected
-	sessReady chan struct{} // closed while sess is set
+	sess      *session                // nil while disconnected
+	current   atomic.Pointer[session] // sess, for lock-free reads on the emit path
+	sessReady chan struct{}           // closed while sess is set
 
 	spool     *spool.Spool // nil on an ephemeral node
 	spoolGate sync.RWMutex // appends hold it shared; the drain takes it to end spooling

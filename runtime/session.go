@@ -165,12 +165,11 @@ func (n *Node) watchSession(s *session) {
 // session returns the current session, or nil while the node is
 // disconnected.
 func (n *Node) session() *session {
-	n.sessMu.Lock()
-	defer n.sessMu.Unlock()
-	if n.sess != nil && n.sess.isLost() {
+	s := n.current.Load() // lock-free: every emit asks
+	if s != nil && s.isLost() {
 		return nil
 	}
-	return n.sess
+	return s
 }
 
 // setSession makes s (nil: none) the current session and wakes whoever
@@ -179,6 +178,7 @@ func (n *Node) setSession(s *session) {
 	n.sessMu.Lock()
 	defer n.sessMu.Unlock()
 	n.sess = s
+	n.current.Store(s)
 	if s != nil {
 		close(n.sessReady)
 	} else {
