@@ -219,16 +219,8 @@ func Show(ctx context.Context, conn *amqp.Connection, queue string, ids []string
 // it stops between a confirm and the removal, the event is both replayed
 // and still kept.
 func Replay(ctx context.Context, conn *amqp.Connection, queue string, f Filter, opts ...Option) (res Result, err error) {
-	dead, err := keeper(queue)
-	if err != nil {
-		return res, err
-	}
-	if err := f.Validate(); err != nil {
-		return res, err
-	}
-	o := collectOptions(opts)
+	dead, o, matches, b, err := selectMatching(ctx, conn, queue, f, opts)
 	res.DryRun = o.dryRun
-	matches, b, err := browseMatching(ctx, conn, queue, dead, f, o)
 	if b != nil {
 		defer func() { err = errors.Join(err, b.close()) }()
 	}
@@ -346,19 +338,26 @@ func checkTarget(queue string) error {
 	return nil
 }
 
+// selectMatching checks queue and f, then browses queue and holds the
+// messages f matches, for Replay and Purge to act on. The caller closes the
+// browser (when not nil), which gives back every message it did not ack.
+func selectMatching(ctx context.Context, conn *amqp.Connection, queue string, f Filter, opts []Option) (dead bool, o options, matches []held, b *browser, err error) {
+	if dead, err = keeper(queue); err != nil {
+		return dead, o, nil, nil, err
+	}
+	if err = f.Validate(); err != nil {
+		return dead, o, nil, nil, err
+	}
+	o = collectOptions(opts)
+	matches, b, err = browseMatching(ctx, conn, queue, dead, f, o)
+	return dead, o, matches, b, err
+}
+
 // Purge deletes the matching messages of a keeper queue; every other
 // message stays. With DryRun it only counts them.
 func Purge(ctx context.Context, conn *amqp.Connection, queue string, f Filter, opts ...Option) (res Result, err error) {
-	dead, err := keeper(queue)
-	if err != nil {
-		return res, err
-	}
-	if err := f.Validate(); err != nil {
-		return res, err
-	}
-	o := collectOptions(opts)
+	_, o, matches, b, err := selectMatching(ctx, conn, queue, f, opts)
 	res.DryRun = o.dryRun
-	matches, b, err := browseMatching(ctx, conn, queue, dead, f, o)
 	if b != nil {
 		defer func() { err = errors.Join(err, b.close()) }()
 	}
