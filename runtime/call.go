@@ -218,8 +218,10 @@ func isAMQPCode(err error, code int) bool {
 	return errors.As(err, &ae) && ae.Code == code
 }
 
-// call makes one tool call on behalf of source.
-func (n *Node) call(ctx context.Context, source, tool string, req, resp any) error {
+// call makes one tool call on behalf of source. id is the request's id,
+// or "" for one derived from the handling in ctx (source being the
+// calling module), or fresh outside a handling.
+func (n *Node) call(ctx context.Context, source, tool string, req, resp any, id string) error {
 	if err := wire.ValidateToolKey(tool); err != nil {
 		return fmt.Errorf("call: %w", err)
 	}
@@ -246,9 +248,14 @@ func (n *Node) call(ctx context.Context, source, tool string, req, resp any) err
 	now := time.Now().UTC()
 	remaining := time.Until(deadline)
 	if remaining < time.Millisecond {
-		return fmt.Errorf("call %s: %w", tool, sdk.ErrDeadlineExceeded)
+		return fmt.Errorf("call %s: no time left before the deadline: %w", tool, context.DeadlineExceeded)
 	}
-	id := newID(now)
+	if id == "" {
+		id, _ = causation.Derive(ctx, source, causation.KindCall, tool, body)
+	}
+	if id == "" {
+		id = newID(now)
+	}
 	headers := amqp.Table{
 		wire.HeaderEventID:  id,
 		wire.HeaderSource:   source,
@@ -304,7 +311,7 @@ func (n *Node) call(ctx context.Context, source, tool string, req, resp any) err
 			}
 		case <-ctx.Done():
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				return fmt.Errorf("call %s: no answer within %v: %w", tool, remaining.Round(time.Millisecond), sdk.ErrDeadlineExceeded)
+				return fmt.Errorf("call %s: no answer within %v: %w", tool, remaining.Round(time.Millisecond), context.DeadlineExceeded)
 			}
 			return fmt.Errorf("call %s: %w", tool, ctx.Err())
 		}
@@ -329,7 +336,7 @@ func decodeReply(tool string, d amqp.Delivery, resp any) error {
 		permanent, _ := d.Headers[wire.HeaderErrorPermanent].(bool)
 		return fmt.Errorf("call %s: %w", tool, &sdk.ToolError{Code: code, Message: msg, Permanent: permanent})
 	default:
-		return fmt.Errorf("call %s: %w", tool, &sdk.ToolError{Code: sdk.CodeInvalidRequest,
+		return fmt.Errorf("call %s: %w", tool, &sdk.ToolError{Code: wire.CodeInvalidRequest,
 			Message: fmt.Sprintf("the reply's %s is %q, want %q or %q", wire.HeaderStatus, status, wire.StatusOK, wire.StatusError), Permanent: true})
 	}
 }

@@ -3,16 +3,18 @@ package runtime
 import (
 	"context"
 	"fmt"
+	"errors"
 	"log/slog"
-	"slices"
-	"strings"
 
+	"github.com/meshkit/mesh/internal/causation"
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/sdk"
 )
 
 // moduleMesh is a module's sdk.Mesh: it emits under the module's namespace
-// and subscribes the module's queue.
+// and subscribes the module's queue. Its rules are those of the sdk
+// package doc ("What a module can rely on"); a module process follows the
+// same (sdk/process), and test/conformance holds both to them.
 type moduleMesh struct {
 	module *Module
 }
@@ -20,42 +22,48 @@ type moduleMesh struct {
 var _ sdk.Mesh = (*moduleMesh)(nil)
 
 func (mm *moduleMesh) Emit(ctx context.Context, name string, body any, opts ...sdk.EmitOption) (string, error) {
-	m := mm.module
-	o, err := sdk.ApplyEmitOptions(opts...)
+	o, err := wire.ApplyEmitOptions(opts)
 	if err != nil {
 		return "", err
+	}
+	return mm.module.emit(ctx, name, body, o, "")
+}
+
+// emit publishes an event of the module: id is the id the event gets, or
+// "" for the host to give it one (derived inside a handling unless
+// o.FreshID, fresh otherwise).
+func (m *Module) emit(ctx context.Context, name string, body any, o wire.EmitOptions, id string) (string, error) {
+	if !m.isStarted() {
+		return "", fmt.Errorf("emit %s: %w", name, sdk.ErrNotStarted)
 	}
 	eventType, err := m.eventType(name, o.FullType)
 	if err != nil {
 		return "", fmt.Errorf("emit: %w", err)
 	}
-	return m.node.emit(ctx, m.def.Name, eventType, body, o)
+	raw, err := m.node.encodeBody(body)
+	if err != nil {
+		return "", fmt.Errorf("emit %s: %w", eventType, err)
+	}
+	if id == "" && !o.FreshID {
+		id, _ = causation.Derive(ctx, m.def.Name, causation.KindEmit, eventType, raw)
+	}
+	return m.node.emit(ctx, m.def.Name, eventType, raw, o, id)
+}
+
+func (m *Module) isStarted() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.started
 }
 
 // eventType is the full type a module's emit of name makes, if the module
-// may emit it: its own namespace always, another only where a grant
-// matches.
+// may emit it (wire.EmitType).
 func (m *Module) eventType(name string, full bool) (string, error) {
-	if !full {
-		if err := wire.ValidateRelativeType(name); err != nil {
-			return "", err
-		}
-		t := wire.ModuleEventType(m.def.Name, name)
-		return t, wire.ValidateEventType(t)
+	t, err := wire.EmitType(m.def.Name, name, full, m.cfg.EmitGrants)
+	if errors.Is(err, sdk.ErrForbidden) {
+		m.log.Warn("emit outside the module's namespace refused", "event_type", name)
 	}
-	if err := wire.ValidateEventType(name); err != nil {
-		return "", err
-	}
-	if strings.HasPrefix(name, "module."+m.def.Name+".") {
-		return name, nil
-	}
-	for _, g := range m.cfg.EmitGrants {
-		if wire.MatchPattern(g, name) {
-			return name, nil
-		}
-	}
-	m.log.Warn("emit outside the module's namespace refused", "event_type", name)
-	return "", fmt.Errorf("%w: module %s may emit %s only if its node config grants it (emit_grants)", sdk.ErrForbidden, m.def.Name, name)
+	return t, err
 }
 
 func (mm *moduleMesh) On(pattern string, h sdk.Handler) error {
@@ -64,7 +72,7 @@ func (mm *moduleMesh) On(pattern string, h sdk.Handler) error {
 		return fmt.Errorf("on: %w", err)
 	}
 	if h == nil {
-		return fmt.Errorf("on %q: handler is nil", pattern)
+		return fmt.Errorf("on %q: %w: handler is nil", pattern, sdk.ErrInvalid)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -73,7 +81,7 @@ func (mm *moduleMesh) On(pattern string, h sdk.Handler) error {
 	}
 	for _, s := range m.subs {
 		if s.pattern == pattern {
-			return fmt.Errorf("on %q: pattern already subscribed by module %s", pattern, m.def.Name)
+			return fmt.Errorf("on %q: %w: pattern already subscribed by module %s", pattern, sdk.ErrInvalid, m.def.Name)
 		}
 	}
 	m.subs = append(m.subs, subscription{pattern: pattern, handler: h})
@@ -81,7 +89,16 @@ func (mm *moduleMesh) On(pattern string, h sdk.Handler) error {
 }
 
 func (mm *moduleMesh) Call(ctx context.Context, tool string, req, resp any) error {
-	return mm.module.node.call(ctx, mm.module.def.Name, tool, req, resp)
+	return mm.module.callTool(ctx, tool, req, resp, "")
+}
+
+// callTool makes a tool call of the module: id is the request's id, or "" for
+// the host to give it one (derived inside a handling, fresh otherwise).
+func (m *Module) callTool(ctx context.Context, tool string, req, resp any, id string) error {
+	if !m.isStarted() {
+		return fmt.Errorf("call %s: %w", tool, sdk.ErrNotStarted)
+	}
+	return m.node.call(ctx, m.def.Name, tool, req, resp, id)
 }
 
 func (mm *moduleMesh) Serve(key string, h sdk.ToolHandler) error {
@@ -90,11 +107,11 @@ func (mm *moduleMesh) Serve(key string, h sdk.ToolHandler) error {
 		return fmt.Errorf("serve: %w", err)
 	}
 	if h == nil {
-		return fmt.Errorf("serve %q: handler is nil", key)
+		return fmt.Errorf("serve %q: %w: handler is nil", key, sdk.ErrInvalid)
 	}
-	if g := m.cfg.ToolGrants; g != nil && !slices.ContainsFunc(g, func(p string) bool { return wire.MatchPattern(p, key) }) {
+	if err := wire.CheckToolGrant(m.def.Name, key, m.cfg.ToolGrants); err != nil {
 		m.log.Warn("serving a tool the node config does not grant refused", "tool", key)
-		return fmt.Errorf("serve %q: %w: module %s may serve only %v (tool_grants)", key, sdk.ErrForbidden, m.def.Name, g)
+		return fmt.Errorf("serve %q: %w", key, err)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -103,7 +120,7 @@ func (mm *moduleMesh) Serve(key string, h sdk.ToolHandler) error {
 	}
 	for _, t := range m.tools {
 		if t.key == key {
-			return fmt.Errorf("serve %q: tool already served by module %s", key, m.def.Name)
+			return fmt.Errorf("serve %q: %w: tool already served by module %s", key, sdk.ErrInvalid, m.def.Name)
 		}
 	}
 	m.tools = append(m.tools, tool{key: key, handler: h})

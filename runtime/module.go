@@ -40,6 +40,7 @@ type Module struct {
 	consumers []consumerChannel // the channels the module consumes on, on the current session
 	resumeMu  sync.Mutex        // one resume at a time
 	dedup     *dedup.Set        // ids of events handled; nil if the module allows duplicates
+	answers   *answerCache      // its tools' final answers, by request id
 	claimed   map[string]chan struct{}
 	workers   sync.WaitGroup
 	retries   map[*time.Timer]struct{}
@@ -88,9 +89,9 @@ func (n *Node) Load(ctx context.Context, def sdk.Module, mc ModuleConfig) (*Modu
 		}
 	}
 	switch def.Kind {
-	case "", "dispatcher", "agent":
+	case "", sdk.KindDispatcher, sdk.KindAgent:
 	default:
-		return nil, fmt.Errorf("load module %s: kind %q is not dispatcher, agent or empty", def.Name, def.Kind)
+		return nil, fmt.Errorf("load module %s: %w: kind %q is not %q, %q or empty", def.Name, sdk.ErrInvalid, def.Kind, sdk.KindDispatcher, sdk.KindAgent)
 	}
 	mc = mc.over(n.cfg.Module)
 	if err := mc.validate(); err != nil {
@@ -112,6 +113,7 @@ func (n *Node) Load(ctx context.Context, def sdk.Module, mc ModuleConfig) (*Modu
 		retries: make(map[*time.Timer]struct{}),
 		claimed: make(map[string]chan struct{}),
 		runDone: make(chan struct{}),
+		answers: newAnswerCache(n.cfg.DedupRetention, answerCacheBytes),
 	}
 	m.mesh = &moduleMesh{module: m}
 	m.handleCtx, m.cancelH = context.WithCancel(context.Background())
@@ -156,7 +158,7 @@ func (m *Module) start(ctx context.Context) error {
 	m.mu.Lock()
 	m.started = true
 	for i := range m.subs {
-		m.subs[i].dedup = !m.cfg.AllowDuplicates && !sdk.DuplicatesAllowed(m.subs[i].handler)
+		m.subs[i].dedup = !m.cfg.AllowDuplicates && !wire.AllowsDuplicates(m.subs[i].handler)
 	}
 	subs := slices.Clone(m.subs)
 	tools := slices.Clone(m.tools)
@@ -630,7 +632,7 @@ func (m *Module) claim(id string) (release func(), dup bool) {
 // ignored. Running inline, rather than on a goroutine per event, spares
 // every event a goroutine start and stack growth.
 func (m *Module) call(h sdk.Handler, ev sdk.Event, overran func()) (err error, timedOut bool) {
-	ctx, cancel := context.WithTimeout(causation.With(m.handleCtx, ev.ID), m.cfg.HandlerTimeout)
+	ctx, cancel := context.WithTimeout(causation.Handling(m.handleCtx, ev.ID, ev.Time), m.cfg.HandlerTimeout)
 	defer cancel()
 	var settled atomic.Bool
 	overranDone := make(chan struct{})

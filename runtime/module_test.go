@@ -119,7 +119,7 @@ func TestModuleRules(t *testing.T) {
 		if err := m.On("mesh.x.#", newRecorder(nil)); err == nil {
 			return errors.New("duplicate pattern accepted")
 		}
-		if err := m.On("mesh..x", newRecorder(nil)); !errors.Is(err, sdk.ErrInvalidName) {
+		if err := m.On("mesh..x", newRecorder(nil)); !errors.Is(err, sdk.ErrInvalid) {
 			return errors.New("bad pattern accepted")
 		}
 		return nil
@@ -132,7 +132,7 @@ func TestModuleRules(t *testing.T) {
 	if _, err := n.Load(ctx, sdk.Module{Name: "late"}, runtime.ModuleConfig{}); err == nil {
 		t.Error("a second module of the same name was loaded")
 	}
-	if _, err := n.Load(ctx, sdk.Module{Name: "a.b"}, runtime.ModuleConfig{}); !errors.Is(err, sdk.ErrInvalidName) {
+	if _, err := n.Load(ctx, sdk.Module{Name: "a.b"}, runtime.ModuleConfig{}); !errors.Is(err, sdk.ErrInvalid) {
 		t.Errorf("module name with a dot: %v", err)
 	}
 	if _, err := n.Load(ctx, sdk.Module{Name: "prio"}, runtime.ModuleConfig{MaxPriority: 5}); err == nil {

@@ -2,7 +2,6 @@ package runtime
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -191,13 +190,14 @@ func (n *Node) Call(ctx context.Context, source, tool string, req, resp any) err
 	if err := wire.ValidateWord("source", source); err != nil {
 		return err
 	}
-	return n.call(ctx, source, tool, req, resp)
+	return n.call(ctx, source, tool, req, resp, "")
 }
 
 // Emit publishes an event of any full type (module., mesh. or node.
-// origin) with source as its x-source. It is the operator's and the node's
-// own way to emit; modules emit through their sdk.Mesh, which confines
-// them to their namespace.
+// origin) with source as its x-source and a fresh id. It is the operator's
+// and the node's own way to emit; modules emit through their sdk.Mesh,
+// which confines them to their namespace. An id of a cause in ctx
+// (causation.With) becomes the event's causation id.
 func (n *Node) Emit(ctx context.Context, source, eventType string, body any, opts ...sdk.EmitOption) (string, error) {
 	if err := wire.ValidateWord("source", source); err != nil {
 		return "", err
@@ -205,24 +205,27 @@ func (n *Node) Emit(ctx context.Context, source, eventType string, body any, opt
 	if err := wire.ValidateEventType(eventType); err != nil {
 		return "", err
 	}
-	o, err := sdk.ApplyEmitOptions(opts...)
+	o, err := wire.ApplyEmitOptions(opts)
 	if err != nil {
 		return "", err
 	}
-	return n.emit(ctx, source, eventType, body, o)
-}
-
-// emit publishes a validated event and waits for its confirm.
-func (n *Node) emit(ctx context.Context, source, eventType string, body any, o wire.EmitOptions) (string, error) {
 	raw, err := n.encodeBody(body)
 	if err != nil {
 		return "", fmt.Errorf("emit %s: %w", eventType, err)
 	}
+	return n.emit(ctx, source, eventType, raw, o, "")
+}
+
+// emit publishes a validated event with its JSON body and waits for its
+// confirm. id is its id, or "" for a fresh one.
+func (n *Node) emit(ctx context.Context, source, eventType string, raw []byte, o wire.EmitOptions, id string) (string, error) {
 	if o.CausationID == "" {
 		o.CausationID = causation.From(ctx)
 	}
 	now := time.Now().UTC()
-	id := newID(now)
+	if id == "" {
+		id = newID(now)
+	}
 	headers := amqp.Table{
 		wire.HeaderEventID: id,
 		wire.HeaderSource:  source,
@@ -260,26 +263,8 @@ func newID(now time.Time) string {
 	return ulid.MustNew(ulid.Timestamp(now), ulid.DefaultEntropy()).String()
 }
 
-// encodeBody turns an emit's body into JSON: json.RawMessage and []byte
-// are taken as JSON as they are, anything else is marshalled.
+// encodeBody turns an emit's body or a call's request into JSON within the
+// node's body limit (wire.EncodeBody).
 func (n *Node) encodeBody(body any) ([]byte, error) {
-	var raw []byte
-	switch b := body.(type) {
-	case json.RawMessage:
-		raw = b
-	case []byte:
-		raw = b
-	default:
-		var err error
-		if raw, err = json.Marshal(body); err != nil {
-			return nil, fmt.Errorf("%w: %v", sdk.ErrBodyNotJSON, err)
-		}
-	}
-	if len(raw) > n.cfg.MaxBodyBytes {
-		return nil, fmt.Errorf("%w: %d bytes, the limit is %d", sdk.ErrBodyTooLarge, len(raw), n.cfg.MaxBodyBytes)
-	}
-	if !json.Valid(raw) {
-		return nil, fmt.Errorf("%w: %d bytes are not valid JSON", sdk.ErrBodyNotJSON, len(raw))
-	}
-	return raw, nil
+	return wire.EncodeBody(body, n.cfg.MaxBodyBytes)
 }

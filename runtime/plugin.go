@@ -14,11 +14,15 @@ import (
 	"time"
 
 	goplugin "github.com/hashicorp/go-plugin"
+	"github.com/oklog/ulid/v2"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/meshkit/mesh/internal/causation"
 	"github.com/meshkit/mesh/internal/plugin"
 	"github.com/meshkit/mesh/internal/plugin/pb"
+	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/sdk"
 )
 
@@ -30,8 +34,11 @@ type PluginModule struct {
 	node   *Node
 	path   string
 	args   []string
-	window int // deliveries in flight at most: the prefetch
-	log    *slog.Logger
+	window int // deliveries in flight at most: the module's concurrency
+	// toolGrants are passed to the process, which refuses an ungranted
+	// Serve when it is made, as in-process.
+	toolGrants []string
+	log        *slog.Logger
 	// procLog is where the module process's own log lines go: tagged with
 	// the module once it has said its name.
 	procLog atomic.Pointer[slog.Logger]
@@ -64,12 +71,13 @@ type moduleProcess struct {
 
 // LoadPlugin starts the module binary at path, asks it what it is, and
 // loads it like Load does: its queue, bindings, retries and dead letters
-// are the node's, and its handlers run in the module process. Event
-// deliveries cross the boundary in batches, up to mc.Prefetch at a time.
+// are the node's, and its handlers run in the module process, as many at
+// once as mc.Concurrency allows (default 1, in queue order), exactly as
+// in-process. Event deliveries cross the boundary in batches.
 func (n *Node) LoadPlugin(ctx context.Context, path string, args []string, mc ModuleConfig) (*PluginModule, error) {
 	mc = mc.over(n.cfg.Module)
-	mc.Concurrency = mc.Prefetch // the module process handles a whole batch at once
-	pm := &PluginModule{node: n, path: path, args: args, window: mc.Prefetch, log: n.log.With("plugin", path), done: make(chan struct{})}
+	pm := &PluginModule{node: n, path: path, args: args, window: mc.Concurrency, toolGrants: mc.ToolGrants,
+		log: n.log.With("plugin", path), done: make(chan struct{})}
 	pm.procLog.Store(pm.log)
 	proc, err := pm.launch(ctx)
 	if err != nil {
@@ -78,7 +86,7 @@ func (n *Node) LoadPlugin(ctx context.Context, path string, args []string, mc Mo
 	pm.proc, pm.running = proc, make(chan struct{})
 	close(pm.running)
 	patterns, tools := proc.desc.Patterns, proc.desc.Tools
-	def := sdk.Module{Name: proc.desc.Name, Kind: proc.desc.Kind, Emits: proc.desc.Emits, Calls: proc.desc.Calls, Setup: func(m sdk.Mesh) error {
+	def := sdk.Module{Name: proc.desc.Name, Kind: sdk.Kind(proc.desc.Kind), Emits: proc.desc.Emits, Calls: proc.desc.Calls, Setup: func(m sdk.Mesh) error {
 		for i, p := range patterns {
 			h := pm.forward(uint32(i))
 			if slices.Contains(proc.desc.DuplicatesAllowed, uint32(i)) {
@@ -134,10 +142,12 @@ func (pm *PluginModule) announce(what string, cause error) {
 // launch starts the binary, checks the handshake and opens the delivery
 // stream.
 func (pm *PluginModule) launch(ctx context.Context) (*moduleProcess, error) {
+	cmd := exec.Command(pm.path, pm.args...)
+	cmd.Env = append(os.Environ(), plugin.ToolGrantsEnv(pm.toolGrants)...)
 	client := goplugin.NewClient(&goplugin.ClientConfig{
 		HandshakeConfig:  plugin.Handshake(),
 		Plugins:          plugin.Set(nil),
-		Cmd:              exec.Command(pm.path, pm.args...),
+		Cmd:              cmd,
 		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
 		Logger:           pluginLogger(&pm.procLog),
 	})
@@ -156,7 +166,7 @@ func (pm *PluginModule) launch(ctx context.Context) (*moduleProcess, error) {
 	remote := raw.(*plugin.Client)
 	desc, err := remote.Module.Describe(ctx, &pb.Empty{})
 	if err != nil {
-		return fail(fmt.Errorf("describe: %w", err))
+		return fail(fmt.Errorf("describe: %w", setupError(err)))
 	}
 	stream, err := remote.Module.Deliver(context.Background())
 	if err != nil {
@@ -167,6 +177,22 @@ func (pm *PluginModule) launch(ctx context.Context) (*moduleProcess, error) {
 	go p.send()
 	go p.receive()
 	return p, nil
+}
+
+// setupError gives back what a module's Setup error wrapped, as the
+// module process coded it (sdk/process).
+func setupError(err error) error {
+	st, ok := status.FromError(err)
+	if !ok {
+		return err
+	}
+	switch st.Code() {
+	case codes.PermissionDenied:
+		return fmt.Errorf("%s: %w", st.Message(), sdk.ErrForbidden)
+	case codes.InvalidArgument:
+		return fmt.Errorf("%s: %w", st.Message(), sdk.ErrInvalid)
+	}
+	return errors.New(st.Message())
 }
 
 // versionError names both versions when the handshake failed on them.
@@ -182,7 +208,7 @@ func (pm *PluginModule) start(ctx context.Context, p *moduleProcess) error {
 		pb.RegisterHostServer(s, &hostServer{pm: pm})
 		return s
 	})
-	if _, err := p.remote.Module.Start(ctx, &pb.StartRequest{HostBrokerId: id}); err != nil {
+	if _, err := p.remote.Module.Start(ctx, &pb.StartRequest{HostBrokerId: id, CallTimeoutNanos: int64(pm.node.cfg.CallTimeout)}); err != nil {
 		return fmt.Errorf("start module %s: %w", p.desc.Name, err)
 	}
 	return nil
@@ -318,7 +344,7 @@ func (pm *PluginModule) Module() *Module { return pm.module }
 func (pm *PluginModule) Name() string { return pm.module.def.Name }
 
 // Kind is the kind the module process reported.
-func (pm *PluginModule) Kind() string { return pm.module.def.Kind }
+func (pm *PluginModule) Kind() sdk.Kind { return pm.module.def.Kind }
 
 // Stop stops consuming, lets the deliveries in flight finish until ctx is
 // done (see Module.Stop), then ends the module process.
@@ -488,31 +514,21 @@ type hostServer struct {
 }
 
 func (h *hostServer) Emit(ctx context.Context, b *pb.EmitBatch) (*pb.EmitResults, error) {
-	mesh := h.pm.module.Mesh()
+	m := h.pm.module
 	res := &pb.EmitResults{Results: make([]*pb.EmitResult, len(b.Emits))}
 	var wg sync.WaitGroup
 	for i, e := range b.Emits {
 		wg.Add(1)
 		go func() { // the batch's publishes pipeline on the confirm channel
 			defer wg.Done()
-			opts := []sdk.EmitOption{}
-			if e.Schema != "" {
-				opts = append(opts, sdk.WithSchema(e.Schema))
+			o := wire.EmitOptions{Schema: e.Schema, CausationID: e.CausationId, TTL: time.Duration(e.TtlMillis) * time.Millisecond,
+				Priority: uint8(min(e.Priority, 255)), HasPriority: e.HasPriority,
+				FullType: e.FullType, // still subject to the module's grants
 			}
-			if e.TtlMillis > 0 {
-				opts = append(opts, sdk.WithTTL(time.Duration(e.TtlMillis)*time.Millisecond))
+			id, err := e.Id, checkDerivedID(e.Id)
+			if err == nil {
+				id, err = m.emit(ctx, e.Name, json.RawMessage(e.Body), o, e.Id)
 			}
-			if e.HasPriority {
-				opts = append(opts, sdk.WithPriority(uint8(min(e.Priority, 255))))
-			}
-			if e.FullType {
-				opts = append(opts, sdk.AsFullType()) // still subject to the module's grants
-			}
-			ectx := ctx
-			if e.CausationId != "" {
-				ectx = causation.With(ctx, e.CausationId)
-			}
-			id, err := mesh.Emit(ectx, e.Name, json.RawMessage(e.Body), opts...)
 			res.Results[i] = &pb.EmitResult{Id: id, ErrorKind: errorKind(err)}
 			if err != nil {
 				res.Results[i].Error = err.Error()
@@ -524,6 +540,18 @@ func (h *hostServer) Emit(ctx context.Context, b *pb.EmitBatch) (*pb.EmitResults
 	return res, nil
 }
 
+// checkDerivedID accepts the id a module process derived for an emit or a
+// call: empty (the host gives one) or a ULID.
+func checkDerivedID(id string) error {
+	if id == "" {
+		return nil
+	}
+	if _, err := ulid.ParseStrict(id); err != nil {
+		return fmt.Errorf("%w: the id %q the module process gave is not a ULID: %v", sdk.ErrInvalid, id, err)
+	}
+	return nil
+}
+
 func (h *hostServer) Call(ctx context.Context, r *pb.CallRequest) (*pb.CallResponse, error) {
 	ctx, cancel := context.WithDeadline(ctx, time.Unix(0, r.DeadlineUnixNano))
 	defer cancel()
@@ -531,7 +559,10 @@ func (h *hostServer) Call(ctx context.Context, r *pb.CallRequest) (*pb.CallRespo
 		ctx = causation.With(ctx, r.CausationId)
 	}
 	var resp json.RawMessage
-	err := h.pm.module.Mesh().Call(ctx, r.Tool, json.RawMessage(r.Body), &resp)
+	err := checkDerivedID(r.Id)
+	if err == nil {
+		err = h.pm.module.callTool(ctx, r.Tool, json.RawMessage(r.Body), &resp, r.Id)
+	}
 	out := &pb.CallResponse{Body: resp, ErrorKind: errorKind(err)}
 	if err != nil {
 		out.Error = err.Error()
@@ -551,23 +582,21 @@ func errorKind(err error) pb.ErrorKind {
 		return pb.ErrorKind_NONE
 	case errors.As(err, &te):
 		return pb.ErrorKind_TOOL
-	case errors.Is(err, sdk.ErrInvalidName):
-		return pb.ErrorKind_INVALID_NAME
-	case errors.Is(err, sdk.ErrBodyTooLarge):
-		return pb.ErrorKind_BODY_TOO_LARGE
-	case errors.Is(err, sdk.ErrBodyNotJSON):
-		return pb.ErrorKind_BODY_NOT_JSON
+	case errors.Is(err, sdk.ErrInvalid):
+		return pb.ErrorKind_INVALID_NAME // the sdk's ErrInvalid, whatever broke
 	case errors.Is(err, sdk.ErrRefused):
 		return pb.ErrorKind_REFUSED
-	case errors.Is(err, sdk.ErrUnroutable):
-		return pb.ErrorKind_UNROUTABLE
+	case errors.Is(err, sdk.ErrNotStarted):
+		return pb.ErrorKind_NOT_STARTED
+	case errors.Is(err, sdk.ErrAlreadyStarted):
+		return pb.ErrorKind_ALREADY_STARTED
 	case errors.Is(err, sdk.ErrClosed):
 		return pb.ErrorKind_CLOSED
 	case errors.Is(err, sdk.ErrConnectionLost):
 		return pb.ErrorKind_CONNECTION_LOST
 	case errors.Is(err, sdk.ErrNoServer):
 		return pb.ErrorKind_NO_SERVER
-	case errors.Is(err, sdk.ErrDeadlineExceeded):
+	case errors.Is(err, context.DeadlineExceeded):
 		return pb.ErrorKind_DEADLINE_EXCEEDED
 	case errors.Is(err, sdk.ErrForbidden):
 		return pb.ErrorKind_FORBIDDEN

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/runtime"
 	"github.com/meshkit/mesh/sdk"
 )
@@ -225,8 +226,8 @@ func TestPluginProtocolMismatch(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_, err := n.LoadPlugin(ctx, v99, nil, runtime.ModuleConfig{})
-	if err == nil || !strings.Contains(err.Error(), "99") || !strings.Contains(err.Error(), "version 1") {
-		t.Errorf("loading a version 99 module: %v, want an error naming 99 and 1", err)
+	if err == nil || !strings.Contains(err.Error(), "99") || !strings.Contains(err.Error(), "version 2") {
+		t.Errorf("loading a version 99 module: %v, want an error naming 99 and 2", err)
 	}
 }
 
@@ -385,7 +386,7 @@ func TestPluginServesTools(t *testing.T) {
 	for _, c := range []struct {
 		say, code string
 		permanent bool
-	}{{"busy", sdk.CodeFailed, false}, {"never", sdk.CodeRejected, true}} {
+	}{{"busy", wire.CodeFailed, false}, {"never", wire.CodeRejected, true}} {
 		err := caller.Call(callCtx(t, 10*time.Second), "ops", "echo.upper", c.say, nil)
 		if !errors.As(err, &te) || te.Code != c.code || te.Permanent != c.permanent {
 			t.Errorf("%s: %v, want code %s permanent %v", c.say, err, c.code, c.permanent)

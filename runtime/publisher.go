@@ -131,7 +131,7 @@ func (p *publisher) publish(ctx context.Context, exchange, key string, msg amqp.
 	}
 	switch {
 	case dc.Acked() && p.wasReturned(msg.MessageId):
-		return sdk.ErrUnroutable
+		return errUnroutable
 	case dc.Acked():
 		return nil
 	case p.ch.IsClosed():
@@ -142,6 +142,10 @@ func (p *publisher) publish(ctx context.Context, exchange, key string, msg amqp.
 		return sdk.ErrRefused
 	}
 }
+
+// errUnroutable is a publish the broker could neither route nor keep (it
+// returned it): refused, but not worth retrying as a negative confirm is.
+var errUnroutable = fmt.Errorf("%w: the broker could not route the event and could not keep it (is mesh.events' alternate exchange gone?)", sdk.ErrRefused)
 
 // closedErr says why the channel is gone: ErrClosed after close, else
 // ErrConnectionLost (the broker or the network ended it).

@@ -17,7 +17,7 @@ import (
 
 // TestPublisherClassifiesConfirms publishes concurrently, half to a key no
 // queue is bound for, and checks each publish gets its own outcome: routed,
-// returned (ErrUnroutable) or refused by a full queue (ErrRefused).
+// returned (errUnroutable) or refused by a full queue (ErrRefused).
 func TestPublisherClassifiesConfirms(t *testing.T) {
 	t.Parallel()
 	url := brokertest.VHost(t)
@@ -72,8 +72,8 @@ func TestPublisherClassifiesConfirms(t *testing.T) {
 		if i%2 == 0 && err != nil {
 			t.Errorf("routed publish %d: %v", i, err)
 		}
-		if i%2 == 1 && !errors.Is(err, sdk.ErrUnroutable) {
-			t.Errorf("unroutable publish %d: %v, want ErrUnroutable", i, err)
+		if i%2 == 1 && !errors.Is(err, errUnroutable) {
+			t.Errorf("unroutable publish %d: %v, want errUnroutable", i, err)
 		}
 	}
 	if err := p.publish(ctx, "x", "full", amqp.Publishing{MessageId: "f1", Body: []byte("1")}); err != nil {

@@ -75,7 +75,7 @@ func (m *Module) answer(ch *amqp.Channel, t tool, d amqp.Delivery) {
 	meta, err := wire.DecodeMeta(d.Headers, d.ContentType, d.Body)
 	if err != nil {
 		m.log.Warn("malformed request refused", "tool", t.key, "err", err)
-		m.reply(ch, d, nil, &sdk.ToolError{Code: sdk.CodeInvalidRequest, Message: err.Error(), Permanent: true})
+		m.reply(ch, d, nil, &sdk.ToolError{Code: wire.CodeInvalidRequest, Message: err.Error(), Permanent: true})
 		return
 	}
 	deadline := time.Now().Add(m.node.cfg.CallTimeout)
@@ -100,9 +100,21 @@ func (m *Module) answer(ch *amqp.Channel, t tool, d amqp.Delivery) {
 		Headers:     meta.Extra,
 		Body:        d.Body,
 	}
-	ctx, cancel := context.WithDeadline(causation.With(m.handleCtx, req.ID), deadline)
+	ctx, cancel := context.WithDeadline(causation.Handling(m.handleCtx, req.ID, req.Time), deadline)
+	defer cancel()
+	stored, keep, err := m.answers.claim(ctx, t.key+"\x00"+req.ID)
+	if err != nil {
+		m.settle(d) // the caller gave up while the first copy of its request ran
+		return
+	}
+	if stored != nil {
+		m.log.Debug("repeated request answered from the stored answer", "tool", t.key, "request_id", req.ID)
+		m.reply(ch, d, stored.body, stored.te)
+		return
+	}
+	var final *storedAnswer
+	defer func() { keep(final) }()
 	resp, err := safeAnswer(ctx, t.handler, req)
-	cancel()
 	if m.handleCtx.Err() != nil {
 		// The module stopped past its grace period and cancelled the
 		// handler: give the request back for another server to answer.
@@ -111,21 +123,22 @@ func (m *Module) answer(ch *amqp.Channel, t tool, d amqp.Delivery) {
 		}
 		return
 	}
+	var body []byte
+	var te *sdk.ToolError
+	if err != nil {
+		te = toolError(err)
+	} else if body, err = m.node.encodeBody(resp); err != nil {
+		te = &sdk.ToolError{Code: wire.CodeInternal, Message: "encode response: " + err.Error(), Permanent: true}
+	}
+	if keepable(te) {
+		final = &storedAnswer{body: body, te: te} // kept even when the caller is gone: the tool ran
+	}
 	if !time.Now().Before(deadline) {
 		// The caller gave up; a reply would only be dropped.
 		m.settle(d)
 		return
 	}
-	if err != nil {
-		m.reply(ch, d, nil, toolError(err))
-		return
-	}
-	body, err := m.node.encodeBody(resp)
-	if err != nil {
-		m.reply(ch, d, nil, &sdk.ToolError{Code: sdk.CodeInternal, Message: "encode response: " + err.Error(), Permanent: true})
-		return
-	}
-	m.reply(ch, d, body, nil)
+	m.reply(ch, d, body, te)
 }
 
 // toolError is how a handler's error travels to the caller.
@@ -135,16 +148,16 @@ func toolError(err error) *sdk.ToolError {
 	case errors.As(err, &te):
 		return te
 	case errors.Is(err, sdk.ErrPermanent):
-		return &sdk.ToolError{Code: sdk.CodeRejected, Message: err.Error(), Permanent: true}
+		return &sdk.ToolError{Code: wire.CodeRejected, Message: err.Error(), Permanent: true}
 	default:
-		return &sdk.ToolError{Code: sdk.CodeFailed, Message: err.Error()}
+		return &sdk.ToolError{Code: wire.CodeFailed, Message: err.Error()}
 	}
 }
 
 func safeAnswer(ctx context.Context, h sdk.ToolHandler, req sdk.Request) (resp any, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = &sdk.ToolError{Code: sdk.CodeInternal, Message: fmt.Sprintf("handler panicked: %v", r), Permanent: true}
+			err = &sdk.ToolError{Code: wire.CodeInternal, Message: fmt.Sprintf("handler panicked: %v", r), Permanent: true}
 		}
 	}()
 	resp, err = h.HandleCall(ctx, req)

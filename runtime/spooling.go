@@ -65,7 +65,7 @@ func (n *Node) publishEvent(ctx context.Context, key string, msg amqp.Publishing
 func (n *Node) publishConfirmed(ctx context.Context, s *session, exchange, key string, msg amqp.Publishing) error {
 	for attempt := 1; ; attempt++ {
 		err := s.pub.publish(ctx, exchange, key, msg)
-		if !errors.Is(err, sdk.ErrRefused) {
+		if !errors.Is(err, sdk.ErrRefused) || errors.Is(err, errUnroutable) {
 			return err
 		}
 		n.stats.refused.Add(1)

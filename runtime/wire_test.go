@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/internal/causation"
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/runtime"
 	"github.com/meshkit/mesh/sdk"
@@ -111,8 +112,8 @@ func TestEmitOnTheWire(t *testing.T) {
 	}
 	m := load(t, n, sdk.Module{Name: "umami"}, runtime.ModuleConfig{})
 	before := time.Now().UTC().Truncate(time.Second)
-	id, err := m.Mesh().Emit(emitCtx(t), "site.created", map[string]any{"site": 42},
-		sdk.WithSchema("v2"), sdk.WithCausation("01JABCDEFGHJKMNPQRSTVWXYZ0"), sdk.WithPriority(3))
+	id, err := m.Mesh().Emit(causation.With(emitCtx(t), "01JABCDEFGHJKMNPQRSTVWXYZ0"), "site.created", map[string]any{"site": 42},
+		sdk.WithSchema("v2"), sdk.WithPriority(3))
 	if err != nil {
 		t.Fatalf("emit: %v", err)
 	}
@@ -236,17 +237,17 @@ func TestEmitRefusesBadInput(t *testing.T) {
 		is   error
 		rule string
 	}{
-		{"site..created", 1, sdk.ErrInvalidName, "empty"},
-		{"site.*", 1, sdk.ErrInvalidName, "pattern"},
-		{"site.#", 1, sdk.ErrInvalidName, "pattern"},
-		{"site created", 1, sdk.ErrInvalidName, "whitespace"},
-		{"site.\x01", 1, sdk.ErrInvalidName, "control"},
-		{strings.Repeat("a", 250), 1, sdk.ErrInvalidName, "255"},
-		{"", 1, sdk.ErrInvalidName, "empty"},
-		{"site.created", json.RawMessage(`{"a":`), sdk.ErrBodyNotJSON, "JSON"},
-		{"site.created", []byte("not json"), sdk.ErrBodyNotJSON, "JSON"},
-		{"site.created", func() {}, sdk.ErrBodyNotJSON, "func"},
-		{"site.created", strings.Repeat("x", 2000), sdk.ErrBodyTooLarge, "1024"},
+		{"site..created", 1, sdk.ErrInvalid, "empty"},
+		{"site.*", 1, sdk.ErrInvalid, "pattern"},
+		{"site.#", 1, sdk.ErrInvalid, "pattern"},
+		{"site created", 1, sdk.ErrInvalid, "whitespace"},
+		{"site.\x01", 1, sdk.ErrInvalid, "control"},
+		{strings.Repeat("a", 250), 1, sdk.ErrInvalid, "255"},
+		{"", 1, sdk.ErrInvalid, "empty"},
+		{"site.created", json.RawMessage(`{"a":`), sdk.ErrInvalid, "JSON"},
+		{"site.created", []byte("not json"), sdk.ErrInvalid, "JSON"},
+		{"site.created", func() {}, sdk.ErrInvalid, "func"},
+		{"site.created", strings.Repeat("x", 2000), sdk.ErrInvalid, "1024"},
 	}
 	for _, c := range cases {
 		_, err := m.Mesh().Emit(emitCtx(t), c.name, c.body)
@@ -258,10 +259,10 @@ func TestEmitRefusesBadInput(t *testing.T) {
 			t.Errorf("emit %q: error %q does not say %q", c.name, err, c.rule)
 		}
 	}
-	if _, err := n.Emit(emitCtx(t), "meshctl", "umami.site.created", 1); !errors.Is(err, sdk.ErrInvalidName) {
+	if _, err := n.Emit(emitCtx(t), "meshctl", "umami.site.created", 1); !errors.Is(err, sdk.ErrInvalid) {
 		t.Errorf("emit with two words: %v", err)
 	}
-	if _, err := n.Emit(emitCtx(t), "meshctl", "other.x.y", 1); !errors.Is(err, sdk.ErrInvalidName) {
+	if _, err := n.Emit(emitCtx(t), "meshctl", "other.x.y", 1); !errors.Is(err, sdk.ErrInvalid) {
 		t.Errorf("emit with unknown origin: %v", err)
 	}
 	// A good event goes through, and it is the only one on the wire.

@@ -1,47 +1,44 @@
 package sdk
 
 import (
-	"context"
 	"errors"
 
 	"github.com/meshkit/mesh/internal/wire"
 )
 
-// Errors callers branch on with errors.Is.
+// Errors callers branch on with errors.Is. ErrRefused, ErrConnectionLost
+// and ErrBackPressure are transient: the same emit or call may succeed
+// later. A call that got no answer in time satisfies
+// errors.Is(err, context.DeadlineExceeded).
 var (
 	// ErrPermanent marks an error that retrying cannot fix: the event is
 	// dead-lettered at once. Wrap an error with Permanent to mark it.
 	ErrPermanent = errors.New("permanent")
-	// ErrInvalidName is wrapped by the error for an event type, event name,
-	// pattern, module or node name that breaks the naming rules; the message
-	// says which rule. Nothing is sent or bound.
-	ErrInvalidName = wire.ErrInvalid
-	// ErrBodyTooLarge is returned by Emit for a body over the node's limit.
-	ErrBodyTooLarge = errors.New("event body too large")
-	// ErrBodyNotJSON is returned by Emit for a body that is not valid JSON
-	// or cannot be marshalled to it.
-	ErrBodyNotJSON = errors.New("event body is not JSON")
+	// ErrInvalid is wrapped by the error for what breaks the contract: an
+	// event type, event name, pattern, tool key or module name against the
+	// naming rules, a body that is not JSON or is over the node's limit, a
+	// bad emit option, a nil handler, a pattern or tool subscribed twice.
+	// The message says which rule; nothing is sent or bound.
+	ErrInvalid = wire.ErrInvalid
 	// ErrForbidden is returned by Emit for an event type outside what the
-	// module may emit.
-	ErrForbidden = errors.New("forbidden")
+	// module may emit, and by Serve for a tool its node config does not
+	// grant (the tools key of the module in meshd's config).
+	ErrForbidden = wire.ErrForbidden
 	// ErrRefused is returned by Emit when the broker refused the event (a
-	// negative confirm, for example a full queue). It is transient.
+	// negative confirm, for example a full queue) or could neither route
+	// nor keep it. It is transient.
 	ErrRefused = errors.New("refused by the broker")
-	// ErrUnroutable is returned by Emit when the broker could not route the
-	// event and could not keep it either.
-	ErrUnroutable = errors.New("unroutable")
 	// ErrClosed is returned once the mesh has been closed.
 	ErrClosed = errors.New("mesh closed")
 	// ErrAlreadyStarted is returned by On and Serve once the module
 	// consumes: its patterns and tools are fixed for this run.
 	ErrAlreadyStarted = errors.New("module already started")
+	// ErrNotStarted is returned by Emit and Call while Setup runs: a
+	// module emits and calls once it consumes, from Run or a handler.
+	ErrNotStarted = errors.New("module not started yet (Emit and Call are for Run and handlers, not Setup)")
 	// ErrNoServer is returned by Call at once when nobody serves the tool:
 	// no server ever declared it, or none is running now.
 	ErrNoServer = errors.New("no server for this tool")
-	// ErrDeadlineExceeded is returned by Call when no answer came before
-	// the deadline. It is transient; errors.Is(err,
-	// context.DeadlineExceeded) holds as well.
-	ErrDeadlineExceeded error = deadlineExceeded{}
 	// ErrConnectionLost is returned by Call and Emit when the broker
 	// connection dropped while the call or the publish was in flight. It is
 	// transient.
@@ -52,16 +49,13 @@ var (
 	ErrBackPressure = errors.New("back-pressure: the node's spool is full")
 )
 
-// Tool error codes the mesh itself uses. A tool may use its own.
-const (
-	CodeRejected       = "rejected"        // the handler returned a Permanent error
-	CodeFailed         = "failed"          // the handler returned another error
-	CodeInternal       = "internal"        // the handler panicked or its response could not be encoded
-	CodeInvalidRequest = "invalid_request" // the request broke the wire contract
-)
-
 // ToolError is a tool's error: a server handler returns it to choose the
 // code, and Call returns it with what the server sent.
+//
+// Besides a tool's own codes, the mesh gives these: "rejected" (the
+// handler returned a Permanent error), "failed" (any other error),
+// "internal" (the handler panicked or its response was not JSON) and
+// "invalid_request" (the request broke the wire contract).
 type ToolError struct {
 	// Code is a short machine-readable word ("not_found", "rejected").
 	Code string
@@ -84,11 +78,6 @@ func (e *ToolError) Error() string {
 func (e *ToolError) Is(target error) bool {
 	return target == ErrPermanent && e.Permanent
 }
-
-type deadlineExceeded struct{}
-
-func (deadlineExceeded) Error() string        { return "call deadline exceeded" }
-func (deadlineExceeded) Is(target error) bool { return target == context.DeadlineExceeded }
 
 type permanentError struct{ err error }
 

@@ -96,27 +96,6 @@ func ExampleHandlerFunc() {
 	// Output: handling node.anchor.joined attempt 1
 }
 
-func ExampleAllowDuplicates() {
-	// By default the node hands a module each event id once: a redelivery
-	// after a fault is acknowledged without running the handler again. A
-	// handler that is idempotent by itself (it upserts by a key, say) can
-	// take every delivery.
-	upsert := sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error { return nil })
-	h := sdk.AllowDuplicates(upsert)
-	fmt.Println(sdk.DuplicatesAllowed(h), sdk.DuplicatesAllowed(upsert))
-	// Output: true false
-}
-
-func ExampleWithPriority() {
-	o, err := sdk.ApplyEmitOptions(sdk.WithPriority(5), sdk.WithSchema("2"))
-	fmt.Println(o.Priority, o.Schema, err)
-	_, err = sdk.ApplyEmitOptions(sdk.WithPriority(12))
-	fmt.Println(err)
-	// Output:
-	// 5 2 <nil>
-	// emit option: priority 12 is over 9
-}
-
 // A module serves a tool in Setup; its handler answers with a value or a
 // ToolError the caller can branch on.
 func ExampleMesh_Serve() {
@@ -159,22 +138,6 @@ func ExampleToolError() {
 	err := fmt.Errorf("call invoice.create: %w", &sdk.ToolError{Code: "not_found", Message: "no order 12", Permanent: true})
 	var te *sdk.ToolError
 	fmt.Println(errors.As(err, &te), te.Code, errors.Is(err, sdk.ErrPermanent))
-	fmt.Println(errors.Is(sdk.ErrDeadlineExceeded, context.DeadlineExceeded))
 	// Output:
 	// true not_found true
-	// true
-}
-
-// Run is the whole main of a module binary that meshd starts and
-// supervises.
-func ExampleRun() {
-	main := func() {
-		if err := sdk.Run(sdk.Module{Name: "notifier", Setup: func(m sdk.Mesh) error {
-			m.Logger().Info("notifier set up")
-			return nil
-		}}); err != nil {
-			fmt.Println(err) // not started by meshd
-		}
-	}
-	_ = main
 }

@@ -103,13 +103,21 @@ func (f HandlerFunc) HandleEvent(ctx context.Context, ev Event) error { return f
 // without running the handler again.
 func AllowDuplicates(h Handler) Handler { return duplicatesAllowed{h} }
 
-// DuplicatesAllowed reports whether h was marked with AllowDuplicates.
-func DuplicatesAllowed(h Handler) bool {
-	_, ok := h.(duplicatesAllowed)
-	return ok
-}
-
 type duplicatesAllowed struct{ Handler }
+
+// AllowsDuplicates tells the hosts (wire.DuplicatesAllower) that h was
+// wrapped by AllowDuplicates.
+func (duplicatesAllowed) AllowsDuplicates() bool { return true }
+
+// Kind is what a module is, for operators and the mesh's graph. The zero
+// value is a plain module.
+type Kind string
+
+// The kinds of the shipped modules.
+const (
+	KindDispatcher Kind = "dispatcher"
+	KindAgent      Kind = "agent"
+)
 
 // Module is what a module author writes: its name, what it emits, how it
 // subscribes and, optionally, work it runs for as long as it is loaded.
@@ -117,9 +125,9 @@ type Module struct {
 	// Name is the module's name, one word (no dots): it becomes part of
 	// the types it emits (module.<Name>.<event>) and of its queue.
 	Name string
-	// Kind is what the module is, for operators: "dispatcher", "agent",
-	// or "" for a plain module.
-	Kind string
+	// Kind is what the module is, for operators: KindDispatcher,
+	// KindAgent, or "" for a plain module. Any other value is refused.
+	Kind Kind
 	// Emits lists the event names (relative, "site.created") the module
 	// emits, for the mesh's event graph.
 	Emits []string

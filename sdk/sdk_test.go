@@ -1,10 +1,12 @@
 package sdk_test
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
 
+	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/sdk"
 )
 
@@ -24,17 +26,23 @@ func TestPermanent(t *testing.T) {
 
 func TestEmitOptionsRefuseBadValues(t *testing.T) {
 	for name, opt := range map[string]sdk.EmitOption{
-		"empty schema":    sdk.WithSchema(""),
-		"empty causation": sdk.WithCausation(""),
-		"ttl under 1ms":   sdk.WithTTL(time.Microsecond),
-		"priority 10":     sdk.WithPriority(10),
+		"empty schema":  sdk.WithSchema(""),
+		"ttl under 1ms": sdk.WithTTL(time.Microsecond),
+		"priority 10":   sdk.WithPriority(10),
 	} {
-		if _, err := sdk.ApplyEmitOptions(opt); err == nil {
-			t.Errorf("%s accepted", name)
+		if _, err := wire.ApplyEmitOptions([]sdk.EmitOption{opt}); !errors.Is(err, sdk.ErrInvalid) {
+			t.Errorf("%s: %v, want ErrInvalid", name, err)
 		}
 	}
-	o, err := sdk.ApplyEmitOptions(nil, sdk.WithTTL(time.Second), sdk.WithCausation("c"))
-	if err != nil || o.TTL != time.Second || o.CausationID != "c" {
+	o, err := wire.ApplyEmitOptions([]sdk.EmitOption{nil, sdk.WithTTL(time.Second), sdk.WithFreshID(), sdk.WithPriority(3)})
+	if err != nil || o.TTL != time.Second || !o.FreshID || o.Priority != 3 || !o.HasPriority {
 		t.Errorf("options %+v %v", o, err)
+	}
+}
+
+func TestAllowDuplicatesIsSeenByTheHosts(t *testing.T) {
+	h := sdk.HandlerFunc(func(context.Context, sdk.Event) error { return nil })
+	if wire.AllowsDuplicates(h) || !wire.AllowsDuplicates(sdk.AllowDuplicates(h)) {
+		t.Error("the hosts cannot tell a handler marked AllowDuplicates from another")
 	}
 }

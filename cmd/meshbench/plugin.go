@@ -81,7 +81,7 @@ func countThroughput(url string, o options, bin string) (float64, error) {
 	}}, runtime.ModuleConfig{}); err != nil {
 		return 0, err
 	}
-	mc := runtime.ModuleConfig{Concurrency: runtime.DefaultPrefetch} // as a module process gets
+	mc := runtime.ModuleConfig{Concurrency: runtime.DefaultPrefetch} // the same on both sides: the whole window at once
 	if bin == "" {
 		_, err = node.Load(ctx, countmodule.Module(int64(o.events)), mc)
 	} else {

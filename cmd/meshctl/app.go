@@ -16,6 +16,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/meshkit/mesh/internal/causation"
 	"github.com/meshkit/mesh/runtime"
 	"github.com/meshkit/mesh/sdk"
 )
@@ -88,11 +89,11 @@ func emit(c *cli.Context) error {
 	if s := c.String("schema"); s != "" {
 		opts = append(opts, sdk.WithSchema(s))
 	}
-	if s := c.String("causation"); s != "" {
-		opts = append(opts, sdk.WithCausation(s))
-	}
 	ctx, cancel := context.WithTimeout(c.Context, 30*time.Second)
 	defer cancel()
+	if s := c.String("causation"); s != "" {
+		ctx = causation.With(ctx, s)
+	}
 	node, err := connect(ctx, c)
 	if err != nil {
 		return err

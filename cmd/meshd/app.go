@@ -115,7 +115,7 @@ func run(c *cli.Context) error {
 	}
 	for i, m := range f.Modules {
 		pm, err := node.LoadPlugin(ctx, m.Path, m.Args, m.ModuleConfig())
-		if err == nil && (pm.Name() != m.Name || (m.Kind != "" && pm.Kind() != m.Kind)) {
+		if err == nil && (pm.Name() != m.Name || (m.Kind != "" && string(pm.Kind()) != m.Kind)) {
 			err = fmt.Errorf("modules[%d]: the config says %s (kind %q), the binary %s says %s (kind %q)",
 				i, m.Name, m.Kind, m.Path, pm.Name(), pm.Kind())
 		}

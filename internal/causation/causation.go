@@ -1,22 +1,109 @@
-// Package causation carries the id of the event or request being handled
-// through a context, so an emit or call made while handling it records that
-// id as its x-causation-id with nothing for the module author to do.
+// Package causation carries the event or request being handled through a
+// context, so that an emit or call made while handling it records that id
+// as its x-causation-id, and gets an id of its own derived from it, with
+// nothing for the module author to do.
 //
-//	ctx = causation.With(ctx, event.ID)
-//	id := causation.From(ctx) // event.ID
+// A retried handler that emits or calls the same thing again then sends
+// the same id: consumers' de-duplication and servers' stored answers
+// absorb the repeat (SPEC §1, Delivery).
+//
+//	ctx = causation.Handling(ctx, ev.ID, ev.Time)
+//	causation.From(ctx)                                         // ev.ID
+//	id, ok := causation.Derive(ctx, "billing", causation.KindEmit, "module.billing.invoiced", body)
 package causation
 
-import "context"
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"sync"
+	"time"
 
-type key struct{}
+	"github.com/oklog/ulid/v2"
+)
 
-// With returns a context that carries id as the cause of what is done in it.
-func With(ctx context.Context, id string) context.Context {
-	return context.WithValue(ctx, key{}, id)
+type ctxKey struct{}
+
+// scope is one handling of an event or request: its id, its time, and how
+// many times each identical emit or call was made in it so far.
+type scope struct {
+	id   string
+	time time.Time
+	mu   sync.Mutex
+	seen map[[sha256.Size]byte]uint64
 }
 
-// From returns the id With stored, or "".
+// With returns a context that carries id as the cause of what is done in
+// it, without deriving ids (a cause given explicitly, not a handling).
+func With(ctx context.Context, id string) context.Context {
+	return context.WithValue(ctx, ctxKey{}, &scope{id: id})
+}
+
+// Handling returns a context for one handling (one attempt) of the event
+// or request id, made at t: what is emitted or called in it has id as its
+// cause and an id derived by Derive.
+func Handling(ctx context.Context, id string, t time.Time) context.Context {
+	return context.WithValue(ctx, ctxKey{}, &scope{id: id, time: t, seen: make(map[[sha256.Size]byte]uint64)})
+}
+
+// From returns the id of the cause With or Handling stored, or "".
 func From(ctx context.Context) string {
-	id, _ := ctx.Value(key{}).(string)
-	return id
+	if s, _ := ctx.Value(ctxKey{}).(*scope); s != nil {
+		return s.id
+	}
+	return ""
+}
+
+// What Derive derives an id for.
+const (
+	KindEmit = "emit"
+	KindCall = "call"
+)
+
+// Derive returns the id of an emit or call (kind) of key (the full event
+// type or the tool key) with body, made by module inside the handling ctx
+// carries: a valid ULID whose time is the handled event's and whose
+// entropy is a digest of the handled id, module, kind, key, body and
+// occurrence (the n-th identical emit or call of this handling). The same
+// handling repeated (a retry) derives the same ids in the same order; a
+// different body derives another. ok is false outside a handling.
+func Derive(ctx context.Context, module, kind, key string, body []byte) (id string, ok bool) {
+	s, _ := ctx.Value(ctxKey{}).(*scope)
+	if s == nil || s.seen == nil {
+		return "", false
+	}
+	h := sha256.New()
+	for _, part := range []string{s.id, module, kind, key} {
+		h.Write([]byte(part))
+		h.Write([]byte{0})
+	}
+	bodySum := sha256.Sum256(body)
+	h.Write(bodySum[:])
+	var what [sha256.Size]byte
+	h.Sum(what[:0])
+
+	s.mu.Lock()
+	n := s.seen[what]
+	s.seen[what] = n + 1
+	s.mu.Unlock()
+
+	h.Reset()
+	h.Write(what[:])
+	var occ [8]byte
+	binary.BigEndian.PutUint64(occ[:], n)
+	h.Write(occ[:])
+	sum := h.Sum(nil)
+
+	var u ulid.ULID
+	ms := ulid.Timestamp(s.time)
+	if s.time.IsZero() || ms > ulid.MaxTime() {
+		ms = 0
+	}
+	if err := u.SetTime(ms); err != nil {
+		return "", false
+	}
+	if err := u.SetEntropy(sum[:10]); err != nil {
+		return "", false
+	}
+	return u.String(), true
 }

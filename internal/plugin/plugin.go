@@ -13,6 +13,9 @@ package plugin
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"os"
 	"strconv"
 
 	goplugin "github.com/hashicorp/go-plugin"
@@ -23,7 +26,7 @@ import (
 
 // protocolVersion is the version of the pb protocol. It is a string so a
 // test can build a module of another version with -ldflags -X.
-var protocolVersion = "1"
+var protocolVersion = "2"
 
 // ProtocolVersion is the plugin protocol version this build speaks.
 func ProtocolVersion() uint {
@@ -72,4 +75,32 @@ func (p *grpcPlugin) GRPCServer(b *goplugin.GRPCBroker, s *grpc.Server) error {
 
 func (p *grpcPlugin) GRPCClient(_ context.Context, b *goplugin.GRPCBroker, c *grpc.ClientConn) (any, error) {
 	return &Client{Module: pb.NewModuleClient(c), Broker: b}, nil
+}
+
+// EnvToolGrants is the environment variable meshd sets on a module process
+// to the JSON list of the tool patterns it may serve, so that the process
+// refuses an ungranted Serve when it is made, as in-process.
+const EnvToolGrants = "MESH_MODULE_TOOL_GRANTS"
+
+// ToolGrantsEnv is the EnvToolGrants entry for grants; nil grants (no
+// limit) give no entry.
+func ToolGrantsEnv(grants []string) []string {
+	if grants == nil {
+		return nil
+	}
+	b, _ := json.Marshal(grants) // a []string always marshals
+	return []string{EnvToolGrants + "=" + string(b)}
+}
+
+// ToolGrantsFromEnv reads what ToolGrantsEnv set: nil when it is not set.
+func ToolGrantsFromEnv() ([]string, error) {
+	v, ok := os.LookupEnv(EnvToolGrants)
+	if !ok {
+		return nil, nil
+	}
+	grants := []string{}
+	if err := json.Unmarshal([]byte(v), &grants); err != nil {
+		return nil, fmt.Errorf("%s is not a JSON list of tool patterns: %w", EnvToolGrants, err)
+	}
+	return grants, nil
 }

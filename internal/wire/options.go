@@ -1,9 +1,12 @@
 package wire
 
-import "time"
+import (
+	"fmt"
+	"time"
+)
 
 // EmitOptions are the per-emit settings the sdk's options fill in and the
-// runtime reads.
+// hosts read.
 type EmitOptions struct {
 	Schema      string
 	CausationID string
@@ -13,4 +16,54 @@ type EmitOptions struct {
 	// FullType says the emitted name is a full event type, not one
 	// relative to the module's namespace.
 	FullType bool
+	// FreshID asks for a new random id even inside a handler, where the id
+	// is otherwise derived from the handled event (see causation.Scope).
+	FreshID bool
 }
+
+// EmitOptionApplier is what every sdk.EmitOption is underneath. The sdk
+// keeps the method off its exported surface (EmitOption is an interface
+// with an unexported marker); hosts reach it with a type assertion.
+type EmitOptionApplier interface {
+	ApplyEmit(*EmitOptions) error
+}
+
+// ApplyEmitOptions folds sdk emit options into one set of settings. A nil
+// option is skipped; a value that is not an sdk option is refused.
+func ApplyEmitOptions[T any](opts []T) (EmitOptions, error) {
+	var o EmitOptions
+	for _, opt := range opts {
+		if any(opt) == nil {
+			continue
+		}
+		a, ok := any(opt).(EmitOptionApplier)
+		if !ok {
+			return o, fmt.Errorf("emit option %T is not one of the sdk's", opt)
+		}
+		if err := a.ApplyEmit(&o); err != nil {
+			return o, fmt.Errorf("emit option: %w", err)
+		}
+	}
+	return o, nil
+}
+
+// DuplicatesAllower is implemented by a handler wrapped by
+// sdk.AllowDuplicates.
+type DuplicatesAllower interface {
+	AllowsDuplicates() bool
+}
+
+// AllowsDuplicates reports whether h, a handler, was marked with
+// sdk.AllowDuplicates.
+func AllowsDuplicates(h any) bool {
+	d, ok := h.(DuplicatesAllower)
+	return ok && d.AllowsDuplicates()
+}
+
+// Tool error codes the mesh itself gives (sdk.ToolError.Code).
+const (
+	CodeRejected       = "rejected"        // the handler returned a Permanent error
+	CodeFailed         = "failed"          // the handler returned another error
+	CodeInternal       = "internal"        // the handler panicked or its response could not be encoded
+	CodeInvalidRequest = "invalid_request" // the request broke the wire contract
+)

@@ -11,8 +11,30 @@ import (
 // MaxNameBytes is the AMQP limit for a routing key, exchange or queue name.
 const MaxNameBytes = 255
 
-// ErrInvalid is wrapped by every *InvalidError.
-var ErrInvalid = errors.New("invalid name")
+// ErrInvalid is wrapped by every *InvalidError and by every other breach
+// of the contract a module can make (a body that is not JSON, a bad
+// option); sdk.ErrInvalid is this error.
+var ErrInvalid = errors.New("invalid")
+
+// ErrForbidden is wrapped by the refusal of what a module's grants do not
+// allow; sdk.ErrForbidden is this error.
+var ErrForbidden = errors.New("forbidden")
+
+// CheckToolGrant refuses a tool that module may not serve: grants are
+// topic patterns of tool keys, nil places no limit. The refusal names the
+// key of meshd's config that grants tools.
+func CheckToolGrant(module, tool string, grants []string) error {
+	if grants == nil {
+		return nil
+	}
+	for _, g := range grants {
+		if MatchPattern(g, tool) {
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: module %s may serve only the tools its node config grants it, and %q is not among %q "+
+		"(add it to the module's tools list in meshd's config, or to ModuleConfig.ToolGrants in-process)", ErrForbidden, module, tool, grants)
+}
 
 // InvalidError says which rule a routing key, pattern or name broke.
 type InvalidError struct {

@@ -64,12 +64,15 @@ type File struct {
 type Module struct {
 	// Name is the name the module must report; a binary that says another
 	// name is refused, so the config cannot silently run the wrong one.
-	Name           string        `yaml:"name"`
-	Kind           string        `yaml:"kind"`
-	Path           string        `yaml:"path"`
-	Args           []string      `yaml:"args"`
-	QueueType      string        `yaml:"queue_type"`
-	Prefetch       int           `yaml:"prefetch"`
+	Name      string   `yaml:"name"`
+	Kind      string   `yaml:"kind"`
+	Path      string   `yaml:"path"`
+	Args      []string `yaml:"args"`
+	QueueType string   `yaml:"queue_type"`
+	Prefetch  int      `yaml:"prefetch"`
+	// Concurrency is how many handler calls run at once (1 to prefetch,
+	// default 1: in queue order), in a module process as in-process.
+	Concurrency    int           `yaml:"concurrency"`
 	MaxAttempts    int           `yaml:"max_attempts"`
 	HandlerTimeout time.Duration `yaml:"handler_timeout"`
 	MaxPriority    int           `yaml:"max_priority"`
@@ -130,7 +133,7 @@ func (m Module) ModuleConfig() runtime.ModuleConfig {
 
 func (m Module) runtime() runtime.ModuleConfig {
 	return runtime.ModuleConfig{
-		QueueType: m.QueueType, Prefetch: m.Prefetch, MaxAttempts: m.MaxAttempts,
+		QueueType: m.QueueType, Prefetch: m.Prefetch, Concurrency: m.Concurrency, MaxAttempts: m.MaxAttempts,
 		HandlerTimeout: m.HandlerTimeout, MaxPriority: m.MaxPriority, EmitGrants: m.EmitGrants,
 		AllowDuplicates: m.AllowDuplicates,
 	}

@@ -8,13 +8,13 @@ import (
 	"strconv"
 
 	"github.com/meshkit/mesh/cmd/meshbench/countmodule"
-	"github.com/meshkit/mesh/sdk"
+	"github.com/meshkit/mesh/sdk/process"
 )
 
 func main() {
 	expect, err := strconv.ParseInt(os.Args[len(os.Args)-1], 10, 64)
 	if err == nil {
-		err = sdk.Run(countmodule.Module(expect))
+		err = process.Run(countmodule.Module(expect))
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "countplugin:", err)

@@ -6,11 +6,11 @@ import (
 	"log"
 
 	"github.com/meshkit/mesh/examples/notifier"
-	"github.com/meshkit/mesh/sdk"
+	"github.com/meshkit/mesh/sdk/process"
 )
 
 func main() {
-	if err := sdk.Run(notifier.Module(nil)); err != nil {
+	if err := process.Run(notifier.Module(nil)); err != nil {
 		log.Fatal(err)
 	}
 }

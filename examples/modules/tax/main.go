@@ -6,11 +6,11 @@ import (
 	"log"
 
 	"github.com/meshkit/mesh/examples/billing"
-	"github.com/meshkit/mesh/sdk"
+	"github.com/meshkit/mesh/sdk/process"
 )
 
 func main() {
-	if err := sdk.Run(billing.Tax()); err != nil {
+	if err := process.Run(billing.Tax()); err != nil {
 		log.Fatal(err)
 	}
 }

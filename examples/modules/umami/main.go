@@ -7,11 +7,11 @@ import (
 	"time"
 
 	"github.com/meshkit/mesh/examples/umami"
-	"github.com/meshkit/mesh/sdk"
+	"github.com/meshkit/mesh/sdk/process"
 )
 
 func main() {
-	if err := sdk.Run(umami.Module(time.Second)); err != nil {
+	if err := process.Run(umami.Module(time.Second)); err != nil {
 		log.Fatal(err)
 	}
 }

@@ -44,6 +44,8 @@ const (
 	ErrorKind_TOOL              ErrorKind = 11
 	ErrorKind_FORBIDDEN         ErrorKind = 12
 	ErrorKind_BACK_PRESSURE     ErrorKind = 13
+	ErrorKind_NOT_STARTED       ErrorKind = 14
+	ErrorKind_ALREADY_STARTED   ErrorKind = 15
 )
 
 // Enum value maps for ErrorKind.
@@ -63,6 +65,8 @@ var (
 		11: "TOOL",
 		12: "FORBIDDEN",
 		13: "BACK_PRESSURE",
+		14: "NOT_STARTED",
+		15: "ALREADY_STARTED",
 	}
 	ErrorKind_value = map[string]int32{
 		"NONE":              0,
@@ -79,6 +83,8 @@ var (
 		"TOOL":              11,
 		"FORBIDDEN":         12,
 		"BACK_PRESSURE":     13,
+		"NOT_STARTED":       14,
+		"ALREADY_STARTED":   15,
 	}
 )
 
@@ -473,10 +479,12 @@ func (x *ToolAnswer) GetPermanent() bool {
 }
 
 type StartRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	HostBrokerId  uint32                 `protobuf:"varint,1,opt,name=host_broker_id,json=hostBrokerId,proto3" json:"host_broker_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	HostBrokerId uint32                 `protobuf:"varint,1,opt,name=host_broker_id,json=hostBrokerId,proto3" json:"host_broker_id,omitempty"`
+	// The node's default deadline of a call whose context has none.
+	CallTimeoutNanos int64 `protobuf:"varint,2,opt,name=call_timeout_nanos,json=callTimeoutNanos,proto3" json:"call_timeout_nanos,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *StartRequest) Reset() {
@@ -512,6 +520,13 @@ func (*StartRequest) Descriptor() ([]byte, []int) {
 func (x *StartRequest) GetHostBrokerId() uint32 {
 	if x != nil {
 		return x.HostBrokerId
+	}
+	return 0
+}
+
+func (x *StartRequest) GetCallTimeoutNanos() int64 {
+	if x != nil {
+		return x.CallTimeoutNanos
 	}
 	return 0
 }
@@ -813,15 +828,18 @@ func (x *OutcomeBatch) GetOutcomes() []*Outcome {
 }
 
 type Emit struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"` // relative to the module's namespace
-	Body          []byte                 `protobuf:"bytes,2,opt,name=body,proto3" json:"body,omitempty"`
-	Schema        string                 `protobuf:"bytes,3,opt,name=schema,proto3" json:"schema,omitempty"`
-	CausationId   string                 `protobuf:"bytes,4,opt,name=causation_id,json=causationId,proto3" json:"causation_id,omitempty"`
-	TtlMillis     int64                  `protobuf:"varint,5,opt,name=ttl_millis,json=ttlMillis,proto3" json:"ttl_millis,omitempty"`
-	Priority      uint32                 `protobuf:"varint,6,opt,name=priority,proto3" json:"priority,omitempty"`
-	HasPriority   bool                   `protobuf:"varint,7,opt,name=has_priority,json=hasPriority,proto3" json:"has_priority,omitempty"`
-	FullType      bool                   `protobuf:"varint,8,opt,name=full_type,json=fullType,proto3" json:"full_type,omitempty"` // name is a full event type (sdk.AsFullType)
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Name        string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"` // relative to the module's namespace
+	Body        []byte                 `protobuf:"bytes,2,opt,name=body,proto3" json:"body,omitempty"`
+	Schema      string                 `protobuf:"bytes,3,opt,name=schema,proto3" json:"schema,omitempty"`
+	CausationId string                 `protobuf:"bytes,4,opt,name=causation_id,json=causationId,proto3" json:"causation_id,omitempty"`
+	TtlMillis   int64                  `protobuf:"varint,5,opt,name=ttl_millis,json=ttlMillis,proto3" json:"ttl_millis,omitempty"`
+	Priority    uint32                 `protobuf:"varint,6,opt,name=priority,proto3" json:"priority,omitempty"`
+	HasPriority bool                   `protobuf:"varint,7,opt,name=has_priority,json=hasPriority,proto3" json:"has_priority,omitempty"`
+	FullType    bool                   `protobuf:"varint,8,opt,name=full_type,json=fullType,proto3" json:"full_type,omitempty"` // name is a full event type (sdk.AsFullType)
+	// The event's id when the module derived it (an emit inside a handler,
+	// see internal/causation); empty: the host gives it a fresh one.
+	Id            string `protobuf:"bytes,9,opt,name=id,proto3" json:"id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -910,6 +928,13 @@ func (x *Emit) GetFullType() bool {
 		return x.FullType
 	}
 	return false
+}
+
+func (x *Emit) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
 }
 
 type EmitBatch struct {
@@ -1066,8 +1091,11 @@ type CallRequest struct {
 	Body             []byte                 `protobuf:"bytes,2,opt,name=body,proto3" json:"body,omitempty"`
 	DeadlineUnixNano int64                  `protobuf:"varint,3,opt,name=deadline_unix_nano,json=deadlineUnixNano,proto3" json:"deadline_unix_nano,omitempty"`
 	CausationId      string                 `protobuf:"bytes,4,opt,name=causation_id,json=causationId,proto3" json:"causation_id,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The request's id when the module derived it (a call inside a
+	// handler); empty: the host gives it a fresh one.
+	Id            string `protobuf:"bytes,5,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CallRequest) Reset() {
@@ -1124,6 +1152,13 @@ func (x *CallRequest) GetDeadlineUnixNano() int64 {
 func (x *CallRequest) GetCausationId() string {
 	if x != nil {
 		return x.CausationId
+	}
+	return ""
+}
+
+func (x *CallRequest) GetId() string {
+	if x != nil {
+		return x.Id
 	}
 	return ""
 }
@@ -1237,9 +1272,10 @@ const file_module_proto_rawDesc = "" +
 	"\bis_error\x18\x02 \x01(\bR\aisError\x12\x12\n" +
 	"\x04code\x18\x03 \x01(\tR\x04code\x12\x18\n" +
 	"\amessage\x18\x04 \x01(\tR\amessage\x12\x1c\n" +
-	"\tpermanent\x18\x05 \x01(\bR\tpermanent\"4\n" +
+	"\tpermanent\x18\x05 \x01(\bR\tpermanent\"b\n" +
 	"\fStartRequest\x12$\n" +
-	"\x0ehost_broker_id\x18\x01 \x01(\rR\fhostBrokerId\"\xe2\x03\n" +
+	"\x0ehost_broker_id\x18\x01 \x01(\rR\fhostBrokerId\x12,\n" +
+	"\x12call_timeout_nanos\x18\x02 \x01(\x03R\x10callTimeoutNanos\"\xe2\x03\n" +
 	"\bDelivery\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x18\n" +
 	"\apattern\x18\x02 \x01(\rR\apattern\x12\x0e\n" +
@@ -1273,7 +1309,7 @@ const file_module_proto_rawDesc = "" +
 	"\x06FAILED\x10\x01\x12\r\n" +
 	"\tPERMANENT\x10\x02\"C\n" +
 	"\fOutcomeBatch\x123\n" +
-	"\boutcomes\x18\x01 \x03(\v2\x17.mesh.plugin.v1.OutcomeR\boutcomes\"\xe4\x01\n" +
+	"\boutcomes\x18\x01 \x03(\v2\x17.mesh.plugin.v1.OutcomeR\boutcomes\"\xf4\x01\n" +
 	"\x04Emit\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04body\x18\x02 \x01(\fR\x04body\x12\x16\n" +
@@ -1283,7 +1319,8 @@ const file_module_proto_rawDesc = "" +
 	"ttl_millis\x18\x05 \x01(\x03R\tttlMillis\x12\x1a\n" +
 	"\bpriority\x18\x06 \x01(\rR\bpriority\x12!\n" +
 	"\fhas_priority\x18\a \x01(\bR\vhasPriority\x12\x1b\n" +
-	"\tfull_type\x18\b \x01(\bR\bfullType\"7\n" +
+	"\tfull_type\x18\b \x01(\bR\bfullType\x12\x0e\n" +
+	"\x02id\x18\t \x01(\tR\x02id\"7\n" +
 	"\tEmitBatch\x12*\n" +
 	"\x05emits\x18\x01 \x03(\v2\x14.mesh.plugin.v1.EmitR\x05emits\"l\n" +
 	"\n" +
@@ -1293,19 +1330,20 @@ const file_module_proto_rawDesc = "" +
 	"error_kind\x18\x02 \x01(\x0e2\x19.mesh.plugin.v1.ErrorKindR\terrorKind\x12\x14\n" +
 	"\x05error\x18\x03 \x01(\tR\x05error\"C\n" +
 	"\vEmitResults\x124\n" +
-	"\aresults\x18\x01 \x03(\v2\x1a.mesh.plugin.v1.EmitResultR\aresults\"\x86\x01\n" +
+	"\aresults\x18\x01 \x03(\v2\x1a.mesh.plugin.v1.EmitResultR\aresults\"\x96\x01\n" +
 	"\vCallRequest\x12\x12\n" +
 	"\x04tool\x18\x01 \x01(\tR\x04tool\x12\x12\n" +
 	"\x04body\x18\x02 \x01(\fR\x04body\x12,\n" +
 	"\x12deadline_unix_nano\x18\x03 \x01(\x03R\x10deadlineUnixNano\x12!\n" +
-	"\fcausation_id\x18\x04 \x01(\tR\vcausationId\"\xb6\x01\n" +
+	"\fcausation_id\x18\x04 \x01(\tR\vcausationId\x12\x0e\n" +
+	"\x02id\x18\x05 \x01(\tR\x02id\"\xb6\x01\n" +
 	"\fCallResponse\x12\x12\n" +
 	"\x04body\x18\x01 \x01(\fR\x04body\x128\n" +
 	"\n" +
 	"error_kind\x18\x02 \x01(\x0e2\x19.mesh.plugin.v1.ErrorKindR\terrorKind\x12\x14\n" +
 	"\x05error\x18\x03 \x01(\tR\x05error\x12\x1b\n" +
 	"\ttool_code\x18\x04 \x01(\tR\btoolCode\x12%\n" +
-	"\x0etool_permanent\x18\x05 \x01(\bR\rtoolPermanent*\xe9\x01\n" +
+	"\x0etool_permanent\x18\x05 \x01(\bR\rtoolPermanent*\x8f\x02\n" +
 	"\tErrorKind\x12\b\n" +
 	"\x04NONE\x10\x00\x12\t\n" +
 	"\x05OTHER\x10\x01\x12\x10\n" +
@@ -1323,7 +1361,9 @@ const file_module_proto_rawDesc = "" +
 	"\x12\b\n" +
 	"\x04TOOL\x10\v\x12\r\n" +
 	"\tFORBIDDEN\x10\f\x12\x11\n" +
-	"\rBACK_PRESSURE\x10\r2\x95\x02\n" +
+	"\rBACK_PRESSURE\x10\r\x12\x0f\n" +
+	"\vNOT_STARTED\x10\x0e\x12\x13\n" +
+	"\x0fALREADY_STARTED\x10\x0f2\x95\x02\n" +
 	"\x06Module\x12>\n" +
 	"\bDescribe\x12\x15.mesh.plugin.v1.Empty\x1a\x1b.mesh.plugin.v1.Description\x12<\n" +
 	"\x05Start\x12\x1c.mesh.plugin.v1.StartRequest\x1a\x15.mesh.plugin.v1.Empty\x12J\n" +

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/meshkit/mesh/sdk"
+	"github.com/meshkit/mesh/sdk/process"
 )
 
 func main() {
@@ -19,7 +20,7 @@ func main() {
 		name = os.Args[1] // another instance of the same code, under another name
 	}
 	var mesh sdk.Mesh
-	err := sdk.Run(sdk.Module{
+	err := process.Run(sdk.Module{
 		Name:  name,
 		Emits: []string{"pong", "called", "tick"},
 		Setup: func(m sdk.Mesh) error {
@@ -94,7 +95,7 @@ func main() {
 					return emitErr
 				case "bad-name":
 					_, err := mesh.Emit(ctx, "bad..name", 1)
-					_, emitErr := mesh.Emit(ctx, "called", map[string]bool{"invalid": errors.Is(err, sdk.ErrInvalidName)})
+					_, emitErr := mesh.Emit(ctx, "called", map[string]bool{"invalid": errors.Is(err, sdk.ErrInvalid)})
 					return emitErr
 				}
 				return fmt.Errorf("unknown command %q", cmd.Do)

@@ -1,0 +1,58 @@
+package wire
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+)
+
+// EmitType is the full event type a module's emit of name makes, if the
+// module may emit it: under module.<module>. always; with full set, a
+// type elsewhere only where one of grants (topic patterns) matches.
+func EmitType(module, name string, full bool, grants []string) (string, error) {
+	if !full {
+		if err := ValidateRelativeType(name); err != nil {
+			return "", err
+		}
+		t := ModuleEventType(module, name)
+		return t, ValidateEventType(t)
+	}
+	if err := ValidateEventType(name); err != nil {
+		return "", err
+	}
+	if strings.HasPrefix(name, "module."+module+".") {
+		return name, nil
+	}
+	for _, g := range grants {
+		if MatchPattern(g, name) {
+			return name, nil
+		}
+	}
+	return "", fmt.Errorf("%w: module %s may emit %s only if its node config grants it (the module's emit_grants in meshd's config)", ErrForbidden, module, name)
+}
+
+// EncodeBody turns an emit's body or a call's request into JSON:
+// json.RawMessage and []byte are taken as JSON as they are and must be
+// valid, anything else is marshalled. Over maxBytes is refused. Every
+// refusal wraps ErrInvalid.
+func EncodeBody(body any, maxBytes int) ([]byte, error) {
+	var raw []byte
+	switch b := body.(type) {
+	case json.RawMessage:
+		raw = b
+	case []byte:
+		raw = b
+	default:
+		var err error
+		if raw, err = json.Marshal(body); err != nil {
+			return nil, fmt.Errorf("%w: body is not JSON: %v", ErrInvalid, err)
+		}
+	}
+	if len(raw) > maxBytes {
+		return nil, fmt.Errorf("%w: body too large: %d bytes, the limit is %d (max_body_bytes)", ErrInvalid, len(raw), maxBytes)
+	}
+	if !json.Valid(raw) {
+		return nil, fmt.Errorf("%w: body is not JSON: %d bytes are not valid JSON", ErrInvalid, len(raw))
+	}
+	return raw, nil
+}

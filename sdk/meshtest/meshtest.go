@@ -1,0 +1,694 @@
+package meshtest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+
+	"github.com/meshkit/mesh/internal/causation"
+	"github.com/meshkit/mesh/internal/wire"
+	"github.com/meshkit/mesh/sdk"
+)
+
+// Config sets the rules a Mesh runs modules by. Zero fields take the
+// defaults of a meshd node.
+type Config struct {
+	// Node is the name of the node the modules run on. Default "test".
+	Node string
+	// MaxAttempts is how many times a handler is tried before its event
+	// is dead-lettered. Default 5.
+	MaxAttempts int
+	// HandlerTimeout bounds one handler call, in real time: past it the
+	// handler's context is cancelled and the call counts as a failed
+	// attempt. Default 30s.
+	HandlerTimeout time.Duration
+	// RetryMin and RetryMax bound the exponential back-off before a failed
+	// event is tried again, on the mesh's clock. Defaults 200ms and 30s.
+	RetryMin, RetryMax time.Duration
+	// CallTimeout is a call's deadline, in real time, when its context has
+	// none. Default 30s.
+	CallTimeout time.Duration
+	// MaxBodyBytes refuses bigger bodies. Default 1 MiB.
+	MaxBodyBytes int
+	// Start is the mesh clock's first reading. Default
+	// 2026-01-01T00:00:00Z.
+	Start time.Time
+	// Logger receives the modules' logs. Default: discarded.
+	Logger *slog.Logger
+}
+
+func (c *Config) withDefaults() {
+	if c.Node == "" {
+		c.Node = "test"
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = 5
+	}
+	if c.HandlerTimeout == 0 {
+		c.HandlerTimeout = 30 * time.Second
+	}
+	if c.RetryMin == 0 {
+		c.RetryMin = 200 * time.Millisecond
+	}
+	if c.RetryMax == 0 {
+		c.RetryMax = 30 * time.Second
+	}
+	if c.CallTimeout == 0 {
+		c.CallTimeout = 30 * time.Second
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = 1 << 20
+	}
+	if c.Start.IsZero() {
+		c.Start = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+}
+
+// ModuleConfig is how one module runs, as a module's entry in meshd's
+// config. Zero fields take the Mesh's defaults.
+type ModuleConfig struct {
+	// MaxAttempts overrides Config.MaxAttempts for this module.
+	MaxAttempts int
+	// HandlerTimeout overrides Config.HandlerTimeout for this module.
+	HandlerTimeout time.Duration
+	// AllowDuplicates turns off de-duplication by event id for the module.
+	AllowDuplicates bool
+	// EmitGrants are the patterns of full types outside its namespace the
+	// module may emit with sdk.AsFullType (emit_grants).
+	EmitGrants []string
+	// ToolGrants, when not nil, are the patterns of the tools the module
+	// may serve (tools); nil places no limit.
+	ToolGrants []string
+}
+
+// DeadLetter is an event a module gave up on.
+type DeadLetter struct {
+	// Event is the event as its last attempt saw it.
+	Event sdk.Event
+	// Module is the module that gave up.
+	Module string
+	// Reason is "permanent" (the handler said so) or "delivery_limit"
+	// (every attempt failed).
+	Reason string
+	// Attempts is how many times the handler was tried.
+	Attempts int
+	// Err is the last error, as text.
+	Err string
+}
+
+// Call is one tool call made on the mesh, with its outcome.
+type Call struct {
+	// ID is the request's id; Caller the calling module (or the source
+	// given to Mesh.Call); CausationID the handled event or request it was
+	// made in, or "".
+	ID, Tool, Caller, CausationID string
+	// Request is the JSON request and Response the JSON response, or nil
+	// when the call failed.
+	Request, Response json.RawMessage
+	// Err is the call's error, or nil.
+	Err error
+	// Ran says whether the tool ran: false for a call answered from the
+	// server's stored answer, or that no server took.
+	Ran bool
+}
+
+// Mesh is an in-memory mesh that runs sdk.Modules by the rules of a meshd
+// node. It is safe for concurrent use; handlers run one at a time, in
+// Settle.
+type Mesh struct {
+	cfg Config
+
+	mu        sync.Mutex
+	now       time.Time
+	modules   []*module
+	pending   []*delivery // ready to run, in order
+	retries   []*delivery // waiting for their retry time
+	emitted   []sdk.Event
+	dead      []DeadLetter
+	calls     []Call
+	settling  bool
+	closed    bool
+	runCancel context.CancelFunc
+	runCtx    context.Context
+	runs      sync.WaitGroup
+}
+
+// New returns an empty mesh. Close it when the test ends, to stop the
+// modules' Run functions.
+func New(cfg Config) *Mesh {
+	cfg.withDefaults()
+	m := &Mesh{cfg: cfg, now: cfg.Start}
+	m.runCtx, m.runCancel = context.WithCancel(context.Background())
+	return m
+}
+
+type module struct {
+	mesh    *Mesh
+	def     sdk.Module
+	cfg     ModuleConfig
+	log     *slog.Logger
+	started bool
+	subs    []subscription
+	tools   []tool
+	handled map[string]bool // event ids handled, for de-duplication
+	answers map[string]*answer
+}
+
+type subscription struct {
+	pattern string
+	handler sdk.Handler
+}
+
+type tool struct {
+	key     string
+	handler sdk.ToolHandler
+}
+
+type answer struct {
+	body json.RawMessage
+	te   *sdk.ToolError
+}
+
+type delivery struct {
+	module  *module
+	ev      sdk.Event
+	attempt int
+	due     time.Time
+}
+
+// Load runs the module's Setup, starts it consuming and starts its Run,
+// whose context ends at Close. Load refuses what a node refuses: a bad
+// name or kind, and Setup's error.
+func (m *Mesh) Load(def sdk.Module, mc ModuleConfig) error {
+	if err := wire.ValidateWord("module name", def.Name); err != nil {
+		return fmt.Errorf("load module: %w", err)
+	}
+	switch def.Kind {
+	case "", sdk.KindDispatcher, sdk.KindAgent:
+	default:
+		return fmt.Errorf("load module %s: %w: kind %q is not %q, %q or empty", def.Name, sdk.ErrInvalid, def.Kind, sdk.KindDispatcher, sdk.KindAgent)
+	}
+	if mc.MaxAttempts == 0 {
+		mc.MaxAttempts = m.cfg.MaxAttempts
+	}
+	if mc.HandlerTimeout == 0 {
+		mc.HandlerTimeout = m.cfg.HandlerTimeout
+	}
+	mod := &module{mesh: m, def: def, cfg: mc, log: m.cfg.Logger.With("module", def.Name),
+		handled: make(map[string]bool), answers: make(map[string]*answer)}
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return sdk.ErrClosed
+	}
+	if slices.ContainsFunc(m.modules, func(o *module) bool { return o.def.Name == def.Name }) {
+		m.mu.Unlock()
+		return fmt.Errorf("load module %s: a module of that name is already loaded", def.Name)
+	}
+	m.mu.Unlock()
+	if def.Setup != nil {
+		if err := def.Setup(&moduleMesh{mod}); err != nil {
+			return fmt.Errorf("load module %s: setup: %w", def.Name, err)
+		}
+	}
+	m.mu.Lock()
+	mod.started = true
+	m.modules = append(m.modules, mod)
+	m.mu.Unlock()
+	if def.Run != nil {
+		m.runs.Add(1)
+		go func() {
+			defer m.runs.Done()
+			if err := def.Run(m.runCtx, &moduleMesh{mod}); err != nil && !errors.Is(err, context.Canceled) {
+				mod.log.Error("module run ended with an error", "err", err)
+			}
+		}()
+	}
+	return nil
+}
+
+// Close cancels the modules' Run contexts and waits for them to return.
+// Emits and calls then fail with sdk.ErrClosed.
+func (m *Mesh) Close() {
+	m.mu.Lock()
+	m.closed = true
+	m.mu.Unlock()
+	m.runCancel()
+	m.runs.Wait()
+}
+
+// Now is the mesh's clock. It moves only when Advance or Settle moves it.
+func (m *Mesh) Now() time.Time {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.now
+}
+
+// Advance moves the clock forward by d (retries that come due run at the
+// next Settle).
+func (m *Mesh) Advance(d time.Duration) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.now = m.now.Add(d)
+}
+
+// Emit publishes an event of any full type from outside the modules, as
+// an operator or another node would (meshctl emit), with source as its
+// emitter. It returns the event's id; the event is handled at the next
+// Settle.
+func (m *Mesh) Emit(ctx context.Context, source, eventType string, body any, opts ...sdk.EmitOption) (string, error) {
+	if err := wire.ValidateWord("source", source); err != nil {
+		return "", err
+	}
+	if err := wire.ValidateEventType(eventType); err != nil {
+		return "", err
+	}
+	o, err := wire.ApplyEmitOptions(opts)
+	if err != nil {
+		return "", err
+	}
+	raw, err := wire.EncodeBody(body, m.cfg.MaxBodyBytes)
+	if err != nil {
+		return "", fmt.Errorf("emit %s: %w", eventType, err)
+	}
+	return m.publish(ctx, source, eventType, raw, o, "")
+}
+
+// Redeliver hands every module consuming it a copy of an event already
+// emitted (by its id) again, as the broker does after a lost
+// acknowledgement or a resend: a module that handled it acknowledges the
+// copy without handling it again, unless it allows duplicates.
+func (m *Mesh) Redeliver(id string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, ev := range m.emitted {
+		if ev.ID == id {
+			m.route(ev)
+			return nil
+		}
+	}
+	return fmt.Errorf("redeliver %s: no such event was emitted", id)
+}
+
+// Call invokes a tool from outside the modules, as meshctl call does, with
+// source as the caller. The tool runs in the calling goroutine.
+func (m *Mesh) Call(ctx context.Context, source, tool string, req, resp any) error {
+	if err := wire.ValidateWord("source", source); err != nil {
+		return err
+	}
+	return m.call(ctx, source, tool, req, resp)
+}
+
+// Settle runs everything pending until the mesh is quiet: every event
+// emitted is handled, and every retry runs, the clock jumping ahead to
+// each retry's time, until nothing is left to run. Handlers run one at a
+// time, in the order their events reached the modules' queues.
+func (m *Mesh) Settle() {
+	m.mu.Lock()
+	if m.settling {
+		m.mu.Unlock()
+		panic("meshtest: Settle called from a handler")
+	}
+	m.settling = true
+	defer func() {
+		m.mu.Lock()
+		m.settling = false
+		m.mu.Unlock()
+	}()
+	for {
+		if len(m.pending) == 0 && len(m.retries) > 0 {
+			next := m.retries[0]
+			for _, r := range m.retries[1:] {
+				if r.due.Before(next.due) {
+					next = r
+				}
+			}
+			if next.due.After(m.now) {
+				m.now = next.due
+			}
+			m.promote()
+		}
+		if len(m.pending) == 0 {
+			m.mu.Unlock()
+			return
+		}
+		d := m.pending[0]
+		m.pending = m.pending[1:]
+		m.mu.Unlock()
+		d.module.deliver(d)
+		m.mu.Lock()
+		m.promote()
+	}
+}
+
+// promote moves the retries due by now to the pending deliveries, in due
+// order. m.mu is held.
+func (m *Mesh) promote() {
+	slices.SortStableFunc(m.retries, func(a, b *delivery) int { return a.due.Compare(b.due) })
+	n := 0
+	for _, r := range m.retries {
+		if r.due.After(m.now) {
+			break
+		}
+		m.pending = append(m.pending, r)
+		n++
+	}
+	m.retries = m.retries[n:]
+}
+
+// Emitted returns every event published on the mesh so far, in order.
+func (m *Mesh) Emitted() []sdk.Event {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.emitted)
+}
+
+// DeadLetters returns every event a module gave up on so far, in order.
+func (m *Mesh) DeadLetters() []DeadLetter {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.dead)
+}
+
+// Calls returns every tool call made on the mesh so far, in order.
+func (m *Mesh) Calls() []Call {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.calls)
+}
+
+// publish records an event and queues it for every module whose patterns
+// match. id is its id, or "" for a fresh one.
+func (m *Mesh) publish(ctx context.Context, source, eventType string, raw []byte, o wire.EmitOptions, id string) (string, error) {
+	if err := ctx.Err(); err != nil {
+		return "", err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return "", sdk.ErrClosed
+	}
+	if id == "" {
+		id = ulid.MustNew(ulid.Timestamp(m.now), ulid.DefaultEntropy()).String()
+	}
+	if o.CausationID == "" {
+		o.CausationID = causation.From(ctx)
+	}
+	ev := sdk.Event{ID: id, Type: eventType, Source: source, Node: m.cfg.Node, Time: m.now,
+		CausationID: o.CausationID, Schema: o.Schema, Headers: map[string]string{}, Body: json.RawMessage(slices.Clone(raw))}
+	m.emitted = append(m.emitted, ev)
+	m.route(ev)
+	return id, nil
+}
+
+// route queues ev for every module one of whose patterns matches it.
+// m.mu is held.
+func (m *Mesh) route(ev sdk.Event) {
+	for _, mod := range m.modules {
+		if slices.ContainsFunc(mod.subs, func(s subscription) bool { return wire.MatchPattern(s.pattern, ev.Type) }) {
+			m.pending = append(m.pending, &delivery{module: mod, ev: ev, attempt: 1})
+		}
+	}
+}
+
+// backoff is the delay before attempt+1: exponential from RetryMin,
+// capped at RetryMax, without a node's jitter so tests repeat exactly.
+func (m *Mesh) backoff(attempt int) time.Duration {
+	d := m.cfg.RetryMin
+	for i := 1; i < attempt && d < m.cfg.RetryMax; i++ {
+		d *= 2
+	}
+	return min(d, m.cfg.RetryMax)
+}
+
+// deliver runs one delivery through de-duplication, the handler and the
+// failure policy, as a node's module does.
+func (mod *module) deliver(d *delivery) {
+	m := mod.mesh
+	var sub subscription
+	for _, s := range mod.subs {
+		if wire.MatchPattern(s.pattern, d.ev.Type) {
+			sub = s
+			break
+		}
+	}
+	dedup := !mod.cfg.AllowDuplicates && !wire.AllowsDuplicates(sub.handler)
+	m.mu.Lock()
+	seen := mod.handled[d.ev.ID]
+	m.mu.Unlock()
+	if dedup && seen {
+		return // acknowledged without handling it again
+	}
+	ev := d.ev
+	ev.Attempt = d.attempt
+	ev.Redelivered = d.attempt > 1
+	ev.Headers = maps.Clone(ev.Headers)
+	err := mod.runHandler(sub.handler, ev)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch {
+	case err == nil:
+		if dedup {
+			mod.handled[ev.ID] = true
+		}
+	case errors.Is(err, sdk.ErrPermanent):
+		m.dead = append(m.dead, DeadLetter{Event: ev, Module: mod.def.Name, Reason: wire.DeadReasonPermanent, Attempts: d.attempt, Err: err.Error()})
+	case d.attempt >= mod.cfg.MaxAttempts:
+		m.dead = append(m.dead, DeadLetter{Event: ev, Module: mod.def.Name, Reason: wire.DeadReasonDeliveryLimit, Attempts: d.attempt, Err: err.Error()})
+	default:
+		m.retries = append(m.retries, &delivery{module: mod, ev: d.ev, attempt: d.attempt + 1, due: m.now.Add(m.backoff(d.attempt))})
+	}
+}
+
+// runHandler calls h with the event as the context's cause and the
+// handler timeout as its deadline, turning a panic into an error and a
+// call that ran past its deadline into a timeout.
+func (mod *module) runHandler(h sdk.Handler, ev sdk.Event) (err error) {
+	ctx, cancel := context.WithTimeout(causation.Handling(context.Background(), ev.ID, ev.Time), mod.cfg.HandlerTimeout)
+	defer cancel()
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				err = fmt.Errorf("handler panicked: %v", r)
+			}
+		}()
+		err = h.HandleEvent(ctx, ev)
+	}()
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		if err == nil {
+			err = errors.New("handler returned nil after its deadline")
+		}
+		return fmt.Errorf("handler timed out after %v: %w", mod.cfg.HandlerTimeout, err)
+	}
+	return err
+}
+
+// call makes one tool call for caller, running the server's handler in
+// the calling goroutine.
+func (m *Mesh) call(ctx context.Context, caller, key string, req, resp any) error {
+	if err := wire.ValidateToolKey(key); err != nil {
+		return fmt.Errorf("call: %w", err)
+	}
+	raw, err := wire.EncodeBody(req, m.cfg.MaxBodyBytes)
+	if err != nil {
+		return fmt.Errorf("call %s: %w", key, err)
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, m.cfg.CallTimeout)
+		defer cancel()
+	}
+	deadline, _ := ctx.Deadline()
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return sdk.ErrClosed
+	}
+	id, _ := causation.Derive(ctx, caller, causation.KindCall, key, raw)
+	if id == "" {
+		id = ulid.MustNew(ulid.Timestamp(m.now), ulid.DefaultEntropy()).String()
+	}
+	var server *module
+	var t tool
+	for _, mod := range m.modules {
+		if i := slices.IndexFunc(mod.tools, func(t tool) bool { return t.key == key }); i >= 0 {
+			server, t = mod, mod.tools[i]
+			break
+		}
+	}
+	now := m.now
+	m.mu.Unlock()
+	rec := Call{ID: id, Tool: key, Caller: caller, CausationID: causation.From(ctx), Request: raw}
+	defer func() {
+		m.mu.Lock()
+		m.calls = append(m.calls, rec)
+		m.mu.Unlock()
+	}()
+	if server == nil {
+		rec.Err = fmt.Errorf("call %s: %w", key, sdk.ErrNoServer)
+		return rec.Err
+	}
+	m.mu.Lock()
+	a, stored := server.answers[key+"\x00"+id]
+	m.mu.Unlock()
+	if !stored {
+		rec.Ran = true
+		a = server.answer(ctx, t, sdk.Request{ID: id, Tool: key, Caller: caller, Node: m.cfg.Node, Time: now,
+			Deadline: deadline, CausationID: rec.CausationID, Headers: map[string]string{}, Body: raw})
+		if a.te == nil || a.te.Permanent {
+			m.mu.Lock()
+			server.answers[key+"\x00"+id] = a
+			m.mu.Unlock()
+		}
+		if ctx.Err() != nil {
+			rec.Err = fmt.Errorf("call %s: no answer in time: %w", key, ctx.Err())
+			return rec.Err
+		}
+	}
+	if a.te != nil {
+		rec.Err = fmt.Errorf("call %s: %w", key, &sdk.ToolError{Code: a.te.Code, Message: a.te.Message, Permanent: a.te.Permanent})
+		return rec.Err
+	}
+	rec.Response = a.body
+	if resp != nil {
+		if err := json.Unmarshal(a.body, resp); err != nil {
+			rec.Err = fmt.Errorf("call %s: decode response: %w", key, err)
+			return rec.Err
+		}
+	}
+	return nil
+}
+
+// answer runs one request on the server's handler, as a node's serve
+// does: a ToolError as it is, a Permanent error as "rejected", another
+// error as "failed", a panic or a response that is not JSON as "internal".
+func (mod *module) answer(ctx context.Context, t tool, req sdk.Request) *answer {
+	ctx = causation.Handling(ctx, req.ID, req.Time)
+	resp, err := func() (resp any, err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				err = &sdk.ToolError{Code: wire.CodeInternal, Message: fmt.Sprintf("handler panicked: %v", r), Permanent: true}
+			}
+		}()
+		return t.handler.HandleCall(ctx, req)
+	}()
+	if err == nil {
+		if resp == nil {
+			resp = json.RawMessage("null")
+		}
+		body, err := wire.EncodeBody(resp, mod.mesh.cfg.MaxBodyBytes)
+		if err != nil {
+			return &answer{te: &sdk.ToolError{Code: wire.CodeInternal, Message: "encode response: " + err.Error(), Permanent: true}}
+		}
+		return &answer{body: body}
+	}
+	var te *sdk.ToolError
+	switch {
+	case errors.As(err, &te):
+	case errors.Is(err, sdk.ErrPermanent):
+		te = &sdk.ToolError{Code: wire.CodeRejected, Message: err.Error(), Permanent: true}
+	default:
+		te = &sdk.ToolError{Code: wire.CodeFailed, Message: err.Error()}
+	}
+	return &answer{te: te}
+}
+
+// moduleMesh is a module's sdk.Mesh on the test mesh, with the rules of
+// a node's (runtime/mesh.go).
+type moduleMesh struct{ mod *module }
+
+var _ sdk.Mesh = moduleMesh{}
+
+func (mm moduleMesh) isStarted() bool {
+	mm.mod.mesh.mu.Lock()
+	defer mm.mod.mesh.mu.Unlock()
+	return mm.mod.started
+}
+
+func (mm moduleMesh) Emit(ctx context.Context, name string, body any, opts ...sdk.EmitOption) (string, error) {
+	mod := mm.mod
+	if !mm.isStarted() {
+		return "", fmt.Errorf("emit %s: %w", name, sdk.ErrNotStarted)
+	}
+	o, err := wire.ApplyEmitOptions(opts)
+	if err != nil {
+		return "", err
+	}
+	eventType, err := wire.EmitType(mod.def.Name, name, o.FullType, mod.cfg.EmitGrants)
+	if err != nil {
+		return "", fmt.Errorf("emit: %w", err)
+	}
+	raw, err := wire.EncodeBody(body, mod.mesh.cfg.MaxBodyBytes)
+	if err != nil {
+		return "", fmt.Errorf("emit %s: %w", eventType, err)
+	}
+	id := ""
+	if !o.FreshID {
+		id, _ = causation.Derive(ctx, mod.def.Name, causation.KindEmit, eventType, raw)
+	}
+	return mod.mesh.publish(ctx, mod.def.Name, eventType, raw, o, id)
+}
+
+func (mm moduleMesh) On(pattern string, h sdk.Handler) error {
+	mod := mm.mod
+	if err := wire.ValidatePattern(pattern); err != nil {
+		return fmt.Errorf("on: %w", err)
+	}
+	if h == nil {
+		return fmt.Errorf("on %q: %w: handler is nil", pattern, sdk.ErrInvalid)
+	}
+	mod.mesh.mu.Lock()
+	defer mod.mesh.mu.Unlock()
+	if mod.started {
+		return fmt.Errorf("on %q: %w", pattern, sdk.ErrAlreadyStarted)
+	}
+	if slices.ContainsFunc(mod.subs, func(s subscription) bool { return s.pattern == pattern }) {
+		return fmt.Errorf("on %q: %w: pattern already subscribed by module %s", pattern, sdk.ErrInvalid, mod.def.Name)
+	}
+	mod.subs = append(mod.subs, subscription{pattern: pattern, handler: h})
+	return nil
+}
+
+func (mm moduleMesh) Call(ctx context.Context, tool string, req, resp any) error {
+	if !mm.isStarted() {
+		return fmt.Errorf("call %s: %w", tool, sdk.ErrNotStarted)
+	}
+	return mm.mod.mesh.call(ctx, mm.mod.def.Name, tool, req, resp)
+}
+
+func (mm moduleMesh) Serve(key string, h sdk.ToolHandler) error {
+	mod := mm.mod
+	if err := wire.ValidateToolKey(key); err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	if h == nil {
+		return fmt.Errorf("serve %q: %w: handler is nil", key, sdk.ErrInvalid)
+	}
+	if err := wire.CheckToolGrant(mod.def.Name, key, mod.cfg.ToolGrants); err != nil {
+		return fmt.Errorf("serve %q: %w", key, err)
+	}
+	mod.mesh.mu.Lock()
+	defer mod.mesh.mu.Unlock()
+	if mod.started {
+		return fmt.Errorf("serve %q: %w", key, sdk.ErrAlreadyStarted)
+	}
+	if slices.ContainsFunc(mod.tools, func(t tool) bool { return t.key == key }) {
+		return fmt.Errorf("serve %q: %w: tool already served by module %s", key, sdk.ErrInvalid, mod.def.Name)
+	}
+	mod.tools = append(mod.tools, tool{key: key, handler: h})
+	return nil
+}
+
+func (mm moduleMesh) Logger() *slog.Logger { return mm.mod.log }

@@ -1,0 +1,534 @@
+// Package process runs an sdk.Module as a module process under meshd: it
+// is the whole main of a module binary.
+//
+//	func main() {
+//		if err := process.Run(notifier.Module()); err != nil {
+//			log.Fatal(err)
+//		}
+//	}
+//
+// The module behaves as it does in-process (see the sdk package doc, "What
+// a module can rely on"): meshd owns its queue, retries, dead letters and
+// de-duplication; the process runs its handlers, tools and Run. It lives
+// apart from package sdk so that a library of handlers does not pull in
+// go-plugin and gRPC.
+package process
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	goplugin "github.com/hashicorp/go-plugin"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/meshkit/mesh/internal/causation"
+	"github.com/meshkit/mesh/internal/plugin"
+	"github.com/meshkit/mesh/internal/plugin/pb"
+	"github.com/meshkit/mesh/internal/wire"
+	"github.com/meshkit/mesh/sdk"
+)
+
+// Run serves m as a module process under meshd. It returns an error at
+// once if the process was not started by meshd; otherwise it returns when
+// meshd stops the module, after m.Run (if any) has seen its context
+// cancelled and returned, or after a grace of two seconds.
+func Run(m sdk.Module) error {
+	if os.Getenv(plugin.Handshake().MagicCookieKey) != plugin.Handshake().MagicCookieValue {
+		return errors.New("this is a mesh module: meshd starts it (meshd run --config ...); it does not run on its own")
+	}
+	grants, err := plugin.ToolGrantsFromEnv()
+	if err != nil {
+		return err
+	}
+	go exitWithParent(os.Getppid())
+	runCtx, stop := context.WithCancel(context.Background())
+	s := &moduleServer{module: m, toolGrants: grants, ready: make(chan struct{}), runCtx: runCtx, runDone: make(chan struct{})}
+	goplugin.Serve(&goplugin.ServeConfig{
+		HandshakeConfig: plugin.Handshake(),
+		Plugins: plugin.Set(func(b *goplugin.GRPCBroker) pb.ModuleServer {
+			s.broker = b
+			return s
+		}),
+		GRPCServer: goplugin.DefaultGRPCServer,
+	})
+	stop() // meshd stopped the module: Run's context ends, as in-process
+	if s.started.Load() && m.Run != nil {
+		select {
+		case <-s.runDone:
+		case <-time.After(2 * time.Second):
+		}
+	}
+	return nil
+}
+
+// exitWithParent ends the module process when meshd is gone (killed with
+// SIGKILL, say): the process is then adopted by another parent, and an
+// orphaned module has nobody to deliver to it. The broker redelivers what
+// meshd had not acked.
+func exitWithParent(parent int) {
+	for range time.Tick(time.Second) {
+		if os.Getppid() != parent {
+			fmt.Fprintln(os.Stderr, "meshd is gone; the module exits")
+			os.Exit(0)
+		}
+	}
+}
+
+// moduleServer runs a module in its process for meshd.
+type moduleServer struct {
+	pb.UnimplementedModuleServer
+	module     sdk.Module
+	broker     *goplugin.GRPCBroker
+	toolGrants []string // nil: no limit
+
+	once    sync.Once
+	mesh    *pluginMesh
+	desc    *pb.Description
+	descErr error
+
+	ready       chan struct{} // closed once Start has connected the host
+	started     atomic.Bool
+	host        pb.HostClient
+	callTimeout time.Duration
+	emits       chan emitRequest
+	runCtx      context.Context
+	runDone     chan struct{}
+}
+
+func (s *moduleServer) Describe(context.Context, *pb.Empty) (*pb.Description, error) {
+	s.once.Do(func() {
+		s.mesh = &pluginMesh{server: s}
+		s.mesh.setup.Store(true)
+		if s.module.Setup != nil {
+			s.descErr = s.module.Setup(s.mesh)
+		}
+		s.mesh.setup.Store(false)
+		c := &s.mesh.collect
+		s.desc = &pb.Description{Name: s.module.Name, Kind: string(s.module.Kind), Emits: s.module.Emits, Calls: s.module.Calls,
+			Patterns: c.patterns, Tools: c.tools, DuplicatesAllowed: c.duplicatesAllowed()}
+	})
+	if s.descErr != nil {
+		return nil, setupError(s.descErr)
+	}
+	return s.desc, nil
+}
+
+// setupError carries Setup's error to meshd with a gRPC code that keeps
+// what it wraps (the host turns it back, runtime/plugin.go).
+func setupError(err error) error {
+	code := codes.Unknown
+	switch {
+	case errors.Is(err, sdk.ErrForbidden):
+		code = codes.PermissionDenied
+	case errors.Is(err, sdk.ErrInvalid):
+		code = codes.InvalidArgument
+	}
+	return status.Error(code, err.Error())
+}
+
+func (s *moduleServer) Start(_ context.Context, req *pb.StartRequest) (*pb.Empty, error) {
+	if s.mesh == nil {
+		return nil, errors.New("start before describe")
+	}
+	conn, err := s.broker.Dial(req.HostBrokerId)
+	if err != nil {
+		return nil, fmt.Errorf("dial the host: %w", err)
+	}
+	s.host = pb.NewHostClient(conn)
+	s.callTimeout = time.Duration(req.CallTimeoutNanos)
+	if s.callTimeout <= 0 {
+		s.callTimeout = 30 * time.Second
+	}
+	s.emits = make(chan emitRequest, 1024)
+	go s.batchEmits()
+	close(s.ready)
+	s.started.Store(true)
+	go func() {
+		defer close(s.runDone)
+		if s.module.Run == nil {
+			return
+		}
+		if err := s.module.Run(s.runCtx, s.mesh); err != nil && !errors.Is(err, context.Canceled) {
+			s.mesh.Logger().Error("module run ended with an error", "err", err)
+		}
+	}()
+	return &pb.Empty{}, nil
+}
+
+func (s *moduleServer) Deliver(stream pb.Module_DeliverServer) error {
+	outcomes := make(chan *pb.Outcome, 256)
+	done := make(chan struct{})
+	defer close(done)
+	var inflight atomic.Int64
+	// Outcomes go back as soon as every delivery received is handled: the
+	// host sends in batches, so they come back in batches.
+	idle := func() bool { return inflight.Load() == 0 && len(outcomes) == 0 }
+	go func() {
+		for batch := range plugin.Batches(outcomes, done, idle) {
+			if err := stream.Send(&pb.OutcomeBatch{Outcomes: batch}); err != nil {
+				return
+			}
+		}
+	}()
+	for {
+		b, err := stream.Recv()
+		if err != nil {
+			return err
+		}
+		// The host sends no more at once than the module's concurrency
+		// allows, in queue order: each runs on its own goroutine.
+		inflight.Add(int64(len(b.Deliveries)))
+		for _, d := range b.Deliveries {
+			go func() {
+				o := s.handle(d)
+				inflight.Add(-1)
+				outcomes <- o
+			}()
+		}
+	}
+}
+
+func (s *moduleServer) handle(d *pb.Delivery) *pb.Outcome {
+	handlers := s.mesh.collect.handlers
+	if int(d.Pattern) >= len(handlers) {
+		return &pb.Outcome{Seq: d.Seq, Kind: pb.Outcome_PERMANENT, Error: fmt.Sprintf("no handler for pattern %d", d.Pattern)}
+	}
+	ev := sdk.Event{
+		ID: d.Id, Type: d.Type, Source: d.Source, Node: d.Node, Time: time.Unix(0, d.TimeUnixNano).UTC(),
+		CausationID: d.CausationId, Schema: d.Schema, Headers: d.Headers, Body: d.Body,
+		Attempt: int(d.Attempt), Redelivered: d.Redelivered,
+	}
+	ctx, cancel := context.WithDeadline(causation.Handling(context.Background(), ev.ID, ev.Time), time.Unix(0, d.DeadlineUnixNano))
+	defer cancel()
+	err := func() (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				err = fmt.Errorf("handler panicked: %v", r)
+			}
+		}()
+		return handlers[d.Pattern].HandleEvent(ctx, ev)
+	}()
+	switch {
+	case err == nil:
+		return &pb.Outcome{Seq: d.Seq, Kind: pb.Outcome_OK}
+	case errors.Is(err, sdk.ErrPermanent):
+		return &pb.Outcome{Seq: d.Seq, Kind: pb.Outcome_PERMANENT, Error: err.Error()}
+	default:
+		return &pb.Outcome{Seq: d.Seq, Kind: pb.Outcome_FAILED, Error: err.Error()}
+	}
+}
+
+type emitRequest struct {
+	emit   *pb.Emit
+	result chan emitResult
+}
+
+type emitResult struct {
+	id  string
+	err error
+}
+
+// batchEmits sends the module's emits to the host in batches.
+func (s *moduleServer) batchEmits() {
+	for batch := range plugin.Batches(s.emits, make(chan struct{}), nil) {
+		req := &pb.EmitBatch{Emits: make([]*pb.Emit, len(batch))}
+		for i, e := range batch {
+			req.Emits[i] = e.emit
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		res, err := s.host.Emit(ctx, req)
+		cancel()
+		for i, e := range batch {
+			switch {
+			case err != nil:
+				e.result <- emitResult{err: fmt.Errorf("%w: %v", sdk.ErrConnectionLost, err)}
+			case i >= len(res.Results):
+				e.result <- emitResult{err: errors.New("the host answered fewer emits than it was sent")}
+			default:
+				r := res.Results[i]
+				e.result <- emitResult{id: r.Id, err: errorOf(r.ErrorKind, r.Error)}
+			}
+		}
+	}
+}
+
+// errorOf gives back the sdk error the host reported, so errors.Is works
+// as in-process.
+func errorOf(kind pb.ErrorKind, msg string) error {
+	var sentinel error
+	switch kind {
+	case pb.ErrorKind_NONE:
+		return nil
+	case pb.ErrorKind_INVALID_NAME, pb.ErrorKind_BODY_TOO_LARGE, pb.ErrorKind_BODY_NOT_JSON:
+		sentinel = sdk.ErrInvalid
+	case pb.ErrorKind_REFUSED, pb.ErrorKind_UNROUTABLE:
+		sentinel = sdk.ErrRefused
+	case pb.ErrorKind_CLOSED:
+		sentinel = sdk.ErrClosed
+	case pb.ErrorKind_CONNECTION_LOST:
+		sentinel = sdk.ErrConnectionLost
+	case pb.ErrorKind_NO_SERVER:
+		sentinel = sdk.ErrNoServer
+	case pb.ErrorKind_DEADLINE_EXCEEDED:
+		sentinel = context.DeadlineExceeded
+	case pb.ErrorKind_BACK_PRESSURE:
+		sentinel = sdk.ErrBackPressure
+	case pb.ErrorKind_FORBIDDEN:
+		sentinel = sdk.ErrForbidden
+	case pb.ErrorKind_NOT_STARTED:
+		sentinel = sdk.ErrNotStarted
+	case pb.ErrorKind_ALREADY_STARTED:
+		sentinel = sdk.ErrAlreadyStarted
+	default:
+		return errors.New(msg)
+	}
+	return fmt.Errorf("%s: %w", msg, sentinel)
+}
+
+// Answer runs one tool call: a ToolError goes back as it is, a panic as
+// "internal", any other error without a code for the host to classify.
+func (s *moduleServer) Answer(_ context.Context, r *pb.ToolRequest) (*pb.ToolAnswer, error) {
+	tools := s.mesh.collect.toolHandlers
+	if int(r.Tool) >= len(tools) {
+		return &pb.ToolAnswer{IsError: true, Code: wire.CodeInternal, Message: fmt.Sprintf("no tool %d", r.Tool), Permanent: true}, nil
+	}
+	req := sdk.Request{ID: r.Id, Tool: s.desc.Tools[r.Tool], Caller: r.Caller, Node: r.Node, Time: time.Unix(0, r.TimeUnixNano).UTC(),
+		Deadline: time.Unix(0, r.DeadlineUnixNano), CausationID: r.CausationId, Headers: r.Headers, Body: r.Body}
+	ctx, cancel := context.WithDeadline(causation.Handling(context.Background(), req.ID, req.Time), req.Deadline)
+	defer cancel()
+	resp, err := func() (resp any, err error) {
+		defer func() {
+			if p := recover(); p != nil {
+				err = &sdk.ToolError{Code: wire.CodeInternal, Message: fmt.Sprintf("handler panicked: %v", p), Permanent: true}
+			}
+		}()
+		return tools[r.Tool].HandleCall(ctx, req)
+	}()
+	if err == nil {
+		var body []byte
+		if body, err = toJSON(resp); err == nil {
+			return &pb.ToolAnswer{Body: body}, nil
+		}
+		err = &sdk.ToolError{Code: wire.CodeInternal, Message: "encode response: " + err.Error(), Permanent: true}
+	}
+	var te *sdk.ToolError
+	if errors.As(err, &te) {
+		return &pb.ToolAnswer{IsError: true, Code: te.Code, Message: te.Message, Permanent: te.Permanent}, nil
+	}
+	// No code: the host gives it one by the same rules as in-process.
+	return &pb.ToolAnswer{IsError: true, Message: err.Error(), Permanent: errors.Is(err, sdk.ErrPermanent)}, nil
+}
+
+// collector records what Setup subscribes and serves, in order. It is
+// fixed once Setup returns.
+type collector struct {
+	patterns     []string
+	handlers     []sdk.Handler
+	tools        []string
+	toolHandlers []sdk.ToolHandler
+}
+
+// duplicatesAllowed lists the indexes of the handlers marked
+// AllowDuplicates.
+func (c *collector) duplicatesAllowed() []uint32 {
+	var idx []uint32
+	for i, h := range c.handlers {
+		if wire.AllowsDuplicates(h) {
+			idx = append(idx, uint32(i))
+		}
+	}
+	return idx
+}
+
+// pluginMesh is a module's Mesh inside its own process: emits and calls go
+// to meshd, which publishes them under the module's name. Its rules are
+// the in-process ones (runtime/mesh.go); the conformance suite
+// (test/conformance) holds both to them.
+type pluginMesh struct {
+	server  *moduleServer
+	setup   atomic.Bool // Setup is running: On and Serve, no Emit or Call
+	mu      sync.Mutex
+	collect collector
+}
+
+var _ sdk.Mesh = (*pluginMesh)(nil)
+
+func (pm *pluginMesh) Emit(ctx context.Context, name string, body any, opts ...sdk.EmitOption) (string, error) {
+	if pm.setup.Load() {
+		return "", fmt.Errorf("emit %s: %w", name, sdk.ErrNotStarted)
+	}
+	o, err := wire.ApplyEmitOptions(opts)
+	if err != nil {
+		return "", err
+	}
+	raw, err := toJSON(body)
+	if err != nil {
+		return "", fmt.Errorf("emit %s: %w", name, err)
+	}
+	cause := causation.From(ctx)
+	if o.CausationID == "" {
+		o.CausationID = cause
+	}
+	e := &pb.Emit{Name: name, Body: raw, Schema: o.Schema, CausationId: o.CausationID,
+		TtlMillis: o.TTL.Milliseconds(), Priority: uint32(o.Priority), HasPriority: o.HasPriority, FullType: o.FullType}
+	if !o.FreshID {
+		full := name
+		if !o.FullType {
+			full = wire.ModuleEventType(pm.server.module.Name, name)
+		}
+		e.Id, _ = causation.Derive(ctx, pm.server.module.Name, causation.KindEmit, full, raw)
+	}
+	select {
+	case <-pm.server.ready:
+	case <-ctx.Done():
+		return "", ctx.Err()
+	}
+	req := emitRequest{emit: e, result: make(chan emitResult, 1)}
+	select {
+	case pm.server.emits <- req:
+	case <-ctx.Done():
+		return "", ctx.Err()
+	}
+	select {
+	case r := <-req.result:
+		return r.id, r.err
+	case <-ctx.Done():
+		return "", ctx.Err()
+	}
+}
+
+// toJSON takes json.RawMessage and []byte as JSON as they are (the host
+// checks them) and marshals anything else.
+func toJSON(body any) ([]byte, error) {
+	switch b := body.(type) {
+	case json.RawMessage:
+		return b, nil
+	case []byte:
+		return b, nil
+	}
+	raw, err := json.Marshal(body)
+	if err != nil {
+		return nil, fmt.Errorf("%w: body is not JSON: %v", sdk.ErrInvalid, err)
+	}
+	return raw, nil
+}
+
+func (pm *pluginMesh) On(pattern string, h sdk.Handler) error {
+	if err := wire.ValidatePattern(pattern); err != nil {
+		return fmt.Errorf("on: %w", err)
+	}
+	if h == nil {
+		return fmt.Errorf("on %q: %w: handler is nil", pattern, sdk.ErrInvalid)
+	}
+	pm.mu.Lock()
+	defer pm.mu.Unlock()
+	if !pm.setup.Load() {
+		return fmt.Errorf("on %q: %w", pattern, sdk.ErrAlreadyStarted)
+	}
+	if slices.Contains(pm.collect.patterns, pattern) {
+		return fmt.Errorf("on %q: %w: pattern already subscribed by module %s", pattern, sdk.ErrInvalid, pm.server.module.Name)
+	}
+	pm.collect.patterns = append(pm.collect.patterns, pattern)
+	pm.collect.handlers = append(pm.collect.handlers, h)
+	return nil
+}
+
+func (pm *pluginMesh) Call(ctx context.Context, tool string, req, resp any) error {
+	if pm.setup.Load() {
+		return fmt.Errorf("call %s: %w", tool, sdk.ErrNotStarted)
+	}
+	if err := wire.ValidateToolKey(tool); err != nil {
+		return fmt.Errorf("call: %w", err)
+	}
+	raw, err := toJSON(req)
+	if err != nil {
+		return fmt.Errorf("call %s: %w", tool, err)
+	}
+	id, _ := causation.Derive(ctx, pm.server.module.Name, causation.KindCall, tool, raw)
+	select {
+	case <-pm.server.ready:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(pm.server.callTimeout)
+	}
+	r, err := pm.server.host.Call(ctx, &pb.CallRequest{Id: id, Tool: tool, Body: raw, DeadlineUnixNano: deadline.UnixNano(), CausationId: causation.From(ctx)})
+	if err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("call %s: no answer in time: %w", tool, ctx.Err())
+		}
+		return fmt.Errorf("call %s: %w: %v", tool, sdk.ErrConnectionLost, err)
+	}
+	switch r.ErrorKind {
+	case pb.ErrorKind_NONE:
+		if resp == nil {
+			return nil
+		}
+		if err := json.Unmarshal(r.Body, resp); err != nil {
+			return fmt.Errorf("call %s: decode response: %w", tool, err)
+		}
+		return nil
+	case pb.ErrorKind_TOOL:
+		return fmt.Errorf("call %s: %w", tool, &sdk.ToolError{Code: r.ToolCode, Message: r.Error, Permanent: r.ToolPermanent})
+	default:
+		return errorOf(r.ErrorKind, r.Error)
+	}
+}
+
+func (pm *pluginMesh) Serve(tool string, h sdk.ToolHandler) error {
+	if err := wire.ValidateToolKey(tool); err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	if h == nil {
+		return fmt.Errorf("serve %q: %w: handler is nil", tool, sdk.ErrInvalid)
+	}
+	if err := wire.CheckToolGrant(pm.server.module.Name, tool, pm.server.toolGrants); err != nil {
+		pm.Logger().Warn("serving a tool the node config does not grant refused", "tool", tool)
+		return fmt.Errorf("serve %q: %w", tool, err)
+	}
+	pm.mu.Lock()
+	defer pm.mu.Unlock()
+	if !pm.setup.Load() {
+		return fmt.Errorf("serve %q: %w", tool, sdk.ErrAlreadyStarted)
+	}
+	if slices.Contains(pm.collect.tools, tool) {
+		return fmt.Errorf("serve %q: %w: tool already served by module %s", tool, sdk.ErrInvalid, pm.server.module.Name)
+	}
+	pm.collect.tools = append(pm.collect.tools, tool)
+	pm.collect.toolHandlers = append(pm.collect.toolHandlers, h)
+	return nil
+}
+
+// processLogger writes JSON lines in hclog's shape to stderr, which
+// go-plugin in meshd reads, parses and logs at their level.
+var processLogger = slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{
+	Level: slog.LevelDebug,
+	ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
+		if len(groups) > 0 {
+			return a
+		}
+		switch a.Key {
+		case slog.TimeKey:
+			return slog.String("@timestamp", a.Value.Time().Format("2006-01-02T15:04:05.000000Z07:00"))
+		case slog.LevelKey:
+			return slog.String("@level", strings.ToLower(a.Value.String()))
+		case slog.MessageKey:
+			return slog.String("@message", a.Value.String())
+		}
+		return a
+	},
+}))
+
+func (pm *pluginMesh) Logger() *slog.Logger { return processLogger }

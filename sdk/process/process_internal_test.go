@@ -1,0 +1,69 @@
+package process
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/meshkit/mesh/sdk"
+)
+
+// TestDescribeMarksDuplicatesAllowed: a module process tells the node which
+// of its handlers are marked AllowDuplicates, by pattern index.
+func TestDescribeMarksDuplicatesAllowed(t *testing.T) {
+	h := sdk.HandlerFunc(func(context.Context, sdk.Event) error { return nil })
+	s := &moduleServer{module: sdk.Module{Name: "m", Setup: func(m sdk.Mesh) error {
+		for _, on := range []struct {
+			pattern string
+			h       sdk.Handler
+		}{{"mesh.a.#", h}, {"mesh.b.#", sdk.AllowDuplicates(h)}, {"mesh.c.#", h}, {"mesh.d.#", sdk.AllowDuplicates(h)}} {
+			if err := m.On(on.pattern, on.h); err != nil {
+				return err
+			}
+		}
+		return nil
+	}}}
+	desc, err := s.Describe(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := desc.DuplicatesAllowed; !slices.Equal(got, []uint32{1, 3}) {
+		t.Errorf("duplicates allowed %v, want [1 3]", got)
+	}
+}
+
+// TestSetupRules: inside Setup, Emit and Call are refused with
+// ErrNotStarted (they would wait for a start that comes only after Setup
+// returns), a nil handler and a pattern subscribed twice with ErrInvalid,
+// an ungranted tool with ErrForbidden; after Setup, On and Serve with
+// ErrAlreadyStarted. The same rules hold in-process (test/conformance).
+func TestSetupRules(t *testing.T) {
+	h := sdk.HandlerFunc(func(context.Context, sdk.Event) error { return nil })
+	th := sdk.ToolHandlerFunc(func(context.Context, sdk.Request) (any, error) { return nil, nil })
+	var got []error
+	var mesh sdk.Mesh
+	s := &moduleServer{toolGrants: []string{"shop.*"}, module: sdk.Module{Name: "m", Setup: func(m sdk.Mesh) error {
+		mesh = m
+		_, err := m.Emit(context.Background(), "x.y", 1)
+		got = append(got, err, m.Call(context.Background(), "shop.buy", 1, nil),
+			m.On("mesh.a.#", nil), m.On("mesh.a.#", h), m.On("mesh.a.#", h),
+			m.Serve("shop.buy", th), m.Serve("bank.pay", th))
+		return nil
+	}}}
+	if _, err := s.Describe(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	want := []error{sdk.ErrNotStarted, sdk.ErrNotStarted, sdk.ErrInvalid, nil, sdk.ErrInvalid, nil, sdk.ErrForbidden}
+	for i, w := range want {
+		if (w == nil) != (got[i] == nil) || (w != nil && !errors.Is(got[i], w)) {
+			t.Errorf("call %d: %v, want %v", i, got[i], w)
+		}
+	}
+	if err := mesh.On("mesh.b.#", h); !errors.Is(err, sdk.ErrAlreadyStarted) {
+		t.Errorf("On after Setup: %v, want ErrAlreadyStarted", err)
+	}
+	if err := mesh.Serve("shop.sell", th); !errors.Is(err, sdk.ErrAlreadyStarted) {
+		t.Errorf("Serve after Setup: %v, want ErrAlreadyStarted", err)
+	}
+}

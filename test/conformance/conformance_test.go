@@ -1,0 +1,453 @@
+package conformance_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshkit/mesh/sdk"
+	"github.com/meshkit/mesh/test/conformance"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if bin, err := buildModule(); err == nil {
+		os.RemoveAll(filepath.Dir(bin))
+	}
+	os.Exit(code)
+}
+
+// scenario is one rule of the contract, written once.
+type scenario struct {
+	name string
+	run  func(t *testing.T, h Host)
+}
+
+// scenarios lists the contract's rules (the sdk package doc, "What a
+// module can rely on").
+var scenarios = []scenario{
+	{"EmitNamingAndBodies", emitNamingAndBodies},
+	{"SetupPhase", setupPhase},
+	{"HandlerSuccessIsHandledOnce", handlerSuccess},
+	{"RetriesCountAttempts", retriesCountAttempts},
+	{"PermanentDeadLettersAtOnce", permanentDeadLetters},
+	{"AttemptLimitDeadLetters", attemptLimit},
+	{"PanicIsAFailedAttempt", panicIsFailure},
+	{"HandlerTimeoutCancelsCtx", handlerTimeout_},
+	{"OneAtATimeInQueueOrder", queueOrder},
+	{"DuplicatesAreAbsorbed", duplicates},
+	{"CausationAndDerivedIDs", causationAndDerivedIDs},
+	{"RetriedEmitIsAbsorbed", retriedEmitAbsorbed},
+	{"RetryWithOtherBodyIsNotLost", retryWithOtherBody},
+	{"FreshIDOnRequest", freshID},
+	{"ToolOutcomes", toolOutcomes},
+	{"RetriedCallRunsToolOnce", retriedCallRunsToolOnce},
+	{"CallDefaultDeadlineIsTheNodes", callDefaultDeadline},
+	{"RunCtxEndsAtStop", runCtxEndsAtStop},
+}
+
+// TestConformance runs every scenario on every host.
+func TestConformance(t *testing.T) {
+	hosts := []struct {
+		name string
+		new  func(t *testing.T) Host
+	}{
+		{"meshtest", newMemHost},
+		{"inprocess", func(t *testing.T) Host { return newBrokerHost(t, "") }},
+		{"process", func(t *testing.T) Host {
+			bin, err := buildModule()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return newBrokerHost(t, bin)
+		}},
+	}
+	for _, host := range hosts {
+		t.Run(host.name, func(t *testing.T) {
+			t.Parallel()
+			for _, sc := range scenarios {
+				t.Run(sc.name, func(t *testing.T) {
+					if host.name != "meshtest" {
+						t.Parallel()
+					}
+					sc.run(t, host.new(t))
+				})
+			}
+		})
+	}
+}
+
+func is(r conformance.Record, what ...string) bool {
+	for _, w := range what {
+		if !slices.Contains(r.Is, w) {
+			return false
+		}
+	}
+	return len(what) > 0 || len(r.Is) == 0
+}
+
+func body(n int, s conformance.Steer) conformance.Steer { s.N = n; return s }
+
+// Emit names an event under the module (module.<m>.<name>), refuses a bad
+// name, a body that is not JSON and a bad option with ErrInvalid, and a
+// type outside the module's namespace with ErrForbidden.
+func emitNamingAndBodies(t *testing.T, h Host) {
+	watch := h.Load(t, "watcher", ModuleConfig{})
+	namer := h.Load(t, "namer", ModuleConfig{})
+	namer.WaitKind(t, "emit_bad_option", 1)
+	want := map[string][]string{
+		"emit_ok": nil, "emit_own_full_type": nil,
+		"emit_empty_word": {"invalid"}, "emit_wildcard": {"invalid"}, "emit_not_json": {"invalid"},
+		"emit_unmarshalable": {"invalid"}, "emit_ungranted_full_type": {"forbidden"}, "emit_bad_option": {"invalid"},
+	}
+	for kind, w := range want {
+		rs := namer.Of(t, kind)
+		if len(rs) != 1 || !is(rs[0], w...) || (w == nil) != (rs[0].ID != "") {
+			t.Errorf("%s: %+v, want errors %v", kind, rs, w)
+		}
+	}
+	seen := watch.WaitKind(t, "seen", 2)
+	types := []string{seen[0].Type, seen[1].Type}
+	slices.Sort(types)
+	if !slices.Equal(types, []string{"module.namer.site.created", "module.namer.site.full"}) {
+		t.Errorf("types seen %v", types)
+	}
+	for _, s := range seen {
+		if s.Source != "namer" || s.Node != "conf" || s.CausationID != "" {
+			t.Errorf("event %+v: want source namer, node conf, no causation", s)
+		}
+	}
+}
+
+// Setup may subscribe and serve, and nothing else: Emit and Call are
+// refused with ErrNotStarted; a nil handler and a second subscription of
+// a pattern or tool with ErrInvalid; an ungranted tool with ErrForbidden.
+// After Setup, On and Serve are refused with ErrAlreadyStarted.
+func setupPhase(t *testing.T, h Host) {
+	l := h.Load(t, "setup", ModuleConfig{ToolGrants: []string{"conf.*"}})
+	l.WaitKind(t, "run_serve", 1)
+	want := map[string][]string{
+		"setup_emit": {"not_started"}, "setup_call": {"not_started"},
+		"setup_on_nil": {"invalid"}, "setup_on": nil, "setup_on_again": {"invalid"}, "setup_on_bad": {"invalid"},
+		"setup_serve_nil": {"invalid"}, "setup_serve": nil, "setup_serve_again": {"invalid"},
+		"setup_serve_ungranted": {"forbidden"},
+		"run_on": {"already_started"}, "run_serve": {"already_started"},
+	}
+	for kind, w := range want {
+		rs := l.Of(t, kind)
+		if len(rs) != 1 || !is(rs[0], w...) {
+			t.Errorf("%s: %+v, want %v", kind, rs, w)
+		}
+	}
+	if rs := l.Of(t, "setup_serve_ungranted"); len(rs) == 1 && !strings.Contains(rs[0].Err, "tools") {
+		t.Errorf("the refusal of an ungranted tool does not name the config's tools key: %s", rs[0].Err)
+	}
+}
+
+// A handler returning nil is called once, with attempt 1, and its event is
+// not dead-lettered.
+func handlerSuccess(t *testing.T, h Host) {
+	w := h.Load(t, "worker", ModuleConfig{})
+	id := h.Emit(t, "mesh.work.ok", body(1, conformance.Steer{}))
+	h.Emit(t, "mesh.work.ok", body(2, conformance.Steer{})) // proves the first is settled
+	rs := w.WaitKind(t, "attempt", 2)
+	if len(rs) != 2 || rs[0].ID != id || rs[0].Attempt != 1 || rs[0].Redelivered || rs[0].Type != "mesh.work.ok" || rs[0].Source != "conformance" {
+		t.Errorf("attempts %+v, want one of %s, attempt 1", rs, id)
+	}
+}
+
+// A transient error is retried with the attempt counted up; a success
+// ends it.
+func retriesCountAttempts(t *testing.T, h Host) {
+	w := h.Load(t, "worker", ModuleConfig{})
+	id := h.Emit(t, "mesh.work.flaky", body(1, conformance.Steer{Fail: 2}))
+	rs := w.WaitKind(t, "attempt", 3)
+	for i, r := range rs {
+		if r.ID != id || r.Attempt != i+1 {
+			t.Errorf("attempt %d: %+v", i+1, r)
+		}
+	}
+	h.Emit(t, "mesh.work.ok", body(2, conformance.Steer{}))
+	if rs := w.WaitKind(t, "attempt", 4); len(rs) != 4 {
+		t.Errorf("the flaky event was tried again after it succeeded: %+v", rs)
+	}
+}
+
+// A Permanent error dead-letters the event at once, with the reason and
+// the error.
+func permanentDeadLetters(t *testing.T, h Host) {
+	w := h.Load(t, "worker", ModuleConfig{})
+	id := h.Emit(t, "mesh.work.bad", body(1, conformance.Steer{Permanent: true}))
+	d := h.Dead(t, 1)[0]
+	if d.ID != id || d.Reason != "permanent" || d.Attempts != 1 || d.Type != "mesh.work.bad" ||
+		d.Queue != "conf.worker.events" || !strings.Contains(d.Err, "asked to fail for good") {
+		t.Errorf("dead letter %+v", d)
+	}
+	if rs := w.Of(t, "attempt"); len(rs) != 1 {
+		t.Errorf("attempts %+v, want 1", rs)
+	}
+}
+
+// Past the attempt limit the event is dead-lettered with the last error.
+func attemptLimit(t *testing.T, h Host) {
+	w := h.Load(t, "worker", ModuleConfig{})
+	id := h.Emit(t, "mesh.work.doomed", body(1, conformance.Steer{Fail: 99}))
+	d := h.Dead(t, 1)[0]
+	if d.ID != id || d.Reason != "delivery_limit" || d.Attempts != maxAttempts || !strings.Contains(d.Err, "asked to fail attempt 3") {
+		t.Errorf("dead letter %+v, want delivery_limit after %d attempts", d, maxAttempts)
+	}
+	if rs := w.Of(t, "attempt"); len(rs) != maxAttempts {
+		t.Errorf("%d attempts, want %d", len(rs), maxAttempts)
+	}
+}
+
+// A panic is a failed attempt: retried, then dead-lettered, saying so.
+func panicIsFailure(t *testing.T, h Host) {
+	w := h.Load(t, "worker", ModuleConfig{MaxAttempts: 2})
+	h.Emit(t, "mesh.work.panic", body(1, conformance.Steer{Panic: true}))
+	d := h.Dead(t, 1)[0]
+	if d.Reason != "delivery_limit" || d.Attempts != 2 || !strings.Contains(d.Err, "panicked") {
+		t.Errorf("dead letter %+v", d)
+	}
+	if rs := w.Of(t, "attempt"); len(rs) != 2 {
+		t.Errorf("%d attempts, want 2", len(rs))
+	}
+}
+
+// A handler past its timeout sees its ctx end with DeadlineExceeded, and
+// the attempt fails as timed out.
+func handlerTimeout_(t *testing.T, h Host) {
+	w := h.Load(t, "worker", ModuleConfig{MaxAttempts: 1, HandlerTimeout: 200 * time.Millisecond})
+	h.Emit(t, "mesh.work.hang", body(1, conformance.Steer{Block: true}))
+	d := h.Dead(t, 1)[0]
+	if d.Reason != "delivery_limit" || d.Attempts != 1 || !strings.Contains(d.Err, "timed out") {
+		t.Errorf("dead letter %+v", d)
+	}
+	if rs := w.WaitKind(t, "ctx", 1); !is(rs[0], "deadline") {
+		t.Errorf("the handler's ctx ended with %+v, want DeadlineExceeded", rs[0])
+	}
+}
+
+// By default a module handles one event at a time, in queue order.
+func queueOrder(t *testing.T, h Host) {
+	w := h.Load(t, "worker", ModuleConfig{})
+	var ids []string
+	for i := range 20 {
+		ids = append(ids, h.Emit(t, "mesh.work.seq", body(i, conformance.Steer{})))
+	}
+	rs := w.WaitKind(t, "attempt", 20)
+	for i, r := range rs {
+		if r.ID != ids[i] {
+			t.Fatalf("handled %d-th: %s, want %s (queue order)", i, r.ID, ids[i])
+		}
+	}
+}
+
+// An event whose id the module handled is not handled again, unless its
+// handler allows duplicates.
+func duplicates(t *testing.T, h Host) {
+	w := h.Load(t, "watcher", ModuleConfig{})
+	once := h.Emit(t, "mesh.once.x", map[string]int{"n": 1})
+	dup := h.Emit(t, "mesh.dup.x", map[string]int{"n": 2})
+	w.WaitKind(t, "seen", 2)
+	h.Redeliver(t, once, "mesh.once.x", map[string]int{"n": 1})
+	h.Redeliver(t, dup, "mesh.dup.x", map[string]int{"n": 2})
+	marker := h.Emit(t, "mesh.once.marker", map[string]int{"n": 3}) // queued after both copies
+	rs := w.Wait(t, "the marker", func(rs []conformance.Record) bool {
+		return slices.ContainsFunc(rs, func(r conformance.Record) bool { return r.ID == marker })
+	})
+	count := func(id string) (n int) {
+		for _, r := range rs {
+			if r.ID == id {
+				n++
+			}
+		}
+		return n
+	}
+	if count(once) != 1 || count(dup) != 2 {
+		t.Errorf("handled %d and %d times, want 1 (de-duplicated) and 2 (duplicates allowed)", count(once), count(dup))
+	}
+}
+
+// What a handler emits carries the handled event's id as its causation,
+// and an id derived from it: a valid ULID with the handled event's time.
+func causationAndDerivedIDs(t *testing.T, h Host) {
+	w := h.Load(t, "watcher", ModuleConfig{})
+	r := h.Load(t, "relay", ModuleConfig{})
+	id := h.Emit(t, "mesh.relay.go", body(1, conformance.Steer{}))
+	rs := w.WaitKind(t, "seen", 2)
+	relayed := rs[0]
+	if relayed.Type != "module.relay.relayed" || relayed.CausationID != id || relayed.Source != "relay" {
+		t.Errorf("relayed %+v, want module.relay.relayed caused by %s", relayed, id)
+	}
+	if relayed.ID[:10] != id[:10] {
+		t.Errorf("derived id %s does not carry the time of the handled event %s", relayed.ID, id)
+	}
+	if emitted := r.Of(t, "relayed"); len(emitted) != 1 || emitted[0].ID != relayed.ID {
+		t.Errorf("Emit returned %+v, the watcher saw %s", emitted, relayed.ID)
+	}
+}
+
+// A handler that emits and then fails emits the same id on its retry:
+// the consumer handles the event once.
+func retriedEmitAbsorbed(t *testing.T, h Host) {
+	w := h.Load(t, "watcher", ModuleConfig{})
+	r := h.Load(t, "relay", ModuleConfig{})
+	h.Emit(t, "mesh.relay.go", body(1, conformance.Steer{Fail: 1}))
+	rs := w.Wait(t, "done", func(rs []conformance.Record) bool {
+		return slices.ContainsFunc(rs, func(r conformance.Record) bool { return r.Type == "module.relay.done" })
+	})
+	emitted := r.Of(t, "relayed")
+	if len(emitted) != 2 || emitted[0].ID != emitted[1].ID || emitted[0].Attempt != 1 || emitted[1].Attempt != 2 {
+		t.Fatalf("the relay emitted %+v, want the same id on attempts 1 and 2", emitted)
+	}
+	n := 0
+	for _, s := range rs {
+		if s.Type == "module.relay.relayed" {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("the watcher handled the relayed event %d times, want 1", n)
+	}
+}
+
+// A retry that emits a different body emits a different id: both events
+// are handled, nothing is lost to a collision.
+func retryWithOtherBody(t *testing.T, h Host) {
+	w := h.Load(t, "watcher", ModuleConfig{})
+	r := h.Load(t, "relay", ModuleConfig{})
+	h.Emit(t, "mesh.relay.go", body(1, conformance.Steer{Fail: 1, Vary: true}))
+	rs := w.Wait(t, "done", func(rs []conformance.Record) bool {
+		return slices.ContainsFunc(rs, func(r conformance.Record) bool { return r.Type == "module.relay.done" })
+	})
+	emitted := r.Of(t, "relayed")
+	if len(emitted) != 2 || emitted[0].ID == emitted[1].ID {
+		t.Fatalf("the relay emitted %+v, want two ids", emitted)
+	}
+	n := 0
+	for _, s := range rs {
+		if s.Type == "module.relay.relayed" {
+			n++
+		}
+	}
+	if n != 2 {
+		t.Errorf("the watcher handled %d relayed events, want 2", n)
+	}
+}
+
+// WithFreshID gives each attempt's emit its own id.
+func freshID(t *testing.T, h Host) {
+	h.Load(t, "watcher", ModuleConfig{})
+	r := h.Load(t, "relay", ModuleConfig{})
+	h.Emit(t, "mesh.relay.go", body(1, conformance.Steer{Fail: 1, Fresh: true}))
+	emitted := r.WaitKind(t, "relayed", 2)
+	if emitted[0].ID == emitted[1].ID || emitted[0].ID == "" {
+		t.Errorf("fresh ids %s and %s", emitted[0].ID, emitted[1].ID)
+	}
+}
+
+// A call to a tool nobody serves fails with ErrNoServer; a tool's
+// outcome reaches the caller as a response or a *ToolError with its code
+// and permanence.
+func toolOutcomes(t *testing.T, h Host) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := h.Call(ctx, "conf.nobody", 1, nil); !errors.Is(err, sdk.ErrNoServer) {
+		t.Errorf("call to nobody: %v, want ErrNoServer", err)
+	}
+	h.Load(t, "tools", ModuleConfig{})
+	var resp struct {
+		N      int    `json:"n"`
+		Caller string `json:"caller"`
+	}
+	if err := h.Call(ctx, "conf.echo", body(7, conformance.Steer{}), &resp); err != nil || resp.N != 7 || resp.Caller != "conformance" {
+		t.Errorf("echo: %+v %v", resp, err)
+	}
+	for _, c := range []struct {
+		steer     conformance.Steer
+		code      string
+		permanent bool
+	}{
+		{conformance.Steer{Permanent: true}, "rejected", true},
+		{conformance.Steer{Fail: 1}, "failed", false},
+		{conformance.Steer{Panic: true}, "internal", true},
+		{conformance.Steer{Code: "out_of_stock"}, "out_of_stock", true},
+	} {
+		err := h.Call(ctx, "conf.echo", c.steer, nil)
+		var te *sdk.ToolError
+		if !errors.As(err, &te) || te.Code != c.code || te.Permanent != c.permanent || errors.Is(err, sdk.ErrPermanent) != c.permanent {
+			t.Errorf("%+v: %v, want a ToolError %s (permanent %v)", c.steer, err, c.code, c.permanent)
+		}
+	}
+	short, cancelShort := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancelShort()
+	if err := h.Call(short, "conf.echo", conformance.Steer{Block: true}, nil); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("a call past its deadline: %v, want context.DeadlineExceeded", err)
+	}
+}
+
+// A handler that calls a tool and then fails calls it again on its retry
+// with the same request id: the server answers from its stored answer,
+// the tool ran once, the caller got the same answer both times. A retry
+// that sends another request runs the tool again.
+func retriedCallRunsToolOnce(t *testing.T, h Host) {
+	tools := h.Load(t, "tools", ModuleConfig{})
+	c := h.Load(t, "caller", ModuleConfig{})
+	h.Emit(t, "mesh.order.placed", body(1, conformance.Steer{Fail: 1}))
+	answers := c.WaitKind(t, "invoice", 2)
+	if answers[0].Err != "" || string(answers[0].Body) != string(answers[1].Body) {
+		t.Errorf("answers %s / %s (%s), want the same answer twice", answers[0].Body, answers[1].Body, answers[1].Err)
+	}
+	h.Emit(t, "mesh.order.placed", body(2, conformance.Steer{Fail: 1, Vary: true}))
+	answers = c.WaitKind(t, "invoice", 4)
+	if string(answers[2].Body) == string(answers[3].Body) {
+		t.Errorf("a retry with another request got the stored answer %s", answers[3].Body)
+	}
+	if runs := tools.Of(t, "invoice_run"); len(runs) != 3 {
+		t.Errorf("the tool ran %d times, want 3 (once, then twice for two different requests): %+v", len(runs), runs)
+	}
+	var got struct{ Invoice int }
+	if err := json.Unmarshal(answers[0].Body, &got); err != nil || got.Invoice != 1 {
+		t.Errorf("first answer %s", answers[0].Body)
+	}
+}
+
+// A call whose ctx has no deadline gets the node's call timeout, not one
+// of its own: the server sees at most that much time left.
+func callDefaultDeadline(t *testing.T, h Host) {
+	tools := h.Load(t, "tools", ModuleConfig{})
+	c := h.Load(t, "caller", ModuleConfig{})
+	r := c.WaitKind(t, "default_deadline", 1)[0]
+	if !is(r, "deadline") {
+		t.Errorf("a call without a deadline to a tool that never answers: %+v, want DeadlineExceeded", r)
+	}
+	for _, s := range tools.Of(t, "echo_block") {
+		if s.Caller != "caller" {
+			continue
+		}
+		if left, err := time.ParseDuration(s.Value); err != nil || left > callTimeout {
+			t.Errorf("the server saw %s left, want at most the node's call timeout %v", s.Value, callTimeout)
+		}
+	}
+}
+
+// Run runs once the module consumes, and its ctx ends when the module
+// stops.
+func runCtxEndsAtStop(t *testing.T, h Host) {
+	r := h.Load(t, "runner", ModuleConfig{})
+	r.WaitKind(t, "run_started", 1)
+	if len(r.Of(t, "run_ctx_done")) != 0 {
+		t.Fatal("Run's ctx ended before the module stopped")
+	}
+	h.Stop(t, "runner")
+	if rs := r.WaitKind(t, "run_ctx_done", 1); rs[0].Err != context.Canceled.Error() {
+		t.Errorf("Run's ctx ended with %q, want %q", rs[0].Err, context.Canceled)
+	}
+}

@@ -1,0 +1,323 @@
+// Package conformance holds one module author's contract (the sdk package
+// doc, "What a module can rely on") to every host that runs modules: the
+// in-memory sdk/meshtest, the runtime in-process on RabbitMQ, and a module
+// process under the runtime. Each scenario is written once against the
+// Host interface (conformance_test.go) and runs on all three.
+//
+// The modules the scenarios load are here, in a non-test file, so that
+// the module binary (./module) runs the very same code. A module reports
+// what it saw by appending JSON lines to a log file (Probe): a file works
+// alike in-process and across the process boundary. What a module does is
+// steered by the bodies of the events and requests it gets.
+package conformance
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/meshkit/mesh/sdk"
+)
+
+// Record is one line a module appends to its log.
+type Record struct {
+	Kind        string          `json:"kind"`
+	ID          string          `json:"id,omitempty"`
+	Type        string          `json:"type,omitempty"`
+	Source      string          `json:"source,omitempty"`
+	Node        string          `json:"node,omitempty"`
+	CausationID string          `json:"causation_id,omitempty"`
+	Attempt     int             `json:"attempt,omitempty"`
+	Redelivered bool            `json:"redelivered,omitempty"`
+	Body        json.RawMessage `json:"body,omitempty"`
+	Value       string          `json:"value,omitempty"`
+	Caller      string          `json:"caller,omitempty"`
+	Err         string          `json:"err,omitempty"`
+	// Is names the sentinels the error satisfies (errors.Is), and a
+	// ToolError's code, so a test compares errors across hosts.
+	Is []string `json:"is,omitempty"`
+}
+
+// Probe appends Records to a file. It is safe for concurrent use.
+type Probe struct {
+	mu   sync.Mutex
+	path string
+}
+
+// NewProbe appends to the file at path.
+func NewProbe(path string) *Probe { return &Probe{path: path} }
+
+// Add appends r. A record that cannot be written (the test is over and
+// its directory gone) is dropped: a test missing it fails on its own.
+func (p *Probe) Add(r Record) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	line, err := json.Marshal(r)
+	if err != nil {
+		panic(err) // a Record always marshals
+	}
+	f, err := os.OpenFile(p.path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	_, _ = f.Write(append(line, '\n'))
+}
+
+// Classify names what err is, for Record.Is.
+func Classify(err error) []string {
+	if err == nil {
+		return nil
+	}
+	var is []string
+	for name, target := range map[string]error{
+		"invalid": sdk.ErrInvalid, "forbidden": sdk.ErrForbidden, "not_started": sdk.ErrNotStarted,
+		"already_started": sdk.ErrAlreadyStarted, "no_server": sdk.ErrNoServer, "deadline": context.DeadlineExceeded,
+		"permanent": sdk.ErrPermanent, "closed": sdk.ErrClosed,
+	} {
+		if errors.Is(err, target) {
+			is = append(is, name)
+		}
+	}
+	var te *sdk.ToolError
+	if errors.As(err, &te) {
+		is = append(is, "tool:"+te.Code)
+	}
+	if is == nil {
+		is = []string{"other"}
+	}
+	return is
+}
+
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// Steer is what an event's or a request's body asks of the module.
+type Steer struct {
+	// Fail fails the first Fail attempts with a transient error.
+	Fail int `json:"fail,omitempty"`
+	// Permanent fails with a Permanent error.
+	Permanent bool `json:"permanent,omitempty"`
+	// Panic panics.
+	Panic bool `json:"panic,omitempty"`
+	// Block waits for the context to end.
+	Block bool `json:"block,omitempty"`
+	// Vary makes what is emitted or called depend on the attempt.
+	Vary bool `json:"vary,omitempty"`
+	// Fresh emits with sdk.WithFreshID.
+	Fresh bool `json:"fresh,omitempty"`
+	// Code makes a tool answer with a ToolError of that code.
+	Code string `json:"code,omitempty"`
+	// N is a payload number.
+	N int `json:"n,omitempty"`
+}
+
+func steer(body json.RawMessage) Steer {
+	var s Steer
+	_ = json.Unmarshal(body, &s)
+	return s
+}
+
+// act does what s asks of attempt.
+func act(ctx context.Context, s Steer, attempt int) error {
+	switch {
+	case s.Panic:
+		panic("asked to panic")
+	case s.Block:
+		<-ctx.Done()
+		return ctx.Err()
+	case s.Permanent:
+		return sdk.Permanent(errors.New("asked to fail for good"))
+	case attempt <= s.Fail:
+		return fmt.Errorf("asked to fail attempt %d", attempt)
+	}
+	return nil
+}
+
+// Module returns the conformance module of that name, reporting to probe.
+// The names: watcher, worker, setup, namer, relay, tools, caller, runner.
+func Module(name string, probe *Probe) (sdk.Module, error) {
+	seen := func(kind string, ev sdk.Event) {
+		probe.Add(Record{Kind: kind, ID: ev.ID, Type: ev.Type, Source: ev.Source, Node: ev.Node, CausationID: ev.CausationID,
+			Attempt: ev.Attempt, Redelivered: ev.Redelivered, Body: ev.Body})
+	}
+	switch name {
+	case "watcher":
+		// Records every event of the relay and namer modules it handles
+		// (de-duplicated), and every copy on "mesh.dup.#" (duplicates
+		// allowed).
+		return sdk.Module{Name: name, Setup: func(m sdk.Mesh) error {
+			h := sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error { seen("seen", ev); return nil })
+			return errors.Join(m.On("module.relay.#", h), m.On("module.namer.#", h), m.On("mesh.once.#", h),
+				m.On("mesh.dup.#", sdk.AllowDuplicates(h)))
+		}}, nil
+
+	case "worker":
+		// Handles mesh.work.# as each body steers it, recording every
+		// attempt.
+		return sdk.Module{Name: name, Setup: func(m sdk.Mesh) error {
+			return m.On("mesh.work.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+				seen("attempt", ev)
+				err := act(ctx, steer(ev.Body), ev.Attempt)
+				if err != nil && ctx.Err() != nil {
+					probe.Add(Record{Kind: "ctx", ID: ev.ID, Err: ctx.Err().Error(), Is: Classify(ctx.Err())})
+				}
+				return err
+			}))
+		}}, nil
+
+	case "setup":
+		// Tries in Setup what Setup may not do, and in Run what may only
+		// be done in Setup.
+		var later sdk.Mesh
+		h := sdk.HandlerFunc(func(context.Context, sdk.Event) error { return nil })
+		th := sdk.ToolHandlerFunc(func(context.Context, sdk.Request) (any, error) { return "ok", nil })
+		try := func(what string, err error) { probe.Add(Record{Kind: what, Err: errText(err), Is: Classify(err)}) }
+		return sdk.Module{Name: name,
+			Setup: func(m sdk.Mesh) error {
+				later = m
+				_, err := m.Emit(context.Background(), "too.early", 1)
+				try("setup_emit", err)
+				try("setup_call", m.Call(context.Background(), "conf.echo", 1, nil))
+				try("setup_on_nil", m.On("mesh.setup.#", nil))
+				try("setup_on", m.On("mesh.setup.#", h))
+				try("setup_on_again", m.On("mesh.setup.#", h))
+				try("setup_on_bad", m.On("mesh..setup", h))
+				try("setup_serve_nil", m.Serve("conf.setup", nil))
+				try("setup_serve", m.Serve("conf.setup", th))
+				try("setup_serve_again", m.Serve("conf.setup", th))
+				try("setup_serve_ungranted", m.Serve("forbidden.tool", th))
+				return nil
+			},
+			Run: func(ctx context.Context, m sdk.Mesh) error {
+				try("run_on", later.On("mesh.late.#", h))
+				try("run_serve", later.Serve("conf.late", th))
+				return nil
+			}}, nil
+
+	case "namer":
+		// Emits, in Run, by the naming rules.
+		return sdk.Module{Name: name, Emits: []string{"site.created"}, Run: func(ctx context.Context, m sdk.Mesh) error {
+			for _, e := range []struct {
+				what, name string
+				body any
+				opts []sdk.EmitOption
+			}{
+				{"ok", "site.created", map[string]int{"n": 1}, []sdk.EmitOption{sdk.WithSchema("2")}},
+				{"empty_word", "site..created", 1, nil},
+				{"wildcard", "site.*", 1, nil},
+				{"not_json", "site.created", json.RawMessage("{"), nil},
+				{"unmarshalable", "site.created", func() {}, nil},
+				{"ungranted_full_type", "mesh.other.thing", 1, []sdk.EmitOption{sdk.AsFullType()}},
+				{"own_full_type", "module.namer.site.full", 2, []sdk.EmitOption{sdk.AsFullType()}},
+				{"bad_option", "site.created", 1, []sdk.EmitOption{sdk.WithPriority(10)}},
+			} {
+				id, err := m.Emit(ctx, e.name, e.body, e.opts...)
+				probe.Add(Record{Kind: "emit_" + e.what, ID: id, Err: errText(err), Is: Classify(err)})
+			}
+			return nil
+		}}, nil
+
+	case "relay":
+		// On mesh.relay.#: emits "relayed" with the event's body, then
+		// fails as the body steers; then emits "done" with a fresh id.
+		return sdk.Module{Name: name, Emits: []string{"relayed", "done"}, Setup: func(m sdk.Mesh) error {
+			var self sdk.Mesh = m
+			return m.On("mesh.relay.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+				s := steer(ev.Body)
+				body := map[string]int{"n": s.N}
+				if s.Vary {
+					body["attempt"] = ev.Attempt
+				}
+				var opts []sdk.EmitOption
+				if s.Fresh {
+					opts = append(opts, sdk.WithFreshID())
+				}
+				id, err := self.Emit(ctx, "relayed", body, opts...)
+				probe.Add(Record{Kind: "relayed", ID: id, Attempt: ev.Attempt, CausationID: ev.ID, Err: errText(err)})
+				if err != nil {
+					return err
+				}
+				if err := act(ctx, s, ev.Attempt); err != nil {
+					return err
+				}
+				_, err = self.Emit(ctx, "done", map[string]int{"n": s.N}, sdk.WithFreshID())
+				return err
+			}))
+		}}, nil
+
+	case "tools":
+		// Serves conf.echo (answers as the request steers) and
+		// conf.invoice (counts its runs).
+		var mu sync.Mutex
+		runs := 0
+		return sdk.Module{Name: name, Setup: func(m sdk.Mesh) error {
+			return errors.Join(
+				m.Serve("conf.echo", sdk.ToolHandlerFunc(func(ctx context.Context, req sdk.Request) (any, error) {
+					s := steer(req.Body)
+					if s.Block {
+						probe.Add(Record{Kind: "echo_block", Caller: req.Caller, Value: time.Until(req.Deadline).String()})
+					}
+					if s.Code != "" {
+						return nil, &sdk.ToolError{Code: s.Code, Message: "asked for " + s.Code, Permanent: true}
+					}
+					if err := act(ctx, s, 1); err != nil {
+						return nil, err
+					}
+					return map[string]any{"n": s.N, "caller": req.Caller, "causation_id": req.CausationID}, nil
+				})),
+				m.Serve("conf.invoice", sdk.ToolHandlerFunc(func(ctx context.Context, req sdk.Request) (any, error) {
+					mu.Lock()
+					runs++
+					n := runs
+					mu.Unlock()
+					probe.Add(Record{Kind: "invoice_run", ID: req.ID, CausationID: req.CausationID, Value: fmt.Sprint(n)})
+					return map[string]int{"invoice": n}, nil
+				})))
+		}}, nil
+
+	case "caller":
+		// On mesh.order.#: calls conf.invoice, records the answer, then
+		// fails as the body steers. In Run: calls conf.echo blocking,
+		// without a deadline of its own.
+		return sdk.Module{Name: name, Calls: []string{"conf.invoice", "conf.echo"}, Setup: func(m sdk.Mesh) error {
+			var self sdk.Mesh = m
+			return m.On("mesh.order.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+				s := steer(ev.Body)
+				req := map[string]int{"n": s.N}
+				if s.Vary {
+					req["attempt"] = ev.Attempt
+				}
+				var resp json.RawMessage
+				err := self.Call(ctx, "conf.invoice", req, &resp)
+				probe.Add(Record{Kind: "invoice", Attempt: ev.Attempt, Body: resp, Err: errText(err), Is: Classify(err)})
+				if err != nil {
+					return err
+				}
+				return act(ctx, s, ev.Attempt)
+			}))
+		}, Run: func(ctx context.Context, m sdk.Mesh) error {
+			err := m.Call(ctx, "conf.echo", Steer{Block: true}, nil)
+			probe.Add(Record{Kind: "default_deadline", Err: errText(err), Is: Classify(err)})
+			return nil
+		}}, nil
+
+	case "runner":
+		// Records its Run's start and the end of Run's context.
+		return sdk.Module{Name: name, Run: func(ctx context.Context, m sdk.Mesh) error {
+			probe.Add(Record{Kind: "run_started"})
+			<-ctx.Done()
+			probe.Add(Record{Kind: "run_ctx_done", Err: ctx.Err().Error()})
+			return nil
+		}}, nil
+	}
+	return sdk.Module{}, fmt.Errorf("no conformance module %q", name)
+}
