@@ -2,8 +2,8 @@ package runtime
 
 import (
 	"context"
-	"fmt"
 	"errors"
+	"fmt"
 	"log/slog"
 
 	"github.com/meshkit/mesh/internal/causation"

@@ -137,7 +137,7 @@ func setupPhase(t *testing.T, h Host) {
 		"setup_on_nil": {"invalid"}, "setup_on": nil, "setup_on_again": {"invalid"}, "setup_on_bad": {"invalid"},
 		"setup_serve_nil": {"invalid"}, "setup_serve": nil, "setup_serve_again": {"invalid"},
 		"setup_serve_ungranted": {"forbidden"},
-		"run_on": {"already_started"}, "run_serve": {"already_started"},
+		"run_on":                {"already_started"}, "run_serve": {"already_started"},
 	}
 	for kind, w := range want {
 		rs := l.Of(t, kind)

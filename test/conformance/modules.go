@@ -208,8 +208,8 @@ func Module(name string, probe *Probe) (sdk.Module, error) {
 		return sdk.Module{Name: name, Emits: []string{"site.created"}, Run: func(ctx context.Context, m sdk.Mesh) error {
 			for _, e := range []struct {
 				what, name string
-				body any
-				opts []sdk.EmitOption
+				body       any
+				opts       []sdk.EmitOption
 			}{
 				{"ok", "site.created", map[string]int{"n": 1}, []sdk.EmitOption{sdk.WithSchema("2")}},
 				{"empty_word", "site..created", 1, nil},
