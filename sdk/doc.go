@@ -1,12 +1,18 @@
 // Package sdk is what a mesh module imports: emit events, handle events,
-// call and serve tools, and declare what the module emits and consumes. It never shows an
-// exchange, a queue, an AMQP type or a header key.
+// call and serve tools, and declare what the module emits and consumes. It
+// never shows an exchange, a queue, an AMQP type or a header key.
+//
+// The same Module runs three ways, by the same rules: in-process in a Go
+// program that embeds the runtime (runtime.Node.Load), as its own process
+// under meshd (package [github.com/meshkit/mesh/sdk/process]), and in unit
+// tests on an in-memory mesh (package [github.com/meshkit/mesh/sdk/meshtest]).
 //
 // # Emitting
 //
 // A module emits under its own name: Emit(ctx, "site.created", body) from
 // module "umami" publishes the event type module.umami.site.created. Emit
-// returns the event's id once the broker has confirmed it.
+// returns the event's id once the broker has confirmed it (or the node
+// has it on local disk to send once the broker is back).
 //
 //	id, err := mesh.Emit(ctx, "site.created", Site{ID: 42})
 //
@@ -15,9 +21,7 @@
 // A module consumes with AMQP topic patterns ("module.umami.#",
 // "node.*.joined", "#"). A handler returns nil to acknowledge the event, an
 // error to have it retried with back-off, or an error wrapped by Permanent to
-// have it dead-lettered at once. A panic or a timeout counts as an error.
-// Past the redelivery limit the event is dead-lettered, never looped
-// forever.
+// have it dead-lettered at once.
 //
 //	mesh.On("module.umami.site.*", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
 //		var s Site
@@ -31,37 +35,72 @@
 //
 // A module serves a tool ("invoice.create") with Serve and calls one with
 // Call. Servers of one tool compete: each call is answered once. A call to
-// a tool nobody serves fails at once with ErrNoServer; a call that gets no
-// answer before its deadline fails with ErrDeadlineExceeded; a tool's error
+// a tool nobody serves fails at once with ErrNoServer; a tool's error
 // arrives as a *ToolError with a code, a message and whether it is
 // permanent.
 //
 //	var inv Invoice
 //	err := mesh.Call(ctx, "invoice.create", order, &inv)
 //
-// # Causation
+// # What a module can rely on
 //
-// Anything emitted or called with the context a handler received carries
-// the handled event's (or request's) id as its causation id, with nothing
-// for the author to do.
+// These rules hold on every host; the conformance suite (test/conformance)
+// runs each of them against meshtest, the runtime in-process on RabbitMQ
+// and a module process, and fails when one host differs.
 //
-// # Running
+// Lifecycle. Setup runs once, before the module consumes: it subscribes
+// with On and serves with Serve, and may do nothing else on the mesh: Emit
+// and Call return ErrNotStarted there. Once Setup returns, the module's
+// patterns and tools are fixed: On and Serve return ErrAlreadyStarted. A
+// nil handler, a pattern or tool subscribed twice, or a bad pattern or
+// tool key is refused with ErrInvalid; a tool the node config does not
+// grant (the module's tools in meshd's config) with ErrForbidden. Run, if
+// set, starts once the module consumes; its ctx is cancelled when the
+// module stops, and it should return then.
 //
-// The same Module runs in-process, in a Go program that embeds the runtime,
-// or as its own process under meshd, whose whole main is Run:
+// Concurrency and order. A module handles as many events at once as its
+// concurrency (the node's module config, default 1). At 1, events are
+// handled one at a time in queue order; a failed event goes back for its
+// retry while the next ones are handled. Tool calls are served
+// concurrently, up to the prefetch (default 32), whatever the concurrency.
+// Handlers and tool handlers must be safe to run concurrently with each
+// other and with Run.
 //
-//	func main() {
-//		if err := sdk.Run(notifier.Module()); err != nil {
-//			log.Fatal(err)
-//		}
-//	}
+// Outcomes. A handler returning nil acknowledges the event. A handler
+// returning an error, panicking, or running past the handler timeout
+// (default 30s; its ctx ends then with context.DeadlineExceeded) fails
+// the attempt: the event is tried again after an exponential back-off
+// (from 200ms to 30s by default), and after the attempt limit (default 5)
+// it is dead-lettered with the reason "delivery_limit" and the last error.
+// An error wrapped by Permanent dead-letters it at once with the reason
+// "permanent". Event.Attempt counts the attempts from 1.
 //
-// A module logs through Mesh.Logger; under meshd its lines reach the
-// node's log at their level, tagged with the module.
+// De-duplication. Delivery is at least once, but a module is handed each
+// event id once: a redelivery or resend of an id it already handled is
+// acknowledged without running the handler (for the node's retention
+// window, 24h by default). A handler wrapped by AllowDuplicates gets every
+// copy.
+//
+// Causation and repeatable side effects. The ctx a handler or tool
+// handler gets carries what it handles: what is emitted or called with it
+// records that id as its causation. An event emitted there gets an id
+// derived from the handled event, the module, the type, the body and its
+// occurrence (a valid ULID with the handled event's time), so a retried
+// handler that emits the same thing again emits the same id, and the
+// consumers' de-duplication absorbs it; a retry that emits another body
+// emits another id. A call made there gets its request id the same way,
+// and the server answers a repeated request id with the answer it stored
+// (a response or a permanent error) without running the tool again.
+// WithFreshID opts an emit out. Outside a handler, ids are fresh.
+//
+// Deadlines. A handler's ctx ends at the handler timeout; a tool
+// handler's at the caller's deadline. A Call whose ctx has no deadline
+// gets the node's call timeout (30s by default); the request expires on
+// the broker when the caller gives up, and the call fails with an error
+// satisfying errors.Is(err, context.DeadlineExceeded).
 //
 // # Delivery
 //
-// Delivery is at least once: a handler can see an event again after a crash
-// between its work and the acknowledgement. Event.ID stays the same across
-// retries, redeliveries and replays, so handlers can be made idempotent by it.
+// Event.ID stays the same across retries, redeliveries and replays, so a
+// handler can also make its own side effects idempotent by it.
 package sdk

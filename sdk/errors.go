@@ -66,6 +66,7 @@ type ToolError struct {
 	Permanent bool
 }
 
+// Error says the code, whether the error is permanent, and the message.
 func (e *ToolError) Error() string {
 	kind := "transient"
 	if e.Permanent {

@@ -2,12 +2,12 @@ package sdk_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/meshkit/mesh/sdk"
+	"github.com/meshkit/mesh/sdk/meshtest"
 )
 
 type Site struct {
@@ -16,79 +16,271 @@ type Site struct {
 }
 
 // A module declares its name and what it emits, subscribes its handlers in
-// Setup and does its own work in Run. The node gives it its sdk.Mesh.
+// Setup and does its own work in Run. Here it runs on the in-memory
+// meshtest mesh; meshd or an embedding program runs it the same way.
 func ExampleModule() {
-	_ = sdk.Module{
+	umami := sdk.Module{
 		Name:  "umami",
 		Emits: []string{"site.created"},
 		Setup: func(m sdk.Mesh) error {
 			return m.On("node.*.joined", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
-				fmt.Println("node joined:", ev.Node)
+				fmt.Println("node joined:", ev.Type, "from", ev.Source)
 				return nil
 			}))
 		},
-		Run: func(ctx context.Context, m sdk.Mesh) error {
-			_, err := m.Emit(ctx, "site.created", Site{ID: 1, Name: "example.org"})
-			return err
-		},
 	}
+	mt := meshtest.New(meshtest.Config{})
+	defer mt.Close()
+	if err := mt.Load(umami, meshtest.ModuleConfig{}); err != nil {
+		fmt.Println(err)
+	}
+	_, _ = mt.Emit(context.Background(), "anchor", "node.anchor.joined", map[string]string{})
+	mt.Settle()
+	// Output: node joined: node.anchor.joined from anchor
 }
 
-// Emit publishes module.<module>.site.created and returns once the broker
-// confirmed it.
+// Emit publishes module.<module>.<name> and returns the event's id; inside
+// a handler the handled event becomes the new event's cause.
 func ExampleMesh_Emit() {
-	run := func(ctx context.Context, m sdk.Mesh) error {
-		id, err := m.Emit(ctx, "site.created", Site{ID: 42, Name: "example.org"},
-			sdk.WithSchema("1"), sdk.WithTTL(time.Hour))
-		if err != nil {
-			return fmt.Errorf("announce site: %w", err)
-		}
-		fmt.Println("emitted", id)
-		return nil
-	}
-	_ = run
+	relay := sdk.Module{Name: "umami", Emits: []string{"site.created"}, Setup: func(m sdk.Mesh) error {
+		return m.On("mesh.signup.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			_, err := m.Emit(ctx, "site.created", Site{ID: 42, Name: "example.org"}, sdk.WithSchema("1"))
+			return err
+		}))
+	}}
+	mt := meshtest.New(meshtest.Config{})
+	defer mt.Close()
+	_ = mt.Load(relay, meshtest.ModuleConfig{})
+	cause, _ := mt.Emit(context.Background(), "web", "mesh.signup.done", map[string]string{"site": "example.org"})
+	mt.Settle()
+	ev := mt.Emitted()[1]
+	fmt.Println(ev.Type, ev.Source, ev.Schema, string(ev.Body), ev.CausationID == cause)
+	// Output: module.umami.site.created umami 1 {"id":42,"name":"example.org"} true
 }
 
-// A handler that emits with the context it received records the handled
-// event as the cause, with nothing more to do.
+// A handler returns nil to acknowledge, an error to be retried with
+// back-off (Event.Attempt counts), or a Permanent error to dead-letter the
+// event at once.
 func ExampleMesh_On() {
-	setup := func(m sdk.Mesh) error {
+	mod := sdk.Module{Name: "notifier", Setup: func(m sdk.Mesh) error {
 		return m.On("module.umami.site.created", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
 			var s Site
 			if err := ev.Decode(&s); err != nil {
 				return sdk.Permanent(err) // a body we cannot read will not get better
 			}
-			_, err := m.Emit(ctx, "welcome.sent", map[string]string{"site": s.Name})
-			return err // non-nil: retried with back-off, then dead-lettered
+			if ev.Attempt < 3 {
+				return errors.New("mail server busy") // tried again later
+			}
+			fmt.Println("notified", s.Name, "on attempt", ev.Attempt)
+			return nil
 		}))
+	}}
+	mt := meshtest.New(meshtest.Config{})
+	defer mt.Close()
+	_ = mt.Load(mod, meshtest.ModuleConfig{})
+	_, _ = mt.Emit(context.Background(), "umami", "module.umami.site.created", Site{ID: 1, Name: "example.org"})
+	_, _ = mt.Emit(context.Background(), "umami", "module.umami.site.created", []byte(`"not a site"`))
+	mt.Settle()
+	for _, d := range mt.DeadLetters() {
+		fmt.Println("dead letter:", d.Reason, "after", d.Attempts, "attempt")
 	}
-	_ = setup
+	// Output:
+	// notified example.org on attempt 3
+	// dead letter: permanent after 1 attempt
 }
 
-// Permanent marks an error that retrying cannot fix.
-func ExamplePermanent() {
-	errBadOrder := errors.New("order has no lines")
-	err := sdk.Permanent(errBadOrder)
+// A module serves a tool in Setup; its handler answers with a value or a
+// ToolError the caller can branch on.
+func ExampleMesh_Serve() {
+	billing := sdk.Module{Name: "billing", Setup: func(m sdk.Mesh) error {
+		return m.Serve("invoice.create", sdk.ToolHandlerFunc(func(ctx context.Context, req sdk.Request) (any, error) {
+			var order struct{ Total int }
+			if err := req.Decode(&order); err != nil || order.Total <= 0 {
+				return nil, &sdk.ToolError{Code: "bad_order", Message: "no total", Permanent: true}
+			}
+			return map[string]int{"invoice": 1, "total": order.Total}, nil
+		}))
+	}}
+	mt := meshtest.New(meshtest.Config{})
+	defer mt.Close()
+	_ = mt.Load(billing, meshtest.ModuleConfig{})
+	var inv struct{ Invoice, Total int }
+	err := mt.Call(context.Background(), "shop", "invoice.create", map[string]int{"total": 99}, &inv)
+	fmt.Println(inv.Invoice, inv.Total, err)
+	err = mt.Call(context.Background(), "shop", "invoice.create", map[string]int{}, nil)
 	fmt.Println(err)
-	fmt.Println(errors.Is(err, sdk.ErrPermanent), errors.Is(err, errBadOrder))
 	// Output:
-	// permanent: order has no lines
-	// true true
+	// 1 99 <nil>
+	// call invoice.create: tool error bad_order (permanent): no total
+}
+
+// Call returns at once with ErrNoServer when nobody serves the tool. Inside
+// a handler its request id is derived from the handled event: a retry's
+// repeated call is answered from the server's stored answer, and the tool
+// runs once.
+func ExampleMesh_Call() {
+	runs := 0
+	billing := sdk.Module{Name: "billing", Setup: func(m sdk.Mesh) error {
+		return m.Serve("invoice.create", sdk.ToolHandlerFunc(func(ctx context.Context, req sdk.Request) (any, error) {
+			runs++
+			return map[string]int{"invoice": runs}, nil
+		}))
+	}}
+	shop := sdk.Module{Name: "shop", Setup: func(m sdk.Mesh) error {
+		return m.On("mesh.order.placed", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			var inv struct{ Invoice int }
+			if err := m.Call(ctx, "invoice.create", map[string]int{"total": 99}, &inv); err != nil {
+				return err
+			}
+			fmt.Println("attempt", ev.Attempt, "got invoice", inv.Invoice)
+			if ev.Attempt == 1 {
+				return errors.New("the mail server is down") // retried: the call is made again
+			}
+			return nil
+		}))
+	}}
+	mt := meshtest.New(meshtest.Config{})
+	defer mt.Close()
+	err := mt.Call(context.Background(), "web", "invoice.create", map[string]int{"total": 99}, nil)
+	fmt.Println("without a server:", errors.Is(err, sdk.ErrNoServer))
+	_ = mt.Load(billing, meshtest.ModuleConfig{})
+	_ = mt.Load(shop, meshtest.ModuleConfig{})
+	_, _ = mt.Emit(context.Background(), "web", "mesh.order.placed", map[string]int{"order": 8})
+	mt.Settle()
+	fmt.Println("the tool ran", runs, "time")
+	// Output:
+	// without a server: true
+	// attempt 1 got invoice 1
+	// attempt 2 got invoice 1
+	// the tool ran 1 time
+}
+
+// By default a module is handed each event id once: a redelivery after a
+// fault is acknowledged without running the handler again. A handler that
+// is idempotent by itself can take every copy.
+func ExampleAllowDuplicates() {
+	seen := map[string]int{}
+	count := func(name string) sdk.Handler {
+		return sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error { seen[name]++; return nil })
+	}
+	mod := sdk.Module{Name: "counter", Setup: func(m sdk.Mesh) error {
+		return errors.Join(m.On("mesh.once.#", count("once")), m.On("mesh.every.#", sdk.AllowDuplicates(count("every"))))
+	}}
+	mt := meshtest.New(meshtest.Config{})
+	defer mt.Close()
+	_ = mt.Load(mod, meshtest.ModuleConfig{})
+	a, _ := mt.Emit(context.Background(), "test", "mesh.once.x", 1)
+	b, _ := mt.Emit(context.Background(), "test", "mesh.every.x", 1)
+	_ = mt.Redeliver(a)
+	_ = mt.Redeliver(b)
+	mt.Settle()
+	fmt.Println(seen["once"], seen["every"])
+	// Output: 1 2
+}
+
+// WithFreshID gives an event emitted in a handler its own id instead of
+// one derived from the handled event: each attempt's emit is then a
+// distinct event.
+func ExampleWithFreshID() {
+	mod := sdk.Module{Name: "probe", Setup: func(m sdk.Mesh) error {
+		return m.On("mesh.check.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			_, _ = m.Emit(ctx, "attempted", ev.Attempt%1, sdk.WithFreshID()) // same body each time
+			_, _ = m.Emit(ctx, "derived", ev.Attempt%1)
+			if ev.Attempt == 1 {
+				return errors.New("try again")
+			}
+			return nil
+		}))
+	}}
+	mt := meshtest.New(meshtest.Config{})
+	defer mt.Close()
+	_ = mt.Load(mod, meshtest.ModuleConfig{})
+	_, _ = mt.Emit(context.Background(), "test", "mesh.check.now", 1)
+	mt.Settle()
+	ids := map[string]map[string]bool{}
+	for _, ev := range mt.Emitted()[1:] {
+		if ids[ev.Type] == nil {
+			ids[ev.Type] = map[string]bool{}
+		}
+		ids[ev.Type][ev.ID] = true
+	}
+	fmt.Println("fresh:", len(ids["module.probe.attempted"]), "derived:", len(ids["module.probe.derived"]))
+	// Output: fresh: 2 derived: 1
+}
+
+// Options refuse bad values with ErrInvalid, and Emit sends nothing.
+func ExampleWithPriority() {
+	mod := sdk.Module{Name: "jobs", Setup: func(m sdk.Mesh) error {
+		return m.On("mesh.job.requested", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			_, err := m.Emit(ctx, "job.queued", 1, sdk.WithPriority(12), sdk.WithTTL(time.Minute))
+			fmt.Println(errors.Is(err, sdk.ErrInvalid), err)
+			return nil
+		}))
+	}}
+	mt := meshtest.New(meshtest.Config{})
+	defer mt.Close()
+	_ = mt.Load(mod, meshtest.ModuleConfig{})
+	_, _ = mt.Emit(context.Background(), "test", "mesh.job.requested", 1)
+	mt.Settle()
+	fmt.Println(len(mt.Emitted()), "emitted")
+	// Output:
+	// true emit option: invalid: priority 12 is over 9
+	// 1 emitted
+}
+
+// A module emits under its own name; AsFullType emits elsewhere only
+// where its node config grants it (emit_grants).
+func ExampleAsFullType() {
+	mod := sdk.Module{Name: "deployer", Setup: func(m sdk.Mesh) error {
+		return m.On("mesh.release.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			_, err := m.Emit(ctx, "mesh.delivery.deployed", 1, sdk.AsFullType())
+			fmt.Println("granted:", err)
+			_, err = m.Emit(ctx, "node.anchor.drained", 1, sdk.AsFullType())
+			fmt.Println("not granted:", errors.Is(err, sdk.ErrForbidden))
+			return nil
+		}))
+	}}
+	mt := meshtest.New(meshtest.Config{})
+	defer mt.Close()
+	_ = mt.Load(mod, meshtest.ModuleConfig{EmitGrants: []string{"mesh.delivery.#"}})
+	_, _ = mt.Emit(context.Background(), "test", "mesh.release.cut", 1)
+	mt.Settle()
+	// Output:
+	// granted: <nil>
+	// not granted: true
+}
+
+// Setup subscribes and serves; Emit and Call wait for the module to run.
+func ExampleModule_setup() {
+	mod := sdk.Module{Name: "early", Setup: func(m sdk.Mesh) error {
+		_, err := m.Emit(context.Background(), "too.soon", 1)
+		fmt.Println(errors.Is(err, sdk.ErrNotStarted))
+		return nil
+	}}
+	mt := meshtest.New(meshtest.Config{})
+	defer mt.Close()
+	_ = mt.Load(mod, meshtest.ModuleConfig{})
+	// Output: true
+}
+
+func ExamplePermanent() {
+	err := sdk.Permanent(errors.New("order 12 does not exist"))
+	fmt.Println(errors.Is(err, sdk.ErrPermanent), err)
+	// Output: true permanent: order 12 does not exist
 }
 
 func ExampleEvent_Decode() {
-	ev := sdk.Event{Type: "module.umami.site.created", Body: json.RawMessage(`{"id":7,"name":"example.org"}`)}
+	ev := sdk.Event{Type: "module.umami.site.created", ID: "01J0000000000000000000000", Body: []byte(`{"id":42,"name":"example.org"}`)}
 	var s Site
 	if err := ev.Decode(&s); err != nil {
 		fmt.Println(err)
-		return
 	}
 	fmt.Println(s.ID, s.Name)
-	// Output: 7 example.org
+	// Output: 42 example.org
 }
 
 func ExampleHandlerFunc() {
-	var h sdk.Handler = sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+	h := sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
 		fmt.Println("handling", ev.Type, "attempt", ev.Attempt)
 		return nil
 	})
@@ -96,48 +288,9 @@ func ExampleHandlerFunc() {
 	// Output: handling node.anchor.joined attempt 1
 }
 
-// A module serves a tool in Setup; its handler answers with a value or a
-// ToolError the caller can branch on.
-func ExampleMesh_Serve() {
-	setup := func(m sdk.Mesh) error {
-		return m.Serve("invoice.create", sdk.ToolHandlerFunc(func(ctx context.Context, req sdk.Request) (any, error) {
-			var order struct{ Total int }
-			if err := req.Decode(&order); err != nil {
-				return nil, &sdk.ToolError{Code: "bad_order", Message: err.Error(), Permanent: true}
-			}
-			return map[string]int{"invoice": 1, "total": order.Total}, nil
-		}))
-	}
-	_ = setup
-}
-
-// Call returns at once with ErrNoServer when nobody serves the tool, and a
-// ToolError with the server's code otherwise.
-func ExampleMesh_Call() {
-	call := func(ctx context.Context, m sdk.Mesh) error {
-		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		var invoice struct{ Invoice, Total int }
-		err := m.Call(ctx, "invoice.create", map[string]int{"total": 99}, &invoice)
-		var te *sdk.ToolError
-		switch {
-		case errors.Is(err, sdk.ErrNoServer):
-			return fmt.Errorf("billing is not running: %w", err)
-		case errors.As(err, &te) && te.Permanent:
-			return sdk.Permanent(err) // the order is bad: retrying will not help
-		case err != nil:
-			return err // transient: deadline, connection, a failing server
-		}
-		fmt.Println("invoice", invoice.Invoice)
-		return nil
-	}
-	_ = call
-}
-
 func ExampleToolError() {
 	err := fmt.Errorf("call invoice.create: %w", &sdk.ToolError{Code: "not_found", Message: "no order 12", Permanent: true})
 	var te *sdk.ToolError
 	fmt.Println(errors.As(err, &te), te.Code, errors.Is(err, sdk.ErrPermanent))
-	// Output:
-	// true not_found true
+	// Output: true not_found true
 }

@@ -6,17 +6,21 @@ import (
 )
 
 // Mesh is a module's view of the event mesh. It is safe for concurrent use.
+// The package doc, "What a module can rely on", says when each method may
+// be called and what every host guarantees.
 type Mesh interface {
 	// Emit publishes an event of type module.<this module>.<name> with body
 	// marshalled to JSON (a json.RawMessage or []byte is taken as JSON
 	// as is, and must be valid). It returns the event's id once the broker
-	// confirmed the event. If ctx carries a handled event (the ctx a Handler
-	// received), its id becomes the causation id.
+	// confirmed the event. If ctx carries a handled event or request (the
+	// ctx a handler received), its id becomes the causation id and the
+	// event's id is derived from it (see WithFreshID).
 	//
-	// Errors: ErrInvalidName for a bad name, ErrBodyNotJSON,
-	// ErrBodyTooLarge, ErrRefused (transient), ErrConnectionLost
-	// (transient: the event may or may not have reached the broker),
-	// ErrClosed, or ctx's error.
+	// Errors: ErrInvalid for a bad name, a body that is not JSON or too
+	// large, or a bad option; ErrForbidden for a full type the module may
+	// not emit; ErrNotStarted during Setup; ErrRefused, ErrBackPressure
+	// and ErrConnectionLost (transient: for the last, the event may or may
+	// not have reached the broker); ErrClosed; or ctx's error.
 	Emit(ctx context.Context, name string, body any, opts ...EmitOption) (id string, err error)
 
 	// On subscribes h to the events matching an AMQP topic pattern
@@ -28,6 +32,9 @@ type Mesh interface {
 	//
 	// An event matching several of the module's patterns is delivered once,
 	// to the handler of the first pattern subscribed that matches.
+	//
+	// Errors: ErrInvalid for a bad pattern, a nil handler or a pattern
+	// already subscribed; ErrAlreadyStarted after Setup.
 	On(pattern string, h Handler) error
 
 	// Call invokes a tool ("invoice.create") with req marshalled to JSON
@@ -37,12 +44,17 @@ type Mesh interface {
 	// up. If ctx carries a handled event or request, its id becomes the
 	// request's causation id.
 	//
-	// Errors: ErrNoServer at once when nobody serves the tool;
-	// ErrDeadlineExceeded when no answer came in time; a *ToolError with
-	// the tool's code and message (errors.Is(err, ErrPermanent) tells a
-	// permanent one); ErrConnectionLost when the broker connection dropped
-	// during the call; ErrInvalidName, ErrBodyNotJSON, ErrBodyTooLarge for
-	// a bad call.
+	// Inside a handler, the request's id is derived from the handled
+	// event, so the same call made again by a retry is answered by the
+	// server from its stored answer, without running the tool twice.
+	//
+	// Errors: ErrNoServer at once when nobody serves the tool; an error
+	// satisfying errors.Is(err, context.DeadlineExceeded) when no answer
+	// came in time; a *ToolError with the tool's code and message
+	// (errors.Is(err, ErrPermanent) tells a permanent one);
+	// ErrConnectionLost when the broker connection dropped during the
+	// call; ErrInvalid for a bad tool key or request body; ErrNotStarted
+	// during Setup.
 	Call(ctx context.Context, tool string, req, resp any) error
 
 	// Logger is the module's structured logger. Under meshd its lines
@@ -52,6 +64,10 @@ type Mesh interface {
 	// Serve answers calls of a tool with h. Several servers of one tool,
 	// on this node or others, compete: each call is answered by one. Call
 	// it during Module.Setup, like On.
+	//
+	// Errors: ErrInvalid for a bad key, a nil handler or a tool already
+	// served; ErrForbidden for a tool the node config does not grant (the
+	// module's tools in meshd's config); ErrAlreadyStarted after Setup.
 	Serve(tool string, h ToolHandler) error
 }
 
@@ -83,9 +99,11 @@ func (f ToolHandlerFunc) HandleCall(ctx context.Context, req Request) (any, erro
 // event retried with back-off, up to the node's attempt limit, after which
 // it is dead-lettered with the last error. An error wrapped by Permanent is
 // dead-lettered at once. A panic counts as an error; so does running past
-// the node's handler timeout, after which ctx is cancelled.
+// the node's handler timeout, when ctx ends.
 //
-// The ctx carries the event as the cause of anything emitted with it.
+// A module's handlers run one at a time, in queue order, unless its
+// concurrency is set higher; then they run concurrently. The ctx carries
+// the event as the cause of anything emitted or called with it.
 type Handler interface {
 	HandleEvent(ctx context.Context, ev Event) error
 }

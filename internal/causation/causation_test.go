@@ -1,0 +1,66 @@
+package causation
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+)
+
+// TestDerive: ids derived in one handling are valid ULIDs with the handled
+// event's time; the same handling repeated derives the same ids in the
+// same order; a different body, type, module, kind or handled id derives
+// another; identical emits within one handling differ by occurrence.
+func TestDerive(t *testing.T) {
+	at := time.Date(2026, 5, 4, 3, 2, 1, 0, time.UTC)
+	derive := func(ctx context.Context, module, kind, key, body string) string {
+		id, ok := Derive(ctx, module, kind, key, []byte(body))
+		if !ok {
+			t.Fatal("no handling in ctx")
+		}
+		u, err := ulid.ParseStrict(id)
+		if err != nil {
+			t.Fatalf("derived id %q: %v", id, err)
+		}
+		if !ulid.Time(u.Time()).Equal(at) {
+			t.Errorf("derived id time %v, want %v", ulid.Time(u.Time()), at)
+		}
+		return id
+	}
+	run := func() []string {
+		ctx := Handling(context.Background(), "01J0000000000000000000000A", at)
+		return []string{
+			derive(ctx, "m", KindEmit, "module.m.x", `{"a":1}`),
+			derive(ctx, "m", KindEmit, "module.m.x", `{"a":1}`), // the second identical emit
+			derive(ctx, "m", KindEmit, "module.m.x", `{"a":2}`),
+			derive(ctx, "m", KindEmit, "module.m.y", `{"a":1}`),
+			derive(ctx, "n", KindEmit, "module.m.x", `{"a":1}`),
+			derive(ctx, "m", KindCall, "module.m.x", `{"a":1}`),
+		}
+	}
+	first, retry := run(), run()
+	seen := map[string]bool{}
+	for i := range first {
+		if first[i] != retry[i] {
+			t.Errorf("derivation %d: %s on the first attempt, %s on the retry", i, first[i], retry[i])
+		}
+		if seen[first[i]] {
+			t.Errorf("derivation %d repeats an id: %s", i, first[i])
+		}
+		seen[first[i]] = true
+	}
+	other := Handling(context.Background(), "01J0000000000000000000000B", at)
+	if derive(other, "m", KindEmit, "module.m.x", `{"a":1}`) == first[0] {
+		t.Error("another handled event derives the same id")
+	}
+	if _, ok := Derive(context.Background(), "m", KindEmit, "module.m.x", nil); ok {
+		t.Error("derived an id outside a handling")
+	}
+	if _, ok := Derive(With(context.Background(), "x"), "m", KindEmit, "module.m.x", nil); ok {
+		t.Error("derived an id from an explicit cause")
+	}
+	if From(other) != "01J0000000000000000000000B" || From(With(context.Background(), "x")) != "x" || From(context.Background()) != "" {
+		t.Error("From does not give back the cause")
+	}
+}

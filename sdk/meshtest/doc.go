@@ -1,0 +1,35 @@
+// Package meshtest is an in-memory mesh for a module author's unit tests:
+// it runs an sdk.Module by the same rules as a meshd node (the sdk package
+// doc, "What a module can rely on"), without a broker.
+//
+// It validates names, patterns, bodies and emit options; matches AMQP
+// topic patterns; gives handlers the causation and the derived ids of a
+// node; retries failed handlers with back-off and attempt counts,
+// dead-letters permanent errors, panics, timeouts and events past the
+// attempt limit with their reason and last error; de-duplicates event ids
+// (AllowDuplicates aside); and serves tools with ErrNoServer, deadlines,
+// *sdk.ToolError codes and stored answers for repeated request ids. The
+// conformance suite (test/conformance) holds it to the runtime's
+// behaviour.
+//
+// It is deterministic. Emits queue their events; Settle runs everything
+// pending, one handler at a time in queue order, until the mesh is quiet,
+// moving its clock straight to each retry's time, so a test of back-off
+// takes no time. Now and Advance read and move the clock. Handler
+// timeouts and call deadlines are real time (a handler sees them through
+// its ctx). Tool calls run in the calling goroutine.
+//
+// Importing it pulls in neither a broker client nor gRPC.
+//
+//	func TestNotifier(t *testing.T) {
+//		mt := meshtest.New(meshtest.Config{})
+//		defer mt.Close()
+//		if err := mt.Load(notifier.Module(nil), meshtest.ModuleConfig{}); err != nil {
+//			t.Fatal(err)
+//		}
+//		mt.Emit(ctx, "umami", "module.umami.site.created", Site{ID: 1, Name: "example.org"})
+//		mt.Settle()
+//		for _, ev := range mt.Emitted() { ... }
+//		if dl := mt.DeadLetters(); len(dl) > 0 { t.Errorf("dead letters: %+v", dl) }
+//	}
+package meshtest

@@ -1,0 +1,95 @@
+package meshtest_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/meshkit/mesh/sdk"
+	"github.com/meshkit/mesh/sdk/meshtest"
+)
+
+// TestSettleJumpsTheClockThroughRetries: retries run at their back-off
+// times on the mesh's clock, exponential from RetryMin, and Settle gets
+// there without waiting.
+func TestSettleJumpsTheClockThroughRetries(t *testing.T) {
+	start := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	mt := meshtest.New(meshtest.Config{Start: start, RetryMin: time.Second, RetryMax: time.Minute, MaxAttempts: 4})
+	defer mt.Close()
+	var at []time.Duration
+	err := mt.Load(sdk.Module{Name: "flaky", Setup: func(m sdk.Mesh) error {
+		return m.On("mesh.x.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			at = append(at, mt.Now().Sub(start))
+			return errors.New("no")
+		}))
+	}}, meshtest.ModuleConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mt.Emit(context.Background(), "test", "mesh.x.y", 1); err != nil {
+		t.Fatal(err)
+	}
+	mt.Settle()
+	want := []time.Duration{0, time.Second, 3 * time.Second, 7 * time.Second}
+	if len(at) != len(want) {
+		t.Fatalf("attempts at %v, want %v", at, want)
+	}
+	for i := range want {
+		if at[i] != want[i] {
+			t.Errorf("attempt %d at %v, want %v", i+1, at[i], want[i])
+		}
+	}
+	if dl := mt.DeadLetters(); len(dl) != 1 || dl[0].Reason != "delivery_limit" || dl[0].Attempts != 4 || dl[0].Module != "flaky" {
+		t.Errorf("dead letters %+v", dl)
+	}
+}
+
+// TestAdvanceMovesTheClock: Advance moves Now, and events emitted then
+// carry that time.
+func TestAdvanceMovesTheClock(t *testing.T) {
+	mt := meshtest.New(meshtest.Config{})
+	defer mt.Close()
+	before := mt.Now()
+	mt.Advance(time.Hour)
+	if got := mt.Now().Sub(before); got != time.Hour {
+		t.Errorf("advanced %v, want 1h", got)
+	}
+	if _, err := mt.Emit(context.Background(), "test", "mesh.x.y", 1); err != nil {
+		t.Fatal(err)
+	}
+	if ev := mt.Emitted()[0]; !ev.Time.Equal(mt.Now()) || ev.Node != "test" || ev.Source != "test" {
+		t.Errorf("event %+v", ev)
+	}
+}
+
+// TestRefusals: the mesh refuses what a node refuses.
+func TestRefusals(t *testing.T) {
+	mt := meshtest.New(meshtest.Config{MaxBodyBytes: 16})
+	defer mt.Close()
+	ctx := context.Background()
+	for name, err := range map[string]error{
+		"bad type":      func() error { _, err := mt.Emit(ctx, "test", "nope", 1); return err }(),
+		"too large":     func() error { _, err := mt.Emit(ctx, "test", "mesh.x.y", "a body longer than sixteen"); return err }(),
+		"not json":      func() error { _, err := mt.Emit(ctx, "test", "mesh.x.y", []byte("{")); return err }(),
+		"bad module":    mt.Load(sdk.Module{Name: "a.b"}, meshtest.ModuleConfig{}),
+		"bad kind":      mt.Load(sdk.Module{Name: "k", Kind: "robot"}, meshtest.ModuleConfig{}),
+		"bad redeliver": mt.Redeliver("01J0000000000000000000000"),
+	} {
+		if err == nil {
+			t.Errorf("%s accepted", name)
+		} else if name != "bad redeliver" && !errors.Is(err, sdk.ErrInvalid) {
+			t.Errorf("%s: %v, want ErrInvalid", name, err)
+		}
+	}
+	if err := mt.Call(ctx, "test", "no.server", 1, nil); !errors.Is(err, sdk.ErrNoServer) {
+		t.Errorf("call without a server: %v", err)
+	}
+	if calls := mt.Calls(); len(calls) != 1 || calls[0].Ran || !errors.Is(calls[0].Err, sdk.ErrNoServer) {
+		t.Errorf("calls %+v", calls)
+	}
+	mt.Close()
+	if _, err := mt.Emit(ctx, "test", "mesh.x.y", 1); !errors.Is(err, sdk.ErrClosed) {
+		t.Errorf("emit after close: %v, want ErrClosed", err)
+	}
+}
