@@ -27,10 +27,11 @@ type ctxKey struct{}
 // scope is one handling of an event or request: its id, its time, and how
 // many times each identical emit or call was made in it so far.
 type scope struct {
-	id   string
-	time time.Time
-	mu   sync.Mutex
-	seen map[[sha256.Size]byte]uint64
+	id       string
+	time     time.Time
+	handling bool // ids are derived in it (Handling, not With)
+	mu       sync.Mutex
+	seen     map[[sha256.Size]byte]uint64 // made at the first Derive
 }
 
 // With returns a context that carries id as the cause of what is done in
@@ -43,7 +44,7 @@ func With(ctx context.Context, id string) context.Context {
 // or request id, made at t: what is emitted or called in it has id as its
 // cause and an id derived by Derive.
 func Handling(ctx context.Context, id string, t time.Time) context.Context {
-	return context.WithValue(ctx, ctxKey{}, &scope{id: id, time: t, seen: make(map[[sha256.Size]byte]uint64)})
+	return context.WithValue(ctx, ctxKey{}, &scope{id: id, time: t, handling: true})
 }
 
 // From returns the id of the cause With or Handling stored, or "".
@@ -69,7 +70,7 @@ const (
 // different body derives another. ok is false outside a handling.
 func Derive(ctx context.Context, module, kind, key string, body []byte) (id string, ok bool) {
 	s, _ := ctx.Value(ctxKey{}).(*scope)
-	if s == nil || s.seen == nil {
+	if s == nil || !s.handling {
 		return "", false
 	}
 	h := sha256.New()
@@ -83,6 +84,9 @@ func Derive(ctx context.Context, module, kind, key string, body []byte) (id stri
 	h.Sum(what[:0])
 
 	s.mu.Lock()
+	if s.seen == nil {
+		s.seen = make(map[[sha256.Size]byte]uint64)
+	}
 	n := s.seen[what]
 	s.seen[what] = n + 1
 	s.mu.Unlock()
