@@ -35,11 +35,13 @@ lint: ## Fail on unformatted files (gofmt -l), then go vet
 	if [ -n "$$files" ]; then echo "gofmt needed on:"; echo "$$files"; exit 1; fi
 	$(GO) vet ./...
 
-fuzz: ## Fuzz event-type validation, header decoding, topic matching, the dedup log and dead-letter headers, 20s each
+fuzz: ## Fuzz event-type validation, emit naming and bodies, header decoding, topic matching, the dedup log and dead-letter headers, 20s each
 	$(GO) test -run='^$$' -fuzz=FuzzValidateEventType -fuzztime=20s ./internal/wire
 	$(GO) test -run='^$$' -fuzz=FuzzDecodeMeta -fuzztime=20s ./internal/wire
 	$(GO) test -run='^$$' -fuzz=FuzzMatchPattern -fuzztime=20s ./internal/wire
 	$(GO) test -run='^$$' -fuzz=FuzzValidateToolKey -fuzztime=20s ./internal/wire
+	$(GO) test -run='^$$' -fuzz=FuzzEmitType -fuzztime=20s ./internal/wire
+	$(GO) test -run='^$$' -fuzz=FuzzEncodeBody -fuzztime=20s ./internal/wire
 	$(GO) test -run='^$$' -fuzz=FuzzOpenLog -fuzztime=20s -fuzzminimizetime=100x ./internal/dedup
 	$(GO) test -run='^$$' -fuzz=FuzzMessageOf -fuzztime=20s ./internal/deadletters
 	$(GO) test -run='^$$' -fuzz=FuzzSplitModuleQueue -fuzztime=20s ./internal/deadletters
