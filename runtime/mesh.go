@@ -50,11 +50,7 @@ func (m *Module) emit(ctx context.Context, name string, body any, o wire.EmitOpt
 	return m.node.emit(ctx, m.def.Name, eventType, raw, o, id)
 }
 
-func (m *Module) isStarted() bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.started
-}
+func (m *Module) isStarted() bool { return m.running.Load() }
 
 // eventType is the full type a module's emit of name makes, if the module
 // may emit it (wire.EmitType).

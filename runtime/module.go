@@ -34,6 +34,7 @@ type Module struct {
 	mu      sync.Mutex
 	subs    []subscription // fixed once started
 	started bool
+	running atomic.Bool // started, read without the lock on the emit path
 	stopped bool
 
 	tools     []tool            // fixed once started
@@ -157,6 +158,7 @@ func (m *Module) start(ctx context.Context) error {
 	}
 	m.mu.Lock()
 	m.started = true
+	m.running.Store(true)
 	for i := range m.subs {
 		m.subs[i].dedup = !m.cfg.AllowDuplicates && !wire.AllowsDuplicates(m.subs[i].handler)
 	}

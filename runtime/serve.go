@@ -102,18 +102,23 @@ func (m *Module) answer(ch *amqp.Channel, t tool, d amqp.Delivery) {
 	}
 	ctx, cancel := context.WithDeadline(causation.Handling(m.handleCtx, req.ID, req.Time), deadline)
 	defer cancel()
-	stored, keep, err := m.answers.claim(ctx, t.key+"\x00"+req.ID)
-	if err != nil {
-		m.settle(d) // the caller gave up while the first copy of its request ran
-		return
-	}
-	if stored != nil {
-		m.log.Debug("repeated request answered from the stored answer", "tool", t.key, "request_id", req.ID)
-		m.reply(ch, d, stored.body, stored.te)
-		return
-	}
 	var final *storedAnswer
-	defer func() { keep(final) }()
+	if req.CausationID != "" {
+		// Made inside a handling: its id is derived, and a retry of that
+		// handling sends it again. (Other calls have fresh ids: nothing
+		// to remember.)
+		stored, keep, err := m.answers.claim(ctx, t.key+"\x00"+req.ID)
+		if err != nil {
+			m.settle(d) // the caller gave up while the first copy of its request ran
+			return
+		}
+		if stored != nil {
+			m.log.Debug("repeated request answered from the stored answer", "tool", t.key, "request_id", req.ID)
+			m.reply(ch, d, stored.body, stored.te)
+			return
+		}
+		defer func() { keep(final) }()
+	}
 	resp, err := safeAnswer(ctx, t.handler, req)
 	if m.handleCtx.Err() != nil {
 		// The module stopped past its grace period and cancelled the

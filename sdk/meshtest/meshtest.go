@@ -540,6 +540,9 @@ func (m *Mesh) call(ctx context.Context, caller, key string, req, resp any) erro
 		rec.Err = fmt.Errorf("call %s: %w", key, sdk.ErrNoServer)
 		return rec.Err
 	}
+	// Only a call made in a handling (it has a cause) has a derived id
+	// that a retry repeats: only its answer is remembered, as on a node.
+	repeatable := rec.CausationID != ""
 	m.mu.Lock()
 	a, stored := server.answers[key+"\x00"+id]
 	m.mu.Unlock()
@@ -547,7 +550,7 @@ func (m *Mesh) call(ctx context.Context, caller, key string, req, resp any) erro
 		rec.Ran = true
 		a = server.answer(ctx, t, sdk.Request{ID: id, Tool: key, Caller: caller, Node: m.cfg.Node, Time: now,
 			Deadline: deadline, CausationID: rec.CausationID, Headers: map[string]string{}, Body: raw})
-		if a.te == nil || a.te.Permanent {
+		if repeatable && (a.te == nil || a.te.Permanent) {
 			m.mu.Lock()
 			server.answers[key+"\x00"+id] = a
 			m.mu.Unlock()
