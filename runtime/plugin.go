@@ -525,7 +525,7 @@ func (h *hostServer) Emit(ctx context.Context, b *pb.EmitBatch) (*pb.EmitResults
 				Priority: uint8(min(e.Priority, 255)), HasPriority: e.HasPriority,
 				FullType: e.FullType, // still subject to the module's grants
 			}
-			id, err := e.Id, checkDerivedID(e.Id)
+			id, err := e.Id, errors.Join(checkDerivedID(e.Id), o.Check())
 			if err == nil {
 				id, err = m.emit(ctx, e.Name, json.RawMessage(e.Body), o, e.Id)
 			}

@@ -60,3 +60,16 @@ func FuzzEncodeBody(f *testing.F) {
 		}
 	})
 }
+
+// TestEmitOptionsCheck: what a module process sends is held to the sdk's
+// option bounds.
+func TestEmitOptionsCheck(t *testing.T) {
+	for _, o := range []EmitOptions{{HasPriority: true, Priority: 10}, {HasPriority: true, Priority: 255}, {TTL: -1}} {
+		if err := o.Check(); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%+v: %v, want ErrInvalid", o, err)
+		}
+	}
+	if err := (EmitOptions{HasPriority: true, Priority: 9, TTL: 1}).Check(); err != nil {
+		t.Errorf("valid options refused: %v", err)
+	}
+}

@@ -21,6 +21,18 @@ type EmitOptions struct {
 	FreshID bool
 }
 
+// Check refuses settings no sdk option makes, as they arrive from a module
+// process: a priority over 9 or a negative time to live.
+func (o EmitOptions) Check() error {
+	if o.HasPriority && o.Priority > 9 {
+		return fmt.Errorf("%w: priority %d is over 9", ErrInvalid, o.Priority)
+	}
+	if o.TTL < 0 {
+		return fmt.Errorf("%w: time to live %v is negative", ErrInvalid, o.TTL)
+	}
+	return nil
+}
+
 // EmitOptionApplier is what every sdk.EmitOption is underneath. The sdk
 // keeps the method off its exported surface (EmitOption is an interface
 // with an unexported marker); hosts reach it with a type assertion.
