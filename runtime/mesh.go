@@ -72,7 +72,7 @@ func (mm *moduleMesh) On(pattern string, h sdk.Handler) error {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.started {
+	if m.running.Load() {
 		return fmt.Errorf("on %q: %w", pattern, sdk.ErrAlreadyStarted)
 	}
 	for _, s := range m.subs {
@@ -111,7 +111,7 @@ func (mm *moduleMesh) Serve(key string, h sdk.ToolHandler) error {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.started {
+	if m.running.Load() {
 		return fmt.Errorf("serve %q: %w", key, sdk.ErrAlreadyStarted)
 	}
 	for _, t := range m.tools {

@@ -33,8 +33,10 @@ type Module struct {
 
 	mu      sync.Mutex
 	subs    []subscription // fixed once started
-	started bool
-	running atomic.Bool // started, read without the lock on the emit path
+	// running is set, under mu, when Setup has returned: patterns and
+	// tools are fixed, emits and calls allowed. The emit path reads it
+	// without the lock.
+	running atomic.Bool
 	stopped bool
 
 	tools     []tool            // fixed once started
@@ -157,7 +159,6 @@ func (m *Module) start(ctx context.Context) error {
 		}
 	}
 	m.mu.Lock()
-	m.started = true
 	m.running.Store(true)
 	for i := range m.subs {
 		m.subs[i].dedup = !m.cfg.AllowDuplicates && !wire.AllowsDuplicates(m.subs[i].handler)
