@@ -31,8 +31,8 @@ type Module struct {
 	log   *slog.Logger
 	mesh  *moduleMesh
 
-	mu      sync.Mutex
-	subs    []subscription // fixed once started
+	mu   sync.Mutex
+	subs []subscription // fixed once started
 	// running is set, under mu, when Setup has returned: patterns and
 	// tools are fixed, emits and calls allowed. The emit path reads it
 	// without the lock.
