@@ -27,7 +27,7 @@ bench: ## Run throughput/latency benchmarks beside a raw amqp091-go baseline
 	$(ENSURE)
 	$(GO) run ./cmd/meshbench
 
-demo: ## Run a node with example modules in-process, shown live by meshctl tail
+demo: ## Run meshd with the example modules as module processes, shown live by meshctl tail, then call a tool
 	scripts/demo.sh
 
 lint: ## Fail on unformatted files (gofmt -l), then go vet
