@@ -272,6 +272,35 @@ func TestPluginLogs(t *testing.T) {
 	t.Fatalf("the module's log line never reached the node's log:\n%s", logs.String())
 }
 
+// TestPluginOutlivesSIGTERM: a SIGTERM sent to a module process (as
+// systemd sends to the whole group) does not end it: meshd stops it when
+// its work is drained. Once the process says it ignored the signal, it
+// still handles events, with the same PID.
+func TestPluginOutlivesSIGTERM(t *testing.T) {
+	t.Parallel()
+	bin, _ := echoModule(t)
+	var logs syncBuffer
+	url := brokertest.VHost(t)
+	n := testNode(t, url, "anchor", func(c *runtime.Config) {
+		c.Logger = slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	})
+	rec := newRecorder(nil)
+	load(t, n, sdk.Module{Name: "watch", Setup: func(m sdk.Mesh) error { return m.On("module.echo.pong", rec) }}, runtime.ModuleConfig{})
+	pm := loadPlugin(t, n, bin, runtime.ModuleConfig{})
+	pid := pm.PID()
+	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 15*time.Second, func() bool { return strings.Contains(logs.String(), "signal ignored") })
+	if _, err := n.Emit(emitCtx(t), "test", "mesh.test.ping", map[string]string{"do": "pong"}); err != nil {
+		t.Fatal(err)
+	}
+	rec.next(t)
+	if got := pm.PID(); got != pid {
+		t.Errorf("the module process is %d after SIGTERM, want %d still running", got, pid)
+	}
+}
+
 // syncBuffer is a bytes.Buffer safe for a logger and a test at once.
 type syncBuffer struct {
 	mu sync.Mutex

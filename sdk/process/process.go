@@ -21,10 +21,12 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/signal"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	goplugin "github.com/hashicorp/go-plugin"
@@ -51,6 +53,7 @@ func Run(m sdk.Module) error {
 		return err
 	}
 	go exitWithParent(os.Getppid())
+	go ignoreStopSignals()
 	runCtx, stop := context.WithCancel(context.Background())
 	s := &moduleServer{module: m, toolGrants: grants, ready: make(chan struct{}), runCtx: runCtx, runDone: make(chan struct{})}
 	goplugin.Serve(&goplugin.ServeConfig{
@@ -69,6 +72,19 @@ func Run(m sdk.Module) error {
 		}
 	}
 	return nil
+}
+
+// ignoreStopSignals keeps the module process running on SIGTERM and
+// SIGINT: meshd stops it once its deliveries are drained (and it exits
+// when meshd is gone). A signal sent to the whole process group (systemd's
+// default, a terminal's Ctrl-C) would otherwise cut its handlers short
+// before meshd's grace period.
+func ignoreStopSignals() {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGTERM, os.Interrupt)
+	for sig := range ch {
+		processLogger.Info("signal ignored: meshd stops this module process", "signal", sig.String())
+	}
 }
 
 // exitWithParent ends the module process when meshd is gone (killed with
