@@ -27,7 +27,7 @@ import (
 )
 
 // PluginModule is a module running in its own process (a binary built with
-// sdk.Run), supervised by the node: if the process exits it is started
+// process.Run), supervised by the node: if the process exits it is started
 // again with back-off, and the deliveries it had are failed attempts that
 // the broker redelivers.
 type PluginModule struct {

@@ -1,7 +1,7 @@
 // Package plugin is the glue both sides of a module process share: the
 // go-plugin handshake (with the protocol version) and the gRPC plugin that
 // carries the pb.Module service. The sdk serves it in a module process
-// (sdk.Run); the runtime dials it from meshd.
+// (sdk/process.Run); the runtime dials it from meshd.
 //
 //	client := goplugin.NewClient(&goplugin.ClientConfig{
 //		HandshakeConfig:  plugin.Handshake(),

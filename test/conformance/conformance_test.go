@@ -96,13 +96,14 @@ func body(n int, s conformance.Steer) conformance.Steer { s.N = n; return s }
 
 // Emit names an event under the module (module.<m>.<name>), refuses a bad
 // name, a body that is not JSON and a bad option with ErrInvalid, and a
-// type outside the module's namespace with ErrForbidden.
+// type outside the module's namespace with ErrForbidden. Outside a
+// handler, the same emit twice gets two fresh ids.
 func emitNamingAndBodies(t *testing.T, h Host) {
 	watch := h.Load(t, "watcher", ModuleConfig{})
 	namer := h.Load(t, "namer", ModuleConfig{})
 	namer.WaitKind(t, "emit_bad_option", 1)
 	want := map[string][]string{
-		"emit_ok": nil, "emit_own_full_type": nil,
+		"emit_ok": nil, "emit_ok_again": nil, "emit_own_full_type": nil,
 		"emit_empty_word": {"invalid"}, "emit_wildcard": {"invalid"}, "emit_not_json": {"invalid"},
 		"emit_unmarshalable": {"invalid"}, "emit_ungranted_full_type": {"forbidden"}, "emit_bad_option": {"invalid"},
 	}
@@ -112,10 +113,13 @@ func emitNamingAndBodies(t *testing.T, h Host) {
 			t.Errorf("%s: %+v, want errors %v", kind, rs, w)
 		}
 	}
-	seen := watch.WaitKind(t, "seen", 2)
-	types := []string{seen[0].Type, seen[1].Type}
+	if a, b := namer.Of(t, "emit_ok"), namer.Of(t, "emit_ok_again"); len(a) == 1 && len(b) == 1 && a[0].ID == b[0].ID {
+		t.Errorf("two emits outside a handler got the same id %s", a[0].ID)
+	}
+	seen := watch.WaitKind(t, "seen", 3)
+	types := []string{seen[0].Type, seen[1].Type, seen[2].Type}
 	slices.Sort(types)
-	if !slices.Equal(types, []string{"module.namer.site.created", "module.namer.site.full"}) {
+	if !slices.Equal(types, []string{"module.namer.site.created", "module.namer.site.created", "module.namer.site.full"}) {
 		t.Errorf("types seen %v", types)
 	}
 	for _, s := range seen {

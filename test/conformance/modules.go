@@ -212,6 +212,7 @@ func Module(name string, probe *Probe) (sdk.Module, error) {
 				opts       []sdk.EmitOption
 			}{
 				{"ok", "site.created", map[string]int{"n": 1}, []sdk.EmitOption{sdk.WithSchema("2")}},
+				{"ok_again", "site.created", map[string]int{"n": 1}, []sdk.EmitOption{sdk.WithSchema("2")}}, // outside a handler: a fresh id
 				{"empty_word", "site..created", 1, nil},
 				{"wildcard", "site.*", 1, nil},
 				{"not_json", "site.created", json.RawMessage("{"), nil},
