@@ -13,7 +13,8 @@
 // behaviour.
 //
 // It is deterministic. Emits queue their events; Settle runs everything
-// pending, one handler at a time in queue order, until the mesh is quiet,
+// pending, in queue order, until the mesh is quiet (a module's handlers
+// one at a time, or up to its Concurrency at once on goroutines),
 // moving its clock straight to each retry's time, so a test of back-off
 // takes no time. Now and Advance read and move the clock. Handler
 // timeouts and call deadlines are real time (a handler sees them through

@@ -79,6 +79,10 @@ func (c *Config) withDefaults() {
 // ModuleConfig is how one module runs, as a module's entry in meshd's
 // config. Zero fields take the Mesh's defaults.
 type ModuleConfig struct {
+	// Concurrency is how many of the module's handler calls Settle runs
+	// at once (on goroutines: run the test with -race to find what they
+	// share). Default 1: one at a time, in queue order.
+	Concurrency int
 	// MaxAttempts overrides Config.MaxAttempts for this module.
 	MaxAttempts int
 	// HandlerTimeout overrides Config.HandlerTimeout for this module.
@@ -125,8 +129,8 @@ type Call struct {
 }
 
 // Mesh is an in-memory mesh that runs sdk.Modules by the rules of a meshd
-// node. It is safe for concurrent use; handlers run one at a time, in
-// Settle.
+// node. It is safe for concurrent use, but Settle runs one at a time:
+// handlers run in it, each module's up to its concurrency at once.
 type Mesh struct {
 	cfg Config
 
@@ -202,6 +206,12 @@ func (m *Mesh) Load(def sdk.Module, mc ModuleConfig) error {
 	}
 	if mc.MaxAttempts == 0 {
 		mc.MaxAttempts = m.cfg.MaxAttempts
+	}
+	if mc.Concurrency < 0 {
+		return fmt.Errorf("load module %s: %w: concurrency %d is negative", def.Name, sdk.ErrInvalid, mc.Concurrency)
+	}
+	if mc.Concurrency == 0 {
+		mc.Concurrency = 1
 	}
 	if mc.HandlerTimeout == 0 {
 		mc.HandlerTimeout = m.cfg.HandlerTimeout
@@ -344,13 +354,44 @@ func (m *Mesh) Settle() {
 			m.mu.Unlock()
 			return
 		}
-		d := m.pending[0]
-		m.pending = m.pending[1:]
+		batch := m.take()
 		m.mu.Unlock()
-		d.module.deliver(d)
+		results := make([]handled, len(batch))
+		if len(batch) == 1 {
+			results[0] = batch[0].module.handle(batch[0])
+		} else {
+			var wg sync.WaitGroup
+			for i, d := range batch {
+				wg.Go(func() { results[i] = d.module.handle(d) })
+			}
+			wg.Wait()
+		}
 		m.mu.Lock()
+		for i, d := range batch {
+			d.module.settle(d, results[i])
+		}
 		m.promote()
 	}
+}
+
+// take removes from the pending deliveries the next one and, up to its
+// module's concurrency, the module's next ones after it (one per event
+// id: a node holds a second copy of an id back until the first is
+// settled). m.mu is held.
+func (m *Mesh) take() []*delivery {
+	first := m.pending[0]
+	batch := []*delivery{first}
+	rest := make([]*delivery, 0, len(m.pending))
+	for _, d := range m.pending[1:] {
+		if d.module == first.module && len(batch) < first.module.cfg.Concurrency &&
+			!slices.ContainsFunc(batch, func(b *delivery) bool { return b.ev.ID == d.ev.ID }) {
+			batch = append(batch, d)
+			continue
+		}
+		rest = append(rest, d)
+	}
+	m.pending = rest
+	return batch
 }
 
 // promote moves the retries due by now to the pending deliveries, in due
@@ -433,10 +474,17 @@ func (m *Mesh) backoff(attempt int) time.Duration {
 	return min(d, m.cfg.RetryMax)
 }
 
-// deliver runs one delivery through de-duplication, the handler and the
-// failure policy, as a node's module does.
-func (mod *module) deliver(d *delivery) {
-	m := mod.mesh
+// handled is what became of one delivery's handler call.
+type handled struct {
+	ev      sdk.Event
+	dedup   bool // the module de-duplicates this event's id
+	skipped bool // already handled: acknowledged without running
+	err     error
+}
+
+// handle runs one delivery's handler, unless the module already handled
+// its id (and de-duplicates it).
+func (mod *module) handle(d *delivery) handled {
 	var sub subscription
 	for _, s := range mod.subs {
 		if wire.MatchPattern(s.pattern, d.ev.Type) {
@@ -444,29 +492,36 @@ func (mod *module) deliver(d *delivery) {
 			break
 		}
 	}
-	dedup := !mod.cfg.AllowDuplicates && !wire.AllowsDuplicates(sub.handler)
-	m.mu.Lock()
+	h := handled{ev: d.ev, dedup: !mod.cfg.AllowDuplicates && !wire.AllowsDuplicates(sub.handler)}
+	mod.mesh.mu.Lock()
 	seen := mod.handled[d.ev.ID]
-	m.mu.Unlock()
-	if dedup && seen {
-		return // acknowledged without handling it again
+	mod.mesh.mu.Unlock()
+	if h.dedup && seen {
+		h.skipped = true
+		return h
 	}
-	ev := d.ev
-	ev.Attempt = d.attempt
-	ev.Redelivered = d.attempt > 1
-	ev.Headers = maps.Clone(ev.Headers)
-	err := mod.runHandler(sub.handler, ev)
-	m.mu.Lock()
-	defer m.mu.Unlock()
+	h.ev.Attempt = d.attempt
+	h.ev.Redelivered = d.attempt > 1
+	h.ev.Headers = maps.Clone(h.ev.Headers)
+	h.err = mod.runHandler(sub.handler, h.ev)
+	return h
+}
+
+// settle applies the failure policy to a handled delivery, as a node's
+// module does: acknowledged, retried after a back-off, or dead-lettered.
+// m.mu is held.
+func (mod *module) settle(d *delivery, h handled) {
+	m := mod.mesh
 	switch {
-	case err == nil:
-		if dedup {
-			mod.handled[ev.ID] = true
+	case h.skipped:
+	case h.err == nil:
+		if h.dedup {
+			mod.handled[h.ev.ID] = true
 		}
-	case errors.Is(err, sdk.ErrPermanent):
-		m.dead = append(m.dead, DeadLetter{Event: ev, Module: mod.def.Name, Reason: wire.DeadReasonPermanent, Attempts: d.attempt, Err: err.Error()})
+	case errors.Is(h.err, sdk.ErrPermanent):
+		m.dead = append(m.dead, DeadLetter{Event: h.ev, Module: mod.def.Name, Reason: wire.DeadReasonPermanent, Attempts: d.attempt, Err: h.err.Error()})
 	case d.attempt >= mod.cfg.MaxAttempts:
-		m.dead = append(m.dead, DeadLetter{Event: ev, Module: mod.def.Name, Reason: wire.DeadReasonDeliveryLimit, Attempts: d.attempt, Err: err.Error()})
+		m.dead = append(m.dead, DeadLetter{Event: h.ev, Module: mod.def.Name, Reason: wire.DeadReasonDeliveryLimit, Attempts: d.attempt, Err: h.err.Error()})
 	default:
 		m.retries = append(m.retries, &delivery{module: mod, ev: d.ev, attempt: d.attempt + 1, due: m.now.Add(m.backoff(d.attempt))})
 	}

@@ -41,6 +41,7 @@ var scenarios = []scenario{
 	{"PanicIsAFailedAttempt", panicIsFailure},
 	{"HandlerTimeoutCancelsCtx", handlerTimeout_},
 	{"OneAtATimeInQueueOrder", queueOrder},
+	{"ConcurrencyRunsHandlersTogether", concurrencyTogether},
 	{"DuplicatesAreAbsorbed", duplicates},
 	{"CausationAndDerivedIDs", causationAndDerivedIDs},
 	{"RetriedEmitIsAbsorbed", retriedEmitAbsorbed},
@@ -249,6 +250,21 @@ func queueOrder(t *testing.T, h Host) {
 	for i, r := range rs {
 		if r.ID != ids[i] {
 			t.Fatalf("handled %d-th: %s, want %s (queue order)", i, r.ID, ids[i])
+		}
+	}
+}
+
+// A module whose concurrency is N runs N handler calls at once: N events
+// that each wait for N calls to be running all succeed.
+func concurrencyTogether(t *testing.T, h Host) {
+	const n = 4
+	w := h.Load(t, "worker", ModuleConfig{Concurrency: n, MaxAttempts: 1})
+	for i := range n {
+		h.Emit(t, "mesh.work.together", body(i, conformance.Steer{Together: n}))
+	}
+	for _, r := range w.WaitKind(t, "together", n) {
+		if r.Err != "" {
+			t.Errorf("event %s: %s", r.ID, r.Err)
 		}
 	}
 }

@@ -34,6 +34,7 @@ const (
 
 // ModuleConfig is how a scenario asks a host to run a module.
 type ModuleConfig struct {
+	Concurrency     int
 	MaxAttempts     int
 	HandlerTimeout  time.Duration
 	AllowDuplicates bool
@@ -164,7 +165,7 @@ func (h *memHost) Load(t *testing.T, name string, mc ModuleConfig) *Log {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := h.mesh.Load(def, meshtest.ModuleConfig{MaxAttempts: mc.MaxAttempts, HandlerTimeout: mc.HandlerTimeout,
+	if err := h.mesh.Load(def, meshtest.ModuleConfig{Concurrency: mc.Concurrency, MaxAttempts: mc.MaxAttempts, HandlerTimeout: mc.HandlerTimeout,
 		AllowDuplicates: mc.AllowDuplicates, ToolGrants: mc.ToolGrants}); err != nil {
 		t.Fatalf("load %s: %v", name, err)
 	}
@@ -264,7 +265,7 @@ func newBrokerHost(t *testing.T, process string) Host {
 func (h *brokerHost) Load(t *testing.T, name string, mc ModuleConfig) *Log {
 	t.Helper()
 	path := filepath.Join(h.dir, name+".log")
-	rc := runtime.ModuleConfig{MaxAttempts: mc.MaxAttempts, HandlerTimeout: mc.HandlerTimeout, AllowDuplicates: mc.AllowDuplicates, ToolGrants: mc.ToolGrants}
+	rc := runtime.ModuleConfig{Concurrency: mc.Concurrency, MaxAttempts: mc.MaxAttempts, HandlerTimeout: mc.HandlerTimeout, AllowDuplicates: mc.AllowDuplicates, ToolGrants: mc.ToolGrants}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var stop func(context.Context) error

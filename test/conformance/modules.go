@@ -116,8 +116,38 @@ type Steer struct {
 	Fresh bool `json:"fresh,omitempty"`
 	// Code makes a tool answer with a ToolError of that code.
 	Code string `json:"code,omitempty"`
+	// Together waits (until the ctx ends) for that many handler calls
+	// of the module to be running at once.
+	Together int `json:"together,omitempty"`
 	// N is a payload number.
 	N int `json:"n,omitempty"`
+}
+
+// barrier is met once n handler calls are in it at once.
+type barrier struct {
+	mu  sync.Mutex
+	in  int
+	met chan struct{}
+}
+
+func (b *barrier) wait(ctx context.Context, n int) error {
+	b.mu.Lock()
+	if b.met == nil {
+		b.met = make(chan struct{})
+	}
+	met := b.met
+	b.in++
+	if b.in == n {
+		close(met)
+		b.in, b.met = 0, nil
+	}
+	b.mu.Unlock()
+	select {
+	case <-met:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("%d handler calls never ran at once: %w", n, ctx.Err())
+	}
 }
 
 func steer(body json.RawMessage) Steer {
@@ -163,10 +193,17 @@ func Module(name string, probe *Probe) (sdk.Module, error) {
 	case "worker":
 		// Handles mesh.work.# as each body steers it, recording every
 		// attempt.
+		var together barrier
 		return sdk.Module{Name: name, Setup: func(m sdk.Mesh) error {
 			return m.On("mesh.work.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
 				seen("attempt", ev)
-				err := act(ctx, steer(ev.Body), ev.Attempt)
+				s := steer(ev.Body)
+				if s.Together > 0 {
+					err := together.wait(ctx, s.Together)
+					probe.Add(Record{Kind: "together", ID: ev.ID, Err: errText(err)})
+					return err
+				}
+				err := act(ctx, s, ev.Attempt)
 				if err != nil && ctx.Err() != nil {
 					probe.Add(Record{Kind: "ctx", ID: ev.ID, Err: ctx.Err().Error(), Is: Classify(ctx.Err())})
 				}
