@@ -63,25 +63,7 @@ func (m *Module) eventType(name string, full bool) (string, error) {
 }
 
 func (mm *moduleMesh) On(pattern string, h sdk.Handler) error {
-	m := mm.module
-	if err := wire.ValidatePattern(pattern); err != nil {
-		return fmt.Errorf("on: %w", err)
-	}
-	if h == nil {
-		return fmt.Errorf("on %q: %w: handler is nil", pattern, sdk.ErrInvalid)
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.running.Load() {
-		return fmt.Errorf("on %q: %w", pattern, sdk.ErrAlreadyStarted)
-	}
-	for _, s := range m.subs {
-		if s.pattern == pattern {
-			return fmt.Errorf("on %q: %w: pattern already subscribed by module %s", pattern, sdk.ErrInvalid, m.def.Name)
-		}
-	}
-	m.subs = append(m.subs, subscription{pattern: pattern, handler: h})
-	return nil
+	return mm.module.setup.On(pattern, h) // a nil h arrives as a nil any
 }
 
 func (mm *moduleMesh) Call(ctx context.Context, tool string, req, resp any) error {
@@ -98,29 +80,11 @@ func (m *Module) callTool(ctx context.Context, tool string, req, resp any, id st
 }
 
 func (mm *moduleMesh) Serve(key string, h sdk.ToolHandler) error {
-	m := mm.module
-	if err := wire.ValidateToolKey(key); err != nil {
-		return fmt.Errorf("serve: %w", err)
+	err := mm.module.setup.Serve(key, h)
+	if errors.Is(err, sdk.ErrForbidden) {
+		mm.module.log.Warn("serving a tool the node config does not grant refused", "tool", key)
 	}
-	if h == nil {
-		return fmt.Errorf("serve %q: %w: handler is nil", key, sdk.ErrInvalid)
-	}
-	if err := wire.CheckToolGrant(m.def.Name, key, m.cfg.ToolGrants); err != nil {
-		m.log.Warn("serving a tool the node config does not grant refused", "tool", key)
-		return fmt.Errorf("serve %q: %w", key, err)
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.running.Load() {
-		return fmt.Errorf("serve %q: %w", key, sdk.ErrAlreadyStarted)
-	}
-	for _, t := range m.tools {
-		if t.key == key {
-			return fmt.Errorf("serve %q: %w: tool already served by module %s", key, sdk.ErrInvalid, m.def.Name)
-		}
-	}
-	m.tools = append(m.tools, tool{key: key, handler: h})
-	return nil
+	return err
 }
 
 func (mm *moduleMesh) Logger() *slog.Logger { return mm.module.log }

@@ -18,6 +18,7 @@ import (
 	"github.com/meshkit/mesh/internal/amqpmsg"
 	"github.com/meshkit/mesh/internal/causation"
 	"github.com/meshkit/mesh/internal/dedup"
+	"github.com/meshkit/mesh/internal/setup"
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/sdk"
 )
@@ -30,6 +31,7 @@ type Module struct {
 	queue string
 	log   *slog.Logger
 	mesh  *moduleMesh
+	setup *setup.Recorder // what Setup subscribes and serves
 
 	mu   sync.Mutex
 	subs []subscription // fixed once started
@@ -117,6 +119,7 @@ func (n *Node) Load(ctx context.Context, def sdk.Module, mc ModuleConfig) (*Modu
 		claimed: make(map[string]chan struct{}),
 		runDone: make(chan struct{}),
 		answers: newAnswerCache(n.cfg.DedupRetention, answerCacheBytes),
+		setup:   setup.New(def.Name, mc.ToolGrants),
 	}
 	m.mesh = &moduleMesh{module: m}
 	m.handleCtx, m.cancelH = context.WithCancel(context.Background())
@@ -158,11 +161,16 @@ func (m *Module) start(ctx context.Context) error {
 			return fmt.Errorf("setup: %w", err)
 		}
 	}
+	fixedSubs, fixedTools := m.setup.Fix()
 	m.mu.Lock()
-	m.running.Store(true)
-	for i := range m.subs {
-		m.subs[i].dedup = !m.cfg.AllowDuplicates && !wire.AllowsDuplicates(m.subs[i].handler)
+	for _, e := range fixedSubs {
+		h := e.Handler.(sdk.Handler)
+		m.subs = append(m.subs, subscription{pattern: e.Key, handler: h, dedup: !m.cfg.AllowDuplicates && !wire.AllowsDuplicates(h)})
 	}
+	for _, e := range fixedTools {
+		m.tools = append(m.tools, tool{key: e.Key, handler: e.Handler.(sdk.ToolHandler)})
+	}
+	m.running.Store(true)
 	subs := slices.Clone(m.subs)
 	tools := slices.Clone(m.tools)
 	m.mu.Unlock()

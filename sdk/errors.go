@@ -32,7 +32,7 @@ var (
 	ErrClosed = errors.New("mesh closed")
 	// ErrAlreadyStarted is returned by On and Serve once the module
 	// consumes: its patterns and tools are fixed for this run.
-	ErrAlreadyStarted = errors.New("module already started")
+	ErrAlreadyStarted = wire.ErrAlreadyStarted
 	// ErrNotStarted is returned by Emit and Call while Setup runs: a
 	// module emits and calls once it consumes, from Run or a handler.
 	ErrNotStarted = errors.New("module not started yet (Emit and Call are for Run and handlers, not Setup)")

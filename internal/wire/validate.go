@@ -16,6 +16,10 @@ const MaxNameBytes = 255
 // option); sdk.ErrInvalid is this error.
 var ErrInvalid = errors.New("invalid")
 
+// ErrAlreadyStarted is wrapped by the refusal of an On or Serve once a
+// module's Setup has returned; sdk.ErrAlreadyStarted is this error.
+var ErrAlreadyStarted = errors.New("module already started")
+
 // ErrForbidden is wrapped by the refusal of what a module's grants do not
 // allow; sdk.ErrForbidden is this error.
 var ErrForbidden = errors.New("forbidden")

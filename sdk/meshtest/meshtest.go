@@ -15,6 +15,7 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/meshkit/mesh/internal/causation"
+	"github.com/meshkit/mesh/internal/setup"
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/sdk"
 )
@@ -163,9 +164,10 @@ type module struct {
 	def     sdk.Module
 	cfg     ModuleConfig
 	log     *slog.Logger
+	setup   *setup.Recorder
 	started bool
-	subs    []subscription
-	tools   []tool
+	subs    []subscription // fixed when started
+	tools   []tool         // fixed when started
 	handled map[string]bool // event ids handled, for de-duplication
 	answers map[string]*answer
 }
@@ -216,7 +218,7 @@ func (m *Mesh) Load(def sdk.Module, mc ModuleConfig) error {
 	if mc.HandlerTimeout == 0 {
 		mc.HandlerTimeout = m.cfg.HandlerTimeout
 	}
-	mod := &module{mesh: m, def: def, cfg: mc, log: m.cfg.Logger.With("module", def.Name),
+	mod := &module{mesh: m, def: def, cfg: mc, log: m.cfg.Logger.With("module", def.Name), setup: setup.New(def.Name, mc.ToolGrants),
 		handled: make(map[string]bool), answers: make(map[string]*answer)}
 	m.mu.Lock()
 	if m.closed {
@@ -233,7 +235,14 @@ func (m *Mesh) Load(def sdk.Module, mc ModuleConfig) error {
 			return fmt.Errorf("load module %s: setup: %w", def.Name, err)
 		}
 	}
+	subs, tools := mod.setup.Fix()
 	m.mu.Lock()
+	for _, s := range subs {
+		mod.subs = append(mod.subs, subscription{pattern: s.Key, handler: s.Handler.(sdk.Handler)})
+	}
+	for _, t := range tools {
+		mod.tools = append(mod.tools, tool{key: t.Key, handler: t.Handler.(sdk.ToolHandler)})
+	}
 	mod.started = true
 	m.modules = append(m.modules, mod)
 	m.mu.Unlock()
@@ -700,23 +709,7 @@ func (mm moduleMesh) Emit(ctx context.Context, name string, body any, opts ...sd
 }
 
 func (mm moduleMesh) On(pattern string, h sdk.Handler) error {
-	mod := mm.mod
-	if err := wire.ValidatePattern(pattern); err != nil {
-		return fmt.Errorf("on: %w", err)
-	}
-	if h == nil {
-		return fmt.Errorf("on %q: %w: handler is nil", pattern, sdk.ErrInvalid)
-	}
-	mod.mesh.mu.Lock()
-	defer mod.mesh.mu.Unlock()
-	if mod.started {
-		return fmt.Errorf("on %q: %w", pattern, sdk.ErrAlreadyStarted)
-	}
-	if slices.ContainsFunc(mod.subs, func(s subscription) bool { return s.pattern == pattern }) {
-		return fmt.Errorf("on %q: %w: pattern already subscribed by module %s", pattern, sdk.ErrInvalid, mod.def.Name)
-	}
-	mod.subs = append(mod.subs, subscription{pattern: pattern, handler: h})
-	return nil
+	return mm.mod.setup.On(pattern, h) // a nil h arrives as a nil any
 }
 
 func (mm moduleMesh) Call(ctx context.Context, tool string, req, resp any) error {
@@ -727,26 +720,7 @@ func (mm moduleMesh) Call(ctx context.Context, tool string, req, resp any) error
 }
 
 func (mm moduleMesh) Serve(key string, h sdk.ToolHandler) error {
-	mod := mm.mod
-	if err := wire.ValidateToolKey(key); err != nil {
-		return fmt.Errorf("serve: %w", err)
-	}
-	if h == nil {
-		return fmt.Errorf("serve %q: %w: handler is nil", key, sdk.ErrInvalid)
-	}
-	if err := wire.CheckToolGrant(mod.def.Name, key, mod.cfg.ToolGrants); err != nil {
-		return fmt.Errorf("serve %q: %w", key, err)
-	}
-	mod.mesh.mu.Lock()
-	defer mod.mesh.mu.Unlock()
-	if mod.started {
-		return fmt.Errorf("serve %q: %w", key, sdk.ErrAlreadyStarted)
-	}
-	if slices.ContainsFunc(mod.tools, func(t tool) bool { return t.key == key }) {
-		return fmt.Errorf("serve %q: %w: tool already served by module %s", key, sdk.ErrInvalid, mod.def.Name)
-	}
-	mod.tools = append(mod.tools, tool{key: key, handler: h})
-	return nil
+	return mm.mod.setup.Serve(key, h)
 }
 
 func (mm moduleMesh) Logger() *slog.Logger { return mm.mod.log }

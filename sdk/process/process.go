@@ -22,7 +22,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -36,6 +35,7 @@ import (
 	"github.com/meshkit/mesh/internal/causation"
 	"github.com/meshkit/mesh/internal/plugin"
 	"github.com/meshkit/mesh/internal/plugin/pb"
+	"github.com/meshkit/mesh/internal/setup"
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/sdk"
 )
@@ -107,10 +107,12 @@ type moduleServer struct {
 	broker     *goplugin.GRPCBroker
 	toolGrants []string // nil: no limit
 
-	once    sync.Once
-	mesh    *pluginMesh
-	desc    *pb.Description
-	descErr error
+	once     sync.Once
+	mesh     *pluginMesh
+	handlers []sdk.Handler     // by pattern index, fixed by Describe
+	tools    []sdk.ToolHandler // by tool index, fixed by Describe
+	desc     *pb.Description
+	descErr  error
 
 	ready       chan struct{} // closed once Start has connected the host
 	started     atomic.Bool
@@ -123,15 +125,26 @@ type moduleServer struct {
 
 func (s *moduleServer) Describe(context.Context, *pb.Empty) (*pb.Description, error) {
 	s.once.Do(func() {
-		s.mesh = &pluginMesh{server: s}
-		s.mesh.setup.Store(true)
+		s.mesh = &pluginMesh{server: s, rec: setup.New(s.module.Name, s.toolGrants)}
+		s.mesh.inSetup.Store(true)
 		if s.module.Setup != nil {
 			s.descErr = s.module.Setup(s.mesh)
 		}
-		s.mesh.setup.Store(false)
-		c := &s.mesh.collect
-		s.desc = &pb.Description{Name: s.module.Name, Kind: string(s.module.Kind), Emits: s.module.Emits, Calls: s.module.Calls,
-			Patterns: c.patterns, Tools: c.tools, DuplicatesAllowed: c.duplicatesAllowed()}
+		s.mesh.inSetup.Store(false)
+		subs, tools := s.mesh.rec.Fix()
+		s.desc = &pb.Description{Name: s.module.Name, Kind: string(s.module.Kind), Emits: s.module.Emits, Calls: s.module.Calls}
+		for i, e := range subs {
+			h := e.Handler.(sdk.Handler)
+			s.handlers = append(s.handlers, h)
+			s.desc.Patterns = append(s.desc.Patterns, e.Key)
+			if wire.AllowsDuplicates(h) {
+				s.desc.DuplicatesAllowed = append(s.desc.DuplicatesAllowed, uint32(i))
+			}
+		}
+		for _, e := range tools {
+			s.tools = append(s.tools, e.Handler.(sdk.ToolHandler))
+			s.desc.Tools = append(s.desc.Tools, e.Key)
+		}
 	})
 	if s.descErr != nil {
 		return nil, setupError(s.descErr)
@@ -215,7 +228,7 @@ func (s *moduleServer) Deliver(stream pb.Module_DeliverServer) error {
 }
 
 func (s *moduleServer) handle(d *pb.Delivery) *pb.Outcome {
-	handlers := s.mesh.collect.handlers
+	handlers := s.handlers
 	if int(d.Pattern) >= len(handlers) {
 		return &pb.Outcome{Seq: d.Seq, Kind: pb.Outcome_PERMANENT, Error: fmt.Sprintf("no handler for pattern %d", d.Pattern)}
 	}
@@ -314,7 +327,7 @@ func errorOf(kind pb.ErrorKind, msg string) error {
 // Answer runs one tool call: a ToolError goes back as it is, a panic as
 // "internal", any other error without a code for the host to classify.
 func (s *moduleServer) Answer(_ context.Context, r *pb.ToolRequest) (*pb.ToolAnswer, error) {
-	tools := s.mesh.collect.toolHandlers
+	tools := s.tools
 	if int(r.Tool) >= len(tools) {
 		return &pb.ToolAnswer{IsError: true, Code: wire.CodeInternal, Message: fmt.Sprintf("no tool %d", r.Tool), Permanent: true}, nil
 	}
@@ -345,42 +358,20 @@ func (s *moduleServer) Answer(_ context.Context, r *pb.ToolRequest) (*pb.ToolAns
 	return &pb.ToolAnswer{IsError: true, Message: err.Error(), Permanent: errors.Is(err, sdk.ErrPermanent)}, nil
 }
 
-// collector records what Setup subscribes and serves, in order. It is
-// fixed once Setup returns.
-type collector struct {
-	patterns     []string
-	handlers     []sdk.Handler
-	tools        []string
-	toolHandlers []sdk.ToolHandler
-}
-
-// duplicatesAllowed lists the indexes of the handlers marked
-// AllowDuplicates.
-func (c *collector) duplicatesAllowed() []uint32 {
-	var idx []uint32
-	for i, h := range c.handlers {
-		if wire.AllowsDuplicates(h) {
-			idx = append(idx, uint32(i))
-		}
-	}
-	return idx
-}
-
 // pluginMesh is a module's Mesh inside its own process: emits and calls go
 // to meshd, which publishes them under the module's name. Its rules are
 // the in-process ones (runtime/mesh.go); the conformance suite
 // (test/conformance) holds both to them.
 type pluginMesh struct {
 	server  *moduleServer
-	setup   atomic.Bool // Setup is running: On and Serve, no Emit or Call
-	mu      sync.Mutex
-	collect collector
+	inSetup atomic.Bool // Setup is running: On and Serve, no Emit or Call
+	rec     *setup.Recorder
 }
 
 var _ sdk.Mesh = (*pluginMesh)(nil)
 
 func (pm *pluginMesh) Emit(ctx context.Context, name string, body any, opts ...sdk.EmitOption) (string, error) {
-	if pm.setup.Load() {
+	if pm.inSetup.Load() {
 		return "", fmt.Errorf("emit %s: %w", name, sdk.ErrNotStarted)
 	}
 	o, err := wire.ApplyEmitOptions(opts)
@@ -439,28 +430,10 @@ func toJSON(body any) ([]byte, error) {
 	return raw, nil
 }
 
-func (pm *pluginMesh) On(pattern string, h sdk.Handler) error {
-	if err := wire.ValidatePattern(pattern); err != nil {
-		return fmt.Errorf("on: %w", err)
-	}
-	if h == nil {
-		return fmt.Errorf("on %q: %w: handler is nil", pattern, sdk.ErrInvalid)
-	}
-	pm.mu.Lock()
-	defer pm.mu.Unlock()
-	if !pm.setup.Load() {
-		return fmt.Errorf("on %q: %w", pattern, sdk.ErrAlreadyStarted)
-	}
-	if slices.Contains(pm.collect.patterns, pattern) {
-		return fmt.Errorf("on %q: %w: pattern already subscribed by module %s", pattern, sdk.ErrInvalid, pm.server.module.Name)
-	}
-	pm.collect.patterns = append(pm.collect.patterns, pattern)
-	pm.collect.handlers = append(pm.collect.handlers, h)
-	return nil
-}
+func (pm *pluginMesh) On(pattern string, h sdk.Handler) error { return pm.rec.On(pattern, h) }
 
 func (pm *pluginMesh) Call(ctx context.Context, tool string, req, resp any) error {
-	if pm.setup.Load() {
+	if pm.inSetup.Load() {
 		return fmt.Errorf("call %s: %w", tool, sdk.ErrNotStarted)
 	}
 	if err := wire.ValidateToolKey(tool); err != nil {
@@ -504,27 +477,11 @@ func (pm *pluginMesh) Call(ctx context.Context, tool string, req, resp any) erro
 }
 
 func (pm *pluginMesh) Serve(tool string, h sdk.ToolHandler) error {
-	if err := wire.ValidateToolKey(tool); err != nil {
-		return fmt.Errorf("serve: %w", err)
-	}
-	if h == nil {
-		return fmt.Errorf("serve %q: %w: handler is nil", tool, sdk.ErrInvalid)
-	}
-	if err := wire.CheckToolGrant(pm.server.module.Name, tool, pm.server.toolGrants); err != nil {
+	err := pm.rec.Serve(tool, h)
+	if errors.Is(err, sdk.ErrForbidden) {
 		pm.Logger().Warn("serving a tool the node config does not grant refused", "tool", tool)
-		return fmt.Errorf("serve %q: %w", tool, err)
 	}
-	pm.mu.Lock()
-	defer pm.mu.Unlock()
-	if !pm.setup.Load() {
-		return fmt.Errorf("serve %q: %w", tool, sdk.ErrAlreadyStarted)
-	}
-	if slices.Contains(pm.collect.tools, tool) {
-		return fmt.Errorf("serve %q: %w: tool already served by module %s", tool, sdk.ErrInvalid, pm.server.module.Name)
-	}
-	pm.collect.tools = append(pm.collect.tools, tool)
-	pm.collect.toolHandlers = append(pm.collect.toolHandlers, h)
-	return nil
+	return err
 }
 
 // processLogger writes JSON lines in hclog's shape to stderr, which

@@ -1,0 +1,92 @@
+// Package setup records what a module's Setup subscribes (On) and serves
+// (Serve), by the rules every host applies the same way: the runtime
+// in-process, a module process (sdk/process) and sdk/meshtest.
+//
+//	rec := setup.New("notifier", grants)
+//	err := rec.On("module.umami.#", handler) // during Setup
+//	subs, tools := rec.Fix()                 // Setup returned
+package setup
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/meshkit/mesh/internal/wire"
+)
+
+// Entry is a pattern or tool key with its handler (an sdk.Handler or an
+// sdk.ToolHandler).
+type Entry struct {
+	Key     string
+	Handler any
+}
+
+// Recorder records one module's subscriptions and tools. It is safe for
+// concurrent use.
+type Recorder struct {
+	module string
+	grants []string // tool patterns the module may serve; nil: no limit
+
+	mu    sync.Mutex
+	fixed bool
+	subs  []Entry
+	tools []Entry
+}
+
+// New records for module, which may serve the tools grants match (nil
+// places no limit).
+func New(module string, toolGrants []string) *Recorder {
+	return &Recorder{module: module, grants: toolGrants}
+}
+
+// On records a subscription. A bad pattern, a nil handler or a pattern
+// already subscribed is refused with wire.ErrInvalid; after Fix, anything
+// with wire.ErrAlreadyStarted.
+func (r *Recorder) On(pattern string, h any) error {
+	if err := wire.ValidatePattern(pattern); err != nil {
+		return fmt.Errorf("on: %w", err)
+	}
+	if h == nil {
+		return fmt.Errorf("on %q: %w: handler is nil", pattern, wire.ErrInvalid)
+	}
+	return r.add(&r.subs, "on", "pattern already subscribed", Entry{pattern, h})
+}
+
+// Serve records a tool. A bad key, a nil handler or a tool already served
+// is refused with wire.ErrInvalid, a tool the grants do not match with
+// wire.ErrForbidden; after Fix, anything with wire.ErrAlreadyStarted.
+func (r *Recorder) Serve(key string, h any) error {
+	if err := wire.ValidateToolKey(key); err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	if h == nil {
+		return fmt.Errorf("serve %q: %w: handler is nil", key, wire.ErrInvalid)
+	}
+	if err := wire.CheckToolGrant(r.module, key, r.grants); err != nil {
+		return fmt.Errorf("serve %q: %w", key, err)
+	}
+	return r.add(&r.tools, "serve", "tool already served", Entry{key, h})
+}
+
+func (r *Recorder) add(to *[]Entry, verb, dup string, e Entry) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.fixed {
+		return fmt.Errorf("%s %q: %w", verb, e.Key, wire.ErrAlreadyStarted)
+	}
+	if slices.ContainsFunc(*to, func(o Entry) bool { return o.Key == e.Key }) {
+		return fmt.Errorf("%s %q: %w: %s by module %s", verb, e.Key, wire.ErrInvalid, dup, r.module)
+	}
+	*to = append(*to, e)
+	return nil
+}
+
+// Fix ends Setup and returns what it recorded, in order. On and Serve are
+// refused from then on.
+func (r *Recorder) Fix() (subs, tools []Entry) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.fixed = true
+	return slices.Clone(r.subs), slices.Clone(r.tools)
+}

@@ -1,0 +1,49 @@
+package setup
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/meshkit/mesh/internal/wire"
+)
+
+// TestRecorder: the rules of On and Serve, in order: bad keys, nil
+// handlers, repeats and ungranted tools refused with their sentinel, and
+// everything refused once fixed; what was recorded comes back in order.
+func TestRecorder(t *testing.T) {
+	r := New("m", []string{"shop.*"})
+	h := func() {}
+	for _, c := range []struct {
+		name string
+		err  error
+		want error
+	}{
+		{"on", r.On("mesh.a.#", h), nil},
+		{"on bad pattern", r.On("mesh..a", h), wire.ErrInvalid},
+		{"on nil", r.On("mesh.b.#", nil), wire.ErrInvalid},
+		{"on again", r.On("mesh.a.#", h), wire.ErrInvalid},
+		{"on second", r.On("mesh.b.#", h), nil},
+		{"serve", r.Serve("shop.buy", h), nil},
+		{"serve bad key", r.Serve("shop..buy", h), wire.ErrInvalid},
+		{"serve nil", r.Serve("shop.sell", nil), wire.ErrInvalid},
+		{"serve again", r.Serve("shop.buy", h), wire.ErrInvalid},
+		{"serve ungranted", r.Serve("bank.pay", h), wire.ErrForbidden},
+	} {
+		if (c.want == nil) != (c.err == nil) || (c.want != nil && !errors.Is(c.err, c.want)) {
+			t.Errorf("%s: %v, want %v", c.name, c.err, c.want)
+		}
+	}
+	subs, tools := r.Fix()
+	if len(subs) != 2 || subs[0].Key != "mesh.a.#" || subs[1].Key != "mesh.b.#" || len(tools) != 1 || tools[0].Key != "shop.buy" {
+		t.Errorf("recorded %+v %+v", subs, tools)
+	}
+	if err := r.On("mesh.c.#", h); !errors.Is(err, wire.ErrAlreadyStarted) {
+		t.Errorf("on after fix: %v", err)
+	}
+	if err := r.Serve("shop.sell", h); !errors.Is(err, wire.ErrAlreadyStarted) {
+		t.Errorf("serve after fix: %v", err)
+	}
+	if err := New("m", nil).Serve("anything.at.all", h); err != nil {
+		t.Errorf("nil grants limited a tool: %v", err)
+	}
+}
