@@ -166,8 +166,8 @@ type module struct {
 	log     *slog.Logger
 	setup   *setup.Recorder
 	started bool
-	subs    []subscription // fixed when started
-	tools   []tool         // fixed when started
+	subs    []subscription  // fixed when started
+	tools   []tool          // fixed when started
 	handled map[string]bool // event ids handled, for de-duplication
 	answers map[string]*answer
 }
