@@ -199,19 +199,9 @@ func (n *Node) Call(ctx context.Context, source, tool string, req, resp any) err
 // which confines them to their namespace. An id of a cause in ctx
 // (causation.With) becomes the event's causation id.
 func (n *Node) Emit(ctx context.Context, source, eventType string, body any, opts ...sdk.EmitOption) (string, error) {
-	if err := wire.ValidateWord("source", source); err != nil {
-		return "", err
-	}
-	if err := wire.ValidateEventType(eventType); err != nil {
-		return "", err
-	}
-	o, err := wire.ApplyEmitOptions(opts)
+	raw, o, err := wire.SourceEmit(source, eventType, body, opts, n.cfg.MaxBodyBytes)
 	if err != nil {
 		return "", err
-	}
-	raw, err := n.encodeBody(body)
-	if err != nil {
-		return "", fmt.Errorf("emit %s: %w", eventType, err)
 	}
 	return n.emit(ctx, source, eventType, raw, o, "")
 }

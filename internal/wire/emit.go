@@ -56,3 +56,25 @@ func EncodeBody(body any, maxBytes int) ([]byte, error) {
 	}
 	return raw, nil
 }
+
+// SourceEmit checks an emit made from outside the modules (an operator,
+// the node itself, a test): source is one word, eventType a full valid
+// type, opts the sdk's emit options and body JSON within maxBytes. It
+// returns the body as JSON and the options folded.
+func SourceEmit[T any](source, eventType string, body any, opts []T, maxBytes int) ([]byte, EmitOptions, error) {
+	if err := ValidateWord("source", source); err != nil {
+		return nil, EmitOptions{}, err
+	}
+	if err := ValidateEventType(eventType); err != nil {
+		return nil, EmitOptions{}, err
+	}
+	o, err := ApplyEmitOptions(opts)
+	if err != nil {
+		return nil, o, err
+	}
+	raw, err := EncodeBody(body, maxBytes)
+	if err != nil {
+		return nil, o, fmt.Errorf("emit %s: %w", eventType, err)
+	}
+	return raw, o, nil
+}

@@ -288,19 +288,9 @@ func (m *Mesh) Advance(d time.Duration) {
 // emitter. It returns the event's id; the event is handled at the next
 // Settle.
 func (m *Mesh) Emit(ctx context.Context, source, eventType string, body any, opts ...sdk.EmitOption) (string, error) {
-	if err := wire.ValidateWord("source", source); err != nil {
-		return "", err
-	}
-	if err := wire.ValidateEventType(eventType); err != nil {
-		return "", err
-	}
-	o, err := wire.ApplyEmitOptions(opts)
+	raw, o, err := wire.SourceEmit(source, eventType, body, opts, m.cfg.MaxBodyBytes)
 	if err != nil {
 		return "", err
-	}
-	raw, err := wire.EncodeBody(body, m.cfg.MaxBodyBytes)
-	if err != nil {
-		return "", fmt.Errorf("emit %s: %w", eventType, err)
 	}
 	return m.publish(ctx, source, eventType, raw, o, "")
 }
