@@ -80,23 +80,8 @@ type consumerChannel struct {
 // subscribed is unbound) and consumed; then Run, if any, starts.
 // Zero fields of mc take the node's defaults.
 func (n *Node) Load(ctx context.Context, def sdk.Module, mc ModuleConfig) (*Module, error) {
-	if err := wire.ValidateWord("module name", def.Name); err != nil {
-		return nil, fmt.Errorf("load module: %w", err)
-	}
-	for _, e := range def.Emits {
-		if err := wire.ValidateRelativeType(e); err != nil {
-			return nil, fmt.Errorf("load module %s: emits: %w", def.Name, err)
-		}
-	}
-	for _, c := range def.Calls {
-		if err := wire.ValidateToolKey(c); err != nil {
-			return nil, fmt.Errorf("load module %s: calls: %w", def.Name, err)
-		}
-	}
-	switch def.Kind {
-	case "", sdk.KindDispatcher, sdk.KindAgent:
-	default:
-		return nil, fmt.Errorf("load module %s: %w: kind %q is not %q, %q or empty", def.Name, sdk.ErrInvalid, def.Kind, sdk.KindDispatcher, sdk.KindAgent)
+	if err := wire.ValidateModule(def.Name, string(def.Kind), def.Emits, def.Calls); err != nil {
+		return nil, err
 	}
 	mc = mc.over(n.cfg.Module)
 	if err := mc.validate(); err != nil {

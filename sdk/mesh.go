@@ -3,6 +3,8 @@ package sdk
 import (
 	"context"
 	"log/slog"
+
+	"github.com/meshkit/mesh/internal/wire"
 )
 
 // Mesh is a module's view of the event mesh. It is safe for concurrent use.
@@ -133,8 +135,8 @@ type Kind string
 
 // The kinds of the shipped modules.
 const (
-	KindDispatcher Kind = "dispatcher"
-	KindAgent      Kind = "agent"
+	KindDispatcher Kind = wire.KindDispatcher
+	KindAgent      Kind = wire.KindAgent
 )
 
 // Module is what a module author writes: its name, what it emits, how it

@@ -78,3 +78,35 @@ func SourceEmit[T any](source, eventType string, body any, opts []T, maxBytes in
 	}
 	return raw, o, nil
 }
+
+// Module kinds besides the plain one (""); sdk.KindDispatcher and
+// sdk.KindAgent are these.
+const (
+	KindDispatcher = "dispatcher"
+	KindAgent      = "agent"
+)
+
+// ValidateModule checks what a module declares: its name one word, its
+// kind known, what it emits relative event names and what it calls tool
+// keys.
+func ValidateModule(name, kind string, emits, calls []string) error {
+	if err := ValidateWord("module name", name); err != nil {
+		return fmt.Errorf("load module: %w", err)
+	}
+	switch kind {
+	case "", KindDispatcher, KindAgent:
+	default:
+		return fmt.Errorf("load module %s: %w: kind %q is not %q, %q or empty", name, ErrInvalid, kind, KindDispatcher, KindAgent)
+	}
+	for _, e := range emits {
+		if err := ValidateRelativeType(e); err != nil {
+			return fmt.Errorf("load module %s: emits: %w", name, err)
+		}
+	}
+	for _, c := range calls {
+		if err := ValidateToolKey(c); err != nil {
+			return fmt.Errorf("load module %s: calls: %w", name, err)
+		}
+	}
+	return nil
+}

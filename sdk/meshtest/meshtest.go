@@ -198,13 +198,8 @@ type delivery struct {
 // whose context ends at Close. Load refuses what a node refuses: a bad
 // name or kind, and Setup's error.
 func (m *Mesh) Load(def sdk.Module, mc ModuleConfig) error {
-	if err := wire.ValidateWord("module name", def.Name); err != nil {
-		return fmt.Errorf("load module: %w", err)
-	}
-	switch def.Kind {
-	case "", sdk.KindDispatcher, sdk.KindAgent:
-	default:
-		return fmt.Errorf("load module %s: %w: kind %q is not %q, %q or empty", def.Name, sdk.ErrInvalid, def.Kind, sdk.KindDispatcher, sdk.KindAgent)
+	if err := wire.ValidateModule(def.Name, string(def.Kind), def.Emits, def.Calls); err != nil {
+		return err
 	}
 	if mc.MaxAttempts == 0 {
 		mc.MaxAttempts = m.cfg.MaxAttempts
