@@ -16,7 +16,9 @@
 // pending, in queue order, until the mesh is quiet (a module's handlers
 // one at a time, or up to its Concurrency at once on goroutines),
 // moving its clock straight to each retry's time, so a test of back-off
-// takes no time. Now and Advance read and move the clock. Handler
+// takes no time. An event's time to live (sdk.WithTTL) runs on that
+// clock: one that runs out before a handler takes it is dead-lettered as
+// "expired". Now and Advance read and move the clock. Handler
 // timeouts and call deadlines are real time (a handler sees them through
 // its ctx). Tool calls run in the calling goroutine.
 //

@@ -104,8 +104,9 @@ type DeadLetter struct {
 	Event sdk.Event
 	// Module is the module that gave up.
 	Module string
-	// Reason is "permanent" (the handler said so) or "delivery_limit"
-	// (every attempt failed).
+	// Reason is "permanent" (the handler said so), "delivery_limit"
+	// (every attempt failed) or "expired" (the event's time to live, see
+	// sdk.WithTTL, ran out on the mesh's clock before a handler took it).
 	Reason string
 	// Attempts is how many times the handler was tried.
 	Attempts int
@@ -192,6 +193,7 @@ type delivery struct {
 	ev      sdk.Event
 	attempt int
 	due     time.Time
+	expires time.Time // zero: no time to live
 }
 
 // Load runs the module's Setup, starts it consuming and starts its Run,
@@ -299,7 +301,7 @@ func (m *Mesh) Redeliver(id string) error {
 	defer m.mu.Unlock()
 	for _, ev := range m.emitted {
 		if ev.ID == id {
-			m.route(ev)
+			m.route(ev, time.Time{})
 			return nil
 		}
 	}
@@ -444,16 +446,20 @@ func (m *Mesh) publish(ctx context.Context, source, eventType string, raw []byte
 	ev := sdk.Event{ID: id, Type: eventType, Source: source, Node: m.cfg.Node, Time: m.now,
 		CausationID: o.CausationID, Schema: o.Schema, Headers: map[string]string{}, Body: json.RawMessage(slices.Clone(raw))}
 	m.emitted = append(m.emitted, ev)
-	m.route(ev)
+	var expires time.Time
+	if o.TTL > 0 {
+		expires = m.now.Add(o.TTL)
+	}
+	m.route(ev, expires)
 	return id, nil
 }
 
 // route queues ev for every module one of whose patterns matches it.
 // m.mu is held.
-func (m *Mesh) route(ev sdk.Event) {
+func (m *Mesh) route(ev sdk.Event, expires time.Time) {
 	for _, mod := range m.modules {
 		if slices.ContainsFunc(mod.subs, func(s subscription) bool { return wire.MatchPattern(s.pattern, ev.Type) }) {
-			m.pending = append(m.pending, &delivery{module: mod, ev: ev, attempt: 1})
+			m.pending = append(m.pending, &delivery{module: mod, ev: ev, attempt: 1, expires: expires})
 		}
 	}
 }
@@ -473,6 +479,7 @@ type handled struct {
 	ev      sdk.Event
 	dedup   bool // the module de-duplicates this event's id
 	skipped bool // already handled: acknowledged without running
+	expired bool // its time to live ran out while it waited: not run
 	err     error
 }
 
@@ -489,7 +496,11 @@ func (mod *module) handle(d *delivery) handled {
 	h := handled{ev: d.ev, dedup: !mod.cfg.AllowDuplicates && !wire.AllowsDuplicates(sub.handler)}
 	mod.mesh.mu.Lock()
 	seen := mod.handled[d.ev.ID]
+	h.expired = !d.expires.IsZero() && !mod.mesh.now.Before(d.expires)
 	mod.mesh.mu.Unlock()
+	if h.expired {
+		return h
+	}
 	if h.dedup && seen {
 		h.skipped = true
 		return h
@@ -508,6 +519,8 @@ func (mod *module) settle(d *delivery, h handled) {
 	m := mod.mesh
 	switch {
 	case h.skipped:
+	case h.expired:
+		m.dead = append(m.dead, DeadLetter{Event: h.ev, Module: mod.def.Name, Reason: "expired", Attempts: d.attempt - 1, Err: "time to live ran out in the queue"})
 	case h.err == nil:
 		if h.dedup {
 			mod.handled[h.ev.ID] = true
@@ -517,7 +530,7 @@ func (mod *module) settle(d *delivery, h handled) {
 	case d.attempt >= mod.cfg.MaxAttempts:
 		m.dead = append(m.dead, DeadLetter{Event: h.ev, Module: mod.def.Name, Reason: wire.DeadReasonDeliveryLimit, Attempts: d.attempt, Err: h.err.Error()})
 	default:
-		m.retries = append(m.retries, &delivery{module: mod, ev: d.ev, attempt: d.attempt + 1, due: m.now.Add(m.backoff(d.attempt))})
+		m.retries = append(m.retries, &delivery{module: mod, ev: d.ev, attempt: d.attempt + 1, due: m.now.Add(m.backoff(d.attempt)), expires: d.expires})
 	}
 }
 

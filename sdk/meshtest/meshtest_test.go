@@ -93,3 +93,38 @@ func TestRefusals(t *testing.T) {
 		t.Errorf("emit after close: %v, want ErrClosed", err)
 	}
 }
+
+// TestTTLExpiresOnTheClock: an event whose time to live runs out on the
+// mesh's clock before a handler takes it is dead-lettered as expired, not
+// handled; a retry past it too.
+func TestTTLExpiresOnTheClock(t *testing.T) {
+	mt := meshtest.New(meshtest.Config{RetryMin: time.Minute})
+	defer mt.Close()
+	handled := 0
+	err := mt.Load(sdk.Module{Name: "slow", Setup: func(m sdk.Mesh) error {
+		return m.On("mesh.x.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			handled++
+			if ev.Type == "mesh.x.retried" {
+				return errors.New("not yet")
+			}
+			return nil
+		}))
+	}}, meshtest.ModuleConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := mt.Emit(ctx, "test", "mesh.x.late", 1, sdk.WithTTL(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	mt.Advance(2 * time.Second)
+	if _, err := mt.Emit(ctx, "test", "mesh.x.retried", 1, sdk.WithTTL(30*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	mt.Settle()
+	dl := mt.DeadLetters()
+	if handled != 1 || len(dl) != 2 || dl[0].Reason != "expired" || dl[0].Event.Type != "mesh.x.late" || dl[0].Attempts != 0 ||
+		dl[1].Reason != "expired" || dl[1].Event.Type != "mesh.x.retried" || dl[1].Attempts != 1 {
+		t.Errorf("handled %d, dead letters %+v; want the late event expired unhandled, the retried one after 1 attempt", handled, dl)
+	}
+}
