@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"os"
 	"time"
 
 	"github.com/meshkit/mesh/sdk"
@@ -293,4 +295,64 @@ func ExampleToolError() {
 	var te *sdk.ToolError
 	fmt.Println(errors.As(err, &te), te.Code, errors.Is(err, sdk.ErrPermanent))
 	// Output: true not_found true
+}
+
+// A module logs through its Mesh's Logger: under meshd its lines reach the
+// node's log at their level, tagged with the module.
+func ExampleMesh_Logger() {
+	mod := sdk.Module{Name: "notifier", Setup: func(m sdk.Mesh) error {
+		return m.On("mesh.mail.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			m.Logger().Warn("mail server slow", "attempt", ev.Attempt)
+			return nil
+		}))
+	}}
+	noTime := func(groups []string, a slog.Attr) slog.Attr {
+		if a.Key == slog.TimeKey {
+			return slog.Attr{}
+		}
+		return a
+	}
+	mt := meshtest.New(meshtest.Config{Logger: slog.New(slog.NewTextHandler(os.Stdout, &slog.HandlerOptions{ReplaceAttr: noTime}))})
+	defer mt.Close()
+	_ = mt.Load(mod, meshtest.ModuleConfig{})
+	_, _ = mt.Emit(context.Background(), "test", "mesh.mail.queued", 1)
+	mt.Settle()
+	// Output: level=WARN msg="mail server slow" module=notifier attempt=1
+}
+
+// WithTTL bounds how long an event may wait for its handler: past it, it
+// is set aside in the dead letters as expired, not handled late.
+func ExampleWithTTL() {
+	mod := sdk.Module{Name: "pager", Setup: func(m sdk.Mesh) error {
+		return m.On("mesh.alert.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			fmt.Println("paged for", ev.Type)
+			return nil
+		}))
+	}}
+	mt := meshtest.New(meshtest.Config{})
+	defer mt.Close()
+	_ = mt.Load(mod, meshtest.ModuleConfig{})
+	_, _ = mt.Emit(context.Background(), "monitor", "mesh.alert.disk", 1, sdk.WithTTL(time.Minute))
+	_, _ = mt.Emit(context.Background(), "monitor", "mesh.alert.cpu", 1, sdk.WithTTL(time.Hour))
+	mt.Advance(10 * time.Minute) // the pager was away
+	mt.Settle()
+	for _, d := range mt.DeadLetters() {
+		fmt.Println(d.Event.Type, d.Reason)
+	}
+	// Output:
+	// paged for mesh.alert.cpu
+	// mesh.alert.disk expired
+}
+
+// Kind tells operators what a module is; the shipped dispatcher and agent
+// say so, a plain module leaves it empty. Any other value is refused.
+func ExampleKind() {
+	mt := meshtest.New(meshtest.Config{})
+	defer mt.Close()
+	fmt.Println(mt.Load(sdk.Module{Name: "runner", Kind: sdk.KindAgent}, meshtest.ModuleConfig{}))
+	err := mt.Load(sdk.Module{Name: "robot", Kind: "robot"}, meshtest.ModuleConfig{})
+	fmt.Println(errors.Is(err, sdk.ErrInvalid))
+	// Output:
+	// <nil>
+	// true
 }
