@@ -646,7 +646,10 @@ func (m *Module) call(h sdk.Handler, ev sdk.Event, overran func()) (err error, t
 		<-overranDone
 		return nil, true
 	}
-	if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+	// A handler in a module process reports its deadline from its own
+	// timer, which may fire before ctx's here: past the deadline, the
+	// failure is a timeout either way.
+	if deadline, _ := ctx.Deadline(); err != nil && (errors.Is(ctx.Err(), context.DeadlineExceeded) || !time.Now().Before(deadline)) {
 		err = fmt.Errorf("handler timed out after %v: %w", m.cfg.HandlerTimeout, err)
 	}
 	return err, false
