@@ -45,6 +45,7 @@ fuzz: ## Fuzz event-type validation, emit naming and bodies, header decoding, to
 	$(GO) test -run='^$$' -fuzz=FuzzOpenLog -fuzztime=20s -fuzzminimizetime=100x ./internal/dedup
 	$(GO) test -run='^$$' -fuzz=FuzzMessageOf -fuzztime=20s ./internal/deadletters
 	$(GO) test -run='^$$' -fuzz=FuzzSplitModuleQueue -fuzztime=20s ./internal/deadletters
+	$(GO) test -run='^$$' -fuzz=FuzzMatchTopic -fuzztime=20s ./auditlogger/store
 
 generate: ## Regenerate the plugin protocol's Go code from internal/plugin/pb/module.proto (needs protoc)
 	@command -v protoc >/dev/null || { echo "generate needs protoc: apt-get install protobuf-compiler"; exit 1; }

@@ -1,0 +1,528 @@
+// Package store is the audit logger's record of the mesh: every event
+// stored once by its id, in an embedded pure-Go SQLite database (WAL),
+// written in group-committed transactions and queried with filters and
+// pages.
+//
+//	s, err := store.Open(filepath.Join(stateDir, "audit.db"), store.Options{})
+//	added, err := s.Add(ctx, ev)             // returns once the row is durable
+//	page, err := s.Query(ctx, store.Filter{Types: []string{"module.umami.#"}}, store.Page{Limit: 100})
+//
+// It imports neither the sdk nor the runtime: the audit logger module
+// (package auditlogger) feeds it.
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"modernc.org/sqlite"
+)
+
+// ErrNotFound is returned by Get for an id the store does not hold.
+var ErrNotFound = errors.New("no such event in the audit log")
+
+// ErrClosed is returned once the store is closed.
+var ErrClosed = errors.New("audit store closed")
+
+// Event is one stored event: what an auditor asks about, without parsing
+// its body.
+type Event struct {
+	// Seq is the event's place in the order of arrival in this store.
+	Seq int64 `json:"seq"`
+	// ID is the event's x-event-id.
+	ID string `json:"id"`
+	// Type is its routing key.
+	Type string `json:"type"`
+	// Source, Node, CausationID and Schema are its x-source, x-node,
+	// x-causation-id and x-schema headers ("" when absent).
+	Source      string `json:"source,omitempty"`
+	Node        string `json:"node,omitempty"`
+	CausationID string `json:"causation_id,omitempty"`
+	Schema      string `json:"schema,omitempty"`
+	// Time is its x-time, the emit time (zero when absent or unreadable).
+	Time time.Time `json:"time,omitzero"`
+	// UserID is the AMQP user-id property: the broker user that published
+	// it, when the publisher set it (the broker checks it).
+	UserID string `json:"user_id,omitempty"`
+	// Headers holds every header, as text.
+	Headers map[string]string `json:"headers,omitempty"`
+	// Body is the body as it arrived.
+	Body []byte `json:"body,omitempty"`
+	// Arrived is when the audit logger received it.
+	Arrived time.Time `json:"arrived"`
+	// Redelivered is the broker's flag on the delivery that was stored.
+	Redelivered bool `json:"redelivered,omitempty"`
+	// Malformed says how the event breaks the wire contract, or "".
+	Malformed string `json:"malformed,omitempty"`
+}
+
+// Options tune a Store. Zero fields take the defaults.
+type Options struct {
+	// MaxBatch bounds the events one transaction commits. Default 512.
+	MaxBatch int
+}
+
+// Store is an open audit database. It is safe for concurrent use: reads
+// run in parallel (WAL), writes go through one writer that commits what
+// is waiting in one transaction.
+type Store struct {
+	db       *sql.DB
+	maxBatch int
+	adds     chan addRequest
+	done     chan struct{}
+
+	closeMu sync.RWMutex
+	closed  bool
+}
+
+type addRequest struct {
+	events []Event
+	result chan addResult
+}
+
+type addResult struct {
+	added int
+	err   error
+}
+
+const schema = `
+CREATE TABLE IF NOT EXISTS events (
+	seq          INTEGER PRIMARY KEY AUTOINCREMENT,
+	id           TEXT NOT NULL UNIQUE,
+	type         TEXT NOT NULL,
+	source       TEXT NOT NULL DEFAULT '',
+	node         TEXT NOT NULL DEFAULT '',
+	causation_id TEXT NOT NULL DEFAULT '',
+	schema_ver   TEXT NOT NULL DEFAULT '',
+	time_ns      INTEGER NOT NULL DEFAULT 0,
+	user_id      TEXT NOT NULL DEFAULT '',
+	headers      TEXT NOT NULL DEFAULT '{}',
+	body_json    TEXT,
+	body_raw     BLOB,
+	arrived_ns   INTEGER NOT NULL,
+	redelivered  INTEGER NOT NULL DEFAULT 0,
+	malformed    TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS events_time ON events(time_ns);
+CREATE INDEX IF NOT EXISTS events_arrived ON events(arrived_ns);
+CREATE INDEX IF NOT EXISTS events_type ON events(type);
+CREATE INDEX IF NOT EXISTS events_source ON events(source);
+CREATE INDEX IF NOT EXISTS events_causation ON events(causation_id);
+`
+
+var registerFuncs sync.Once
+
+// Open opens (or creates) the audit database at path.
+func Open(path string, opts Options) (*Store, error) {
+	registerFuncs.Do(func() {
+		sqlite.MustRegisterDeterministicScalarFunction("mesh_topic_match", 2, topicMatchFunc)
+	})
+	if opts.MaxBatch <= 0 {
+		opts.MaxBatch = 512
+	}
+	q := url.Values{}
+	for _, p := range []string{"journal_mode(WAL)", "synchronous(FULL)", "busy_timeout(10000)", "foreign_keys(ON)"} {
+		q.Add("_pragma", p)
+	}
+	q.Set("_txlock", "immediate")
+	db, err := sql.Open("sqlite", "file:"+path+"?"+q.Encode())
+	if err != nil {
+		return nil, fmt.Errorf("open audit store %s: %w", path, err)
+	}
+	if _, err := db.Exec(schema); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("open audit store %s: create schema: %w", path, err)
+	}
+	s := &Store{db: db, maxBatch: opts.MaxBatch, adds: make(chan addRequest, opts.MaxBatch), done: make(chan struct{})}
+	go s.write()
+	return s, nil
+}
+
+// Close waits for the writes in flight and closes the database.
+func (s *Store) Close() error {
+	s.closeMu.Lock()
+	if s.closed {
+		s.closeMu.Unlock()
+		return nil
+	}
+	s.closed = true
+	close(s.adds)
+	s.closeMu.Unlock()
+	<-s.done
+	return s.db.Close()
+}
+
+// Add stores events, each once by its id: an id the store holds already
+// (a redelivery, a resend, a replay) is not stored again. It returns how
+// many were new, once they are durable on disk. Concurrent calls share a
+// transaction.
+func (s *Store) Add(ctx context.Context, events ...Event) (int, error) {
+	for i := range events {
+		if events[i].ID == "" {
+			return 0, fmt.Errorf("add to the audit log: event %d has no id", i)
+		}
+	}
+	req := addRequest{events: events, result: make(chan addResult, 1)}
+	s.closeMu.RLock()
+	if s.closed {
+		s.closeMu.RUnlock()
+		return 0, ErrClosed
+	}
+	select {
+	case s.adds <- req:
+	case <-ctx.Done():
+		s.closeMu.RUnlock()
+		return 0, ctx.Err()
+	}
+	s.closeMu.RUnlock()
+	select {
+	case r := <-req.result:
+		return r.added, r.err
+	case <-ctx.Done():
+		return 0, ctx.Err() // the write goes on; a retry is absorbed by id
+	}
+}
+
+// write commits what Add queued, as many requests as are waiting (up to
+// MaxBatch events) per transaction, until Close.
+func (s *Store) write() {
+	defer close(s.done)
+	for req := range s.adds {
+		batch := []addRequest{req}
+		n := len(req.events)
+	fill:
+		for n < s.maxBatch {
+			select {
+			case more, ok := <-s.adds:
+				if !ok {
+					break fill
+				}
+				batch = append(batch, more)
+				n += len(more.events)
+			default:
+				break fill
+			}
+		}
+		added, err := s.commit(batch)
+		for i, r := range batch {
+			r.result <- addResult{added: added[i], err: err}
+		}
+	}
+}
+
+// commit inserts the batch in one transaction; added[i] counts the new
+// rows of batch[i].
+func (s *Store) commit(batch []addRequest) (added []int, err error) {
+	added = make([]int, len(batch))
+	tx, err := s.db.Begin()
+	if err != nil {
+		return added, fmt.Errorf("add to the audit log: begin: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback()
+		}
+	}()
+	stmt, err := tx.Prepare(`INSERT INTO events (id, type, source, node, causation_id, schema_ver, time_ns, user_id, headers,
+		body_json, body_raw, arrived_ns, redelivered, malformed) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO NOTHING`)
+	if err != nil {
+		return added, fmt.Errorf("add to the audit log: prepare: %w", err)
+	}
+	defer stmt.Close()
+	for i, r := range batch {
+		for _, ev := range r.events {
+			headers, err := json.Marshal(ev.Headers)
+			if err != nil {
+				return added, fmt.Errorf("add %s to the audit log: headers: %w", ev.ID, err)
+			}
+			if ev.Headers == nil {
+				headers = []byte("{}")
+			}
+			var bodyJSON, bodyRaw any
+			if json.Valid(ev.Body) && utf8.Valid(ev.Body) {
+				bodyJSON = string(ev.Body)
+			} else if ev.Body != nil {
+				bodyRaw = ev.Body
+			}
+			res, err := stmt.Exec(ev.ID, ev.Type, ev.Source, ev.Node, ev.CausationID, ev.Schema, unixNano(ev.Time), ev.UserID,
+				string(headers), bodyJSON, bodyRaw, unixNano(ev.Arrived), ev.Redelivered, ev.Malformed)
+			if err != nil {
+				return added, fmt.Errorf("add %s to the audit log: %w", ev.ID, err)
+			}
+			if n, _ := res.RowsAffected(); n > 0 {
+				added[i]++
+			}
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return added, fmt.Errorf("add to the audit log: commit: %w", err)
+	}
+	return added, nil
+}
+
+func unixNano(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+func fromUnixNano(ns int64) time.Time {
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns).UTC()
+}
+
+const columns = `seq, id, type, source, node, causation_id, schema_ver, time_ns, user_id, headers, body_json, body_raw, arrived_ns, redelivered, malformed`
+
+func scanEvent(row interface{ Scan(...any) error }) (Event, error) {
+	var ev Event
+	var timeNS, arrivedNS int64
+	var headers string
+	var bodyJSON sql.NullString
+	var bodyRaw []byte
+	if err := row.Scan(&ev.Seq, &ev.ID, &ev.Type, &ev.Source, &ev.Node, &ev.CausationID, &ev.Schema, &timeNS, &ev.UserID,
+		&headers, &bodyJSON, &bodyRaw, &arrivedNS, &ev.Redelivered, &ev.Malformed); err != nil {
+		return ev, err
+	}
+	ev.Time, ev.Arrived = fromUnixNano(timeNS), fromUnixNano(arrivedNS)
+	if err := json.Unmarshal([]byte(headers), &ev.Headers); err != nil {
+		return ev, fmt.Errorf("event %s: stored headers: %w", ev.ID, err)
+	}
+	if bodyJSON.Valid {
+		ev.Body = []byte(bodyJSON.String)
+	} else {
+		ev.Body = bodyRaw
+	}
+	return ev, nil
+}
+
+// Get returns the event with that id, or ErrNotFound.
+func (s *Store) Get(ctx context.Context, id string) (Event, error) {
+	ev, err := scanEvent(s.db.QueryRowContext(ctx, `SELECT `+columns+` FROM events WHERE id = ?`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return ev, fmt.Errorf("event %s: %w", id, ErrNotFound)
+	}
+	return ev, err
+}
+
+// Filter selects events. Every set field must hold (AND); within a list,
+// any value may match (OR); Any adds alternatives: when it is not empty,
+// at least one of its filters must hold too.
+type Filter struct {
+	// From and To bound the emit time (x-time): From <= time < To. Zero
+	// leaves that side open.
+	From, To time.Time
+	// Types are AMQP topic patterns of the event type ("module.umami.#").
+	Types []string
+	// Sources, Nodes, UserIDs, IDs and CausationIDs match exactly.
+	Sources, Nodes, UserIDs, IDs, CausationIDs []string
+	// Headers match headers by name, exactly.
+	Headers map[string]string
+	// Body matches fields of a JSON body by path ("order.id", "items.0")
+	// to a JSON value (`42`, `"gold"`, `true`).
+	Body map[string]string
+	// Malformed selects only events that break the contract (true) or
+	// only those that keep it (false); nil selects both.
+	Malformed *bool
+	// Any lists alternatives, at least one of which must hold.
+	Any []Filter
+}
+
+// where renders f as an SQL condition with its arguments.
+func (f Filter) where() (string, []any, error) {
+	var conds []string
+	var args []any
+	if !f.From.IsZero() {
+		conds, args = append(conds, "time_ns >= ?"), append(args, f.From.UnixNano())
+	}
+	if !f.To.IsZero() {
+		conds, args = append(conds, "time_ns < ?"), append(args, f.To.UnixNano())
+	}
+	in := func(column string, values []string) {
+		if len(values) == 0 {
+			return
+		}
+		conds = append(conds, column+" IN ("+strings.TrimSuffix(strings.Repeat("?,", len(values)), ",")+")")
+		for _, v := range values {
+			args = append(args, v)
+		}
+	}
+	in("source", f.Sources)
+	in("node", f.Nodes)
+	in("user_id", f.UserIDs)
+	in("id", f.IDs)
+	in("causation_id", f.CausationIDs)
+	if len(f.Types) > 0 {
+		var or []string
+		for _, p := range f.Types {
+			if err := checkPattern(p); err != nil {
+				return "", nil, err
+			}
+			or, args = append(or, "mesh_topic_match(?, type)"), append(args, p)
+		}
+		conds = append(conds, "("+strings.Join(or, " OR ")+")")
+	}
+	for name, value := range f.Headers {
+		conds, args = append(conds, "json_extract(headers, ?) = ?"), append(args, jsonPathOfKey(name), value)
+	}
+	for path, value := range f.Body {
+		if !json.Valid([]byte(value)) {
+			return "", nil, fmt.Errorf("body filter %s: %q is not a JSON value", path, value)
+		}
+		p, err := jsonPath(path)
+		if err != nil {
+			return "", nil, err
+		}
+		conds = append(conds, "(body_json IS NOT NULL AND json_extract(body_json, ?) IS json_extract(?, '$'))")
+		args = append(args, p, value)
+	}
+	if f.Malformed != nil {
+		if *f.Malformed {
+			conds = append(conds, "malformed != ''")
+		} else {
+			conds = append(conds, "malformed = ''")
+		}
+	}
+	if len(f.Any) > 0 {
+		var or []string
+		for _, sub := range f.Any {
+			w, a, err := sub.where()
+			if err != nil {
+				return "", nil, err
+			}
+			or, args = append(or, "("+w+")"), append(args, a...)
+		}
+		conds = append(conds, "("+strings.Join(or, " OR ")+")")
+	}
+	if len(conds) == 0 {
+		return "1", nil, nil
+	}
+	return strings.Join(conds, " AND "), args, nil
+}
+
+// jsonPathOfKey is the JSON path of an object member named key.
+func jsonPathOfKey(key string) string {
+	return `$."` + strings.ReplaceAll(strings.ReplaceAll(key, `\`, `\\`), `"`, `\"`) + `"`
+}
+
+// jsonPath turns a dotted path ("order.items.0.sku") into a JSON path:
+// numeric words index arrays, others name members.
+func jsonPath(dotted string) (string, error) {
+	if dotted == "" {
+		return "", errors.New("body filter: empty path")
+	}
+	var b strings.Builder
+	b.WriteString("$")
+	for _, word := range strings.Split(dotted, ".") {
+		if word == "" {
+			return "", fmt.Errorf("body filter %q: empty word", dotted)
+		}
+		if strings.Trim(word, "0123456789") == "" {
+			b.WriteString("[" + word + "]")
+			continue
+		}
+		b.WriteString(strings.TrimPrefix(jsonPathOfKey(word), "$"))
+	}
+	return b.String(), nil
+}
+
+// Page is a window of results in order of arrival: the events after the
+// cursor (a Seq; 0 starts at the beginning), at most Limit of them.
+type Page struct {
+	After int64
+	Limit int
+}
+
+// MaxPage bounds a page, so that memory stays bounded whatever the store
+// holds.
+const MaxPage = 1000
+
+// Query returns a page of the events f selects, in order of arrival, and
+// the cursor of the next page (0 when there is none).
+func (s *Store) Query(ctx context.Context, f Filter, p Page) (events []Event, next int64, err error) {
+	if p.Limit <= 0 || p.Limit > MaxPage {
+		p.Limit = MaxPage
+	}
+	where, args, err := f.where()
+	if err != nil {
+		return nil, 0, fmt.Errorf("query the audit log: %w", err)
+	}
+	args = append(args, p.After, p.Limit+1)
+	rows, err := s.db.QueryContext(ctx, `SELECT `+columns+` FROM events WHERE `+where+` AND seq > ? ORDER BY seq LIMIT ?`, args...)
+	if err != nil {
+		return nil, 0, fmt.Errorf("query the audit log: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		ev, err := scanEvent(rows)
+		if err != nil {
+			return nil, 0, fmt.Errorf("query the audit log: %w", err)
+		}
+		events = append(events, ev)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, 0, fmt.Errorf("query the audit log: %w", err)
+	}
+	if len(events) > p.Limit {
+		events = events[:p.Limit]
+		next = events[len(events)-1].Seq
+	}
+	return events, next, nil
+}
+
+// Count returns how many events f selects.
+func (s *Store) Count(ctx context.Context, f Filter) (int64, error) {
+	where, args, err := f.where()
+	if err != nil {
+		return 0, fmt.Errorf("count in the audit log: %w", err)
+	}
+	var n int64
+	if err := s.db.QueryRowContext(ctx, `SELECT count(*) FROM events WHERE `+where, args...).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count in the audit log: %w", err)
+	}
+	return n, nil
+}
+
+// Stats describe what the store holds.
+type Stats struct {
+	// Events and Malformed count the rows, all and flagged.
+	Events    int64 `json:"events"`
+	Malformed int64 `json:"malformed"`
+	// Bytes is the database's size.
+	Bytes int64 `json:"bytes"`
+	// OldestArrived and NewestArrived bound the arrival times held.
+	OldestArrived time.Time `json:"oldest_arrived,omitzero"`
+	NewestArrived time.Time `json:"newest_arrived,omitzero"`
+}
+
+// Stats counts the rows and bytes the store holds, and its oldest and
+// newest arrivals.
+func (s *Store) Stats(ctx context.Context) (Stats, error) {
+	var st Stats
+	var oldest, newest sql.NullInt64
+	err := s.db.QueryRowContext(ctx, `SELECT count(*), coalesce(sum(malformed != ''), 0), min(arrived_ns), max(arrived_ns) FROM events`).
+		Scan(&st.Events, &st.Malformed, &oldest, &newest)
+	if err != nil {
+		return st, fmt.Errorf("audit log stats: %w", err)
+	}
+	st.OldestArrived, st.NewestArrived = fromUnixNano(oldest.Int64), fromUnixNano(newest.Int64)
+	var pages, pageSize int64
+	if err := s.db.QueryRowContext(ctx, `PRAGMA page_count`).Scan(&pages); err != nil {
+		return st, fmt.Errorf("audit log stats: %w", err)
+	}
+	if err := s.db.QueryRowContext(ctx, `PRAGMA page_size`).Scan(&pageSize); err != nil {
+		return st, fmt.Errorf("audit log stats: %w", err)
+	}
+	st.Bytes = pages * pageSize
+	return st, nil
+}

@@ -1,0 +1,281 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/meshkit/mesh/internal/wire"
+)
+
+func open(t testing.TB) (*Store, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "audit.db")
+	s, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s, path
+}
+
+var t0 = time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+
+func event(i int, typ string) Event {
+	return Event{
+		ID: fmt.Sprintf("01JAUDIT%018d", i), Type: typ, Source: "umami", Node: "anchor",
+		Time: t0.Add(time.Duration(i) * time.Second), Headers: map[string]string{"x-event-id": fmt.Sprintf("01JAUDIT%018d", i), "x-tenant": "acme"},
+		Body: []byte(fmt.Sprintf(`{"n":%d,"order":{"tier":"gold","items":[{"sku":"a%d"}]}}`, i, i)), Arrived: t0.Add(time.Hour),
+	}
+}
+
+// TestAddStoresEachIDOnce: an id added again (a redelivery, a resend, a
+// replay), in the same batch or later, is not a second row; what is stored
+// comes back whole, JSON or not, after the store is closed and opened
+// again.
+func TestAddStoresEachIDOnce(t *testing.T) {
+	s, path := open(t)
+	ctx := context.Background()
+	a, b := event(1, "module.umami.site.created"), event(2, "module.umami.site.deleted")
+	b.UserID, b.Redelivered, b.CausationID, b.Schema = "publisher", true, a.ID, "2"
+	bad := Event{ID: "not-a-ulid", Type: "mesh.x.y", Body: []byte{0xff, 0x00, '{'}, Malformed: "x-event-id is not a ULID", Arrived: t0}
+	if n, err := s.Add(ctx, a, b, a, bad); err != nil || n != 3 {
+		t.Fatalf("added %d, %v; want 3", n, err)
+	}
+	if n, err := s.Add(ctx, b); err != nil || n != 0 {
+		t.Fatalf("added again %d, %v; want 0", n, err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	got, err := s.Get(ctx, b.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got.Seq = 0
+	if fmt.Sprint(got) != fmt.Sprint(b) {
+		t.Errorf("stored\n%+v\ngot back\n%+v", b, got)
+	}
+	raw, err := s.Get(ctx, bad.ID)
+	if err != nil || string(raw.Body) != string(bad.Body) || raw.Malformed != bad.Malformed {
+		t.Errorf("malformed event came back as %+v, %v", raw, err)
+	}
+	if _, err := s.Get(ctx, "01JNOPE"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("get of an unknown id: %v", err)
+	}
+	if st, err := s.Stats(ctx); err != nil || st.Events != 3 || st.Malformed != 1 || st.Bytes <= 0 {
+		t.Errorf("stats %+v, %v", st, err)
+	}
+}
+
+// TestConcurrentAddsShareTransactions: many callers at once each get their
+// own count back, and every row is stored.
+func TestConcurrentAddsShareTransactions(t *testing.T) {
+	s, _ := open(t)
+	var wg sync.WaitGroup
+	errs := make(chan error, 50)
+	for g := range 50 {
+		wg.Go(func() {
+			for i := range 20 {
+				ev := event(g*20+i, "mesh.load.tick")
+				if n, err := s.Add(context.Background(), ev, ev); err != nil || n != 1 {
+					errs <- fmt.Errorf("add %d: %d, %v", g*20+i, n, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if n, err := s.Count(context.Background(), Filter{}); err != nil || n != 1000 {
+		t.Errorf("count %d, %v; want 1000", n, err)
+	}
+}
+
+// TestFilters: each filter alone, together (AND), as alternatives (Any),
+// and pages that walk the whole selection in order.
+func TestFilters(t *testing.T) {
+	s, _ := open(t)
+	ctx := context.Background()
+	var all []Event
+	for i := range 30 {
+		typ := []string{"module.umami.site.created", "module.billing.invoice.sent", "node.anchor.joined"}[i%3]
+		ev := event(i, typ)
+		if i%5 == 0 {
+			ev.Source, ev.Node, ev.UserID = "billing", "harbor", "svc-billing"
+			ev.Headers["x-tenant"] = "globex"
+		}
+		if i == 7 {
+			ev.CausationID = all[3].ID
+			ev.Malformed = "x-time is missing"
+		}
+		all = append(all, ev)
+	}
+	if _, err := s.Add(ctx, all...); err != nil {
+		t.Fatal(err)
+	}
+	yes, no := true, false
+	want := func(cond func(i int, ev Event) bool) []string {
+		var ids []string
+		for i, ev := range all {
+			if cond(i, ev) {
+				ids = append(ids, ev.ID)
+			}
+		}
+		return ids
+	}
+	for name, c := range map[string]struct {
+		f    Filter
+		want []string
+	}{
+		"all":         {Filter{}, want(func(int, Event) bool { return true })},
+		"time range":  {Filter{From: t0.Add(10 * time.Second), To: t0.Add(13 * time.Second)}, want(func(i int, _ Event) bool { return i >= 10 && i < 13 })},
+		"type #":      {Filter{Types: []string{"module.#"}}, want(func(i int, _ Event) bool { return i%3 != 2 })},
+		"type *":      {Filter{Types: []string{"*.*.site.*"}}, want(func(i int, _ Event) bool { return i%3 == 0 })},
+		"two types":   {Filter{Types: []string{"node.*.joined", "module.billing.#"}}, want(func(i int, _ Event) bool { return i%3 != 0 })},
+		"source":      {Filter{Sources: []string{"billing"}}, want(func(i int, _ Event) bool { return i%5 == 0 })},
+		"node":        {Filter{Nodes: []string{"harbor"}}, want(func(i int, _ Event) bool { return i%5 == 0 })},
+		"user":        {Filter{UserIDs: []string{"svc-billing"}}, want(func(i int, _ Event) bool { return i%5 == 0 })},
+		"id":          {Filter{IDs: []string{all[4].ID, all[9].ID}}, []string{all[4].ID, all[9].ID}},
+		"causation":   {Filter{CausationIDs: []string{all[3].ID}}, []string{all[7].ID}},
+		"header":      {Filter{Headers: map[string]string{"x-tenant": "globex"}}, want(func(i int, _ Event) bool { return i%5 == 0 })},
+		"body number": {Filter{Body: map[string]string{"n": "12"}}, []string{all[12].ID}},
+		"body nested": {Filter{Body: map[string]string{"order.items.0.sku": `"a13"`}}, []string{all[13].ID}},
+		"body string": {Filter{Body: map[string]string{"order.tier": `"gold"`}}, want(func(int, Event) bool { return true })},
+		"malformed":   {Filter{Malformed: &yes}, []string{all[7].ID}},
+		"well formed": {Filter{Malformed: &no, Sources: []string{"billing"}}, want(func(i int, _ Event) bool { return i%5 == 0 })},
+		"and":         {Filter{Sources: []string{"billing"}, Types: []string{"node.#"}}, want(func(i int, _ Event) bool { return i%5 == 0 && i%3 == 2 })},
+		"any":         {Filter{Any: []Filter{{Types: []string{"node.#"}}, {Sources: []string{"billing"}}}}, want(func(i int, _ Event) bool { return i%5 == 0 || i%3 == 2 })},
+		"and any": {Filter{Nodes: []string{"anchor"}, Any: []Filter{{IDs: []string{all[1].ID}}, {Body: map[string]string{"n": "2"}}}},
+			[]string{all[1].ID, all[2].ID}},
+	} {
+		var got []string
+		var after int64
+		for pages := 0; ; pages++ {
+			evs, next, err := s.Query(ctx, c.f, Page{After: after, Limit: 4})
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			for _, ev := range evs {
+				got = append(got, ev.ID)
+			}
+			if next == 0 {
+				break
+			}
+			if pages > 10 {
+				t.Fatalf("%s: pages never end", name)
+			}
+			after = next
+		}
+		if !slices.Equal(got, c.want) {
+			t.Errorf("%s: got %d events %v, want %d %v", name, len(got), got, len(c.want), c.want)
+		}
+		if n, err := s.Count(ctx, c.f); err != nil || n != int64(len(c.want)) {
+			t.Errorf("%s: count %d, %v; want %d", name, n, err, len(c.want))
+		}
+	}
+	for _, bad := range []Filter{{Types: []string{"a..b"}}, {Body: map[string]string{"n": "not json"}}, {Body: map[string]string{"a..b": "1"}}} {
+		if _, _, err := s.Query(ctx, bad, Page{}); err == nil {
+			t.Errorf("filter %+v accepted", bad)
+		}
+	}
+}
+
+// FuzzMatchTopic: the store's topic matching is the runtime's.
+func FuzzMatchTopic(f *testing.F) {
+	for _, s := range [][2]string{{"#", "a.b"}, {"a.*", "a.b"}, {"a.#.c", "a.c"}, {"*.#.*", "a"}, {"#.#", ""}, {"a.#.b.#", "a.x.b.y.b"}} {
+		f.Add(s[0], s[1])
+	}
+	f.Fuzz(func(t *testing.T, pattern, eventType string) {
+		if len(pattern) > 64 || len(eventType) > 64 || checkPattern(pattern) != nil {
+			return // the store refuses such patterns before matching
+		}
+		if got, want := matchTopic(pattern, eventType), wire.MatchPattern(pattern, eventType); got != want {
+			t.Fatalf("matchTopic(%q, %q) = %v, the runtime says %v", pattern, eventType, got, want)
+		}
+	})
+}
+
+// BenchmarkAdd is the store's ingest rate with 32 concurrent writers, one
+// event each per call, as the audit logger's handlers add them.
+func BenchmarkAdd(b *testing.B) {
+	s, _ := open(b)
+	b.SetParallelism(16) // 2 cores x 16 = 32 writers
+	var next sync.Mutex
+	i := 0
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			next.Lock()
+			i++
+			ev := event(i, "module.umami.site.created")
+			next.Unlock()
+			if _, err := s.Add(context.Background(), ev); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
+}
+
+// TestTrace: the causal tree of an event three levels deep, its causes
+// above it, a cause the store does not hold, and the depth limit.
+func TestTrace(t *testing.T) {
+	s, _ := open(t)
+	ctx := context.Background()
+	mk := func(i int, cause string) Event {
+		ev := event(i, "mesh.chain.step")
+		ev.CausationID = cause
+		return ev
+	}
+	//          0 (caused by an event not held)
+	//          └─ 1
+	//             ├─ 2
+	//             │  └─ 4
+	//             └─ 3
+	e0 := mk(0, "01JGONE0000000000000000000")
+	e1 := mk(1, e0.ID)
+	e2, e3 := mk(2, e1.ID), mk(3, e1.ID)
+	e4 := mk(4, e2.ID)
+	other := mk(5, "")
+	if _, err := s.Add(ctx, e0, e1, e2, e3, e4, other); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := s.Trace(ctx, e1.ID, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tr.Causes) != 1 || tr.Causes[0].ID != e0.ID || tr.MissingCause != e0.CausationID || tr.Truncated {
+		t.Errorf("causes %+v, missing %q, truncated %v", tr.Causes, tr.MissingCause, tr.Truncated)
+	}
+	r := tr.Root
+	if r.Event.ID != e1.ID || len(r.Caused) != 2 || r.Caused[0].Event.ID != e2.ID || r.Caused[1].Event.ID != e3.ID ||
+		len(r.Caused[0].Caused) != 1 || r.Caused[0].Caused[0].Event.ID != e4.ID || len(r.Caused[1].Caused) != 0 {
+		t.Errorf("tree below %s is wrong", e1.ID)
+	}
+	shallow, err := s.Trace(ctx, e1.ID, 1)
+	if err != nil || !shallow.Truncated || len(shallow.Root.Caused) != 2 || len(shallow.Root.Caused[0].Caused) != 0 {
+		t.Errorf("depth 1: %+v, %v", shallow, err)
+	}
+	leaf, err := s.Trace(ctx, e4.ID, 4)
+	if err != nil || leaf.Truncated || len(leaf.Root.Caused) != 0 || len(leaf.Causes) != 3 || leaf.Causes[2].ID != e0.ID {
+		t.Errorf("the leaf at depth 4: %+v, %v; want three causes, nothing below, not truncated", leaf, err)
+	}
+	if _, err := s.Trace(ctx, "01JNOPE", 0); !errors.Is(err, ErrNotFound) {
+		t.Errorf("trace of an unknown id: %v", err)
+	}
+}
