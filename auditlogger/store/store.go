@@ -29,6 +29,11 @@ import (
 // ErrNotFound is returned by Get for an id the store does not hold.
 var ErrNotFound = errors.New("no such event in the audit log")
 
+// ErrBadFilter is wrapped by the error for a filter the store cannot run:
+// a type pattern with an empty word, a body filter whose path or value is
+// not one.
+var ErrBadFilter = errors.New("bad filter")
+
 // ErrClosed is returned once the store is closed.
 var ErrClosed = errors.New("audit store closed")
 
@@ -321,21 +326,26 @@ func (s *Store) Get(ctx context.Context, id string) (Event, error) {
 type Filter struct {
 	// From and To bound the emit time (x-time): From <= time < To. Zero
 	// leaves that side open.
-	From, To time.Time
+	From time.Time `json:"from,omitzero"`
+	To   time.Time `json:"to,omitzero"`
 	// Types are AMQP topic patterns of the event type ("module.umami.#").
-	Types []string
+	Types []string `json:"types,omitempty"`
 	// Sources, Nodes, UserIDs, IDs and CausationIDs match exactly.
-	Sources, Nodes, UserIDs, IDs, CausationIDs []string
+	Sources      []string `json:"sources,omitempty"`
+	Nodes        []string `json:"nodes,omitempty"`
+	UserIDs      []string `json:"user_ids,omitempty"`
+	IDs          []string `json:"ids,omitempty"`
+	CausationIDs []string `json:"causation_ids,omitempty"`
 	// Headers match headers by name, exactly.
-	Headers map[string]string
+	Headers map[string]string `json:"headers,omitempty"`
 	// Body matches fields of a JSON body by path ("order.id", "items.0")
 	// to a JSON value (`42`, `"gold"`, `true`).
-	Body map[string]string
+	Body map[string]string `json:"body,omitempty"`
 	// Malformed selects only events that break the contract (true) or
 	// only those that keep it (false); nil selects both.
-	Malformed *bool
+	Malformed *bool `json:"malformed,omitempty"`
 	// Any lists alternatives, at least one of which must hold.
-	Any []Filter
+	Any []Filter `json:"any,omitempty"`
 }
 
 // where renders f as an SQL condition with its arguments.
@@ -366,7 +376,7 @@ func (f Filter) where() (string, []any, error) {
 		var or []string
 		for _, p := range f.Types {
 			if err := checkPattern(p); err != nil {
-				return "", nil, err
+				return "", nil, fmt.Errorf("%w: %v", ErrBadFilter, err)
 			}
 			or, args = append(or, "mesh_topic_match(?, type)"), append(args, p)
 		}
@@ -377,11 +387,11 @@ func (f Filter) where() (string, []any, error) {
 	}
 	for path, value := range f.Body {
 		if !json.Valid([]byte(value)) {
-			return "", nil, fmt.Errorf("body filter %s: %q is not a JSON value", path, value)
+			return "", nil, fmt.Errorf("%w: body filter %s: %q is not a JSON value", ErrBadFilter, path, value)
 		}
 		p, err := jsonPath(path)
 		if err != nil {
-			return "", nil, err
+			return "", nil, fmt.Errorf("%w: %v", ErrBadFilter, err)
 		}
 		conds = append(conds, "(body_json IS NOT NULL AND json_extract(body_json, ?) IS json_extract(?, '$'))")
 		args = append(args, p, value)
@@ -439,8 +449,8 @@ func jsonPath(dotted string) (string, error) {
 // Page is a window of results in order of arrival: the events after the
 // cursor (a Seq; 0 starts at the beginning), at most Limit of them.
 type Page struct {
-	After int64
-	Limit int
+	After int64 `json:"after,omitempty"`
+	Limit int   `json:"limit,omitempty"`
 }
 
 // MaxPage bounds a page, so that memory stays bounded whatever the store

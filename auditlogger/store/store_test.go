@@ -188,8 +188,8 @@ func TestFilters(t *testing.T) {
 		}
 	}
 	for _, bad := range []Filter{{Types: []string{"a..b"}}, {Body: map[string]string{"n": "not json"}}, {Body: map[string]string{"a..b": "1"}}} {
-		if _, _, err := s.Query(ctx, bad, Page{}); err == nil {
-			t.Errorf("filter %+v accepted", bad)
+		if _, _, err := s.Query(ctx, bad, Page{}); !errors.Is(err, ErrBadFilter) {
+			t.Errorf("filter %+v: %v, want ErrBadFilter", bad, err)
 		}
 	}
 }

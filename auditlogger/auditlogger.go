@@ -1,0 +1,211 @@
+// Package auditlogger is the audit logger module: it consumes every event
+// of the mesh ("#") on its queue <node>.audit-logger.events, stores each
+// once by its id (package store), and answers queries about them as
+// tools over mesh.rpc, so they work from any node:
+//
+//	audit.query  a page of the events a filter selects, and the next cursor
+//	audit.count  how many events a filter selects
+//	audit.get    one event by id
+//	audit.trace  the causal chain of an event, in both directions
+//	audit.stats  rows, bytes, oldest and newest arrivals
+//
+// A delivery is acknowledged only once its row is durable; a redelivery,
+// a resend or a replay of an id already stored is not a second row. It is
+// built on the sdk alone, and runs in-process or as a module process
+// (auditlogger/cmd/audit-logger). Give it a concurrency of 32 or so: its
+// handlers then share the store's transactions.
+//
+// Not built yet (issue 10): dead letters and events that break the
+// contract, the AMQP user-id, replay, export, retention.
+package auditlogger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/meshkit/mesh/auditlogger/store"
+	"github.com/meshkit/mesh/sdk"
+)
+
+// Name is the module's name: its queue is <node>.audit-logger.events.
+const Name = "audit-logger"
+
+// Tool keys the audit logger serves.
+const (
+	ToolQuery = "audit.query"
+	ToolCount = "audit.count"
+	ToolGet   = "audit.get"
+	ToolTrace = "audit.trace"
+	ToolStats = "audit.stats"
+)
+
+// Logger is an audit logger with its store open.
+type Logger struct {
+	store *store.Store
+	now   func() time.Time
+}
+
+// Open opens (or creates) the audit database at path.
+func Open(path string) (*Logger, error) {
+	s, err := store.Open(path, store.Options{})
+	if err != nil {
+		return nil, err
+	}
+	return &Logger{store: s, now: time.Now}, nil
+}
+
+// Close closes the store. Stop the module first: a handler still running
+// then fails its delivery, which the broker delivers again.
+func (l *Logger) Close() error { return l.store.Close() }
+
+// Store is the logger's store, for a program that embeds it.
+func (l *Logger) Store() *store.Store { return l.store }
+
+// Module is the audit logger as an sdk module.
+func (l *Logger) Module() sdk.Module {
+	return sdk.Module{
+		Name:  Name,
+		Setup: func(m sdk.Mesh) error {
+			// The store keeps each id once by itself: the node's own
+			// de-duplication would only repeat that work.
+			return errors.Join(
+				m.On("#", sdk.AllowDuplicates(sdk.HandlerFunc(l.record))),
+				m.Serve(ToolQuery, sdk.ToolHandlerFunc(l.query)),
+				m.Serve(ToolCount, sdk.ToolHandlerFunc(l.count)),
+				m.Serve(ToolGet, sdk.ToolHandlerFunc(l.get)),
+				m.Serve(ToolTrace, sdk.ToolHandlerFunc(l.trace)),
+				m.Serve(ToolStats, sdk.ToolHandlerFunc(l.stats)),
+			)
+		},
+	}
+}
+
+// record stores one event and returns once its row is durable.
+func (l *Logger) record(ctx context.Context, ev sdk.Event) error {
+	if _, err := l.store.Add(ctx, rowOf(ev, l.now())); err != nil {
+		return fmt.Errorf("record %s in the audit log: %w", ev.ID, err)
+	}
+	return nil
+}
+
+// rowOf is what the store keeps of an event: every header the handler
+// sees, the contract's included.
+func rowOf(ev sdk.Event, arrived time.Time) store.Event {
+	headers := make(map[string]string, len(ev.Headers)+6)
+	for k, v := range ev.Headers {
+		headers[k] = v
+	}
+	set := func(k, v string) {
+		if v != "" {
+			headers[k] = v
+		}
+	}
+	set("x-event-id", ev.ID)
+	set("x-source", ev.Source)
+	set("x-node", ev.Node)
+	set("x-causation-id", ev.CausationID)
+	set("x-schema", ev.Schema)
+	if !ev.Time.IsZero() {
+		headers["x-time"] = ev.Time.UTC().Format(time.RFC3339Nano)
+	}
+	return store.Event{ID: ev.ID, Type: ev.Type, Source: ev.Source, Node: ev.Node, CausationID: ev.CausationID, Schema: ev.Schema,
+		Time: ev.Time, Headers: headers, Body: ev.Body, Arrived: arrived.UTC(), Redelivered: ev.Redelivered}
+}
+
+// QueryRequest is audit.query's request: a filter and a page.
+type QueryRequest struct {
+	Filter store.Filter `json:"filter"`
+	Page   store.Page   `json:"page"`
+}
+
+// QueryResponse is audit.query's response: the events and the cursor of
+// the next page (0 when there is none).
+type QueryResponse struct {
+	Events []store.Event `json:"events"`
+	Next   int64         `json:"next,omitempty"`
+}
+
+// TraceRequest is audit.trace's request.
+type TraceRequest struct {
+	ID string `json:"id"`
+	// MaxDepth bounds the levels followed each way; 0 follows them all.
+	MaxDepth int `json:"max_depth,omitempty"`
+}
+
+// badRequest is the tool error of a request the logger cannot read.
+func badRequest(err error) error {
+	return &sdk.ToolError{Code: "bad_request", Message: err.Error(), Permanent: true}
+}
+
+func (l *Logger) query(ctx context.Context, req sdk.Request) (any, error) {
+	var q QueryRequest
+	if err := req.Decode(&q); err != nil {
+		return nil, badRequest(err)
+	}
+	evs, next, err := l.store.Query(ctx, q.Filter, q.Page)
+	if err != nil {
+		return nil, queryError(err)
+	}
+	if evs == nil {
+		evs = []store.Event{}
+	}
+	return QueryResponse{Events: evs, Next: next}, nil
+}
+
+func (l *Logger) count(ctx context.Context, req sdk.Request) (any, error) {
+	var f store.Filter
+	if err := req.Decode(&f); err != nil {
+		return nil, badRequest(err)
+	}
+	n, err := l.store.Count(ctx, f)
+	if err != nil {
+		return nil, queryError(err)
+	}
+	return n, nil
+}
+
+func (l *Logger) get(ctx context.Context, req sdk.Request) (any, error) {
+	var id string
+	if err := req.Decode(&id); err != nil {
+		return nil, badRequest(err)
+	}
+	ev, err := l.store.Get(ctx, id)
+	if err != nil {
+		return nil, queryError(err)
+	}
+	return ev, nil
+}
+
+func (l *Logger) trace(ctx context.Context, req sdk.Request) (any, error) {
+	var t TraceRequest
+	if err := req.Decode(&t); err != nil {
+		return nil, badRequest(err)
+	}
+	tr, err := l.store.Trace(ctx, t.ID, t.MaxDepth)
+	if err != nil {
+		return nil, queryError(err)
+	}
+	return tr, nil
+}
+
+func (l *Logger) stats(ctx context.Context, _ sdk.Request) (any, error) {
+	st, err := l.store.Stats(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+// queryError tells the caller a missing event and a bad filter apart from
+// the store's own failures (which are transient).
+func queryError(err error) error {
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return &sdk.ToolError{Code: "not_found", Message: err.Error(), Permanent: true}
+	case errors.Is(err, store.ErrBadFilter):
+		return badRequest(err)
+	}
+	return err
+}

@@ -1,0 +1,100 @@
+package auditlogger_test
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"testing"
+
+	"github.com/meshkit/mesh/auditlogger"
+	"github.com/meshkit/mesh/auditlogger/store"
+	"github.com/meshkit/mesh/sdk"
+	"github.com/meshkit/mesh/sdk/meshtest"
+)
+
+func openLogger(t *testing.T) *auditlogger.Logger {
+	t.Helper()
+	l, err := auditlogger.Open(filepath.Join(t.TempDir(), "audit.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+// relay emits "relayed" for each mesh.order.# event: a two-level chain.
+var relay = sdk.Module{Name: "shop", Setup: func(m sdk.Mesh) error {
+	return m.On("mesh.order.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+		_, err := m.Emit(ctx, "order.accepted", map[string]any{"order": ev.ID, "tier": "gold"}, sdk.WithSchema("3"))
+		return err
+	}))
+}}
+
+// TestRecordsAndAnswers: on the test mesh, the logger stores every event
+// once with its headers, and answers query, count, get, trace and stats
+// as tools.
+func TestRecordsAndAnswers(t *testing.T) {
+	l := openLogger(t)
+	mt := meshtest.New(meshtest.Config{})
+	defer mt.Close()
+	for _, m := range []sdk.Module{l.Module(), relay} {
+		if err := mt.Load(m, meshtest.ModuleConfig{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx := context.Background()
+	var orders []string
+	for i := range 3 {
+		id, err := mt.Emit(ctx, "web", "mesh.order.placed", map[string]int{"n": i})
+		if err != nil {
+			t.Fatal(err)
+		}
+		orders = append(orders, id)
+	}
+	mt.Settle()
+	if err := mt.Redeliver(orders[0]); err != nil { // seen twice: stored once
+		t.Fatal(err)
+	}
+	mt.Settle()
+
+	var n int64
+	if err := mt.Call(ctx, "test", auditlogger.ToolCount, store.Filter{}, &n); err != nil || n != 6 {
+		t.Fatalf("count %d, %v; want 6 (3 orders, 3 accepted)", n, err)
+	}
+	var page auditlogger.QueryResponse
+	q := auditlogger.QueryRequest{Filter: store.Filter{Types: []string{"module.shop.#"}, Body: map[string]string{"tier": `"gold"`}}, Page: store.Page{Limit: 2}}
+	if err := mt.Call(ctx, "test", auditlogger.ToolQuery, q, &page); err != nil || len(page.Events) != 2 || page.Next == 0 {
+		t.Fatalf("query page 1: %+v, %v", page, err)
+	}
+	first := page.Events[0]
+	if first.Type != "module.shop.order.accepted" || first.Source != "shop" || first.Schema != "3" || first.CausationID != orders[0] ||
+		first.Headers["x-event-id"] != first.ID || first.Headers["x-causation-id"] != orders[0] || first.Headers["x-time"] == "" {
+		t.Errorf("stored event %+v", first)
+	}
+	q.Page.After = page.Next
+	var page2 auditlogger.QueryResponse
+	if err := mt.Call(ctx, "test", auditlogger.ToolQuery, q, &page2); err != nil || len(page2.Events) != 1 || page2.Next != 0 {
+		t.Errorf("query page 2: %+v, %v", page2, err)
+	}
+	var got store.Event
+	if err := mt.Call(ctx, "test", auditlogger.ToolGet, orders[1], &got); err != nil || got.ID != orders[1] || string(got.Body) != `{"n":1}` {
+		t.Errorf("get: %+v, %v", got, err)
+	}
+	var tr store.Trace
+	if err := mt.Call(ctx, "test", auditlogger.ToolTrace, auditlogger.TraceRequest{ID: orders[2]}, &tr); err != nil ||
+		tr.Root == nil || len(tr.Root.Caused) != 1 || tr.Root.Caused[0].Event.Type != "module.shop.order.accepted" {
+		t.Errorf("trace: %+v, %v", tr, err)
+	}
+	var st store.Stats
+	if err := mt.Call(ctx, "test", auditlogger.ToolStats, nil, &st); err != nil || st.Events != 6 {
+		t.Errorf("stats: %+v, %v", st, err)
+	}
+	var te *sdk.ToolError
+	if err := mt.Call(ctx, "test", auditlogger.ToolGet, "01JNOPE", nil); !errors.As(err, &te) || te.Code != "not_found" || !te.Permanent {
+		t.Errorf("get of an unknown id: %v", err)
+	}
+	bad := auditlogger.QueryRequest{Filter: store.Filter{Types: []string{"a..b"}}}
+	if err := mt.Call(ctx, "test", auditlogger.ToolQuery, bad, nil); !errors.As(err, &te) || te.Code != "bad_request" {
+		t.Errorf("query with a bad pattern: %v", err)
+	}
+}

@@ -1,0 +1,153 @@
+package auditlogger_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/meshkit/mesh/auditlogger"
+	"github.com/meshkit/mesh/auditlogger/store"
+	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/runtime"
+)
+
+var buildLogger = sync.OnceValues(func() (string, error) {
+	dir, err := os.MkdirTemp("", "mesh-audit-logger-")
+	if err != nil {
+		return "", err
+	}
+	bin := filepath.Join(dir, "audit-logger")
+	if out, err := exec.Command("go", "build", "-o", bin, "./cmd/audit-logger").CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build the audit logger: %v\n%s", err, out)
+	}
+	return bin, nil
+})
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if bin, err := buildLogger(); err == nil {
+		os.RemoveAll(filepath.Dir(bin))
+	}
+	os.Exit(code)
+}
+
+// TestCompleteAcrossDuplicatesAndAKill: events from a module and from a
+// raw amqp091-go publisher (each id published twice) are stored once
+// each, also when the logger's module process is SIGKILLed mid-stream
+// (meshd restarts it; what it had not acknowledged comes back).
+func TestCompleteAcrossDuplicatesAndAKill(t *testing.T) {
+	t.Parallel()
+	bin, err := buildLogger()
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := brokertest.VHost(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	node, err := runtime.New(ctx, runtime.Config{Node: "anchor", AMQPURL: url, StateDir: t.TempDir(),
+		RetryMin: 10 * time.Millisecond, RetryMax: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close(context.Background())
+	db := filepath.Join(t.TempDir(), "audit.db")
+	pm, err := node.LoadPlugin(ctx, bin, []string{"--db", db}, runtime.ModuleConfig{Concurrency: 32, ToolGrants: []string{"audit.*"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pm.Stop(context.Background())
+
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	raw, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const perSource = 300
+	publishRaw := func(i int, id string) {
+		err := raw.PublishWithContext(ctx, "mesh.events", "mesh.raw.tick", false, false, amqp.Publishing{
+			Headers:     amqp.Table{"x-event-id": id, "x-source": "legacy", "x-node": "far", "x-time": time.Now().UTC().Format(time.RFC3339Nano)},
+			ContentType: "application/json", DeliveryMode: amqp.Persistent, MessageId: id, Body: []byte(fmt.Sprintf(`{"i":%d}`, i)),
+		})
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	count := func() int64 {
+		var n int64
+		// The node's own events (node.anchor.module.crashed, ...) are
+		// recorded too: count the test's.
+		mine := store.Filter{Types: []string{"mesh.raw.#", "mesh.emitted.#"}}
+		if err := node.Call(ctx, "test", auditlogger.ToolCount, mine, &n); err != nil {
+			return -1 // the logger is restarting
+		}
+		return n
+	}
+	killed := false
+	for i := range perSource {
+		id := ulid.Make().String()
+		publishRaw(i, id)
+		publishRaw(i, id) // a resend: the same id
+		if _, err := node.Emit(ctx, "test", "mesh.emitted.tick", map[string]int{"i": i}); err != nil {
+			t.Fatal(err)
+		}
+		if i == perSource/2 && !killed {
+			for count() < 50 {
+				time.Sleep(20 * time.Millisecond)
+			}
+			if err := syscall.Kill(pm.PID(), syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			killed = true
+		}
+	}
+	want := int64(2 * perSource)
+	deadline := time.Now().Add(60 * time.Second)
+	var n int64
+	for n = count(); n != want; n = count() {
+		if n > want {
+			t.Fatalf("%d rows for %d events: some stored twice", n, want)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d rows after 60s, want %d", n, want)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// Every delivery is settled (the queue is empty and nothing unacked),
+	// so no late copy can add a row after this point.
+	for {
+		q, err := raw.QueueDeclarePassive("anchor.audit-logger.events", true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if q.Messages == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d messages still in the logger's queue", q.Messages)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := count(); n != want {
+		t.Errorf("%d rows once the queue drained, want %d", n, want)
+	}
+	var crashes int64
+	if err := node.Call(ctx, "test", auditlogger.ToolCount, store.Filter{Types: []string{"node.anchor.module.crashed"}}, &crashes); err != nil || crashes != 1 {
+		t.Errorf("the logger recorded %d crashes of itself (%v), want 1", crashes, err)
+	}
+	t.Logf("summary TestCompleteAcrossDuplicatesAndAKill: published=%d (raw, each twice) emitted=%d rows=%d lost=0", perSource, perSource, n)
+}
