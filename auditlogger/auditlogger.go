@@ -66,7 +66,7 @@ func (l *Logger) Store() *store.Store { return l.store }
 // Module is the audit logger as an sdk module.
 func (l *Logger) Module() sdk.Module {
 	return sdk.Module{
-		Name:  Name,
+		Name: Name,
 		Setup: func(m sdk.Mesh) error {
 			// The store keeps each id once by itself: the node's own
 			// de-duplication would only repeat that work.
