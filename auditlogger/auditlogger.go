@@ -16,7 +16,7 @@
 // handlers then share the store's transactions.
 //
 // Not built yet (issue 10): dead letters and events that break the
-// contract, the AMQP user-id, replay, export, retention.
+// contract, replay, export, retention.
 package auditlogger
 
 import (
@@ -111,7 +111,7 @@ func rowOf(ev sdk.Event, arrived time.Time) store.Event {
 		headers["x-time"] = ev.Time.UTC().Format(time.RFC3339Nano)
 	}
 	return store.Event{ID: ev.ID, Type: ev.Type, Source: ev.Source, Node: ev.Node, CausationID: ev.CausationID, Schema: ev.Schema,
-		Time: ev.Time, Headers: headers, Body: ev.Body, Arrived: arrived.UTC(), Redelivered: ev.Redelivered}
+		Time: ev.Time, UserID: ev.UserID, Headers: headers, Body: ev.Body, Arrived: arrived.UTC(), Redelivered: ev.Redelivered}
 }
 
 // QueryRequest is audit.query's request: a filter and a page.

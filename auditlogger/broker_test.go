@@ -81,7 +81,7 @@ func TestCompleteAcrossDuplicatesAndAKill(t *testing.T) {
 	publishRaw := func(i int, id string) {
 		err := raw.PublishWithContext(ctx, "mesh.events", "mesh.raw.tick", false, false, amqp.Publishing{
 			Headers:     amqp.Table{"x-event-id": id, "x-source": "legacy", "x-node": "far", "x-time": time.Now().UTC().Format(time.RFC3339Nano)},
-			ContentType: "application/json", DeliveryMode: amqp.Persistent, MessageId: id, Body: []byte(fmt.Sprintf(`{"i":%d}`, i)),
+			ContentType: "application/json", DeliveryMode: amqp.Persistent, MessageId: id, UserId: "guest", Body: []byte(fmt.Sprintf(`{"i":%d}`, i)),
 		})
 		if err != nil {
 			t.Error(err)
@@ -144,6 +144,10 @@ func TestCompleteAcrossDuplicatesAndAKill(t *testing.T) {
 	}
 	if n := count(); n != want {
 		t.Errorf("%d rows once the queue drained, want %d", n, want)
+	}
+	var byGuest int64 // the raw publisher set user-id; the node sets it on what it emits
+	if err := node.Call(ctx, "test", auditlogger.ToolCount, store.Filter{UserIDs: []string{"guest"}, Types: []string{"mesh.raw.#", "mesh.emitted.#"}}, &byGuest); err != nil || byGuest != want {
+		t.Errorf("%d rows published by guest (%v), want %d", byGuest, err, want)
 	}
 	var crashes int64
 	if err := node.Call(ctx, "test", auditlogger.ToolCount, store.Filter{Types: []string{"node.anchor.module.crashed"}}, &crashes); err != nil || crashes != 1 {

@@ -564,6 +564,7 @@ func eventOf(d amqp.Delivery, meta wire.Meta, eventType string, attempt int) sdk
 		Body:        d.Body,
 		Attempt:     attempt,
 		Redelivered: d.Redelivered,
+		UserID:      d.UserId,
 	}
 }
 

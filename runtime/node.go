@@ -29,6 +29,7 @@ import (
 // broker is back (docs/adr/0009-connection-supervision.md).
 type Node struct {
 	cfg      Config
+	userID   string // the broker user the node authenticates as, set as each event's user-id
 	log      *slog.Logger
 	bindings bindingRecord
 	stats    counters
@@ -71,6 +72,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	cfg.withDefaults()
 	n := &Node{
 		cfg:        cfg,
+		userID:     brokerUser(cfg.AMQPURL),
 		log:        cfg.Logger.With("node", cfg.Node),
 		bindings:   bindingRecord{dir: cfg.StateDir},
 		modules:    make(map[string]*Module),
@@ -232,6 +234,7 @@ func (n *Node) emit(ctx context.Context, source, eventType string, raw []byte, o
 		Headers:      headers,
 		ContentType:  wire.ContentTypeJSON,
 		DeliveryMode: amqp.Persistent,
+		UserId:       n.userID,
 		MessageId:    id,
 		Timestamp:    now,
 		Body:         raw,
@@ -246,6 +249,17 @@ func (n *Node) emit(ctx context.Context, source, eventType string, raw []byte, o
 		return "", fmt.Errorf("emit %s: %w", eventType, err)
 	}
 	return id, nil
+}
+
+// brokerUser is the user the node authenticates as (PLAIN, from the URL;
+// amqp091-go's default is guest). The broker checks an event's user-id
+// against it, so an event says whose credential published it.
+func brokerUser(amqpURL string) string {
+	u, err := amqp.ParseURI(amqpURL)
+	if err != nil {
+		return ""
+	}
+	return u.Username
 }
 
 // newID returns a new ULID for an event or request made at now.

@@ -392,7 +392,7 @@ func (pm *PluginModule) forward(i uint32) sdk.Handler {
 		d := &pb.Delivery{
 			Seq: p.seq.Add(1), Pattern: i, Id: ev.ID, Type: ev.Type, Source: ev.Source, Node: ev.Node,
 			TimeUnixNano: ev.Time.UnixNano(), CausationId: ev.CausationID, Schema: ev.Schema, Headers: ev.Headers,
-			Body: ev.Body, Attempt: uint32(ev.Attempt), Redelivered: ev.Redelivered, DeadlineUnixNano: deadline.UnixNano(),
+			Body: ev.Body, Attempt: uint32(ev.Attempt), Redelivered: ev.Redelivered, DeadlineUnixNano: deadline.UnixNano(), UserId: ev.UserID,
 		}
 		result := make(chan *pb.Outcome, 1)
 		p.mu.Lock()

@@ -254,6 +254,7 @@ func (n *Node) resend(s *session, recs []spool.Record) (done []uint64, refused b
 			Headers:      make(amqp.Table, len(ev.Headers)),
 			ContentType:  wire.ContentTypeJSON,
 			DeliveryMode: amqp.Persistent,
+			UserId:       n.userID, // this connection's user: the broker checks it
 			MessageId:    ev.ID,
 			Timestamp:    ev.Time,
 			Priority:     ev.Priority,

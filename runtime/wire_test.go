@@ -134,6 +134,9 @@ func TestEmitOnTheWire(t *testing.T) {
 	if d.MessageId != id {
 		t.Errorf("message-id %q, want the event id %q", d.MessageId, id)
 	}
+	if d.UserId != "guest" {
+		t.Errorf("user-id %q, want guest, the user the node publishes as (the broker checked it)", d.UserId)
+	}
 	if d.Priority != 3 {
 		t.Errorf("priority %d, want 3", d.Priority)
 	}

@@ -35,6 +35,12 @@ type Event struct {
 	// Redelivered is true when the broker delivered the event before, to
 	// this or another consumer of the queue.
 	Redelivered bool
+	// UserID is the broker user that published the event (the AMQP
+	// user-id property), when the publisher set it: the broker refuses a
+	// user-id other than the publishing connection's, so it says whose
+	// credential published the event. Nodes set it; a foreign publisher
+	// may not.
+	UserID string
 }
 
 // Decode unmarshals the event's JSON body into v.

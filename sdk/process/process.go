@@ -235,7 +235,7 @@ func (s *moduleServer) handle(d *pb.Delivery) *pb.Outcome {
 	ev := sdk.Event{
 		ID: d.Id, Type: d.Type, Source: d.Source, Node: d.Node, Time: time.Unix(0, d.TimeUnixNano).UTC(),
 		CausationID: d.CausationId, Schema: d.Schema, Headers: d.Headers, Body: d.Body,
-		Attempt: int(d.Attempt), Redelivered: d.Redelivered,
+		Attempt: int(d.Attempt), Redelivered: d.Redelivered, UserID: d.UserId,
 	}
 	ctx, cancel := context.WithDeadline(causation.Handling(context.Background(), ev.ID, ev.Time), time.Unix(0, d.DeadlineUnixNano))
 	defer cancel()

@@ -547,6 +547,7 @@ type Delivery struct {
 	Attempt          uint32                 `protobuf:"varint,12,opt,name=attempt,proto3" json:"attempt,omitempty"`
 	Redelivered      bool                   `protobuf:"varint,13,opt,name=redelivered,proto3" json:"redelivered,omitempty"`
 	DeadlineUnixNano int64                  `protobuf:"varint,14,opt,name=deadline_unix_nano,json=deadlineUnixNano,proto3" json:"deadline_unix_nano,omitempty"`
+	UserId           string                 `protobuf:"bytes,15,opt,name=user_id,json=userId,proto3" json:"user_id,omitempty"` // the AMQP user-id property, when set
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
 }
@@ -677,6 +678,13 @@ func (x *Delivery) GetDeadlineUnixNano() int64 {
 		return x.DeadlineUnixNano
 	}
 	return 0
+}
+
+func (x *Delivery) GetUserId() string {
+	if x != nil {
+		return x.UserId
+	}
+	return ""
 }
 
 type DeliveryBatch struct {
@@ -1275,7 +1283,7 @@ const file_module_proto_rawDesc = "" +
 	"\tpermanent\x18\x05 \x01(\bR\tpermanent\"b\n" +
 	"\fStartRequest\x12$\n" +
 	"\x0ehost_broker_id\x18\x01 \x01(\rR\fhostBrokerId\x12,\n" +
-	"\x12call_timeout_nanos\x18\x02 \x01(\x03R\x10callTimeoutNanos\"\xe2\x03\n" +
+	"\x12call_timeout_nanos\x18\x02 \x01(\x03R\x10callTimeoutNanos\"\xfb\x03\n" +
 	"\bDelivery\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x18\n" +
 	"\apattern\x18\x02 \x01(\rR\apattern\x12\x0e\n" +
@@ -1291,7 +1299,8 @@ const file_module_proto_rawDesc = "" +
 	"\x04body\x18\v \x01(\fR\x04body\x12\x18\n" +
 	"\aattempt\x18\f \x01(\rR\aattempt\x12 \n" +
 	"\vredelivered\x18\r \x01(\bR\vredelivered\x12,\n" +
-	"\x12deadline_unix_nano\x18\x0e \x01(\x03R\x10deadlineUnixNano\x1a:\n" +
+	"\x12deadline_unix_nano\x18\x0e \x01(\x03R\x10deadlineUnixNano\x12\x17\n" +
+	"\auser_id\x18\x0f \x01(\tR\x06userId\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"I\n" +
