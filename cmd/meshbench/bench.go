@@ -122,6 +122,11 @@ func run(o options) error {
 			return fmt.Errorf("module process: %w", err)
 		}
 	}
+	if o.only == "" || o.only == "audit" {
+		if err := benchAudit(url, o); err != nil {
+			return fmt.Errorf("audit: %w", err)
+		}
+	}
 	return nil
 }
 
