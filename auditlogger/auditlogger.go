@@ -12,8 +12,9 @@
 // A delivery is acknowledged only once its row is durable; a redelivery,
 // a resend or a replay of an id already stored is not a second row. It is
 // built on the sdk alone, and runs in-process or as a module process
-// (auditlogger/cmd/audit-logger). Give it a concurrency of 32 or so: its
-// handlers then share the store's transactions.
+// (auditlogger/cmd/audit-logger). Give it a large prefetch and as much
+// concurrency (256): its handlers then share the store's transactions, and
+// it keeps up with the event path (docs/adr/0012-audit-store.md).
 //
 // Not built yet (issue 10): dead letters and events that break the
 // contract, replay, export, retention.

@@ -5,7 +5,8 @@
 //	  - name: audit-logger
 //	    path: ./bin/modules/audit-logger
 //	    args: ["--db", "/var/lib/mesh/anchor/audit.db"]
-//	    concurrency: 32
+//	    prefetch: 256
+//	    concurrency: 256
 //	    tools: ["audit.*"]
 package main
 
