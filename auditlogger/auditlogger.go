@@ -16,8 +16,11 @@
 // concurrency (256): its handlers then share the store's transactions, and
 // it keeps up with the event path (docs/adr/0012-audit-store.md).
 //
+// Retention (Options) drops the oldest events by age and by size, a chunk
+// at a time, while ingestion goes on.
+//
 // Not built yet (issue 10): dead letters and events that break the
-// contract, replay, export, retention.
+// contract, replay, export.
 package auditlogger
 
 import (
@@ -42,19 +45,72 @@ const (
 	ToolStats = "audit.stats"
 )
 
+// Options set the logger's retention. Zero fields keep everything.
+type Options struct {
+	// MaxAge drops events that arrived longer ago.
+	MaxAge time.Duration
+	// MaxBytes drops the oldest events while the rows use more of the
+	// database.
+	MaxBytes int64
+	// PruneEvery is how often retention runs (in the module's Run).
+	// Default 1 minute.
+	PruneEvery time.Duration
+}
+
 // Logger is an audit logger with its store open.
 type Logger struct {
 	store *store.Store
+	opts  Options
 	now   func() time.Time
 }
 
 // Open opens (or creates) the audit database at path.
-func Open(path string) (*Logger, error) {
+func Open(path string, opts Options) (*Logger, error) {
+	if opts.MaxAge < 0 || opts.MaxBytes < 0 || opts.PruneEvery < 0 {
+		return nil, fmt.Errorf("audit logger: retention %+v: negative bound", opts)
+	}
+	if opts.PruneEvery == 0 {
+		opts.PruneEvery = time.Minute
+	}
 	s, err := store.Open(path, store.Options{})
 	if err != nil {
 		return nil, err
 	}
-	return &Logger{store: s, now: time.Now}, nil
+	return &Logger{store: s, opts: opts, now: time.Now}, nil
+}
+
+// Prune applies the retention once: the oldest events it does not keep
+// are deleted, a chunk at a time, while ingestion goes on.
+func (l *Logger) Prune(ctx context.Context) (int64, error) {
+	r := store.Retention{MaxBytes: l.opts.MaxBytes}
+	if l.opts.MaxAge > 0 {
+		r.Before = l.now().Add(-l.opts.MaxAge)
+	}
+	if r.Before.IsZero() && r.MaxBytes == 0 {
+		return 0, nil
+	}
+	return l.store.Prune(ctx, r)
+}
+
+// retain runs Prune every PruneEvery until ctx ends.
+func (l *Logger) retain(ctx context.Context, m sdk.Mesh) error {
+	if l.opts.MaxAge == 0 && l.opts.MaxBytes == 0 {
+		return nil
+	}
+	t := time.NewTicker(l.opts.PruneEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		if n, err := l.Prune(ctx); err != nil && ctx.Err() == nil {
+			m.Logger().Error("audit retention failed; trying again later", "err", err)
+		} else if n > 0 {
+			m.Logger().Info("audit retention dropped the oldest events", "events", n)
+		}
+	}
 }
 
 // Close closes the store. Stop the module first: a handler still running
@@ -68,6 +124,7 @@ func (l *Logger) Store() *store.Store { return l.store }
 func (l *Logger) Module() sdk.Module {
 	return sdk.Module{
 		Name: Name,
+		Run:  l.retain,
 		Setup: func(m sdk.Mesh) error {
 			// The store keeps each id once by itself: the node's own
 			// de-duplication would only repeat that work.

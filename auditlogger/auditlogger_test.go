@@ -5,6 +5,7 @@ import (
 	"errors"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/meshkit/mesh/auditlogger"
 	"github.com/meshkit/mesh/auditlogger/store"
@@ -14,7 +15,7 @@ import (
 
 func openLogger(t *testing.T) *auditlogger.Logger {
 	t.Helper()
-	l, err := auditlogger.Open(filepath.Join(t.TempDir(), "audit.db"))
+	l, err := auditlogger.Open(filepath.Join(t.TempDir(), "audit.db"), auditlogger.Options{MaxAge: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -279,3 +279,72 @@ func TestTrace(t *testing.T) {
 		t.Errorf("trace of an unknown id: %v", err)
 	}
 }
+
+// TestPrune: retention by arrival drops exactly the events that arrived
+// before the cutoff, oldest first, while another writer goes on adding;
+// retention by size drops the oldest until the rows fit.
+func TestPrune(t *testing.T) {
+	s, _ := open(t)
+	ctx := context.Background()
+	var evs []Event
+	for i := range 2500 {
+		ev := event(i, "mesh.old.tick")
+		ev.Arrived = t0.Add(time.Duration(i) * time.Second)
+		ev.Body = []byte(fmt.Sprintf(`{"pad":"%0400d"}`, i))
+		evs = append(evs, ev)
+	}
+	if _, err := s.Add(ctx, evs...); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	added := 0
+	wg.Go(func() { // ingestion goes on during the prune
+		for i := 10000; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			ev := event(i, "mesh.new.tick")
+			ev.Arrived = t0.Add(24 * time.Hour)
+			if _, err := s.Add(ctx, ev); err != nil {
+				t.Error(err)
+				return
+			}
+			added++
+		}
+	})
+	n, err := s.Prune(ctx, Retention{Before: t0.Add(2000 * time.Second)})
+	close(stop)
+	wg.Wait()
+	if err != nil || n != 2000 {
+		t.Fatalf("pruned %d, %v; want 2000", n, err)
+	}
+	old, _ := s.Count(ctx, Filter{Types: []string{"mesh.old.#"}})
+	fresh, _ := s.Count(ctx, Filter{Types: []string{"mesh.new.#"}})
+	if old != 500 || fresh != int64(added) {
+		t.Errorf("kept %d old and %d new, want 500 and %d", old, fresh, added)
+	}
+	first, _, err := s.Query(ctx, Filter{}, Page{Limit: 1})
+	if err != nil || len(first) != 1 || first[0].ID != evs[2000].ID {
+		t.Errorf("oldest kept %+v, want %s", first, evs[2000].ID)
+	}
+
+	used, err := s.usedBytes(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Prune(ctx, Retention{MaxBytes: used / 2}); err != nil {
+		t.Fatal(err)
+	}
+	if after, _ := s.usedBytes(ctx); after > used/2 {
+		t.Errorf("%d bytes in use after pruning to %d", after, used/2)
+	}
+	if n, _ := s.Count(ctx, Filter{}); n == 0 {
+		t.Error("size retention dropped everything")
+	}
+	if got, err := s.Get(ctx, evs[2000].ID); err == nil {
+		t.Errorf("the oldest event %s survived size retention", got.ID)
+	}
+}

@@ -58,7 +58,7 @@ func auditThroughput(url string, o options) (float64, error) {
 		return 0, err
 	}
 	defer node.Close(context.Background())
-	l, err := auditlogger.Open(filepath.Join(state, "audit.db"))
+	l, err := auditlogger.Open(filepath.Join(state, "audit.db"), auditlogger.Options{})
 	if err != nil {
 		return 0, err
 	}

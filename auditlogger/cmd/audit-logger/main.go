@@ -14,6 +14,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/meshkit/mesh/auditlogger"
 	"github.com/meshkit/mesh/sdk/process"
@@ -21,12 +22,16 @@ import (
 
 func main() {
 	db := flag.String("db", "", "path of the audit database (SQLite; created if missing)")
+	var opts auditlogger.Options
+	flag.DurationVar(&opts.MaxAge, "max-age", 0, "drop events that arrived longer ago than this (0 keeps them)")
+	flag.Int64Var(&opts.MaxBytes, "max-bytes", 0, "drop the oldest events while the rows use more bytes than this (0: no bound)")
+	flag.DurationVar(&opts.PruneEvery, "prune-every", time.Minute, "how often retention runs")
 	flag.Parse()
 	if *db == "" {
 		fmt.Fprintln(os.Stderr, "audit-logger: --db PATH is required")
 		os.Exit(2)
 	}
-	l, err := auditlogger.Open(*db)
+	l, err := auditlogger.Open(*db, opts)
 	if err == nil {
 		err = process.Run(l.Module())
 		if cerr := l.Close(); err == nil {
