@@ -59,14 +59,51 @@ type Event struct {
 	UserID string `json:"user_id,omitempty"`
 	// Headers holds every header, as text.
 	Headers map[string]string `json:"headers,omitempty"`
-	// Body is the body as it arrived.
-	Body []byte `json:"body,omitempty"`
+	// Body is the body as it arrived. In JSON it is the body itself when
+	// that is JSON, and "body_base64" otherwise.
+	Body []byte `json:"-"`
 	// Arrived is when the audit logger received it.
 	Arrived time.Time `json:"arrived"`
 	// Redelivered is the broker's flag on the delivery that was stored.
 	Redelivered bool `json:"redelivered,omitempty"`
 	// Malformed says how the event breaks the wire contract, or "".
 	Malformed string `json:"malformed,omitempty"`
+}
+
+// eventJSON is Event's JSON shape without its methods.
+type eventJSON Event
+
+// MarshalJSON writes the body as JSON when it is, in base64 otherwise.
+func (e Event) MarshalJSON() ([]byte, error) {
+	out := struct {
+		eventJSON
+		Body       json.RawMessage `json:"body,omitempty"`
+		BodyBase64 []byte          `json:"body_base64,omitempty"`
+	}{eventJSON: eventJSON(e)}
+	if json.Valid(e.Body) {
+		out.Body = e.Body
+	} else {
+		out.BodyBase64 = e.Body
+	}
+	return json.Marshal(out)
+}
+
+// UnmarshalJSON reads what MarshalJSON wrote.
+func (e *Event) UnmarshalJSON(b []byte) error {
+	var in struct {
+		eventJSON
+		Body       json.RawMessage `json:"body"`
+		BodyBase64 []byte          `json:"body_base64"`
+	}
+	if err := json.Unmarshal(b, &in); err != nil {
+		return err
+	}
+	*e = Event(in.eventJSON)
+	e.Body = in.BodyBase64
+	if in.Body != nil {
+		e.Body = in.Body
+	}
+	return nil
 }
 
 // Options tune a Store. Zero fields take the defaults.

@@ -2,10 +2,12 @@ package store
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -346,5 +348,25 @@ func TestPrune(t *testing.T) {
 	}
 	if got, err := s.Get(ctx, evs[2000].ID); err == nil {
 		t.Errorf("the oldest event %s survived size retention", got.ID)
+	}
+}
+
+// TestEventJSON: an event's JSON carries a JSON body as JSON and any other
+// body in base64, and reads back the same.
+func TestEventJSON(t *testing.T) {
+	for _, body := range [][]byte{[]byte(`{"a":[1,2]}`), {0xff, '{'}, nil} {
+		ev := event(1, "mesh.x.y")
+		ev.Body = body
+		b, err := json.Marshal(ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if json.Valid(body) && !strings.Contains(string(b), `"body":{"a":[1,2]}`) {
+			t.Errorf("JSON body not inline: %s", b)
+		}
+		var back Event
+		if err := json.Unmarshal(b, &back); err != nil || string(back.Body) != string(body) || back.ID != ev.ID || back.Headers["x-tenant"] != "acme" {
+			t.Errorf("%q came back as %+v, %v", body, back, err)
+		}
 	}
 }

@@ -60,6 +60,7 @@ func app() *cli.App {
 			},
 			dlqCommand(),
 			unroutedCommand(),
+			auditCommand(),
 		},
 	}
 }

@@ -1,0 +1,322 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/meshkit/mesh/auditlogger"
+	"github.com/meshkit/mesh/auditlogger/store"
+	"github.com/meshkit/mesh/runtime"
+)
+
+// auditCommand asks the audit logger (its tools over mesh.rpc, from any
+// node) what happened on the mesh.
+func auditCommand() *cli.Command {
+	timeout := &cli.DurationFlag{Name: "timeout", Value: 30 * time.Second, Usage: "how long to wait for the audit logger's answer"}
+	asJSON := &cli.BoolFlag{Name: "json", Usage: "print JSON for machines"}
+	return &cli.Command{
+		Name:  "audit",
+		Usage: "ask the audit logger what happened: query, count, get, trace, stats",
+		Subcommands: []*cli.Command{
+			{
+				Name:  "query",
+				Usage: "list the events a filter selects, oldest first, a page at a time",
+				Flags: append(auditFilterFlags(),
+					&cli.IntFlag{Name: "limit", Value: 50, Usage: "events per page (at most 1000)"},
+					&cli.Int64Flag{Name: "after", Usage: "start after this `SEQ` (the cursor a page printed)"},
+					&cli.BoolFlag{Name: "all", Usage: "follow the pages to the end, printing as they come"},
+					asJSON, timeout),
+				Action: auditQuery,
+			},
+			{
+				Name:   "count",
+				Usage:  "count the events a filter selects",
+				Flags:  append(auditFilterFlags(), timeout),
+				Action: auditCount,
+			},
+			{
+				Name:      "get",
+				Usage:     "print one event, with its headers and body",
+				ArgsUsage: "ID",
+				Flags:     []cli.Flag{timeout},
+				Action:    auditGet,
+			},
+			{
+				Name:      "trace",
+				Usage:     "draw the causal chain of an event: what caused it, and what it caused",
+				ArgsUsage: "ID",
+				Flags:     []cli.Flag{&cli.IntFlag{Name: "depth", Usage: "levels to follow each way (0: all)"}, asJSON, timeout},
+				Action:    auditTrace,
+			},
+			{
+				Name:   "stats",
+				Usage:  "rows, bytes, oldest and newest arrivals",
+				Flags:  []cli.Flag{asJSON, timeout},
+				Action: auditStats,
+			},
+		},
+	}
+}
+
+func auditFilterFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringSliceFlag{Name: "type", Usage: "AMQP topic `PATTERN` of the type (repeat for any of several)"},
+		&cli.StringSliceFlag{Name: "source", Usage: "emitter `NAME`"},
+		&cli.StringSliceFlag{Name: "node", Usage: "emitting node `NAME`"},
+		&cli.StringSliceFlag{Name: "user", Usage: "broker `USER` that published it"},
+		&cli.StringSliceFlag{Name: "id", Usage: "event `ID`"},
+		&cli.StringSliceFlag{Name: "causation", Usage: "causing event `ID`"},
+		&cli.StringSliceFlag{Name: "header", Usage: "`NAME=VALUE` of a header"},
+		&cli.StringSliceFlag{Name: "body", Usage: "`PATH=JSON` of a body field (order.id=42)"},
+		&cli.StringFlag{Name: "from", Usage: "emitted at or after `TIME` (RFC 3339, or a duration ago: 1h)"},
+		&cli.StringFlag{Name: "to", Usage: "emitted before `TIME` (RFC 3339, or a duration ago)"},
+		&cli.BoolFlag{Name: "malformed", Usage: "only events that break the wire contract"},
+	}
+}
+
+// auditFilterOf reads the filter flags.
+func auditFilterOf(c *cli.Context) (store.Filter, error) {
+	f := store.Filter{Types: c.StringSlice("type"), Sources: c.StringSlice("source"), Nodes: c.StringSlice("node"),
+		UserIDs: c.StringSlice("user"), IDs: c.StringSlice("id"), CausationIDs: c.StringSlice("causation")}
+	pairs := func(flag string) (map[string]string, error) {
+		var m map[string]string
+		for _, kv := range c.StringSlice(flag) {
+			k, v, ok := strings.Cut(kv, "=")
+			if !ok || k == "" {
+				return nil, fmt.Errorf("--%s %q: want NAME=VALUE", flag, kv)
+			}
+			if m == nil {
+				m = map[string]string{}
+			}
+			m[k] = v
+		}
+		return m, nil
+	}
+	var err error
+	if f.Headers, err = pairs("header"); err != nil {
+		return f, err
+	}
+	if f.Body, err = pairs("body"); err != nil {
+		return f, err
+	}
+	for _, b := range []struct {
+		flag string
+		to   *time.Time
+	}{{"from", &f.From}, {"to", &f.To}} {
+		if *b.to, err = timeOf(c.String(b.flag), time.Now()); err != nil {
+			return f, fmt.Errorf("--%s: %w", b.flag, err)
+		}
+	}
+	if c.Bool("malformed") {
+		yes := true
+		f.Malformed = &yes
+	}
+	return f, nil
+}
+
+// timeOf reads RFC 3339, or a duration before now ("90m"); "" is zero.
+func timeOf(s string, now time.Time) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if d, err := time.ParseDuration(s); err == nil {
+		return now.Add(-d), nil
+	}
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return t, fmt.Errorf("%q is neither RFC 3339 nor a duration", s)
+	}
+	return t, nil
+}
+
+// auditCaller calls the audit logger's tools from one short-lived node.
+type auditCaller struct {
+	c    *cli.Context
+	node *runtime.Node
+}
+
+func newAuditCaller(c *cli.Context) (*auditCaller, error) {
+	ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout"))
+	defer cancel()
+	node, err := connect(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	return &auditCaller{c: c, node: node}, nil
+}
+
+func (a *auditCaller) close() { _ = a.node.Close(context.Background()) }
+
+// call calls one of the audit logger's tools, within --timeout.
+func (a *auditCaller) call(tool string, req, resp any) error {
+	ctx, cancel := context.WithTimeout(a.c.Context, a.c.Duration("timeout"))
+	defer cancel()
+	if err := a.node.Call(ctx, "meshctl", tool, req, resp); err != nil {
+		return fmt.Errorf("ask the audit logger (is an audit-logger module running, with tools: [\"audit.*\"]?): %w", err)
+	}
+	return nil
+}
+
+// auditCall connects, calls one tool and disconnects.
+func auditCall(c *cli.Context, tool string, req, resp any) error {
+	a, err := newAuditCaller(c)
+	if err != nil {
+		return err
+	}
+	defer a.close()
+	return a.call(tool, req, resp)
+}
+
+func auditQuery(c *cli.Context) error {
+	f, err := auditFilterOf(c)
+	if err != nil {
+		return err
+	}
+	req := auditlogger.QueryRequest{Filter: f, Page: store.Page{After: c.Int64("after"), Limit: c.Int("limit")}}
+	a, err := newAuditCaller(c)
+	if err != nil {
+		return err
+	}
+	defer a.close()
+	w := c.App.Writer
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	if !c.Bool("json") {
+		fmt.Fprintln(tw, "SEQ\tEMITTED\tTYPE\tSOURCE\tNODE\tID\t")
+	}
+	for {
+		var page auditlogger.QueryResponse
+		if err := a.call(auditlogger.ToolQuery, req, &page); err != nil {
+			return err
+		}
+		for _, ev := range page.Events {
+			if c.Bool("json") {
+				if err := json.NewEncoder(w).Encode(ev); err != nil {
+					return err
+				}
+				continue
+			}
+			flag := ""
+			if ev.Malformed != "" {
+				flag = "malformed: " + ev.Malformed
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", ev.Seq, timeText(ev.Time), ev.Type, ev.Source, ev.Node, ev.ID, flag)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		if page.Next == 0 {
+			return nil
+		}
+		if !c.Bool("all") {
+			if !c.Bool("json") {
+				fmt.Fprintf(w, "more: --after %d\n", page.Next)
+			}
+			return nil
+		}
+		req.Page.After = page.Next
+	}
+}
+
+func timeText(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format("2006-01-02T15:04:05.000Z")
+}
+
+func auditCount(c *cli.Context) error {
+	f, err := auditFilterOf(c)
+	if err != nil {
+		return err
+	}
+	var n int64
+	if err := auditCall(c, auditlogger.ToolCount, f, &n); err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(c.App.Writer, n)
+	return err
+}
+
+func auditGet(c *cli.Context) error {
+	if c.NArg() != 1 {
+		return fmt.Errorf("get wants one ID, got %d arguments", c.NArg())
+	}
+	var ev json.RawMessage
+	if err := auditCall(c, auditlogger.ToolGet, c.Args().First(), &ev); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(c.App.Writer, "%s\n", ev)
+	return err
+}
+
+func auditTrace(c *cli.Context) error {
+	if c.NArg() != 1 {
+		return fmt.Errorf("trace wants one ID, got %d arguments", c.NArg())
+	}
+	var tr store.Trace
+	if err := auditCall(c, auditlogger.ToolTrace, auditlogger.TraceRequest{ID: c.Args().First(), MaxDepth: c.Int("depth")}, &tr); err != nil {
+		return err
+	}
+	if c.Bool("json") {
+		return json.NewEncoder(c.App.Writer).Encode(tr)
+	}
+	return drawTrace(c.App.Writer, tr)
+}
+
+// drawTrace draws the causes above the event, oldest first, and what it
+// caused below it as a tree.
+func drawTrace(w io.Writer, tr store.Trace) error {
+	line := func(ev store.Event) string {
+		s := fmt.Sprintf("%s  %s  %s@%s  %s", ev.ID, ev.Type, ev.Source, ev.Node, timeText(ev.Time))
+		if ev.Malformed != "" {
+			s += "  (malformed: " + ev.Malformed + ")"
+		}
+		return s
+	}
+	indent := ""
+	if tr.MissingCause != "" {
+		fmt.Fprintf(w, "%s  (not in the audit log)\n", tr.MissingCause)
+		indent = "  "
+	}
+	for i := len(tr.Causes) - 1; i >= 0; i-- {
+		fmt.Fprintf(w, "%s%s\n", indent, line(tr.Causes[i]))
+		indent += "  "
+	}
+	fmt.Fprintf(w, "%s%s  <==\n", indent, line(tr.Root.Event))
+	var draw func(nodes []*store.Caused, prefix string)
+	draw = func(nodes []*store.Caused, prefix string) {
+		for i, n := range nodes {
+			branch, next := "├─ ", "│  "
+			if i == len(nodes)-1 {
+				branch, next = "└─ ", "   "
+			}
+			fmt.Fprintf(w, "%s%s%s\n", prefix, branch, line(n.Event))
+			draw(n.Caused, prefix+next)
+		}
+	}
+	draw(tr.Root.Caused, indent)
+	if tr.Truncated {
+		fmt.Fprintf(w, "%s(cut: more beyond the depth or size limit)\n", indent)
+	}
+	return nil
+}
+
+func auditStats(c *cli.Context) error {
+	var st store.Stats
+	if err := auditCall(c, auditlogger.ToolStats, nil, &st); err != nil {
+		return err
+	}
+	if c.Bool("json") {
+		return json.NewEncoder(c.App.Writer).Encode(st)
+	}
+	_, err := fmt.Fprintf(c.App.Writer, "events %d (malformed %d), %d bytes, arrived %s .. %s\n",
+		st.Events, st.Malformed, st.Bytes, timeText(st.OldestArrived), timeText(st.NewestArrived))
+	return err
+}
