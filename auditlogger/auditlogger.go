@@ -19,8 +19,11 @@
 // Retention (Options) drops the oldest events by age and by size, a chunk
 // at a time, while ingestion goes on.
 //
+// meshctl audit query|count|get|trace|export|stats asks it from the
+// command line.
+//
 // Not built yet (issue 10): dead letters and events that break the
-// contract, replay, export.
+// contract, replay.
 package auditlogger
 
 import (

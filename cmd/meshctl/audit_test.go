@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"encoding/csv"
 	"encoding/json"
 	"io"
 	"log/slog"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -99,6 +101,17 @@ func TestAudit(t *testing.T) {
 	if !strings.Contains(paged, "more: --after ") {
 		t.Errorf("a first page of 1 does not say where the next starts:\n%s", paged)
 	}
+	lines = strings.Split(strings.TrimSpace(run("audit", "export", "--type", "mesh.order.#", "--type", "module.shop.#")), "\n")
+	var first store.Event
+	if len(lines) != 2 || json.Unmarshal([]byte(lines[0]), &first) != nil || first.ID != order || string(first.Body) != `{"order":7}` {
+		t.Errorf("export jsonl:\n%s", strings.Join(lines, "\n"))
+	}
+	csvFile := filepath.Join(t.TempDir(), "audit.csv")
+	run("audit", "export", "--format", "csv", "--out", csvFile, "--id", order)
+	rows, err := csv.NewReader(mustOpen(t, csvFile)).ReadAll()
+	if err != nil || len(rows) != 2 || rows[0][1] != "id" || rows[1][1] != order || rows[1][13] != `{"order":7}` || !strings.Contains(rows[1][12], `"x-source":"web"`) {
+		t.Errorf("export csv: %v, %v", rows, err)
+	}
 	var st store.Stats
 	if err := json.Unmarshal([]byte(run("audit", "stats", "--json")), &st); err != nil || st.Events < 2 {
 		t.Errorf("stats %+v, %v", st, err)
@@ -107,4 +120,14 @@ func TestAudit(t *testing.T) {
 		!strings.Contains(string(out), "--from") {
 		t.Errorf("a bad --from: %v\n%s", err, out)
 	}
+}
+
+func mustOpen(t *testing.T, path string) *os.File {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
 }
