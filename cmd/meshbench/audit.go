@@ -2,14 +2,11 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/meshkit/mesh/auditlogger"
@@ -72,25 +69,8 @@ func auditThroughput(url string, o options) (float64, error) {
 		l.Close()
 		_ = deleteQueue(url, "bench."+auditlogger.Name+".events")
 	}()
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	errs := make(chan error, o.publishers)
 	start := time.Now()
-	for range o.publishers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := int(next.Add(1)); i <= o.events; i = int(next.Add(1)) {
-				if _, err := node.Emit(ctx, "bench", "mesh.bench.audited", json.RawMessage(body(i))); err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
+	if err := emitAll(ctx, node, o, "mesh.bench.audited"); err != nil {
 		return 0, err
 	}
 	mine := store.Filter{Types: []string{"mesh.bench.audited"}}

@@ -95,25 +95,8 @@ func countThroughput(url string, o options, bin string) (float64, error) {
 		return 0, err
 	}
 	defer func() { _ = deleteQueue(url, "bench.count.events"); _ = deleteQueue(url, "bench.watch.events") }()
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	errs := make(chan error, o.publishers)
 	start := time.Now()
-	for range o.publishers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := int(next.Add(1)); i <= o.events; i = int(next.Add(1)) {
-				if _, err := node.Emit(ctx, "bench", "mesh.bench.measured", json.RawMessage(body(i))); err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
+	if err := emitAll(ctx, node, o, "mesh.bench.measured"); err != nil {
 		return 0, err
 	}
 	select {
@@ -122,4 +105,25 @@ func countThroughput(url string, o options, bin string) (float64, error) {
 		return 0, fmt.Errorf("the module did not handle %d events in time", o.events)
 	}
 	return float64(o.events) / time.Since(start).Seconds(), nil
+}
+
+// emitAll emits o.events of eventType through node from o.publishers
+// goroutines, each waiting for its confirm.
+func emitAll(ctx context.Context, node *runtime.Node, o options, eventType string) error {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, o.publishers)
+	for range o.publishers {
+		wg.Go(func() {
+			for i := int(next.Add(1)); i <= o.events; i = int(next.Add(1)) {
+				if _, err := node.Emit(ctx, "bench", eventType, json.RawMessage(body(i))); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
 }
