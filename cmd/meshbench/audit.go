@@ -3,9 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
-	"os"
 	"path/filepath"
 	"time"
 
@@ -38,23 +35,17 @@ func benchAudit(url string, o options) error {
 	return nil
 }
 
-// auditThroughput runs the audit logger in-process (concurrency 32) on a
+// auditThroughput runs the audit logger in-process (prefetch and concurrency 256) on a
 // node, emits o.events from o.publishers goroutines, and returns the
 // events stored per second, until the store holds them all.
 func auditThroughput(url string, o options) (float64, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	state, err := os.MkdirTemp("", "meshbench-audit-")
+	node, state, closeNode, err := benchNode(ctx, url)
 	if err != nil {
 		return 0, err
 	}
-	defer os.RemoveAll(state)
-	node, err := runtime.New(ctx, runtime.Config{Node: "bench", AMQPURL: url, StateDir: state,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		return 0, err
-	}
-	defer node.Close(context.Background())
+	defer closeNode()
 	l, err := auditlogger.Open(filepath.Join(state, "audit.db"), auditlogger.Options{})
 	if err != nil {
 		return 0, err

@@ -60,17 +60,11 @@ func benchPlugin(url string, o options) error {
 func countThroughput(url string, o options, bin string) (float64, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	state, err := os.MkdirTemp("", "meshbench-count-")
+	node, _, closeNode, err := benchNode(ctx, url)
 	if err != nil {
 		return 0, err
 	}
-	defer os.RemoveAll(state)
-	node, err := runtime.New(ctx, runtime.Config{Node: "bench", AMQPURL: url, StateDir: state,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		return 0, err
-	}
-	defer node.Close(context.Background())
+	defer closeNode()
 	done := make(chan struct{})
 	var once sync.Once
 	if _, err := node.Load(ctx, sdk.Module{Name: "watch", Setup: func(m sdk.Mesh) error {
@@ -126,4 +120,20 @@ func emitAll(ctx context.Context, node *runtime.Node, o options, eventType strin
 	wg.Wait()
 	close(errs)
 	return <-errs
+}
+
+// benchNode starts a quiet node "bench" on url with a state dir of its
+// own; closeNode closes it and removes the dir.
+func benchNode(ctx context.Context, url string) (node *runtime.Node, state string, closeNode func(), err error) {
+	state, err = os.MkdirTemp("", "meshbench-node-")
+	if err != nil {
+		return nil, "", nil, err
+	}
+	node, err = runtime.New(ctx, runtime.Config{Node: "bench", AMQPURL: url, StateDir: state,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		os.RemoveAll(state)
+		return nil, "", nil, err
+	}
+	return node, state, func() { _ = node.Close(context.Background()); os.RemoveAll(state) }, nil
 }

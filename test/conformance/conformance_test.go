@@ -320,19 +320,12 @@ func retriedEmitAbsorbed(t *testing.T, h Host) {
 	w := h.Load(t, "watcher", ModuleConfig{})
 	r := h.Load(t, "relay", ModuleConfig{})
 	h.Emit(t, "mesh.relay.go", body(1, conformance.Steer{Fail: 1}))
-	rs := w.Wait(t, "done", func(rs []conformance.Record) bool {
-		return slices.ContainsFunc(rs, func(r conformance.Record) bool { return r.Type == "module.relay.done" })
-	})
+	rs := relayDone(t, w)
 	emitted := r.Of(t, "relayed")
 	if len(emitted) != 2 || emitted[0].ID != emitted[1].ID || emitted[0].Attempt != 1 || emitted[1].Attempt != 2 {
 		t.Fatalf("the relay emitted %+v, want the same id on attempts 1 and 2", emitted)
 	}
-	n := 0
-	for _, s := range rs {
-		if s.Type == "module.relay.relayed" {
-			n++
-		}
-	}
+	n := countType(rs, "module.relay.relayed")
 	if n != 1 {
 		t.Errorf("the watcher handled the relayed event %d times, want 1", n)
 	}
@@ -344,22 +337,34 @@ func retryWithOtherBody(t *testing.T, h Host) {
 	w := h.Load(t, "watcher", ModuleConfig{})
 	r := h.Load(t, "relay", ModuleConfig{})
 	h.Emit(t, "mesh.relay.go", body(1, conformance.Steer{Fail: 1, Vary: true}))
-	rs := w.Wait(t, "done", func(rs []conformance.Record) bool {
-		return slices.ContainsFunc(rs, func(r conformance.Record) bool { return r.Type == "module.relay.done" })
-	})
+	rs := relayDone(t, w)
 	emitted := r.Of(t, "relayed")
 	if len(emitted) != 2 || emitted[0].ID == emitted[1].ID {
 		t.Fatalf("the relay emitted %+v, want two ids", emitted)
 	}
-	n := 0
-	for _, s := range rs {
-		if s.Type == "module.relay.relayed" {
-			n++
-		}
-	}
+	n := countType(rs, "module.relay.relayed")
 	if n != 2 {
 		t.Errorf("the watcher handled %d relayed events, want 2", n)
 	}
+}
+
+// relayDone waits until the watcher saw the relay's "done", which the
+// relay emits after its handler's last attempt, and returns what it saw.
+func relayDone(t *testing.T, watcher *Log) []conformance.Record {
+	t.Helper()
+	return watcher.Wait(t, "done", func(rs []conformance.Record) bool {
+		return slices.ContainsFunc(rs, func(r conformance.Record) bool { return r.Type == "module.relay.done" })
+	})
+}
+
+// countType counts the records of events of type eventType.
+func countType(rs []conformance.Record, eventType string) (n int) {
+	for _, r := range rs {
+		if r.Type == eventType {
+			n++
+		}
+	}
+	return n
 }
 
 // WithFreshID gives each attempt's emit its own id.
