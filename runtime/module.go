@@ -198,6 +198,11 @@ func (m *Module) attach(ctx context.Context, s *session, subs []subscription, to
 	} else if err := m.unbindAll(s); err != nil {
 		return err
 	}
+	if m.def.DeadLetters != nil {
+		if err := m.consumeDead(ctx, s); err != nil {
+			return err
+		}
+	}
 	if len(tools) > 0 {
 		if err := m.serve(ctx, s, tools); err != nil {
 			return err
@@ -622,14 +627,15 @@ func (m *Module) claim(id string) (release func(), dup bool) {
 }
 
 // call runs the handler in the calling worker, with the event as the
-// context's cause and the handler timeout as its deadline, turning a panic
+// context's cause (unless its id is no ULID: a dead letter that breaks the
+// contract) and the handler timeout as its deadline, turning a panic
 // into an error. If the deadline passes first, overran runs at once (from
 // another goroutine) to settle the event and replace the worker, and call
 // reports overran=true when the handler finally returns; its result is then
 // ignored. Running inline, rather than on a goroutine per event, spares
 // every event a goroutine start and stack growth.
 func (m *Module) call(h sdk.Handler, ev sdk.Event, overran func()) (err error, timedOut bool) {
-	ctx, cancel := context.WithTimeout(causation.Handling(m.handleCtx, ev.ID, ev.Time), m.cfg.HandlerTimeout)
+	ctx, cancel := context.WithTimeout(causation.HandlingEvent(m.handleCtx, ev.ID, ev.Time), m.cfg.HandlerTimeout)
 	defer cancel()
 	var settled atomic.Bool
 	overranDone := make(chan struct{})

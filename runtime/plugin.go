@@ -86,7 +86,11 @@ func (n *Node) LoadPlugin(ctx context.Context, path string, args []string, mc Mo
 	pm.proc, pm.running = proc, make(chan struct{})
 	close(pm.running)
 	patterns, tools := proc.desc.Patterns, proc.desc.Tools
-	def := sdk.Module{Name: proc.desc.Name, Kind: sdk.Kind(proc.desc.Kind), Emits: proc.desc.Emits, Calls: proc.desc.Calls, Setup: func(m sdk.Mesh) error {
+	var dead sdk.Handler
+	if proc.desc.DeadLetters {
+		dead = pm.forward(uint32(len(patterns)))
+	}
+	def := sdk.Module{Name: proc.desc.Name, Kind: sdk.Kind(proc.desc.Kind), Emits: proc.desc.Emits, Calls: proc.desc.Calls, DeadLetters: dead, Setup: func(m sdk.Mesh) error {
 		for i, p := range patterns {
 			h := pm.forward(uint32(i))
 			if slices.Contains(proc.desc.DuplicatesAllowed, uint32(i)) {
@@ -380,8 +384,9 @@ func (pm *PluginModule) current(ctx context.Context) (*moduleProcess, error) {
 	}
 }
 
-// forward is the in-process handler of pattern i: it hands the event to the
-// module process and waits for its outcome.
+// forward is the in-process handler of pattern i (i = the number of
+// patterns: the DeadLetters handler): it hands the event to the module
+// process and waits for its outcome.
 func (pm *PluginModule) forward(i uint32) sdk.Handler {
 	return sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
 		p, err := pm.current(ctx)
@@ -391,8 +396,15 @@ func (pm *PluginModule) forward(i uint32) sdk.Handler {
 		deadline, _ := ctx.Deadline()
 		d := &pb.Delivery{
 			Seq: p.seq.Add(1), Pattern: i, Id: ev.ID, Type: ev.Type, Source: ev.Source, Node: ev.Node,
-			TimeUnixNano: ev.Time.UnixNano(), CausationId: ev.CausationID, Schema: ev.Schema, Headers: ev.Headers,
+			CausationId: ev.CausationID, Schema: ev.Schema, Headers: ev.Headers,
 			Body: ev.Body, Attempt: uint32(ev.Attempt), Redelivered: ev.Redelivered, DeadlineUnixNano: deadline.UnixNano(), UserId: ev.UserID,
+			DeadQueue: ev.DeadQueue, DeadReason: ev.DeadReason, DeadError: ev.DeadError, DeadAttempts: uint32(ev.DeadAttempts),
+		}
+		if !ev.Time.IsZero() {
+			d.TimeUnixNano = ev.Time.UnixNano()
+		}
+		if !ev.DeadTime.IsZero() {
+			d.DeadTimeUnixNano = ev.DeadTime.UnixNano()
 		}
 		result := make(chan *pb.Outcome, 1)
 		p.mu.Lock()

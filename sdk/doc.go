@@ -75,6 +75,14 @@
 // An error wrapped by Permanent dead-letters it at once with the reason
 // "permanent". Event.Attempt counts the attempts from 1.
 //
+// Dead letters. A module that sets Module.DeadLetters receives every
+// dead letter of the mesh, from any module's queue, with Event's Dead
+// fields set; events that break the wire contract reach it too, read as
+// far as they can be (DeadReason "malformed"). It is retried like any
+// handler, but never dead-letters a dead letter again: past the attempt
+// limit, or on a Permanent error, the dead letter is dropped and logged
+// (the operator's queue mesh.dead-letters keeps its own copy).
+//
 // De-duplication. Delivery is at least once, but a module is handed each
 // event id once: a redelivery or resend of an id it already handled is
 // acknowledged without running the handler (for the node's retention

@@ -41,6 +41,26 @@ type Event struct {
 	// credential published the event. Nodes set it; a foreign publisher
 	// may not.
 	UserID string
+
+	// The Dead fields describe a dead letter, as a Module.DeadLetters
+	// handler receives it; they are empty for an event from mesh.events.
+	//
+	// DeadQueue is the queue that gave up on the event
+	// (<node>.<module>.events).
+	DeadQueue string
+	// DeadReason is why: "permanent" (the handler said so),
+	// "delivery_limit" (every attempt failed, or the broker's limit
+	// struck), "malformed" (the message breaks the wire contract: the
+	// other fields are then read as far as they can be, Body is the bytes
+	// as they arrived and may not be JSON, and Headers holds every header
+	// as text) or "no_handler".
+	DeadReason string
+	// DeadError is the last error, as text.
+	DeadError string
+	// DeadAttempts is how many times the handler was tried; 0 if unknown.
+	DeadAttempts int
+	// DeadTime is when the queue gave up, in UTC.
+	DeadTime time.Time
 }
 
 // Decode unmarshals the event's JSON body into v.

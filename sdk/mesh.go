@@ -156,6 +156,17 @@ type Module struct {
 	// Setup subscribes the module's handlers with m.On. It runs before the
 	// module consumes. It may be nil for a module that only emits.
 	Setup func(m Mesh) error
+	// DeadLetters, if not nil, receives every dead letter of the mesh:
+	// each event any module's queue gave up on (from mesh.events.dead),
+	// with the Dead fields of Event saying where, why and after how many
+	// attempts, including events that break the wire contract. They come
+	// on the module's own queue <node>.<module>.dead. A failing handler is
+	// retried like an event handler, but a dead letter is never
+	// dead-lettered again: past the attempt limit, or on a Permanent
+	// error, it is dropped with an error in the log (mesh.dead-letters
+	// still keeps it for the operator). The same dead letter may come
+	// twice (a redelivery); the node does not de-duplicate dead letters.
+	DeadLetters Handler
 	// Run, if not nil, runs once the module consumes, until ctx is
 	// cancelled when the module is stopped. A module that emits on its own
 	// (on a timer, from a socket) does it here.

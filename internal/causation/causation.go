@@ -111,3 +111,13 @@ func Derive(ctx context.Context, module, kind, key string, body []byte) (id stri
 	}
 	return u.String(), true
 }
+
+// HandlingEvent is Handling for a delivered event, unless its id is not a
+// ULID (a dead letter that breaks the wire contract): nothing derives
+// from such an id, and ctx is returned as it is.
+func HandlingEvent(ctx context.Context, id string, t time.Time) context.Context {
+	if _, err := ulid.ParseStrict(id); err != nil {
+		return ctx
+	}
+	return Handling(ctx, id, t)
+}

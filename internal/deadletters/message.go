@@ -1,6 +1,7 @@
 package deadletters
 
 import (
+	"fmt"
 	"strings"
 	"time"
 
@@ -239,4 +240,23 @@ func table(v any) (amqp.Table, bool) {
 		return amqp.Table(t), true
 	}
 	return nil, false
+}
+
+// ReadDead reads a dead letter as delivered from mesh.events.dead (or a
+// queue bound to it), whoever dead-lettered it: the runtime (x-mesh-dead-*
+// headers) or the broker (x-death). Like every read here, it never fails.
+func ReadDead(d amqp.Delivery) Message { return messageOf(d, true) }
+
+// HeaderText formats a header value as text: a string or byte array as
+// is, a time in RFC 3339, anything else as Go prints it.
+func HeaderText(v any) string {
+	switch v := v.(type) {
+	case string, []byte:
+		return text(v)
+	case time.Time:
+		return v.UTC().Format(time.RFC3339Nano)
+	case nil:
+		return ""
+	}
+	return fmt.Sprint(v)
 }

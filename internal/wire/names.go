@@ -61,6 +61,11 @@ const (
 	HeaderDeadTime = "x-mesh-dead-time"
 )
 
+// HeaderReplayID marks an event replayed from the audit log: its value is
+// the replay's id. Handlers see it in Event.Headers, so a consumer can
+// tell a replay from the first delivery.
+const HeaderReplayID = "x-replay-id"
+
 // Reasons a dead letter gives in HeaderDeadReason.
 const (
 	DeadReasonPermanent     = "permanent"      // the handler said the error is permanent
@@ -75,6 +80,13 @@ var Origins = []string{"module", "mesh", "node"}
 // ModuleQueue is the durable queue of a consuming module on a node.
 func ModuleQueue(node, module string) string {
 	return node + "." + module + ".events"
+}
+
+// ModuleDeadQueue is the durable queue on which a module with a
+// DeadLetters handler receives the mesh's dead letters (bound to
+// ExchangeDead with "#").
+func ModuleDeadQueue(node, module string) string {
+	return node + "." + module + ".dead"
 }
 
 // NodeLockQueue is the exclusive, auto-delete queue a running node holds on

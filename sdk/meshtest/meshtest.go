@@ -190,6 +190,7 @@ type answer struct {
 
 type delivery struct {
 	module  *module
+	dead    bool // a dead letter, for the module's DeadLetters handler
 	ev      sdk.Event
 	attempt int
 	due     time.Time
@@ -413,6 +414,8 @@ func (m *Mesh) Emitted() []sdk.Event {
 }
 
 // DeadLetters returns every event a module gave up on so far, in order.
+// Each is also handed to every module with a DeadLetters handler
+// (sdk.Module.DeadLetters), with the event's Dead fields set.
 func (m *Mesh) DeadLetters() []DeadLetter {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -494,6 +497,9 @@ func (mod *module) handle(d *delivery) handled {
 		}
 	}
 	h := handled{ev: d.ev, dedup: !mod.cfg.AllowDuplicates && !wire.AllowsDuplicates(sub.handler)}
+	if d.dead {
+		sub.handler, h.dedup = mod.def.DeadLetters, false // dead letters are not de-duplicated
+	}
 	mod.mesh.mu.Lock()
 	seen := mod.handled[d.ev.ID]
 	h.expired = !d.expires.IsZero() && !mod.mesh.now.Before(d.expires)
@@ -518,19 +524,38 @@ func (mod *module) handle(d *delivery) handled {
 func (mod *module) settle(d *delivery, h handled) {
 	m := mod.mesh
 	switch {
+	case d.dead && h.err != nil && (errors.Is(h.err, sdk.ErrPermanent) || d.attempt >= mod.cfg.MaxAttempts):
+		// A dead letter is never dead-lettered again.
+		mod.log.Error("dead letter dropped by the module's DeadLetters handler", "event_id", h.ev.ID, "attempt", d.attempt, "err", h.err)
 	case h.skipped:
 	case h.expired:
-		m.dead = append(m.dead, DeadLetter{Event: h.ev, Module: mod.def.Name, Reason: "expired", Attempts: d.attempt - 1, Err: "time to live ran out in the queue"})
+		m.deadLetter(mod, d, h.ev, "expired", d.attempt-1, "time to live ran out in the queue")
 	case h.err == nil:
 		if h.dedup {
 			mod.handled[h.ev.ID] = true
 		}
 	case errors.Is(h.err, sdk.ErrPermanent):
-		m.dead = append(m.dead, DeadLetter{Event: h.ev, Module: mod.def.Name, Reason: wire.DeadReasonPermanent, Attempts: d.attempt, Err: h.err.Error()})
+		m.deadLetter(mod, d, h.ev, wire.DeadReasonPermanent, d.attempt, h.err.Error())
 	case d.attempt >= mod.cfg.MaxAttempts:
-		m.dead = append(m.dead, DeadLetter{Event: h.ev, Module: mod.def.Name, Reason: wire.DeadReasonDeliveryLimit, Attempts: d.attempt, Err: h.err.Error()})
+		m.deadLetter(mod, d, h.ev, wire.DeadReasonDeliveryLimit, d.attempt, h.err.Error())
 	default:
-		m.retries = append(m.retries, &delivery{module: mod, ev: d.ev, attempt: d.attempt + 1, due: m.now.Add(m.backoff(d.attempt)), expires: d.expires})
+		m.retries = append(m.retries, &delivery{module: mod, dead: d.dead, ev: d.ev, attempt: d.attempt + 1, due: m.now.Add(m.backoff(d.attempt)), expires: d.expires})
+	}
+}
+
+// deadLetter records that mod gave up on ev and hands the dead letter to
+// every module with a DeadLetters handler, as mesh.events.dead does.
+// m.mu is held.
+func (m *Mesh) deadLetter(mod *module, d *delivery, ev sdk.Event, reason string, attempts int, errText string) {
+	m.dead = append(m.dead, DeadLetter{Event: ev, Module: mod.def.Name, Reason: reason, Attempts: attempts, Err: errText})
+	ev = d.ev // as emitted: the attempt and redelivered flag are the dead-letter queue's own
+	ev.Headers = maps.Clone(ev.Headers)
+	ev.DeadQueue = wire.ModuleQueue(m.cfg.Node, mod.def.Name)
+	ev.DeadReason, ev.DeadAttempts, ev.DeadError, ev.DeadTime = reason, attempts, errText, m.now
+	for _, to := range m.modules {
+		if to.def.DeadLetters != nil {
+			m.pending = append(m.pending, &delivery{module: to, dead: true, ev: ev, attempt: 1})
+		}
 	}
 }
 

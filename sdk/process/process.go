@@ -141,6 +141,11 @@ func (s *moduleServer) Describe(context.Context, *pb.Empty) (*pb.Description, er
 				s.desc.DuplicatesAllowed = append(s.desc.DuplicatesAllowed, uint32(i))
 			}
 		}
+		if s.module.DeadLetters != nil {
+			// Index len(patterns): the host delivers dead letters there.
+			s.handlers = append(s.handlers, s.module.DeadLetters)
+			s.desc.DeadLetters = true
+		}
 		for _, e := range tools {
 			s.tools = append(s.tools, e.Handler.(sdk.ToolHandler))
 			s.desc.Tools = append(s.desc.Tools, e.Key)
@@ -236,8 +241,15 @@ func (s *moduleServer) handle(d *pb.Delivery) *pb.Outcome {
 		ID: d.Id, Type: d.Type, Source: d.Source, Node: d.Node, Time: time.Unix(0, d.TimeUnixNano).UTC(),
 		CausationID: d.CausationId, Schema: d.Schema, Headers: d.Headers, Body: d.Body,
 		Attempt: int(d.Attempt), Redelivered: d.Redelivered, UserID: d.UserId,
+		DeadQueue: d.DeadQueue, DeadReason: d.DeadReason, DeadError: d.DeadError, DeadAttempts: int(d.DeadAttempts),
 	}
-	ctx, cancel := context.WithDeadline(causation.Handling(context.Background(), ev.ID, ev.Time), time.Unix(0, d.DeadlineUnixNano))
+	if d.DeadTimeUnixNano != 0 {
+		ev.DeadTime = time.Unix(0, d.DeadTimeUnixNano).UTC()
+	}
+	if d.TimeUnixNano == 0 {
+		ev.Time = time.Time{} // a malformed dead letter's unreadable time
+	}
+	ctx, cancel := context.WithDeadline(causation.HandlingEvent(context.Background(), ev.ID, ev.Time), time.Unix(0, d.DeadlineUnixNano))
 	defer cancel()
 	err := func() (err error) {
 		defer func() {

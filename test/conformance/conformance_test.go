@@ -38,6 +38,7 @@ var scenarios = []scenario{
 	{"RetriesCountAttempts", retriesCountAttempts},
 	{"PermanentDeadLettersAtOnce", permanentDeadLetters},
 	{"AttemptLimitDeadLetters", attemptLimit},
+	{"DeadLettersReachTheirHandler", deadLettersHandler},
 	{"PanicIsAFailedAttempt", panicIsFailure},
 	{"HandlerTimeoutCancelsCtx", handlerTimeout_},
 	{"OneAtATimeInQueueOrder", queueOrder},
@@ -210,6 +211,43 @@ func attemptLimit(t *testing.T, h Host) {
 	if rs := w.Of(t, "attempt"); len(rs) != maxAttempts {
 		t.Errorf("%d attempts, want %d", len(rs), maxAttempts)
 	}
+}
+
+// A module's DeadLetters handler gets every dead letter, saying which
+// queue gave up, why, after how many attempts and with what error; it is
+// retried like a handler, and past the attempt limit it stops.
+func deadLettersHandler(t *testing.T, h Host) {
+	h.Load(t, "worker", ModuleConfig{})
+	u := h.Load(t, "undertaker", ModuleConfig{})
+	id := h.Emit(t, "mesh.work.bad", body(1, conformance.Steer{Permanent: true, DeadFail: 1}))
+	rs := u.Wait(t, "both attempts at the dead letter", func(rs []conformance.Record) bool { return countID(rs, id) >= 2 })
+	var mine []conformance.Record
+	for _, r := range rs {
+		if r.ID == id {
+			mine = append(mine, r)
+		}
+	}
+	for i, r := range mine {
+		if r.Attempt != i+1 || r.Type != "mesh.work.bad" || r.DeadQueue != "conf.worker.events" || r.DeadReason != "permanent" ||
+			r.DeadAttempts != 1 || !strings.Contains(r.DeadError, "asked to fail for good") || !r.DeadTime || r.Source == "" {
+			t.Errorf("dead letter as handled %+v", r)
+		}
+	}
+	doomed := h.Emit(t, "mesh.work.bad", body(2, conformance.Steer{Permanent: true, DeadFail: 99}))
+	rs = u.Wait(t, "every attempt at the second dead letter", func(rs []conformance.Record) bool { return countID(rs, doomed) >= maxAttempts })
+	if n := countID(rs, doomed); n != maxAttempts {
+		t.Errorf("%d attempts at a dead letter that always fails, want %d", n, maxAttempts)
+	}
+}
+
+// countID counts the records of the event id.
+func countID(rs []conformance.Record, id string) (n int) {
+	for _, r := range rs {
+		if r.ID == id {
+			n++
+		}
+	}
+	return n
 }
 
 // A panic is a failed attempt: retried, then dead-lettered, saying so.

@@ -37,6 +37,12 @@ type Record struct {
 	Value       string          `json:"value,omitempty"`
 	Caller      string          `json:"caller,omitempty"`
 	Err         string          `json:"err,omitempty"`
+	// The Dead fields of a dead letter (sdk.Event).
+	DeadQueue    string `json:"dead_queue,omitempty"`
+	DeadReason   string `json:"dead_reason,omitempty"`
+	DeadError    string `json:"dead_error,omitempty"`
+	DeadAttempts int    `json:"dead_attempts,omitempty"`
+	DeadTime     bool   `json:"dead_time,omitempty"` // DeadTime is set
 	// Is names the sentinels the error satisfies (errors.Is), and a
 	// ToolError's code, so a test compares errors across hosts.
 	Is []string `json:"is,omitempty"`
@@ -119,6 +125,9 @@ type Steer struct {
 	// Together waits (until the ctx ends) for that many handler calls
 	// of the module to be running at once.
 	Together int `json:"together,omitempty"`
+	// DeadFail fails the first DeadFail attempts of the undertaker's
+	// DeadLetters handler at the event's dead letter.
+	DeadFail int `json:"dead_fail,omitempty"`
 	// N is a payload number.
 	N int `json:"n,omitempty"`
 }
@@ -173,7 +182,8 @@ func act(ctx context.Context, s Steer, attempt int) error {
 }
 
 // Module returns the conformance module of that name, reporting to probe.
-// The names: watcher, worker, setup, namer, relay, tools, caller, runner.
+// The names: watcher, worker, setup, namer, relay, tools, caller, undertaker,
+// runner.
 func Module(name string, probe *Probe) (sdk.Module, error) {
 	seen := func(kind string, ev sdk.Event) {
 		probe.Add(Record{Kind: kind, ID: ev.ID, Type: ev.Type, Source: ev.Source, Node: ev.Node, CausationID: ev.CausationID,
@@ -347,6 +357,18 @@ func Module(name string, probe *Probe) (sdk.Module, error) {
 			probe.Add(Record{Kind: "default_deadline", Err: errText(err), Is: Classify(err)})
 			return nil
 		}}, nil
+
+	case "undertaker":
+		// Records every dead letter of the mesh its DeadLetters handler
+		// gets, failing the first DeadFail attempts at each.
+		return sdk.Module{Name: name, DeadLetters: sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			probe.Add(Record{Kind: "dead", ID: ev.ID, Type: ev.Type, Source: ev.Source, Node: ev.Node, Attempt: ev.Attempt, Body: ev.Body,
+				DeadQueue: ev.DeadQueue, DeadReason: ev.DeadReason, DeadError: ev.DeadError, DeadAttempts: ev.DeadAttempts, DeadTime: !ev.DeadTime.IsZero()})
+			if ev.Attempt <= steer(ev.Body).DeadFail {
+				return fmt.Errorf("asked to fail dead-letter attempt %d", ev.Attempt)
+			}
+			return nil
+		})}, nil
 
 	case "runner":
 		// Records its Run's start and the end of Run's context.

@@ -211,8 +211,11 @@ type Description struct {
 	// Indexes into patterns of the handlers marked sdk.AllowDuplicates: the
 	// node does not de-duplicate their deliveries by event id.
 	DuplicatesAllowed []uint32 `protobuf:"varint,7,rep,packed,name=duplicates_allowed,json=duplicatesAllowed,proto3" json:"duplicates_allowed,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The module has a DeadLetters handler (sdk.Module.DeadLetters): the
+	// node delivers dead letters to it with pattern = len(patterns).
+	DeadLetters   bool `protobuf:"varint,8,opt,name=dead_letters,json=deadLetters,proto3" json:"dead_letters,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Description) Reset() {
@@ -292,6 +295,13 @@ func (x *Description) GetDuplicatesAllowed() []uint32 {
 		return x.DuplicatesAllowed
 	}
 	return nil
+}
+
+func (x *Description) GetDeadLetters() bool {
+	if x != nil {
+		return x.DeadLetters
+	}
+	return false
 }
 
 type ToolRequest struct {
@@ -548,6 +558,12 @@ type Delivery struct {
 	Redelivered      bool                   `protobuf:"varint,13,opt,name=redelivered,proto3" json:"redelivered,omitempty"`
 	DeadlineUnixNano int64                  `protobuf:"varint,14,opt,name=deadline_unix_nano,json=deadlineUnixNano,proto3" json:"deadline_unix_nano,omitempty"`
 	UserId           string                 `protobuf:"bytes,15,opt,name=user_id,json=userId,proto3" json:"user_id,omitempty"` // the AMQP user-id property, when set
+	// A dead letter's Dead fields (sdk.Event), for the DeadLetters handler.
+	DeadQueue        string `protobuf:"bytes,16,opt,name=dead_queue,json=deadQueue,proto3" json:"dead_queue,omitempty"`
+	DeadReason       string `protobuf:"bytes,17,opt,name=dead_reason,json=deadReason,proto3" json:"dead_reason,omitempty"`
+	DeadError        string `protobuf:"bytes,18,opt,name=dead_error,json=deadError,proto3" json:"dead_error,omitempty"`
+	DeadAttempts     uint32 `protobuf:"varint,19,opt,name=dead_attempts,json=deadAttempts,proto3" json:"dead_attempts,omitempty"`
+	DeadTimeUnixNano int64  `protobuf:"varint,20,opt,name=dead_time_unix_nano,json=deadTimeUnixNano,proto3" json:"dead_time_unix_nano,omitempty"` // 0: unknown
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
 }
@@ -685,6 +701,41 @@ func (x *Delivery) GetUserId() string {
 		return x.UserId
 	}
 	return ""
+}
+
+func (x *Delivery) GetDeadQueue() string {
+	if x != nil {
+		return x.DeadQueue
+	}
+	return ""
+}
+
+func (x *Delivery) GetDeadReason() string {
+	if x != nil {
+		return x.DeadReason
+	}
+	return ""
+}
+
+func (x *Delivery) GetDeadError() string {
+	if x != nil {
+		return x.DeadError
+	}
+	return ""
+}
+
+func (x *Delivery) GetDeadAttempts() uint32 {
+	if x != nil {
+		return x.DeadAttempts
+	}
+	return 0
+}
+
+func (x *Delivery) GetDeadTimeUnixNano() int64 {
+	if x != nil {
+		return x.DeadTimeUnixNano
+	}
+	return 0
 }
 
 type DeliveryBatch struct {
@@ -1252,7 +1303,7 @@ var File_module_proto protoreflect.FileDescriptor
 const file_module_proto_rawDesc = "" +
 	"\n" +
 	"\fmodule.proto\x12\x0emesh.plugin.v1\"\a\n" +
-	"\x05Empty\"\xc2\x01\n" +
+	"\x05Empty\"\xe5\x01\n" +
 	"\vDescription\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05emits\x18\x02 \x03(\tR\x05emits\x12\x1a\n" +
@@ -1260,7 +1311,8 @@ const file_module_proto_rawDesc = "" +
 	"\x04kind\x18\x04 \x01(\tR\x04kind\x12\x14\n" +
 	"\x05calls\x18\x05 \x03(\tR\x05calls\x12\x14\n" +
 	"\x05tools\x18\x06 \x03(\tR\x05tools\x12-\n" +
-	"\x12duplicates_allowed\x18\a \x03(\rR\x11duplicatesAllowed\"\xe8\x02\n" +
+	"\x12duplicates_allowed\x18\a \x03(\rR\x11duplicatesAllowed\x12!\n" +
+	"\fdead_letters\x18\b \x01(\bR\vdeadLetters\"\xe8\x02\n" +
 	"\vToolRequest\x12\x12\n" +
 	"\x04tool\x18\x01 \x01(\rR\x04tool\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x16\n" +
@@ -1283,7 +1335,7 @@ const file_module_proto_rawDesc = "" +
 	"\tpermanent\x18\x05 \x01(\bR\tpermanent\"b\n" +
 	"\fStartRequest\x12$\n" +
 	"\x0ehost_broker_id\x18\x01 \x01(\rR\fhostBrokerId\x12,\n" +
-	"\x12call_timeout_nanos\x18\x02 \x01(\x03R\x10callTimeoutNanos\"\xfb\x03\n" +
+	"\x12call_timeout_nanos\x18\x02 \x01(\x03R\x10callTimeoutNanos\"\xae\x05\n" +
 	"\bDelivery\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x18\n" +
 	"\apattern\x18\x02 \x01(\rR\apattern\x12\x0e\n" +
@@ -1300,7 +1352,15 @@ const file_module_proto_rawDesc = "" +
 	"\aattempt\x18\f \x01(\rR\aattempt\x12 \n" +
 	"\vredelivered\x18\r \x01(\bR\vredelivered\x12,\n" +
 	"\x12deadline_unix_nano\x18\x0e \x01(\x03R\x10deadlineUnixNano\x12\x17\n" +
-	"\auser_id\x18\x0f \x01(\tR\x06userId\x1a:\n" +
+	"\auser_id\x18\x0f \x01(\tR\x06userId\x12\x1d\n" +
+	"\n" +
+	"dead_queue\x18\x10 \x01(\tR\tdeadQueue\x12\x1f\n" +
+	"\vdead_reason\x18\x11 \x01(\tR\n" +
+	"deadReason\x12\x1d\n" +
+	"\n" +
+	"dead_error\x18\x12 \x01(\tR\tdeadError\x12#\n" +
+	"\rdead_attempts\x18\x13 \x01(\rR\fdeadAttempts\x12-\n" +
+	"\x13dead_time_unix_nano\x18\x14 \x01(\x03R\x10deadTimeUnixNano\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"I\n" +
