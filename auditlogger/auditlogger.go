@@ -8,6 +8,7 @@
 //	audit.get    one event by id
 //	audit.trace  the causal chain of an event, in both directions
 //	audit.stats  rows, bytes, oldest and newest arrivals
+//	audit.replayed  records what a replay sent (meshctl audit replay)
 //
 // A delivery is acknowledged only once its row is durable; a redelivery,
 // a resend or a replay of an id already stored is not a second row. It is
@@ -22,14 +23,20 @@
 // meshctl audit query|count|get|trace|export|stats asks it from the
 // command line.
 //
-// Not built yet (issue 10): dead letters and events that break the
-// contract, replay.
+// It also receives every dead letter of the mesh (sdk.Module.DeadLetters)
+// and records it as a fate of its event, so a trace shows where events
+// died; an event that breaks the wire contract reaches it that way and
+// is stored flagged with why.
 package auditlogger
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/meshkit/mesh/auditlogger/store"
@@ -46,6 +53,9 @@ const (
 	ToolGet   = "audit.get"
 	ToolTrace = "audit.trace"
 	ToolStats = "audit.stats"
+	// ToolReplayed records what a replay sent (meshctl audit replay
+	// calls it), as fates of the events.
+	ToolReplayed = "audit.replayed"
 )
 
 // Options set the logger's retention. Zero fields keep everything.
@@ -128,6 +138,10 @@ func (l *Logger) Module() sdk.Module {
 	return sdk.Module{
 		Name: Name,
 		Run:  l.retain,
+		// Dead letters come on <node>.audit-logger.dead: the logger
+		// records each as a fate of its event, and stores the event too
+		// (one that breaks the contract reaches the logger only so).
+		DeadLetters: sdk.HandlerFunc(l.recordDead),
 		Setup: func(m sdk.Mesh) error {
 			// The store keeps each id once by itself: the node's own
 			// de-duplication would only repeat that work.
@@ -138,6 +152,7 @@ func (l *Logger) Module() sdk.Module {
 				m.Serve(ToolGet, sdk.ToolHandlerFunc(l.get)),
 				m.Serve(ToolTrace, sdk.ToolHandlerFunc(l.trace)),
 				m.Serve(ToolStats, sdk.ToolHandlerFunc(l.stats)),
+				m.Serve(ToolReplayed, sdk.ToolHandlerFunc(l.replayed)),
 			)
 		},
 	}
@@ -149,6 +164,89 @@ func (l *Logger) record(ctx context.Context, ev sdk.Event) error {
 		return fmt.Errorf("record %s in the audit log: %w", ev.ID, err)
 	}
 	return nil
+}
+
+// recordDead stores a dead letter as a fate of its event, and the event
+// itself if the store does not hold it, once both are durable. An event
+// that breaks the contract is stored flagged with why; without a usable
+// id it gets one made from its content, so the same message
+// dead-lettered by several queues is one row with several fates.
+func (l *Logger) recordDead(ctx context.Context, ev sdk.Event) error {
+	row := rowOf(ev, l.now())
+	if ev.DeadReason == malformedReason {
+		row.Malformed = ev.DeadError
+		if row.Malformed == "" {
+			row.Malformed = "breaks the wire contract"
+		}
+		row.Headers = ev.Headers // every header as it came, as text
+		if row.ID == "" {
+			row.ID = contentID(ev)
+		}
+	}
+	fate := store.Fate{EventID: row.ID, Kind: store.FateDead, Queue: ev.DeadQueue, Reason: ev.DeadReason, Error: ev.DeadError,
+		Attempts: ev.DeadAttempts, Time: ev.DeadTime}
+	if _, err := l.store.AddFates(ctx, []store.Fate{fate}, row); err != nil {
+		return fmt.Errorf("record the dead letter of %s in the audit log: %w", row.ID, err)
+	}
+	return nil
+}
+
+// malformedReason is the dead letters' reason for a message that breaks
+// the wire contract (x-mesh-dead-reason).
+const malformedReason = "malformed"
+
+// contentID names a message that has no id of its own by what it holds:
+// "malformed-" and a digest of its type, headers and body.
+func contentID(ev sdk.Event) string {
+	h := sha256.New()
+	keys := slices.Sorted(maps.Keys(ev.Headers))
+	fmt.Fprintf(h, "%q\n", ev.Type)
+	for _, k := range keys {
+		fmt.Fprintf(h, "%q=%q\n", k, ev.Headers[k])
+	}
+	h.Write(ev.Body)
+	return "malformed-" + hex.EncodeToString(h.Sum(nil))[:32]
+}
+
+// ReplayedRequest is audit.replayed's request: what one replay sent.
+type ReplayedRequest struct {
+	// ReplayID is the replay's id (the x-replay-id header it sent).
+	ReplayID string `json:"replay_id"`
+	// Destination is where the events went: mesh.events or a module's
+	// queue.
+	Destination string `json:"destination"`
+	// Sent lists the events sent, each with when.
+	Sent []ReplayedEvent `json:"sent"`
+}
+
+// ReplayedEvent is one event a replay sent.
+type ReplayedEvent struct {
+	ID   string    `json:"id"`
+	Time time.Time `json:"time"`
+}
+
+// MaxReplayedPerCall bounds the events one audit.replayed call records.
+const MaxReplayedPerCall = 1000
+
+func (l *Logger) replayed(ctx context.Context, req sdk.Request) (any, error) {
+	var r ReplayedRequest
+	if err := req.Decode(&r); err != nil {
+		return nil, badRequest(err)
+	}
+	if r.ReplayID == "" || r.Destination == "" || len(r.Sent) > MaxReplayedPerCall {
+		return nil, badRequest(fmt.Errorf("a replay id, a destination and at most %d events are needed", MaxReplayedPerCall))
+	}
+	fates := make([]store.Fate, 0, len(r.Sent))
+	for _, e := range r.Sent {
+		if e.ID == "" {
+			return nil, badRequest(errors.New("an event sent without an id"))
+		}
+		fates = append(fates, store.Fate{EventID: e.ID, Kind: store.FateReplayed, Queue: r.Destination, ReplayID: r.ReplayID, Time: e.Time})
+	}
+	if _, err := l.store.AddFates(ctx, fates); err != nil {
+		return nil, err
+	}
+	return len(fates), nil
 }
 
 // rowOf is what the store keeps of an event: every header the handler

@@ -99,3 +99,82 @@ func TestRecordsAndAnswers(t *testing.T) {
 		t.Errorf("query with a bad pattern: %v", err)
 	}
 }
+
+// TestDeadLetterShownInTrace: a three-level chain whose last event a
+// module gives up on shows, in the trace, where it died; the Dead filter
+// selects it, and replays recorded by audit.replayed show beside it.
+func TestDeadLetterShownInTrace(t *testing.T) {
+	l := openLogger(t)
+	mt := meshtest.New(meshtest.Config{Node: "anchor"})
+	defer mt.Close()
+	picky := sdk.Module{Name: "billing", Setup: func(m sdk.Mesh) error {
+		return m.On("module.shop.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			_, err := m.Emit(ctx, "invoice.drafted", map[string]string{"order": ev.ID})
+			return err
+		}))
+	}}
+	ledger := sdk.Module{Name: "ledger", Setup: func(m sdk.Mesh) error {
+		return m.On("module.billing.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			return sdk.Permanent(errors.New("ledger closed"))
+		}))
+	}}
+	for _, m := range []sdk.Module{l.Module(), relay, picky, ledger} {
+		if err := mt.Load(m, meshtest.ModuleConfig{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx := context.Background()
+	order, err := mt.Emit(ctx, "web", "mesh.order.placed", map[string]int{"n": 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mt.Settle()
+	var tr store.Trace
+	if err := mt.Call(ctx, "test", auditlogger.ToolTrace, auditlogger.TraceRequest{ID: order}, &tr); err != nil {
+		t.Fatal(err)
+	}
+	if tr.Root == nil || len(tr.Root.Caused) != 1 || len(tr.Root.Caused[0].Caused) != 1 {
+		t.Fatalf("trace is not three levels: %+v", tr)
+	}
+	invoice := tr.Root.Caused[0].Caused[0].Event
+	if len(invoice.Fates) != 1 {
+		t.Fatalf("the invoice event's fates: %+v, want one dead letter", invoice.Fates)
+	}
+	f := invoice.Fates[0]
+	if f.Kind != store.FateDead || f.Queue != "anchor.ledger.events" || f.Reason != "permanent" || f.Attempts != 1 ||
+		f.Error == "" || f.Time.IsZero() || f.EventID != invoice.ID {
+		t.Errorf("dead-letter fate %+v", f)
+	}
+	if len(tr.Root.Event.Fates) != 0 {
+		t.Errorf("the order has fates %+v", tr.Root.Event.Fates)
+	}
+	yes := true
+	var dead auditlogger.QueryResponse
+	if err := mt.Call(ctx, "test", auditlogger.ToolQuery, auditlogger.QueryRequest{Filter: store.Filter{Dead: &yes}}, &dead); err != nil ||
+		len(dead.Events) != 1 || dead.Events[0].ID != invoice.ID {
+		t.Errorf("query of dead events: %+v, %v", dead, err)
+	}
+
+	sent := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	rec := auditlogger.ReplayedRequest{ReplayID: "01JREPLAY0000000000000000", Destination: "mesh.events",
+		Sent: []auditlogger.ReplayedEvent{{ID: invoice.ID, Time: sent}}}
+	var n int
+	for range 2 { // a repeated record is one fate
+		if err := mt.Call(ctx, "test", auditlogger.ToolReplayed, rec, &n); err != nil || n != 1 {
+			t.Fatalf("audit.replayed: %d, %v", n, err)
+		}
+	}
+	var got store.Event
+	if err := mt.Call(ctx, "test", auditlogger.ToolGet, invoice.ID, &got); err != nil || len(got.Fates) != 2 ||
+		got.Fates[1].Kind != store.FateReplayed || got.Fates[1].ReplayID != rec.ReplayID || !got.Fates[1].Time.Equal(sent) {
+		t.Errorf("fates after a replay: %+v, %v", got.Fates, err)
+	}
+	var st store.Stats
+	if err := mt.Call(ctx, "test", auditlogger.ToolStats, nil, &st); err != nil || st.DeadLetters != 1 || st.Replayed != 1 || st.LastSeq != 3 {
+		t.Errorf("stats: %+v, %v", st, err)
+	}
+	var te *sdk.ToolError
+	if err := mt.Call(ctx, "test", auditlogger.ToolReplayed, auditlogger.ReplayedRequest{}, nil); !errors.As(err, &te) || te.Code != "bad_request" {
+		t.Errorf("audit.replayed without a replay id: %v", err)
+	}
+}

@@ -2,6 +2,7 @@ package auditlogger_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -20,6 +21,7 @@ import (
 	"github.com/meshkit/mesh/auditlogger/store"
 	"github.com/meshkit/mesh/internal/brokertest"
 	"github.com/meshkit/mesh/runtime"
+	"github.com/meshkit/mesh/sdk"
 )
 
 var buildLogger = sync.OnceValues(func() (string, error) {
@@ -154,4 +156,96 @@ func TestCompleteAcrossDuplicatesAndAKill(t *testing.T) {
 		t.Errorf("the logger recorded %d crashes of itself (%v), want 1", crashes, err)
 	}
 	t.Logf("summary TestCompleteAcrossDuplicatesAndAKill: published=%d (raw, each twice) emitted=%d rows=%d lost=0", perSource, perSource, n)
+}
+
+// TestMalformedAndDeadLettersRecorded: with the logger as a module
+// process, a message that breaks the contract (published with raw
+// amqp091-go) is stored flagged with why, byte for byte, never skipped;
+// and an event another module dead-letters shows where it died.
+func TestMalformedAndDeadLettersRecorded(t *testing.T) {
+	t.Parallel()
+	bin, err := buildLogger()
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := brokertest.VHost(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	node, err := runtime.New(ctx, runtime.Config{Node: "anchor", AMQPURL: url, StateDir: t.TempDir(),
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close(context.Background())
+	pm, err := node.LoadPlugin(ctx, bin, []string{"--db", filepath.Join(t.TempDir(), "audit.db")}, runtime.ModuleConfig{Concurrency: 8, ToolGrants: []string{"audit.*"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pm.Stop(context.Background())
+	ledger, err := node.Load(ctx, sdk.Module{Name: "ledger", Setup: func(m sdk.Mesh) error {
+		return m.On("mesh.bill.#", sdk.HandlerFunc(func(context.Context, sdk.Event) error { return sdk.Permanent(errors.New("ledger closed")) }))
+	}}, runtime.ModuleConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ledger.Stop(context.Background())
+
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	raw, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := []byte("\x00not json")
+	if err := raw.PublishWithContext(ctx, "mesh.events", "mesh.raw.bad", false, false, amqp.Publishing{
+		Headers: amqp.Table{"x-source": "forged", "x-time": int64(7)}, ContentType: "text/plain", DeliveryMode: amqp.Persistent, Body: body,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	bill, err := node.Emit(ctx, "test", "mesh.bill.due", map[string]int{"amount": 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	yes := true
+	var page auditlogger.QueryResponse
+	for {
+		page = auditlogger.QueryResponse{}
+		q := auditlogger.QueryRequest{Filter: store.Filter{Any: []store.Filter{{Malformed: &yes}, {Dead: &yes}}}}
+		if err := node.Call(ctx, "test", auditlogger.ToolQuery, q, &page); err != nil && ctx.Err() != nil {
+			t.Fatal(err)
+		}
+		if len(page.Events) == 2 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("recorded %+v, want the malformed message and the dead letter", page.Events)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for _, ev := range page.Events {
+		switch ev.Type {
+		case "mesh.raw.bad":
+			if ev.Malformed == "" || string(ev.Body) != string(body) || ev.Headers["x-source"] != "forged" || ev.Headers["x-time"] != "7" ||
+				ev.Headers["content-type"] != "text/plain" || len(ev.Fates) != 1 || ev.Fates[0].Queue != "anchor.audit-logger.events" ||
+				ev.Fates[0].Reason != "malformed" {
+				t.Errorf("malformed message stored as %+v", ev)
+			}
+		case "mesh.bill.due":
+			if ev.ID != bill || ev.Malformed != "" || len(ev.Fates) != 1 || ev.Fates[0].Queue != "anchor.ledger.events" ||
+				ev.Fates[0].Reason != "permanent" || ev.Fates[0].Error == "" {
+				t.Errorf("dead-lettered event stored as %+v", ev)
+			}
+		default:
+			t.Errorf("unexpected event %+v", ev)
+		}
+	}
+	var tr store.Trace
+	if err := node.Call(ctx, "test", auditlogger.ToolTrace, auditlogger.TraceRequest{ID: bill}, &tr); err != nil ||
+		tr.Root == nil || len(tr.Root.Event.Fates) != 1 {
+		t.Errorf("trace of the dead-lettered event: %+v, %v", tr, err)
+	}
 }

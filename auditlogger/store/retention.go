@@ -52,11 +52,10 @@ func (s *Store) Prune(ctx context.Context, r Retention) (int64, error) {
 		if upTo == 0 {
 			return deleted, nil
 		}
-		res, err := s.db.ExecContext(ctx, `DELETE FROM events WHERE seq <= ?`, upTo)
+		n, err := s.pruneUpTo(ctx, upTo)
 		if err != nil {
 			return deleted, fmt.Errorf("prune the audit log: %w", err)
 		}
-		n, _ := res.RowsAffected()
 		deleted += n
 		if n == 0 {
 			return deleted, nil
@@ -73,4 +72,23 @@ func (s *Store) usedBytes(ctx context.Context) (int64, error) {
 		}
 	}
 	return (pages - free) * size, nil
+}
+
+// pruneUpTo deletes the events with seq <= upTo and their fates in one
+// transaction.
+func (s *Store) pruneUpTo(ctx context.Context, upTo int64) (int64, error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = tx.Rollback() }()
+	if _, err := tx.ExecContext(ctx, `DELETE FROM fates WHERE event_id IN (SELECT id FROM events WHERE seq <= ?)`, upTo); err != nil {
+		return 0, err
+	}
+	res, err := tx.ExecContext(ctx, `DELETE FROM events WHERE seq <= ?`, upTo)
+	if err != nil {
+		return 0, err
+	}
+	n, _ := res.RowsAffected()
+	return n, tx.Commit()
 }

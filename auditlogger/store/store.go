@@ -68,6 +68,10 @@ type Event struct {
 	Redelivered bool `json:"redelivered,omitempty"`
 	// Malformed says how the event breaks the wire contract, or "".
 	Malformed string `json:"malformed,omitempty"`
+	// Fates are what became of the event after it was emitted: the
+	// queues that dead-lettered it and the replays that sent it again, in
+	// the order they were recorded.
+	Fates []Fate `json:"fates,omitempty"`
 }
 
 // eventJSON is Event's JSON shape without its methods.
@@ -127,6 +131,7 @@ type Store struct {
 
 type addRequest struct {
 	events []Event
+	fates  []Fate
 	result chan addResult
 }
 
@@ -156,6 +161,18 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE INDEX IF NOT EXISTS events_time ON events(time_ns);
 CREATE INDEX IF NOT EXISTS events_source ON events(source);
 CREATE INDEX IF NOT EXISTS events_causation ON events(causation_id);
+CREATE TABLE IF NOT EXISTS fates (
+	seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+	event_id   TEXT NOT NULL,
+	kind       TEXT NOT NULL,
+	queue      TEXT NOT NULL DEFAULT '',
+	reason     TEXT NOT NULL DEFAULT '',
+	error      TEXT NOT NULL DEFAULT '',
+	attempts   INTEGER NOT NULL DEFAULT 0,
+	replay_id  TEXT NOT NULL DEFAULT '',
+	time_ns    INTEGER NOT NULL DEFAULT 0,
+	UNIQUE (event_id, kind, queue, replay_id, time_ns)
+);
 `
 
 // Indexes cost every insert (ADR 12): the type has none, because a topic
@@ -209,12 +226,24 @@ func (s *Store) Close() error {
 // many were new, once they are durable on disk. Concurrent calls share a
 // transaction.
 func (s *Store) Add(ctx context.Context, events ...Event) (int, error) {
+	return s.AddFates(ctx, nil, events...)
+}
+
+// AddFates stores events as Add does and, in the same transaction, what
+// became of events (each fate once: a redelivered dead letter is not a
+// second one). The fates' events need not be stored.
+func (s *Store) AddFates(ctx context.Context, fates []Fate, events ...Event) (int, error) {
 	for i := range events {
 		if events[i].ID == "" {
 			return 0, fmt.Errorf("add to the audit log: event %d has no id", i)
 		}
 	}
-	req := addRequest{events: events, result: make(chan addResult, 1)}
+	for i, f := range fates {
+		if f.EventID == "" || (f.Kind != FateDead && f.Kind != FateReplayed) {
+			return 0, fmt.Errorf("add to the audit log: fate %d: no event id, or kind %q is not %s or %s", i, f.Kind, FateDead, FateReplayed)
+		}
+	}
+	req := addRequest{events: events, fates: fates, result: make(chan addResult, 1)}
 	s.closeMu.RLock()
 	if s.closed {
 		s.closeMu.RUnlock()
@@ -241,7 +270,7 @@ func (s *Store) write() {
 	defer close(s.done)
 	for req := range s.adds {
 		batch := []addRequest{req}
-		n := len(req.events)
+		n := len(req.events) + len(req.fates)
 	fill:
 		for n < s.maxBatch {
 			select {
@@ -250,7 +279,7 @@ func (s *Store) write() {
 					break fill
 				}
 				batch = append(batch, more)
-				n += len(more.events)
+				n += len(more.events) + len(more.fates)
 			default:
 				break fill
 			}
@@ -305,6 +334,11 @@ func (s *Store) commit(batch []addRequest) (added []int, err error) {
 				added[i]++
 			}
 		}
+		if len(r.fates) > 0 {
+			if err := insertFates(tx, r.fates); err != nil {
+				return added, err
+			}
+		}
 	}
 	if err := tx.Commit(); err != nil {
 		return added, fmt.Errorf("add to the audit log: commit: %w", err)
@@ -356,7 +390,12 @@ func (s *Store) Get(ctx context.Context, id string) (Event, error) {
 	if errors.Is(err, sql.ErrNoRows) {
 		return ev, fmt.Errorf("event %s: %w", id, ErrNotFound)
 	}
-	return ev, err
+	if err != nil {
+		return ev, err
+	}
+	evs := []Event{ev}
+	err = s.withFates(ctx, evs)
+	return evs[0], err
 }
 
 // Filter selects events. Every set field must hold (AND); within a list,
@@ -383,6 +422,12 @@ type Filter struct {
 	// Malformed selects only events that break the contract (true) or
 	// only those that keep it (false); nil selects both.
 	Malformed *bool `json:"malformed,omitempty"`
+	// Dead selects only events some queue dead-lettered (true) or only
+	// those none did (false); nil selects both.
+	Dead *bool `json:"dead,omitempty"`
+	// UpTo, when not 0, selects only events stored up to that Seq: a
+	// cutoff (a replay's) that what arrives later never passes.
+	UpTo int64 `json:"up_to,omitempty"`
 	// Any lists alternatives, at least one of which must hold.
 	Any []Filter `json:"any,omitempty"`
 }
@@ -441,6 +486,16 @@ func (f Filter) where() (string, []any, error) {
 		} else {
 			conds = append(conds, "malformed = ''")
 		}
+	}
+	if f.Dead != nil {
+		exists := "EXISTS (SELECT 1 FROM fates WHERE fates.event_id = events.id AND fates.kind = 'dead')"
+		if !*f.Dead {
+			exists = "NOT " + exists
+		}
+		conds = append(conds, exists)
+	}
+	if f.UpTo != 0 {
+		conds, args = append(conds, "seq <= ?"), append(args, f.UpTo)
 	}
 	if len(f.Any) > 0 {
 		var or []string
@@ -526,6 +581,9 @@ func (s *Store) Query(ctx context.Context, f Filter, p Page) (events []Event, ne
 		events = events[:p.Limit]
 		next = events[len(events)-1].Seq
 	}
+	if err := s.withFates(ctx, events); err != nil {
+		return nil, 0, fmt.Errorf("query the audit log: %w", err)
+	}
 	return events, next, nil
 }
 
@@ -549,6 +607,12 @@ type Stats struct {
 	Malformed int64 `json:"malformed"`
 	// Bytes is the database's size.
 	Bytes int64 `json:"bytes"`
+	// DeadLetters and Replayed count the fates recorded: dead letters,
+	// and events sent again by a replay.
+	DeadLetters int64 `json:"dead_letters"`
+	Replayed    int64 `json:"replayed"`
+	// LastSeq is the Seq of the newest event: a replay's cutoff.
+	LastSeq int64 `json:"last_seq"`
 	// OldestArrived and NewestArrived bound the arrival times held.
 	OldestArrived time.Time `json:"oldest_arrived,omitzero"`
 	NewestArrived time.Time `json:"newest_arrived,omitzero"`
@@ -566,6 +630,10 @@ func (s *Store) Stats(ctx context.Context) (Stats, error) {
 		return st, fmt.Errorf("audit log stats: %w", err)
 	}
 	st.OldestArrived, st.NewestArrived = fromUnixNano(oldest.Int64), fromUnixNano(newest.Int64)
+	if err := s.db.QueryRowContext(ctx, `SELECT coalesce(max(seq), 0), (SELECT count(*) FROM fates WHERE kind = 'dead'),
+		(SELECT count(*) FROM fates WHERE kind = 'replayed') FROM events`).Scan(&st.LastSeq, &st.DeadLetters, &st.Replayed); err != nil {
+		return st, fmt.Errorf("audit log stats: %w", err)
+	}
 	var pages, pageSize int64
 	if err := s.db.QueryRowContext(ctx, `PRAGMA page_count`).Scan(&pages); err != nil {
 		return st, fmt.Errorf("audit log stats: %w", err)

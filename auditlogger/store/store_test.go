@@ -370,3 +370,55 @@ func TestEventJSON(t *testing.T) {
 		}
 	}
 }
+
+// TestFates: a dead letter and a replay are stored once each, however
+// often they are added, with or without their event; Get, Query and the
+// Dead filter see them; UpTo cuts at a Seq; retention drops an event's
+// fates with it.
+func TestFates(t *testing.T) {
+	s, _ := open(t)
+	ctx := context.Background()
+	a, b, c := event(1, "mesh.a.x"), event(2, "mesh.a.x"), event(3, "mesh.a.x")
+	a.Arrived, b.Arrived, c.Arrived = t0, t0.Add(time.Second), t0.Add(2*time.Second)
+	if _, err := s.Add(ctx, a, b); err != nil {
+		t.Fatal(err)
+	}
+	died := Fate{EventID: a.ID, Kind: FateDead, Queue: "anchor.ledger.events", Reason: "permanent", Error: "no", Attempts: 1, Time: t0.Add(time.Minute)}
+	replayed := Fate{EventID: a.ID, Kind: FateReplayed, Queue: "mesh.events", ReplayID: "r1", Time: t0.Add(time.Hour)}
+	for range 2 {
+		if _, err := s.AddFates(ctx, []Fate{died, replayed}, a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.AddFates(ctx, []Fate{{EventID: a.ID, Kind: "lost"}}); err == nil {
+		t.Error("a fate of an unknown kind was accepted")
+	}
+	got, err := s.Get(ctx, a.ID)
+	if err != nil || len(got.Fates) != 2 || got.Fates[0] != died || got.Fates[1] != replayed {
+		t.Fatalf("fates of a: %+v, %v", got.Fates, err)
+	}
+	yes, no := true, false
+	if evs, _, err := s.Query(ctx, Filter{Dead: &yes}, Page{}); err != nil || len(evs) != 1 || evs[0].ID != a.ID || len(evs[0].Fates) != 2 {
+		t.Errorf("dead events: %+v, %v", evs, err)
+	}
+	if n, err := s.Count(ctx, Filter{Dead: &no}); err != nil || n != 1 {
+		t.Errorf("events not dead: %d, %v", n, err)
+	}
+	st, err := s.Stats(ctx)
+	if err != nil || st.DeadLetters != 1 || st.Replayed != 1 || st.LastSeq != got.Seq+1 {
+		t.Errorf("stats %+v, %v", st, err)
+	}
+	cutoff := st.LastSeq
+	if _, err := s.Add(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.Count(ctx, Filter{UpTo: cutoff}); err != nil || n != 2 {
+		t.Errorf("events up to the cutoff: %d, %v; want 2", n, err)
+	}
+	if n, err := s.Prune(ctx, Retention{Before: t0.Add(time.Millisecond)}); err != nil || n != 1 {
+		t.Fatalf("pruned %d, %v", n, err)
+	}
+	if st, _ := s.Stats(ctx); st.DeadLetters != 0 || st.Replayed != 0 {
+		t.Errorf("fates of a pruned event kept: %+v", st)
+	}
+}
