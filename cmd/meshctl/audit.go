@@ -27,7 +27,7 @@ func auditCommand() *cli.Command {
 	asJSON := &cli.BoolFlag{Name: "json", Usage: "print JSON for machines"}
 	return &cli.Command{
 		Name:  "audit",
-		Usage: "ask the audit logger what happened: query, count, get, trace, export, stats",
+		Usage: "ask the audit logger what happened: query, count, get, trace, export, replay, stats",
 		Subcommands: []*cli.Command{
 			{
 				Name:  "query",
@@ -68,6 +68,7 @@ func auditCommand() *cli.Command {
 					timeout),
 				Action: auditExport,
 			},
+			auditReplayCommand(timeout),
 			{
 				Name:   "stats",
 				Usage:  "rows, bytes, oldest and newest arrivals",
@@ -91,6 +92,7 @@ func auditFilterFlags() []cli.Flag {
 		&cli.StringFlag{Name: "from", Usage: "emitted at or after `TIME` (RFC 3339, or a duration ago: 1h)"},
 		&cli.StringFlag{Name: "to", Usage: "emitted before `TIME` (RFC 3339, or a duration ago)"},
 		&cli.BoolFlag{Name: "malformed", Usage: "only events that break the wire contract"},
+		&cli.BoolFlag{Name: "dead", Usage: "only events some queue dead-lettered"},
 	}
 }
 
@@ -127,9 +129,12 @@ func auditFilterOf(c *cli.Context) (store.Filter, error) {
 			return f, fmt.Errorf("--%s: %w", b.flag, err)
 		}
 	}
+	yes := true
 	if c.Bool("malformed") {
-		yes := true
 		f.Malformed = &yes
+	}
+	if c.Bool("dead") {
+		f.Dead = &yes
 	}
 	return f, nil
 }
@@ -283,6 +288,25 @@ func auditTrace(c *cli.Context) error {
 	return drawTrace(c.App.Writer, tr)
 }
 
+// fatesText says where an event died and how often it was replayed, for
+// a line of a trace.
+func fatesText(fates []store.Fate) string {
+	var s string
+	replays := 0
+	for _, f := range fates {
+		switch f.Kind {
+		case store.FateDead:
+			s += fmt.Sprintf("  ✗ dead-lettered by %s (%s after %d attempts: %s)", f.Queue, f.Reason, f.Attempts, f.Error)
+		case store.FateReplayed:
+			replays++
+		}
+	}
+	if replays > 0 {
+		s += fmt.Sprintf("  ↻ replayed %d times", replays)
+	}
+	return s
+}
+
 // drawTrace draws the causes above the event, oldest first, and what it
 // caused below it as a tree.
 func drawTrace(w io.Writer, tr store.Trace) error {
@@ -291,7 +315,7 @@ func drawTrace(w io.Writer, tr store.Trace) error {
 		if ev.Malformed != "" {
 			s += "  (malformed: " + ev.Malformed + ")"
 		}
-		return s
+		return s + fatesText(ev.Fates)
 	}
 	indent := ""
 	if tr.MissingCause != "" {
@@ -329,8 +353,8 @@ func auditStats(c *cli.Context) error {
 	if c.Bool("json") {
 		return json.NewEncoder(c.App.Writer).Encode(st)
 	}
-	_, err := fmt.Fprintf(c.App.Writer, "events %d (malformed %d), %d bytes, arrived %s .. %s\n",
-		st.Events, st.Malformed, st.Bytes, timeText(st.OldestArrived), timeText(st.NewestArrived))
+	_, err := fmt.Fprintf(c.App.Writer, "events %d (malformed %d), dead letters %d, replayed %d, %d bytes, arrived %s .. %s, last seq %d\n",
+		st.Events, st.Malformed, st.DeadLetters, st.Replayed, st.Bytes, timeText(st.OldestArrived), timeText(st.NewestArrived), st.LastSeq)
 	return err
 }
 

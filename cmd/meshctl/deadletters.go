@@ -255,19 +255,27 @@ func actOptions(c *cli.Context) []deadletters.Option {
 	if c.Bool("dry-run") {
 		opts = append(opts, deadletters.DryRun())
 	}
-	w := c.App.ErrWriter
-	force := c.Bool("progress")
-	onTerminal := w == io.Writer(os.Stderr) && isTerminal(os.Stderr)
-	if force || onTerminal {
-		bar := &progressBar{w: w}
-		opts = append(opts, deadletters.WithProgress(func(done, total int) {
-			if done == 0 {
-				bar.on = force || total > progressThreshold
-			}
-			bar.update(done, total)
-		}))
+	if p := progressOf(c); p != nil {
+		opts = append(opts, deadletters.WithProgress(p))
 	}
 	return opts
+}
+
+// progressOf is a progress bar on stderr when --progress asks for one, or
+// when stderr is a terminal and the work is long; nil otherwise.
+func progressOf(c *cli.Context) func(done, total int) {
+	w := c.App.ErrWriter
+	force := c.Bool("progress")
+	if !force && (w != io.Writer(os.Stderr) || !isTerminal(os.Stderr)) {
+		return nil
+	}
+	bar := &progressBar{w: w}
+	return func(done, total int) {
+		if done == 0 {
+			bar.on = force || total > progressThreshold
+		}
+		bar.update(done, total)
+	}
 }
 
 // isTerminal reports whether f is a character device, as a terminal is.

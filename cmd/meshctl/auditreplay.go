@@ -1,0 +1,195 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/oklog/ulid/v2"
+	"github.com/urfave/cli/v2"
+
+	"github.com/meshkit/mesh/auditlogger"
+	"github.com/meshkit/mesh/auditlogger/store"
+	"github.com/meshkit/mesh/internal/replay"
+	"github.com/meshkit/mesh/internal/wire"
+)
+
+// auditReplayCommand is `meshctl audit replay`.
+func auditReplayCommand(timeout cli.Flag) *cli.Command {
+	return &cli.Command{
+		Name:  "replay",
+		Usage: "send the events a filter selects onto the mesh again, with their ids, headers and bodies, up to a cutoff fixed at the start",
+		Description: "Events stored after the replay starts are never included, so a replay never replays itself. Each goes out with\n" +
+			"its original id, headers and body plus x-replay-id, persistent and confirmed, to mesh.events (every subscriber) or,\n" +
+			"with --target NODE.MODULE, to that module's queue only. Consumers' de-duplication by id still applies. Events that\n" +
+			"break the wire contract are not replayed. The audit logger records each event sent as a fate of the event.",
+		Flags: append(auditFilterFlags(),
+			&cli.StringFlag{Name: "target", Value: wire.ExchangeEvents, Usage: "`mesh.events`, or NODE.MODULE (its queue NODE.MODULE.events) for one module only"},
+			&cli.Float64Flag{Name: "factor", Usage: "keep the original spacing of the events (their emit times), `F` times faster (1: as recorded)"},
+			&cli.BoolFlag{Name: "original", Usage: "keep the original spacing (--factor 1)"},
+			&cli.DurationFlag{Name: "delay", Usage: "put `D` between one event and the next"},
+			&cli.Float64Flag{Name: "rate", Usage: "send at most `N` events a second"},
+			&cli.BoolFlag{Name: "dry-run", Usage: "list what would be replayed; send nothing"},
+			&cli.BoolFlag{Name: "progress", EnvVars: []string{"MESH_PROGRESS"},
+				Usage: fmt.Sprintf("show a progress bar on stderr even when it is not a terminal (on a terminal it shows past %d events)", progressThreshold)},
+			&cli.IntFlag{Name: "page", Value: store.MaxPage, Usage: "events read from the audit logger at a time (at most 1000)"},
+			&cli.BoolFlag{Name: "json", Usage: "print JSON for machines"},
+			timeout),
+		Action: auditReplay,
+	}
+}
+
+// auditLog is the audit logger, through its tools (call), as the log a
+// replay reads and records to: the events f selects, page at a time.
+type auditLog struct {
+	call func(tool string, req, resp any) error
+	f    store.Filter
+	page int
+}
+
+func (l *auditLog) Cutoff(context.Context) (int64, error) {
+	var st store.Stats
+	err := l.call(auditlogger.ToolStats, nil, &st)
+	return st.LastSeq, err
+}
+
+func (l *auditLog) Count(_ context.Context, upTo int64) (int64, error) {
+	f := l.f
+	f.UpTo = upTo
+	var n int64
+	err := l.call(auditlogger.ToolCount, f, &n)
+	return n, err
+}
+
+func (l *auditLog) Page(_ context.Context, after, upTo int64) ([]replay.Event, int64, error) {
+	f := l.f
+	f.UpTo = upTo
+	var page auditlogger.QueryResponse
+	if err := l.call(auditlogger.ToolQuery, auditlogger.QueryRequest{Filter: f, Page: store.Page{After: after, Limit: l.page}}, &page); err != nil {
+		return nil, 0, err
+	}
+	evs := make([]replay.Event, len(page.Events))
+	for i, ev := range page.Events {
+		evs[i] = replay.Event{ID: ev.ID, Type: ev.Type, Headers: ev.Headers, Body: ev.Body, Time: ev.Time}
+	}
+	return evs, page.Next, nil
+}
+
+func (l *auditLog) Record(_ context.Context, replayID, destination string, sent []replay.Sent) error {
+	for start := 0; start < len(sent); start += auditlogger.MaxReplayedPerCall {
+		req := auditlogger.ReplayedRequest{ReplayID: replayID, Destination: destination}
+		for _, s := range sent[start:min(start+auditlogger.MaxReplayedPerCall, len(sent))] {
+			req.Sent = append(req.Sent, auditlogger.ReplayedEvent{ID: s.ID, Time: s.Time})
+		}
+		if err := l.call(auditlogger.ToolReplayed, req, nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// replayTarget reads --target: mesh.events, NODE.MODULE or a module's
+// queue name. It returns the queue, or "" for mesh.events.
+func replayTarget(s string) (string, error) {
+	if s == wire.ExchangeEvents || s == "" {
+		return "", nil
+	}
+	words := strings.Split(s, ".")
+	if len(words) == 3 && words[2] == "events" {
+		words = words[:2]
+	}
+	if len(words) != 2 || words[0] == "" || words[1] == "" {
+		return "", fmt.Errorf("--target %q: want mesh.events or NODE.MODULE", s)
+	}
+	return wire.ModuleQueue(words[0], words[1]), nil
+}
+
+// replayPace reads the pace flags.
+func replayPace(c *cli.Context) (replay.Pace, error) {
+	p := replay.Pace{Factor: c.Float64("factor"), Delay: c.Duration("delay"), Rate: c.Float64("rate")}
+	if c.Bool("original") {
+		if p.Factor != 0 {
+			return p, errors.New("--original is --factor 1: give one of them")
+		}
+		p.Factor = 1
+	}
+	if err := p.Check(); err != nil {
+		return p, fmt.Errorf("%w (--factor/--original, --delay, --rate)", err)
+	}
+	return p, nil
+}
+
+func auditReplay(c *cli.Context) error {
+	f, err := auditFilterOf(c)
+	if err != nil {
+		return err
+	}
+	if f.Malformed != nil && *f.Malformed {
+		return errors.New("events that break the wire contract are not replayed (they would only be dead-lettered again)")
+	}
+	no := false
+	f.Malformed = &no
+	queue, err := replayTarget(c.String("target"))
+	if err != nil {
+		return err
+	}
+	pace, err := replayPace(c)
+	if err != nil {
+		return err
+	}
+	if n := c.Int("page"); n <= 0 || n > store.MaxPage {
+		return fmt.Errorf("--page %d: want 1 to %d", n, store.MaxPage)
+	}
+	a, err := newAuditCaller(c)
+	if err != nil {
+		return err
+	}
+	defer a.close()
+	ctx, conn, done, err := brokerSession(c)
+	if err != nil {
+		return err
+	}
+	defer done()
+
+	w := c.App.Writer
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	o := replay.Options{Queue: queue, Pace: pace, DryRun: c.Bool("dry-run"), Progress: progressOf(c)}
+	if !o.DryRun {
+		o.ID = ulid.Make().String()
+	}
+	if o.DryRun {
+		if !c.Bool("json") {
+			fmt.Fprintln(tw, "EMITTED\tTYPE\tSOURCE\tID")
+		}
+		o.Listed = func(ev replay.Event) {
+			if c.Bool("json") {
+				_ = json.NewEncoder(w).Encode(map[string]any{"id": ev.ID, "type": ev.Type, "time": ev.Time, "source": ev.Headers[wire.HeaderSource]})
+				return
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", timeText(ev.Time), ev.Type, ev.Headers[wire.HeaderSource], ev.ID)
+		}
+	}
+	res, err := replay.Run(ctx, conn, &auditLog{call: a.call, f: f, page: c.Int("page")}, o)
+	_ = tw.Flush()
+	if err != nil {
+		if res.Sent > 0 {
+			fmt.Fprintf(c.App.ErrWriter, "replay %s stopped after %d of %d events\n", res.ID, res.Sent, res.Selected)
+		}
+		return err
+	}
+	if c.Bool("json") {
+		if o.DryRun {
+			return nil
+		}
+		return json.NewEncoder(w).Encode(map[string]any{"replay_id": res.ID, "destination": res.Destination, "cutoff": res.Cutoff, "sent": res.Sent})
+	}
+	if o.DryRun {
+		_, err = fmt.Fprintf(w, "would replay %d events to %s (cutoff: seq %d); nothing sent\n", res.Selected, res.Destination, res.Cutoff)
+		return err
+	}
+	_, err = fmt.Fprintf(w, "replayed %d events to %s as replay %s (cutoff: seq %d)\n", res.Sent, res.Destination, res.ID, res.Cutoff)
+	return err
+}
