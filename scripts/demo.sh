@@ -22,6 +22,8 @@ bin/meshctl call invoice.create '{"site":"demo.example","cents":1000}'
 echo "== meshctl audit trace: the audit logger's record of a site umami created, and what it caused =="
 site=$(bin/meshctl audit query --json --limit 1 --type 'module.umami.site.created' | sed -n 's/.*"id":"\([0-9A-Z]*\)".*/\1/p' | head -n 1)
 if [ -n "$site" ]; then bin/meshctl audit trace "$site"; else echo "(no site event in the audit log yet)"; fi
+echo "== meshctl audit replay --dry-run: what a replay of umami's events would send again, up to now =="
+bin/meshctl audit replay --dry-run --type 'module.umami.#'
 kill -TERM "$meshd_pid"
 wait "$meshd_pid" && echo "== meshd stopped cleanly (exit 0) on SIGTERM ==" || echo "== meshd exited with status $? =="
 sleep 0.5
