@@ -180,6 +180,28 @@ func ExampleAllowDuplicates() {
 	// Output: 1 2
 }
 
+// A module with a DeadLetters handler receives every event any module gave
+// up on, saying which queue gave up, why and after how many attempts: an
+// alerting module, or the audit logger, which records each.
+func ExampleModule_deadLetters() {
+	ledger := sdk.Module{Name: "ledger", Setup: func(m sdk.Mesh) error {
+		return m.On("mesh.invoice.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			return sdk.Permanent(errors.New("ledger closed"))
+		}))
+	}}
+	alerts := sdk.Module{Name: "alerts", DeadLetters: sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+		fmt.Printf("%s died in %s: %s after %d attempt(s): %s\n", ev.Type, ev.DeadQueue, ev.DeadReason, ev.DeadAttempts, ev.DeadError)
+		return nil
+	})}
+	mt := meshtest.New(meshtest.Config{Node: "anchor"})
+	defer mt.Close()
+	_ = mt.Load(ledger, meshtest.ModuleConfig{})
+	_ = mt.Load(alerts, meshtest.ModuleConfig{})
+	_, _ = mt.Emit(context.Background(), "web", "mesh.invoice.due", map[string]int{"cents": 100})
+	mt.Settle()
+	// Output: mesh.invoice.due died in anchor.ledger.events: permanent after 1 attempt(s): permanent: ledger closed
+}
+
 // WithFreshID gives an event emitted in a handler its own id instead of
 // one derived from the handled event: each attempt's emit is then a
 // distinct event.
