@@ -177,6 +177,24 @@ func (rm *replayMesh) sentTimes(t *testing.T, id string, ids []string) []time.Ti
 	return out
 }
 
+// tap is a queue of the test's own, bound to mesh.events with pattern,
+// read with raw amqp091-go.
+func (rm *replayMesh) tap(t *testing.T, pattern string) (*amqp.Channel, amqp.Queue) {
+	t.Helper()
+	ch, err := rm.conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := ch.QueueDeclare("", false, true, true, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind(q.Name, pattern, "mesh.events", false, nil); err != nil {
+		t.Fatal(err)
+	}
+	return ch, q
+}
+
 // hookLog runs before before the log's second page is read.
 type hookLog struct {
 	replay.Log
@@ -198,17 +216,7 @@ func (h *hookLog) Page(ctx context.Context, after, upTo int64) ([]replay.Event, 
 // logger stores no second row and records each send.
 func TestReplayUpToItsCutoff(t *testing.T) {
 	rm := newReplayMesh(t)
-	tap, err := rm.conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	q, err := tap.QueueDeclare("", false, true, true, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := tap.QueueBind(q.Name, "mesh.order.#", "mesh.events", false, nil); err != nil {
-		t.Fatal(err)
-	}
+	tap, q := rm.tap(t, "mesh.order.#")
 	originals := rm.emit(t, 6, "mesh.order.placed")
 	var during []string
 	log := &hookLog{Log: rm.log(store.Filter{Types: []string{"mesh.order.#"}}, 2), before: func() {
@@ -341,17 +349,7 @@ func TestReplayPaces(t *testing.T) {
 func TestReplayToOneModule(t *testing.T) {
 	rm := newReplayMesh(t)
 	ids := rm.emit(t, 2, "mesh.order.placed")
-	tap, err := rm.conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	q, err := tap.QueueDeclare("", false, true, true, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := tap.QueueBind(q.Name, "#", "mesh.events", false, nil); err != nil {
-		t.Fatal(err)
-	}
+	tap, q := rm.tap(t, "#")
 	res, err := replay.Run(rm.ctx, rm.conn, rm.log(store.Filter{IDs: ids}, 1000), replay.Options{ID: ulid.Make().String(), Queue: "anchor.billing.events"})
 	if err != nil || res.Sent != 2 || res.Destination != "anchor.billing.events" {
 		t.Fatalf("replay to billing: %+v, %v", res, err)
