@@ -157,6 +157,7 @@ func deadEventOf(d amqp.Delivery) sdk.Event {
 	if err == nil {
 		ev.ID, ev.Source, ev.Node, ev.Time = meta.ID, meta.Source, meta.Node, meta.Time
 		ev.CausationID, ev.Schema, ev.Headers = meta.CausationID, meta.Schema, maps.Clone(meta.Extra)
+		maps.DeleteFunc(ev.Headers, func(k, _ string) bool { return deadBookkeeping(k) })
 		return ev
 	}
 	// Read what can be read; the handler gets every header as text.
@@ -168,9 +169,8 @@ func deadEventOf(d amqp.Delivery) sdk.Event {
 	ev.Schema = deadletters.HeaderText(d.Headers[wire.HeaderSchema])
 	ev.Headers = make(map[string]string, len(d.Headers))
 	for k, v := range d.Headers {
-		if strings.HasPrefix(k, "x-mesh-dead-") || k == "x-death" || strings.HasPrefix(k, "x-first-death-") ||
-			strings.HasPrefix(k, "x-last-death-") || k == "x-delivery-count" {
-			continue // in the Dead fields, or the broker's bookkeeping
+		if deadBookkeeping(k) {
+			continue
 		}
 		ev.Headers[k] = deadletters.HeaderText(v)
 	}
@@ -182,4 +182,11 @@ func deadEventOf(d amqp.Delivery) sdk.Event {
 		ev.DeadError = err.Error()
 	}
 	return ev
+}
+
+// deadBookkeeping tells the headers a DeadLetters handler does not get:
+// they are in the Dead fields, or the broker's own.
+func deadBookkeeping(k string) bool {
+	return strings.HasPrefix(k, "x-mesh-dead-") || k == "x-death" || strings.HasPrefix(k, "x-first-death-") ||
+		strings.HasPrefix(k, "x-last-death-") || k == "x-delivery-count"
 }

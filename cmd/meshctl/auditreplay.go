@@ -101,10 +101,19 @@ func replayTarget(s string) (string, error) {
 	if len(words) == 3 && words[2] == "events" {
 		words = words[:2]
 	}
-	if len(words) != 2 || words[0] == "" || words[1] == "" {
+	if len(words) != 2 {
 		return "", fmt.Errorf("--target %q: want mesh.events or NODE.MODULE", s)
 	}
-	return wire.ModuleQueue(words[0], words[1]), nil
+	for _, w := range []struct{ what, name string }{{"node name", words[0]}, {"module name", words[1]}} {
+		if err := wire.ValidateWord(w.what, w.name); err != nil {
+			return "", fmt.Errorf("--target %q: %w", s, err)
+		}
+	}
+	queue := wire.ModuleQueue(words[0], words[1])
+	if err := wire.ValidateQueueName(queue); err != nil {
+		return "", fmt.Errorf("--target %q: %w", s, err)
+	}
+	return queue, nil
 }
 
 // replayPace reads the pace flags.
