@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -164,6 +165,11 @@ type ModuleConfig struct {
 	// limit (a module compiled into the program is trusted); meshd's config
 	// always sets it for module processes.
 	ToolGrants []string
+	// Settings are a module process's own settings (its config: in
+	// meshd's config), as JSON: LoadPlugin hands them to the process,
+	// where sdk/process.Settings reads them. An in-process module gets
+	// its settings from the program that builds it.
+	Settings json.RawMessage
 }
 
 func (c *Config) withDefaults() {

@@ -38,7 +38,10 @@ type PluginModule struct {
 	// toolGrants are passed to the process, which refuses an ungranted
 	// Serve when it is made, as in-process.
 	toolGrants []string
-	log        *slog.Logger
+	// settings are the module's own, handed to the process as JSON in
+	// plugin.EnvSettings.
+	settings json.RawMessage
+	log      *slog.Logger
 	// procLog is where the module process's own log lines go: tagged with
 	// the module once it has said its name.
 	procLog atomic.Pointer[slog.Logger]
@@ -76,7 +79,7 @@ type moduleProcess struct {
 // in-process. Event deliveries cross the boundary in batches.
 func (n *Node) LoadPlugin(ctx context.Context, path string, args []string, mc ModuleConfig) (*PluginModule, error) {
 	mc = mc.over(n.cfg.Module)
-	pm := &PluginModule{node: n, path: path, args: args, window: mc.Concurrency, toolGrants: mc.ToolGrants,
+	pm := &PluginModule{node: n, path: path, args: args, window: mc.Concurrency, toolGrants: mc.ToolGrants, settings: mc.Settings,
 		log: n.log.With("plugin", path), done: make(chan struct{})}
 	pm.procLog.Store(pm.log)
 	proc, err := pm.launch(ctx)
@@ -148,6 +151,9 @@ func (pm *PluginModule) announce(what string, cause error) {
 func (pm *PluginModule) launch(ctx context.Context) (*moduleProcess, error) {
 	cmd := exec.Command(pm.path, pm.args...)
 	cmd.Env = append(os.Environ(), plugin.ToolGrantsEnv(pm.toolGrants)...)
+	if pm.settings != nil {
+		cmd.Env = append(cmd.Env, plugin.EnvSettings+"="+string(pm.settings))
+	}
 	client := goplugin.NewClient(&goplugin.ClientConfig{
 		HandshakeConfig:  plugin.Handshake(),
 		Plugins:          plugin.Set(nil),

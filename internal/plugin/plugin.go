@@ -82,6 +82,10 @@ func (p *grpcPlugin) GRPCClient(_ context.Context, b *goplugin.GRPCBroker, c *gr
 // refuses an ungranted Serve when it is made, as in-process.
 const EnvToolGrants = "MESH_MODULE_TOOL_GRANTS"
 
+// EnvSettings is the environment variable meshd sets on a module process
+// to the module's own settings (its config: in meshd's config), as JSON.
+const EnvSettings = "MESH_MODULE_SETTINGS"
+
 // ToolGrantsEnv is the EnvToolGrants entry for grants; nil grants (no
 // limit) give no entry.
 func ToolGrantsEnv(grants []string) []string {

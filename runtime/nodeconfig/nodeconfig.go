@@ -11,6 +11,7 @@ package nodeconfig
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -84,6 +85,10 @@ type Module struct {
 	Tools []string `yaml:"tools"`
 	// AllowDuplicates turns off de-duplication by event id for the module.
 	AllowDuplicates bool `yaml:"allow_duplicates"`
+	// Config is the module's own settings (the dispatcher's triggers, the
+	// agent's tools), handed to the module process as JSON
+	// (sdk/process.Settings). Not taken from defaults.
+	Config any `yaml:"config"`
 }
 
 // TLS names the PEM files of an amqps:// connection.
@@ -128,6 +133,9 @@ func (f File) Runtime() runtime.Config {
 func (m Module) ModuleConfig() runtime.ModuleConfig {
 	mc := m.runtime()
 	mc.ToolGrants = append([]string{}, m.Tools...) // never nil: default deny
+	if m.Config != nil {
+		mc.Settings, _ = json.Marshal(m.Config) // checked by Validate
+	}
 	return mc
 }
 
@@ -154,8 +162,8 @@ func (f File) Validate() error {
 	if f.Grace < 0 {
 		errs = append(errs, fmt.Errorf("grace: %v is negative", f.Grace))
 	}
-	if f.Defaults.Name != "" || f.Defaults.Path != "" || len(f.Defaults.Args) > 0 {
-		errs = append(errs, errors.New("defaults: name, path and args belong to each module, not to the defaults"))
+	if f.Defaults.Name != "" || f.Defaults.Path != "" || len(f.Defaults.Args) > 0 || f.Defaults.Config != nil {
+		errs = append(errs, errors.New("defaults: name, path, args and config belong to each module, not to the defaults"))
 	}
 	names := make(map[string]int)
 	for i, m := range f.Modules {
@@ -178,6 +186,11 @@ func (f File) Validate() error {
 			errs = append(errs, fmt.Errorf("%s.path: %w", field, err))
 		} else if st.IsDir() || st.Mode()&0o111 == 0 {
 			errs = append(errs, fmt.Errorf("%s.path: %s is not an executable file", field, m.Path))
+		}
+		if m.Config != nil {
+			if _, err := json.Marshal(m.Config); err != nil {
+				errs = append(errs, fmt.Errorf("%s.config: cannot be passed to the module as JSON: %w", field, err))
+			}
 		}
 		cfg := runtime.Config{Node: "x", Module: m.ModuleConfig(), RetryMin: f.RetryMin, RetryMax: f.RetryMax, ConsumerTimeout: f.ConsumerTimeout}
 		if err := cfg.Validate(); err != nil {

@@ -40,6 +40,23 @@ import (
 	"github.com/meshkit/mesh/sdk"
 )
 
+// Settings decodes the module's own settings, the config: of its entry in
+// meshd's config, into v (a pointer to a struct, or to any JSON-decodable
+// value). Unknown fields are errors. It leaves v as it is and returns nil
+// when the module has no settings. Call it in main, before Run.
+func Settings(v any) error {
+	raw, ok := os.LookupEnv(plugin.EnvSettings)
+	if !ok || raw == "" || raw == "null" {
+		return nil
+	}
+	dec := json.NewDecoder(strings.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("the module's config in meshd's config: %w", err)
+	}
+	return nil
+}
+
 // Run serves m as a module process under meshd. It returns an error at
 // once if the process was not started by meshd; otherwise it returns when
 // meshd stops the module, after m.Run (if any) has seen its context

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 
+	"github.com/meshkit/mesh/internal/plugin"
 	"github.com/meshkit/mesh/sdk"
 )
 
@@ -65,5 +67,27 @@ func TestSetupRules(t *testing.T) {
 	}
 	if err := mesh.Serve("shop.sell", th); !errors.Is(err, sdk.ErrAlreadyStarted) {
 		t.Errorf("Serve after Setup: %v, want ErrAlreadyStarted", err)
+	}
+}
+
+// TestSettings: a module's settings come from the environment meshd sets,
+// strictly decoded; none leaves the value as it was.
+func TestSettings(t *testing.T) {
+	type cfg struct {
+		Name  string `json:"name"`
+		Count int    `json:"count"`
+	}
+	c := cfg{Name: "default"}
+	t.Setenv(plugin.EnvSettings, "")
+	if err := Settings(&c); err != nil || c.Name != "default" {
+		t.Errorf("no settings: %+v, %v", c, err)
+	}
+	t.Setenv(plugin.EnvSettings, `{"name":"agent","count":3}`)
+	if err := Settings(&c); err != nil || c != (cfg{"agent", 3}) {
+		t.Errorf("settings: %+v, %v", c, err)
+	}
+	t.Setenv(plugin.EnvSettings, `{"nmae":"typo"}`)
+	if err := Settings(&c); err == nil || !strings.Contains(err.Error(), "nmae") {
+		t.Errorf("an unknown field: %v", err)
 	}
 }

@@ -1,0 +1,3 @@
+#!/bin/sh
+echo "database unreachable" >&2
+exit 3
