@@ -79,6 +79,10 @@ func (m *Module) callTool(ctx context.Context, tool string, req, resp any, id st
 	return m.node.call(ctx, m.def.Name, tool, req, resp, id)
 }
 
+func (mm *moduleMesh) Consume(queue string, prefetch int, h sdk.Handler) error {
+	return mm.module.setup.Consume(queue, prefetch, h) // a nil h arrives as a nil any
+}
+
 func (mm *moduleMesh) Serve(key string, h sdk.ToolHandler) error {
 	err := mm.module.setup.Serve(key, h)
 	if errors.Is(err, sdk.ErrForbidden) {

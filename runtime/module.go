@@ -42,6 +42,7 @@ type Module struct {
 	stopped bool
 
 	tools     []tool            // fixed once started
+	queues    []setup.Entry     // existing broker queues it consumes (Consume), fixed once started
 	consumers []consumerChannel // the channels the module consumes on, on the current session
 	resumeMu  sync.Mutex        // one resume at a time
 	dedup     *dedup.Set        // ids of events handled; nil if the module allows duplicates
@@ -147,6 +148,7 @@ func (m *Module) start(ctx context.Context) error {
 		}
 	}
 	fixedSubs, fixedTools := m.setup.Fix()
+	m.queues = m.setup.Consumed()
 	m.mu.Lock()
 	for _, e := range fixedSubs {
 		h := e.Handler.(sdk.Handler)
@@ -202,6 +204,9 @@ func (m *Module) attach(ctx context.Context, s *session, subs []subscription, to
 		if err := m.consumeDead(ctx, s); err != nil {
 			return err
 		}
+	}
+	if err := m.consumeQueues(ctx, s, m.queues); err != nil {
+		return err
 	}
 	if len(tools) > 0 {
 		if err := m.serve(ctx, s, tools); err != nil {
@@ -497,12 +502,12 @@ func (m *Module) handle(d amqp.Delivery, deliveries <-chan amqp.Delivery) (repla
 		err = wire.ValidateEventType(eventType)
 	}
 	if err != nil {
-		m.deadLetter(d, eventType, attempt, wire.DeadReasonMalformed, err)
+		m.deadLetter(m.own(), d, eventType, attempt, wire.DeadReasonMalformed, err)
 		return false
 	}
 	sub, ok := m.subscriptionFor(eventType)
 	if !ok {
-		m.deadLetter(d, eventType, attempt, wire.DeadReasonNoHandler, fmt.Errorf("no handler of module %s matches %s", m.def.Name, eventType))
+		m.deadLetter(m.own(), d, eventType, attempt, wire.DeadReasonNoHandler, fmt.Errorf("no handler of module %s matches %s", m.def.Name, eventType))
 		return false
 	}
 	release := func() {}
@@ -523,14 +528,14 @@ func (m *Module) handle(d amqp.Delivery, deliveries <-chan amqp.Delivery) (repla
 		// The last delivery of this message was never settled: its
 		// consumer stopped or crashed. That counts as an attempt, which a
 		// classic queue does not record, so record it and deliver again.
-		m.failed(d, eventType, attempt, errors.New("the consumer stopped before the handler finished"))
+		m.failed(m.own(), d, eventType, attempt, errors.New("the consumer stopped before the handler finished"))
 		return false
 	}
 	ev := eventOf(d, meta, eventType, attempt)
 	err, overran := m.call(sub.handler, ev, func() {
 		release() // settled as failed: a redelivery must not wait for the hung handler
 		m.startWorker(deliveries)
-		m.failed(d, eventType, attempt, fmt.Errorf("handler timed out after %v", m.cfg.HandlerTimeout))
+		m.failed(m.own(), d, eventType, attempt, fmt.Errorf("handler timed out after %v", m.cfg.HandlerTimeout))
 	})
 	switch {
 	case overran:
@@ -548,9 +553,9 @@ func (m *Module) handle(d amqp.Delivery, deliveries <-chan amqp.Delivery) (repla
 			m.log.Warn("ack failed; the event will be delivered again (and recognised as handled)", "event_id", ev.ID, "err", err)
 		}
 	case errors.Is(err, sdk.ErrPermanent):
-		m.deadLetter(d, eventType, attempt, wire.DeadReasonPermanent, err)
+		m.deadLetter(m.own(), d, eventType, attempt, wire.DeadReasonPermanent, err)
 	default:
-		m.failed(d, eventType, attempt, err)
+		m.failed(m.own(), d, eventType, attempt, err)
 	}
 	return false
 }
@@ -671,18 +676,28 @@ func safeHandle(ctx context.Context, h sdk.Handler, ev sdk.Event) (err error) {
 	return h.HandleEvent(ctx, ev)
 }
 
+// source is the queue a delivery came from, for settling it: the
+// module's own, or one it consumes (Consume).
+type source struct {
+	queue  string
+	quorum bool // a failed attempt goes back by reject, which counts attempts
+}
+
+// own is the module's event queue as a source.
+func (m *Module) own() source { return source{queue: m.queue, quorum: m.cfg.QueueType == QueueQuorum} }
+
 // failed settles a failed attempt: dead-lettered if it was the last one,
 // otherwise tried again after a back-off.
-func (m *Module) failed(d amqp.Delivery, eventType string, attempt int, cause error) {
+func (m *Module) failed(src source, d amqp.Delivery, eventType string, attempt int, cause error) {
 	m.node.stats.failed.Add(1)
 	if attempt >= m.cfg.MaxAttempts {
-		m.deadLetter(d, eventType, attempt, wire.DeadReasonDeliveryLimit, cause)
+		m.deadLetter(src, d, eventType, attempt, wire.DeadReasonDeliveryLimit, cause)
 		return
 	}
 	delay := m.node.backoff(attempt)
 	m.log.Debug("handler failed; will retry", "event_type", eventType, "attempt", attempt, "retry_in", delay, "err", cause)
 	m.later(delay, func() {
-		if m.cfg.QueueType == QueueQuorum {
+		if src.quorum {
 			// reject with requeue counts toward x-delivery-limit on every
 			// version from 3.10 to 4.3; nack does not on 4.3.
 			if err := d.Reject(true); err != nil {
@@ -690,14 +705,14 @@ func (m *Module) failed(d amqp.Delivery, eventType string, attempt int, cause er
 			}
 			return
 		}
-		m.requeueClassic(d, eventType, attempt)
+		m.requeueClassic(src, d, eventType, attempt)
 	})
 }
 
 // requeueClassic puts a copy of d at the back of its classic queue with the
 // attempts made so far, then acknowledges d. Until the copy is confirmed d
 // stays unacknowledged, so nothing is lost if either step fails.
-func (m *Module) requeueClassic(d amqp.Delivery, eventType string, attempts int) {
+func (m *Module) requeueClassic(src source, d amqp.Delivery, eventType string, attempts int) {
 	msg := amqpmsg.Republishing(d, amqpmsg.BrokerAdded)
 	msg.Headers[wire.HeaderAttempt] = int64(attempts)
 	msg.Headers[wire.HeaderRoutingKey] = eventType
@@ -707,7 +722,7 @@ func (m *Module) requeueClassic(d amqp.Delivery, eventType string, attempts int)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := s.pub.publish(ctx, "", m.queue, msg); err != nil {
+	if err := s.pub.publish(ctx, "", src.queue, msg); err != nil {
 		m.log.Warn("requeue failed; the event will be delivered again", "err", err)
 		_ = d.Reject(true)
 		return
@@ -720,9 +735,9 @@ func (m *Module) requeueClassic(d amqp.Delivery, eventType string, attempts int)
 // deadLetter publishes d to the dead-letter exchange with its original
 // routing key, id, headers and body plus why, where and after how many
 // attempts, waits for the confirm, then acknowledges d.
-func (m *Module) deadLetter(d amqp.Delivery, eventType string, attempts int, reason string, cause error) {
+func (m *Module) deadLetter(src source, d amqp.Delivery, eventType string, attempts int, reason string, cause error) {
 	msg := amqpmsg.Republishing(d, amqpmsg.BrokerAdded)
-	msg.Headers[wire.HeaderDeadQueue] = m.queue
+	msg.Headers[wire.HeaderDeadQueue] = src.queue
 	msg.Headers[wire.HeaderDeadAttempts] = int64(attempts)
 	msg.Headers[wire.HeaderDeadReason] = reason
 	msg.Headers[wire.HeaderDeadError] = truncateText(cause.Error(), 4096)

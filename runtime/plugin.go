@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -105,6 +106,11 @@ func (n *Node) LoadPlugin(ctx context.Context, path string, args []string, mc Mo
 		}
 		for i, t := range tools {
 			if err := m.Serve(t, pm.answer(uint32(i))); err != nil {
+				return err
+			}
+		}
+		for k, c := range proc.desc.Consumes {
+			if err := m.Consume(c.Queue, int(c.Prefetch), pm.forward(uint32(len(patterns)+1+k))); err != nil {
 				return err
 			}
 		}
@@ -391,7 +397,7 @@ func (pm *PluginModule) current(ctx context.Context) (*moduleProcess, error) {
 }
 
 // forward is the in-process handler of pattern i (i = the number of
-// patterns: the DeadLetters handler): it hands the event to the module
+// patterns: the DeadLetters handler; past it, the consumed queues): it hands the event to the module
 // process and waits for its outcome.
 func (pm *PluginModule) forward(i uint32) sdk.Handler {
 	return sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
@@ -404,7 +410,7 @@ func (pm *PluginModule) forward(i uint32) sdk.Handler {
 			Seq: p.seq.Add(1), Pattern: i, Id: ev.ID, Type: ev.Type, Source: ev.Source, Node: ev.Node,
 			CausationId: ev.CausationID, Schema: ev.Schema, Headers: ev.Headers,
 			Body: ev.Body, Attempt: uint32(ev.Attempt), Redelivered: ev.Redelivered, DeadlineUnixNano: deadline.UnixNano(), UserId: ev.UserID,
-			DeadQueue: ev.DeadQueue, DeadReason: ev.DeadReason, DeadError: ev.DeadError, DeadAttempts: uint32(ev.DeadAttempts),
+			DeadQueue: ev.DeadQueue, DeadReason: ev.DeadReason, DeadError: ev.DeadError, DeadAttempts: uint32(ev.DeadAttempts), Queue: ev.Queue,
 		}
 		if !ev.Time.IsZero() {
 			d.TimeUnixNano = ev.Time.UnixNano()
@@ -434,7 +440,9 @@ func (pm *PluginModule) forward(i uint32) sdk.Handler {
 			case pb.Outcome_OK:
 				return nil
 			case pb.Outcome_PERMANENT:
-				return sdk.Permanent(errors.New(o.Error))
+				// The process sent the text of an sdk.Permanent error:
+				// marked permanent again here, it keeps one prefix.
+				return sdk.Permanent(errors.New(strings.TrimPrefix(o.Error, "permanent: ")))
 			default:
 				return errors.New(o.Error)
 			}

@@ -41,6 +41,9 @@ type Event struct {
 	// credential published the event. Nodes set it; a foreign publisher
 	// may not.
 	UserID string
+	// Queue is the broker queue a Consume handler got the message from;
+	// "" for an event of the mesh.
+	Queue string
 
 	// The Dead fields describe a dead letter, as a Module.DeadLetters
 	// handler receives it; they are empty for an event from mesh.events.

@@ -63,6 +63,24 @@ type Mesh interface {
 	// reach the node's log tagged with the module and at their level.
 	Logger() *slog.Logger
 
+	// Consume hands h the messages of an existing broker queue that
+	// another system fills (not an event queue of the mesh). The node
+	// consumes it passively: it never declares, binds or deletes it, and a
+	// queue that is not there fails the module's start, naming it. At most
+	// prefetch messages (1 to 1000) are unacknowledged, and as many
+	// handler calls run at once. A message reaches h as an Event read as
+	// far as it can be: ID is its message id (or x-event-id), Type its
+	// routing key, Queue the queue, Headers every header as text, Body the
+	// bytes as they came (not necessarily JSON). Outcomes are an event
+	// handler's: nil acknowledges; an error is retried with back-off up
+	// to the attempt limit, then, like a Permanent error at once,
+	// dead-lettered to mesh.events.dead with the queue's name. Call it
+	// during Module.Setup, like On.
+	//
+	// Errors: ErrInvalid for a bad queue name or prefetch, a nil handler
+	// or a queue already consumed; ErrAlreadyStarted after Setup.
+	Consume(queue string, prefetch int, h Handler) error
+
 	// Serve answers calls of a tool with h. Several servers of one tool,
 	// on this node or others, compete: each call is answered by one. Call
 	// it during Module.Setup, like On.

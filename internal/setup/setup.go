@@ -20,6 +20,8 @@ import (
 type Entry struct {
 	Key     string
 	Handler any
+	// Prefetch is a consumed queue's (Consume).
+	Prefetch int
 }
 
 // Recorder records one module's subscriptions and tools. It is safe for
@@ -30,8 +32,9 @@ type Recorder struct {
 
 	mu    sync.Mutex
 	fixed bool
-	subs  []Entry
-	tools []Entry
+	subs     []Entry
+	tools    []Entry
+	consumes []Entry
 }
 
 // New records for module, which may serve the tools grants match (nil
@@ -50,7 +53,7 @@ func (r *Recorder) On(pattern string, h any) error {
 	if h == nil {
 		return fmt.Errorf("on %q: %w: handler is nil", pattern, wire.ErrInvalid)
 	}
-	return r.add(&r.subs, "on", "pattern already subscribed", Entry{pattern, h})
+	return r.add(&r.subs, "on", "pattern already subscribed", Entry{Key: pattern, Handler: h})
 }
 
 // Serve records a tool. A bad key, a nil handler or a tool already served
@@ -66,7 +69,32 @@ func (r *Recorder) Serve(key string, h any) error {
 	if err := wire.CheckToolGrant(r.module, key, r.grants); err != nil {
 		return fmt.Errorf("serve %q: %w", key, err)
 	}
-	return r.add(&r.tools, "serve", "tool already served", Entry{key, h})
+	return r.add(&r.tools, "serve", "tool already served", Entry{Key: key, Handler: h})
+}
+
+// MaxConsumePrefetch bounds a consumed queue's prefetch.
+const MaxConsumePrefetch = 1000
+
+// Consume records h as the consumer of an existing broker queue, with
+// prefetch unacknowledged messages at most (and as many calls at once).
+func (r *Recorder) Consume(queue string, prefetch int, h any) error {
+	if err := wire.ValidateQueueName(queue); err != nil {
+		return fmt.Errorf("consume: %w", err)
+	}
+	if h == nil {
+		return fmt.Errorf("consume %q: %w: handler is nil", queue, wire.ErrInvalid)
+	}
+	if prefetch < 1 || prefetch > MaxConsumePrefetch {
+		return fmt.Errorf("consume %q: %w: prefetch %d is not from 1 to %d", queue, wire.ErrInvalid, prefetch, MaxConsumePrefetch)
+	}
+	return r.add(&r.consumes, "consume", "queue already consumed", Entry{Key: queue, Handler: h, Prefetch: prefetch})
+}
+
+// Consumed returns the queues recorded by Consume. Call it after Fix.
+func (r *Recorder) Consumed() []Entry {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.consumes)
 }
 
 func (r *Recorder) add(to *[]Entry, verb, dup string, e Entry) error {

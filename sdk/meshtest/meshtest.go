@@ -102,8 +102,10 @@ type ModuleConfig struct {
 type DeadLetter struct {
 	// Event is the event as its last attempt saw it.
 	Event sdk.Event
-	// Module is the module that gave up.
-	Module string
+	// Module is the module that gave up, and Queue the queue: the
+	// module's (<node>.<module>.events), or the existing queue it
+	// consumes (sdk.Mesh.Consume) the message came from.
+	Module, Queue string
 	// Reason is "permanent" (the handler said so), "delivery_limit"
 	// (every attempt failed) or "expired" (the event's time to live, see
 	// sdk.WithTTL, ran out on the mesh's clock before a handler took it).
@@ -168,6 +170,7 @@ type module struct {
 	setup   *setup.Recorder
 	started bool
 	subs    []subscription  // fixed when started
+	queues  []setup.Entry   // existing queues it consumes (Consume), fixed when started
 	tools   []tool          // fixed when started
 	handled map[string]bool // event ids handled, for de-duplication
 	answers map[string]*answer
@@ -190,7 +193,8 @@ type answer struct {
 
 type delivery struct {
 	module  *module
-	dead    bool // a dead letter, for the module's DeadLetters handler
+	dead    bool   // a dead letter, for the module's DeadLetters handler
+	queue   string // the consumed queue it came from (Put), or ""
 	ev      sdk.Event
 	attempt int
 	due     time.Time
@@ -241,6 +245,7 @@ func (m *Mesh) Load(def sdk.Module, mc ModuleConfig) error {
 	for _, t := range tools {
 		mod.tools = append(mod.tools, tool{key: t.Key, handler: t.Handler.(sdk.ToolHandler)})
 	}
+	mod.queues = mod.setup.Consumed()
 	mod.started = true
 	m.modules = append(m.modules, mod)
 	m.mu.Unlock()
@@ -379,8 +384,12 @@ func (m *Mesh) take() []*delivery {
 	first := m.pending[0]
 	batch := []*delivery{first}
 	rest := make([]*delivery, 0, len(m.pending))
+	limit := first.module.cfg.Concurrency
+	if first.queue != "" {
+		limit = first.module.prefetchOf(first.queue)
+	}
 	for _, d := range m.pending[1:] {
-		if d.module == first.module && len(batch) < first.module.cfg.Concurrency &&
+		if d.module == first.module && d.queue == first.queue && d.dead == first.dead && len(batch) < limit &&
 			!slices.ContainsFunc(batch, func(b *delivery) bool { return b.ev.ID == d.ev.ID }) {
 			batch = append(batch, d)
 			continue
@@ -404,6 +413,55 @@ func (m *Mesh) promote() {
 		n++
 	}
 	m.retries = m.retries[n:]
+}
+
+// Put puts a message into an existing broker queue that a loaded module
+// consumes (sdk.Mesh.Consume), as the system that fills it would: id is
+// its message id, body its bytes as they are (not necessarily JSON),
+// typ its routing key ("" is the queue's name, as for a message sent
+// straight to the queue). Settle then hands it to the module's handler,
+// with retries and dead letters as for an event. Put fails when no
+// loaded module consumes queue.
+func (m *Mesh) Put(queue, id, typ string, body []byte, headers map[string]string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return sdk.ErrClosed
+	}
+	if typ == "" {
+		typ = queue
+	}
+	for _, mod := range m.modules {
+		if mod.handlerOf(queue) != nil {
+			ev := sdk.Event{ID: id, Type: typ, Time: m.now, Headers: maps.Clone(headers), Body: slices.Clone(body), Queue: queue}
+			if ev.Headers == nil {
+				ev.Headers = map[string]string{}
+			}
+			m.pending = append(m.pending, &delivery{module: mod, queue: queue, ev: ev, attempt: 1})
+			return nil
+		}
+	}
+	return fmt.Errorf("meshtest: no loaded module consumes queue %q", queue)
+}
+
+// handlerOf is the module's handler of a consumed queue, or nil.
+func (mod *module) handlerOf(queue string) sdk.Handler {
+	for _, q := range mod.queues {
+		if q.Key == queue {
+			return q.Handler.(sdk.Handler)
+		}
+	}
+	return nil
+}
+
+// prefetchOf is the prefetch the module consumes queue with.
+func (mod *module) prefetchOf(queue string) int {
+	for _, q := range mod.queues {
+		if q.Key == queue {
+			return q.Prefetch
+		}
+	}
+	return 1
 }
 
 // Emitted returns every event published on the mesh so far, in order.
@@ -500,6 +558,9 @@ func (mod *module) handle(d *delivery) handled {
 	if d.dead {
 		sub.handler, h.dedup = mod.def.DeadLetters, false // dead letters are not de-duplicated
 	}
+	if d.queue != "" {
+		sub.handler, h.dedup = mod.handlerOf(d.queue), false // nor messages of a consumed queue
+	}
 	mod.mesh.mu.Lock()
 	seen := mod.handled[d.ev.ID]
 	h.expired = !d.expires.IsZero() && !mod.mesh.now.Before(d.expires)
@@ -539,7 +600,7 @@ func (mod *module) settle(d *delivery, h handled) {
 	case d.attempt >= mod.cfg.MaxAttempts:
 		m.deadLetter(mod, d, h.ev, wire.DeadReasonDeliveryLimit, d.attempt, h.err.Error())
 	default:
-		m.retries = append(m.retries, &delivery{module: mod, dead: d.dead, ev: d.ev, attempt: d.attempt + 1, due: m.now.Add(m.backoff(d.attempt)), expires: d.expires})
+		m.retries = append(m.retries, &delivery{module: mod, dead: d.dead, queue: d.queue, ev: d.ev, attempt: d.attempt + 1, due: m.now.Add(m.backoff(d.attempt)), expires: d.expires})
 	}
 }
 
@@ -547,10 +608,14 @@ func (mod *module) settle(d *delivery, h handled) {
 // every module with a DeadLetters handler, as mesh.events.dead does.
 // m.mu is held.
 func (m *Mesh) deadLetter(mod *module, d *delivery, ev sdk.Event, reason string, attempts int, errText string) {
-	m.dead = append(m.dead, DeadLetter{Event: ev, Module: mod.def.Name, Reason: reason, Attempts: attempts, Err: errText})
+	queue := wire.ModuleQueue(m.cfg.Node, mod.def.Name)
+	if d.queue != "" {
+		queue = d.queue
+	}
+	m.dead = append(m.dead, DeadLetter{Event: ev, Module: mod.def.Name, Queue: queue, Reason: reason, Attempts: attempts, Err: errText})
 	ev = d.ev // as emitted: the attempt and redelivered flag are the dead-letter queue's own
 	ev.Headers = maps.Clone(ev.Headers)
-	ev.DeadQueue = wire.ModuleQueue(m.cfg.Node, mod.def.Name)
+	ev.DeadQueue = queue
 	ev.DeadReason, ev.DeadAttempts, ev.DeadError, ev.DeadTime = reason, attempts, errText, m.now
 	for _, to := range m.modules {
 		if to.def.DeadLetters != nil {
@@ -740,6 +805,10 @@ func (mm moduleMesh) Call(ctx context.Context, tool string, req, resp any) error
 		return fmt.Errorf("call %s: %w", tool, sdk.ErrNotStarted)
 	}
 	return mm.mod.mesh.call(ctx, mm.mod.def.Name, tool, req, resp)
+}
+
+func (mm moduleMesh) Consume(queue string, prefetch int, h sdk.Handler) error {
+	return mm.mod.setup.Consume(queue, prefetch, h) // a nil h arrives as a nil any
 }
 
 func (mm moduleMesh) Serve(key string, h sdk.ToolHandler) error {

@@ -158,10 +158,13 @@ func (s *moduleServer) Describe(context.Context, *pb.Empty) (*pb.Description, er
 				s.desc.DuplicatesAllowed = append(s.desc.DuplicatesAllowed, uint32(i))
 			}
 		}
-		if s.module.DeadLetters != nil {
-			// Index len(patterns): the host delivers dead letters there.
-			s.handlers = append(s.handlers, s.module.DeadLetters)
-			s.desc.DeadLetters = true
+		// Index len(patterns): the host delivers dead letters there (nil
+		// without a DeadLetters handler); then the consumed queues.
+		s.handlers = append(s.handlers, s.module.DeadLetters)
+		s.desc.DeadLetters = s.module.DeadLetters != nil
+		for _, e := range s.mesh.rec.Consumed() {
+			s.handlers = append(s.handlers, e.Handler.(sdk.Handler))
+			s.desc.Consumes = append(s.desc.Consumes, &pb.Consume{Queue: e.Key, Prefetch: uint32(e.Prefetch)})
 		}
 		for _, e := range tools {
 			s.tools = append(s.tools, e.Handler.(sdk.ToolHandler))
@@ -251,14 +254,14 @@ func (s *moduleServer) Deliver(stream pb.Module_DeliverServer) error {
 
 func (s *moduleServer) handle(d *pb.Delivery) *pb.Outcome {
 	handlers := s.handlers
-	if int(d.Pattern) >= len(handlers) {
+	if int(d.Pattern) >= len(handlers) || handlers[d.Pattern] == nil {
 		return &pb.Outcome{Seq: d.Seq, Kind: pb.Outcome_PERMANENT, Error: fmt.Sprintf("no handler for pattern %d", d.Pattern)}
 	}
 	ev := sdk.Event{
 		ID: d.Id, Type: d.Type, Source: d.Source, Node: d.Node, Time: time.Unix(0, d.TimeUnixNano).UTC(),
 		CausationID: d.CausationId, Schema: d.Schema, Headers: d.Headers, Body: d.Body,
 		Attempt: int(d.Attempt), Redelivered: d.Redelivered, UserID: d.UserId,
-		DeadQueue: d.DeadQueue, DeadReason: d.DeadReason, DeadError: d.DeadError, DeadAttempts: int(d.DeadAttempts),
+		DeadQueue: d.DeadQueue, DeadReason: d.DeadReason, DeadError: d.DeadError, DeadAttempts: int(d.DeadAttempts), Queue: d.Queue,
 	}
 	if d.DeadTimeUnixNano != 0 {
 		ev.DeadTime = time.Unix(0, d.DeadTimeUnixNano).UTC()
@@ -460,6 +463,10 @@ func toJSON(body any) ([]byte, error) {
 }
 
 func (pm *pluginMesh) On(pattern string, h sdk.Handler) error { return pm.rec.On(pattern, h) }
+
+func (pm *pluginMesh) Consume(queue string, prefetch int, h sdk.Handler) error {
+	return pm.rec.Consume(queue, prefetch, h) // a nil h arrives as a nil any
+}
 
 func (pm *pluginMesh) Call(ctx context.Context, tool string, req, resp any) error {
 	if pm.inSetup.Load() {

@@ -39,6 +39,7 @@ var scenarios = []scenario{
 	{"PermanentDeadLettersAtOnce", permanentDeadLetters},
 	{"AttemptLimitDeadLetters", attemptLimit},
 	{"DeadLettersReachTheirHandler", deadLettersHandler},
+	{"ConsumeAnExistingQueue", consumeQueue},
 	{"PanicIsAFailedAttempt", panicIsFailure},
 	{"HandlerTimeoutCancelsCtx", handlerTimeout_},
 	{"OneAtATimeInQueueOrder", queueOrder},
@@ -237,6 +238,35 @@ func deadLettersHandler(t *testing.T, h Host) {
 	rs = u.Wait(t, "every attempt at the second dead letter", func(rs []conformance.Record) bool { return countID(rs, doomed) >= maxAttempts })
 	if n := countID(rs, doomed); n != maxAttempts {
 		t.Errorf("%d attempts at a dead letter that always fails, want %d", n, maxAttempts)
+	}
+}
+
+// A module consumes an existing queue: each message as it is (a body
+// that is not JSON too), its id and queue; a failure retried, a
+// Permanent error dead-lettered naming the queue.
+func consumeQueue(t *testing.T, h Host) {
+	h.Queue(t, "conf.orders")
+	tk := h.Load(t, "taker", ModuleConfig{})
+	h.Put(t, "conf.orders", "order-1", []byte("plain text, not JSON"))
+	h.Put(t, "conf.orders", "order-2", []byte(`{"fail":1}`))
+	h.Put(t, "conf.orders", "order-3", []byte(`{"permanent":true}`))
+	rs := tk.WaitKind(t, "taken", 4)
+	got := map[string][]int{}
+	for _, r := range rs {
+		got[r.ID] = append(got[r.ID], r.Attempt)
+		if r.Queue != "conf.orders" || r.Type != "conf.orders" {
+			t.Errorf("taken %+v", r)
+		}
+		if r.ID == "order-1" && r.Value != "plain text, not JSON" {
+			t.Errorf("body as handed: %q", r.Value)
+		}
+	}
+	if len(got["order-1"]) != 1 || len(got["order-2"]) != 2 || got["order-2"][1] != 2 || len(got["order-3"]) != 1 {
+		t.Errorf("attempts by id: %v", got)
+	}
+	d := h.Dead(t, 1)[0]
+	if d.ID != "order-3" || d.Queue != "conf.orders" || d.Reason != "permanent" || d.Attempts != 1 {
+		t.Errorf("dead letter %+v", d)
 	}
 }
 

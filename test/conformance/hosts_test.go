@@ -58,6 +58,12 @@ type Host interface {
 	// Redeliver publishes again a copy of the event with that id, type
 	// and body, as a broker does after a lost ack.
 	Redeliver(t *testing.T, id, eventType string, body any)
+	// Queue makes an existing broker queue that modules may consume, as
+	// another system would (nothing to do on the test mesh).
+	Queue(t *testing.T, name string)
+	// Put puts a message into that queue: body as is, id as its message
+	// id.
+	Put(t *testing.T, queue, id string, body []byte)
 	// Call calls a tool from outside the modules.
 	Call(ctx context.Context, tool string, req, resp any) error
 	// Dead waits for the n-th dead letter and returns the first n.
@@ -181,6 +187,15 @@ func (h *memHost) Emit(t *testing.T, eventType string, body any) string {
 	return id
 }
 
+func (h *memHost) Queue(*testing.T, string) {}
+
+func (h *memHost) Put(t *testing.T, queue, id string, body []byte) {
+	t.Helper()
+	if err := h.mesh.Put(queue, id, "", body, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func (h *memHost) Redeliver(t *testing.T, id, _ string, _ any) {
 	t.Helper()
 	if err := h.mesh.Redeliver(id); err != nil {
@@ -201,7 +216,7 @@ func (h *memHost) Dead(t *testing.T, n int) []Dead {
 	}
 	out := make([]Dead, n)
 	for i, d := range dl[:n] {
-		out[i] = Dead{ID: d.Event.ID, Type: d.Event.Type, Queue: wire.ModuleQueue("conf", d.Module), Reason: d.Reason, Err: d.Err, Attempts: d.Attempts}
+		out[i] = Dead{ID: d.Event.ID, Type: d.Event.Type, Queue: d.Queue, Reason: d.Reason, Err: d.Err, Attempts: d.Attempts}
 	}
 	return out
 }
@@ -322,6 +337,20 @@ func (h *brokerHost) raw(t *testing.T) *amqp.Channel {
 	return ch
 }
 
+func (h *brokerHost) Queue(t *testing.T, name string) {
+	t.Helper()
+	if _, err := h.raw(t).QueueDeclare(name, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (h *brokerHost) Put(t *testing.T, queue, id string, body []byte) {
+	t.Helper()
+	if err := h.raw(t).Publish("", queue, false, false, amqp.Publishing{MessageId: id, Body: body, DeliveryMode: amqp.Persistent}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func (h *brokerHost) Redeliver(t *testing.T, id, eventType string, body any) {
 	t.Helper()
 	ch := h.raw(t)
@@ -359,7 +388,11 @@ func (h *brokerHost) Dead(t *testing.T, n int) []Dead {
 		case d := <-h.deadQ:
 			attempts, _ := d.Headers[wire.HeaderDeadAttempts].(int64)
 			str := func(k string) string { s, _ := d.Headers[k].(string); return s }
-			h.dead = append(h.dead, Dead{ID: str(wire.HeaderEventID), Type: d.RoutingKey, Queue: str(wire.HeaderDeadQueue),
+			id := str(wire.HeaderEventID)
+			if id == "" {
+				id = d.MessageId // a message of a consumed queue, not an event
+			}
+			h.dead = append(h.dead, Dead{ID: id, Type: d.RoutingKey, Queue: str(wire.HeaderDeadQueue),
 				Reason: str(wire.HeaderDeadReason), Err: str(wire.HeaderDeadError), Attempts: int(attempts)})
 		case <-timeout:
 			t.Fatalf("waited 30s for dead letter %d; got %+v", n, h.dead)

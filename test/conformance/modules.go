@@ -37,6 +37,8 @@ type Record struct {
 	Value       string          `json:"value,omitempty"`
 	Caller      string          `json:"caller,omitempty"`
 	Err         string          `json:"err,omitempty"`
+	// Queue is the consumed queue a message came from.
+	Queue string `json:"queue,omitempty"`
 	// The Dead fields of a dead letter (sdk.Event).
 	DeadQueue    string `json:"dead_queue,omitempty"`
 	DeadReason   string `json:"dead_reason,omitempty"`
@@ -183,7 +185,7 @@ func act(ctx context.Context, s Steer, attempt int) error {
 
 // Module returns the conformance module of that name, reporting to probe.
 // The names: watcher, worker, setup, namer, relay, tools, caller, undertaker,
-// runner.
+// taker, runner.
 func Module(name string, probe *Probe) (sdk.Module, error) {
 	seen := func(kind string, ev sdk.Event) {
 		probe.Add(Record{Kind: kind, ID: ev.ID, Type: ev.Type, Source: ev.Source, Node: ev.Node, CausationID: ev.CausationID,
@@ -369,6 +371,16 @@ func Module(name string, probe *Probe) (sdk.Module, error) {
 			}
 			return nil
 		})}, nil
+
+	case "taker":
+		// Consumes the existing queue conf.orders, two at a time, as each
+		// body steers it (a body that is not JSON asks nothing).
+		return sdk.Module{Name: name, Setup: func(m sdk.Mesh) error {
+			return m.Consume("conf.orders", 2, sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+				probe.Add(Record{Kind: "taken", ID: ev.ID, Type: ev.Type, Queue: ev.Queue, Attempt: ev.Attempt, Value: string(ev.Body)})
+				return act(ctx, steer(ev.Body), ev.Attempt)
+			}))
+		}}, nil
 
 	case "runner":
 		// Records its Run's start and the end of Run's context.

@@ -161,7 +161,7 @@ func (x Outcome_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Outcome_Kind.Descriptor instead.
 func (Outcome_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{7, 0}
+	return file_module_proto_rawDescGZIP(), []int{8, 0}
 }
 
 type Empty struct {
@@ -213,7 +213,11 @@ type Description struct {
 	DuplicatesAllowed []uint32 `protobuf:"varint,7,rep,packed,name=duplicates_allowed,json=duplicatesAllowed,proto3" json:"duplicates_allowed,omitempty"`
 	// The module has a DeadLetters handler (sdk.Module.DeadLetters): the
 	// node delivers dead letters to it with pattern = len(patterns).
-	DeadLetters   bool `protobuf:"varint,8,opt,name=dead_letters,json=deadLetters,proto3" json:"dead_letters,omitempty"`
+	DeadLetters bool `protobuf:"varint,8,opt,name=dead_letters,json=deadLetters,proto3" json:"dead_letters,omitempty"`
+	// Existing broker queues it consumes (sdk.Mesh.Consume), in order: the
+	// node delivers the messages of consumes[k] with pattern =
+	// len(patterns) + 1 + k.
+	Consumes      []*Consume `protobuf:"bytes,9,rep,name=consumes,proto3" json:"consumes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -304,6 +308,65 @@ func (x *Description) GetDeadLetters() bool {
 	return false
 }
 
+func (x *Description) GetConsumes() []*Consume {
+	if x != nil {
+		return x.Consumes
+	}
+	return nil
+}
+
+type Consume struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Queue         string                 `protobuf:"bytes,1,opt,name=queue,proto3" json:"queue,omitempty"`
+	Prefetch      uint32                 `protobuf:"varint,2,opt,name=prefetch,proto3" json:"prefetch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Consume) Reset() {
+	*x = Consume{}
+	mi := &file_module_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Consume) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Consume) ProtoMessage() {}
+
+func (x *Consume) ProtoReflect() protoreflect.Message {
+	mi := &file_module_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Consume.ProtoReflect.Descriptor instead.
+func (*Consume) Descriptor() ([]byte, []int) {
+	return file_module_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Consume) GetQueue() string {
+	if x != nil {
+		return x.Queue
+	}
+	return ""
+}
+
+func (x *Consume) GetPrefetch() uint32 {
+	if x != nil {
+		return x.Prefetch
+	}
+	return 0
+}
+
 type ToolRequest struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	Tool             uint32                 `protobuf:"varint,1,opt,name=tool,proto3" json:"tool,omitempty"` // index into Description.tools
@@ -321,7 +384,7 @@ type ToolRequest struct {
 
 func (x *ToolRequest) Reset() {
 	*x = ToolRequest{}
-	mi := &file_module_proto_msgTypes[2]
+	mi := &file_module_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -333,7 +396,7 @@ func (x *ToolRequest) String() string {
 func (*ToolRequest) ProtoMessage() {}
 
 func (x *ToolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[2]
+	mi := &file_module_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -346,7 +409,7 @@ func (x *ToolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolRequest.ProtoReflect.Descriptor instead.
 func (*ToolRequest) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{2}
+	return file_module_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ToolRequest) GetTool() uint32 {
@@ -425,7 +488,7 @@ type ToolAnswer struct {
 
 func (x *ToolAnswer) Reset() {
 	*x = ToolAnswer{}
-	mi := &file_module_proto_msgTypes[3]
+	mi := &file_module_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -437,7 +500,7 @@ func (x *ToolAnswer) String() string {
 func (*ToolAnswer) ProtoMessage() {}
 
 func (x *ToolAnswer) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[3]
+	mi := &file_module_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -450,7 +513,7 @@ func (x *ToolAnswer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolAnswer.ProtoReflect.Descriptor instead.
 func (*ToolAnswer) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{3}
+	return file_module_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ToolAnswer) GetBody() []byte {
@@ -499,7 +562,7 @@ type StartRequest struct {
 
 func (x *StartRequest) Reset() {
 	*x = StartRequest{}
-	mi := &file_module_proto_msgTypes[4]
+	mi := &file_module_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -511,7 +574,7 @@ func (x *StartRequest) String() string {
 func (*StartRequest) ProtoMessage() {}
 
 func (x *StartRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[4]
+	mi := &file_module_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -524,7 +587,7 @@ func (x *StartRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRequest.ProtoReflect.Descriptor instead.
 func (*StartRequest) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{4}
+	return file_module_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *StartRequest) GetHostBrokerId() uint32 {
@@ -564,13 +627,14 @@ type Delivery struct {
 	DeadError        string `protobuf:"bytes,18,opt,name=dead_error,json=deadError,proto3" json:"dead_error,omitempty"`
 	DeadAttempts     uint32 `protobuf:"varint,19,opt,name=dead_attempts,json=deadAttempts,proto3" json:"dead_attempts,omitempty"`
 	DeadTimeUnixNano int64  `protobuf:"varint,20,opt,name=dead_time_unix_nano,json=deadTimeUnixNano,proto3" json:"dead_time_unix_nano,omitempty"` // 0: unknown
+	Queue            string `protobuf:"bytes,21,opt,name=queue,proto3" json:"queue,omitempty"`                                                    // the consumed queue it came from (sdk.Event.Queue)
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Delivery) Reset() {
 	*x = Delivery{}
-	mi := &file_module_proto_msgTypes[5]
+	mi := &file_module_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -582,7 +646,7 @@ func (x *Delivery) String() string {
 func (*Delivery) ProtoMessage() {}
 
 func (x *Delivery) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[5]
+	mi := &file_module_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -595,7 +659,7 @@ func (x *Delivery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Delivery.ProtoReflect.Descriptor instead.
 func (*Delivery) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{5}
+	return file_module_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Delivery) GetSeq() uint64 {
@@ -738,6 +802,13 @@ func (x *Delivery) GetDeadTimeUnixNano() int64 {
 	return 0
 }
 
+func (x *Delivery) GetQueue() string {
+	if x != nil {
+		return x.Queue
+	}
+	return ""
+}
+
 type DeliveryBatch struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Deliveries    []*Delivery            `protobuf:"bytes,1,rep,name=deliveries,proto3" json:"deliveries,omitempty"`
@@ -747,7 +818,7 @@ type DeliveryBatch struct {
 
 func (x *DeliveryBatch) Reset() {
 	*x = DeliveryBatch{}
-	mi := &file_module_proto_msgTypes[6]
+	mi := &file_module_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -759,7 +830,7 @@ func (x *DeliveryBatch) String() string {
 func (*DeliveryBatch) ProtoMessage() {}
 
 func (x *DeliveryBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[6]
+	mi := &file_module_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -772,7 +843,7 @@ func (x *DeliveryBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeliveryBatch.ProtoReflect.Descriptor instead.
 func (*DeliveryBatch) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{6}
+	return file_module_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *DeliveryBatch) GetDeliveries() []*Delivery {
@@ -793,7 +864,7 @@ type Outcome struct {
 
 func (x *Outcome) Reset() {
 	*x = Outcome{}
-	mi := &file_module_proto_msgTypes[7]
+	mi := &file_module_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -805,7 +876,7 @@ func (x *Outcome) String() string {
 func (*Outcome) ProtoMessage() {}
 
 func (x *Outcome) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[7]
+	mi := &file_module_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -818,7 +889,7 @@ func (x *Outcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Outcome.ProtoReflect.Descriptor instead.
 func (*Outcome) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{7}
+	return file_module_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Outcome) GetSeq() uint64 {
@@ -851,7 +922,7 @@ type OutcomeBatch struct {
 
 func (x *OutcomeBatch) Reset() {
 	*x = OutcomeBatch{}
-	mi := &file_module_proto_msgTypes[8]
+	mi := &file_module_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -863,7 +934,7 @@ func (x *OutcomeBatch) String() string {
 func (*OutcomeBatch) ProtoMessage() {}
 
 func (x *OutcomeBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[8]
+	mi := &file_module_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -876,7 +947,7 @@ func (x *OutcomeBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutcomeBatch.ProtoReflect.Descriptor instead.
 func (*OutcomeBatch) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{8}
+	return file_module_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *OutcomeBatch) GetOutcomes() []*Outcome {
@@ -905,7 +976,7 @@ type Emit struct {
 
 func (x *Emit) Reset() {
 	*x = Emit{}
-	mi := &file_module_proto_msgTypes[9]
+	mi := &file_module_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -917,7 +988,7 @@ func (x *Emit) String() string {
 func (*Emit) ProtoMessage() {}
 
 func (x *Emit) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[9]
+	mi := &file_module_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -930,7 +1001,7 @@ func (x *Emit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Emit.ProtoReflect.Descriptor instead.
 func (*Emit) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{9}
+	return file_module_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Emit) GetName() string {
@@ -1005,7 +1076,7 @@ type EmitBatch struct {
 
 func (x *EmitBatch) Reset() {
 	*x = EmitBatch{}
-	mi := &file_module_proto_msgTypes[10]
+	mi := &file_module_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1017,7 +1088,7 @@ func (x *EmitBatch) String() string {
 func (*EmitBatch) ProtoMessage() {}
 
 func (x *EmitBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[10]
+	mi := &file_module_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1030,7 +1101,7 @@ func (x *EmitBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EmitBatch.ProtoReflect.Descriptor instead.
 func (*EmitBatch) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{10}
+	return file_module_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *EmitBatch) GetEmits() []*Emit {
@@ -1051,7 +1122,7 @@ type EmitResult struct {
 
 func (x *EmitResult) Reset() {
 	*x = EmitResult{}
-	mi := &file_module_proto_msgTypes[11]
+	mi := &file_module_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1063,7 +1134,7 @@ func (x *EmitResult) String() string {
 func (*EmitResult) ProtoMessage() {}
 
 func (x *EmitResult) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[11]
+	mi := &file_module_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1076,7 +1147,7 @@ func (x *EmitResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EmitResult.ProtoReflect.Descriptor instead.
 func (*EmitResult) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{11}
+	return file_module_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *EmitResult) GetId() string {
@@ -1109,7 +1180,7 @@ type EmitResults struct {
 
 func (x *EmitResults) Reset() {
 	*x = EmitResults{}
-	mi := &file_module_proto_msgTypes[12]
+	mi := &file_module_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1121,7 +1192,7 @@ func (x *EmitResults) String() string {
 func (*EmitResults) ProtoMessage() {}
 
 func (x *EmitResults) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[12]
+	mi := &file_module_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1134,7 +1205,7 @@ func (x *EmitResults) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EmitResults.ProtoReflect.Descriptor instead.
 func (*EmitResults) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{12}
+	return file_module_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *EmitResults) GetResults() []*EmitResult {
@@ -1159,7 +1230,7 @@ type CallRequest struct {
 
 func (x *CallRequest) Reset() {
 	*x = CallRequest{}
-	mi := &file_module_proto_msgTypes[13]
+	mi := &file_module_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1171,7 +1242,7 @@ func (x *CallRequest) String() string {
 func (*CallRequest) ProtoMessage() {}
 
 func (x *CallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[13]
+	mi := &file_module_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1184,7 +1255,7 @@ func (x *CallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallRequest.ProtoReflect.Descriptor instead.
 func (*CallRequest) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{13}
+	return file_module_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CallRequest) GetTool() string {
@@ -1235,7 +1306,7 @@ type CallResponse struct {
 
 func (x *CallResponse) Reset() {
 	*x = CallResponse{}
-	mi := &file_module_proto_msgTypes[14]
+	mi := &file_module_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1247,7 +1318,7 @@ func (x *CallResponse) String() string {
 func (*CallResponse) ProtoMessage() {}
 
 func (x *CallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[14]
+	mi := &file_module_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1260,7 +1331,7 @@ func (x *CallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallResponse.ProtoReflect.Descriptor instead.
 func (*CallResponse) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{14}
+	return file_module_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CallResponse) GetBody() []byte {
@@ -1303,7 +1374,7 @@ var File_module_proto protoreflect.FileDescriptor
 const file_module_proto_rawDesc = "" +
 	"\n" +
 	"\fmodule.proto\x12\x0emesh.plugin.v1\"\a\n" +
-	"\x05Empty\"\xe5\x01\n" +
+	"\x05Empty\"\x9a\x02\n" +
 	"\vDescription\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05emits\x18\x02 \x03(\tR\x05emits\x12\x1a\n" +
@@ -1312,7 +1383,11 @@ const file_module_proto_rawDesc = "" +
 	"\x05calls\x18\x05 \x03(\tR\x05calls\x12\x14\n" +
 	"\x05tools\x18\x06 \x03(\tR\x05tools\x12-\n" +
 	"\x12duplicates_allowed\x18\a \x03(\rR\x11duplicatesAllowed\x12!\n" +
-	"\fdead_letters\x18\b \x01(\bR\vdeadLetters\"\xe8\x02\n" +
+	"\fdead_letters\x18\b \x01(\bR\vdeadLetters\x123\n" +
+	"\bconsumes\x18\t \x03(\v2\x17.mesh.plugin.v1.ConsumeR\bconsumes\";\n" +
+	"\aConsume\x12\x14\n" +
+	"\x05queue\x18\x01 \x01(\tR\x05queue\x12\x1a\n" +
+	"\bprefetch\x18\x02 \x01(\rR\bprefetch\"\xe8\x02\n" +
 	"\vToolRequest\x12\x12\n" +
 	"\x04tool\x18\x01 \x01(\rR\x04tool\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x16\n" +
@@ -1335,7 +1410,7 @@ const file_module_proto_rawDesc = "" +
 	"\tpermanent\x18\x05 \x01(\bR\tpermanent\"b\n" +
 	"\fStartRequest\x12$\n" +
 	"\x0ehost_broker_id\x18\x01 \x01(\rR\fhostBrokerId\x12,\n" +
-	"\x12call_timeout_nanos\x18\x02 \x01(\x03R\x10callTimeoutNanos\"\xae\x05\n" +
+	"\x12call_timeout_nanos\x18\x02 \x01(\x03R\x10callTimeoutNanos\"\xc4\x05\n" +
 	"\bDelivery\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x18\n" +
 	"\apattern\x18\x02 \x01(\rR\apattern\x12\x0e\n" +
@@ -1360,7 +1435,8 @@ const file_module_proto_rawDesc = "" +
 	"\n" +
 	"dead_error\x18\x12 \x01(\tR\tdeadError\x12#\n" +
 	"\rdead_attempts\x18\x13 \x01(\rR\fdeadAttempts\x12-\n" +
-	"\x13dead_time_unix_nano\x18\x14 \x01(\x03R\x10deadTimeUnixNano\x1a:\n" +
+	"\x13dead_time_unix_nano\x18\x14 \x01(\x03R\x10deadTimeUnixNano\x12\x14\n" +
+	"\x05queue\x18\x15 \x01(\tR\x05queue\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"I\n" +
@@ -1455,55 +1531,57 @@ func file_module_proto_rawDescGZIP() []byte {
 }
 
 var file_module_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_module_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_module_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_module_proto_goTypes = []any{
 	(ErrorKind)(0),        // 0: mesh.plugin.v1.ErrorKind
 	(Outcome_Kind)(0),     // 1: mesh.plugin.v1.Outcome.Kind
 	(*Empty)(nil),         // 2: mesh.plugin.v1.Empty
 	(*Description)(nil),   // 3: mesh.plugin.v1.Description
-	(*ToolRequest)(nil),   // 4: mesh.plugin.v1.ToolRequest
-	(*ToolAnswer)(nil),    // 5: mesh.plugin.v1.ToolAnswer
-	(*StartRequest)(nil),  // 6: mesh.plugin.v1.StartRequest
-	(*Delivery)(nil),      // 7: mesh.plugin.v1.Delivery
-	(*DeliveryBatch)(nil), // 8: mesh.plugin.v1.DeliveryBatch
-	(*Outcome)(nil),       // 9: mesh.plugin.v1.Outcome
-	(*OutcomeBatch)(nil),  // 10: mesh.plugin.v1.OutcomeBatch
-	(*Emit)(nil),          // 11: mesh.plugin.v1.Emit
-	(*EmitBatch)(nil),     // 12: mesh.plugin.v1.EmitBatch
-	(*EmitResult)(nil),    // 13: mesh.plugin.v1.EmitResult
-	(*EmitResults)(nil),   // 14: mesh.plugin.v1.EmitResults
-	(*CallRequest)(nil),   // 15: mesh.plugin.v1.CallRequest
-	(*CallResponse)(nil),  // 16: mesh.plugin.v1.CallResponse
-	nil,                   // 17: mesh.plugin.v1.ToolRequest.HeadersEntry
-	nil,                   // 18: mesh.plugin.v1.Delivery.HeadersEntry
+	(*Consume)(nil),       // 4: mesh.plugin.v1.Consume
+	(*ToolRequest)(nil),   // 5: mesh.plugin.v1.ToolRequest
+	(*ToolAnswer)(nil),    // 6: mesh.plugin.v1.ToolAnswer
+	(*StartRequest)(nil),  // 7: mesh.plugin.v1.StartRequest
+	(*Delivery)(nil),      // 8: mesh.plugin.v1.Delivery
+	(*DeliveryBatch)(nil), // 9: mesh.plugin.v1.DeliveryBatch
+	(*Outcome)(nil),       // 10: mesh.plugin.v1.Outcome
+	(*OutcomeBatch)(nil),  // 11: mesh.plugin.v1.OutcomeBatch
+	(*Emit)(nil),          // 12: mesh.plugin.v1.Emit
+	(*EmitBatch)(nil),     // 13: mesh.plugin.v1.EmitBatch
+	(*EmitResult)(nil),    // 14: mesh.plugin.v1.EmitResult
+	(*EmitResults)(nil),   // 15: mesh.plugin.v1.EmitResults
+	(*CallRequest)(nil),   // 16: mesh.plugin.v1.CallRequest
+	(*CallResponse)(nil),  // 17: mesh.plugin.v1.CallResponse
+	nil,                   // 18: mesh.plugin.v1.ToolRequest.HeadersEntry
+	nil,                   // 19: mesh.plugin.v1.Delivery.HeadersEntry
 }
 var file_module_proto_depIdxs = []int32{
-	17, // 0: mesh.plugin.v1.ToolRequest.headers:type_name -> mesh.plugin.v1.ToolRequest.HeadersEntry
-	18, // 1: mesh.plugin.v1.Delivery.headers:type_name -> mesh.plugin.v1.Delivery.HeadersEntry
-	7,  // 2: mesh.plugin.v1.DeliveryBatch.deliveries:type_name -> mesh.plugin.v1.Delivery
-	1,  // 3: mesh.plugin.v1.Outcome.kind:type_name -> mesh.plugin.v1.Outcome.Kind
-	9,  // 4: mesh.plugin.v1.OutcomeBatch.outcomes:type_name -> mesh.plugin.v1.Outcome
-	11, // 5: mesh.plugin.v1.EmitBatch.emits:type_name -> mesh.plugin.v1.Emit
-	0,  // 6: mesh.plugin.v1.EmitResult.error_kind:type_name -> mesh.plugin.v1.ErrorKind
-	13, // 7: mesh.plugin.v1.EmitResults.results:type_name -> mesh.plugin.v1.EmitResult
-	0,  // 8: mesh.plugin.v1.CallResponse.error_kind:type_name -> mesh.plugin.v1.ErrorKind
-	2,  // 9: mesh.plugin.v1.Module.Describe:input_type -> mesh.plugin.v1.Empty
-	6,  // 10: mesh.plugin.v1.Module.Start:input_type -> mesh.plugin.v1.StartRequest
-	8,  // 11: mesh.plugin.v1.Module.Deliver:input_type -> mesh.plugin.v1.DeliveryBatch
-	4,  // 12: mesh.plugin.v1.Module.Answer:input_type -> mesh.plugin.v1.ToolRequest
-	12, // 13: mesh.plugin.v1.Host.Emit:input_type -> mesh.plugin.v1.EmitBatch
-	15, // 14: mesh.plugin.v1.Host.Call:input_type -> mesh.plugin.v1.CallRequest
-	3,  // 15: mesh.plugin.v1.Module.Describe:output_type -> mesh.plugin.v1.Description
-	2,  // 16: mesh.plugin.v1.Module.Start:output_type -> mesh.plugin.v1.Empty
-	10, // 17: mesh.plugin.v1.Module.Deliver:output_type -> mesh.plugin.v1.OutcomeBatch
-	5,  // 18: mesh.plugin.v1.Module.Answer:output_type -> mesh.plugin.v1.ToolAnswer
-	14, // 19: mesh.plugin.v1.Host.Emit:output_type -> mesh.plugin.v1.EmitResults
-	16, // 20: mesh.plugin.v1.Host.Call:output_type -> mesh.plugin.v1.CallResponse
-	15, // [15:21] is the sub-list for method output_type
-	9,  // [9:15] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	4,  // 0: mesh.plugin.v1.Description.consumes:type_name -> mesh.plugin.v1.Consume
+	18, // 1: mesh.plugin.v1.ToolRequest.headers:type_name -> mesh.plugin.v1.ToolRequest.HeadersEntry
+	19, // 2: mesh.plugin.v1.Delivery.headers:type_name -> mesh.plugin.v1.Delivery.HeadersEntry
+	8,  // 3: mesh.plugin.v1.DeliveryBatch.deliveries:type_name -> mesh.plugin.v1.Delivery
+	1,  // 4: mesh.plugin.v1.Outcome.kind:type_name -> mesh.plugin.v1.Outcome.Kind
+	10, // 5: mesh.plugin.v1.OutcomeBatch.outcomes:type_name -> mesh.plugin.v1.Outcome
+	12, // 6: mesh.plugin.v1.EmitBatch.emits:type_name -> mesh.plugin.v1.Emit
+	0,  // 7: mesh.plugin.v1.EmitResult.error_kind:type_name -> mesh.plugin.v1.ErrorKind
+	14, // 8: mesh.plugin.v1.EmitResults.results:type_name -> mesh.plugin.v1.EmitResult
+	0,  // 9: mesh.plugin.v1.CallResponse.error_kind:type_name -> mesh.plugin.v1.ErrorKind
+	2,  // 10: mesh.plugin.v1.Module.Describe:input_type -> mesh.plugin.v1.Empty
+	7,  // 11: mesh.plugin.v1.Module.Start:input_type -> mesh.plugin.v1.StartRequest
+	9,  // 12: mesh.plugin.v1.Module.Deliver:input_type -> mesh.plugin.v1.DeliveryBatch
+	5,  // 13: mesh.plugin.v1.Module.Answer:input_type -> mesh.plugin.v1.ToolRequest
+	13, // 14: mesh.plugin.v1.Host.Emit:input_type -> mesh.plugin.v1.EmitBatch
+	16, // 15: mesh.plugin.v1.Host.Call:input_type -> mesh.plugin.v1.CallRequest
+	3,  // 16: mesh.plugin.v1.Module.Describe:output_type -> mesh.plugin.v1.Description
+	2,  // 17: mesh.plugin.v1.Module.Start:output_type -> mesh.plugin.v1.Empty
+	11, // 18: mesh.plugin.v1.Module.Deliver:output_type -> mesh.plugin.v1.OutcomeBatch
+	6,  // 19: mesh.plugin.v1.Module.Answer:output_type -> mesh.plugin.v1.ToolAnswer
+	15, // 20: mesh.plugin.v1.Host.Emit:output_type -> mesh.plugin.v1.EmitResults
+	17, // 21: mesh.plugin.v1.Host.Call:output_type -> mesh.plugin.v1.CallResponse
+	16, // [16:22] is the sub-list for method output_type
+	10, // [10:16] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_module_proto_init() }
@@ -1517,7 +1595,7 @@ func file_module_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_module_proto_rawDesc), len(file_module_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   17,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

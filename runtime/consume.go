@@ -1,0 +1,155 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/meshkit/mesh/internal/deadletters"
+	"github.com/meshkit/mesh/internal/setup"
+	"github.com/meshkit/mesh/internal/wire"
+	"github.com/meshkit/mesh/sdk"
+)
+
+// A module may consume existing broker queues that other systems fill
+// (sdk.Mesh.Consume): the node consumes each passively on a channel of its
+// own, never declaring, binding or deleting it, with the prefetch the
+// module asked for and as many workers. Failed messages are retried and
+// dead-lettered by the module's rules (attempts, back-off, mesh.events.dead
+// naming the queue); a quorum queue counts attempts itself
+// (x-delivery-count), any other gets a copy with x-mesh-attempt, as the
+// module's own classic queue does.
+
+// consumeQueues starts consuming every queue the module asked for.
+func (m *Module) consumeQueues(ctx context.Context, s *session, queues []setup.Entry) error {
+	for _, q := range queues {
+		if err := m.consumeQueue(ctx, s, q); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (m *Module) consumeQueue(ctx context.Context, s *session, q setup.Entry) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	ch, err := s.subConn.Channel()
+	if err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	if err := m.track(ch); err != nil {
+		return err
+	}
+	info, err := ch.QueueDeclarePassive(q.Key, false, false, false, false, nil)
+	if err != nil {
+		var ae *amqp.Error
+		if errors.As(err, &ae) && ae.Code == amqp.NotFound {
+			return fmt.Errorf("consume queue %s: it does not exist (the module consumes it as it is and never declares it)", q.Key)
+		}
+		return fmt.Errorf("consume queue %s: %w", q.Key, err)
+	}
+	if err := ch.Qos(q.Prefetch, 0, false); err != nil {
+		return fmt.Errorf("set prefetch: %w", err)
+	}
+	tag := "mesh." + m.node.cfg.Node + "." + m.def.Name + ".queue." + q.Key
+	deliveries, err := ch.Consume(q.Key, tag, false, false, false, false, nil)
+	if err != nil {
+		return fmt.Errorf("consume queue %s: %w", q.Key, err)
+	}
+	m.addTag(ch, tag)
+	go m.watch(s, ch, ch.NotifyClose(make(chan *amqp.Error, 1)), ch.NotifyCancel(make(chan string, 1)))
+	h := q.Handler.(sdk.Handler)
+	for range q.Prefetch {
+		m.startQueueWorker(q.Key, h, deliveries)
+	}
+	m.log.Info("consuming a queue", "queue", q.Key, "prefetch", q.Prefetch, "messages", info.Messages)
+	return nil
+}
+
+// startQueueWorker is startWorker for a consumed queue.
+func (m *Module) startQueueWorker(queue string, h sdk.Handler, deliveries <-chan amqp.Delivery) {
+	m.workers.Add(1)
+	go func() {
+		defer m.workers.Done()
+		for d := range deliveries {
+			if replaced := m.handleQueued(queue, h, d, deliveries); replaced {
+				return
+			}
+		}
+	}()
+}
+
+// handleQueued runs one message of a consumed queue through h and
+// settles it: acked, retried, or dead-lettered naming the queue.
+func (m *Module) handleQueued(queue string, h sdk.Handler, d amqp.Delivery, deliveries <-chan amqp.Delivery) (replaced bool) {
+	src := source{queue: queue}
+	attempt := 1
+	if n, ok := d.Headers["x-delivery-count"].(int64); ok && n >= 0 {
+		src.quorum, attempt = true, int(n)+1
+	} else if n, ok := d.Headers[wire.HeaderAttempt].(int64); ok && n > 0 && n < 1<<31 {
+		attempt = int(n) + 1
+	}
+	ev := queuedEventOf(d, queue, attempt)
+	if !src.quorum && d.Redelivered {
+		// As for the module's classic queue: the last delivery was never
+		// settled, which counts as an attempt.
+		m.failed(src, d, ev.Type, attempt, errors.New("the consumer stopped before the handler finished"))
+		return false
+	}
+	err, overran := m.call(h, ev, func() {
+		m.startQueueWorker(queue, h, deliveries)
+		m.failed(src, d, ev.Type, attempt, fmt.Errorf("handler timed out after %v", m.cfg.HandlerTimeout))
+	})
+	switch {
+	case overran:
+		return true
+	case err == nil:
+		m.node.stats.handled.Add(1)
+		if err := d.Ack(false); err != nil {
+			m.log.Warn("ack failed; the message will be delivered again", "queue", queue, "message_id", ev.ID, "err", err)
+		}
+	case errors.Is(err, sdk.ErrPermanent):
+		m.deadLetter(src, d, ev.Type, attempt, wire.DeadReasonPermanent, err)
+	default:
+		m.failed(src, d, ev.Type, attempt, err)
+	}
+	return false
+}
+
+// queuedEventOf is what a Consume handler sees of a message: read as far
+// as it can be, every header as text.
+func queuedEventOf(d amqp.Delivery, queue string, attempt int) sdk.Event {
+	text := func(k string) string { return deadletters.HeaderText(d.Headers[k]) }
+	ev := sdk.Event{
+		ID: d.MessageId, Type: d.RoutingKey, Source: text(wire.HeaderSource), Node: text(wire.HeaderNode),
+		CausationID: text(wire.HeaderCausationID), Schema: text(wire.HeaderSchema),
+		Body: d.Body, Attempt: attempt, Redelivered: d.Redelivered, UserID: d.UserId, Queue: queue,
+	}
+	if ev.ID == "" {
+		ev.ID = text(wire.HeaderEventID)
+	}
+	if rk := text(wire.HeaderRoutingKey); rk != "" {
+		ev.Type = rk // a copy the node put back for a retry
+	}
+	if t, err := time.Parse(time.RFC3339Nano, text(wire.HeaderTime)); err == nil {
+		ev.Time = t.UTC()
+	} else if !d.Timestamp.IsZero() {
+		ev.Time = d.Timestamp.UTC()
+	}
+	ev.Headers = make(map[string]string, len(d.Headers)+1)
+	for k, v := range d.Headers {
+		if strings.HasPrefix(k, "x-mesh-") || deadBookkeeping(k) {
+			continue
+		}
+		ev.Headers[k] = deadletters.HeaderText(v)
+	}
+	if d.ContentType != "" {
+		ev.Headers["content-type"] = d.ContentType
+	}
+	return ev
+}

@@ -1,0 +1,92 @@
+package runtime_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/runtime"
+	"github.com/meshkit/mesh/sdk"
+)
+
+// TestConsumeAnExistingQueue: a module consumes a queue another system
+// declared and fills (classic and quorum), reading its messages as they
+// are; a success is acked, a failure retried with the attempts counted,
+// then dead-lettered naming the queue; the queue is never declared or
+// deleted; a missing queue fails the module's start, naming it.
+func TestConsumeAnExistingQueue(t *testing.T) {
+	t.Parallel()
+	url := brokertest.VHost(t)
+	n := testNode(t, url, "anchor", nil)
+	ch := rawConn(t, url)
+	for _, q := range []struct {
+		name string
+		args amqp.Table
+	}{{"legacy.orders", nil}, {"legacy.quorum", amqp.Table{"x-queue-type": "quorum"}}} {
+		if _, err := ch.QueueDeclare(q.name, true, false, false, false, q.args); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fail := func(ev sdk.Event) error {
+		if strings.Contains(string(ev.Body), "bad") {
+			return errors.New("cannot take it")
+		}
+		return nil
+	}
+	orders, quorum := newRecorder(fail), newRecorder(fail)
+	load(t, n, sdk.Module{Name: "taker", Setup: func(m sdk.Mesh) error {
+		return errors.Join(m.Consume("legacy.orders", 2, orders), m.Consume("legacy.quorum", 1, quorum))
+	}}, runtime.ModuleConfig{MaxAttempts: 3})
+
+	for _, q := range []string{"legacy.orders", "legacy.quorum"} {
+		for _, body := range []string{"plain text order", "bad order"} {
+			if err := ch.Publish("", q, false, false, amqp.Publishing{MessageId: q + ":" + body, ContentType: "text/plain",
+				Headers: amqp.Table{"x-tenant": "acme", "priority": int32(3)}, Body: []byte(body), DeliveryMode: amqp.Persistent}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, c := range []struct {
+		queue string
+		rec   *recorder
+	}{{"legacy.orders", orders}, {"legacy.quorum", quorum}} {
+		seen := map[string][]int{}
+		for range 4 { // the good one once, the bad one three times
+			ev := c.rec.next(t)
+			seen[string(ev.Body)] = append(seen[string(ev.Body)], ev.Attempt)
+			if ev.Queue != c.queue || ev.Type != c.queue || ev.ID != c.queue+":"+string(ev.Body) ||
+				ev.Headers["x-tenant"] != "acme" || ev.Headers["priority"] != "3" || ev.Headers["content-type"] != "text/plain" {
+				t.Errorf("%s: handed %+v", c.queue, ev)
+			}
+		}
+		if a := seen["bad order"]; len(a) != 3 || a[0] != 1 || a[2] != 3 || len(seen["plain text order"]) != 1 {
+			t.Errorf("%s: attempts %v", c.queue, seen)
+		}
+	}
+	for range 2 {
+		d := nextDead(t, ch)
+		if string(d.Body) != "bad order" || d.Headers["x-mesh-dead-reason"] != "delivery_limit" || d.Headers["x-mesh-dead-attempts"] != int64(3) ||
+			!strings.HasPrefix(d.Headers["x-mesh-dead-queue"].(string), "legacy.") {
+			t.Errorf("dead letter %+v", d)
+		}
+	}
+	for _, q := range []string{"legacy.orders", "legacy.quorum"} {
+		if got := queueDepth(t, ch, q); got != 0 {
+			t.Errorf("%s holds %d", q, got)
+		}
+	}
+
+	_, err := n.Load(emitCtx(t), sdk.Module{Name: "missing", Setup: func(m sdk.Mesh) error {
+		return m.Consume("legacy.nothing", 1, newRecorder(nil))
+	}}, runtime.ModuleConfig{})
+	if err == nil || !strings.Contains(err.Error(), "legacy.nothing") || !strings.Contains(err.Error(), "does not exist") {
+		t.Errorf("consuming a missing queue: %v", err)
+	}
+	ch = rawConn(t, url)
+	if _, err := ch.QueueDeclarePassive("legacy.nothing", false, false, false, false, nil); err == nil {
+		t.Error("the missing queue was declared")
+	}
+}
