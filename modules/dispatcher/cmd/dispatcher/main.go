@@ -1,0 +1,46 @@
+// Command dispatcher runs the dispatcher module (package dispatcher) as a
+// module process under meshd. Its triggers come from its entry's config in
+// meshd's config:
+//
+//	modules:
+//	  - name: dispatcher
+//	    kind: dispatcher
+//	    path: ./bin/modules/dispatcher
+//	    tools: ["dispatcher.*"]
+//	    config:
+//	      store: /var/lib/mesh/anchor/dispatcher.db
+//	      triggers:
+//	        - name: orders
+//	          queue: legacy.orders
+//	          tool: invoice.create
+//	          inputs: {currency: EUR}
+//	          max_concurrent_runs: 4
+//	          timeout: 20s
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/meshkit/mesh/modules/dispatcher"
+	"github.com/meshkit/mesh/sdk/process"
+)
+
+func main() {
+	var cfg dispatcher.Config
+	err := process.Settings(&cfg)
+	var d *dispatcher.Dispatcher
+	if err == nil {
+		d, err = dispatcher.Open(cfg)
+	}
+	if err == nil {
+		err = process.Run(d.Module())
+		if cerr := d.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "dispatcher:", err)
+		os.Exit(1)
+	}
+}

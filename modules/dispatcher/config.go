@@ -1,0 +1,144 @@
+package dispatcher
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Defaults of the settings.
+const (
+	DefaultName    = "dispatcher"
+	DefaultTimeout = 30 * time.Second
+	// MaxConcurrentRuns bounds a trigger's max_concurrent_runs.
+	MaxConcurrentRuns = 16
+)
+
+// Config is the dispatcher's settings.
+type Config struct {
+	// Name is the module's name (default "dispatcher"); it must match its
+	// entry in meshd's config.
+	Name string `json:"name,omitempty"`
+	// Store is the path of the firing record (SQLite, created if
+	// missing), in the node's state dir.
+	Store    string    `json:"store"`
+	Triggers []Trigger `json:"triggers"`
+}
+
+// Trigger takes work from one source and hands each message to a tool.
+type Trigger struct {
+	// Name names the trigger in the firing record, logs and meshctl.
+	Name string `json:"name"`
+	// Queue is an existing broker queue to consume passively (never
+	// declared or deleted), or Pattern an AMQP topic pattern of events on
+	// the mesh. Exactly one is set.
+	Queue   string `json:"queue,omitempty"`
+	Pattern string `json:"pattern,omitempty"`
+	// Tool is the tool each message is handed to.
+	Tool string `json:"tool"`
+	// Inputs are constant fields merged into each request.
+	Inputs map[string]json.RawMessage `json:"inputs,omitempty"`
+	// MaxConcurrentRuns bounds the tool calls at once (1 to 16, default
+	// 1); for a queue it is also the prefetch.
+	MaxConcurrentRuns int `json:"max_concurrent_runs,omitempty"`
+	// SingleActiveConsumer asks for one global order across dispatchers:
+	// it needs max_concurrent_runs 1, and a queue its owner declared with
+	// x-single-active-consumer (the dispatcher never declares a queue).
+	SingleActiveConsumer bool `json:"single_active_consumer,omitempty"`
+	// Timeout bounds one call (default 30s; the module's handler timeout
+	// bounds it too).
+	Timeout Duration `json:"timeout,omitempty"`
+	// Enabled is true unless set false: a disabled trigger consumes
+	// nothing.
+	Enabled *bool `json:"enabled,omitempty"`
+}
+
+// enabled says whether the trigger consumes.
+func (t Trigger) enabled() bool { return t.Enabled == nil || *t.Enabled }
+
+// Duration is a time.Duration read from JSON as text ("10s") or as
+// nanoseconds.
+type Duration time.Duration
+
+// UnmarshalJSON reads "10s" or 10000000000.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err == nil {
+		v, err := time.ParseDuration(s)
+		if err != nil {
+			return fmt.Errorf("duration %q: %w", s, err)
+		}
+		*d = Duration(v)
+		return nil
+	}
+	var n int64
+	if err := json.Unmarshal(b, &n); err != nil {
+		return fmt.Errorf("duration %s: want text like \"10s\" or nanoseconds", b)
+	}
+	*d = Duration(n)
+	return nil
+}
+
+// MarshalJSON writes the duration as text.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+// reserved are the request fields the dispatcher sets itself.
+var reserved = []string{"message", "meta"}
+
+// check validates c and fills in the defaults.
+func (c *Config) check() error {
+	if c.Name == "" {
+		c.Name = DefaultName
+	}
+	var errs []error
+	if c.Store == "" {
+		errs = append(errs, errors.New("store: the path of the firing record is empty"))
+	}
+	if len(c.Triggers) == 0 {
+		errs = append(errs, errors.New("triggers: none configured"))
+	}
+	names := map[string]bool{}
+	for i := range c.Triggers {
+		t := &c.Triggers[i]
+		field := fmt.Sprintf("triggers[%d]", i)
+		switch {
+		case t.Name == "" || strings.ContainsAny(t.Name, " \t\n"):
+			errs = append(errs, fmt.Errorf("%s.name: %q is empty or has whitespace", field, t.Name))
+		case names[t.Name]:
+			errs = append(errs, fmt.Errorf("%s.name: %q is configured twice", field, t.Name))
+		}
+		names[t.Name] = true
+		if (t.Queue == "") == (t.Pattern == "") {
+			errs = append(errs, fmt.Errorf("%s: set exactly one of queue (an existing broker queue) and pattern (events on the mesh)", field))
+		}
+		if t.Tool == "" {
+			errs = append(errs, fmt.Errorf("%s.tool: is empty", field))
+		}
+		for _, k := range reserved {
+			if _, ok := t.Inputs[k]; ok {
+				errs = append(errs, fmt.Errorf("%s.inputs: %q is the dispatcher's own field of the request", field, k))
+			}
+		}
+		if t.MaxConcurrentRuns == 0 {
+			t.MaxConcurrentRuns = 1
+		}
+		if t.MaxConcurrentRuns < 1 || t.MaxConcurrentRuns > MaxConcurrentRuns {
+			errs = append(errs, fmt.Errorf("%s.max_concurrent_runs: %d is not from 1 to %d", field, t.MaxConcurrentRuns, MaxConcurrentRuns))
+		}
+		if t.SingleActiveConsumer && t.MaxConcurrentRuns != 1 {
+			errs = append(errs, fmt.Errorf("%s.single_active_consumer: a global order needs max_concurrent_runs 1, not %d", field, t.MaxConcurrentRuns))
+		}
+		if t.Timeout < 0 {
+			errs = append(errs, fmt.Errorf("%s.timeout: is negative", field))
+		}
+		if t.Timeout == 0 {
+			t.Timeout = Duration(DefaultTimeout)
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("dispatcher config: %w", errors.Join(errs...))
+	}
+	return nil
+}

@@ -1,0 +1,139 @@
+package dispatcher
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"time"
+
+	_ "modernc.org/sqlite" // the database/sql driver "sqlite"
+)
+
+// Outcomes of a firing, as recorded.
+const (
+	OutcomeOK       = "ok"       // the tool answered: acked
+	OutcomeRejected = "rejected" // the tool or the target refused it for good: dead-lettered
+	OutcomeFailed   = "failed"   // a transient failure: retried, dead-lettered past the attempt limit
+	OutcomeExpired  = "expired"  // its deadline passed before it was taken: dead-lettered, no call
+	OutcomeConflict = "conflict" // its id was handled with another body: dead-lettered, no call
+	OutcomeRepeated = "repeated" // its id was handled already: its first outcome, no call
+)
+
+// Fire is one firing of a trigger, as recorded.
+type Fire struct {
+	Seq         int64     `json:"seq"`
+	Trigger     string    `json:"trigger"`
+	MessageID   string    `json:"message_id,omitempty"`
+	RoutingKey  string    `json:"routing_key"`
+	Redelivered bool      `json:"redelivered,omitempty"`
+	Attempt     int       `json:"attempt"`
+	Outcome     string    `json:"outcome"`
+	Detail      string    `json:"detail,omitempty"`
+	Time        time.Time `json:"time"`
+
+	bodySum string
+}
+
+// fires is the durable record of firings (pure-Go SQLite, WAL).
+type fires struct{ db *sql.DB }
+
+const firesSchema = `
+CREATE TABLE IF NOT EXISTS fires (
+	seq         INTEGER PRIMARY KEY AUTOINCREMENT,
+	trigger     TEXT NOT NULL,
+	message_id  TEXT NOT NULL DEFAULT '',
+	body_sum    TEXT NOT NULL DEFAULT '',
+	routing_key TEXT NOT NULL DEFAULT '',
+	redelivered INTEGER NOT NULL DEFAULT 0,
+	attempt     INTEGER NOT NULL DEFAULT 0,
+	outcome     TEXT NOT NULL,
+	detail      TEXT NOT NULL DEFAULT '',
+	time_ns     INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS fires_message ON fires(trigger, message_id);
+`
+
+func openFires(path string) (*fires, error) {
+	q := url.Values{}
+	for _, p := range []string{"journal_mode(WAL)", "synchronous(FULL)", "busy_timeout(10000)"} {
+		q.Add("_pragma", p)
+	}
+	db, err := sql.Open("sqlite", "file:"+path+"?"+q.Encode())
+	if err != nil {
+		return nil, fmt.Errorf("open the firing record %s: %w", path, err)
+	}
+	if _, err := db.Exec(firesSchema); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("open the firing record %s: %w", path, err)
+	}
+	return &fires{db: db}, nil
+}
+
+func (f *fires) close() error { return f.db.Close() }
+
+// add records a firing durably.
+func (f *fires) add(ctx context.Context, x Fire) error {
+	_, err := f.db.ExecContext(ctx, `INSERT INTO fires (trigger, message_id, body_sum, routing_key, redelivered, attempt, outcome, detail, time_ns)
+		VALUES (?,?,?,?,?,?,?,?,?)`, x.Trigger, x.MessageID, x.bodySum, x.RoutingKey, x.Redelivered, x.Attempt, x.Outcome, x.Detail, x.Time.UnixNano())
+	if err != nil {
+		return fmt.Errorf("record the firing of %s for %q: %w", x.Trigger, x.MessageID, err)
+	}
+	return nil
+}
+
+// first returns the first final firing (ok, rejected, expired) of the
+// message id by the trigger.
+func (f *fires) first(ctx context.Context, trigger, id string) (Fire, bool, error) {
+	var x Fire
+	var ns int64
+	err := f.db.QueryRowContext(ctx, `SELECT seq, trigger, message_id, body_sum, routing_key, redelivered, attempt, outcome, detail, time_ns
+		FROM fires WHERE trigger = ? AND message_id = ? AND outcome IN (?, ?, ?) ORDER BY seq LIMIT 1`,
+		trigger, id, OutcomeOK, OutcomeRejected, OutcomeExpired).
+		Scan(&x.Seq, &x.Trigger, &x.MessageID, &x.bodySum, &x.RoutingKey, &x.Redelivered, &x.Attempt, &x.Outcome, &x.Detail, &ns)
+	if errors.Is(err, sql.ErrNoRows) {
+		return x, false, nil
+	}
+	if err != nil {
+		return x, false, fmt.Errorf("read the firing record: %w", err)
+	}
+	x.Time = time.Unix(0, ns).UTC()
+	return x, true, nil
+}
+
+// MaxFiresPage bounds a page of the record.
+const MaxFiresPage = 1000
+
+// list returns the firings of a trigger ("" for all) after the cursor,
+// oldest first, at most limit, and the next cursor (0 at the end).
+func (f *fires) list(ctx context.Context, trigger string, after int64, limit int) ([]Fire, int64, error) {
+	if limit <= 0 || limit > MaxFiresPage {
+		limit = MaxFiresPage
+	}
+	rows, err := f.db.QueryContext(ctx, `SELECT seq, trigger, message_id, routing_key, redelivered, attempt, outcome, detail, time_ns
+		FROM fires WHERE (? = '' OR trigger = ?) AND seq > ? ORDER BY seq LIMIT ?`, trigger, trigger, after, limit+1)
+	if err != nil {
+		return nil, 0, fmt.Errorf("read the firing record: %w", err)
+	}
+	defer rows.Close()
+	var out []Fire
+	for rows.Next() {
+		var x Fire
+		var ns int64
+		if err := rows.Scan(&x.Seq, &x.Trigger, &x.MessageID, &x.RoutingKey, &x.Redelivered, &x.Attempt, &x.Outcome, &x.Detail, &ns); err != nil {
+			return nil, 0, fmt.Errorf("read the firing record: %w", err)
+		}
+		x.Time = time.Unix(0, ns).UTC()
+		out = append(out, x)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, 0, fmt.Errorf("read the firing record: %w", err)
+	}
+	var next int64
+	if len(out) > limit {
+		out = out[:limit]
+		next = out[len(out)-1].Seq
+	}
+	return out, next, nil
+}
