@@ -30,8 +30,8 @@ type Recorder struct {
 	module string
 	grants []string // tool patterns the module may serve; nil: no limit
 
-	mu    sync.Mutex
-	fixed bool
+	mu       sync.Mutex
+	fixed    bool
 	subs     []Entry
 	tools    []Entry
 	consumes []Entry
