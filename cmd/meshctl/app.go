@@ -61,6 +61,7 @@ func app() *cli.App {
 			dlqCommand(),
 			unroutedCommand(),
 			auditCommand(),
+			dispatcherCommand(),
 		},
 	}
 }

@@ -33,7 +33,31 @@ func TestRecorder(t *testing.T) {
 			t.Errorf("%s: %v, want %v", c.name, c.err, c.want)
 		}
 	}
+	for _, c := range []struct {
+		name  string
+		queue string
+		n     int
+		h     any
+		want  error
+	}{
+		{"consume", "legacy.orders", 4, h, nil},
+		{"consume again", "legacy.orders", 4, h, wire.ErrInvalid},
+		{"consume bad name", "legacy orders", 4, h, wire.ErrInvalid},
+		{"consume no prefetch", "other", 0, h, wire.ErrInvalid},
+		{"consume big prefetch", "other", MaxConsumePrefetch + 1, h, wire.ErrInvalid},
+		{"consume nil", "other", 1, nil, wire.ErrInvalid},
+	} {
+		if err := r.Consume(c.queue, c.n, c.h); (c.want == nil) != (err == nil) || (c.want != nil && !errors.Is(err, c.want)) {
+			t.Errorf("%s: %v, want %v", c.name, err, c.want)
+		}
+	}
 	subs, tools := r.Fix()
+	if q := r.Consumed(); len(q) != 1 || q[0].Key != "legacy.orders" || q[0].Prefetch != 4 {
+		t.Errorf("consumed %+v", q)
+	}
+	if err := r.Consume("late", 1, h); !errors.Is(err, wire.ErrAlreadyStarted) {
+		t.Errorf("consume after fix: %v", err)
+	}
 	if len(subs) != 2 || subs[0].Key != "mesh.a.#" || subs[1].Key != "mesh.b.#" || len(tools) != 1 || tools[0].Key != "shop.buy" {
 		t.Errorf("recorded %+v %+v", subs, tools)
 	}

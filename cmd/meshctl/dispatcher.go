@@ -1,0 +1,89 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/meshkit/mesh/modules/dispatcher"
+)
+
+// dispatcherCommand reads a dispatcher's firing record (its tool
+// dispatcher.fires over mesh.rpc, from any node).
+func dispatcherCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "dispatcher",
+		Usage: "what the dispatcher's triggers did",
+		Subcommands: []*cli.Command{{
+			Name:      "fires",
+			Usage:     "list the firings of a trigger (or of all), oldest first: message id, routing key, attempt, outcome, detail",
+			ArgsUsage: "[TRIGGER]",
+			Flags: []cli.Flag{
+				&cli.IntFlag{Name: "limit", Value: 100, Usage: "firings per page (at most 1000)"},
+				&cli.Int64Flag{Name: "after", Usage: "start after this `SEQ`"},
+				&cli.BoolFlag{Name: "all", Usage: "follow the pages to the end"},
+				&cli.BoolFlag{Name: "json", Usage: "print JSON lines for machines"},
+				&cli.DurationFlag{Name: "timeout", Value: 30 * time.Second, Usage: "how long to wait for the dispatcher's answer"},
+			},
+			Action: dispatcherFires,
+		}},
+	}
+}
+
+func dispatcherFires(c *cli.Context) error {
+	if c.NArg() > 1 {
+		return fmt.Errorf("fires wants at most one TRIGGER, got %d arguments", c.NArg())
+	}
+	ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout"))
+	defer cancel()
+	node, err := connect(ctx, c)
+	if err != nil {
+		return err
+	}
+	defer node.Close(context.Background())
+	req := dispatcher.FiresRequest{Trigger: c.Args().First(), After: c.Int64("after"), Limit: c.Int("limit")}
+	w := c.App.Writer
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	if !c.Bool("json") {
+		fmt.Fprintln(tw, "SEQ\tTIME\tTRIGGER\tMESSAGE\tROUTING KEY\tATTEMPT\tOUTCOME\tDETAIL")
+	}
+	for {
+		var page dispatcher.FiresResponse
+		callCtx, cancel := context.WithTimeout(c.Context, c.Duration("timeout"))
+		err := node.Call(callCtx, "meshctl", dispatcher.ToolFires, req, &page)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("ask the dispatcher (is a dispatcher module running, with tools: [\"dispatcher.*\"]?): %w", err)
+		}
+		for _, f := range page.Fires {
+			if c.Bool("json") {
+				if err := json.NewEncoder(w).Encode(f); err != nil {
+					return err
+				}
+				continue
+			}
+			redelivered := ""
+			if f.Redelivered {
+				redelivered = " (redelivered)"
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d%s\t%s\t%s\n", f.Seq, timeText(f.Time), f.Trigger, f.MessageID, f.RoutingKey, f.Attempt, redelivered, f.Outcome, f.Detail)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		if page.Next == 0 {
+			return nil
+		}
+		if !c.Bool("all") {
+			if !c.Bool("json") {
+				fmt.Fprintf(w, "more: --after %d\n", page.Next)
+			}
+			return nil
+		}
+		req.After = page.Next
+	}
+}
