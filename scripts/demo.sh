@@ -9,8 +9,14 @@ scripts/ensure-rabbitmq.sh
 go build -o bin/ ./cmd/meshd ./cmd/meshctl
 go build -o bin/modules/ ./examples/modules/...
 go build -o bin/modules/audit-logger ./auditlogger/cmd/audit-logger
+go build -o bin/modules/dispatcher ./modules/dispatcher/cmd/dispatcher
+go build -o bin/modules/agent ./modules/agent/cmd/agent
+go build -o bin/ordersource ./examples/ordersource
+# The outside system's queue exists before the dispatcher consumes it
+# (the dispatcher never declares a queue it does not own).
+bin/ordersource -declare-only
 seconds="${DEMO_SECONDS:-6}"
-echo "== meshd runs umami, notifier, billing, tax and the audit logger as module processes for ${seconds}s; meshctl tail 'module.#' shows the events =="
+echo "== meshd runs umami, notifier, billing, tax, the audit logger, the dispatcher and the agent as module processes for ${seconds}s; meshctl tail 'module.#' shows the events =="
 bin/meshctl tail 'module.#' &
 tail_pid=$!
 bin/meshd run --config examples/mesh.yaml --log-level warn &
@@ -22,6 +28,14 @@ bin/meshctl call invoice.create '{"site":"demo.example","cents":1000}'
 echo "== meshctl audit trace: the audit logger's record of a site umami created, and what it caused =="
 site=$(bin/meshctl audit query --json --limit 1 --type 'module.umami.site.created' | sed -n 's/.*"id":"\([0-9A-Z]*\)".*/\1/p' | head -n 1)
 if [ -n "$site" ]; then bin/meshctl audit trace "$site"; else echo "(no site event in the audit log yet)"; fi
+echo "== an outside system publishes orders into its queue shop.orders with raw amqp091-go; the dispatcher's trigger hands each to invoice.issue, which the agent serves by running examples/agent/invoice.sh =="
+bin/ordersource -n 2
+sleep 1.5
+echo "== meshctl dispatcher fires orders: the dispatcher's record of each firing =="
+bin/meshctl dispatcher fires orders
+echo "== meshctl audit trace: from the order (outside the mesh, so not in the audit log) to the invoice the dispatcher emitted =="
+fired=$(bin/meshctl audit query --json --type 'module.dispatcher.fired' | tail -n 1 | sed -n 's/^{"seq":[0-9]*,"id":"\([0-9A-Z]*\)".*/\1/p')
+if [ -n "$fired" ]; then bin/meshctl audit trace "$fired"; else echo "(no fired event in the audit log yet)"; fi
 echo "== meshctl audit replay --dry-run: what a replay of umami's events would send again, up to now =="
 bin/meshctl audit replay --dry-run --type 'module.umami.#'
 kill -TERM "$meshd_pid"
