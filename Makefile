@@ -12,12 +12,13 @@ help: ## List targets with their descriptions
 	@grep -E '^[a-zA-Z_-]+:.*?## .*$$' $(MAKEFILE_LIST) | \
 		awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-8s\033[0m %s\n", $$1, $$2}'
 
-build: ## Build all packages, the binaries bin/meshd and bin/meshctl, and the shipped module binaries bin/modules/audit-logger and bin/modules/agent
+build: ## Build all packages, the binaries bin/meshd and bin/meshctl, and the shipped module binaries bin/modules/audit-logger, agent and dispatcher
 	$(GO) build ./...
 	$(GO) build -o bin/meshd ./cmd/meshd
 	$(GO) build -o bin/meshctl ./cmd/meshctl
 	$(GO) build -o bin/modules/audit-logger ./auditlogger/cmd/audit-logger
 	$(GO) build -o bin/modules/agent ./modules/agent/cmd/agent
+	$(GO) build -o bin/modules/dispatcher ./modules/dispatcher/cmd/dispatcher
 
 test: ## Run the whole test suite (race detector) against a local RabbitMQ, then the fault tests one at a time
 	$(ENSURE)
