@@ -320,6 +320,16 @@ modules:
     path: ""
     queue_type: stream
     prefetch: -1
+  - name: dispatcher
+    kind: dispatcher
+    path: /nonexistent/dispatcher
+    handler_timeout: 20s
+    config:
+      triggers:
+        - name: slow
+          timeout: 1m
+defaults:
+  config: {shared: true}
 `), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -328,7 +338,8 @@ modules:
 	if err == nil {
 		t.Fatal("bad config accepted")
 	}
-	for _, want := range []string{"node:", "modules[0].name:", "modules[0].path:", "modules[1].path: is empty", "modules[1]: queue_type:", "prefetch:"} {
+	for _, want := range []string{"node:", "modules[0].name:", "modules[0].path:", "modules[1].path: is empty", "modules[1]: queue_type:", "prefetch:",
+		"modules[2].config.triggers[0].timeout: 1m0s is longer than the module's handler_timeout 20s", "defaults: name, path, args and config"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error does not name %q:\n%v", want, err)
 		}

@@ -192,6 +192,9 @@ func (f File) Validate() error {
 				errs = append(errs, fmt.Errorf("%s.config: cannot be passed to the module as JSON: %w", field, err))
 			}
 		}
+		if m.Kind == "dispatcher" {
+			errs = append(errs, f.checkTriggerTimeouts(field, m)...)
+		}
 		cfg := runtime.Config{Node: "x", Module: m.ModuleConfig(), RetryMin: f.RetryMin, RetryMax: f.RetryMax, ConsumerTimeout: f.ConsumerTimeout}
 		if err := cfg.Validate(); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", field, err))
@@ -200,4 +203,44 @@ func (f File) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// checkTriggerTimeouts refuses a dispatcher trigger whose timeout the
+// module's handler timeout would cut: the handler timeout is what is held
+// against the broker's consumer timeout (CheckConsumerTimeout), so a
+// longer call is raised there, with consumer_timeout if need be.
+func (f File) checkTriggerTimeouts(field string, m Module) []error {
+	var cfg struct {
+		Triggers []struct {
+			Timeout any `json:"timeout"`
+		} `json:"triggers"`
+	}
+	raw, err := json.Marshal(m.Config)
+	if err != nil || json.Unmarshal(raw, &cfg) != nil {
+		return nil // the dispatcher names what is wrong with its config
+	}
+	handler := m.HandlerTimeout
+	if handler == 0 {
+		handler = f.Defaults.HandlerTimeout
+	}
+	if handler == 0 {
+		handler = runtime.DefaultHandlerTimeout
+	}
+	var errs []error
+	for i, t := range cfg.Triggers {
+		d := 30 * time.Second // the dispatcher's default
+		switch v := t.Timeout.(type) {
+		case string:
+			if d, err = time.ParseDuration(v); err != nil {
+				continue // the dispatcher says so
+			}
+		case float64:
+			d = time.Duration(v)
+		}
+		if d > handler {
+			errs = append(errs, fmt.Errorf("%s.config.triggers[%d].timeout: %v is longer than the module's handler_timeout %v, which would cut every call; "+
+				"raise handler_timeout (and, past the broker's consumer timeout, consumer_timeout here and in rabbitmq.conf)", field, i, d, handler))
+		}
+	}
+	return errs
 }
