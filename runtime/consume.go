@@ -34,6 +34,15 @@ func (m *Module) consumeQueues(ctx context.Context, s *session, queues []setup.E
 	return nil
 }
 
+// queueConsumer is the node's side of one consumed queue on the current
+// session: its channel, and whether it consumes (not held).
+type queueConsumer struct {
+	entry     setup.Entry
+	ch        *amqp.Channel
+	tag       string
+	consuming bool
+}
+
 func (m *Module) consumeQueue(ctx context.Context, s *session, q setup.Entry) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -56,18 +65,65 @@ func (m *Module) consumeQueue(ctx context.Context, s *session, q setup.Entry) er
 	if err := ch.Qos(q.Prefetch, 0, false); err != nil {
 		return fmt.Errorf("set prefetch: %w", err)
 	}
-	tag := "mesh." + m.node.cfg.Node + "." + m.def.Name + ".queue." + q.Key
-	deliveries, err := ch.Consume(q.Key, tag, false, false, false, false, nil)
-	if err != nil {
-		return fmt.Errorf("consume queue %s: %w", q.Key, err)
-	}
-	m.addTag(ch, tag)
+	qc := &queueConsumer{entry: q, ch: ch, tag: "mesh." + m.node.cfg.Node + "." + m.def.Name + ".queue." + q.Key}
 	go m.watch(s, ch, ch.NotifyClose(make(chan *amqp.Error, 1)), ch.NotifyCancel(make(chan string, 1)))
-	h := q.Handler.(sdk.Handler)
-	for range q.Prefetch {
-		m.startQueueWorker(q.Key, h, deliveries)
+	m.holdMu.Lock()
+	defer m.holdMu.Unlock()
+	m.queueConsumers[q.Key] = qc
+	if m.held[q.Key] {
+		m.log.Info("a consumed queue is held: not consuming it", "queue", q.Key, "messages", info.Messages)
+		return nil
+	}
+	if err := m.startConsuming(qc); err != nil {
+		return err
 	}
 	m.log.Info("consuming a queue", "queue", q.Key, "prefetch", q.Prefetch, "messages", info.Messages)
+	return nil
+}
+
+// startConsuming starts the consumer of qc and its workers. holdMu is
+// held.
+func (m *Module) startConsuming(qc *queueConsumer) error {
+	deliveries, err := qc.ch.Consume(qc.entry.Key, qc.tag, false, false, false, false, nil)
+	if err != nil {
+		return fmt.Errorf("consume queue %s: %w", qc.entry.Key, err)
+	}
+	m.addTag(qc.ch, qc.tag)
+	qc.consuming = true
+	h := qc.entry.Handler.(sdk.Handler)
+	for range qc.entry.Prefetch {
+		m.startQueueWorker(qc.entry.Key, h, deliveries)
+	}
+	return nil
+}
+
+// hold stops or starts consuming a consumed queue (sdk.Mesh.Hold). Before
+// the module consumes, it only records the wish.
+func (m *Module) hold(queue string, held bool) error {
+	if !m.setup.Consumes(queue) {
+		return fmt.Errorf("hold %q: %w: module %s does not consume that queue", queue, sdk.ErrInvalid, m.def.Name)
+	}
+	m.holdMu.Lock()
+	defer m.holdMu.Unlock()
+	m.held[queue] = held
+	qc := m.queueConsumers[queue]
+	if qc == nil || qc.ch.IsClosed() || qc.consuming == !held {
+		return nil // applied when the queue is consumed (again)
+	}
+	if !held {
+		if err := m.startConsuming(qc); err != nil {
+			return err
+		}
+		m.log.Info("consuming a held queue again", "queue", queue)
+		return nil
+	}
+	// The workers finish what was delivered; the broker delivers no more
+	// once the cancel is confirmed, and the rest stays in the queue.
+	if err := qc.ch.Cancel(qc.tag, false); err != nil {
+		return fmt.Errorf("hold %q: cancel its consumer: %w", queue, err)
+	}
+	qc.consuming = false
+	m.log.Info("holding a consumed queue", "queue", queue)
 	return nil
 }
 

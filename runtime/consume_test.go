@@ -90,3 +90,62 @@ func TestConsumeAnExistingQueue(t *testing.T) {
 		t.Error("the missing queue was declared")
 	}
 }
+
+// consumers is the number of consumers the broker counts on queue.
+func consumers(t *testing.T, ch *amqp.Channel, queue string) int {
+	t.Helper()
+	q, err := ch.QueueDeclarePassive(queue, false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return q.Consumers
+}
+
+// TestHoldAConsumedQueue: a queue held from Setup is not consumed (the
+// broker counts no consumer and its messages stay); released, its messages
+// are handled; held again, the broker counts no consumer once Hold
+// returned, and new messages stay in the queue.
+func TestHoldAConsumedQueue(t *testing.T) {
+	t.Parallel()
+	url := brokertest.VHost(t)
+	n := testNode(t, url, "anchor", nil)
+	ch := rawConn(t, url)
+	if _, err := ch.QueueDeclare("legacy.jobs", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	rec := newRecorder(nil)
+	m := load(t, n, sdk.Module{Name: "jobs", Setup: func(m sdk.Mesh) error {
+		return errors.Join(m.Consume("legacy.jobs", 2, rec), m.Hold("legacy.jobs", true))
+	}}, runtime.ModuleConfig{})
+	publish := func(body string) {
+		if err := ch.Publish("", "legacy.jobs", false, false, amqp.Publishing{Body: []byte(body)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, b := range []string{"a", "b", "c"} {
+		publish(b)
+	}
+	if c := consumers(t, ch, "legacy.jobs"); c != 0 {
+		t.Fatalf("a held queue has %d consumers", c)
+	}
+	if err := m.Mesh().Hold("legacy.jobs", false); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		rec.next(t)
+	}
+	if err := m.Mesh().Hold("legacy.jobs", true); err != nil {
+		t.Fatal(err)
+	}
+	if c := consumers(t, ch, "legacy.jobs"); c != 0 {
+		t.Errorf("held again, the queue has %d consumers", c)
+	}
+	publish("d")
+	waitFor(t, 15e9, func() bool { return queueDepth(t, ch, "legacy.jobs") == 1 })
+	if got := rec.count(); got != 3 {
+		t.Errorf("%d messages handled, want 3", got)
+	}
+	if err := m.Mesh().Hold("legacy.other", true); !errors.Is(err, sdk.ErrInvalid) {
+		t.Errorf("hold of a queue not consumed: %v", err)
+	}
+}

@@ -83,6 +83,8 @@ func (mm *moduleMesh) Consume(queue string, prefetch int, h sdk.Handler) error {
 	return mm.module.setup.Consume(queue, prefetch, h) // a nil h arrives as a nil any
 }
 
+func (mm *moduleMesh) Hold(queue string, held bool) error { return mm.module.hold(queue, held) }
+
 func (mm *moduleMesh) Serve(key string, h sdk.ToolHandler) error {
 	err := mm.module.setup.Serve(key, h)
 	if errors.Is(err, sdk.ErrForbidden) {

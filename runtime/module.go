@@ -41,19 +41,22 @@ type Module struct {
 	running atomic.Bool
 	stopped bool
 
-	tools     []tool            // fixed once started
-	queues    []setup.Entry     // existing broker queues it consumes (Consume), fixed once started
-	consumers []consumerChannel // the channels the module consumes on, on the current session
-	resumeMu  sync.Mutex        // one resume at a time
-	dedup     *dedup.Set        // ids of events handled; nil if the module allows duplicates
-	answers   *answerCache      // its tools' final answers, by request id
-	claimed   map[string]chan struct{}
-	workers   sync.WaitGroup
-	retries   map[*time.Timer]struct{}
-	handleCtx context.Context // handlers run under it; cancelled only when a stop's grace runs out
-	cancelH   context.CancelFunc
-	runCancel context.CancelFunc
-	runDone   chan struct{}
+	tools          []tool                    // fixed once started
+	queues         []setup.Entry             // existing broker queues it consumes (Consume), fixed once started
+	holdMu         sync.Mutex                // guards held and queueConsumers
+	held           map[string]bool           // consumed queues held (Hold), across sessions
+	queueConsumers map[string]*queueConsumer // the consumed queues' consumers on the current session
+	consumers      []consumerChannel         // the channels the module consumes on, on the current session
+	resumeMu       sync.Mutex                // one resume at a time
+	dedup          *dedup.Set                // ids of events handled; nil if the module allows duplicates
+	answers        *answerCache              // its tools' final answers, by request id
+	claimed        map[string]chan struct{}
+	workers        sync.WaitGroup
+	retries        map[*time.Timer]struct{}
+	handleCtx      context.Context // handlers run under it; cancelled only when a stop's grace runs out
+	cancelH        context.CancelFunc
+	runCancel      context.CancelFunc
+	runDone        chan struct{}
 }
 
 type subscription struct {
@@ -96,16 +99,18 @@ func (n *Node) Load(ctx context.Context, def sdk.Module, mc ModuleConfig) (*Modu
 		return nil, fmt.Errorf("load module %s: %w", def.Name, err)
 	}
 	m := &Module{
-		node:    n,
-		def:     def,
-		cfg:     mc,
-		queue:   queue,
-		log:     n.log.With("module", def.Name),
-		retries: make(map[*time.Timer]struct{}),
-		claimed: make(map[string]chan struct{}),
-		runDone: make(chan struct{}),
-		answers: newAnswerCache(n.cfg.DedupRetention, answerCacheBytes),
-		setup:   setup.New(def.Name, mc.ToolGrants),
+		node:           n,
+		def:            def,
+		cfg:            mc,
+		queue:          queue,
+		log:            n.log.With("module", def.Name),
+		retries:        make(map[*time.Timer]struct{}),
+		claimed:        make(map[string]chan struct{}),
+		held:           make(map[string]bool),
+		queueConsumers: make(map[string]*queueConsumer),
+		runDone:        make(chan struct{}),
+		answers:        newAnswerCache(n.cfg.DedupRetention, answerCacheBytes),
+		setup:          setup.New(def.Name, mc.ToolGrants),
 	}
 	m.mesh = &moduleMesh{module: m}
 	m.handleCtx, m.cancelH = context.WithCancel(context.Background())
@@ -268,7 +273,7 @@ func (m *Module) addTag(ch *amqp.Channel, tag string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for i := range m.consumers {
-		if m.consumers[i].ch == ch {
+		if m.consumers[i].ch == ch && !slices.Contains(m.consumers[i].tags, tag) {
 			m.consumers[i].tags = append(m.consumers[i].tags, tag)
 		}
 	}

@@ -113,6 +113,11 @@ func (n *Node) LoadPlugin(ctx context.Context, path string, args []string, mc Mo
 			if err := m.Consume(c.Queue, int(c.Prefetch), pm.forward(uint32(len(patterns)+1+k))); err != nil {
 				return err
 			}
+			if c.Held {
+				if err := m.Hold(c.Queue, true); err != nil {
+					return err
+				}
+			}
 		}
 		return nil
 	}}
@@ -598,6 +603,14 @@ func (h *hostServer) Call(ctx context.Context, r *pb.CallRequest) (*pb.CallRespo
 		}
 	}
 	return out, nil
+}
+
+func (h *hostServer) Hold(ctx context.Context, r *pb.HoldRequest) (*pb.HoldResponse, error) {
+	err := h.pm.module.mesh.Hold(r.Queue, r.Held)
+	if err != nil {
+		return &pb.HoldResponse{ErrorKind: errorKind(err), Error: err.Error()}, nil
+	}
+	return &pb.HoldResponse{}, nil
 }
 
 // errorKind names the sdk sentinel err wraps, for the module process.

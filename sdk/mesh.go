@@ -81,6 +81,16 @@ type Mesh interface {
 	// or a queue already consumed; ErrAlreadyStarted after Setup.
 	Consume(queue string, prefetch int, h Handler) error
 
+	// Hold stops consuming a queue the module consumes (Consume) while
+	// held is true, and consumes it again when it is false. What the queue
+	// holds stays there meanwhile; handlers of messages already taken
+	// finish. Called during Setup (after Consume), the module starts with
+	// the queue held. Hold returns once the node stopped or started
+	// consuming.
+	//
+	// Errors: ErrInvalid for a queue the module does not consume.
+	Hold(queue string, held bool) error
+
 	// Serve answers calls of a tool with h. Several servers of one tool,
 	// on this node or others, compete: each call is answered by one. Call
 	// it during Module.Setup, like On.

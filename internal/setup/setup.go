@@ -90,6 +90,13 @@ func (r *Recorder) Consume(queue string, prefetch int, h any) error {
 	return r.add(&r.consumes, "consume", "queue already consumed", Entry{Key: queue, Handler: h, Prefetch: prefetch})
 }
 
+// Consumes reports whether Consume recorded queue.
+func (r *Recorder) Consumes(queue string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.ContainsFunc(r.consumes, func(e Entry) bool { return e.Key == queue })
+}
+
 // Consumed returns the queues recorded by Consume. Call it after Fix.
 func (r *Recorder) Consumed() []Entry {
 	r.mu.Lock()

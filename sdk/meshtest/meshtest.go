@@ -171,6 +171,7 @@ type module struct {
 	started bool
 	subs    []subscription  // fixed when started
 	queues  []setup.Entry   // existing queues it consumes (Consume), fixed when started
+	held    map[string]bool // consumed queues held (Hold): their messages wait
 	tools   []tool          // fixed when started
 	handled map[string]bool // event ids handled, for de-duplication
 	answers map[string]*answer
@@ -221,7 +222,7 @@ func (m *Mesh) Load(def sdk.Module, mc ModuleConfig) error {
 		mc.HandlerTimeout = m.cfg.HandlerTimeout
 	}
 	mod := &module{mesh: m, def: def, cfg: mc, log: m.cfg.Logger.With("module", def.Name), setup: setup.New(def.Name, mc.ToolGrants),
-		handled: make(map[string]bool), answers: make(map[string]*answer)}
+		handled: make(map[string]bool), answers: make(map[string]*answer), held: make(map[string]bool)}
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
@@ -340,7 +341,7 @@ func (m *Mesh) Settle() {
 		m.mu.Unlock()
 	}()
 	for {
-		if len(m.pending) == 0 && len(m.retries) > 0 {
+		if !m.runnable() && len(m.retries) > 0 {
 			next := m.retries[0]
 			for _, r := range m.retries[1:] {
 				if r.due.Before(next.due) {
@@ -352,7 +353,7 @@ func (m *Mesh) Settle() {
 			}
 			m.promote()
 		}
-		if len(m.pending) == 0 {
+		if !m.runnable() {
 			m.mu.Unlock()
 			return
 		}
@@ -381,9 +382,12 @@ func (m *Mesh) Settle() {
 // id: a node holds a second copy of an id back until the first is
 // settled). m.mu is held.
 func (m *Mesh) take() []*delivery {
-	first := m.pending[0]
+	i := slices.IndexFunc(m.pending, func(d *delivery) bool { return !d.waits() })
+	first := m.pending[i]
 	batch := []*delivery{first}
 	rest := make([]*delivery, 0, len(m.pending))
+	rest = append(rest, m.pending[:i]...) // held: they wait in their queue
+	m.pending = m.pending[i:]
 	limit := first.module.cfg.Concurrency
 	if first.queue != "" {
 		limit = first.module.prefetchOf(first.queue)
@@ -398,6 +402,14 @@ func (m *Mesh) take() []*delivery {
 	}
 	m.pending = rest
 	return batch
+}
+
+// waits says whether d waits in a held queue. m.mu is held.
+func (d *delivery) waits() bool { return d.queue != "" && d.module.held[d.queue] }
+
+// runnable reports whether a pending delivery may run now. m.mu is held.
+func (m *Mesh) runnable() bool {
+	return slices.ContainsFunc(m.pending, func(d *delivery) bool { return !d.waits() })
 }
 
 // promote moves the retries due by now to the pending deliveries, in due
@@ -809,6 +821,16 @@ func (mm moduleMesh) Call(ctx context.Context, tool string, req, resp any) error
 
 func (mm moduleMesh) Consume(queue string, prefetch int, h sdk.Handler) error {
 	return mm.mod.setup.Consume(queue, prefetch, h) // a nil h arrives as a nil any
+}
+
+func (mm moduleMesh) Hold(queue string, held bool) error {
+	if !mm.mod.setup.Consumes(queue) {
+		return fmt.Errorf("hold %q: %w: module %s does not consume that queue", queue, sdk.ErrInvalid, mm.mod.def.Name)
+	}
+	mm.mod.mesh.mu.Lock()
+	defer mm.mod.mesh.mu.Unlock()
+	mm.mod.held[queue] = held
+	return nil
 }
 
 func (mm moduleMesh) Serve(key string, h sdk.ToolHandler) error {

@@ -142,7 +142,7 @@ type moduleServer struct {
 
 func (s *moduleServer) Describe(context.Context, *pb.Empty) (*pb.Description, error) {
 	s.once.Do(func() {
-		s.mesh = &pluginMesh{server: s, rec: setup.New(s.module.Name, s.toolGrants)}
+		s.mesh = &pluginMesh{server: s, rec: setup.New(s.module.Name, s.toolGrants), heldAtStart: map[string]bool{}}
 		s.mesh.inSetup.Store(true)
 		if s.module.Setup != nil {
 			s.descErr = s.module.Setup(s.mesh)
@@ -164,7 +164,7 @@ func (s *moduleServer) Describe(context.Context, *pb.Empty) (*pb.Description, er
 		s.desc.DeadLetters = s.module.DeadLetters != nil
 		for _, e := range s.mesh.rec.Consumed() {
 			s.handlers = append(s.handlers, e.Handler.(sdk.Handler))
-			s.desc.Consumes = append(s.desc.Consumes, &pb.Consume{Queue: e.Key, Prefetch: uint32(e.Prefetch)})
+			s.desc.Consumes = append(s.desc.Consumes, &pb.Consume{Queue: e.Key, Prefetch: uint32(e.Prefetch), Held: s.mesh.heldAtStart[e.Key]})
 		}
 		for _, e := range tools {
 			s.tools = append(s.tools, e.Handler.(sdk.ToolHandler))
@@ -398,6 +398,9 @@ type pluginMesh struct {
 	server  *moduleServer
 	inSetup atomic.Bool // Setup is running: On and Serve, no Emit or Call
 	rec     *setup.Recorder
+	// heldAtStart are the consumed queues Setup held (Hold), sent in the
+	// Description.
+	heldAtStart map[string]bool
 }
 
 var _ sdk.Mesh = (*pluginMesh)(nil)
@@ -463,6 +466,24 @@ func toJSON(body any) ([]byte, error) {
 }
 
 func (pm *pluginMesh) On(pattern string, h sdk.Handler) error { return pm.rec.On(pattern, h) }
+
+func (pm *pluginMesh) Hold(queue string, held bool) error {
+	if !pm.rec.Consumes(queue) {
+		return fmt.Errorf("hold %q: %w: module %s does not consume that queue", queue, sdk.ErrInvalid, pm.server.module.Name)
+	}
+	if pm.inSetup.Load() {
+		pm.heldAtStart[queue] = held // Setup runs on one goroutine; Describe sends it
+		return nil
+	}
+	<-pm.server.ready
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r, err := pm.server.host.Hold(ctx, &pb.HoldRequest{Queue: queue, Held: held})
+	if err != nil {
+		return fmt.Errorf("hold %q: %w: %v", queue, sdk.ErrConnectionLost, err)
+	}
+	return errorOf(r.ErrorKind, r.Error)
+}
 
 func (pm *pluginMesh) Consume(queue string, prefetch int, h sdk.Handler) error {
 	return pm.rec.Consume(queue, prefetch, h) // a nil h arrives as a nil any

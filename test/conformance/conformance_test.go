@@ -40,6 +40,7 @@ var scenarios = []scenario{
 	{"AttemptLimitDeadLetters", attemptLimit},
 	{"DeadLettersReachTheirHandler", deadLettersHandler},
 	{"ConsumeAnExistingQueue", consumeQueue},
+	{"HoldAConsumedQueue", holdQueue},
 	{"PanicIsAFailedAttempt", panicIsFailure},
 	{"HandlerTimeoutCancelsCtx", handlerTimeout_},
 	{"OneAtATimeInQueueOrder", queueOrder},
@@ -267,6 +268,28 @@ func consumeQueue(t *testing.T, h Host) {
 	d := h.Dead(t, 1)[0]
 	if d.ID != "order-3" || d.Queue != "conf.orders" || d.Reason != "permanent" || d.Attempts != 1 {
 		t.Errorf("dead letter %+v", d)
+	}
+}
+
+// A held queue keeps its messages: none is handed over until the module
+// releases it; then they are.
+func holdQueue(t *testing.T, h Host) {
+	h.Queue(t, "conf.orders")
+	tk := h.Load(t, "taker", ModuleConfig{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := h.Call(ctx, "taker.hold", true, nil); err != nil {
+		t.Fatal(err)
+	}
+	h.Put(t, "conf.orders", "held-1", []byte(`{}`))
+	h.Put(t, "conf.orders", "held-2", []byte(`{}`))
+	h.Settle()
+	if err := h.Call(ctx, "taker.hold", false, nil); err != nil {
+		t.Fatal(err)
+	}
+	rs := tk.WaitKind(t, "taken", 2)
+	if len(rs) != 2 || len(tk.Of(t, "taken_while_held")) != 0 {
+		t.Errorf("taken %+v, while held %+v", rs, tk.Of(t, "taken_while_held"))
 	}
 }
 

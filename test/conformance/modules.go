@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/meshkit/mesh/sdk"
@@ -374,12 +375,36 @@ func Module(name string, probe *Probe) (sdk.Module, error) {
 
 	case "taker":
 		// Consumes the existing queue conf.orders, two at a time, as each
-		// body steers it (a body that is not JSON asks nothing).
+		// body steers it (a body that is not JSON asks nothing). The tool
+		// taker.hold holds or releases the queue as its request (a bool)
+		// says; a message taken while the module holds the queue is
+		// recorded as "taken_while_held".
+		var held atomic.Bool
 		return sdk.Module{Name: name, Setup: func(m sdk.Mesh) error {
-			return m.Consume("conf.orders", 2, sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
-				probe.Add(Record{Kind: "taken", ID: ev.ID, Type: ev.Type, Queue: ev.Queue, Attempt: ev.Attempt, Value: string(ev.Body)})
-				return act(ctx, steer(ev.Body), ev.Attempt)
-			}))
+			return errors.Join(
+				m.Consume("conf.orders", 2, sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+					kind := "taken"
+					if held.Load() {
+						kind = "taken_while_held"
+					}
+					probe.Add(Record{Kind: kind, ID: ev.ID, Type: ev.Type, Queue: ev.Queue, Attempt: ev.Attempt, Value: string(ev.Body)})
+					return act(ctx, steer(ev.Body), ev.Attempt)
+				})),
+				m.Serve("taker.hold", sdk.ToolHandlerFunc(func(ctx context.Context, req sdk.Request) (any, error) {
+					var h bool
+					if err := req.Decode(&h); err != nil {
+						return nil, sdk.Permanent(err)
+					}
+					if h {
+						defer held.Store(true) // once the node stopped delivering
+					} else {
+						held.Store(false)
+					}
+					err := m.Hold("conf.orders", h)
+					probe.Add(Record{Kind: "hold", Value: fmt.Sprint(h), Err: errText(err), Is: Classify(err)})
+					return h, err
+				})),
+			)
 		}}, nil
 
 	case "runner":

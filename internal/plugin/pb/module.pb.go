@@ -161,7 +161,111 @@ func (x Outcome_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Outcome_Kind.Descriptor instead.
 func (Outcome_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{8, 0}
+	return file_module_proto_rawDescGZIP(), []int{10, 0}
+}
+
+type HoldRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Queue         string                 `protobuf:"bytes,1,opt,name=queue,proto3" json:"queue,omitempty"`
+	Held          bool                   `protobuf:"varint,2,opt,name=held,proto3" json:"held,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HoldRequest) Reset() {
+	*x = HoldRequest{}
+	mi := &file_module_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HoldRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HoldRequest) ProtoMessage() {}
+
+func (x *HoldRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_module_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HoldRequest.ProtoReflect.Descriptor instead.
+func (*HoldRequest) Descriptor() ([]byte, []int) {
+	return file_module_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *HoldRequest) GetQueue() string {
+	if x != nil {
+		return x.Queue
+	}
+	return ""
+}
+
+func (x *HoldRequest) GetHeld() bool {
+	if x != nil {
+		return x.Held
+	}
+	return false
+}
+
+type HoldResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ErrorKind     ErrorKind              `protobuf:"varint,1,opt,name=error_kind,json=errorKind,proto3,enum=mesh.plugin.v1.ErrorKind" json:"error_kind,omitempty"`
+	Error         string                 `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HoldResponse) Reset() {
+	*x = HoldResponse{}
+	mi := &file_module_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HoldResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HoldResponse) ProtoMessage() {}
+
+func (x *HoldResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_module_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HoldResponse.ProtoReflect.Descriptor instead.
+func (*HoldResponse) Descriptor() ([]byte, []int) {
+	return file_module_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *HoldResponse) GetErrorKind() ErrorKind {
+	if x != nil {
+		return x.ErrorKind
+	}
+	return ErrorKind_NONE
+}
+
+func (x *HoldResponse) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
 }
 
 type Empty struct {
@@ -172,7 +276,7 @@ type Empty struct {
 
 func (x *Empty) Reset() {
 	*x = Empty{}
-	mi := &file_module_proto_msgTypes[0]
+	mi := &file_module_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -184,7 +288,7 @@ func (x *Empty) String() string {
 func (*Empty) ProtoMessage() {}
 
 func (x *Empty) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[0]
+	mi := &file_module_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -197,7 +301,7 @@ func (x *Empty) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Empty.ProtoReflect.Descriptor instead.
 func (*Empty) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{0}
+	return file_module_proto_rawDescGZIP(), []int{2}
 }
 
 type Description struct {
@@ -224,7 +328,7 @@ type Description struct {
 
 func (x *Description) Reset() {
 	*x = Description{}
-	mi := &file_module_proto_msgTypes[1]
+	mi := &file_module_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -236,7 +340,7 @@ func (x *Description) String() string {
 func (*Description) ProtoMessage() {}
 
 func (x *Description) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[1]
+	mi := &file_module_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -249,7 +353,7 @@ func (x *Description) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Description.ProtoReflect.Descriptor instead.
 func (*Description) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{1}
+	return file_module_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Description) GetName() string {
@@ -319,13 +423,14 @@ type Consume struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Queue         string                 `protobuf:"bytes,1,opt,name=queue,proto3" json:"queue,omitempty"`
 	Prefetch      uint32                 `protobuf:"varint,2,opt,name=prefetch,proto3" json:"prefetch,omitempty"`
+	Held          bool                   `protobuf:"varint,3,opt,name=held,proto3" json:"held,omitempty"` // held from the start (sdk.Mesh.Hold during Setup)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Consume) Reset() {
 	*x = Consume{}
-	mi := &file_module_proto_msgTypes[2]
+	mi := &file_module_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -337,7 +442,7 @@ func (x *Consume) String() string {
 func (*Consume) ProtoMessage() {}
 
 func (x *Consume) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[2]
+	mi := &file_module_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -350,7 +455,7 @@ func (x *Consume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Consume.ProtoReflect.Descriptor instead.
 func (*Consume) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{2}
+	return file_module_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Consume) GetQueue() string {
@@ -365,6 +470,13 @@ func (x *Consume) GetPrefetch() uint32 {
 		return x.Prefetch
 	}
 	return 0
+}
+
+func (x *Consume) GetHeld() bool {
+	if x != nil {
+		return x.Held
+	}
+	return false
 }
 
 type ToolRequest struct {
@@ -384,7 +496,7 @@ type ToolRequest struct {
 
 func (x *ToolRequest) Reset() {
 	*x = ToolRequest{}
-	mi := &file_module_proto_msgTypes[3]
+	mi := &file_module_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -396,7 +508,7 @@ func (x *ToolRequest) String() string {
 func (*ToolRequest) ProtoMessage() {}
 
 func (x *ToolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[3]
+	mi := &file_module_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -409,7 +521,7 @@ func (x *ToolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolRequest.ProtoReflect.Descriptor instead.
 func (*ToolRequest) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{3}
+	return file_module_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ToolRequest) GetTool() uint32 {
@@ -488,7 +600,7 @@ type ToolAnswer struct {
 
 func (x *ToolAnswer) Reset() {
 	*x = ToolAnswer{}
-	mi := &file_module_proto_msgTypes[4]
+	mi := &file_module_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -500,7 +612,7 @@ func (x *ToolAnswer) String() string {
 func (*ToolAnswer) ProtoMessage() {}
 
 func (x *ToolAnswer) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[4]
+	mi := &file_module_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -513,7 +625,7 @@ func (x *ToolAnswer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolAnswer.ProtoReflect.Descriptor instead.
 func (*ToolAnswer) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{4}
+	return file_module_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ToolAnswer) GetBody() []byte {
@@ -562,7 +674,7 @@ type StartRequest struct {
 
 func (x *StartRequest) Reset() {
 	*x = StartRequest{}
-	mi := &file_module_proto_msgTypes[5]
+	mi := &file_module_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -574,7 +686,7 @@ func (x *StartRequest) String() string {
 func (*StartRequest) ProtoMessage() {}
 
 func (x *StartRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[5]
+	mi := &file_module_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -587,7 +699,7 @@ func (x *StartRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRequest.ProtoReflect.Descriptor instead.
 func (*StartRequest) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{5}
+	return file_module_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *StartRequest) GetHostBrokerId() uint32 {
@@ -634,7 +746,7 @@ type Delivery struct {
 
 func (x *Delivery) Reset() {
 	*x = Delivery{}
-	mi := &file_module_proto_msgTypes[6]
+	mi := &file_module_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -646,7 +758,7 @@ func (x *Delivery) String() string {
 func (*Delivery) ProtoMessage() {}
 
 func (x *Delivery) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[6]
+	mi := &file_module_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -659,7 +771,7 @@ func (x *Delivery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Delivery.ProtoReflect.Descriptor instead.
 func (*Delivery) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{6}
+	return file_module_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Delivery) GetSeq() uint64 {
@@ -818,7 +930,7 @@ type DeliveryBatch struct {
 
 func (x *DeliveryBatch) Reset() {
 	*x = DeliveryBatch{}
-	mi := &file_module_proto_msgTypes[7]
+	mi := &file_module_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -830,7 +942,7 @@ func (x *DeliveryBatch) String() string {
 func (*DeliveryBatch) ProtoMessage() {}
 
 func (x *DeliveryBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[7]
+	mi := &file_module_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -843,7 +955,7 @@ func (x *DeliveryBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeliveryBatch.ProtoReflect.Descriptor instead.
 func (*DeliveryBatch) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{7}
+	return file_module_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DeliveryBatch) GetDeliveries() []*Delivery {
@@ -864,7 +976,7 @@ type Outcome struct {
 
 func (x *Outcome) Reset() {
 	*x = Outcome{}
-	mi := &file_module_proto_msgTypes[8]
+	mi := &file_module_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -876,7 +988,7 @@ func (x *Outcome) String() string {
 func (*Outcome) ProtoMessage() {}
 
 func (x *Outcome) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[8]
+	mi := &file_module_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -889,7 +1001,7 @@ func (x *Outcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Outcome.ProtoReflect.Descriptor instead.
 func (*Outcome) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{8}
+	return file_module_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Outcome) GetSeq() uint64 {
@@ -922,7 +1034,7 @@ type OutcomeBatch struct {
 
 func (x *OutcomeBatch) Reset() {
 	*x = OutcomeBatch{}
-	mi := &file_module_proto_msgTypes[9]
+	mi := &file_module_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -934,7 +1046,7 @@ func (x *OutcomeBatch) String() string {
 func (*OutcomeBatch) ProtoMessage() {}
 
 func (x *OutcomeBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[9]
+	mi := &file_module_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -947,7 +1059,7 @@ func (x *OutcomeBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutcomeBatch.ProtoReflect.Descriptor instead.
 func (*OutcomeBatch) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{9}
+	return file_module_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *OutcomeBatch) GetOutcomes() []*Outcome {
@@ -976,7 +1088,7 @@ type Emit struct {
 
 func (x *Emit) Reset() {
 	*x = Emit{}
-	mi := &file_module_proto_msgTypes[10]
+	mi := &file_module_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -988,7 +1100,7 @@ func (x *Emit) String() string {
 func (*Emit) ProtoMessage() {}
 
 func (x *Emit) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[10]
+	mi := &file_module_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1001,7 +1113,7 @@ func (x *Emit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Emit.ProtoReflect.Descriptor instead.
 func (*Emit) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{10}
+	return file_module_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Emit) GetName() string {
@@ -1076,7 +1188,7 @@ type EmitBatch struct {
 
 func (x *EmitBatch) Reset() {
 	*x = EmitBatch{}
-	mi := &file_module_proto_msgTypes[11]
+	mi := &file_module_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1088,7 +1200,7 @@ func (x *EmitBatch) String() string {
 func (*EmitBatch) ProtoMessage() {}
 
 func (x *EmitBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[11]
+	mi := &file_module_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1101,7 +1213,7 @@ func (x *EmitBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EmitBatch.ProtoReflect.Descriptor instead.
 func (*EmitBatch) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{11}
+	return file_module_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *EmitBatch) GetEmits() []*Emit {
@@ -1122,7 +1234,7 @@ type EmitResult struct {
 
 func (x *EmitResult) Reset() {
 	*x = EmitResult{}
-	mi := &file_module_proto_msgTypes[12]
+	mi := &file_module_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1134,7 +1246,7 @@ func (x *EmitResult) String() string {
 func (*EmitResult) ProtoMessage() {}
 
 func (x *EmitResult) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[12]
+	mi := &file_module_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1147,7 +1259,7 @@ func (x *EmitResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EmitResult.ProtoReflect.Descriptor instead.
 func (*EmitResult) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{12}
+	return file_module_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *EmitResult) GetId() string {
@@ -1180,7 +1292,7 @@ type EmitResults struct {
 
 func (x *EmitResults) Reset() {
 	*x = EmitResults{}
-	mi := &file_module_proto_msgTypes[13]
+	mi := &file_module_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1192,7 +1304,7 @@ func (x *EmitResults) String() string {
 func (*EmitResults) ProtoMessage() {}
 
 func (x *EmitResults) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[13]
+	mi := &file_module_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1205,7 +1317,7 @@ func (x *EmitResults) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EmitResults.ProtoReflect.Descriptor instead.
 func (*EmitResults) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{13}
+	return file_module_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *EmitResults) GetResults() []*EmitResult {
@@ -1230,7 +1342,7 @@ type CallRequest struct {
 
 func (x *CallRequest) Reset() {
 	*x = CallRequest{}
-	mi := &file_module_proto_msgTypes[14]
+	mi := &file_module_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1242,7 +1354,7 @@ func (x *CallRequest) String() string {
 func (*CallRequest) ProtoMessage() {}
 
 func (x *CallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[14]
+	mi := &file_module_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1255,7 +1367,7 @@ func (x *CallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallRequest.ProtoReflect.Descriptor instead.
 func (*CallRequest) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{14}
+	return file_module_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CallRequest) GetTool() string {
@@ -1306,7 +1418,7 @@ type CallResponse struct {
 
 func (x *CallResponse) Reset() {
 	*x = CallResponse{}
-	mi := &file_module_proto_msgTypes[15]
+	mi := &file_module_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1318,7 +1430,7 @@ func (x *CallResponse) String() string {
 func (*CallResponse) ProtoMessage() {}
 
 func (x *CallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[15]
+	mi := &file_module_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1331,7 +1443,7 @@ func (x *CallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallResponse.ProtoReflect.Descriptor instead.
 func (*CallResponse) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{15}
+	return file_module_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CallResponse) GetBody() []byte {
@@ -1373,7 +1485,14 @@ var File_module_proto protoreflect.FileDescriptor
 
 const file_module_proto_rawDesc = "" +
 	"\n" +
-	"\fmodule.proto\x12\x0emesh.plugin.v1\"\a\n" +
+	"\fmodule.proto\x12\x0emesh.plugin.v1\"7\n" +
+	"\vHoldRequest\x12\x14\n" +
+	"\x05queue\x18\x01 \x01(\tR\x05queue\x12\x12\n" +
+	"\x04held\x18\x02 \x01(\bR\x04held\"^\n" +
+	"\fHoldResponse\x128\n" +
+	"\n" +
+	"error_kind\x18\x01 \x01(\x0e2\x19.mesh.plugin.v1.ErrorKindR\terrorKind\x12\x14\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\"\a\n" +
 	"\x05Empty\"\x9a\x02\n" +
 	"\vDescription\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
@@ -1384,10 +1503,11 @@ const file_module_proto_rawDesc = "" +
 	"\x05tools\x18\x06 \x03(\tR\x05tools\x12-\n" +
 	"\x12duplicates_allowed\x18\a \x03(\rR\x11duplicatesAllowed\x12!\n" +
 	"\fdead_letters\x18\b \x01(\bR\vdeadLetters\x123\n" +
-	"\bconsumes\x18\t \x03(\v2\x17.mesh.plugin.v1.ConsumeR\bconsumes\";\n" +
+	"\bconsumes\x18\t \x03(\v2\x17.mesh.plugin.v1.ConsumeR\bconsumes\"O\n" +
 	"\aConsume\x12\x14\n" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x12\x1a\n" +
-	"\bprefetch\x18\x02 \x01(\rR\bprefetch\"\xe8\x02\n" +
+	"\bprefetch\x18\x02 \x01(\rR\bprefetch\x12\x12\n" +
+	"\x04held\x18\x03 \x01(\bR\x04held\"\xe8\x02\n" +
 	"\vToolRequest\x12\x12\n" +
 	"\x04tool\x18\x01 \x01(\rR\x04tool\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x16\n" +
@@ -1513,10 +1633,11 @@ const file_module_proto_rawDesc = "" +
 	"\bDescribe\x12\x15.mesh.plugin.v1.Empty\x1a\x1b.mesh.plugin.v1.Description\x12<\n" +
 	"\x05Start\x12\x1c.mesh.plugin.v1.StartRequest\x1a\x15.mesh.plugin.v1.Empty\x12J\n" +
 	"\aDeliver\x12\x1d.mesh.plugin.v1.DeliveryBatch\x1a\x1c.mesh.plugin.v1.OutcomeBatch(\x010\x01\x12A\n" +
-	"\x06Answer\x12\x1b.mesh.plugin.v1.ToolRequest\x1a\x1a.mesh.plugin.v1.ToolAnswer2\x89\x01\n" +
+	"\x06Answer\x12\x1b.mesh.plugin.v1.ToolRequest\x1a\x1a.mesh.plugin.v1.ToolAnswer2\xcc\x01\n" +
 	"\x04Host\x12>\n" +
 	"\x04Emit\x12\x19.mesh.plugin.v1.EmitBatch\x1a\x1b.mesh.plugin.v1.EmitResults\x12A\n" +
-	"\x04Call\x12\x1b.mesh.plugin.v1.CallRequest\x1a\x1c.mesh.plugin.v1.CallResponseB,Z*github.com/meshkit/mesh/internal/plugin/pbb\x06proto3"
+	"\x04Call\x12\x1b.mesh.plugin.v1.CallRequest\x1a\x1c.mesh.plugin.v1.CallResponse\x12A\n" +
+	"\x04Hold\x12\x1b.mesh.plugin.v1.HoldRequest\x1a\x1c.mesh.plugin.v1.HoldResponseB,Z*github.com/meshkit/mesh/internal/plugin/pbb\x06proto3"
 
 var (
 	file_module_proto_rawDescOnce sync.Once
@@ -1531,57 +1652,62 @@ func file_module_proto_rawDescGZIP() []byte {
 }
 
 var file_module_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_module_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_module_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_module_proto_goTypes = []any{
 	(ErrorKind)(0),        // 0: mesh.plugin.v1.ErrorKind
 	(Outcome_Kind)(0),     // 1: mesh.plugin.v1.Outcome.Kind
-	(*Empty)(nil),         // 2: mesh.plugin.v1.Empty
-	(*Description)(nil),   // 3: mesh.plugin.v1.Description
-	(*Consume)(nil),       // 4: mesh.plugin.v1.Consume
-	(*ToolRequest)(nil),   // 5: mesh.plugin.v1.ToolRequest
-	(*ToolAnswer)(nil),    // 6: mesh.plugin.v1.ToolAnswer
-	(*StartRequest)(nil),  // 7: mesh.plugin.v1.StartRequest
-	(*Delivery)(nil),      // 8: mesh.plugin.v1.Delivery
-	(*DeliveryBatch)(nil), // 9: mesh.plugin.v1.DeliveryBatch
-	(*Outcome)(nil),       // 10: mesh.plugin.v1.Outcome
-	(*OutcomeBatch)(nil),  // 11: mesh.plugin.v1.OutcomeBatch
-	(*Emit)(nil),          // 12: mesh.plugin.v1.Emit
-	(*EmitBatch)(nil),     // 13: mesh.plugin.v1.EmitBatch
-	(*EmitResult)(nil),    // 14: mesh.plugin.v1.EmitResult
-	(*EmitResults)(nil),   // 15: mesh.plugin.v1.EmitResults
-	(*CallRequest)(nil),   // 16: mesh.plugin.v1.CallRequest
-	(*CallResponse)(nil),  // 17: mesh.plugin.v1.CallResponse
-	nil,                   // 18: mesh.plugin.v1.ToolRequest.HeadersEntry
-	nil,                   // 19: mesh.plugin.v1.Delivery.HeadersEntry
+	(*HoldRequest)(nil),   // 2: mesh.plugin.v1.HoldRequest
+	(*HoldResponse)(nil),  // 3: mesh.plugin.v1.HoldResponse
+	(*Empty)(nil),         // 4: mesh.plugin.v1.Empty
+	(*Description)(nil),   // 5: mesh.plugin.v1.Description
+	(*Consume)(nil),       // 6: mesh.plugin.v1.Consume
+	(*ToolRequest)(nil),   // 7: mesh.plugin.v1.ToolRequest
+	(*ToolAnswer)(nil),    // 8: mesh.plugin.v1.ToolAnswer
+	(*StartRequest)(nil),  // 9: mesh.plugin.v1.StartRequest
+	(*Delivery)(nil),      // 10: mesh.plugin.v1.Delivery
+	(*DeliveryBatch)(nil), // 11: mesh.plugin.v1.DeliveryBatch
+	(*Outcome)(nil),       // 12: mesh.plugin.v1.Outcome
+	(*OutcomeBatch)(nil),  // 13: mesh.plugin.v1.OutcomeBatch
+	(*Emit)(nil),          // 14: mesh.plugin.v1.Emit
+	(*EmitBatch)(nil),     // 15: mesh.plugin.v1.EmitBatch
+	(*EmitResult)(nil),    // 16: mesh.plugin.v1.EmitResult
+	(*EmitResults)(nil),   // 17: mesh.plugin.v1.EmitResults
+	(*CallRequest)(nil),   // 18: mesh.plugin.v1.CallRequest
+	(*CallResponse)(nil),  // 19: mesh.plugin.v1.CallResponse
+	nil,                   // 20: mesh.plugin.v1.ToolRequest.HeadersEntry
+	nil,                   // 21: mesh.plugin.v1.Delivery.HeadersEntry
 }
 var file_module_proto_depIdxs = []int32{
-	4,  // 0: mesh.plugin.v1.Description.consumes:type_name -> mesh.plugin.v1.Consume
-	18, // 1: mesh.plugin.v1.ToolRequest.headers:type_name -> mesh.plugin.v1.ToolRequest.HeadersEntry
-	19, // 2: mesh.plugin.v1.Delivery.headers:type_name -> mesh.plugin.v1.Delivery.HeadersEntry
-	8,  // 3: mesh.plugin.v1.DeliveryBatch.deliveries:type_name -> mesh.plugin.v1.Delivery
-	1,  // 4: mesh.plugin.v1.Outcome.kind:type_name -> mesh.plugin.v1.Outcome.Kind
-	10, // 5: mesh.plugin.v1.OutcomeBatch.outcomes:type_name -> mesh.plugin.v1.Outcome
-	12, // 6: mesh.plugin.v1.EmitBatch.emits:type_name -> mesh.plugin.v1.Emit
-	0,  // 7: mesh.plugin.v1.EmitResult.error_kind:type_name -> mesh.plugin.v1.ErrorKind
-	14, // 8: mesh.plugin.v1.EmitResults.results:type_name -> mesh.plugin.v1.EmitResult
-	0,  // 9: mesh.plugin.v1.CallResponse.error_kind:type_name -> mesh.plugin.v1.ErrorKind
-	2,  // 10: mesh.plugin.v1.Module.Describe:input_type -> mesh.plugin.v1.Empty
-	7,  // 11: mesh.plugin.v1.Module.Start:input_type -> mesh.plugin.v1.StartRequest
-	9,  // 12: mesh.plugin.v1.Module.Deliver:input_type -> mesh.plugin.v1.DeliveryBatch
-	5,  // 13: mesh.plugin.v1.Module.Answer:input_type -> mesh.plugin.v1.ToolRequest
-	13, // 14: mesh.plugin.v1.Host.Emit:input_type -> mesh.plugin.v1.EmitBatch
-	16, // 15: mesh.plugin.v1.Host.Call:input_type -> mesh.plugin.v1.CallRequest
-	3,  // 16: mesh.plugin.v1.Module.Describe:output_type -> mesh.plugin.v1.Description
-	2,  // 17: mesh.plugin.v1.Module.Start:output_type -> mesh.plugin.v1.Empty
-	11, // 18: mesh.plugin.v1.Module.Deliver:output_type -> mesh.plugin.v1.OutcomeBatch
-	6,  // 19: mesh.plugin.v1.Module.Answer:output_type -> mesh.plugin.v1.ToolAnswer
-	15, // 20: mesh.plugin.v1.Host.Emit:output_type -> mesh.plugin.v1.EmitResults
-	17, // 21: mesh.plugin.v1.Host.Call:output_type -> mesh.plugin.v1.CallResponse
-	16, // [16:22] is the sub-list for method output_type
-	10, // [10:16] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	0,  // 0: mesh.plugin.v1.HoldResponse.error_kind:type_name -> mesh.plugin.v1.ErrorKind
+	6,  // 1: mesh.plugin.v1.Description.consumes:type_name -> mesh.plugin.v1.Consume
+	20, // 2: mesh.plugin.v1.ToolRequest.headers:type_name -> mesh.plugin.v1.ToolRequest.HeadersEntry
+	21, // 3: mesh.plugin.v1.Delivery.headers:type_name -> mesh.plugin.v1.Delivery.HeadersEntry
+	10, // 4: mesh.plugin.v1.DeliveryBatch.deliveries:type_name -> mesh.plugin.v1.Delivery
+	1,  // 5: mesh.plugin.v1.Outcome.kind:type_name -> mesh.plugin.v1.Outcome.Kind
+	12, // 6: mesh.plugin.v1.OutcomeBatch.outcomes:type_name -> mesh.plugin.v1.Outcome
+	14, // 7: mesh.plugin.v1.EmitBatch.emits:type_name -> mesh.plugin.v1.Emit
+	0,  // 8: mesh.plugin.v1.EmitResult.error_kind:type_name -> mesh.plugin.v1.ErrorKind
+	16, // 9: mesh.plugin.v1.EmitResults.results:type_name -> mesh.plugin.v1.EmitResult
+	0,  // 10: mesh.plugin.v1.CallResponse.error_kind:type_name -> mesh.plugin.v1.ErrorKind
+	4,  // 11: mesh.plugin.v1.Module.Describe:input_type -> mesh.plugin.v1.Empty
+	9,  // 12: mesh.plugin.v1.Module.Start:input_type -> mesh.plugin.v1.StartRequest
+	11, // 13: mesh.plugin.v1.Module.Deliver:input_type -> mesh.plugin.v1.DeliveryBatch
+	7,  // 14: mesh.plugin.v1.Module.Answer:input_type -> mesh.plugin.v1.ToolRequest
+	15, // 15: mesh.plugin.v1.Host.Emit:input_type -> mesh.plugin.v1.EmitBatch
+	18, // 16: mesh.plugin.v1.Host.Call:input_type -> mesh.plugin.v1.CallRequest
+	2,  // 17: mesh.plugin.v1.Host.Hold:input_type -> mesh.plugin.v1.HoldRequest
+	5,  // 18: mesh.plugin.v1.Module.Describe:output_type -> mesh.plugin.v1.Description
+	4,  // 19: mesh.plugin.v1.Module.Start:output_type -> mesh.plugin.v1.Empty
+	13, // 20: mesh.plugin.v1.Module.Deliver:output_type -> mesh.plugin.v1.OutcomeBatch
+	8,  // 21: mesh.plugin.v1.Module.Answer:output_type -> mesh.plugin.v1.ToolAnswer
+	17, // 22: mesh.plugin.v1.Host.Emit:output_type -> mesh.plugin.v1.EmitResults
+	19, // 23: mesh.plugin.v1.Host.Call:output_type -> mesh.plugin.v1.CallResponse
+	3,  // 24: mesh.plugin.v1.Host.Hold:output_type -> mesh.plugin.v1.HoldResponse
+	18, // [18:25] is the sub-list for method output_type
+	11, // [11:18] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_module_proto_init() }
@@ -1595,7 +1721,7 @@ func file_module_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_module_proto_rawDesc), len(file_module_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   18,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

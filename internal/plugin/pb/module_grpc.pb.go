@@ -254,6 +254,7 @@ var Module_ServiceDesc = grpc.ServiceDesc{
 const (
 	Host_Emit_FullMethodName = "/mesh.plugin.v1.Host/Emit"
 	Host_Call_FullMethodName = "/mesh.plugin.v1.Host/Call"
+	Host_Hold_FullMethodName = "/mesh.plugin.v1.Host/Hold"
 )
 
 // HostClient is the client API for Host service.
@@ -267,6 +268,9 @@ type HostClient interface {
 	Emit(ctx context.Context, in *EmitBatch, opts ...grpc.CallOption) (*EmitResults, error)
 	// Call invokes a tool for the module.
 	Call(ctx context.Context, in *CallRequest, opts ...grpc.CallOption) (*CallResponse, error)
+	// Hold stops or starts consuming a queue the module consumes
+	// (sdk.Mesh.Hold).
+	Hold(ctx context.Context, in *HoldRequest, opts ...grpc.CallOption) (*HoldResponse, error)
 }
 
 type hostClient struct {
@@ -297,6 +301,16 @@ func (c *hostClient) Call(ctx context.Context, in *CallRequest, opts ...grpc.Cal
 	return out, nil
 }
 
+func (c *hostClient) Hold(ctx context.Context, in *HoldRequest, opts ...grpc.CallOption) (*HoldResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(HoldResponse)
+	err := c.cc.Invoke(ctx, Host_Hold_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // HostServer is the server API for Host service.
 // All implementations must embed UnimplementedHostServer
 // for forward compatibility.
@@ -308,6 +322,9 @@ type HostServer interface {
 	Emit(context.Context, *EmitBatch) (*EmitResults, error)
 	// Call invokes a tool for the module.
 	Call(context.Context, *CallRequest) (*CallResponse, error)
+	// Hold stops or starts consuming a queue the module consumes
+	// (sdk.Mesh.Hold).
+	Hold(context.Context, *HoldRequest) (*HoldResponse, error)
 	mustEmbedUnimplementedHostServer()
 }
 
@@ -323,6 +340,9 @@ func (UnimplementedHostServer) Emit(context.Context, *EmitBatch) (*EmitResults, 
 }
 func (UnimplementedHostServer) Call(context.Context, *CallRequest) (*CallResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Call not implemented")
+}
+func (UnimplementedHostServer) Hold(context.Context, *HoldRequest) (*HoldResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Hold not implemented")
 }
 func (UnimplementedHostServer) mustEmbedUnimplementedHostServer() {}
 func (UnimplementedHostServer) testEmbeddedByValue()              {}
@@ -381,6 +401,24 @@ func _Host_Call_Handler(srv interface{}, ctx context.Context, dec func(interface
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Host_Hold_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(HoldRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HostServer).Hold(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Host_Hold_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HostServer).Hold(ctx, req.(*HoldRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Host_ServiceDesc is the grpc.ServiceDesc for Host service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -395,6 +433,10 @@ var Host_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Call",
 			Handler:    _Host_Call_Handler,
+		},
+		{
+			MethodName: "Hold",
+			Handler:    _Host_Hold_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
