@@ -17,7 +17,7 @@ import (
 func dispatcherCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "dispatcher",
-		Usage: "what the dispatcher's triggers did",
+		Usage: "what the dispatcher's triggers did; pause and resume them",
 		Subcommands: []*cli.Command{{
 			Name:      "fires",
 			Usage:     "list the firings of a trigger (or of all), oldest first: message id, routing key, attempt, outcome, detail",
@@ -30,8 +30,43 @@ func dispatcherCommand() *cli.Command {
 				&cli.DurationFlag{Name: "timeout", Value: 30 * time.Second, Usage: "how long to wait for the dispatcher's answer"},
 			},
 			Action: dispatcherFires,
+		}, {
+			Name:      "pause",
+			Usage:     "stop a queue trigger consuming; its queue keeps its messages, and it stays paused across restarts",
+			ArgsUsage: "TRIGGER",
+			Flags:     []cli.Flag{&cli.DurationFlag{Name: "timeout", Value: 30 * time.Second, Usage: "how long to wait for the dispatcher's answer"}},
+			Action:    func(c *cli.Context) error { return dispatcherPause(c, dispatcher.ToolPause) },
+		}, {
+			Name:      "resume",
+			Usage:     "start a paused trigger consuming again",
+			ArgsUsage: "TRIGGER",
+			Flags:     []cli.Flag{&cli.DurationFlag{Name: "timeout", Value: 30 * time.Second, Usage: "how long to wait for the dispatcher's answer"}},
+			Action:    func(c *cli.Context) error { return dispatcherPause(c, dispatcher.ToolResume) },
 		}},
 	}
+}
+
+func dispatcherPause(c *cli.Context, tool string) error {
+	if c.NArg() != 1 {
+		return fmt.Errorf("%s wants one TRIGGER, got %d arguments", c.Command.Name, c.NArg())
+	}
+	ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout"))
+	defer cancel()
+	node, err := connect(ctx, c)
+	if err != nil {
+		return err
+	}
+	defer node.Close(context.Background())
+	var r dispatcher.PauseResponse
+	if err := node.Call(ctx, "meshctl", tool, dispatcher.PauseRequest{Trigger: c.Args().First()}, &r); err != nil {
+		return fmt.Errorf("ask the dispatcher (is a dispatcher module running, with tools: [\"dispatcher.*\"]?): %w", err)
+	}
+	state := "consuming"
+	if r.Paused {
+		state = "paused: its queue keeps its messages"
+	}
+	_, err = fmt.Fprintf(c.App.Writer, "trigger %s %s\n", r.Trigger, state)
+	return err
 }
 
 func dispatcherFires(c *cli.Context) error {

@@ -95,4 +95,17 @@ func TestDispatcherFires(t *testing.T) {
 	if out, err := run("nope"); err == nil || !strings.Contains(out, `no trigger "nope"`) {
 		t.Errorf("fires of an unknown trigger: %v\n%s", err, out)
 	}
+	ctl := func(args ...string) (string, error) {
+		out, err := exec.CommandContext(ctx, bin, append([]string{"--amqp-url", url, "dispatcher"}, args...)...).CombinedOutput()
+		return string(out), err
+	}
+	if out, err := ctl("pause", "orders"); err != nil || !strings.Contains(out, "trigger orders paused") {
+		t.Errorf("pause: %v\n%s", err, out)
+	}
+	if q, err := ch.QueueDeclarePassive("legacy.orders", true, false, false, false, nil); err != nil || q.Consumers != 0 {
+		t.Errorf("paused: %d consumers (%v)", q.Consumers, err)
+	}
+	if out, err := ctl("resume", "orders"); err != nil || !strings.Contains(out, "trigger orders consuming") {
+		t.Errorf("resume: %v\n%s", err, out)
+	}
 }

@@ -18,6 +18,9 @@
 //	its own deadline (x-deadline) has passed   dead-letter as expired, without calling the tool
 //
 // Never more than max_concurrent_runs calls of a trigger run at once.
+// dispatcher.pause and dispatcher.resume (`meshctl dispatcher pause|resume
+// TRIGGER`) stop and start a queue trigger at run time: its queue keeps its
+// messages meanwhile, and a paused trigger stays paused across restarts.
 // Every firing is recorded durably (Store, pure-Go SQLite): trigger,
 // message id, routing key, redelivered, attempt, outcome, detail, time;
 // the tool dispatcher.fires and `meshctl dispatcher fires TRIGGER` read
@@ -50,7 +53,11 @@ import (
 )
 
 // Tool keys the dispatcher serves.
-const ToolFires = "dispatcher.fires"
+const (
+	ToolFires  = "dispatcher.fires"
+	ToolPause  = "dispatcher.pause"
+	ToolResume = "dispatcher.resume"
+)
 
 // Dispatcher runs the triggers of a Config.
 type Dispatcher struct {
@@ -82,7 +89,15 @@ func (d *Dispatcher) Module() sdk.Module {
 		calls = append(calls, t.Tool)
 	}
 	return sdk.Module{Name: d.cfg.Name, Kind: sdk.KindDispatcher, Emits: []string{"fired"}, Calls: calls, Setup: func(m sdk.Mesh) error {
-		errs := []error{m.Serve(ToolFires, sdk.ToolHandlerFunc(d.listFires))}
+		paused, err := d.fires.paused(context.Background())
+		if err != nil {
+			return err
+		}
+		errs := []error{
+			m.Serve(ToolFires, sdk.ToolHandlerFunc(d.listFires)),
+			m.Serve(ToolPause, d.pauser(m, true)),
+			m.Serve(ToolResume, d.pauser(m, false)),
+		}
 		for _, t := range d.cfg.Triggers {
 			if !t.enabled() {
 				m.Logger().Info("trigger disabled; it consumes nothing", "trigger", t.Name)
@@ -91,6 +106,10 @@ func (d *Dispatcher) Module() sdk.Module {
 			h := d.handler(t, m)
 			if t.Queue != "" {
 				errs = append(errs, m.Consume(t.Queue, t.MaxConcurrentRuns, h))
+				if paused[t.Name] {
+					m.Logger().Info("trigger paused; its queue keeps its messages", "trigger", t.Name, "queue", t.Queue)
+					errs = append(errs, m.Hold(t.Queue, true))
+				}
 			} else {
 				errs = append(errs, m.On(t.Pattern, h))
 			}
@@ -215,6 +234,49 @@ func (d *Dispatcher) decide(ctx context.Context, t Trigger, m sdk.Mesh, ev sdk.E
 	}
 }
 
+// PauseRequest is the request of dispatcher.pause and dispatcher.resume.
+type PauseRequest struct {
+	Trigger string `json:"trigger"`
+}
+
+// PauseResponse says what the trigger is now.
+type PauseResponse struct {
+	Trigger string `json:"trigger"`
+	Paused  bool   `json:"paused"`
+}
+
+// pauser pauses (or resumes) a queue trigger: the node stops (or starts)
+// consuming its queue, which keeps its messages meanwhile, and the state
+// is recorded so that it holds across restarts. A pattern trigger shares
+// the module's queue and cannot be paused alone.
+func (d *Dispatcher) pauser(m sdk.Mesh, pause bool) sdk.ToolHandler {
+	return sdk.ToolHandlerFunc(func(ctx context.Context, req sdk.Request) (any, error) {
+		var r PauseRequest
+		if err := req.Decode(&r); err != nil {
+			return nil, &sdk.ToolError{Code: "bad_request", Message: err.Error(), Permanent: true}
+		}
+		t, ok := d.trigger(r.Trigger)
+		switch {
+		case !ok:
+			return nil, &sdk.ToolError{Code: "not_found", Message: fmt.Sprintf("no trigger %q", r.Trigger), Permanent: true}
+		case t.Queue == "":
+			return nil, &sdk.ToolError{Code: "bad_request", Permanent: true,
+				Message: fmt.Sprintf("trigger %s takes events by pattern on the module's own queue, which it shares with the other pattern triggers: set enabled: false and reload instead", t.Name)}
+		case !t.enabled():
+			return nil, &sdk.ToolError{Code: "bad_request", Message: fmt.Sprintf("trigger %s is disabled in the config", t.Name), Permanent: true}
+		}
+		// Recorded first: if holding fails, a retry finds the same state.
+		if err := d.fires.setPaused(ctx, t.Name, pause, d.now()); err != nil {
+			return nil, err
+		}
+		if err := m.Hold(t.Queue, pause); err != nil {
+			return nil, fmt.Errorf("trigger %s: %w", t.Name, err)
+		}
+		m.Logger().Info("trigger paused or resumed", "trigger", t.Name, "paused", pause)
+		return PauseResponse{Trigger: t.Name, Paused: pause}, nil
+	})
+}
+
 // FiresRequest is dispatcher.fires' request: a trigger ("" for all) and
 // a page.
 type FiresRequest struct {
@@ -251,10 +313,15 @@ func (d *Dispatcher) listFires(ctx context.Context, req sdk.Request) (any, error
 }
 
 func (d *Dispatcher) hasTrigger(name string) bool {
+	_, ok := d.trigger(name)
+	return ok
+}
+
+func (d *Dispatcher) trigger(name string) (Trigger, bool) {
 	for _, t := range d.cfg.Triggers {
 		if t.Name == name {
-			return true
+			return t, true
 		}
 	}
-	return false
+	return Trigger{}, false
 }

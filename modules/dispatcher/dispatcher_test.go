@@ -380,3 +380,79 @@ func TestConfig(t *testing.T) {
 		}
 	}
 }
+
+// consumers is the number of consumers the broker counts on queue.
+func (w *world) consumers(t *testing.T, queue string) int {
+	t.Helper()
+	q, err := w.ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return q.Consumers
+}
+
+// TestPauseResume: a paused trigger stops consuming (the broker counts no
+// consumer) and its queue keeps what arrives; it stays paused when the
+// module starts again; resumed, it fires what waited. A pattern trigger
+// cannot be paused alone.
+func TestPauseResume(t *testing.T) {
+	w := newWorld(t)
+	ts := &tools{calls: map[string][]json.RawMessage{}}
+	w.load(t, ts.module(), runtime.ModuleConfig{})
+	w.queue(t, "legacy.orders")
+	store := filepath.Join(t.TempDir(), "fires.db")
+	cfg := dispatcher.Config{Store: store, Triggers: []dispatcher.Trigger{
+		{Name: "orders", Queue: "legacy.orders", Tool: "t.ok"},
+		{Name: "events", Pattern: "mesh.order.#", Tool: "t.ok"},
+	}}
+	start := func() *runtime.Module {
+		d, err := dispatcher.Open(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Close() })
+		m, err := w.node.Load(w.ctx, d.Module(), runtime.ModuleConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	m := start()
+	call := func(tool, trigger string) (dispatcher.PauseResponse, error) {
+		var r dispatcher.PauseResponse
+		err := w.node.Call(w.ctx, "test", tool, dispatcher.PauseRequest{Trigger: trigger}, &r)
+		return r, err
+	}
+	if r, err := call(dispatcher.ToolPause, "orders"); err != nil || !r.Paused {
+		t.Fatalf("pause: %+v, %v", r, err)
+	}
+	if c := w.consumers(t, "legacy.orders"); c != 0 {
+		t.Fatalf("a paused trigger's queue has %d consumers", c)
+	}
+	for i := range 3 {
+		w.publish(t, "legacy.orders", fmt.Sprint("p-", i), []byte(`{}`), nil)
+	}
+	if err := m.Stop(w.ctx); err != nil {
+		t.Fatal(err)
+	}
+	m = start() // a restart: still paused
+	t.Cleanup(func() { m.Stop(context.Background()) })
+	if c, n := w.consumers(t, "legacy.orders"), w.depth(t, "legacy.orders"); c != 0 || n != 3 {
+		t.Fatalf("after a restart: %d consumers, %d messages; want 0 and 3", c, n)
+	}
+	if r, err := call(dispatcher.ToolResume, "orders"); err != nil || r.Paused {
+		t.Fatalf("resume: %+v, %v", r, err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); len(w.fires(t, "orders")) < 3; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of 3 fired after the resume", len(w.fires(t, "orders")))
+		}
+	}
+	var te *sdk.ToolError
+	if _, err := call(dispatcher.ToolPause, "events"); !errors.As(err, &te) || te.Code != "bad_request" {
+		t.Errorf("pausing a pattern trigger: %v", err)
+	}
+	if _, err := call(dispatcher.ToolPause, "nope"); !errors.As(err, &te) || te.Code != "not_found" {
+		t.Errorf("pausing an unknown trigger: %v", err)
+	}
+}

@@ -53,6 +53,10 @@ CREATE TABLE IF NOT EXISTS fires (
 	time_ns     INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS fires_message ON fires(trigger, message_id);
+CREATE TABLE IF NOT EXISTS paused (
+	trigger   TEXT PRIMARY KEY,
+	since_ns  INTEGER NOT NULL
+);
 `
 
 func openFires(path string) (*fires, error) {
@@ -136,4 +140,37 @@ func (f *fires) list(ctx context.Context, trigger string, after int64, limit int
 		next = out[len(out)-1].Seq
 	}
 	return out, next, nil
+}
+
+// setPaused records that a trigger is paused (or no longer), durably, so
+// that it stays paused across restarts.
+func (f *fires) setPaused(ctx context.Context, trigger string, paused bool, at time.Time) error {
+	var err error
+	if paused {
+		_, err = f.db.ExecContext(ctx, `INSERT INTO paused (trigger, since_ns) VALUES (?, ?) ON CONFLICT(trigger) DO NOTHING`, trigger, at.UnixNano())
+	} else {
+		_, err = f.db.ExecContext(ctx, `DELETE FROM paused WHERE trigger = ?`, trigger)
+	}
+	if err != nil {
+		return fmt.Errorf("record that trigger %s is paused (%v): %w", trigger, paused, err)
+	}
+	return nil
+}
+
+// paused returns the paused triggers.
+func (f *fires) paused(ctx context.Context) (map[string]bool, error) {
+	rows, err := f.db.QueryContext(ctx, `SELECT trigger FROM paused`)
+	if err != nil {
+		return nil, fmt.Errorf("read the paused triggers: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]bool{}
+	for rows.Next() {
+		var t string
+		if err := rows.Scan(&t); err != nil {
+			return nil, fmt.Errorf("read the paused triggers: %w", err)
+		}
+		out[t] = true
+	}
+	return out, rows.Err()
 }
