@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"reflect"
 	"syscall"
 	"time"
 
@@ -113,34 +114,113 @@ func run(c *cli.Context) error {
 		}
 		defer srv.Close()
 	}
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	running := map[string]*loaded{}
 	for i, m := range f.Modules {
-		pm, err := node.LoadPlugin(ctx, m.Path, m.Args, m.ModuleConfig())
-		if err == nil && (pm.Name() != m.Name || (m.Kind != "" && string(pm.Kind()) != m.Kind)) {
-			err = fmt.Errorf("modules[%d]: the config says %s (kind %q), the binary %s says %s (kind %q)",
-				i, m.Name, m.Kind, m.Path, pm.Name(), pm.Kind())
-		}
+		pm, err := loadModule(ctx, node, i, m)
 		if err != nil {
 			return errors.Join(err, shutdown())
 		}
+		running[m.Name] = &loaded{entry: m, pm: pm}
 	}
 	if _, err := node.Emit(ctx, node.Name(), "node."+node.Name()+".joined", map[string]any{"modules": len(f.Modules)}); err != nil {
 		log.Warn("could not announce the node", "err", err)
 	}
-	log.Info("node running; SIGTERM or SIGINT stops it", "modules", len(f.Modules))
-	select {
-	case <-ctx.Done():
-	case <-node.Done():
-		// The node cannot go on (another node took its name while it was
-		// reconnecting): exit non-zero; unacked deliveries return to their
-		// queues and the spool keeps what was not confirmed.
-		_ = node.Close(context.Background())
-		return node.Err()
+	log.Info("node running; SIGTERM or SIGINT stops it, SIGHUP reloads the modules' config", "modules", len(f.Modules))
+	for done := false; !done; {
+		select {
+		case <-ctx.Done():
+			done = true
+		case <-hup:
+			reload(ctx, c, f, node, running, log)
+		case <-node.Done():
+			// The node cannot go on (another node took its name while it was
+			// reconnecting): exit non-zero; unacked deliveries return to their
+			// queues and the spool keeps what was not confirmed.
+			_ = node.Close(context.Background())
+			return node.Err()
+		}
 	}
 	if err := shutdown(); err != nil {
 		return fmt.Errorf("stop: %w", err)
 	}
 	log.Info("node stopped")
 	return nil
+}
+
+// loaded is a module meshd runs, with the config entry it was loaded
+// from.
+type loaded struct {
+	entry nodeconfig.Module
+	pm    *runtime.PluginModule
+}
+
+// loadModule starts the module of entry i and checks that the binary is
+// what the entry says.
+func loadModule(ctx context.Context, node *runtime.Node, i int, m nodeconfig.Module) (*runtime.PluginModule, error) {
+	pm, err := node.LoadPlugin(ctx, m.Path, m.Args, m.ModuleConfig())
+	if err == nil && (pm.Name() != m.Name || (m.Kind != "" && string(pm.Kind()) != m.Kind)) {
+		err = fmt.Errorf("modules[%d]: the config says %s (kind %q), the binary %s says %s (kind %q)",
+			i, m.Name, m.Kind, m.Path, pm.Name(), pm.Kind())
+		stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = pm.Stop(stopCtx)
+	}
+	return pm, err
+}
+
+// reload reads the config again (SIGHUP) and applies what changed in its
+// modules: a module removed is stopped, one added is started, and one
+// whose entry changed (its settings, say the dispatcher's triggers) is
+// stopped and started again. A stop lets the handlers in flight finish
+// within the grace period and returns what was not finished to the
+// queues, so no work is lost. A config that does not validate changes
+// nothing. Node settings (name, broker, state dir...) need a restart.
+func reload(ctx context.Context, c *cli.Context, was nodeconfig.File, node *runtime.Node, running map[string]*loaded, log *slog.Logger) {
+	f, err := config(c)
+	if err != nil {
+		log.Error("reload: the config does not validate; nothing changed", "err", err)
+		return
+	}
+	if !reflect.DeepEqual(f.Runtime(), was.Runtime()) {
+		log.Warn("reload: the node's own settings changed; they apply when meshd restarts")
+	}
+	stop := func(name string) {
+		stopCtx, cancel := context.WithTimeout(context.Background(), was.Grace+5*time.Second)
+		defer cancel()
+		if err := running[name].pm.Stop(stopCtx); err != nil {
+			log.Warn("reload: stopping a module", "module", name, "err", err)
+		}
+		delete(running, name)
+	}
+	want := map[string]bool{}
+	var stopped, started int
+	for i, m := range f.Modules {
+		want[m.Name] = true
+		if l, ok := running[m.Name]; ok {
+			if reflect.DeepEqual(l.entry, m) {
+				continue
+			}
+			stop(m.Name)
+			stopped++
+		}
+		pm, err := loadModule(ctx, node, i, m)
+		if err != nil {
+			log.Error("reload: a module did not start", "module", m.Name, "err", err)
+			continue
+		}
+		running[m.Name] = &loaded{entry: m, pm: pm}
+		started++
+	}
+	for name := range running {
+		if !want[name] {
+			stop(name)
+			stopped++
+		}
+	}
+	log.Info("config reloaded", "stopped", stopped, "started", started, "running", len(running))
 }
 
 // serveHealth answers /healthz (the process runs), /readyz (the node has
