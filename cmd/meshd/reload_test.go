@@ -74,7 +74,9 @@ func TestReloadOnSIGHUP(t *testing.T) {
 		return m.Serve("work.do", sdk.ToolHandlerFunc(func(ctx context.Context, r sdk.Request) (any, error) {
 			var req struct {
 				Round string
-				Meta  struct{ MessageID string `json:"message_id"` }
+				Meta  struct {
+					MessageID string `json:"message_id"`
+				}
 			}
 			if err := r.Decode(&req); err != nil {
 				return nil, sdk.Permanent(err)
