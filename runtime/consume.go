@@ -151,6 +151,10 @@ func (m *Module) handleQueued(queue string, h sdk.Handler, d amqp.Delivery, deli
 		attempt = int(n) + 1
 	}
 	ev := queuedEventOf(d, queue, attempt)
+	if deadline, expired := wire.Expired(ev.Headers[wire.HeaderDeadline], time.Now()); expired {
+		m.deadLetter(src, d, ev.Type, attempt, wire.DeadReasonExpired, fmt.Errorf("its deadline %s passed before a handler took it", deadline.Format(time.RFC3339Nano)))
+		return false
+	}
 	if !src.quorum && d.Redelivered {
 		// As for the module's classic queue: the last delivery was never
 		// settled, which counts as an attempt.

@@ -74,8 +74,9 @@ type Mesh interface {
 	// bytes as they came (not necessarily JSON). Outcomes are an event
 	// handler's: nil acknowledges; an error is retried with back-off up
 	// to the attempt limit, then, like a Permanent error at once,
-	// dead-lettered to mesh.events.dead with the queue's name. Call it
-	// during Module.Setup, like On.
+	// dead-lettered to mesh.events.dead with the queue's name. A message
+	// whose x-deadline header (RFC 3339) has passed is dead-lettered as
+	// "expired" without reaching h. Call it during Module.Setup, like On.
 	//
 	// Errors: ErrInvalid for a bad queue name or prefetch, a nil handler
 	// or a queue already consumed; ErrAlreadyStarted after Setup.

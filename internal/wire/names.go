@@ -1,5 +1,7 @@
 package wire
 
+import "time"
+
 // Exchanges, all durable, declared identically by every node.
 const (
 	// ExchangeEvents is the topic exchange every event rides.
@@ -72,6 +74,7 @@ const (
 	DeadReasonDeliveryLimit = "delivery_limit" // every attempt failed
 	DeadReasonMalformed     = "malformed"      // the message breaks the contract
 	DeadReasonNoHandler     = "no_handler"     // no subscribed pattern matches it (a binding left from an earlier run)
+	DeadReasonExpired       = "expired"        // its x-deadline passed before a handler took it (a consumed queue's message)
 )
 
 // Origins are the reserved first words of an event type.
@@ -122,4 +125,17 @@ const (
 // ServeQueue is the durable queue shared by every server of a tool.
 func ServeQueue(tool string) string {
 	return "serve." + tool
+}
+
+// Expired reports whether headers carry an x-deadline (RFC 3339) that is
+// not after now, and returns it.
+func Expired(deadline string, now time.Time) (time.Time, bool) {
+	if deadline == "" {
+		return time.Time{}, false
+	}
+	t, err := time.Parse(time.RFC3339Nano, deadline)
+	if err != nil {
+		return time.Time{}, false
+	}
+	return t, !now.Before(t)
 }

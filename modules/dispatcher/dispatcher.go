@@ -16,6 +16,7 @@
 //	timeout, overload, transport, no server    retry with back-off, bounded; then dead-letter
 //	the target key is bad or not granted       dead-letter at once with that reason
 //	its own deadline (x-deadline) has passed   dead-letter as expired, without calling the tool
+//	                                             (for a queue, the node does it before the trigger sees it)
 //
 // Never more than max_concurrent_runs calls of a trigger run at once.
 // dispatcher.pause and dispatcher.resume (`meshctl dispatcher pause|resume

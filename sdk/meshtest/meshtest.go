@@ -553,7 +553,10 @@ type handled struct {
 	dedup   bool // the module de-duplicates this event's id
 	skipped bool // already handled: acknowledged without running
 	expired bool // its time to live ran out while it waited: not run
-	err     error
+	// deadlinePassed: a consumed queue's message whose x-deadline passed:
+	// not run.
+	deadlinePassed bool
+	err            error
 }
 
 // handle runs one delivery's handler, unless the module already handled
@@ -567,6 +570,14 @@ func (mod *module) handle(d *delivery) handled {
 		}
 	}
 	h := handled{ev: d.ev, dedup: !mod.cfg.AllowDuplicates && !wire.AllowsDuplicates(sub.handler)}
+	if d.queue != "" {
+		mod.mesh.mu.Lock()
+		_, h.deadlinePassed = wire.Expired(d.ev.Headers[wire.HeaderDeadline], mod.mesh.now)
+		mod.mesh.mu.Unlock()
+		if h.deadlinePassed {
+			return h
+		}
+	}
 	if d.dead {
 		sub.handler, h.dedup = mod.def.DeadLetters, false // dead letters are not de-duplicated
 	}
@@ -601,6 +612,8 @@ func (mod *module) settle(d *delivery, h handled) {
 		// A dead letter is never dead-lettered again.
 		mod.log.Error("dead letter dropped by the module's DeadLetters handler", "event_id", h.ev.ID, "attempt", d.attempt, "err", h.err)
 	case h.skipped:
+	case h.deadlinePassed:
+		m.deadLetter(mod, d, h.ev, wire.DeadReasonExpired, d.attempt, "its deadline "+h.ev.Headers[wire.HeaderDeadline]+" passed before a handler took it")
 	case h.expired:
 		m.deadLetter(mod, d, h.ev, "expired", d.attempt-1, "time to live ran out in the queue")
 	case h.err == nil:

@@ -128,3 +128,50 @@ func TestTTLExpiresOnTheClock(t *testing.T) {
 		t.Errorf("handled %d, dead letters %+v; want the late event expired unhandled, the retried one after 1 attempt", handled, dl)
 	}
 }
+
+// TestPutHoldAndDeadline: a message put into a consumed queue waits while
+// the queue is held, is handled once released, and one whose x-deadline
+// passed on the mesh's clock is dead-lettered as expired, unhandled.
+func TestPutHoldAndDeadline(t *testing.T) {
+	start := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	mt := meshtest.New(meshtest.Config{Start: start})
+	defer mt.Close()
+	var got []string
+	var m sdk.Mesh
+	if err := mt.Load(sdk.Module{Name: "taker", Setup: func(mm sdk.Mesh) error {
+		m = mm
+		return errors.Join(mm.Consume("legacy.orders", 1, sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			got = append(got, ev.ID+"@"+ev.Queue)
+			return nil
+		})), mm.Hold("legacy.orders", true))
+	}}, meshtest.ModuleConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := mt.Put("legacy.orders", "o-1", "", []byte("raw"), nil); err != nil {
+		t.Fatal(err)
+	}
+	late := start.Add(-time.Second).Format(time.RFC3339Nano)
+	if err := mt.Put("legacy.orders", "o-2", "", []byte("raw"), map[string]string{"x-deadline": late}); err != nil {
+		t.Fatal(err)
+	}
+	mt.Settle()
+	if len(got) != 0 || len(mt.DeadLetters()) != 0 {
+		t.Fatalf("a held queue's messages ran: %v, %+v", got, mt.DeadLetters())
+	}
+	if err := m.Hold("legacy.orders", false); err != nil {
+		t.Fatal(err)
+	}
+	mt.Settle()
+	if len(got) != 1 || got[0] != "o-1@legacy.orders" {
+		t.Errorf("handled %v", got)
+	}
+	if dl := mt.DeadLetters(); len(dl) != 1 || dl[0].Event.ID != "o-2" || dl[0].Reason != "expired" || dl[0].Queue != "legacy.orders" {
+		t.Errorf("dead letters %+v", dl)
+	}
+	if err := mt.Put("legacy.nobody", "x", "", nil, nil); err == nil {
+		t.Error("a put into a queue no module consumes was accepted")
+	}
+	if err := m.Hold("legacy.nobody", true); !errors.Is(err, sdk.ErrInvalid) {
+		t.Errorf("hold of a queue not consumed: %v", err)
+	}
+}
