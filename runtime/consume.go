@@ -47,6 +47,13 @@ func (m *Module) consumeQueue(ctx context.Context, s *session, q setup.Entry) er
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if q.Exclusive {
+		if err := checkQueue(s, q.Key); err != nil {
+			return err
+		}
+		go m.standBy(s, q)
+		return nil
+	}
 	ch, err := s.subConn.Channel()
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
@@ -56,11 +63,7 @@ func (m *Module) consumeQueue(ctx context.Context, s *session, q setup.Entry) er
 	}
 	info, err := ch.QueueDeclarePassive(q.Key, false, false, false, false, nil)
 	if err != nil {
-		var ae *amqp.Error
-		if errors.As(err, &ae) && ae.Code == amqp.NotFound {
-			return fmt.Errorf("consume queue %s: it does not exist (the module consumes it as it is and never declares it)", q.Key)
-		}
-		return fmt.Errorf("consume queue %s: %w", q.Key, err)
+		return queueError(q.Key, err)
 	}
 	if err := ch.Qos(q.Prefetch, 0, false); err != nil {
 		return fmt.Errorf("set prefetch: %w", err)
@@ -81,10 +84,91 @@ func (m *Module) consumeQueue(ctx context.Context, s *session, q setup.Entry) er
 	return nil
 }
 
+// queueError says why a consumed queue could not be consumed.
+func queueError(queue string, err error) error {
+	var ae *amqp.Error
+	if errors.As(err, &ae) && ae.Code == amqp.NotFound {
+		return fmt.Errorf("consume queue %s: it does not exist (the module consumes it as it is and never declares it)", queue)
+	}
+	return fmt.Errorf("consume queue %s: %w", queue, err)
+}
+
+// checkQueue checks, on a channel of its own, that queue exists.
+func checkQueue(s *session, queue string) error {
+	ch, err := s.subConn.Channel()
+	if err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	defer ch.Close()
+	if _, err := ch.QueueDeclarePassive(queue, false, false, false, false, nil); err != nil {
+		return queueError(queue, err)
+	}
+	return nil
+}
+
+// standByEvery is how often a module waiting for a queue another consumer
+// has exclusively tries to take it: the broker says nothing when it frees.
+const standByEvery = time.Second
+
+// standBy consumes q exclusively (sdk.Mesh.Exclusive) as soon as no other
+// consumer has it, trying every standByEvery while the session lasts and
+// the module runs; it returns once it consumes. Until then its channel is
+// not the module's: a refusal (403) closes only it.
+func (m *Module) standBy(s *session, q setup.Entry) {
+	tag := "mesh." + m.node.cfg.Node + "." + m.def.Name + ".queue." + q.Key
+	waiting := false
+	for {
+		m.mu.Lock()
+		stopped := m.stopped
+		m.mu.Unlock()
+		if stopped || s.isLost() {
+			return
+		}
+		m.holdMu.Lock()
+		held := m.held[q.Key]
+		m.holdMu.Unlock()
+		if !held {
+			ch, err := s.subConn.Channel()
+			if err != nil {
+				return // the session is going: the supervisor resumes the module
+			}
+			var deliveries <-chan amqp.Delivery
+			if err = ch.Qos(q.Prefetch, 0, false); err == nil {
+				deliveries, err = ch.Consume(q.Key, tag, false, true, false, false, nil)
+			}
+			if err == nil {
+				if m.track(ch) != nil {
+					return // stopped meanwhile; track closed it
+				}
+				m.addTag(ch, tag)
+				go m.watch(s, ch, ch.NotifyClose(make(chan *amqp.Error, 1)), ch.NotifyCancel(make(chan string, 1)))
+				m.holdMu.Lock()
+				m.queueConsumers[q.Key] = &queueConsumer{entry: q, ch: ch, tag: tag, consuming: true}
+				h := q.Handler.(sdk.Handler)
+				for range q.Prefetch {
+					m.startQueueWorker(q.Key, h, deliveries)
+				}
+				m.holdMu.Unlock()
+				m.log.Info("consuming a queue exclusively", "queue", q.Key, "prefetch", q.Prefetch)
+				return
+			}
+			_ = ch.Close()
+			var ae *amqp.Error
+			if !errors.As(err, &ae) || ae.Code != amqp.AccessRefused {
+				m.log.Warn("consuming a queue exclusively failed; trying again", "queue", q.Key, "err", err)
+			} else if !waiting {
+				m.log.Info("another consumer has the queue exclusively; standing by to take it over", "queue", q.Key)
+				waiting = true
+			}
+		}
+		time.Sleep(standByEvery)
+	}
+}
+
 // startConsuming starts the consumer of qc and its workers. holdMu is
 // held.
 func (m *Module) startConsuming(qc *queueConsumer) error {
-	deliveries, err := qc.ch.Consume(qc.entry.Key, qc.tag, false, false, false, false, nil)
+	deliveries, err := qc.ch.Consume(qc.entry.Key, qc.tag, false, qc.entry.Exclusive, false, false, nil)
 	if err != nil {
 		return fmt.Errorf("consume queue %s: %w", qc.entry.Key, err)
 	}

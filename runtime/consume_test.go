@@ -149,3 +149,43 @@ func TestHoldAConsumedQueue(t *testing.T) {
 		t.Errorf("hold of a queue not consumed: %v", err)
 	}
 }
+
+// TestExclusiveConsumer: two nodes consume one queue exclusively: the
+// first has it alone (the broker counts one consumer) and handles every
+// message; the second stands by and takes over once the first stops.
+func TestExclusiveConsumer(t *testing.T) {
+	t.Parallel()
+	url := brokertest.VHost(t)
+	ch := rawConn(t, url)
+	if _, err := ch.QueueDeclare("legacy.ordered", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	taker := func(rec *recorder) sdk.Module {
+		return sdk.Module{Name: "taker", Setup: func(m sdk.Mesh) error {
+			return errors.Join(m.Consume("legacy.ordered", 1, rec), m.Exclusive("legacy.ordered"))
+		}}
+	}
+	first, second := newRecorder(nil), newRecorder(nil)
+	a := load(t, testNode(t, url, "anchor", nil), taker(first), runtime.ModuleConfig{})
+	waitFor(t, 15e9, func() bool { return consumers(t, ch, "legacy.ordered") == 1 })
+	load(t, testNode(t, url, "harbor", nil), taker(second), runtime.ModuleConfig{})
+	publish := func(body string) {
+		if err := ch.Publish("", "legacy.ordered", false, false, amqp.Publishing{Body: []byte(body)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, b := range []string{"1", "2", "3"} {
+		publish(b)
+		if ev := first.next(t); string(ev.Body) != b {
+			t.Errorf("the first consumer got %q, want %q", ev.Body, b)
+		}
+	}
+	if c := consumers(t, ch, "legacy.ordered"); c != 1 || second.count() != 0 {
+		t.Errorf("%d consumers, the second handled %d: want 1 and 0", c, second.count())
+	}
+	stop(t, a)
+	publish("4")
+	if ev := second.next(t); string(ev.Body) != "4" {
+		t.Errorf("after the first stopped, the second got %q", ev.Body)
+	}
+}

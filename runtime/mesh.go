@@ -85,6 +85,8 @@ func (mm *moduleMesh) Consume(queue string, prefetch int, h sdk.Handler) error {
 
 func (mm *moduleMesh) Hold(queue string, held bool) error { return mm.module.hold(queue, held) }
 
+func (mm *moduleMesh) Exclusive(queue string) error { return mm.module.setup.Exclusive(queue) }
+
 func (mm *moduleMesh) Serve(key string, h sdk.ToolHandler) error {
 	err := mm.module.setup.Serve(key, h)
 	if errors.Is(err, sdk.ErrForbidden) {

@@ -113,6 +113,11 @@ func (n *Node) LoadPlugin(ctx context.Context, path string, args []string, mc Mo
 			if err := m.Consume(c.Queue, int(c.Prefetch), pm.forward(uint32(len(patterns)+1+k))); err != nil {
 				return err
 			}
+			if c.Exclusive {
+				if err := m.Exclusive(c.Queue); err != nil {
+					return err
+				}
+			}
 			if c.Held {
 				if err := m.Hold(c.Queue, true); err != nil {
 					return err

@@ -92,6 +92,16 @@ type Mesh interface {
 	// Errors: ErrInvalid for a queue the module does not consume.
 	Hold(queue string, held bool) error
 
+	// Exclusive makes the module the only consumer of a queue it consumes
+	// (Consume), for one global order of its messages across nodes: the
+	// node consumes it exclusively, and while another consumer has it, the
+	// node stands by and takes it over, within a second or so, once that
+	// one is gone. Call it during Setup, after Consume.
+	//
+	// Errors: ErrInvalid for a queue the module does not consume;
+	// ErrAlreadyStarted after Setup.
+	Exclusive(queue string) error
+
 	// Serve answers calls of a tool with h. Several servers of one tool,
 	// on this node or others, compete: each call is answered by one. Call
 	// it during Module.Setup, like On.

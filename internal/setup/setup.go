@@ -20,8 +20,10 @@ import (
 type Entry struct {
 	Key     string
 	Handler any
-	// Prefetch is a consumed queue's (Consume).
-	Prefetch int
+	// Prefetch is a consumed queue's (Consume), and Exclusive whether the
+	// module is to be its only consumer (Exclusive).
+	Prefetch  int
+	Exclusive bool
 }
 
 // Recorder records one module's subscriptions and tools. It is safe for
@@ -88,6 +90,23 @@ func (r *Recorder) Consume(queue string, prefetch int, h any) error {
 		return fmt.Errorf("consume %q: %w: prefetch %d is not from 1 to %d", queue, wire.ErrInvalid, prefetch, MaxConsumePrefetch)
 	}
 	return r.add(&r.consumes, "consume", "queue already consumed", Entry{Key: queue, Handler: h, Prefetch: prefetch})
+}
+
+// Exclusive marks a queue recorded by Consume to be consumed by this
+// module alone.
+func (r *Recorder) Exclusive(queue string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.fixed {
+		return fmt.Errorf("exclusive %q: %w", queue, wire.ErrAlreadyStarted)
+	}
+	for i := range r.consumes {
+		if r.consumes[i].Key == queue {
+			r.consumes[i].Exclusive = true
+			return nil
+		}
+	}
+	return fmt.Errorf("exclusive %q: %w: module %s does not consume that queue (call Consume first)", queue, wire.ErrInvalid, r.module)
 }
 
 // Consumes reports whether Consume recorded queue.

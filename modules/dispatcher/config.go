@@ -43,9 +43,11 @@ type Trigger struct {
 	// MaxConcurrentRuns bounds the tool calls at once (1 to 16, default
 	// 1); for a queue it is also the prefetch.
 	MaxConcurrentRuns int `json:"max_concurrent_runs,omitempty"`
-	// SingleActiveConsumer asks for one global order across dispatchers:
-	// it needs max_concurrent_runs 1, and a queue its owner declared with
-	// x-single-active-consumer (the dispatcher never declares a queue).
+	// SingleActiveConsumer asks for one global order across dispatchers
+	// (on any node) taking the same queue: the dispatcher consumes it
+	// exclusively (sdk.Mesh.Exclusive), the others stand by and one takes
+	// over when it goes. It needs a queue source and max_concurrent_runs
+	// 1.
 	SingleActiveConsumer bool `json:"single_active_consumer,omitempty"`
 	// Timeout bounds one call (default 30s; the module's handler timeout
 	// bounds it too).
@@ -126,6 +128,9 @@ func (c *Config) check() error {
 		}
 		if t.MaxConcurrentRuns < 1 || t.MaxConcurrentRuns > MaxConcurrentRuns {
 			errs = append(errs, fmt.Errorf("%s.max_concurrent_runs: %d is not from 1 to %d", field, t.MaxConcurrentRuns, MaxConcurrentRuns))
+		}
+		if t.SingleActiveConsumer && t.Queue == "" {
+			errs = append(errs, fmt.Errorf("%s.single_active_consumer: needs a queue source (a pattern's queue is each node's own)", field))
 		}
 		if t.SingleActiveConsumer && t.MaxConcurrentRuns != 1 {
 			errs = append(errs, fmt.Errorf("%s.single_active_consumer: a global order needs max_concurrent_runs 1, not %d", field, t.MaxConcurrentRuns))

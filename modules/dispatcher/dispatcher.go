@@ -107,6 +107,9 @@ func (d *Dispatcher) Module() sdk.Module {
 			h := d.handler(t, m)
 			if t.Queue != "" {
 				errs = append(errs, m.Consume(t.Queue, t.MaxConcurrentRuns, h))
+				if t.SingleActiveConsumer {
+					errs = append(errs, m.Exclusive(t.Queue))
+				}
 				if paused[t.Name] {
 					m.Logger().Info("trigger paused; its queue keeps its messages", "trigger", t.Name, "queue", t.Queue)
 					errs = append(errs, m.Hold(t.Queue, true))

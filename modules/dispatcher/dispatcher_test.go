@@ -464,3 +464,81 @@ func TestPauseResume(t *testing.T) {
 		t.Errorf("pausing an unknown trigger: %v", err)
 	}
 }
+
+// TestSingleActiveConsumer: two dispatchers on two nodes take one queue
+// with single_active_consumer: the first fires every message, in order;
+// the second stands by and takes over when the first stops.
+func TestSingleActiveConsumer(t *testing.T) {
+	w := newWorld(t)
+	var mu sync.Mutex
+	var order []string
+	w.load(t, sdk.Module{Name: "tools", Setup: func(m sdk.Mesh) error {
+		return m.Serve("t.log", sdk.ToolHandlerFunc(func(ctx context.Context, r sdk.Request) (any, error) {
+			var req struct{ Meta dispatcher.Meta }
+			if err := r.Decode(&req); err != nil {
+				return nil, sdk.Permanent(err)
+			}
+			mu.Lock()
+			order = append(order, req.Meta.MessageID)
+			mu.Unlock()
+			return "ok", nil
+		}))
+	}}, runtime.ModuleConfig{})
+	w.queue(t, "ordered")
+	trigger := dispatcher.Trigger{Name: "ordered", Queue: "ordered", Tool: "t.log", SingleActiveConsumer: true}
+	first := openDispatcher(t, trigger)
+	a, err := w.node.Load(w.ctx, first.Module(), runtime.ModuleConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for w.consumers(t, "ordered") != 1 {
+		time.Sleep(20 * time.Millisecond)
+	}
+	harbor, err := runtime.New(w.ctx, runtime.Config{Node: "harbor", AMQPURL: w.url, StateDir: t.TempDir(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { harbor.Close(context.Background()) })
+	second := openDispatcher(t, trigger)
+	b, err := harbor.Load(w.ctx, second.Module(), runtime.ModuleConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Stop(context.Background()) })
+	for i := range 10 {
+		w.publish(t, "ordered", fmt.Sprint("o-", i), []byte(`{}`), nil)
+	}
+	for deadline := time.Now().Add(30 * time.Second); len(w.fires(t, "ordered")) < 10; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the first dispatcher did not fire all ten")
+		}
+	}
+	mu.Lock()
+	for i, id := range order {
+		if id != fmt.Sprint("o-", i) {
+			t.Errorf("fired %v, not in queue order", order)
+			break
+		}
+	}
+	mu.Unlock()
+	if err := a.Stop(w.ctx); err != nil {
+		t.Fatal(err)
+	}
+	w.publish(t, "ordered", "o-10", []byte(`{}`), nil)
+	for {
+		mu.Lock()
+		n := len(order)
+		mu.Unlock()
+		if n == 11 {
+			break
+		}
+		select {
+		case <-w.ctx.Done():
+			t.Fatal("the standing-by dispatcher never took over")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	if c := w.consumers(t, "ordered"); c != 1 {
+		t.Errorf("%d consumers after the takeover, want 1", c)
+	}
+}

@@ -836,6 +836,10 @@ func (mm moduleMesh) Consume(queue string, prefetch int, h sdk.Handler) error {
 	return mm.mod.setup.Consume(queue, prefetch, h) // a nil h arrives as a nil any
 }
 
+// Exclusive is recorded; on the test mesh a module is any queue's only
+// consumer anyway.
+func (mm moduleMesh) Exclusive(queue string) error { return mm.mod.setup.Exclusive(queue) }
+
 func (mm moduleMesh) Hold(queue string, held bool) error {
 	if !mm.mod.setup.Consumes(queue) {
 		return fmt.Errorf("hold %q: %w: module %s does not consume that queue", queue, sdk.ErrInvalid, mm.mod.def.Name)

@@ -164,7 +164,7 @@ func (s *moduleServer) Describe(context.Context, *pb.Empty) (*pb.Description, er
 		s.desc.DeadLetters = s.module.DeadLetters != nil
 		for _, e := range s.mesh.rec.Consumed() {
 			s.handlers = append(s.handlers, e.Handler.(sdk.Handler))
-			s.desc.Consumes = append(s.desc.Consumes, &pb.Consume{Queue: e.Key, Prefetch: uint32(e.Prefetch), Held: s.mesh.heldAtStart[e.Key]})
+			s.desc.Consumes = append(s.desc.Consumes, &pb.Consume{Queue: e.Key, Prefetch: uint32(e.Prefetch), Held: s.mesh.heldAtStart[e.Key], Exclusive: e.Exclusive})
 		}
 		for _, e := range tools {
 			s.tools = append(s.tools, e.Handler.(sdk.ToolHandler))
@@ -466,6 +466,8 @@ func toJSON(body any) ([]byte, error) {
 }
 
 func (pm *pluginMesh) On(pattern string, h sdk.Handler) error { return pm.rec.On(pattern, h) }
+
+func (pm *pluginMesh) Exclusive(queue string) error { return pm.rec.Exclusive(queue) }
 
 func (pm *pluginMesh) Hold(queue string, held bool) error {
 	if !pm.rec.Consumes(queue) {

@@ -423,7 +423,8 @@ type Consume struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Queue         string                 `protobuf:"bytes,1,opt,name=queue,proto3" json:"queue,omitempty"`
 	Prefetch      uint32                 `protobuf:"varint,2,opt,name=prefetch,proto3" json:"prefetch,omitempty"`
-	Held          bool                   `protobuf:"varint,3,opt,name=held,proto3" json:"held,omitempty"` // held from the start (sdk.Mesh.Hold during Setup)
+	Held          bool                   `protobuf:"varint,3,opt,name=held,proto3" json:"held,omitempty"`           // held from the start (sdk.Mesh.Hold during Setup)
+	Exclusive     bool                   `protobuf:"varint,4,opt,name=exclusive,proto3" json:"exclusive,omitempty"` // sdk.Mesh.Exclusive
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -475,6 +476,13 @@ func (x *Consume) GetPrefetch() uint32 {
 func (x *Consume) GetHeld() bool {
 	if x != nil {
 		return x.Held
+	}
+	return false
+}
+
+func (x *Consume) GetExclusive() bool {
+	if x != nil {
+		return x.Exclusive
 	}
 	return false
 }
@@ -1503,11 +1511,12 @@ const file_module_proto_rawDesc = "" +
 	"\x05tools\x18\x06 \x03(\tR\x05tools\x12-\n" +
 	"\x12duplicates_allowed\x18\a \x03(\rR\x11duplicatesAllowed\x12!\n" +
 	"\fdead_letters\x18\b \x01(\bR\vdeadLetters\x123\n" +
-	"\bconsumes\x18\t \x03(\v2\x17.mesh.plugin.v1.ConsumeR\bconsumes\"O\n" +
+	"\bconsumes\x18\t \x03(\v2\x17.mesh.plugin.v1.ConsumeR\bconsumes\"m\n" +
 	"\aConsume\x12\x14\n" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x12\x1a\n" +
 	"\bprefetch\x18\x02 \x01(\rR\bprefetch\x12\x12\n" +
-	"\x04held\x18\x03 \x01(\bR\x04held\"\xe8\x02\n" +
+	"\x04held\x18\x03 \x01(\bR\x04held\x12\x1c\n" +
+	"\texclusive\x18\x04 \x01(\bR\texclusive\"\xe8\x02\n" +
 	"\vToolRequest\x12\x12\n" +
 	"\x04tool\x18\x01 \x01(\rR\x04tool\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x16\n" +
