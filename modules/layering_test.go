@@ -10,16 +10,18 @@ import (
 
 // TestModulesStandOnTheSDK: the dispatcher and the agent, and the audit
 // logger, import no mesh package but the sdk (their binaries add
-// sdk/process), and no broker client.
+// sdk/process) and what they share under modules/internal, and no broker
+// client.
 func TestModulesStandOnTheSDK(t *testing.T) {
-	for _, pkg := range []string{"./agent", "./dispatcher", "../auditlogger", "../auditlogger/store"} {
+	for _, pkg := range []string{"./agent", "./dispatcher", "./internal/settings", "../auditlogger", "../auditlogger/store"} {
 		out, err := exec.Command("go", "list", "-f", `{{join .Imports "\n"}}`, pkg).CombinedOutput()
 		if err != nil {
 			t.Fatalf("go list %s: %v\n%s", pkg, err, out)
 		}
 		for _, imp := range strings.Fields(string(out)) {
 			mesh := strings.HasPrefix(imp, "github.com/meshkit/mesh/")
-			if mesh && imp != "github.com/meshkit/mesh/sdk" && imp != "github.com/meshkit/mesh/auditlogger/store" || strings.Contains(imp, "amqp091") {
+			own := imp == "github.com/meshkit/mesh/sdk" || imp == "github.com/meshkit/mesh/auditlogger/store" || strings.HasPrefix(imp, "github.com/meshkit/mesh/modules/internal/")
+			if mesh && !own || strings.Contains(imp, "amqp091") {
 				t.Errorf("%s imports %s", pkg, imp)
 			}
 		}

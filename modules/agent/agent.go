@@ -34,12 +34,12 @@
 package agent
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
 	"time"
 
+	"github.com/meshkit/mesh/modules/internal/settings"
 	"github.com/meshkit/mesh/sdk"
 )
 
@@ -89,29 +89,7 @@ type Tool struct {
 
 // Duration is a time.Duration read from JSON as text ("10s") or as
 // nanoseconds.
-type Duration time.Duration
-
-// UnmarshalJSON reads "10s" or 10000000000.
-func (d *Duration) UnmarshalJSON(b []byte) error {
-	var s string
-	if err := json.Unmarshal(b, &s); err == nil {
-		v, err := time.ParseDuration(s)
-		if err != nil {
-			return fmt.Errorf("duration %q: %w", s, err)
-		}
-		*d = Duration(v)
-		return nil
-	}
-	var n int64
-	if err := json.Unmarshal(b, &n); err != nil {
-		return fmt.Errorf("duration %s: want text like \"10s\" or nanoseconds", b)
-	}
-	*d = Duration(n)
-	return nil
-}
-
-// MarshalJSON writes the duration as text.
-func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+type Duration = settings.Duration
 
 // check validates c and fills in the defaults.
 func (c *Config) check() error {

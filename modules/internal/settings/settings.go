@@ -1,0 +1,34 @@
+// Package settings holds what the shipped modules' settings share.
+package settings
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// Duration is a time.Duration read from JSON as text ("10s", as YAML
+// writes it) or as nanoseconds, and written as text.
+type Duration time.Duration
+
+// UnmarshalJSON reads "10s" or 10000000000.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err == nil {
+		v, err := time.ParseDuration(s)
+		if err != nil {
+			return fmt.Errorf("duration %q: %w", s, err)
+		}
+		*d = Duration(v)
+		return nil
+	}
+	var n int64
+	if err := json.Unmarshal(b, &n); err != nil {
+		return fmt.Errorf("duration %s: want text like \"10s\" or nanoseconds", b)
+	}
+	*d = Duration(n)
+	return nil
+}
+
+// MarshalJSON writes the duration as text.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
