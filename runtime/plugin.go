@@ -154,9 +154,11 @@ func (pm *PluginModule) announce(what string, cause error) {
 	if cause != nil {
 		body["error"] = cause.Error()
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	// As long as any emit may take (emit_timeout): a slow confirm on a
+	// busy broker must not lose the announcement.
 	n := pm.node
+	ctx, cancel := context.WithTimeout(context.Background(), n.cfg.EmitTimeout)
+	defer cancel()
 	if _, err := n.Emit(ctx, n.cfg.Node, "node."+n.cfg.Node+".module."+what, body); err != nil {
 		pm.log.Warn("could not announce the module", "event", what, "err", err)
 	}
