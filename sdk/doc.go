@@ -83,6 +83,14 @@
 // limit, or on a Permanent error, the dead letter is dropped and logged
 // (the operator's queue mesh.dead-letters keeps its own copy).
 //
+// Queues of other systems. Consume takes an existing broker queue as it
+// is (never declared); its messages reach the handler read as far as they
+// can be, with Event.Queue set, and are settled like events (acked,
+// retried, dead-lettered naming the queue), except that they are not
+// de-duplicated (they need not carry an id) and one whose x-deadline
+// passed is dead-lettered as "expired" unhandled. Hold stops and restarts
+// consuming such a queue; Exclusive makes the module its only consumer.
+//
 // De-duplication. Delivery is at least once, but a module is handed each
 // event id once: a redelivery or resend of an id it already handled is
 // acknowledged without running the handler (for the node's retention
