@@ -252,11 +252,14 @@ func (pm *PluginModule) supervise(p *moduleProcess) {
 		if pm.stopping.Load() {
 			return
 		}
-		pm.log.Error("module process exited; restarting it", "retry_in", backoff)
-		pm.announce("crashed", p.exitErr())
+		// Deliveries wait for the restart from now on: one retried while
+		// the crash is announced must not go to the dead process and burn
+		// an attempt without being tried.
 		pm.mu.Lock()
 		pm.proc, pm.running = nil, make(chan struct{})
 		pm.mu.Unlock()
+		pm.log.Error("module process exited; restarting it", "retry_in", backoff)
+		pm.announce("crashed", p.exitErr())
 		for {
 			time.Sleep(backoff)
 			if pm.stopping.Load() {
@@ -409,8 +412,8 @@ func (pm *PluginModule) current(ctx context.Context) (*moduleProcess, error) {
 }
 
 // forward is the in-process handler of pattern i (i = the number of
-// patterns: the DeadLetters handler; past it, the consumed queues): it hands the event to the module
-// process and waits for its outcome.
+// patterns: the DeadLetters handler; past it, the consumed queues): it
+// hands the event to the module process and waits for its outcome.
 func (pm *PluginModule) forward(i uint32) sdk.Handler {
 	return sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
 		p, err := pm.current(ctx)

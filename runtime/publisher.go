@@ -114,6 +114,16 @@ func (p *publisher) wasReturned(id string) bool {
 // publish sends msg mandatory and waits for the broker's confirm. It
 // returns nil only for a positive confirm of a routed message.
 func (p *publisher) publish(ctx context.Context, exchange, key string, msg amqp.Publishing) error {
+	return p.publishUnlessBlocked(ctx, nil, exchange, key, msg)
+}
+
+// errBlocked says the broker blocked publishing (an alarm) before it
+// confirmed: the message may or may not have arrived.
+var errBlocked = errors.New("the broker blocks publishing (a memory or disk alarm)")
+
+// publishUnlessBlocked is publish that also gives up, with errBlocked,
+// once blocked is closed (session.whenBlocked).
+func (p *publisher) publishUnlessBlocked(ctx context.Context, blocked <-chan struct{}, exchange, key string, msg amqp.Publishing) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("publish to %s with key %q: %w", exchange, key, err)
 	}
@@ -128,6 +138,8 @@ func (p *publisher) publish(ctx context.Context, exchange, key string, msg amqp.
 	case <-dc.Done():
 	case <-ctx.Done():
 		return fmt.Errorf("wait for confirm: %w", ctx.Err())
+	case <-blocked:
+		return fmt.Errorf("wait for confirm: %w", errBlocked)
 	}
 	switch {
 	case dc.Acked() && p.wasReturned(msg.MessageId):

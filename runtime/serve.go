@@ -172,9 +172,12 @@ func safeAnswer(ctx context.Context, h sdk.ToolHandler, req sdk.Request) (resp a
 	return resp, err
 }
 
-// reply sends the answer to the caller's reply queue, then acks the
-// request. Both go on the request's own channel, in that order, so the
-// broker has routed the reply before it forgets the request.
+// reply sends the answer to the caller's reply queue on the node's
+// publishing connection and, once the broker confirmed it, acks the
+// request: the broker has routed the reply before it forgets the request.
+// Replies never go on the consuming connection: during a memory or disk
+// alarm the broker stops reading any connection that publishes, and acks
+// on it would stop with them.
 func (m *Module) reply(ch *amqp.Channel, d amqp.Delivery, body []byte, te *sdk.ToolError) {
 	if d.ReplyTo == "" {
 		m.settle(d) // nobody to answer
@@ -192,7 +195,13 @@ func (m *Module) reply(ch *amqp.Channel, d amqp.Delivery, body []byte, te *sdk.T
 		headers[wire.HeaderErrorPermanent] = te.Permanent
 		body = []byte("null")
 	}
-	err := ch.Publish("", d.ReplyTo, false, false, amqp.Publishing{
+	s, ok := m.liveSession(d)
+	if !ok {
+		return // the request's channel is gone: it returns to its queue
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), replyWait(d))
+	defer cancel()
+	err := s.pub.publish(ctx, "", d.ReplyTo, amqp.Publishing{
 		Headers:       headers,
 		ContentType:   wire.ContentTypeJSON,
 		DeliveryMode:  amqp.Transient,
@@ -200,12 +209,29 @@ func (m *Module) reply(ch *amqp.Channel, d amqp.Delivery, body []byte, te *sdk.T
 		Timestamp:     time.Now().UTC(),
 		Body:          body,
 	})
-	if err != nil {
+	switch {
+	case err == nil:
+	case errors.Is(err, errUnroutable):
+		// The caller's reply queue is gone (it gave up or went away):
+		// nobody waits for the answer.
+	default:
 		m.log.Warn("reply failed; the request returns to the queue", "err", err)
 		_ = d.Reject(true)
 		return
 	}
 	m.settle(d)
+}
+
+// replyWait bounds the wait for a reply's confirm: until the caller's
+// deadline, and at least a few seconds for one already close to it.
+func replyWait(d amqp.Delivery) time.Duration {
+	const least = 5 * time.Second
+	if s, ok := d.Headers[wire.HeaderDeadline].(string); ok {
+		if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+			return max(time.Until(t), least)
+		}
+	}
+	return 30 * time.Second
 }
 
 func (m *Module) settle(d amqp.Delivery) {

@@ -36,6 +36,59 @@ type session struct {
 	lost     chan struct{} // closed when either connection is gone
 	lostOnce sync.Once
 	lostErr  error
+
+	// The broker blocks the publishing connection during a memory or
+	// disk alarm (connection.blocked): nothing published on it is read
+	// until the alarm clears. blockedNow is closed while it lasts.
+	blockMu    sync.Mutex
+	blockedNow chan struct{} // closed while blocked; a new open one when not
+	blocked    bool
+}
+
+// isBlocked reports whether the broker blocks the publishing connection.
+func (s *session) isBlocked() bool {
+	s.blockMu.Lock()
+	defer s.blockMu.Unlock()
+	return s.blocked
+}
+
+// whenBlocked returns a channel closed once the publishing connection is
+// blocked (at once if it is now).
+func (s *session) whenBlocked() <-chan struct{} {
+	s.blockMu.Lock()
+	defer s.blockMu.Unlock()
+	return s.blockedNow
+}
+
+func (s *session) setBlocked(b bool) {
+	s.blockMu.Lock()
+	defer s.blockMu.Unlock()
+	if b == s.blocked {
+		return
+	}
+	s.blocked = b
+	if b {
+		close(s.blockedNow)
+	} else {
+		s.blockedNow = make(chan struct{})
+	}
+}
+
+// watchBlocked follows the broker's flow control on the publishing
+// connection, logging each change once: while blocked, emits go to the
+// spool (or fail with ErrBackPressure on a node without one) and the
+// spool waits; consuming, acks and dead-letter decisions go on.
+func (n *Node) watchBlocked(s *session, notes <-chan amqp.Blocking) {
+	for b := range notes {
+		s.setBlocked(b.Active)
+		if b.Active {
+			n.stats.blocks.Add(1)
+			n.log.Warn("the broker blocks publishing (a memory or disk alarm): emits are spooled, consuming goes on", "reason", b.Reason)
+			continue
+		}
+		n.log.Info("the broker publishes again (the alarm cleared)")
+		n.kickDrain()
+	}
 }
 
 // markLost records why the session ended and closes lost, once.
@@ -75,7 +128,7 @@ func (s *session) close(byNode bool) {
 // connect dials both connections, declares the topology, takes the node
 // lock and opens the publisher.
 func (n *Node) connect(ctx context.Context) (*session, error) {
-	s := &session{lost: make(chan struct{})}
+	s := &session{lost: make(chan struct{}), blockedNow: make(chan struct{})}
 	var err error
 	if s.pubConn, err = dial(ctx, n.cfg, "publish"); err != nil {
 		return nil, err
@@ -105,6 +158,7 @@ func (n *Node) connect(ctx context.Context) (*session, error) {
 	if s.pub, err = newPublisher(s.pubConn); err != nil {
 		return fail(fmt.Errorf("node %s: %w", n.cfg.Node, err))
 	}
+	go n.watchBlocked(s, s.pubConn.NotifyBlocked(make(chan amqp.Blocking, 4)))
 	go n.watchSession(s)
 	return s, nil
 }

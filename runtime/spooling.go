@@ -42,10 +42,24 @@ func (n *Node) publishEvent(ctx context.Context, key string, msg amqp.Publishing
 		if err != nil {
 			return err
 		}
-		return n.publishConfirmed(ctx, s, wire.ExchangeEvents, key, msg)
+		err = errBlocked
+		if !s.isBlocked() {
+			err = n.publishConfirmed(ctx, s, wire.ExchangeEvents, key, msg)
+		}
+		if errors.Is(err, errBlocked) {
+			n.stats.backPressure.Add(1)
+			return fmt.Errorf("%w: %w, and this node has no spool", sdk.ErrBackPressure, err)
+		}
+		return err
 	}
-	if s := n.session(); s != nil && !n.spooling.Load() {
+	if s := n.session(); s != nil && !n.spooling.Load() && !s.isBlocked() {
 		err := n.publishConfirmed(ctx, s, wire.ExchangeEvents, key, msg)
+		if errors.Is(err, errBlocked) {
+			// The broker blocked publishing before it confirmed: kept on
+			// disk, the event goes again after the alarm (a copy that did
+			// arrive is absorbed by the consumers' de-duplication).
+			return n.spoolEvent(key, msg)
+		}
 		if !errors.Is(err, sdk.ErrConnectionLost) {
 			if err == nil {
 				n.stats.emitted.Add(1)
@@ -64,7 +78,7 @@ func (n *Node) publishEvent(ctx context.Context, key string, msg amqp.Publishing
 // wrapping sdk.ErrConnectionLost.
 func (n *Node) publishConfirmed(ctx context.Context, s *session, exchange, key string, msg amqp.Publishing) error {
 	for attempt := 1; ; attempt++ {
-		err := s.pub.publish(ctx, exchange, key, msg)
+		err := s.pub.publishUnlessBlocked(ctx, s.whenBlocked(), exchange, key, msg)
 		if !errors.Is(err, sdk.ErrRefused) || errors.Is(err, errUnroutable) {
 			return err
 		}
@@ -166,8 +180,8 @@ func (n *Node) drainLoop() {
 		case <-n.closing:
 			return
 		}
-		if s := n.session(); s != nil && n.spooling.Load() {
-			n.drain(s)
+		if s := n.session(); s != nil && n.spooling.Load() && !s.isBlocked() {
+			n.drain(s) // kicked again when the alarm clears
 		}
 	}
 }
@@ -182,7 +196,7 @@ func (n *Node) drainLoop() {
 // milliseconds); the spool then empties and the fast path returns.
 func (n *Node) drain(s *session) {
 	refusals := 0
-	for !s.isLost() && !n.isClosing() {
+	for !s.isLost() && !n.isClosing() && !s.isBlocked() {
 		recs, err := n.spool.Oldest(drainBatch)
 		if err != nil {
 			n.log.Error("read the spool", "err", err)
@@ -279,12 +293,19 @@ func (n *Node) resend(s *session, recs []spool.Record) (done []uint64, refused b
 		}
 		batch = append(batch, sent{seq: r.Seq, dc: dc, id: ev.ID})
 	}
+	blocked := s.whenBlocked()
 	for _, b := range batch {
 		select {
 		case <-b.dc.Done():
 		case <-s.lost:
 			return done, false
 		case <-n.closing: // what is not deleted is sent again on the next start
+			return done, false
+		case <-blocked:
+			// No confirm comes while the broker blocks publishing: stop
+			// waiting (and holding new emits back); what was sent but not
+			// confirmed stays in the spool and goes again after the alarm
+			// (the consumers' de-duplication absorbs a second copy).
 			return done, false
 		}
 		if !b.dc.Acked() {
@@ -306,6 +327,7 @@ func (n *Node) resend(s *session, recs []spool.Record) (done []uint64, refused b
 // counters are the node's running totals; Stats reads them.
 type counters struct {
 	emitted, spooled, resent, refused, expired, backPressure atomic.Uint64
+	blocks                                                   atomic.Uint64
 	disconnects, reconnects                                  atomic.Uint64
 	handled, failed, deadLettered, duplicates                atomic.Uint64
 	lastRefusedLog                                           atomic.Int64
@@ -316,6 +338,10 @@ type counters struct {
 type Stats struct {
 	// Connected says whether the node has its broker connections now.
 	Connected bool
+	// Blocked says whether the broker blocks the node's publishing now (a
+	// memory or disk alarm); Blocks counts the times it did.
+	Blocked bool
+	Blocks  uint64
 	// Disconnects and Reconnects count lost and regained sessions.
 	Disconnects, Reconnects uint64
 	// Emitted counts events confirmed by the broker when first sent.
@@ -342,6 +368,8 @@ type Stats struct {
 func (n *Node) Stats() Stats {
 	st := Stats{
 		Connected:    n.Connected(),
+		Blocked:      n.Blocked(),
+		Blocks:       n.stats.blocks.Load(),
 		Disconnects:  n.stats.disconnects.Load(),
 		Reconnects:   n.stats.reconnects.Load(),
 		Emitted:      n.stats.emitted.Load(),
@@ -359,4 +387,12 @@ func (n *Node) Stats() Stats {
 		st.SpoolEvents, st.SpoolBytes = n.spool.Len(), n.spool.Bytes()
 	}
 	return st
+}
+
+// Blocked reports whether the broker blocks the node's publishing
+// connection now (a memory or disk alarm): emits are spooled, consuming
+// goes on.
+func (n *Node) Blocked() bool {
+	s := n.session()
+	return s != nil && s.isBlocked()
 }

@@ -244,6 +244,10 @@ func serveHealth(addr string, node *runtime.Node, log *slog.Logger) (*http.Serve
 			http.Error(w, "not ready: reconnecting to the broker (emits are spooled)", http.StatusServiceUnavailable)
 			return
 		}
+		if node.Blocked() {
+			http.Error(w, "not ready: the broker blocks publishing (a memory or disk alarm); emits are spooled, consuming goes on", http.StatusServiceUnavailable)
+			return
+		}
 		fmt.Fprintln(w, "ready")
 	})
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {

@@ -21,6 +21,8 @@ func writeMetrics(w io.Writer, node string, st runtime.Stats) {
 		value            any
 	}{
 		{"mesh_connected", "gauge", "1 while the node has its broker connections.", b2i(st.Connected)},
+		{"mesh_publish_blocked", "gauge", "1 while the broker blocks the node's publishing (a memory or disk alarm).", b2i(st.Blocked)},
+		{"mesh_publish_blocks_total", "counter", "Times the broker blocked the node's publishing.", st.Blocks},
 		{"mesh_disconnects_total", "counter", "Broker sessions lost.", st.Disconnects},
 		{"mesh_reconnects_total", "counter", "Broker sessions regained.", st.Reconnects},
 		{"mesh_events_emitted_total", "counter", "Events confirmed by the broker when first sent.", st.Emitted},

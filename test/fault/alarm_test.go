@@ -1,0 +1,129 @@
+//go:build fault
+
+package fault
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/runtime"
+	"github.com/meshkit/mesh/sdk"
+)
+
+// watermark reads the broker's memory high watermark, to put it back.
+func watermark(t *testing.T) string {
+	t.Helper()
+	out, err := exec.Command("rabbitmqctl", "eval", "vm_memory_monitor:get_vm_memory_high_watermark().").CombinedOutput()
+	if err != nil {
+		t.Fatalf("read the memory watermark: %v\n%s", err, out)
+	}
+	lines := strings.Fields(strings.TrimSpace(string(out)))
+	return lines[len(lines)-1]
+}
+
+// TestBrokerAlarm: a memory alarm blocks every publishing connection.
+// While it lasts the node keeps consuming (a backlog drains, acks flow),
+// emits return within their deadline (spooled), the node says it is
+// blocked; once it clears, everything emitted arrives and calls are
+// answered. Lost 0.
+func TestBrokerAlarm(t *testing.T) {
+	url := brokertest.VHost(t)
+	ensureBrokerRuns(t)
+	was := watermark(t)
+	restore := func() { _ = exec.Command("rabbitmqctl", "set_vm_memory_high_watermark", was).Run() }
+	t.Cleanup(restore)
+	n := newNode(t, url, "alarm", nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	handled := newIDSet()
+	sink := sdk.Module{Name: "sink", Setup: func(m sdk.Mesh) error {
+		return errors.Join(
+			m.On("module.feed.tick", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error { handled.add(ev.ID); return nil })),
+			m.Serve("alarm.echo", sdk.ToolHandlerFunc(func(ctx context.Context, r sdk.Request) (any, error) { return r.Body, nil })),
+		)
+	}}
+	feed, err := n.Load(ctx, sdk.Module{Name: "feed"}, runtime.ModuleConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := n.Load(ctx, sink, runtime.ModuleConfig{Prefetch: 64, Concurrency: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Stop(ctx); err != nil { // its queue keeps what comes: a backlog
+		t.Fatal(err)
+	}
+	confirmed := newIDSet()
+	const backlog = 300
+	for i := range backlog {
+		id, err := feed.Mesh().Emit(ctx, "tick", map[string]int{"i": i})
+		if err != nil {
+			t.Fatal(err)
+		}
+		confirmed.add(id)
+	}
+
+	rabbitmqctl(t, "set_vm_memory_high_watermark", "absolute", "1")
+	// The broker blocks a connection when it publishes: emits now, each
+	// within its own deadline, until the node says it is blocked.
+	var during, slow int
+	for i := 0; !n.Blocked() || during < 50; i++ {
+		ectx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		start := time.Now()
+		id, err := feed.Mesh().Emit(ectx, "tick", map[string]int{"during": i})
+		cancel()
+		if err != nil && !errors.Is(err, sdk.ErrBackPressure) {
+			t.Fatalf("emit during the alarm: %v (after %v)", err, time.Since(start))
+		}
+		if time.Since(start) > 5*time.Second {
+			slow++
+		}
+		if err == nil {
+			confirmed.add(id)
+			during++
+		}
+		if i > 5000 {
+			t.Fatal("the node never saw the broker block it")
+		}
+	}
+	if slow > 0 {
+		t.Errorf("%d emits overran their 5s deadline", slow)
+	}
+	// Consuming goes on: the backlog drains while the alarm lasts.
+	if s, err = n.Load(ctx, sink, runtime.ModuleConfig{Prefetch: 64, Concurrency: 4}); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop(context.Background())
+	if !waitFor(time.Minute, func() bool { return handled.len() >= backlog }) {
+		t.Fatalf("%d of the %d events waiting before the alarm handled during it", handled.len(), backlog)
+	}
+	if !n.Blocked() {
+		t.Fatal("the alarm cleared before the backlog drained: the test proves nothing")
+	}
+	blockedStats := n.Stats()
+
+	restore()
+	if !waitFor(time.Minute, func() bool { return !n.Blocked() }) {
+		t.Fatal("the node still blocked a minute after the alarm cleared")
+	}
+	if !waitFor(2*time.Minute, func() bool { return handled.len() >= confirmed.len() }) {
+		t.Errorf("handled %d of %d after the alarm", handled.len(), confirmed.len())
+	}
+	var echo string
+	if err := n.Call(ctx, "test", "alarm.echo", "after", &echo); err != nil || echo != "after" {
+		t.Errorf("a call after the alarm: %q, %v", echo, err)
+	}
+	st := n.Stats()
+	if handled.overOnce() > 0 {
+		t.Errorf("%d events handled twice", handled.overOnce())
+	}
+	summary{emitted: confirmed.len(), confirmed: confirmed.len(), handled: handled.len(), duplicates: int(st.Duplicates),
+		deadLettered: int(st.DeadLettered), lost: confirmed.missingFrom(handled),
+		extra: fmt.Sprintf("backlog drained during the alarm=%d emitted during it=%d (spooled %d) blocks=%d", backlog, during, blockedStats.Spooled, st.Blocks)}.report(t)
+}
