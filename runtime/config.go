@@ -312,18 +312,24 @@ func (c Config) Validate() error {
 }
 
 // CheckConsumerTimeout refuses a module config under which a delivery could
-// stay unacknowledged longer than the broker's consumer timeout: a handler
-// runs up to HandlerTimeout, and a failed event waits up to RetryMax
-// before it is returned. The broker would close the channel of such a
+// stay unacknowledged longer than the broker's consumer timeout: it may
+// wait behind ceil(Prefetch/Concurrency)-1 handler runs and then run
+// itself, each up to HandlerTimeout, and a failed event waits up to
+// RetryMax before it is returned. The broker would close the channel of such a
 // consumer. (The per-queue x-consumer-timeout argument is not enforced
 // on RabbitMQ 3.10, so the runtime cannot lower the limit per queue.)
 func (c Config) CheckConsumerTimeout(m ModuleConfig) error {
 	c.withDefaults()
 	m = m.over(c.Module)
-	if held := m.HandlerTimeout + c.RetryMax; held >= c.ConsumerTimeout {
-		return fmt.Errorf("handler_timeout: %v plus retry_max %v holds a delivery for %v, not below the broker's consumer_timeout %v; "+
-			"lower handler_timeout or retry_max, or raise consumer_timeout here and on the broker (rabbitmq.conf consumer_timeout)",
-			m.HandlerTimeout, c.RetryMax, held, c.ConsumerTimeout)
+	// A delivery can wait behind the handler runs ahead of it: with
+	// prefetch P and concurrency C, ceil(P/C) runs end with its own, each
+	// up to the handler timeout, and a failed one is held for its retry.
+	runs := (m.Prefetch + m.Concurrency - 1) / m.Concurrency
+	if held := time.Duration(runs)*m.HandlerTimeout + c.RetryMax; held >= c.ConsumerTimeout {
+		return fmt.Errorf("handler_timeout: %v for each of the %d handler runs a delivery can wait through (prefetch %d / concurrency %d), plus retry_max %v, "+
+			"holds it for %v, not below the broker's consumer_timeout %v; lower handler_timeout, prefetch or retry_max, raise concurrency, "+
+			"or raise consumer_timeout here and on the broker (rabbitmq.conf consumer_timeout)",
+			m.HandlerTimeout, runs, m.Prefetch, m.Concurrency, c.RetryMax, held, c.ConsumerTimeout)
 	}
 	return nil
 }

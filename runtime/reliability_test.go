@@ -186,21 +186,34 @@ func TestDuplicatesReachTheHandlerOnce(t *testing.T) {
 	}
 }
 
-// TestConsumerTimeoutChecked: a handler timeout that, with the retry
+// TestConsumerTimeoutChecked: a handler timeout that, with the handler
+// runs a delivery can wait through (prefetch / concurrency) and the retry
 // back-off, could hold a delivery past the broker's consumer timeout is
-// refused with an error naming both settings.
+// refused with an error naming the settings.
 func TestConsumerTimeoutChecked(t *testing.T) {
 	t.Parallel()
 	err := runtime.Config{Node: "x", Module: runtime.ModuleConfig{HandlerTimeout: 30 * time.Minute}}.Validate()
 	if err == nil || !strings.Contains(err.Error(), "handler_timeout") || !strings.Contains(err.Error(), "consumer_timeout") {
 		t.Errorf("handler_timeout 30m: %v, want an error naming handler_timeout and consumer_timeout", err)
 	}
-	if err := (runtime.Config{Node: "x", ConsumerTimeout: 2 * time.Hour, Module: runtime.ModuleConfig{HandlerTimeout: time.Hour}}).Validate(); err != nil {
-		t.Errorf("handler_timeout 1h with consumer_timeout 2h: %v", err)
+	if err := (runtime.Config{Node: "x", ConsumerTimeout: 2 * time.Hour, Module: runtime.ModuleConfig{HandlerTimeout: time.Hour, Prefetch: 4, Concurrency: 4}}).Validate(); err != nil {
+		t.Errorf("handler_timeout 1h, one run at a time, with consumer_timeout 2h: %v", err)
 	}
 	cfg := runtime.Config{Node: "x"}
-	if err := cfg.CheckConsumerTimeout(runtime.ModuleConfig{HandlerTimeout: 29*time.Minute + 31*time.Second}); err == nil {
+	if err := cfg.CheckConsumerTimeout(runtime.ModuleConfig{HandlerTimeout: 29*time.Minute + 31*time.Second, Prefetch: 1}); err == nil {
 		t.Error("29m31s + retry_max 30s accepted under a 30 min consumer timeout")
+	}
+	// The default prefetch 32 at concurrency 1: 32 runs of 30s fit in 30
+	// min, of 60s do not; concurrency 4 brings them to 8 runs.
+	if err := cfg.CheckConsumerTimeout(runtime.ModuleConfig{}); err != nil {
+		t.Errorf("the defaults: %v", err)
+	}
+	err = cfg.CheckConsumerTimeout(runtime.ModuleConfig{HandlerTimeout: time.Minute})
+	if err == nil || !strings.Contains(err.Error(), "32 handler runs") || !strings.Contains(err.Error(), "concurrency") {
+		t.Errorf("handler_timeout 1m behind prefetch 32: %v, want a refusal naming the runs", err)
+	}
+	if err := cfg.CheckConsumerTimeout(runtime.ModuleConfig{HandlerTimeout: time.Minute, Concurrency: 4}); err != nil {
+		t.Errorf("handler_timeout 1m, concurrency 4: %v", err)
 	}
 	url := brokertest.VHost(t)
 	n := testNode(t, url, "anchor", nil)
