@@ -214,6 +214,9 @@ func (n *Node) emit(ctx context.Context, source, eventType string, raw []byte, o
 	if o.CausationID == "" {
 		o.CausationID = causation.From(ctx)
 	}
+	if err := wire.CheckCausation(o.CausationID); err != nil {
+		return "", fmt.Errorf("emit %s: %w", eventType, err)
+	}
 	now := time.Now().UTC()
 	if id == "" {
 		id = newID(now)

@@ -268,6 +268,17 @@ func TestEmitRefusesBadInput(t *testing.T) {
 	if _, err := n.Emit(emitCtx(t), "meshctl", "other.x.y", 1); !errors.Is(err, sdk.ErrInvalid) {
 		t.Errorf("emit with unknown origin: %v", err)
 	}
+	// Headers out of bounds are refused up front, never spooled.
+	if _, err := m.Mesh().Emit(emitCtx(t), "site.created", 1, sdk.WithSchema(strings.Repeat("v", 100000))); !errors.Is(err, sdk.ErrInvalid) || !strings.Contains(err.Error(), "128") {
+		t.Errorf("emit with a huge schema: %v", err)
+	}
+	huge := causation.With(emitCtx(t), strings.Repeat("c", 100000))
+	if _, err := n.Emit(huge, "meshctl", "mesh.x.y", 1); !errors.Is(err, sdk.ErrInvalid) || !strings.Contains(err.Error(), "255") {
+		t.Errorf("emit with a huge causation id: %v", err)
+	}
+	if st := n.Stats(); st.Spooled != 0 {
+		t.Errorf("%d refused events spooled", st.Spooled)
+	}
 	// A good event goes through, and it is the only one on the wire.
 	if _, err := m.Mesh().Emit(emitCtx(t), "site.created", 1); err != nil {
 		t.Fatal(err)

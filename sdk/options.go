@@ -22,11 +22,13 @@ func (emitOption) isEmitOption() {}
 // ApplyEmit sets what the option says on o.
 func (f emitOption) ApplyEmit(o *wire.EmitOptions) error { return f(o) }
 
-// WithSchema records the version of the body's shape (x-schema).
+// WithSchema records the version of the body's shape (x-schema): at most
+// 128 bytes, without control characters, or the emit fails with
+// ErrInvalid.
 func WithSchema(version string) EmitOption {
 	return emitOption(func(o *wire.EmitOptions) error {
-		if version == "" {
-			return fmt.Errorf("%w: schema version is empty", ErrInvalid)
+		if err := wire.CheckSchema(version); err != nil {
+			return err
 		}
 		o.Schema = version
 		return nil

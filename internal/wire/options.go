@@ -2,7 +2,9 @@ package wire
 
 import (
 	"fmt"
+	"strings"
 	"time"
+	"unicode"
 )
 
 // EmitOptions are the per-emit settings the sdk's options fill in and the
@@ -21,9 +23,51 @@ type EmitOptions struct {
 	FreshID bool
 }
 
+// Bounds of what a module sets in an event's headers, so that an event
+// always fits the broker's frame (a header too large for it would kill
+// the publishing connection, and a spooled one would on every resend).
+const (
+	// MaxSchemaBytes bounds x-schema (sdk.WithSchema).
+	MaxSchemaBytes = 128
+	// MaxCausationBytes bounds x-causation-id: an id, at most an AMQP
+	// short string.
+	MaxCausationBytes = 255
+)
+
+// CheckSchema refuses a schema version that is empty, longer than
+// MaxSchemaBytes, or holds control characters.
+func CheckSchema(v string) error {
+	switch {
+	case v == "":
+		return fmt.Errorf("%w: schema version is empty", ErrInvalid)
+	case len(v) > MaxSchemaBytes:
+		return fmt.Errorf("%w: schema version of %d bytes is over %d", ErrInvalid, len(v), MaxSchemaBytes)
+	case strings.IndexFunc(v, unicode.IsControl) >= 0:
+		return fmt.Errorf("%w: schema version %q holds a control character", ErrInvalid, v)
+	}
+	return nil
+}
+
+// CheckCausation refuses a causation id longer than MaxCausationBytes.
+func CheckCausation(id string) error {
+	if len(id) > MaxCausationBytes {
+		return fmt.Errorf("%w: causation id of %d bytes is over %d", ErrInvalid, len(id), MaxCausationBytes)
+	}
+	return nil
+}
+
 // Check refuses settings no sdk option makes, as they arrive from a module
-// process: a priority over 9 or a negative time to live.
+// process: a priority over 9, a negative time to live, a schema or a
+// causation id out of bounds.
 func (o EmitOptions) Check() error {
+	if o.Schema != "" {
+		if err := CheckSchema(o.Schema); err != nil {
+			return err
+		}
+	}
+	if err := CheckCausation(o.CausationID); err != nil {
+		return err
+	}
 	if o.HasPriority && o.Priority > 9 {
 		return fmt.Errorf("%w: priority %d is over 9", ErrInvalid, o.Priority)
 	}

@@ -516,6 +516,9 @@ func (m *Mesh) publish(ctx context.Context, source, eventType string, raw []byte
 	if o.CausationID == "" {
 		o.CausationID = causation.From(ctx)
 	}
+	if err := wire.CheckCausation(o.CausationID); err != nil {
+		return "", fmt.Errorf("emit %s: %w", eventType, err)
+	}
 	ev := sdk.Event{ID: id, Type: eventType, Source: source, Node: m.cfg.Node, Time: m.now,
 		CausationID: o.CausationID, Schema: o.Schema, Headers: map[string]string{}, Body: json.RawMessage(slices.Clone(raw))}
 	m.emitted = append(m.emitted, ev)
