@@ -305,7 +305,7 @@ func (c Config) Validate() error {
 	if err := c.Module.validate(); err != nil {
 		errs = append(errs, err)
 	}
-	if err := c.CheckConsumerTimeout(c.Module); err != nil {
+	if err := c.CheckConsumerTimeout(c.Module, true); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
@@ -318,13 +318,22 @@ func (c Config) Validate() error {
 // RetryMax before it is returned. The broker would close the channel of such a
 // consumer. (The per-queue x-consumer-timeout argument is not enforced
 // on RabbitMQ 3.10, so the runtime cannot lower the limit per queue.)
-func (c Config) CheckConsumerTimeout(m ModuleConfig) error {
+//
+// Only a module that consumes events waits through other runs: tool
+// requests are served up to the prefetch at once, and a consumed queue
+// (sdk.Mesh.Consume) has as many workers as its prefetch. Pass
+// consumesEvents false for a module known to do neither (an agent, or a
+// module whose Setup subscribed no pattern): one run is then counted.
+func (c Config) CheckConsumerTimeout(m ModuleConfig, consumesEvents bool) error {
 	c.withDefaults()
 	m = m.over(c.Module)
 	// A delivery can wait behind the handler runs ahead of it: with
 	// prefetch P and concurrency C, ceil(P/C) runs end with its own, each
 	// up to the handler timeout, and a failed one is held for its retry.
-	runs := (m.Prefetch + m.Concurrency - 1) / m.Concurrency
+	runs := 1
+	if consumesEvents {
+		runs = (m.Prefetch + m.Concurrency - 1) / m.Concurrency
+	}
 	if held := time.Duration(runs)*m.HandlerTimeout + c.RetryMax; held >= c.ConsumerTimeout {
 		return fmt.Errorf("handler_timeout: %v for each of the %d handler runs a delivery can wait through (prefetch %d / concurrency %d), plus retry_max %v, "+
 			"holds it for %v, not below the broker's consumer_timeout %v; lower handler_timeout, prefetch or retry_max, raise concurrency, "+

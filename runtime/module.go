@@ -91,7 +91,7 @@ func (n *Node) Load(ctx context.Context, def sdk.Module, mc ModuleConfig) (*Modu
 	if err := mc.validate(); err != nil {
 		return nil, fmt.Errorf("load module %s: %w", def.Name, err)
 	}
-	if err := n.cfg.CheckConsumerTimeout(mc); err != nil {
+	if err := n.cfg.CheckConsumerTimeout(mc, false); err != nil { // the runs waited through: once Setup said (start)
 		return nil, fmt.Errorf("load module %s: %w", def.Name, err)
 	}
 	queue := wire.ModuleQueue(n.cfg.Node, def.Name)
@@ -154,6 +154,11 @@ func (m *Module) start(ctx context.Context) error {
 	}
 	fixedSubs, fixedTools := m.setup.Fix()
 	m.queues = m.setup.Consumed()
+	if len(fixedSubs) > 0 {
+		if err := m.node.cfg.CheckConsumerTimeout(m.cfg, true); err != nil {
+			return err
+		}
+	}
 	m.mu.Lock()
 	for _, e := range fixedSubs {
 		h := e.Handler.(sdk.Handler)

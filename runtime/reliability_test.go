@@ -200,20 +200,23 @@ func TestConsumerTimeoutChecked(t *testing.T) {
 		t.Errorf("handler_timeout 1h, one run at a time, with consumer_timeout 2h: %v", err)
 	}
 	cfg := runtime.Config{Node: "x"}
-	if err := cfg.CheckConsumerTimeout(runtime.ModuleConfig{HandlerTimeout: 29*time.Minute + 31*time.Second, Prefetch: 1}); err == nil {
+	if err := cfg.CheckConsumerTimeout(runtime.ModuleConfig{HandlerTimeout: 29*time.Minute + 31*time.Second, Prefetch: 1}, true); err == nil {
 		t.Error("29m31s + retry_max 30s accepted under a 30 min consumer timeout")
 	}
 	// The default prefetch 32 at concurrency 1: 32 runs of 30s fit in 30
 	// min, of 60s do not; concurrency 4 brings them to 8 runs.
-	if err := cfg.CheckConsumerTimeout(runtime.ModuleConfig{}); err != nil {
+	if err := cfg.CheckConsumerTimeout(runtime.ModuleConfig{}, true); err != nil {
 		t.Errorf("the defaults: %v", err)
 	}
-	err = cfg.CheckConsumerTimeout(runtime.ModuleConfig{HandlerTimeout: time.Minute})
+	err = cfg.CheckConsumerTimeout(runtime.ModuleConfig{HandlerTimeout: time.Minute}, true)
 	if err == nil || !strings.Contains(err.Error(), "32 handler runs") || !strings.Contains(err.Error(), "concurrency") {
 		t.Errorf("handler_timeout 1m behind prefetch 32: %v, want a refusal naming the runs", err)
 	}
-	if err := cfg.CheckConsumerTimeout(runtime.ModuleConfig{HandlerTimeout: time.Minute, Concurrency: 4}); err != nil {
+	if err := cfg.CheckConsumerTimeout(runtime.ModuleConfig{HandlerTimeout: time.Minute, Concurrency: 4}, true); err != nil {
 		t.Errorf("handler_timeout 1m, concurrency 4: %v", err)
+	}
+	if err := cfg.CheckConsumerTimeout(runtime.ModuleConfig{HandlerTimeout: time.Minute}, false); err != nil {
+		t.Errorf("handler_timeout 1m serving tools only: %v", err)
 	}
 	url := brokertest.VHost(t)
 	n := testNode(t, url, "anchor", nil)

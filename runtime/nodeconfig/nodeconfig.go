@@ -198,7 +198,7 @@ func (f File) Validate() error {
 		cfg := runtime.Config{Node: "x", Module: m.ModuleConfig(), RetryMin: f.RetryMin, RetryMax: f.RetryMax, ConsumerTimeout: f.ConsumerTimeout}
 		if err := cfg.Validate(); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", field, err))
-		} else if err := f.Runtime().CheckConsumerTimeout(m.ModuleConfig()); err != nil {
+		} else if err := f.Runtime().CheckConsumerTimeout(m.ModuleConfig(), m.Kind != "agent"); err != nil {
 			errs = append(errs, fmt.Errorf("%s.%w", field, err))
 		}
 	}
