@@ -2,6 +2,8 @@ package runtime
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
@@ -68,7 +70,7 @@ func (m *Module) consumeQueue(ctx context.Context, s *session, q setup.Entry) er
 	if err := ch.Qos(q.Prefetch, 0, false); err != nil {
 		return fmt.Errorf("set prefetch: %w", err)
 	}
-	qc := &queueConsumer{entry: q, ch: ch, tag: "mesh." + m.node.cfg.Node + "." + m.def.Name + ".queue." + q.Key}
+	qc := &queueConsumer{entry: q, ch: ch, tag: m.queueTag(q.Key)}
 	go m.watch(s, ch, ch.NotifyClose(make(chan *amqp.Error, 1)), ch.NotifyCancel(make(chan string, 1)))
 	m.holdMu.Lock()
 	defer m.holdMu.Unlock()
@@ -82,6 +84,18 @@ func (m *Module) consumeQueue(ctx context.Context, s *session, q setup.Entry) er
 	}
 	m.log.Info("consuming a queue", "queue", q.Key, "prefetch", q.Prefetch, "messages", info.Messages)
 	return nil
+}
+
+// queueTag is the consumer tag of a consumed queue: it names the node,
+// the module and the queue, cut to the 255 bytes of an AMQP short string
+// (a long queue name then ends in a digest of itself).
+func (m *Module) queueTag(queue string) string {
+	tag := "mesh." + m.node.cfg.Node + "." + m.def.Name + ".queue." + queue
+	if len(tag) <= 255 {
+		return tag
+	}
+	sum := sha256.Sum256([]byte(queue))
+	return tag[:255-17] + "." + hex.EncodeToString(sum[:8])
 }
 
 // queueError says why a consumed queue could not be consumed.
@@ -115,7 +129,7 @@ const standByEvery = time.Second
 // the module runs; it returns once it consumes. Until then its channel is
 // not the module's: a refusal (403) closes only it.
 func (m *Module) standBy(s *session, q setup.Entry) {
-	tag := "mesh." + m.node.cfg.Node + "." + m.def.Name + ".queue." + q.Key
+	tag := m.queueTag(q.Key)
 	waiting := false
 	for {
 		m.mu.Lock()
