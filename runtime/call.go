@@ -42,6 +42,15 @@ type caller struct {
 	checkMu sync.Mutex
 	check   *amqp.Channel        // passive declares; a 404 closes it, so it is reopened
 	served  map[string]time.Time // tool → when it was last seen with a consumer
+	// checked is each tool's latest check, whatever it found: the calls
+	// waiting on one tool share it rather than each asking the broker.
+	checked map[string]serverCheck
+}
+
+// serverCheck is one answer to "is anyone serving the tool?".
+type serverCheck struct {
+	at     time.Time
+	served bool
 }
 
 type callResult struct {
@@ -94,7 +103,7 @@ func (n *Node) callerOn(s *session) (*caller, error) {
 }
 
 func newCaller(n *Node, s *session) (*caller, error) {
-	c := &caller{node: n, sess: s, pending: make(map[string]chan callResult), served: make(map[string]time.Time)}
+	c := &caller{node: n, sess: s, pending: make(map[string]chan callResult), served: make(map[string]time.Time), checked: make(map[string]serverCheck)}
 	var err error
 	if c.pub, err = s.pubConn.Channel(); err != nil {
 		return nil, fmt.Errorf("open request channel: %w", err)
@@ -181,13 +190,30 @@ func (c *caller) close() {
 }
 
 // hasServer reports whether tool's serve queue exists and has a consumer,
-// trusting a positive answer for serverCheckTTL unless fresh is set.
+// trusting a positive answer for serverCheckTTL unless fresh is set. A
+// fresh answer is one at most half a recheck period old: however many
+// calls wait on a tool, the broker is asked about it about twice per
+// recheck period, not once per call.
 func (c *caller) hasServer(tool string, fresh bool) (bool, error) {
 	c.checkMu.Lock()
 	defer c.checkMu.Unlock()
 	if seen, ok := c.served[tool]; ok && !fresh && time.Since(seen) < serverCheckTTL {
 		return true, nil
 	}
+	if last, ok := c.checked[tool]; ok && fresh && time.Since(last.at) < serverRecheck/2 {
+		return last.served, nil
+	}
+	served, err := c.askServer(tool)
+	if err == nil {
+		c.checked[tool] = serverCheck{at: time.Now(), served: served}
+	}
+	return served, err
+}
+
+// askServer asks the broker whether tool's serve queue has a consumer.
+// checkMu is held.
+func (c *caller) askServer(tool string) (bool, error) {
+	c.node.stats.serverChecks.Add(1)
 	if c.check == nil || c.check.IsClosed() {
 		ch, err := c.sess.subConn.Channel()
 		if err != nil {

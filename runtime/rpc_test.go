@@ -520,3 +520,63 @@ func TestEmitsSurviveConnectionCuts(t *testing.T) {
 		t.Error("nothing was spooled while the broker was unreachable")
 	}
 }
+
+// TestWaitingCallsShareTheServerCheck: forty calls waiting on one tool do
+// not each ask the broker every second whether it still has a server:
+// they share one answer per half recheck period, so four more checks take
+// at least a recheck period (a lower bound: a slow machine only makes it
+// longer; forty calls asking each would make four checks at once).
+func TestWaitingCallsShareTheServerCheck(t *testing.T) {
+	t.Parallel()
+	url := brokertest.VHost(t)
+	n := testNode(t, url, "anchor", nil)
+	entered := make(chan struct{}, 100)
+	release := make(chan struct{})
+	load(t, n, sdk.Module{Name: "slow", Setup: func(m sdk.Mesh) error {
+		return m.Serve("slow.wait", sdk.ToolHandlerFunc(func(ctx context.Context, r sdk.Request) (any, error) {
+			entered <- struct{}{}
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+			return "ok", nil
+		}))
+	}}, runtime.ModuleConfig{Prefetch: 64})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const calls = 40
+	done := make(chan error, calls)
+	for range calls {
+		go func() { done <- n.Call(ctx, "test", "slow.wait", nil, nil) }()
+	}
+	for range calls {
+		select {
+		case <-entered:
+		case <-ctx.Done():
+			t.Fatal("the calls never reached the server")
+		}
+	}
+	checks := func(over uint64) {
+		for n.Stats().ServerChecks < over {
+			select {
+			case <-ctx.Done():
+				t.Fatal("the waiting calls never checked for a server")
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}
+	// From the first recheck on: forty calls asking each would make the
+	// next four checks at once.
+	checks(n.Stats().ServerChecks + 1)
+	start, before := time.Now(), n.Stats().ServerChecks
+	checks(before + 4)
+	if took := time.Since(start); took < time.Second {
+		t.Errorf("4 server checks within %v with %d calls waiting: each call asks the broker itself", took, calls)
+	}
+	close(release)
+	for range calls {
+		if err := <-done; err != nil {
+			t.Errorf("call: %v", err)
+		}
+	}
+}

@@ -327,7 +327,7 @@ func (n *Node) resend(s *session, recs []spool.Record) (done []uint64, refused b
 // counters are the node's running totals; Stats reads them.
 type counters struct {
 	emitted, spooled, resent, refused, expired, backPressure atomic.Uint64
-	blocks                                                   atomic.Uint64
+	blocks, serverChecks                                     atomic.Uint64
 	disconnects, reconnects                                  atomic.Uint64
 	handled, failed, deadLettered, duplicates                atomic.Uint64
 	lastRefusedLog                                           atomic.Int64
@@ -342,6 +342,9 @@ type Stats struct {
 	// memory or disk alarm); Blocks counts the times it did.
 	Blocked bool
 	Blocks  uint64
+	// ServerChecks counts the times the node asked the broker whether a
+	// tool has a server (a passive declare of its serve queue).
+	ServerChecks uint64
 	// Disconnects and Reconnects count lost and regained sessions.
 	Disconnects, Reconnects uint64
 	// Emitted counts events confirmed by the broker when first sent.
@@ -370,6 +373,7 @@ func (n *Node) Stats() Stats {
 		Connected:    n.Connected(),
 		Blocked:      n.Blocked(),
 		Blocks:       n.stats.blocks.Load(),
+		ServerChecks: n.stats.serverChecks.Load(),
 		Disconnects:  n.stats.disconnects.Load(),
 		Reconnects:   n.stats.reconnects.Load(),
 		Emitted:      n.stats.emitted.Load(),
