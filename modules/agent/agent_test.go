@@ -1,6 +1,7 @@
 package agent_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -11,9 +12,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/meshkit/mesh/modules/agent"
 	"github.com/meshkit/mesh/sdk"
@@ -118,7 +120,9 @@ func TestExitPaths(t *testing.T) {
 	}
 }
 
-// alive reports whether the process of the pid in file still runs.
+// alive reports whether the process of the pid in file still runs, ten
+// seconds on: a pidfd becomes readable when its process exits, so the
+// wait ends on that signal (a process already gone has none to open).
 func alive(t *testing.T, file string) (int, bool) {
 	t.Helper()
 	b, err := os.ReadFile(file)
@@ -129,18 +133,24 @@ func alive(t *testing.T, file string) (int, bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A killed child of the agent's child is reaped by init; until then
-	// it is a zombie, which signal 0 still finds: wait for it to go.
-	for range 200 {
-		if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
-			return pid, false
-		}
-		if st, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat"); err == nil && bytes.Contains(st, []byte(") Z ")) {
-			return pid, false
-		}
-		time.Sleep(10 * time.Millisecond)
+	fd, err := unix.PidfdOpen(pid, 0)
+	if errors.Is(err, unix.ESRCH) {
+		return pid, false
 	}
-	return pid, true
+	if err != nil {
+		t.Fatalf("pidfd_open %d: %v", pid, err)
+	}
+	defer unix.Close(fd)
+	for {
+		n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 10000)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			t.Fatalf("poll the pidfd of %d: %v", pid, err)
+		}
+		return pid, n == 0
+	}
 }
 
 // TestDeadlineKillsTheGroup: past its timeout the command and everything
@@ -182,6 +192,22 @@ func TestBadOutput(t *testing.T) {
 // once 4 run, the others wait until they finish.
 func TestMaxConcurrency(t *testing.T) {
 	dir := t.TempDir()
+	// Two FIFOs, opened here for reading and writing so that the runs'
+	// opens never block: on one the runs say they started, on the other
+	// the test releases them, a line each.
+	fifo := func(name string) *os.File {
+		path := filepath.Join(dir, name)
+		if err := unix.Mkfifo(path, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		f, err := os.OpenFile(path, os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		return f
+	}
+	started, release := fifo("started"), fifo("release")
 	mt, _ := mesh(t, agent.Tool{Key: "t.busy", Command: script(t, "busy.sh"), MaxConcurrency: 4, Env: map[string]string{"DIR": dir}})
 	var wg sync.WaitGroup
 	errs := make(chan error, 16)
@@ -193,16 +219,13 @@ func TestMaxConcurrency(t *testing.T) {
 			}
 		})
 	}
-	running := func() int {
-		m, _ := filepath.Glob(filepath.Join(dir, "run.*"))
-		return len(m)
-	}
-	for deadline := time.Now().Add(30 * time.Second); running() < 4; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d runs started, want 4", running())
+	lines := bufio.NewReader(started)
+	for range 4 { // four at once, the limit, are running
+		if _, err := lines.ReadString('\n'); err != nil {
+			t.Fatal(err)
 		}
 	}
-	if err := os.WriteFile(filepath.Join(dir, "release"), nil, 0o600); err != nil {
+	if _, err := release.WriteString(strings.Repeat("go\n", 16)); err != nil {
 		t.Fatal(err)
 	}
 	wg.Wait()

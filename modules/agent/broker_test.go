@@ -40,6 +40,18 @@ func TestAsModuleProcess(t *testing.T) {
 	}
 	defer node.Close(context.Background())
 	settings, _ := json.Marshal(agent.Config{Tools: []agent.Tool{{Key: "t.echo", Command: script(t, "echo.sh"), MaxConcurrency: 4}}})
+	// The node announces the restart of a module process.
+	restarted := make(chan struct{}, 10)
+	watch, err := node.Load(ctx, sdk.Module{Name: "watch", Setup: func(m sdk.Mesh) error {
+		return m.On("node.anchor.module.restarted", sdk.HandlerFunc(func(context.Context, sdk.Event) error {
+			restarted <- struct{}{}
+			return nil
+		}))
+	}}, runtime.ModuleConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watch.Stop(context.Background())
 	pm, err := node.LoadPlugin(ctx, bin, nil, runtime.ModuleConfig{ToolGrants: []string{"t.*"}, Settings: settings})
 	if err != nil {
 		t.Fatal(err)
@@ -88,12 +100,13 @@ func TestAsModuleProcess(t *testing.T) {
 			failed++ // transient, or no answer in time: the caller may retry
 		}
 	}
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if err := echo(99); err == nil {
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatalf("no answer 30s after the kill: %v", err)
-		}
+	select {
+	case <-restarted:
+	case <-ctx.Done():
+		t.Fatal("the node never restarted the agent")
+	}
+	if err := echo(99); err != nil {
+		t.Errorf("no answer once the agent restarted: %v", err)
 	}
 	t.Logf("summary TestAsModuleProcess: calls=40 answered=%d failed_transient=%d (SIGKILL after 10), answered after the restart", answered, failed)
 }

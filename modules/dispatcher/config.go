@@ -27,6 +27,10 @@ type Config struct {
 	// missing), in the node's state dir.
 	Store    string    `json:"store"`
 	Triggers []Trigger `json:"triggers"`
+	// OnFire, for a program that embeds the dispatcher, is told of each
+	// firing once it is recorded (before its message is acknowledged).
+	// It must not block for long.
+	OnFire func(Fire) `json:"-"`
 }
 
 // Trigger takes work from one source and hands each message to a tool.

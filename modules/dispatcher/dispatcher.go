@@ -179,6 +179,9 @@ func (d *Dispatcher) handler(t Trigger, m sdk.Mesh) sdk.Handler {
 		if result != nil {
 			log.Warn("trigger fired", "message_id", ev.ID, "outcome", outcome, "detail", detail)
 		}
+		if d.cfg.OnFire != nil {
+			d.cfg.OnFire(x)
+		}
 		return result
 	})
 }

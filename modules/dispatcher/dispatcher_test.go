@@ -128,14 +128,35 @@ func (w *world) fires(t *testing.T, trigger string) []dispatcher.Fire {
 	}
 }
 
-func openDispatcher(t *testing.T, triggers ...dispatcher.Trigger) *dispatcher.Dispatcher {
+// firings receives each firing of a dispatcher once it is recorded
+// (Config.OnFire).
+type firings chan dispatcher.Fire
+
+// wait returns the next n firings.
+func (f firings) wait(t *testing.T, ctx context.Context, n int) []dispatcher.Fire {
 	t.Helper()
-	d, err := dispatcher.Open(dispatcher.Config{Store: filepath.Join(t.TempDir(), "fires.db"), Triggers: triggers})
+	out := make([]dispatcher.Fire, 0, n)
+	for len(out) < n {
+		select {
+		case x := <-f:
+			out = append(out, x)
+		case <-ctx.Done():
+			t.Fatalf("%d of %d firings: %+v", len(out), n, out)
+		}
+	}
+	return out
+}
+
+func openDispatcher(t *testing.T, triggers ...dispatcher.Trigger) (*dispatcher.Dispatcher, firings) {
+	t.Helper()
+	fired := make(firings, 1000)
+	d, err := dispatcher.Open(dispatcher.Config{Store: filepath.Join(t.TempDir(), "fires.db"), Triggers: triggers,
+		OnFire: func(x dispatcher.Fire) { fired <- x }})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { d.Close() })
-	return d
+	return d, fired
 }
 
 // tools serves the test's tools, counting the calls of each.
@@ -210,7 +231,7 @@ func TestOutcomes(t *testing.T) {
 		w.queue(t, "q."+r.trigger)
 		triggers = append(triggers, dispatcher.Trigger{Name: r.trigger, Queue: "q." + r.trigger, Tool: r.tool, Timeout: dispatcher.Duration(r.timeout)})
 	}
-	d := openDispatcher(t, triggers...)
+	d, fired := openDispatcher(t, triggers...)
 	w.load(t, d.Module(), runtime.ModuleConfig{MaxAttempts: 3})
 	okBefore := 0
 	for _, r := range rows {
@@ -229,15 +250,12 @@ func TestOutcomes(t *testing.T) {
 				t.Errorf("%s: dead letter %s from %v: %v", r.trigger, dl.MessageId, dl.Headers["x-mesh-dead-queue"], dl.Headers["x-mesh-dead-error"])
 			}
 		}
+		// Rows go one at a time: these firings are this row's. (A row
+		// without one ends with its dead letter, which comes after.)
+		fired.wait(t, w.ctx, len(strings.Fields(r.outcomes)))
 		var got []string
-		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-			got = got[:0]
-			for _, f := range w.fires(t, r.trigger) {
-				got = append(got, f.Outcome)
-			}
-			if strings.Join(got, " ") == r.outcomes || time.Now().After(deadline) {
-				break
-			}
+		for _, f := range w.fires(t, r.trigger) {
+			got = append(got, f.Outcome)
 		}
 		if strings.Join(got, " ") != r.outcomes {
 			t.Errorf("%s: recorded %v, want %s", r.trigger, got, r.outcomes)
@@ -272,7 +290,7 @@ func TestRequestAndRepeats(t *testing.T) {
 	ts := &tools{calls: map[string][]json.RawMessage{}}
 	w.load(t, ts.module(), runtime.ModuleConfig{})
 	w.queue(t, "legacy.orders")
-	d := openDispatcher(t, dispatcher.Trigger{Name: "orders", Queue: "legacy.orders", Tool: "t.ok",
+	d, _ := openDispatcher(t, dispatcher.Trigger{Name: "orders", Queue: "legacy.orders", Tool: "t.ok",
 		Inputs: map[string]json.RawMessage{"currency": json.RawMessage(`"EUR"`)}})
 	w.load(t, d.Module(), runtime.ModuleConfig{})
 	w.publish(t, "legacy.orders", "o-1", []byte("ORDER;7;not json"), nil)
@@ -335,13 +353,9 @@ func TestMaxConcurrentRuns(t *testing.T) {
 	for i := range 16 {
 		w.publish(t, "work", fmt.Sprint("w-", i), []byte(fmt.Sprint(i)), nil)
 	}
-	d := openDispatcher(t, dispatcher.Trigger{Name: "work", Queue: "work", Tool: "t.hold", MaxConcurrentRuns: 4})
+	d, fired := openDispatcher(t, dispatcher.Trigger{Name: "work", Queue: "work", Tool: "t.hold", MaxConcurrentRuns: 4})
 	w.load(t, d.Module(), runtime.ModuleConfig{})
-	for deadline := time.Now().Add(60 * time.Second); len(w.fires(t, "work")) < 16; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of 16 fired", len(w.fires(t, "work")))
-		}
-	}
+	fired.wait(t, w.ctx, 16)
 	if m := most.Load(); m != 4 {
 		t.Errorf("the tool saw %d calls at once, want 4 (the limit, reached)", m)
 	}
@@ -353,7 +367,7 @@ func TestMaxConcurrentRuns(t *testing.T) {
 func TestBadTarget(t *testing.T) {
 	w := newWorld(t)
 	w.queue(t, "q.bad")
-	d := openDispatcher(t, dispatcher.Trigger{Name: "bad", Queue: "q.bad", Tool: "t..bad"})
+	d, _ := openDispatcher(t, dispatcher.Trigger{Name: "bad", Queue: "q.bad", Tool: "t..bad"})
 	if _, err := w.node.Load(w.ctx, d.Module(), runtime.ModuleConfig{}); err == nil || !strings.Contains(err.Error(), "t..bad") {
 		t.Errorf("load with a bad tool key: %v", err)
 	}
@@ -363,7 +377,7 @@ func TestBadTarget(t *testing.T) {
 // module's start, naming the queue, which is not declared.
 func TestMissingQueue(t *testing.T) {
 	w := newWorld(t)
-	d := openDispatcher(t, dispatcher.Trigger{Name: "gone", Queue: "legacy.gone", Tool: "t.ok"})
+	d, _ := openDispatcher(t, dispatcher.Trigger{Name: "gone", Queue: "legacy.gone", Tool: "t.ok"})
 	if _, err := w.node.Load(w.ctx, d.Module(), runtime.ModuleConfig{}); err == nil || !strings.Contains(err.Error(), "legacy.gone") {
 		t.Errorf("load with a missing queue: %v", err)
 	}
@@ -409,10 +423,11 @@ func TestPauseResume(t *testing.T) {
 	w.load(t, ts.module(), runtime.ModuleConfig{})
 	w.queue(t, "legacy.orders")
 	store := filepath.Join(t.TempDir(), "fires.db")
+	fired := make(firings, 100)
 	cfg := dispatcher.Config{Store: store, Triggers: []dispatcher.Trigger{
 		{Name: "orders", Queue: "legacy.orders", Tool: "t.ok"},
 		{Name: "events", Pattern: "mesh.order.#", Tool: "t.ok"},
-	}}
+	}, OnFire: func(x dispatcher.Fire) { fired <- x }}
 	start := func() *runtime.Module {
 		d, err := dispatcher.Open(cfg)
 		if err != nil {
@@ -451,10 +466,9 @@ func TestPauseResume(t *testing.T) {
 	if r, err := call(dispatcher.ToolResume, "orders"); err != nil || r.Paused {
 		t.Fatalf("resume: %+v, %v", r, err)
 	}
-	for deadline := time.Now().Add(30 * time.Second); len(w.fires(t, "orders")) < 3; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of 3 fired after the resume", len(w.fires(t, "orders")))
-		}
+	fired.wait(t, w.ctx, 3)
+	if n := len(w.fires(t, "orders")); n != 3 {
+		t.Errorf("%d firings recorded after the resume, want 3", n)
 	}
 	var te *sdk.ToolError
 	if _, err := call(dispatcher.ToolPause, "events"); !errors.As(err, &te) || te.Code != "bad_request" {
@@ -470,73 +484,48 @@ func TestPauseResume(t *testing.T) {
 // the second stands by and takes over when the first stops.
 func TestSingleActiveConsumer(t *testing.T) {
 	w := newWorld(t)
-	var mu sync.Mutex
-	var order []string
 	w.load(t, sdk.Module{Name: "tools", Setup: func(m sdk.Mesh) error {
-		return m.Serve("t.log", sdk.ToolHandlerFunc(func(ctx context.Context, r sdk.Request) (any, error) {
-			var req struct{ Meta dispatcher.Meta }
-			if err := r.Decode(&req); err != nil {
-				return nil, sdk.Permanent(err)
-			}
-			mu.Lock()
-			order = append(order, req.Meta.MessageID)
-			mu.Unlock()
-			return "ok", nil
-		}))
+		return m.Serve("t.log", sdk.ToolHandlerFunc(func(ctx context.Context, r sdk.Request) (any, error) { return "ok", nil }))
 	}}, runtime.ModuleConfig{})
 	w.queue(t, "ordered")
 	trigger := dispatcher.Trigger{Name: "ordered", Queue: "ordered", Tool: "t.log", SingleActiveConsumer: true}
-	first := openDispatcher(t, trigger)
+	first, firstFired := openDispatcher(t, trigger)
 	a, err := w.node.Load(w.ctx, first.Module(), runtime.ModuleConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for w.consumers(t, "ordered") != 1 {
-		time.Sleep(20 * time.Millisecond)
-	}
+	// The first message fired by the first dispatcher says it has the
+	// queue, before the second one comes.
+	w.publish(t, "ordered", "o-0", []byte(`{}`), nil)
+	firstFired.wait(t, w.ctx, 1)
 	harbor, err := runtime.New(w.ctx, runtime.Config{Node: "harbor", AMQPURL: w.url, StateDir: t.TempDir(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { harbor.Close(context.Background()) })
-	second := openDispatcher(t, trigger)
+	second, secondFired := openDispatcher(t, trigger)
 	b, err := harbor.Load(w.ctx, second.Module(), runtime.ModuleConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { b.Stop(context.Background()) })
-	for i := range 10 {
+	for i := 1; i < 10; i++ {
 		w.publish(t, "ordered", fmt.Sprint("o-", i), []byte(`{}`), nil)
 	}
-	for deadline := time.Now().Add(30 * time.Second); len(w.fires(t, "ordered")) < 10; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the first dispatcher did not fire all ten")
+	for i, f := range firstFired.wait(t, w.ctx, 9) {
+		if f.MessageID != fmt.Sprint("o-", i+1) {
+			t.Errorf("firing %d is %s: not in queue order", i+1, f.MessageID)
 		}
 	}
-	mu.Lock()
-	for i, id := range order {
-		if id != fmt.Sprint("o-", i) {
-			t.Errorf("fired %v, not in queue order", order)
-			break
-		}
-	}
-	mu.Unlock()
 	if err := a.Stop(w.ctx); err != nil {
 		t.Fatal(err)
 	}
 	w.publish(t, "ordered", "o-10", []byte(`{}`), nil)
-	for {
-		mu.Lock()
-		n := len(order)
-		mu.Unlock()
-		if n == 11 {
-			break
-		}
-		select {
-		case <-w.ctx.Done():
-			t.Fatal("the standing-by dispatcher never took over")
-		case <-time.After(20 * time.Millisecond):
-		}
+	if f := secondFired.wait(t, w.ctx, 1)[0]; f.MessageID != "o-10" {
+		t.Errorf("the dispatcher that took over fired %s, want o-10", f.MessageID)
+	}
+	if len(secondFired) != 0 {
+		t.Errorf("the standing-by dispatcher fired before it took over")
 	}
 	if c := w.consumers(t, "ordered"); c != 1 {
 		t.Errorf("%d consumers after the takeover, want 1", c)
