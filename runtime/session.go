@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -39,39 +40,31 @@ type session struct {
 
 	// The broker blocks the publishing connection during a memory or
 	// disk alarm (connection.blocked): nothing published on it is read
-	// until the alarm clears. blockedNow is closed while it lasts.
-	blockMu    sync.Mutex
-	blockedNow chan struct{} // closed while blocked; a new open one when not
-	blocked    bool
+	// until the alarm clears. Every publish reads these, so they are
+	// atomics; setBlocked, their one writer, runs on watchBlocked.
+	blocked    atomic.Bool
+	blockedNow atomic.Pointer[chan struct{}] // closed while blocked; a new open one when not
 }
 
 // isBlocked reports whether the broker blocks the publishing connection.
-func (s *session) isBlocked() bool {
-	s.blockMu.Lock()
-	defer s.blockMu.Unlock()
-	return s.blocked
-}
+func (s *session) isBlocked() bool { return s.blocked.Load() }
 
 // whenBlocked returns a channel closed once the publishing connection is
 // blocked (at once if it is now).
-func (s *session) whenBlocked() <-chan struct{} {
-	s.blockMu.Lock()
-	defer s.blockMu.Unlock()
-	return s.blockedNow
-}
+func (s *session) whenBlocked() <-chan struct{} { return *s.blockedNow.Load() }
 
 func (s *session) setBlocked(b bool) {
-	s.blockMu.Lock()
-	defer s.blockMu.Unlock()
-	if b == s.blocked {
+	if b == s.blocked.Load() {
 		return
 	}
-	s.blocked = b
 	if b {
-		close(s.blockedNow)
-	} else {
-		s.blockedNow = make(chan struct{})
+		s.blocked.Store(true)
+		close(*s.blockedNow.Load())
+		return
 	}
+	next := make(chan struct{})
+	s.blockedNow.Store(&next)
+	s.blocked.Store(false)
 }
 
 // watchBlocked follows the broker's flow control on the publishing
@@ -128,7 +121,9 @@ func (s *session) close(byNode bool) {
 // connect dials both connections, declares the topology, takes the node
 // lock and opens the publisher.
 func (n *Node) connect(ctx context.Context) (*session, error) {
-	s := &session{lost: make(chan struct{}), blockedNow: make(chan struct{})}
+	s := &session{lost: make(chan struct{})}
+	open := make(chan struct{})
+	s.blockedNow.Store(&open)
 	var err error
 	if s.pubConn, err = dial(ctx, n.cfg, "publish"); err != nil {
 		return nil, err
