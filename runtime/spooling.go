@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -188,14 +189,23 @@ func (n *Node) drainLoop() {
 
 // drain resends the spool, oldest first, in batches published in order
 // and deleted once confirmed, until it is empty (emits then go straight to
-// the broker again), the session is lost or the node closes. A refused
-// event is tried again with back-off before anything after it.
+// the broker again), the session is lost or the node closes.
+//
+// An event the broker refuses (a negative confirm) is tried again with
+// back-off before anything after it, as a direct emit is, for up to
+// EmitTimeout from its first refusal; past that it is moved to the dead
+// letters with reason "refused" and the events behind it go on (ADR 16).
+// An event the broker returns (unroutable even by mesh.events' alternate
+// exchange) is put in mesh.unrouted, as a direct emit with no queue bound
+// for it would be.
 //
 // Under a steady stream of emits the spool would never be seen empty, so
 // the last batch is sent with new appends held back (they wait a few
 // milliseconds); the spool then empties and the fast path returns.
 func (n *Node) drain(s *session) {
 	refusals := 0
+	refusedAt := make(map[uint64]time.Time) // spooled events the broker refused, and when it first did
+	var stuck *stuckEvent                   // the oldest of them, tried again alone
 	for !s.isLost() && !n.isClosing() && !s.isBlocked() {
 		recs, err := n.spool.Oldest(drainBatch)
 		if err != nil {
@@ -216,6 +226,9 @@ func (n *Node) drain(s *session) {
 				return
 			}
 		}
+		if stuck != nil && recs[0].Seq == stuck.seq {
+			recs = recs[:1] // what is behind it has been sent once already
+		}
 		done, refused := n.resend(s, recs)
 		delErr := n.spool.Delete(done...)
 		if locked {
@@ -228,33 +241,113 @@ func (n *Node) drain(s *session) {
 			n.log.Error("delete resent events from the spool; they will be sent again", "err", delErr)
 			return
 		}
-		if !n.spooling.Load() {
-			return
+		for _, seq := range done {
+			delete(refusedAt, seq)
 		}
-		if refused {
-			refusals++
-			delay := jitter(expBackoff(refusedRetryMin, refusedRetryMax, refusals))
-			n.logRefused("(spooled)", refusals, delay)
-			select {
-			case <-time.After(delay):
-			case <-s.lost:
-			case <-n.closing:
+		if len(refused) == 0 {
+			stuck, refusals = nil, 0
+			if !n.spooling.Load() {
+				return
 			}
 			continue
 		}
-		refusals = 0
+		now := time.Now()
+		for _, e := range refused {
+			if _, ok := refusedAt[e.seq]; !ok {
+				refusedAt[e.seq] = now
+			}
+		}
+		if stuck == nil || stuck.seq != refused[0].seq {
+			refusals = 0
+		}
+		stuck = &refused[0]
+		if since := now.Sub(refusedAt[stuck.seq]); since >= n.cfg.EmitTimeout && n.giveUpSpooled(s, stuck, since) {
+			delete(refusedAt, stuck.seq)
+			stuck, refusals = nil, 0
+			continue
+		}
+		refusals++
+		delay := jitter(expBackoff(refusedRetryMin, refusedRetryMax, refusals))
+		n.logRefused("(spooled) "+stuck.key, refusals, delay)
+		select {
+		case <-time.After(delay):
+		case <-s.lost:
+		case <-n.closing:
+		}
 	}
 }
 
+// stuckEvent is a spooled event the broker would not take: it refused it,
+// or returned it and mesh.unrouted would not keep it either.
+type stuckEvent struct {
+	seq uint64
+	key string
+	msg amqp.Publishing
+	why error
+}
+
+// giveUpSpooled moves a spooled event the broker has refused for the
+// whole of EmitTimeout to the dead letters, with reason "refused", and
+// deletes it from the spool. It reports whether it did; if the dead
+// letter could not be published either, the event stays and is tried
+// again.
+func (n *Node) giveUpSpooled(s *session, e *stuckEvent, since time.Duration) bool {
+	msg := e.msg
+	msg.Headers = maps.Clone(e.msg.Headers)
+	msg.Expiration = "" // a dead letter is kept until someone looks
+	msg.Headers[wire.HeaderDeadReason] = wire.DeadReasonRefused
+	msg.Headers[wire.HeaderDeadAttempts] = int64(1)
+	msg.Headers[wire.HeaderDeadError] = truncateText(fmt.Sprintf("node %s gave up resending it from its spool after %v: %v",
+		n.cfg.Node, since.Round(time.Millisecond), e.why), 4096)
+	msg.Headers[wire.HeaderDeadTime] = time.Now().UTC().Format(time.RFC3339Nano)
+	ctx, cancel := context.WithTimeout(context.Background(), n.cfg.EmitTimeout)
+	defer cancel()
+	if err := s.pub.publishUnlessBlocked(ctx, s.whenBlocked(), wire.ExchangeDead, e.key, msg); err != nil {
+		n.log.Error("a spooled event the broker keeps refusing could not be dead-lettered either; it stays in the spool",
+			"event_id", msg.MessageId, "event_type", e.key, "err", err)
+		return false
+	}
+	if err := n.spool.Delete(e.seq); err != nil {
+		// Sent again later: a second dead letter, or a late delivery the
+		// consumers' de-duplication absorbs.
+		n.log.Error("delete a dead-lettered event from the spool", "event_id", msg.MessageId, "err", err)
+		return false
+	}
+	n.stats.spoolDeadLettered.Add(1)
+	n.log.Error("the broker refused a spooled event until emit_timeout; it is in the dead letters (reason refused) and the events behind it go on",
+		"event_id", msg.MessageId, "event_type", e.key, "refused_for", since.Round(time.Millisecond), "err", e.why)
+	return true
+}
+
+// keepUnrouted puts an event the broker returned (no queue and no
+// alternate exchange would take it) straight into mesh.unrouted, with its
+// routing key in x-mesh-routing-key, where the unrouted tooling and
+// replays read it.
+func (n *Node) keepUnrouted(s *session, key string, msg amqp.Publishing) error {
+	msg.Headers = maps.Clone(msg.Headers)
+	msg.Headers[wire.HeaderRoutingKey] = key
+	ctx, cancel := context.WithTimeout(context.Background(), n.cfg.EmitTimeout)
+	defer cancel()
+	if err := s.pub.publishUnlessBlocked(ctx, s.whenBlocked(), "", wire.QueueUnrouted, msg); err != nil {
+		return fmt.Errorf("the broker returned it as unroutable, and it could not be kept in %s either: %w", wire.QueueUnrouted, err)
+	}
+	n.stats.spoolUnrouted.Add(1)
+	n.log.Warn("a resent event was returned as unroutable (is mesh.events' alternate exchange missing?); it is kept in "+wire.QueueUnrouted,
+		"event_id", msg.MessageId, "event_type", key)
+	return nil
+}
+
 // resend publishes recs in order on s and returns the sequence numbers
-// that are done with (confirmed, expired or undecodable) and whether the
-// broker refused one; it stops at the first event not confirmed, so
-// nothing overtakes it.
-func (n *Node) resend(s *session, recs []spool.Record) (done []uint64, refused bool) {
+// that are done with (confirmed, kept in mesh.unrouted, expired or
+// undecodable) and, in spool order, the events the broker would not take;
+// those stay in the spool. It waits for every confirm of the batch, so an
+// event confirmed behind a refused one is not sent twice.
+func (n *Node) resend(s *session, recs []spool.Record) (done []uint64, refused []stuckEvent) {
 	type sent struct {
 		seq uint64
 		dc  *amqp.DeferredConfirmation
-		id  string
+		key string
+		msg amqp.Publishing
 	}
 	var batch []sent
 	for _, r := range recs {
@@ -291,42 +384,52 @@ func (n *Node) resend(s *session, recs []spool.Record) (done []uint64, refused b
 		if err != nil {
 			break // the channel is gone: the rest waits for the next session
 		}
-		batch = append(batch, sent{seq: r.Seq, dc: dc, id: ev.ID})
+		batch = append(batch, sent{seq: r.Seq, dc: dc, key: ev.Key, msg: msg})
 	}
 	blocked := s.whenBlocked()
 	for _, b := range batch {
 		select {
 		case <-b.dc.Done():
 		case <-s.lost:
-			return done, false
+			return done, refused
 		case <-n.closing: // what is not deleted is sent again on the next start
-			return done, false
+			return done, refused
 		case <-blocked:
 			// No confirm comes while the broker blocks publishing: stop
 			// waiting (and holding new emits back); what was sent but not
 			// confirmed stays in the spool and goes again after the alarm
 			// (the consumers' de-duplication absorbs a second copy).
-			return done, false
+			return done, refused
 		}
 		if !b.dc.Acked() {
 			if s.pub.ch.IsClosed() {
-				return done, false
+				return done, refused
 			}
 			n.stats.refused.Add(1)
-			return done, true
+			refused = append(refused, stuckEvent{seq: b.seq, key: b.key, msg: b.msg,
+				why: fmt.Errorf("%w (is a queue bound to it at its length limit, with overflow reject-publish?)", sdk.ErrRefused)})
+			continue
 		}
-		if s.pub.wasReturned(b.id) {
-			n.log.Warn("a resent event was unroutable and not kept by the broker", "event_id", b.id)
+		if s.pub.wasReturned(b.msg.MessageId) {
+			if err := n.keepUnrouted(s, b.key, b.msg); err != nil {
+				if s.isLost() || n.isClosing() {
+					return done, refused
+				}
+				refused = append(refused, stuckEvent{seq: b.seq, key: b.key, msg: b.msg, why: err})
+				continue
+			}
+		} else {
+			n.stats.resent.Add(1)
 		}
-		n.stats.resent.Add(1)
 		done = append(done, b.seq)
 	}
-	return done, false
+	return done, refused
 }
 
 // counters are the node's running totals; Stats reads them.
 type counters struct {
 	emitted, spooled, resent, refused, expired, backPressure atomic.Uint64
+	spoolDeadLettered, spoolUnrouted                         atomic.Uint64
 	blocks, serverChecks                                     atomic.Uint64
 	disconnects, reconnects                                  atomic.Uint64
 	handled, failed, deadLettered, duplicates                atomic.Uint64
@@ -352,6 +455,10 @@ type Stats struct {
 	// Spooled counts events written to the spool; Resent those sent from
 	// it and confirmed; Expired those whose TTL passed in it.
 	Spooled, Resent, Expired uint64
+	// SpoolDeadLettered counts spooled events the broker refused for the
+	// whole of EmitTimeout, moved to the dead letters (reason refused);
+	// SpoolUnrouted those it returned as unroutable, kept in mesh.unrouted.
+	SpoolDeadLettered, SpoolUnrouted uint64
 	// SpoolEvents and SpoolBytes are what the spool holds now.
 	SpoolEvents int
 	SpoolBytes  int64
@@ -370,22 +477,24 @@ type Stats struct {
 // Stats returns the node's counters now.
 func (n *Node) Stats() Stats {
 	st := Stats{
-		Connected:    n.Connected(),
-		Blocked:      n.Blocked(),
-		Blocks:       n.stats.blocks.Load(),
-		ServerChecks: n.stats.serverChecks.Load(),
-		Disconnects:  n.stats.disconnects.Load(),
-		Reconnects:   n.stats.reconnects.Load(),
-		Emitted:      n.stats.emitted.Load(),
-		Spooled:      n.stats.spooled.Load(),
-		Resent:       n.stats.resent.Load(),
-		Expired:      n.stats.expired.Load(),
-		Refused:      n.stats.refused.Load(),
-		BackPressure: n.stats.backPressure.Load(),
-		Handled:      n.stats.handled.Load(),
-		Failed:       n.stats.failed.Load(),
-		DeadLettered: n.stats.deadLettered.Load(),
-		Duplicates:   n.stats.duplicates.Load(),
+		Connected:         n.Connected(),
+		Blocked:           n.Blocked(),
+		Blocks:            n.stats.blocks.Load(),
+		ServerChecks:      n.stats.serverChecks.Load(),
+		Disconnects:       n.stats.disconnects.Load(),
+		Reconnects:        n.stats.reconnects.Load(),
+		Emitted:           n.stats.emitted.Load(),
+		Spooled:           n.stats.spooled.Load(),
+		Resent:            n.stats.resent.Load(),
+		Expired:           n.stats.expired.Load(),
+		SpoolDeadLettered: n.stats.spoolDeadLettered.Load(),
+		SpoolUnrouted:     n.stats.spoolUnrouted.Load(),
+		Refused:           n.stats.refused.Load(),
+		BackPressure:      n.stats.backPressure.Load(),
+		Handled:           n.stats.handled.Load(),
+		Failed:            n.stats.failed.Load(),
+		DeadLettered:      n.stats.deadLettered.Load(),
+		Duplicates:        n.stats.duplicates.Load(),
 	}
 	if n.spool != nil {
 		st.SpoolEvents, st.SpoolBytes = n.spool.Len(), n.spool.Bytes()

@@ -29,6 +29,8 @@ func writeMetrics(w io.Writer, node string, st runtime.Stats) {
 		{"mesh_events_spooled_total", "counter", "Events written to the local spool.", st.Spooled},
 		{"mesh_events_resent_total", "counter", "Spooled events resent and confirmed.", st.Resent},
 		{"mesh_events_expired_total", "counter", "Spooled events whose TTL passed before they could be resent.", st.Expired},
+		{"mesh_spool_dead_lettered_total", "counter", "Spooled events the broker refused until emit_timeout, moved to the dead letters (reason refused).", st.SpoolDeadLettered},
+		{"mesh_spool_unrouted_total", "counter", "Spooled events the broker returned as unroutable, kept in mesh.unrouted.", st.SpoolUnrouted},
 		{"mesh_spool_events", "gauge", "Events in the spool now.", st.SpoolEvents},
 		{"mesh_spool_bytes", "gauge", "Bytes of events in the spool now.", st.SpoolBytes},
 		{"mesh_publish_refused_total", "counter", "Negative confirms from the broker (each was retried).", st.Refused},

@@ -207,9 +207,13 @@ func Show(ctx context.Context, conn *amqp.Connection, queue string, ids []string
 // x-mesh-routing-key set to the event type, which the runtime reads as the
 // type of an event arriving by another routing key. If that queue no longer
 // exists the dead letter stays, reported in Result.Left with ErrQueueGone.
+// A dead letter no queue gave up on (reason refused: the broker refused it
+// as a node resent it from its spool) goes to mesh.events again with its
+// type as the routing key, counted in Result.Queues under mesh.events.
 //
-// An unrouted event is published again to mesh.events with its routing key
-// and headers. If a queue is bound for it now it is routed there; if not,
+// An unrouted event is published again to mesh.events with its type as the
+// routing key (x-mesh-routing-key when a node kept it there itself) and its
+// headers. If a queue is bound for it now it is routed there; if not,
 // the alternate exchange brings it back to mesh.unrouted, counted in
 // Result.CameBack.
 //
@@ -249,8 +253,11 @@ func Replay(ctx context.Context, conn *amqp.Connection, queue string, f Filter, 
 			return res, err
 		}
 		msg := amqpmsg.Republishing(h.d, droppedOnReplay)
-		exchange, key := wire.ExchangeEvents, h.d.RoutingKey
-		if dead {
+		exchange, key := wire.ExchangeEvents, h.m.Type
+		delete(msg.Headers, wire.HeaderRoutingKey) // the routing key says it again
+		switch {
+		case dead && toExchange(h):
+		case dead:
 			if err := checkTarget(h.m.Queue); err != nil {
 				res.Left = append(res.Left, Left{ID: h.m.ID, Type: h.m.Type, Queue: h.m.Queue, Err: err})
 				o.report(i+1, len(matches))
@@ -267,7 +274,7 @@ func Replay(ctx context.Context, conn *amqp.Connection, queue string, f Filter, 
 			res.Left = append(res.Left, Left{ID: h.m.ID, Type: h.m.Type, Queue: h.m.Queue, Err: err})
 		case err != nil:
 			return res, fmt.Errorf("replay %s: %w", h.m.ID, err)
-		case returned != nil && dead:
+		case returned != nil && exchange == "":
 			res.Left = append(res.Left, Left{ID: h.m.ID, Type: h.m.Type, Queue: h.m.Queue,
 				Err: fmt.Errorf("%w: %s (%s)", ErrQueueGone, h.m.Queue, returned.ReplyText)})
 		case returned != nil:
@@ -278,9 +285,12 @@ func Replay(ctx context.Context, conn *amqp.Connection, queue string, f Filter, 
 				return res, fmt.Errorf("remove replayed %s from %s (it was replayed and is still kept): %w", h.m.ID, queue, err)
 			}
 			res.Done++
-			if dead {
+			switch {
+			case exchange == "":
 				res.Queues[key]++
-			} else {
+			case dead:
+				res.Queues[wire.ExchangeEvents]++ // a refused event, sent to the exchange again
+			default:
 				replayed[h.m.ID]++
 			}
 		}
@@ -301,6 +311,9 @@ func dryReplay(conn *amqp.Connection, matches []held, dead bool, res Result, o o
 		switch {
 		case !dead:
 			res.Done++
+		case toExchange(h):
+			res.Done++
+			res.Queues[wire.ExchangeEvents]++
 		case checkTarget(h.m.Queue) != nil:
 			res.Left = append(res.Left, Left{ID: h.m.ID, Type: h.m.Type, Queue: h.m.Queue, Err: checkTarget(h.m.Queue)})
 		default:
@@ -323,6 +336,13 @@ func dryReplay(conn *amqp.Connection, matches []held, dead bool, res Result, o o
 		o.report(i+1, len(matches))
 	}
 	return res, nil
+}
+
+// toExchange says whether a dead letter goes back to mesh.events rather
+// than to a queue: no queue gave up on it, the broker refused it as a node
+// resent it from its spool (reason refused).
+func toExchange(h held) bool {
+	return h.m.Queue == "" && h.m.Reason == wire.DeadReasonRefused
 }
 
 // checkTarget checks the queue a dead letter names before publishing to it:

@@ -419,6 +419,51 @@ func TestUnroutedReplay(t *testing.T) {
 	}
 }
 
+// TestReplaySpoolRefusal: a dead letter no queue gave up on (a node's
+// spool gave up on it, reason refused) goes back to mesh.events with its
+// type; a node-kept unrouted event (published straight to mesh.unrouted
+// with x-mesh-routing-key) is listed and replayed under its type, not
+// under the queue's name.
+func TestReplaySpoolRefusal(t *testing.T) {
+	m := newMesh(t)
+	ctx := ctxT(t)
+	billing := m.moduleQueue("n1", "billing", false, "module.shop.#")
+	refused := newEvent("module.shop.order.created", "shop", `{"refused":true}`)
+	msg := refused.publishing()
+	msg.Headers[wire.HeaderDeadReason] = wire.DeadReasonRefused
+	msg.Headers[wire.HeaderDeadError] = "node n0 gave up"
+	m.publish(wire.ExchangeDead, refused.typ, msg)
+
+	dry, err := deadletters.Replay(ctx, m.conn, wire.QueueDead, deadletters.Filter{}, deadletters.DryRun())
+	if err != nil || dry.Done != 1 || dry.Queues[wire.ExchangeEvents] != 1 || len(dry.Left) != 0 {
+		t.Fatalf("dry run: %+v, %v", dry, err)
+	}
+	res, err := deadletters.Replay(ctx, m.conn, wire.QueueDead, deadletters.Filter{})
+	if err != nil || res.Done != 1 || res.Queues[wire.ExchangeEvents] != 1 || len(res.Left) != 0 {
+		t.Fatalf("replay: %+v, %v", res, err)
+	}
+	d, ok := m.get(billing, 5*time.Second)
+	if !ok || d.MessageId != refused.id || d.RoutingKey != refused.typ || d.Exchange != wire.ExchangeEvents || d.Headers[wire.HeaderDeadReason] != nil {
+		t.Fatalf("billing got %+v, %v", d, ok)
+	}
+
+	kept := newEvent("module.shop.order.paid", "shop", `{}`)
+	msg = kept.publishing()
+	msg.Headers[wire.HeaderRoutingKey] = kept.typ
+	m.publish("", wire.QueueUnrouted, msg)
+	msgs, err := deadletters.List(ctx, m.conn, wire.QueueUnrouted, deadletters.Filter{Type: "module.shop.#"})
+	if err != nil || len(msgs) != 1 || msgs[0].Type != kept.typ {
+		t.Fatalf("list unrouted: %+v, %v", msgs, err)
+	}
+	if res, err = deadletters.Replay(ctx, m.conn, wire.QueueUnrouted, deadletters.Filter{}); err != nil || res.Done != 1 {
+		t.Fatalf("replay unrouted: %+v, %v", res, err)
+	}
+	d, ok = m.get(billing, 5*time.Second)
+	if !ok || d.MessageId != kept.id || d.RoutingKey != kept.typ || d.Headers[wire.HeaderRoutingKey] != nil {
+		t.Fatalf("billing got %+v, %v", d, ok)
+	}
+}
+
 // TestRefusals: bad filters, a queue that is not a keeper queue, and a
 // virtual host without the topology give clear errors.
 func TestRefusals(t *testing.T) {

@@ -75,6 +75,7 @@ const (
 	DeadReasonMalformed     = "malformed"      // the message breaks the contract
 	DeadReasonNoHandler     = "no_handler"     // no subscribed pattern matches it (a binding left from an earlier run)
 	DeadReasonExpired       = "expired"        // its x-deadline passed before a handler took it (a consumed queue's message)
+	DeadReasonRefused       = "refused"        // the broker refused a spooled event until emit_timeout (no queue gave up: x-mesh-dead-queue is absent)
 )
 
 // Origins are the reserved first words of an event type.
