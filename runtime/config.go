@@ -113,6 +113,15 @@ type Config struct {
 	// node lock, keeps no spool and does not reconnect; an emit it cannot
 	// get confirmed fails.
 	Ephemeral bool
+	// StartWithoutBroker lets New return a node whose broker does not
+	// answer yet (connection refused, a timeout): the node starts
+	// disconnected, as if it had lost its connection, spools emits, takes
+	// modules (they attach when it connects) and connects with the
+	// reconnect back-off. Errors the broker gives once it answers (wrong
+	// credentials, no such virtual host, the node name taken) still fail
+	// New. meshd sets it, so it needs no ordering after the broker. An
+	// ephemeral node ignores it.
+	StartWithoutBroker bool
 }
 
 // TLSConfig names the PEM files of an amqps:// connection.

@@ -47,7 +47,9 @@ type Module struct {
 	held           map[string]bool           // consumed queues held (Hold), across sessions
 	queueConsumers map[string]*queueConsumer // the consumed queues' consumers on the current session
 	consumers      []consumerChannel         // the channels the module consumes on, on the current session
-	resumeMu       sync.Mutex                // one resume at a time
+	resumeMu       sync.Mutex                // one attach or resume at a time; guards attachable and attachedOn
+	attachable     bool                      // Setup has returned and the record of handled ids is open
+	attachedOn     *session                  // the session its consumers and servers were last attached on
 	dedup          *dedup.Set                // ids of events handled; nil if the module allows duplicates
 	answers        *answerCache              // its tools' final answers, by request id
 	claimed        map[string]chan struct{}
@@ -179,11 +181,10 @@ func (m *Module) start(ctx context.Context) error {
 		}
 		m.dedup = set
 	}
-	s, err := m.node.awaitSession(ctx)
-	if err != nil {
-		return err
+	if h := m.node.hook().setUp; h != nil {
+		h(m.def.Name)
 	}
-	if err := m.attach(ctx, s, subs, tools); err != nil {
+	if err := m.attachFirst(ctx, subs, tools); err != nil {
 		return err
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
@@ -198,6 +199,37 @@ func (m *Module) start(ctx context.Context) error {
 		}
 	}()
 	m.log.Info("module loaded", "queue", m.queue, "patterns", len(subs), "queue_type", m.cfg.QueueType)
+	return nil
+}
+
+// attachFirst makes the module attachable and attaches it on the node's
+// session, if it has one; a node without one (the broker is away)
+// attaches it when it connects (resume). Both happen under resumeMu and
+// record the session, so a session that comes while the module starts
+// attaches it exactly once, and never before Setup has returned and the
+// record of handled ids is open.
+func (m *Module) attachFirst(ctx context.Context, subs []subscription, tools []tool) error {
+	m.resumeMu.Lock()
+	defer m.resumeMu.Unlock()
+	m.attachable = true
+	s := m.node.session()
+	if s == nil {
+		if m.node.cfg.Ephemeral {
+			return sdk.ErrConnectionLost
+		}
+		m.log.Info("the broker is away: the module attaches once the node connects")
+		return nil
+	}
+	if err := m.attach(ctx, s, subs, tools); err != nil {
+		if s.isLost() && !m.node.cfg.Ephemeral {
+			// Lost while attaching: the supervisor attaches it on the next
+			// session.
+			m.log.Warn("the connection was lost while the module attached; it attaches once the node reconnects", "err", err)
+			return nil
+		}
+		return err
+	}
+	m.attachedOn = s
 	return nil
 }
 
@@ -229,11 +261,16 @@ func (m *Module) attach(ctx context.Context, s *session, subs []subscription, to
 // resume brings the module's consumers and tool servers back on s after
 // their channels were lost; what was in flight on the old channels went
 // back to the queues (and a handler that finished meanwhile is not run
-// again: see handle). On failure it tries again after a back-off while s
-// lasts.
-func (m *Module) resume(s *session) {
+// again: see handle). again says the module lost a channel on s itself
+// and must attach on s again; otherwise (a new session) a module already
+// attached on s is left alone. On failure it tries again after a
+// back-off while s lasts.
+func (m *Module) resume(s *session, again bool) {
 	m.resumeMu.Lock()
 	defer m.resumeMu.Unlock()
+	if !m.attachable || (!again && m.attachedOn == s) {
+		return // not started yet (it attaches itself), or attached on s already
+	}
 	m.mu.Lock()
 	if m.stopped || s.isLost() {
 		m.mu.Unlock()
@@ -254,10 +291,11 @@ func (m *Module) resume(s *session) {
 		}
 		delay := jitter(expBackoff(time.Second, 30*time.Second, 1))
 		m.log.Error("resuming the module failed; trying again", "err", err, "retry_in", delay)
-		time.AfterFunc(delay, func() { m.resume(s) })
+		time.AfterFunc(delay, func() { m.resume(s, true) })
 		return
 	}
-	m.log.Info("module resumed")
+	m.attachedOn = s
+	m.log.Info("module attached", "queue", m.queue)
 }
 
 // track adds a channel the module consumes on, unless the module stopped
@@ -400,7 +438,7 @@ func (m *Module) resumeLater(s *session, ch *amqp.Channel, why string, err error
 			return
 		}
 		m.log.Error("module stopped consuming; resuming it", "why", why, "queue", m.queue, "err", err)
-		m.resume(s)
+		m.resume(s, true)
 	})
 }
 

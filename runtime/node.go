@@ -4,11 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
+	"os"
 	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/oklog/ulid/v2"
@@ -53,18 +57,40 @@ type Node struct {
 	callerMu sync.Mutex
 	calls    *caller // made on the first call, again after a reconnect
 
-	closing    chan struct{} // closed by Close
-	supervised chan struct{} // closed when the supervisor ends
+	closing    chan struct{}      // closed by Close
+	life       context.Context    // cancelled by Close: bounds the node's own waits
+	endLife    context.CancelFunc // cancels life
+	supervised chan struct{}      // closed when the supervisor ends
 
 	done     chan struct{} // closed when the node fails for good
 	doneOnce sync.Once
 	doneErr  error
+
+	hooks atomic.Pointer[hooks] // for tests that force an ordering; nil in production
+}
+
+// hooks are called, when set, at points tests need to order against.
+type hooks struct {
+	resumed     func()                       // the supervisor has brought every module back on a new session
+	setUp       func(module string)          // a module's Setup returned; it is not attachable yet
+	relaunched  func(module string, pid int) // a crashed module process was started again, not installed yet
+	stopWaiting func(module string)          // a module process's Stop waits for its supervisor to end
+}
+
+// hook returns the hooks set, or none.
+func (n *Node) hook() *hooks {
+	if h := n.hooks.Load(); h != nil {
+		return h
+	}
+	return &hooks{}
 }
 
 // New connects to the broker, declares and verifies the topology, takes
 // the node lock (ErrNodeTaken if another node of the name runs), opens the
 // spool in the state dir, and returns a node ready to load modules and
-// emit. Events left in the spool by an earlier run are resent first.
+// emit. Events left in the spool by an earlier run are resent first. With
+// Config.StartWithoutBroker, a broker that does not answer yet is not an
+// error: the node starts disconnected and connects when it answers.
 func New(ctx context.Context, cfg Config) (*Node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("node config: %w", err)
@@ -83,6 +109,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		supervised: make(chan struct{}),
 		done:       make(chan struct{}),
 	}
+	n.life, n.endLife = context.WithCancel(context.Background())
 	if !cfg.Ephemeral {
 		sp, err := spool.Open(filepath.Join(cfg.StateDir, "spool.db"), spool.Options{MaxBytes: cfg.SpoolMaxBytes})
 		if err != nil {
@@ -92,13 +119,19 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		n.spooling.Store(sp.Len() > 0)
 	}
 	s, err := n.connect(ctx)
-	if err != nil {
+	switch {
+	case err == nil:
+		n.setSession(s)
+	case cfg.StartWithoutBroker && !cfg.Ephemeral && brokerAway(err):
+		n.log.Warn("the broker does not answer; starting disconnected: emits are spooled, modules attach once it answers",
+			"broker", redactURL(cfg.AMQPURL), "err", err)
+	default:
+		n.endLife()
 		if n.spool != nil {
 			n.spool.Close()
 		}
 		return nil, err
 	}
-	n.setSession(s)
 	go n.supervise(s)
 	if n.spool != nil {
 		go n.drainLoop()
@@ -109,8 +142,30 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	} else {
 		close(n.drained)
 	}
-	n.log.Info("node connected", "broker", redactURL(cfg.AMQPURL))
+	if s != nil {
+		n.log.Info("node connected", "broker", redactURL(cfg.AMQPURL))
+	}
 	return n, nil
+}
+
+// brokerAway says whether a failed connect means the broker does not
+// answer (yet): nothing listens, the network fails or times out, or the
+// broker closes the connection while it starts or stops. A broker that
+// answers and says no (credentials, virtual host, node lock, topology) is
+// not away.
+func brokerAway(err error) bool {
+	var opErr *net.OpError
+	var amqpErr *amqp.Error
+	switch {
+	case errors.As(err, &opErr), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
+		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET), errors.Is(err, os.ErrDeadlineExceeded):
+		return true
+	case errors.As(err, &amqpErr):
+		// amqp091-go reports a connection reset or closed during the
+		// handshake as a frame error (501) with the network error as text.
+		return amqpErr.Code == amqp.FrameError || amqpErr.Code == amqp.ConnectionForced || amqpErr.Code == amqp.InternalError
+	}
+	return false
 }
 
 // Done is closed when the node can no longer work: an ephemeral node lost
@@ -142,25 +197,44 @@ func (n *Node) Close(ctx context.Context) error {
 	n.closed = true
 	plugins := n.plugins
 	n.mu.Unlock()
-	var errs []error
-	for _, pm := range plugins { // their modules first, then their processes
-		errs = append(errs, pm.Stop(ctx))
+	// Every module stops at once, so the grace is shared, not spent
+	// once per module: each gets ctx, and a handler that ignores its
+	// cancelled context is left behind a second after it.
+	var (
+		errMu sync.Mutex
+		errs  []error
+		wg    sync.WaitGroup
+	)
+	stopAll := func(stops []func(context.Context) error) {
+		for _, stop := range stops {
+			wg.Go(func() {
+				err := stop(ctx)
+				errMu.Lock()
+				errs = append(errs, err)
+				errMu.Unlock()
+			})
+		}
+		wg.Wait()
 	}
+	var stops []func(context.Context) error
+	for _, pm := range plugins { // their modules first, then their processes
+		stops = append(stops, pm.Stop)
+	}
+	stopAll(stops)
+	stops = stops[:0]
 	n.mu.Lock()
-	mods := make([]*Module, 0, len(n.modules))
 	for _, m := range n.modules {
-		mods = append(mods, m)
+		stops = append(stops, m.Stop)
 	}
 	n.mu.Unlock()
-	for _, m := range mods {
-		errs = append(errs, m.Stop(ctx))
-	}
+	stopAll(stops)
 	n.callerMu.Lock()
 	if n.calls != nil {
 		n.calls.close()
 	}
 	n.callerMu.Unlock()
 	close(n.closing)
+	n.endLife()
 	<-n.supervised
 	<-n.drained
 	n.sessMu.Lock()

@@ -48,11 +48,16 @@ type PluginModule struct {
 	procLog atomic.Pointer[slog.Logger]
 	module  *Module // the in-process side: queue, retries, dead letters
 
-	mu      sync.Mutex
-	proc    *moduleProcess // nil while restarting
-	running chan struct{}  // closed while proc is set; replaced when it goes
+	mu        sync.Mutex
+	proc      *moduleProcess   // nil while restarting
+	running   chan struct{}    // closed while proc is set; replaced when it goes
+	launching *goplugin.Client // a restart's process, until it is proc or gone
 
+	// stopping is set by Stop under mu, so a restart either sees it
+	// before it installs its process or leaves that process for Stop to
+	// end; stopped is closed with it, to cut a restart's back-off short.
 	stopping atomic.Bool
+	stopped  chan struct{}
 	done     chan struct{}
 }
 
@@ -81,7 +86,7 @@ type moduleProcess struct {
 func (n *Node) LoadPlugin(ctx context.Context, path string, args []string, mc ModuleConfig) (*PluginModule, error) {
 	mc = mc.over(n.cfg.Module)
 	pm := &PluginModule{node: n, path: path, args: args, window: mc.Concurrency, toolGrants: mc.ToolGrants, settings: mc.Settings,
-		log: n.log.With("plugin", path), done: make(chan struct{})}
+		log: n.log.With("plugin", path), stopped: make(chan struct{}), done: make(chan struct{})}
 	pm.procLog.Store(pm.log)
 	proc, err := pm.launch(ctx)
 	if err != nil {
@@ -183,6 +188,19 @@ func (pm *PluginModule) launch(ctx context.Context) (*moduleProcess, error) {
 		client.Kill()
 		return nil, fmt.Errorf("start module %s: %w", pm.path, err)
 	}
+	// Stop ends a process still starting (a hung handshake included).
+	pm.mu.Lock()
+	if pm.stopping.Load() {
+		pm.mu.Unlock()
+		return nil, fmt.Errorf("start module %s: %w", pm.path, sdk.ErrClosed)
+	}
+	pm.launching = client
+	pm.mu.Unlock()
+	defer func() {
+		pm.mu.Lock()
+		pm.launching = nil
+		pm.mu.Unlock()
+	}()
 	rpc, err := client.Client()
 	if err != nil {
 		return fail(versionError(err))
@@ -261,25 +279,17 @@ func (pm *PluginModule) supervise(p *moduleProcess) {
 		pm.log.Error("module process exited; restarting it", "retry_in", backoff)
 		pm.announce("crashed", p.exitErr())
 		for {
-			time.Sleep(backoff)
-			if pm.stopping.Load() {
+			select {
+			case <-time.After(backoff):
+			case <-pm.stopped:
 				return
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			next, err := pm.launch(ctx)
-			if err == nil {
-				err = pm.start(ctx, next)
-				if err != nil {
-					next.client.Kill()
-				}
+			next, err := pm.relaunch()
+			if errors.Is(err, sdk.ErrClosed) {
+				return // stopped during the restart; its process is ended
 			}
-			cancel()
 			if err == nil {
 				p = next
-				pm.mu.Lock()
-				pm.proc = p
-				close(pm.running)
-				pm.mu.Unlock()
 				pm.log.Info("module process restarted")
 				pm.announce("restarted", nil)
 				backoff = 100 * time.Millisecond
@@ -289,6 +299,45 @@ func (pm *PluginModule) supervise(p *moduleProcess) {
 			pm.log.Error("module restart failed", "err", err, "retry_in", backoff)
 		}
 	}
+}
+
+// relaunch starts the module process again and installs it, unless Stop
+// came meanwhile: then it ends the new process and returns sdk.ErrClosed.
+func (pm *PluginModule) relaunch() (*moduleProcess, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	go func() { // Stop cuts the restart short
+		select {
+		case <-pm.stopped:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	next, err := pm.launch(ctx)
+	if err == nil {
+		if err = pm.start(ctx, next); err != nil {
+			next.client.Kill()
+		}
+	}
+	if err != nil {
+		if pm.stopping.Load() {
+			return nil, sdk.ErrClosed
+		}
+		return nil, err
+	}
+	if h := pm.node.hook().relaunched; h != nil {
+		h(pm.module.def.Name, next.pid())
+	}
+	pm.mu.Lock()
+	if pm.stopping.Load() {
+		pm.mu.Unlock()
+		next.kill(2 * time.Second)
+		return nil, sdk.ErrClosed
+	}
+	pm.proc = next
+	close(pm.running)
+	pm.mu.Unlock()
+	return next, nil
 }
 
 // Liveness: a module process that does not answer a ping within
@@ -362,6 +411,11 @@ func (pm *PluginModule) PID() int {
 	if p == nil {
 		return 0
 	}
+	return p.pid()
+}
+
+// pid is the process id of p, or 0 if unknown.
+func (p *moduleProcess) pid() int {
 	if rc := p.client.ReattachConfig(); rc != nil {
 		return rc.Pid
 	}
@@ -378,15 +432,30 @@ func (pm *PluginModule) Name() string { return pm.module.def.Name }
 func (pm *PluginModule) Kind() sdk.Kind { return pm.module.def.Kind }
 
 // Stop stops consuming, lets the deliveries in flight finish until ctx is
-// done (see Module.Stop), then ends the module process.
+// done (see Module.Stop), then ends the module process. A restart in
+// progress (a crash loop) is cut short and its process ended, so Stop
+// returns within ctx's grace and a few seconds more and leaves no process
+// behind.
 func (pm *PluginModule) Stop(ctx context.Context) error {
-	pm.stopping.Store(true)
+	pm.mu.Lock()
+	first := !pm.stopping.Swap(true)
+	launching := pm.launching
+	pm.mu.Unlock()
+	if first {
+		close(pm.stopped)
+	}
+	if launching != nil {
+		launching.Kill() // its handshake fails; the restart sees stopping
+	}
 	err := pm.module.Stop(ctx)
 	pm.mu.Lock()
 	p := pm.proc
 	pm.mu.Unlock()
 	if p != nil {
 		p.kill(2 * time.Second)
+	}
+	if h := pm.node.hook().stopWaiting; h != nil {
+		h(pm.module.def.Name)
 	}
 	<-pm.done
 	return err

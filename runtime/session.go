@@ -284,36 +284,49 @@ func (n *Node) Connected() bool { return n.session() != nil }
 // supervise waits for the session to be lost, then reconnects with
 // exponential back-off and jitter and brings everything back on the new
 // session: module consumers and tool servers, the caller, and the resend
-// of the spool. It returns when the node closes or fails for good.
+// of the spool. s is nil for a node that started without its broker: it
+// connects first. It returns when the node closes or fails for good.
 func (n *Node) supervise(s *session) {
 	defer close(n.supervised)
+	first := s == nil
+	down := time.Now()
 	for {
-		select {
-		case <-s.lost:
-		case <-n.closing:
-			return
+		if s != nil {
+			select {
+			case <-s.lost:
+			case <-n.closing:
+				return
+			}
+			n.setSession(nil)
+			s.close(false)
+			if n.isClosing() {
+				return
+			}
+			n.stats.disconnects.Add(1)
+			if n.cfg.Ephemeral {
+				n.fail(s.lostErr)
+				return
+			}
+			down = time.Now()
+			n.log.Warn("broker connection lost; reconnecting", "err", s.lostErr)
 		}
-		n.setSession(nil)
-		s.close(false)
-		if n.isClosing() {
-			return
-		}
-		n.stats.disconnects.Add(1)
-		if n.cfg.Ephemeral {
-			n.fail(s.lostErr)
-			return
-		}
-		down := time.Now()
-		n.log.Warn("broker connection lost; reconnecting", "err", s.lostErr)
 		next, ok := n.reconnect(down)
 		if !ok {
 			return
 		}
 		s = next
 		n.setSession(s)
-		n.stats.reconnects.Add(1)
-		n.log.Info("reconnected to the broker", "down_for", time.Since(down).Round(time.Millisecond))
+		if first {
+			first = false
+			n.log.Info("node connected: the broker answers", "broker", redactURL(n.cfg.AMQPURL), "waited", time.Since(down).Round(time.Millisecond))
+		} else {
+			n.stats.reconnects.Add(1)
+			n.log.Info("reconnected to the broker", "down_for", time.Since(down).Round(time.Millisecond))
+		}
 		n.resume(s)
+		if h := n.hook().resumed; h != nil {
+			h()
+		}
 		n.kickDrain()
 	}
 }
@@ -330,7 +343,7 @@ func (n *Node) reconnect(down time.Time) (*session, bool) {
 		case <-n.closing:
 			return nil, false
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		ctx, cancel := context.WithTimeout(n.life, 30*time.Second)
 		s, err := n.connect(ctx)
 		cancel()
 		if err == nil {
@@ -363,7 +376,7 @@ func (n *Node) resume(s *session) {
 	}
 	n.mu.Unlock()
 	for _, m := range mods {
-		m.resume(s)
+		m.resume(s, false)
 	}
 }
 

@@ -300,7 +300,7 @@ func (n *Node) giveUpSpooled(s *session, e *stuckEvent, since time.Duration) boo
 	msg.Headers[wire.HeaderDeadError] = truncateText(fmt.Sprintf("node %s gave up resending it from its spool after %v: %v",
 		n.cfg.Node, since.Round(time.Millisecond), e.why), 4096)
 	msg.Headers[wire.HeaderDeadTime] = time.Now().UTC().Format(time.RFC3339Nano)
-	ctx, cancel := context.WithTimeout(context.Background(), n.cfg.EmitTimeout)
+	ctx, cancel := context.WithTimeout(n.life, n.cfg.EmitTimeout)
 	defer cancel()
 	if err := s.pub.publishUnlessBlocked(ctx, s.whenBlocked(), wire.ExchangeDead, e.key, msg); err != nil {
 		n.log.Error("a spooled event the broker keeps refusing could not be dead-lettered either; it stays in the spool",
@@ -326,7 +326,7 @@ func (n *Node) giveUpSpooled(s *session, e *stuckEvent, since time.Duration) boo
 func (n *Node) keepUnrouted(s *session, key string, msg amqp.Publishing) error {
 	msg.Headers = maps.Clone(msg.Headers)
 	msg.Headers[wire.HeaderRoutingKey] = key
-	ctx, cancel := context.WithTimeout(context.Background(), n.cfg.EmitTimeout)
+	ctx, cancel := context.WithTimeout(n.life, n.cfg.EmitTimeout)
 	defer cancel()
 	if err := s.pub.publishUnlessBlocked(ctx, s.whenBlocked(), "", wire.QueueUnrouted, msg); err != nil {
 		return fmt.Errorf("the broker returned it as unroutable, and it could not be kept in %s either: %w", wire.QueueUnrouted, err)

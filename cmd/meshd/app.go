@@ -93,17 +93,23 @@ func run(c *cli.Context) error {
 
 	cfg := f.Runtime()
 	cfg.Logger = log
+	cfg.StartWithoutBroker = true // no ordering after the broker: it connects when the broker answers
 	node, err := runtime.New(ctx, cfg)
 	if err != nil {
 		return err
 	}
+	// shutdown is bounded by the grace period: the announcement gets at
+	// most a few seconds of it (a broker refusing it must not eat the
+	// handlers' time), the modules the rest, at once; a handler that
+	// ignores its cancelled context is left behind (runtime.Node.Close).
 	shutdown := func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), f.Grace+5*time.Second)
-		defer cancel()
-		if _, err := node.Emit(ctx, node.Name(), "node."+node.Name()+".left", map[string]any{}); err != nil {
+		start := time.Now()
+		annCtx, cancelAnn := context.WithTimeout(context.Background(), min(5*time.Second, f.Grace/4))
+		if _, err := node.Emit(annCtx, node.Name(), "node."+node.Name()+".left", map[string]any{}); err != nil {
 			log.Warn("could not announce the node leaving", "err", err)
 		}
-		graceCtx, cancelGrace := context.WithTimeout(ctx, f.Grace)
+		cancelAnn()
+		graceCtx, cancelGrace := context.WithTimeout(context.Background(), max(f.Grace-time.Since(start), time.Second))
 		defer cancelGrace()
 		return node.Close(graceCtx)
 	}
@@ -241,7 +247,7 @@ func serveHealth(addr string, node *runtime.Node, log *slog.Logger) (*http.Serve
 			return
 		}
 		if !node.Connected() {
-			http.Error(w, "not ready: reconnecting to the broker (emits are spooled)", http.StatusServiceUnavailable)
+			http.Error(w, "not ready: not connected to the broker, trying (emits are spooled)", http.StatusServiceUnavailable)
 			return
 		}
 		if node.Blocked() {

@@ -354,7 +354,9 @@ defaults:
 	if err := os.WriteFile(cfg, []byte("node: \"bad node\"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	err = app().Run([]string{"meshd", "run", "--config", cfg, "--node", "anchor", "--amqp-url", "amqp://guest:guest@127.0.0.1:1/"})
+	// (A broker that does not answer is waited for; one that refuses the
+	// credentials fails the start.)
+	err = app().Run([]string{"meshd", "run", "--config", cfg, "--node", "anchor", "--amqp-url", "amqp://guest:wrong@" + brokertest.Host() + "/"})
 	if err == nil || strings.Contains(err.Error(), "node:") || !strings.Contains(err.Error(), "connect") {
 		t.Errorf("--node did not override the file's node: %v", err)
 	}

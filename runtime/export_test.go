@@ -1,0 +1,21 @@
+package runtime
+
+// TestHooks are points tests order against, instead of hoping for an
+// ordering with timing; see the hooks type.
+type TestHooks struct {
+	// Resumed: the supervisor has brought every module back on a new
+	// session.
+	Resumed func()
+	// SetUp: a module's Setup returned; it is not attachable yet.
+	SetUp func(module string)
+	// Relaunched: a crashed module process was started again and is not
+	// installed yet.
+	Relaunched func(module string, pid int)
+	// StopWaiting: a module process's Stop waits for its supervisor.
+	StopWaiting func(module string)
+}
+
+// SetTestHooks makes the node call h's functions (those set).
+func (n *Node) SetTestHooks(h TestHooks) {
+	n.hooks.Store(&hooks{resumed: h.Resumed, setUp: h.SetUp, relaunched: h.Relaunched, stopWaiting: h.StopWaiting})
+}
