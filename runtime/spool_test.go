@@ -165,4 +165,3 @@ func TestSpoolUnroutableEventIsKept(t *testing.T) {
 		t.Errorf("stats: spool unrouted %d, dead-lettered %d; want 1, 0", st.SpoolUnrouted, st.SpoolDeadLettered)
 	}
 }
-
