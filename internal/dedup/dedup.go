@@ -68,6 +68,10 @@ type Options struct {
 
 	// compactMin overrides defaultCompactMin, for tests.
 	compactMin int
+	// compactWritten, if set, is called by a background compaction once
+	// the new file is written, before it takes the lock to swap the
+	// files: tests hold it there to record meanwhile.
+	compactWritten func()
 }
 
 // Validate checks the options, naming the field and the rule of every error
@@ -118,6 +122,10 @@ type Set struct {
 	count  int                 // records in the file, valid or not
 	retry  int                 // count below which a failed compaction is not retried
 	buf    [recordSize]byte
+
+	// compacting is closed when the compaction running in the background
+	// ends; nil when none runs.
+	compacting chan struct{}
 }
 
 // Open opens the log at path, creating it (mode 0o600, parent directories
@@ -204,14 +212,75 @@ func (s *Set) Record(id string) error {
 	s.add(u, now, held)
 	s.purge(now, purgeBatch)
 	if s.needsCompaction() {
-		if err := s.compact(now); err != nil {
-			// The record itself was written: report the compaction
-			// here and try again after compactMin more records.
+		s.compactInBackground(now)
+	}
+	return nil
+}
+
+// compactChunk is how many entries a background compaction copies per
+// hold of the lock.
+const compactChunk = 16 << 10
+
+// compactInBackground starts a compaction whose work happens on its own
+// goroutine, so Seen and Record go on meanwhile: it copies the live
+// entries recorded so far, compactChunk at a time under the lock (an
+// entry forgotten meanwhile is left out), rewrites the file without the
+// lock, then swaps the files under the lock, with the records written
+// meanwhile copied over. The caller holds s.mu.
+func (s *Set) compactInBackground(now int64) {
+	first, end := s.order.popped, s.order.popped+uint64(s.order.len())
+	from, cutoff := s.end, s.cutoff(now)
+	done := make(chan struct{})
+	s.compacting = done
+	go func() {
+		defer close(done)
+		snap := make([]entry, 0, end-first)
+		for pos := first; pos < end; pos += compactChunk {
+			s.mu.Lock()
+			if s.closed {
+				s.mu.Unlock()
+				break
+			}
+			head := s.order.popped
+			for p := max(pos, head); p < min(pos+compactChunk, end); p++ {
+				if e := s.order.at(int(p - head)); e.at > cutoff && !s.isStale(e) {
+					snap = append(snap, e)
+				}
+			}
+			s.mu.Unlock()
+		}
+		tmp, err := s.writeCompacted(snap)
+		if s.opts.compactWritten != nil {
+			s.opts.compactWritten()
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.compacting = nil
+		switch {
+		case err == nil && s.closed:
+			abandonTemp(tmp, nil)
+			return
+		case err == nil:
+			err = s.compactFinish(tmp, len(snap), from)
+		}
+		if err != nil && !s.closed {
+			// The records were written to the old log: report the
+			// compaction here and try again after compactMin more
+			// records.
 			s.opts.Logger.Warn("dedup: compact log", "path", s.path, "err", err)
 			s.retry = s.count + s.opts.compactMin
 		}
+	}()
+}
+
+// waitCompaction returns once no compaction runs in the background.
+func (s *Set) waitCompaction() {
+	s.mu.Lock()
+	done := s.compacting
+	s.mu.Unlock()
+	if done != nil {
+		<-done
 	}
-	return nil
 }
 
 // Len returns the number of ids held within the retention window. It
@@ -233,11 +302,15 @@ func (s *Set) Len() int {
 // idempotent: a second Close returns nil.
 func (s *Set) Close() error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.closed {
+		s.mu.Unlock()
 		return nil
 	}
 	s.closed = true
+	s.mu.Unlock()
+	s.waitCompaction() // it sees closed and drops its file
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.ids, s.order, s.stale = nil, queue{}, 0
 	serr := s.f.Sync()
 	cerr := s.f.Close()
@@ -327,5 +400,5 @@ func (s *Set) purge(now int64, limit int) {
 // needsCompaction reports whether the log holds more than twice as many
 // records as live ids, and enough records to be worth it.
 func (s *Set) needsCompaction() bool {
-	return s.count > s.opts.compactMin && s.count > 2*len(s.ids) && s.count >= s.retry
+	return s.compacting == nil && s.count > s.opts.compactMin && s.count > 2*len(s.ids) && s.count >= s.retry
 }

@@ -400,6 +400,7 @@ func TestCompaction(t *testing.T) {
 		clk.Advance(time.Millisecond)
 		mustRecord(t, s, id)
 	}
+	s.waitCompaction() // it runs in the background
 	size := fileSize(t, path)
 	if max := int64(headerSize + 2*len(live)*recordSize); size > max || size < headerSize+int64(len(live))*recordSize {
 		t.Fatalf("log is %d bytes after compaction, want %d..%d", size, headerSize+len(live)*recordSize, max)
@@ -424,6 +425,106 @@ func TestCompaction(t *testing.T) {
 	entries, _ := os.ReadDir(filepath.Dir(path))
 	if len(entries) != 1 {
 		t.Fatalf("dir holds %d files after compaction, want only the log", len(entries))
+	}
+}
+
+// TestRecordDuringCompaction: while a compaction rewrites the log (held
+// there by a hook, after the new file is written and before the swap),
+// Seen and Record go on, so the rewrite holds no lock handlers wait on;
+// what they record meanwhile is in the compacted log, and survives a
+// reopen.
+func TestRecordDuringCompaction(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "m.log")
+	clk := newClock()
+	written, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	opts := Options{Retention: time.Hour, Now: clk.Now, compactMin: 100, compactWritten: func() {
+		once.Do(func() {
+			close(written)
+			<-release
+		})
+	}}
+	s := open(t, path, opts)
+	for _, id := range ids(300) {
+		mustRecord(t, s, id)
+	}
+	clk.Advance(time.Hour)
+	var live []string
+	for _, id := range ids(200) {
+		clk.Advance(time.Millisecond)
+		mustRecord(t, s, id)
+		live = append(live, id)
+		if compacting(s) {
+			break // this Record started it
+		}
+	}
+	<-written // the new file is written; the swap waits
+	during := ids(40)
+	for _, id := range during {
+		mustRecord(t, s, id)
+		mustSeen(t, s, id, true)
+	}
+	mustSeen(t, s, live[0], true)
+	close(release)
+	s.waitCompaction()
+	if got, max := fileSize(t, path), int64(headerSize+(len(live)+len(during))*recordSize); got != max {
+		t.Fatalf("log is %d bytes after compaction, want %d (the live ids and those recorded meanwhile)", got, max)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = open(t, path, opts)
+	for _, id := range append(live, during...) {
+		mustSeen(t, s, id, true)
+	}
+	if n := s.Len(); n != len(live)+len(during) {
+		t.Fatalf("Len after reopen = %d, want %d", n, len(live)+len(during))
+	}
+}
+
+// compacting reports whether a compaction runs in the background.
+func compacting(s *Set) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.compacting != nil
+}
+
+// TestCloseDuringCompaction: Close waits for a compaction running in the
+// background, which then leaves the log as it was and no temporary file.
+func TestCloseDuringCompaction(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "m.log")
+	clk := newClock()
+	written, release := make(chan struct{}), make(chan struct{})
+	opts := Options{Retention: time.Hour, Now: clk.Now, compactMin: 100, compactWritten: func() {
+		close(written)
+		<-release
+	}}
+	s := open(t, path, opts)
+	for _, id := range ids(300) {
+		mustRecord(t, s, id)
+	}
+	clk.Advance(time.Hour)
+	var live []string
+	for !compacting(s) {
+		id := ulid.Make().String()
+		clk.Advance(time.Millisecond)
+		mustRecord(t, s, id)
+		live = append(live, id)
+	}
+	<-written
+	closed := make(chan error, 1)
+	go func() { closed <- s.Close() }()
+	close(release)
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+	if entries, _ := os.ReadDir(filepath.Dir(path)); len(entries) != 1 {
+		t.Fatalf("dir holds %d files after Close, want only the log", len(entries))
+	}
+	opts.compactWritten = nil
+	s = open(t, path, opts)
+	for _, id := range live {
+		mustSeen(t, s, id, true)
 	}
 }
 

@@ -149,13 +149,23 @@ func (s *Set) load() error {
 	return nil
 }
 
-// compact rewrites the log with only the live ids: to a temporary file in
-// the same directory, synced, renamed over the log, then the directory is
-// synced. Until the rename the old log stays in use; after it, the new one
-// is, even if syncing the directory fails. It first drops the stale and
-// expired entries from memory, which holds whether or not the rest
-// succeeds.
+// compact rewrites the log with only the live ids, synchronously (Open,
+// and tests): see compactStart and compactFinish. The caller holds s.mu or
+// is the only user of s.
 func (s *Set) compact(now int64) error {
+	s.prune(now)
+	snap, from := s.compactStart(now)
+	tmp, err := s.writeCompacted(snap)
+	if err != nil {
+		return err
+	}
+	return s.compactFinish(tmp, len(snap), from)
+}
+
+// prune drops the stale and expired entries from memory, wherever they
+// are in the record order (purge stops at the first live one). The caller
+// holds s.mu.
+func (s *Set) prune(now int64) {
 	cutoff := s.cutoff(now)
 	s.order.filter(func(e entry) bool {
 		if s.isStale(e) {
@@ -168,44 +178,95 @@ func (s *Set) compact(now int64) error {
 		return true
 	})
 	s.stale = 0
+}
 
-	dir := filepath.Dir(s.path)
-	tmp, err := os.CreateTemp(dir, tempPrefix(s.path)+"*")
-	if err != nil {
-		return err
+// compactStart returns a copy of the live entries, oldest first, and the
+// log's end now (compactFinish copies the records written after it). It
+// is one pass over memory, with no I/O; the caller holds s.mu. A
+// background compaction copies the same in chunks instead.
+func (s *Set) compactStart(now int64) (snap []entry, from int64) {
+	cutoff := s.cutoff(now)
+	snap = make([]entry, 0, s.order.len())
+	if s.stale == 0 {
+		s.order.each(func(e entry) {
+			if e.at > cutoff {
+				snap = append(snap, e)
+			}
+		})
+	} else {
+		s.order.each(func(e entry) {
+			if e.at > cutoff && !s.isStale(e) {
+				snap = append(snap, e)
+			}
+		})
 	}
-	abandon := func(err error) error {
-		tmp.Close()
-		os.Remove(tmp.Name())
-		return err
+	return snap, s.end
+}
+
+// writeCompacted writes snap as a new log to a locked temporary file in the
+// log's directory and syncs it. It needs no lock: the Set goes on
+// recording meanwhile.
+func (s *Set) writeCompacted(snap []entry) (*os.File, error) {
+	tmp, err := os.CreateTemp(filepath.Dir(s.path), tempPrefix(s.path)+"*")
+	if err != nil {
+		return nil, err
 	}
 	// Lock the new file before it takes the log's name, so that an Open
 	// racing with the rename cannot take it.
 	if err := lockFile(tmp); err != nil {
-		return abandon(fmt.Errorf("lock: %w", err))
+		return nil, abandonTemp(tmp, fmt.Errorf("lock: %w", err))
 	}
 	w := bufio.NewWriterSize(tmp, 256<<10)
 	w.Write(header[:])
 	var rec [recordSize]byte
-	s.order.each(func(e entry) {
+	for _, e := range snap {
 		encodeRecord(rec[:], e.id, e.at)
 		w.Write(rec[:])
-	})
+	}
 	if err := w.Flush(); err != nil {
-		return abandon(err)
+		return nil, abandonTemp(tmp, err)
 	}
 	if err := tmp.Sync(); err != nil {
-		return abandon(err)
+		return nil, abandonTemp(tmp, err)
+	}
+	return tmp, nil
+}
+
+// compactFinish appends to tmp, which holds n records, the records written
+// to the log since offset from, renames tmp over the log and makes it the
+// log. Until the rename the old log stays in use; after it, the new one
+// is, even if syncing the directory fails. The records appended are not
+// synced, as no record is (see the package doc on power loss). The
+// caller holds s.mu.
+func (s *Set) compactFinish(tmp *os.File, n int, from int64) error {
+	at := headerSize + int64(n)*recordSize
+	if tail := s.end - from; tail > 0 {
+		buf := make([]byte, tail)
+		if _, err := s.f.ReadAt(buf, from); err != nil {
+			return abandonTemp(tmp, fmt.Errorf("read the records written meanwhile: %w", err))
+		}
+		if _, err := tmp.WriteAt(buf, at); err != nil {
+			return abandonTemp(tmp, err)
+		}
+		at += tail
 	}
 	if err := os.Rename(tmp.Name(), s.path); err != nil {
-		return abandon(err)
+		return abandonTemp(tmp, err)
 	}
 	old := s.f
 	s.f = tmp
-	s.count = s.order.len()
-	s.end = headerSize + int64(s.count)*recordSize
+	s.end = at
+	s.count = int((at - headerSize) / recordSize)
 	s.retry = 0
-	return errors.Join(old.Close(), syncDir(dir))
+	return errors.Join(old.Close(), syncDir(filepath.Dir(s.path)))
+}
+
+// abandonTemp closes and removes a compaction's temporary file, and
+// returns err.
+func abandonTemp(tmp *os.File, err error) error {
+	tmp.Close()
+	os.Remove(tmp.Name())
+	return err
 }
 
 // tempPrefix is the name prefix of the temporary files compaction writes

@@ -10,10 +10,16 @@ type entry struct {
 
 // queue is a FIFO of entries in a ring buffer whose capacity is a power of
 // two; it grows by doubling and never shrinks (compaction builds a new one).
+//
+// popped counts the entries ever popped, so popped+i is the absolute
+// position of the i-th entry: a background compaction copies a range of
+// positions in chunks while the queue moves on. filter breaks positions;
+// it runs only when no background compaction does.
 type queue struct {
-	buf  []entry
-	head int
-	n    int
+	buf    []entry
+	head   int
+	n      int
+	popped uint64
 }
 
 func newQueue(capacity int) queue {
@@ -42,7 +48,11 @@ func (q *queue) pop() {
 	q.buf[q.head] = entry{}
 	q.head = (q.head + 1) & (len(q.buf) - 1)
 	q.n--
+	q.popped++
 }
+
+// at returns the i-th entry from the oldest; i must be below len().
+func (q *queue) at(i int) entry { return q.buf[(q.head+i)&(len(q.buf)-1)] }
 
 // each calls f for every entry, oldest first.
 func (q *queue) each(f func(entry)) {
@@ -72,5 +82,6 @@ func (q *queue) filter(keep func(entry) bool) {
 func (q *queue) grow() {
 	bigger := newQueue(2 * len(q.buf))
 	q.each(bigger.push)
+	bigger.popped = q.popped
 	*q = bigger
 }
