@@ -40,6 +40,13 @@ var (
 // shows a progress bar on a terminal by itself.
 const progressThreshold = 50
 
+// The default --limit of ls and replay: what they hold in memory at most,
+// so a queue of a million messages costs a browse, not a million bodies.
+const (
+	defaultListLimit   = 1000
+	defaultReplayLimit = 10000
+)
+
 // dlqCommand is `meshctl dlq`: the dead letters.
 func dlqCommand() *cli.Command {
 	return keeperCommand("dlq", deadKeeper,
@@ -83,7 +90,8 @@ func keeperCommand(name string, k keeper, usage string) *cli.Command {
 			{
 				Name:   "ls",
 				Usage:  "list the " + k.few + " that match the filters",
-				Flags:  append(filters(), &cli.BoolFlag{Name: "json", Usage: "print one JSON object per line, with headers and body"}),
+				Flags: append(filters(), &cli.BoolFlag{Name: "json", Usage: "print one JSON object per line, with headers and body"},
+					&cli.IntFlag{Name: "limit", Value: defaultListLimit, Usage: "list at most `N` (0: every match, all held in memory)"}),
 				Action: func(c *cli.Context) error { return keeperList(c, k) },
 			},
 			{
@@ -96,7 +104,8 @@ func keeperCommand(name string, k keeper, usage string) *cli.Command {
 			{
 				Name:   "replay",
 				Usage:  replayUsage,
-				Flags:  append(filters(), dryRun, progress),
+				Flags: append(filters(), dryRun, progress,
+					&cli.IntFlag{Name: "limit", Value: defaultReplayLimit, Usage: "replay at most `N` per run, held in memory until replayed (0: every match); run again for more"}),
 				Action: func(c *cli.Context) error { return keeperReplay(c, k) },
 			},
 			{
@@ -165,9 +174,13 @@ func keeperList(c *cli.Context, k keeper) error {
 		return err
 	}
 	defer done()
-	msgs, err := deadletters.List(ctx, conn, k.queue, f)
+	limit := c.Int("limit")
+	msgs, err := deadletters.List(ctx, conn, k.queue, f, deadletters.WithLimit(limit))
 	if err != nil {
 		return err
+	}
+	if limit > 0 && len(msgs) == limit {
+		fmt.Fprintf(c.App.ErrWriter, "the first %d matching %s; more may match (--limit N, or 0 for all)\n", limit, k.few)
 	}
 	if c.Bool("json") {
 		return printKeptJSON(c.App.Writer, msgs)
@@ -213,8 +226,12 @@ func keeperReplay(c *cli.Context, k keeper) error {
 		return err
 	}
 	defer done()
-	res, err := deadletters.Replay(ctx, conn, k.queue, f, actOptions(c)...)
+	limit := c.Int("limit")
+	res, err := deadletters.Replay(ctx, conn, k.queue, f, append(actOptions(c), deadletters.WithLimit(limit))...)
 	printLeft(c.App.ErrWriter, res)
+	if limit > 0 && res.Matched == limit {
+		fmt.Fprintf(c.App.ErrWriter, "stopped at --limit %d: more may match; run the replay again for the rest\n", limit)
+	}
 	if res.Matched > 0 || err == nil {
 		fmt.Fprintln(c.App.Writer, replaySummary(k, res))
 	}

@@ -204,10 +204,14 @@ func TestDLQCommands(t *testing.T) {
 		t.Errorf("ls --type printed %s", a)
 	}
 	want(t, bin, m.url, 0, []string{"dlq", "ls", "--newer-than", "1m"}, "no dead letters")
+	out, stderr := want(t, bin, m.url, 0, []string{"dlq", "ls", "--limit", "2"}, a, b)
+	if strings.Contains(out, c) || !strings.Contains(stderr, "the first 2 matching dead letters; more may match") {
+		t.Errorf("ls --limit 2 printed\n%s\nand said %q", out, stderr)
+	}
 
 	want(t, bin, m.url, 0, []string{"dlq", "show", a}, "id         "+a, "queue      "+billing+" (node n1, module billing)",
 		"reason     permanent after 3 attempts", "error      card declined\n           by the bank\n", "x-mesh-dead-error: card declined\n    by the bank\n", "\"order\": 42")
-	_, stderr := want(t, bin, m.url, 1, []string{"dlq", "show", b, "01MISSING000000000000000000"}, b)
+	_, stderr = want(t, bin, m.url, 1, []string{"dlq", "show", b, "01MISSING000000000000000000"}, b)
 	if !strings.Contains(stderr, "01MISSING000000000000000000") {
 		t.Errorf("show of a missing id said %q", stderr)
 	}

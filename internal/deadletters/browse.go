@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"math"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -19,11 +18,17 @@ type held struct {
 }
 
 // browser reads a keeper queue without taking anything from it: it consumes
-// with manual acknowledgements and a prefetch as large as the queue, holds
-// every delivery unacknowledged, and on close gives back whatever it did not
-// acknowledge. It reads at most the number of messages the queue held when
-// it opened, so it ends even while messages keep arriving. One goroutine
-// owns it and its channel.
+// with manual acknowledgements, holds every delivery unacknowledged, and on
+// close gives back whatever it did not acknowledge. It reads at most the
+// number of messages the queue held when it opened, so it ends even while
+// messages keep arriving. One goroutine owns it and its channel.
+//
+// It reads in windows of browseWindow messages: a consumer's prefetch is
+// the window, and once the window is read the browser cancels that
+// consumer (its deliveries stay held by the channel) and starts another,
+// which the broker sends the next window. So the broker never sends more
+// than a window ahead of the reader, and the client never buffers more
+// than a window of bodies, however deep the queue.
 type browser struct {
 	ch         *amqp.Channel
 	queue      string
@@ -31,10 +36,17 @@ type browser struct {
 	closed     chan *amqp.Error
 	idle       time.Duration
 	conn       *amqp.Connection
-	tag        string // consumer tag
+	tag        string // the current consumer's tag
 	count      int    // messages ready when the browse began
+	window     int    // each consumer's prefetch
+	granted    int    // deliveries the consumers so far may get in all
+	read       int    // deliveries read
 	acked      int    // deliveries acknowledged (replayed or purged)
 }
+
+// browseWindow is how many messages a browse asks the broker for at a
+// time.
+const browseWindow = 512
 
 // openBrowser opens a channel on conn and starts reading queue. It returns
 // the browser and how many messages the queue held; when that is 0 it
@@ -58,22 +70,38 @@ func openBrowser(conn *amqp.Connection, queue string, o options) (*browser, int,
 	if q.Messages == 0 {
 		return b, 0, nil
 	}
-	// The prefetch must let every message counted be held at once. It is
-	// a 16-bit field: beyond that, 0 (no limit) is the only choice.
-	prefetch := q.Messages
-	if prefetch > math.MaxUint16 {
-		prefetch = 0
-	}
-	if err := ch.Qos(prefetch, 0, false); err != nil {
+	b.window = min(q.Messages, browseWindow)
+	if err := ch.Qos(b.window, 0, false); err != nil {
 		_ = ch.Close()
 		return nil, 0, fmt.Errorf("set prefetch on %s: %w", queue, err)
 	}
-	b.tag = consumerTag()
-	if b.deliveries, err = ch.Consume(queue, b.tag, false, false, false, false, nil); err != nil {
+	if err := b.consume(); err != nil {
 		_ = ch.Close()
-		return nil, 0, fmt.Errorf("consume %s: %w", queue, err)
+		return nil, 0, err
 	}
 	return b, q.Messages, nil
+}
+
+// consume starts a consumer for the next window.
+func (b *browser) consume() error {
+	b.tag = consumerTag()
+	deliveries, err := b.ch.Consume(b.queue, b.tag, false, false, false, false, nil)
+	if err != nil {
+		return fmt.Errorf("consume %s: %w", b.queue, err)
+	}
+	b.deliveries = deliveries
+	b.granted += b.window
+	return nil
+}
+
+// nextWindow ends the consumer whose window has been read and starts
+// another. Its deliveries stay held by the channel: the broker does not
+// send them again, and close gives them back.
+func (b *browser) nextWindow() error {
+	if err := b.ch.Cancel(b.tag, false); err != nil {
+		return fmt.Errorf("read %s past %d messages: %w", b.queue, b.read, err)
+	}
+	return b.consume()
 }
 
 // next returns the next delivery, or ok=false when none arrives within the
@@ -82,6 +110,11 @@ func (b *browser) next(ctx context.Context) (d amqp.Delivery, ok bool, err error
 	if b.deliveries == nil {
 		return d, false, nil
 	}
+	if b.read == b.granted && b.read < b.count {
+		if err := b.nextWindow(); err != nil {
+			return d, false, err
+		}
+	}
 	t := time.NewTimer(b.idle)
 	defer t.Stop()
 	select {
@@ -89,6 +122,7 @@ func (b *browser) next(ctx context.Context) (d amqp.Delivery, ok bool, err error
 		if !open {
 			return d, false, fmt.Errorf("read %s: the broker stopped the browse: %w", b.queue, b.closeReason())
 		}
+		b.read++
 		return d, true, nil
 	case <-t.C:
 		return d, false, nil
@@ -109,21 +143,39 @@ func (b *browser) closeReason() error {
 	return amqp.ErrClosed
 }
 
-// collect reads up to n deliveries, stopping early when the queue stays
-// idle, and returns them held.
-func (b *browser) collect(ctx context.Context, n int, dead bool) ([]held, error) {
-	out := make([]held, 0, n)
-	for len(out) < n {
+// walk reads up to n deliveries, oldest first, stopping early when the
+// queue stays idle, and calls visit with each one f matches, until visit
+// says stop or fails. A delivery f does not match is not kept: the
+// channel holds it unacknowledged, by its tag alone, until close gives it
+// back. So memory holds one message at a time, plus what visit keeps.
+// The progress option hears (read, n).
+func (b *browser) walk(ctx context.Context, n int, dead bool, f Filter, o options, visit func(held) (stop bool, err error)) error {
+	now := o.now()
+	o.report(0, n)
+	for read := 0; read < n; {
 		d, ok, err := b.next(ctx)
 		if err != nil {
-			return out, err
+			return err
 		}
 		if !ok {
 			break
 		}
-		out = append(out, held{d: d, m: messageOf(d, dead)})
+		read++
+		if m := messageOf(d, dead); f.match(m, dead, now) {
+			stop, err := visit(held{d: d, m: m})
+			if err != nil {
+				return err
+			}
+			if stop {
+				return nil
+			}
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		o.report(read, n)
 	}
-	return out, nil
+	return nil
 }
 
 // cameBack reads on past the browsed messages for the copies of replayed
@@ -163,7 +215,16 @@ func (b *browser) ack(h held) error {
 const giveBackWait = 2 * time.Second
 
 // close gives back to the queue every delivery not acknowledged, by
-// cancelling the consumer and closing the channel.
+// cancelling the consumer, giving them back with one basic.nack (multiple,
+// requeue) and closing the channel.
+//
+// The give-back is a nack, not a reject, on purpose: from RabbitMQ 4.3 a
+// nack does not count toward a quorum queue's delivery limit (only a
+// reject does), so browsing spends none of a dead letter's deliveries,
+// and the keeper queues have no dead-letter exchange to catch one that
+// ran out. On 3.10 every return counts, with no limit by default; on 4.0
+// to 4.2 every delivery counts against the default limit of 20 (see
+// docs/adr/0017-lifecycle-and-browsing.md for the policy that lifts it).
 //
 // The cancel comes first because a channel keeps at most 32 commands in
 // flight to a quorum queue and holds further acknowledgements back until
@@ -181,6 +242,11 @@ func (b *browser) close() error {
 	var cancelErr error
 	if b.deliveries != nil {
 		cancelErr = b.ch.Cancel(b.tag, false)
+		if cancelErr == nil {
+			// Tag 0 with multiple: every delivery outstanding on the
+			// channel, read or not.
+			cancelErr = b.ch.Nack(0, true, true)
+		}
 	}
 	if err := b.ch.Close(); err != nil && !errors.Is(err, amqp.ErrClosed) {
 		return fmt.Errorf("give back the messages of %s: %w", b.queue, err)
@@ -205,28 +271,6 @@ func (b *browser) close() error {
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
-}
-
-// browseMatching opens a browser on queue, reads what it holds and returns
-// the deliveries that match f, still held. The caller closes the browser
-// (returned even with an error, unless nil).
-func browseMatching(ctx context.Context, conn *amqp.Connection, queue string, dead bool, f Filter, o options) ([]held, *browser, error) {
-	b, n, err := openBrowser(conn, queue, o)
-	if err != nil {
-		return nil, nil, err
-	}
-	all, err := b.collect(ctx, n, dead)
-	if err != nil {
-		return nil, b, err
-	}
-	now := o.now()
-	var matches []held
-	for _, h := range all {
-		if f.match(h.m, dead, now) {
-			matches = append(matches, h)
-		}
-	}
-	return matches, b, nil
 }
 
 // queueExists asks the broker whether queue exists, on a channel of its

@@ -91,6 +91,7 @@ type options struct {
 	progress func(done, total int)
 	idle     time.Duration
 	now      func() time.Time
+	limit    int
 }
 
 func collectOptions(opts []Option) options {
@@ -113,12 +114,20 @@ const DefaultIdleTimeout = 500 * time.Millisecond
 // still checks that each target queue exists.
 func DryRun() Option { return func(o *options) { o.dryRun = true } }
 
-// WithProgress has Replay and Purge call f(done, total) once before acting
-// on the total matched messages and after each one, from the calling
-// goroutine. f must return quickly.
+// WithProgress has Replay and Purge call f(done, total) once with done 0
+// and then after each message: Replay over the matches it replays, Purge
+// over the messages it reads (total is how many the queue held when it
+// began; it reads no further). It is called from the calling goroutine
+// and must return quickly.
 func WithProgress(f func(done, total int)) Option {
 	return func(o *options) { o.progress = f }
 }
+
+// WithLimit makes List and Replay stop at the first n matching messages
+// (0: no limit), so they neither read nor hold the rest of a deep queue.
+// A Replay holds the messages it replays in memory until it has replayed
+// them: the limit bounds that.
+func WithLimit(n int) Option { return func(o *options) { o.limit = max(n, 0) } }
 
 // WithIdleTimeout sets how long a browse waits for the next message before
 // it stops reading (default DefaultIdleTimeout).
@@ -138,28 +147,24 @@ func keeper(queue string) (dead bool, err error) {
 
 // List returns the messages of a keeper queue (wire.QueueDead or
 // wire.QueueUnrouted) that match f, in the order the queue delivers them
-// (oldest first, unless some were given back by an earlier browse).
-// Every message stays in the queue: List holds them unacknowledged while it
-// reads and gives them all back before it returns.
-func List(ctx context.Context, conn *amqp.Connection, queue string, f Filter, opts ...Option) ([]Message, error) {
-	dead, err := keeper(queue)
-	if err != nil {
-		return nil, err
-	}
-	if err := f.Validate(); err != nil {
-		return nil, err
-	}
-	o := collectOptions(opts)
-	matches, b, err := browseMatching(ctx, conn, queue, dead, f, o)
+// (oldest first, unless some were given back by an earlier browse), up to
+// the WithLimit. Every message stays in the queue: List holds them
+// unacknowledged while it reads and gives them all back before it
+// returns. It keeps in memory only the messages it returns.
+func List(ctx context.Context, conn *amqp.Connection, queue string, f Filter, opts ...Option) (out []Message, err error) {
+	dead, o, b, n, err := startWalk(conn, queue, f, opts)
 	if b != nil {
-		err = errors.Join(err, b.close())
+		defer func() { err = errors.Join(err, b.close()) }()
 	}
 	if err != nil {
 		return nil, err
 	}
-	out := make([]Message, len(matches))
-	for i, h := range matches {
-		out[i] = h.m
+	err = b.walk(ctx, n, dead, f, o, func(h held) (bool, error) {
+		out = append(out, h.m)
+		return o.limit > 0 && len(out) >= o.limit, nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	return out, nil
 }
@@ -223,7 +228,7 @@ func Show(ctx context.Context, conn *amqp.Connection, queue string, ids []string
 // it stops between a confirm and the removal, the event is both replayed
 // and still kept.
 func Replay(ctx context.Context, conn *amqp.Connection, queue string, f Filter, opts ...Option) (res Result, err error) {
-	dead, o, matches, b, err := selectMatching(ctx, conn, queue, f, opts)
+	dead, o, b, n, err := startWalk(conn, queue, f, opts)
 	res.DryRun = o.dryRun
 	if b != nil {
 		defer func() { err = errors.Join(err, b.close()) }()
@@ -231,27 +236,45 @@ func Replay(ctx context.Context, conn *amqp.Connection, queue string, f Filter, 
 	if err != nil {
 		return res, err
 	}
-	res.Matched = len(matches)
 	if dead {
 		res.Queues = make(map[string]int)
 	}
-	if len(matches) == 0 {
-		return res, nil
+	// The matches first, up to the limit, reading the queue as fast as
+	// the broker sends it (what does not match is not kept); then the
+	// replay, one confirmed publish at a time.
+	var matches []held
+	read := o
+	read.progress = nil
+	err = b.walk(ctx, n, dead, f, read, func(h held) (bool, error) {
+		matches = append(matches, h)
+		return o.limit > 0 && len(matches) >= o.limit, nil
+	})
+	res.Matched = len(matches)
+	if err != nil || len(matches) == 0 {
+		return res, err
 	}
+	o.report(0, len(matches))
 	if o.dryRun {
-		return dryReplay(conn, matches, dead, res, o)
+		exists := make(map[string]bool)
+		for i, h := range matches {
+			if err := dryReplayOne(conn, h, dead, &res, exists); err != nil {
+				return res, err
+			}
+			o.report(i+1, len(matches))
+		}
+		return res, nil
 	}
 	pub, err := newPublisher(conn)
 	if err != nil {
 		return res, err
 	}
 	defer pub.close()
-	o.report(0, len(matches))
 	replayed := make(map[string]int) // unrouted ids replayed, to know their copies
 	for i, h := range matches {
 		if err := ctx.Err(); err != nil {
 			return res, err
 		}
+		matches[i] = held{} // replayed or left: its body is not needed any more
 		msg := amqpmsg.Republishing(h.d, droppedOnReplay)
 		exchange, key := wire.ExchangeEvents, h.m.Type
 		delete(msg.Headers, wire.HeaderRoutingKey) // the routing key says it again
@@ -302,40 +325,35 @@ func Replay(ctx context.Context, conn *amqp.Connection, queue string, f Filter, 
 	return res, err
 }
 
-// dryReplay fills in what Replay would do, checking for dead letters that
-// each target queue exists.
-func dryReplay(conn *amqp.Connection, matches []held, dead bool, res Result, o options) (Result, error) {
-	exists := make(map[string]bool)
-	o.report(0, len(matches))
-	for i, h := range matches {
-		switch {
-		case !dead:
-			res.Done++
-		case toExchange(h):
-			res.Done++
-			res.Queues[wire.ExchangeEvents]++
-		case checkTarget(h.m.Queue) != nil:
-			res.Left = append(res.Left, Left{ID: h.m.ID, Type: h.m.Type, Queue: h.m.Queue, Err: checkTarget(h.m.Queue)})
-		default:
-			ok, known := exists[h.m.Queue]
-			if !known {
-				var err error
-				if ok, err = queueExists(conn, h.m.Queue); err != nil {
-					return res, err
-				}
-				exists[h.m.Queue] = ok
+// dryReplayOne adds to res what Replay would do with h, checking for a
+// dead letter that its target queue exists (exists caches the answers).
+func dryReplayOne(conn *amqp.Connection, h held, dead bool, res *Result, exists map[string]bool) error {
+	switch {
+	case !dead:
+		res.Done++
+	case toExchange(h):
+		res.Done++
+		res.Queues[wire.ExchangeEvents]++
+	case checkTarget(h.m.Queue) != nil:
+		res.Left = append(res.Left, Left{ID: h.m.ID, Type: h.m.Type, Queue: h.m.Queue, Err: checkTarget(h.m.Queue)})
+	default:
+		ok, known := exists[h.m.Queue]
+		if !known {
+			var err error
+			if ok, err = queueExists(conn, h.m.Queue); err != nil {
+				return err
 			}
-			if ok {
-				res.Done++
-				res.Queues[h.m.Queue]++
-			} else {
-				res.Left = append(res.Left, Left{ID: h.m.ID, Type: h.m.Type, Queue: h.m.Queue,
-					Err: fmt.Errorf("%w: %s", ErrQueueGone, h.m.Queue)})
-			}
+			exists[h.m.Queue] = ok
 		}
-		o.report(i+1, len(matches))
+		if ok {
+			res.Done++
+			res.Queues[h.m.Queue]++
+		} else {
+			res.Left = append(res.Left, Left{ID: h.m.ID, Type: h.m.Type, Queue: h.m.Queue,
+				Err: fmt.Errorf("%w: %s", ErrQueueGone, h.m.Queue)})
+		}
 	}
-	return res, nil
+	return nil
 }
 
 // toExchange says whether a dead letter goes back to mesh.events rather
@@ -358,25 +376,25 @@ func checkTarget(queue string) error {
 	return nil
 }
 
-// selectMatching checks queue and f, then browses queue and holds the
-// messages f matches, for Replay and Purge to act on. The caller closes the
-// browser (when not nil), which gives back every message it did not ack.
-func selectMatching(ctx context.Context, conn *amqp.Connection, queue string, f Filter, opts []Option) (dead bool, o options, matches []held, b *browser, err error) {
+// startWalk checks queue and f and opens a browser on queue; n is how
+// many messages it held. The caller closes the browser (when not nil),
+// which gives back every message it did not ack.
+func startWalk(conn *amqp.Connection, queue string, f Filter, opts []Option) (dead bool, o options, b *browser, n int, err error) {
+	o = collectOptions(opts)
 	if dead, err = keeper(queue); err != nil {
-		return dead, o, nil, nil, err
+		return dead, o, nil, 0, err
 	}
 	if err = f.Validate(); err != nil {
-		return dead, o, nil, nil, err
+		return dead, o, nil, 0, err
 	}
-	o = collectOptions(opts)
-	matches, b, err = browseMatching(ctx, conn, queue, dead, f, o)
-	return dead, o, matches, b, err
+	b, n, err = openBrowser(conn, queue, o)
+	return dead, o, b, n, err
 }
 
 // Purge deletes the matching messages of a keeper queue; every other
 // message stays. With DryRun it only counts them.
 func Purge(ctx context.Context, conn *amqp.Connection, queue string, f Filter, opts ...Option) (res Result, err error) {
-	_, o, matches, b, err := selectMatching(ctx, conn, queue, f, opts)
+	dead, o, b, n, err := startWalk(conn, queue, f, opts)
 	res.DryRun = o.dryRun
 	if b != nil {
 		defer func() { err = errors.Join(err, b.close()) }()
@@ -384,24 +402,17 @@ func Purge(ctx context.Context, conn *amqp.Connection, queue string, f Filter, o
 	if err != nil {
 		return res, err
 	}
-	res.Matched = len(matches)
-	if len(matches) == 0 {
-		return res, nil
-	}
-	o.report(0, len(matches))
-	for i, h := range matches {
-		if err := ctx.Err(); err != nil {
-			return res, err
-		}
+	err = b.walk(ctx, n, dead, f, o, func(h held) (bool, error) {
+		res.Matched++
 		if !o.dryRun {
 			if err := b.ack(h); err != nil {
-				return res, fmt.Errorf("purge %s from %s: %w", h.m.ID, queue, err)
+				return true, fmt.Errorf("purge %s from %s: %w", h.m.ID, queue, err)
 			}
 		}
 		res.Done++
-		o.report(i+1, len(matches))
-	}
-	return res, nil
+		return false, nil
+	})
+	return res, err
 }
 
 func (o options) report(done, total int) {

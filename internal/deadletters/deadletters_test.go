@@ -357,7 +357,7 @@ func TestPurge(t *testing.T) {
 	}
 	calls := 0
 	res, err := deadletters.Purge(ctx, m.conn, wire.QueueDead, f, deadletters.WithProgress(func(done, total int) {
-		if done != calls || total != 40 {
+		if done != calls || total != 120 { // messages read of those in the queue
 			t.Errorf("progress(%d, %d) at call %d", done, total, calls)
 		}
 		calls++
@@ -365,7 +365,7 @@ func TestPurge(t *testing.T) {
 	if err != nil || res.Matched != 40 || res.Done != 40 || res.DryRun {
 		t.Fatalf("purge: %+v, %v", res, err)
 	}
-	if calls != 41 {
+	if calls != 121 {
 		t.Errorf("progress called %d times", calls)
 	}
 	if n := m.count(wire.QueueDead, 80); n != 80 {
