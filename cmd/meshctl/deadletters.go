@@ -88,8 +88,8 @@ func keeperCommand(name string, k keeper, usage string) *cli.Command {
 		Usage: usage,
 		Subcommands: []*cli.Command{
 			{
-				Name:   "ls",
-				Usage:  "list the " + k.few + " that match the filters",
+				Name:  "ls",
+				Usage: "list the " + k.few + " that match the filters",
 				Flags: append(filters(), &cli.BoolFlag{Name: "json", Usage: "print one JSON object per line, with headers and body"},
 					&cli.IntFlag{Name: "limit", Value: defaultListLimit, Usage: "list at most `N` (0: every match, all held in memory)"}),
 				Action: func(c *cli.Context) error { return keeperList(c, k) },
@@ -102,8 +102,8 @@ func keeperCommand(name string, k keeper, usage string) *cli.Command {
 				Action:    func(c *cli.Context) error { return keeperShow(c, k) },
 			},
 			{
-				Name:   "replay",
-				Usage:  replayUsage,
+				Name:  "replay",
+				Usage: replayUsage,
 				Flags: append(filters(), dryRun, progress,
 					&cli.IntFlag{Name: "limit", Value: defaultReplayLimit, Usage: "replay at most `N` per run, held in memory until replayed (0: every match); run again for more"}),
 				Action: func(c *cli.Context) error { return keeperReplay(c, k) },

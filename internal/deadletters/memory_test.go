@@ -85,11 +85,13 @@ func TestBrowseKeepsMemoryBounded(t *testing.T) {
 		t.Fatalf("%d dead letters, want %d", n, count)
 	}
 	defer debug.SetGCPercent(debug.SetGCPercent(25)) // collect what a browse drops promptly
-	const bound = 16 << 20                          // a third of the queue
+	const bound = 16 << 20                           // a third of the queue
 
 	var msgs []deadletters.Message
 	var err error
-	if grew := peakHeap(func() { msgs, err = deadletters.List(ctx, m.conn, wire.QueueDead, deadletters.Filter{}, deadletters.WithLimit(10)) }); grew > bound {
+	if grew := peakHeap(func() {
+		msgs, err = deadletters.List(ctx, m.conn, wire.QueueDead, deadletters.Filter{}, deadletters.WithLimit(10))
+	}); grew > bound {
 		t.Errorf("listing 10 of %d dead letters of %d KiB grew the heap by %d MiB", count, size>>10, grew>>20)
 	}
 	if err != nil || len(msgs) != 10 {
