@@ -23,8 +23,11 @@ type TailedEvent struct {
 // Tail calls fn with every event matching pattern from now until ctx is
 // done or fn returns an error. It reads from a temporary, exclusive,
 // server-named queue that the broker deletes when Tail returns, so it takes
-// nothing from any module.
-func (n *Node) Tail(ctx context.Context, pattern string, fn func(TailedEvent) error) error {
+// nothing from any module. ready, if not nil, is called once that queue is
+// bound: every event published after it is seen. If the connection is
+// lost, Tail returns an error wrapping sdk.ErrConnectionLost, and the
+// events published until a new Tail is ready are not seen.
+func (n *Node) Tail(ctx context.Context, pattern string, ready func(), fn func(TailedEvent) error) error {
 	if err := wire.ValidatePattern(pattern); err != nil {
 		return err
 	}
@@ -53,6 +56,9 @@ func (n *Node) Tail(ctx context.Context, pattern string, fn func(TailedEvent) er
 	if err != nil {
 		return fmt.Errorf("tail: consume: %w", err)
 	}
+	if ready != nil {
+		ready()
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -62,7 +68,10 @@ func (n *Node) Tail(ctx context.Context, pattern string, fn func(TailedEvent) er
 				if ctx.Err() != nil {
 					return nil
 				}
-				return fmt.Errorf("tail: the broker closed the queue")
+				if ch.IsClosed() { // the channel went with its connection
+					return fmt.Errorf("tail: %w", sdk.ErrConnectionLost)
+				}
+				return fmt.Errorf("tail: the broker cancelled the consumer (was its queue deleted?)")
 			}
 			if err := fn(tailed(d)); err != nil {
 				return err

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -17,6 +18,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/meshkit/mesh/internal/causation"
+	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/runtime"
 	"github.com/meshkit/mesh/sdk"
 )
@@ -128,24 +130,64 @@ func call(c *cli.Context) error {
 	return err
 }
 
+// tail prints the events matching a pattern until interrupted. A lost
+// connection does not end it: it connects again, with back-off, and says
+// on stderr which span of time it could not see (its queue went with the
+// connection).
 func tail(c *cli.Context) error {
 	if c.NArg() != 1 {
 		return fmt.Errorf("tail wants one PATTERN, got %d arguments", c.NArg())
 	}
-	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	node, err := connect(ctx, c)
-	if err != nil {
+	pattern := c.Args().First()
+	if err := wire.ValidatePattern(pattern); err != nil {
 		return err
 	}
-	defer node.Close(context.Background())
+	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
+	defer stop()
 	print := printHuman
 	if c.Bool("json") {
 		print = printJSON
 	}
-	return node.Tail(ctx, c.Args().First(), func(ev runtime.TailedEvent) error {
-		return print(c.App.Writer, ev)
-	})
+	var lostAt time.Time // when the last connection was lost; zero before the first
+	for attempt := 1; ; attempt++ {
+		node, err := connect(ctx, c)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			if lostAt.IsZero() {
+				return err // never connected: the URL or the credentials are wrong
+			}
+			delay := min(100*time.Millisecond<<min(attempt, 6), 5*time.Second)
+			fmt.Fprintf(c.App.ErrWriter, "tail: cannot reach the broker (%v); trying again in %v\n", err, delay)
+			select {
+			case <-time.After(delay):
+			case <-ctx.Done():
+				return nil
+			}
+			continue
+		}
+		ready := func() {
+			if lostAt.IsZero() {
+				fmt.Fprintf(c.App.ErrWriter, "tail: following %s\n", pattern)
+				return
+			}
+			fmt.Fprintf(c.App.ErrWriter, "tail: resumed; events from %s to %s were not seen (connection lost)\n",
+				lostAt.Format(time.RFC3339Nano), time.Now().UTC().Format(time.RFC3339Nano))
+		}
+		err = node.Tail(ctx, pattern, ready, func(ev runtime.TailedEvent) error {
+			return print(c.App.Writer, ev)
+		})
+		node.Close(context.Background())
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case !errors.Is(err, sdk.ErrConnectionLost):
+			return err
+		}
+		lostAt, attempt = time.Now().UTC(), 0
+		fmt.Fprintf(c.App.ErrWriter, "tail: connection lost at %s; reconnecting\n", lostAt.Format(time.RFC3339Nano))
+	}
 }
 
 // tailLine is the --json shape of one event.

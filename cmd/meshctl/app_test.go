@@ -162,3 +162,84 @@ func TestCall(t *testing.T) {
 		t.Errorf("failing call: %v, stderr %q", err, stderr.String())
 	}
 }
+
+// TestTailSurvivesACut: `meshctl tail` whose connection is cut connects
+// again, says on stderr which span it could not see, and prints the events
+// emitted after it resumed; it exits 0 on SIGTERM.
+func TestTailSurvivesACut(t *testing.T) {
+	url := brokertest.VHost(t)
+	proxy := brokertest.NewProxy(t)
+	bin := build(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	tail := exec.CommandContext(ctx, bin, "--amqp-url", strings.Replace(url, brokertest.Host(), proxy.Addr(), 1), "tail", "--json", "mesh.ops.#")
+	stdout, err := tail.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stderr, err := tail.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tail.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer tail.Process.Kill()
+	scan := func(r io.Reader) <-chan string {
+		lines := make(chan string, 100)
+		go func() {
+			sc := bufio.NewScanner(r)
+			for sc.Scan() {
+				lines <- sc.Text()
+			}
+			close(lines)
+		}()
+		return lines
+	}
+	events, notes := scan(stdout), scan(stderr)
+	await := func(lines <-chan string, what string) string {
+		t.Helper()
+		for {
+			select {
+			case l, ok := <-lines:
+				if !ok {
+					t.Fatalf("tail ended before %q", what)
+				}
+				if strings.Contains(l, what) {
+					return l
+				}
+			case <-ctx.Done():
+				t.Fatalf("tail never printed %q", what)
+			}
+		}
+	}
+	emitter, err := runtime.New(ctx, runtime.Config{Node: "ops", AMQPURL: url, Ephemeral: true, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer emitter.Close(context.Background())
+
+	await(notes, "tail: following mesh.ops.#")
+	before, err := emitter.Emit(ctx, "test", "mesh.ops.before", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	await(events, before)
+	proxy.Cut()
+	await(notes, "tail: connection lost")
+	gap := await(notes, "tail: resumed")
+	if !strings.Contains(gap, "were not seen") {
+		t.Errorf("the resume note does not name the gap: %q", gap)
+	}
+	after, err := emitter.Emit(ctx, "test", "mesh.ops.after", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	await(events, after)
+	if err := tail.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := tail.Wait(); err != nil {
+		t.Errorf("tail exited with %v", err)
+	}
+}
