@@ -84,7 +84,9 @@ type consumerChannel struct {
 // then its queue <node>.<module>.events is declared, bound to exactly the
 // patterns subscribed (a pattern bound on an earlier run and no longer
 // subscribed is unbound) and consumed; then Run, if any, starts.
-// Zero fields of mc take the node's defaults.
+// Zero fields of mc take the node's defaults. On a node that is not
+// connected (the broker is away) Load does not wait: the module attaches,
+// once, when the node connects, and its emits are spooled meanwhile.
 func (n *Node) Load(ctx context.Context, def sdk.Module, mc ModuleConfig) (*Module, error) {
 	if err := wire.ValidateModule(def.Name, string(def.Kind), def.Emits, def.Calls); err != nil {
 		return nil, err
