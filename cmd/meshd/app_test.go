@@ -123,12 +123,7 @@ func TestRunRequiresANode(t *testing.T) {
 func TestRunModulesFromConfig(t *testing.T) {
 	url := brokertest.VHost(t)
 	dir := t.TempDir()
-	meshd, module := filepath.Join(dir, "meshd"), filepath.Join(dir, "echomodule")
-	for _, b := range []struct{ out, pkg string }{{meshd, "."}, {module, "../../runtime/testdata/echomodule"}} {
-		if out, err := exec.Command("go", "build", "-o", b.out, b.pkg).CombinedOutput(); err != nil {
-			t.Fatalf("build %s: %v\n%s", b.pkg, err, out)
-		}
-	}
+	meshd, module := buildMeshdAndEcho(t, dir)
 	cfg := filepath.Join(dir, "mesh.yaml")
 	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`
 node: anchor
@@ -294,6 +289,19 @@ modules:
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// buildMeshdAndEcho builds meshd and the runtime's echo module binary
+// into dir and returns their paths.
+func buildMeshdAndEcho(t *testing.T, dir string) (meshd, module string) {
+	t.Helper()
+	meshd, module = filepath.Join(dir, "meshd"), filepath.Join(dir, "echomodule")
+	for _, b := range []struct{ out, pkg string }{{meshd, "."}, {module, "../../runtime/testdata/echomodule"}} {
+		if out, err := exec.Command("go", "build", "-o", b.out, b.pkg).CombinedOutput(); err != nil {
+			t.Fatalf("build %s: %v\n%s", b.pkg, err, out)
+		}
+	}
+	return meshd, module
 }
 
 // alive reports whether pid runs (a zombie nobody reaped has exited).

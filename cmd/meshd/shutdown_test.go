@@ -24,12 +24,7 @@ import (
 func TestShutdownBoundedByGrace(t *testing.T) {
 	url := brokertest.VHost(t)
 	dir := t.TempDir()
-	meshd, module := filepath.Join(dir, "meshd"), filepath.Join(dir, "echomodule")
-	for _, b := range []struct{ out, pkg string }{{meshd, "."}, {module, "../../runtime/testdata/echomodule"}} {
-		if out, err := exec.Command("go", "build", "-o", b.out, b.pkg).CombinedOutput(); err != nil {
-			t.Fatalf("build %s: %v\n%s", b.pkg, err, out)
-		}
-	}
+	meshd, module := buildMeshdAndEcho(t, dir)
 	cfg := filepath.Join(dir, "mesh.yaml")
 	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`
 node: grace

@@ -428,15 +428,15 @@ func TestCompaction(t *testing.T) {
 	}
 }
 
-// TestRecordDuringCompaction: while a compaction rewrites the log (held
-// there by a hook, after the new file is written and before the swap),
-// Seen and Record go on, so the rewrite holds no lock handlers wait on;
-// what they record meanwhile is in the compacted log, and survives a
-// reopen.
-func TestRecordDuringCompaction(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "m.log")
+// heldCompaction opens a set at path whose first background compaction
+// stops once it has written the new file, until release is closed; it
+// records ids that expire, then live ones until a Record starts that
+// compaction, and returns the live ids and a channel closed when the
+// compaction is held.
+func heldCompaction(t *testing.T, path string, release <-chan struct{}) (*Set, Options, []string, <-chan struct{}) {
+	t.Helper()
 	clk := newClock()
-	written, release := make(chan struct{}), make(chan struct{})
+	written := make(chan struct{})
 	var once sync.Once
 	opts := Options{Retention: time.Hour, Now: clk.Now, compactMin: 100, compactWritten: func() {
 		once.Do(func() {
@@ -450,14 +450,31 @@ func TestRecordDuringCompaction(t *testing.T) {
 	}
 	clk.Advance(time.Hour)
 	var live []string
-	for _, id := range ids(200) {
+	for !compacting(s) {
+		id := ulid.Make().String()
 		clk.Advance(time.Millisecond)
 		mustRecord(t, s, id)
 		live = append(live, id)
-		if compacting(s) {
-			break // this Record started it
-		}
 	}
+	return s, opts, live, written
+}
+
+// compacting reports whether a compaction runs in the background.
+func compacting(s *Set) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.compacting != nil
+}
+
+// TestRecordDuringCompaction: while a compaction rewrites the log (held
+// there by a hook, after the new file is written and before the swap),
+// Seen and Record go on, so the rewrite holds no lock handlers wait on;
+// what they record meanwhile is in the compacted log, and survives a
+// reopen.
+func TestRecordDuringCompaction(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "m.log")
+	release := make(chan struct{})
+	s, opts, live, written := heldCompaction(t, path, release)
 	<-written // the new file is written; the swap waits
 	during := ids(40)
 	for _, id := range during {
@@ -467,8 +484,8 @@ func TestRecordDuringCompaction(t *testing.T) {
 	mustSeen(t, s, live[0], true)
 	close(release)
 	s.waitCompaction()
-	if got, max := fileSize(t, path), int64(headerSize+(len(live)+len(during))*recordSize); got != max {
-		t.Fatalf("log is %d bytes after compaction, want %d (the live ids and those recorded meanwhile)", got, max)
+	if got, want := fileSize(t, path), int64(headerSize+(len(live)+len(during))*recordSize); got != want {
+		t.Fatalf("log is %d bytes after compaction, want %d (the live ids and those recorded meanwhile)", got, want)
 	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
@@ -482,35 +499,12 @@ func TestRecordDuringCompaction(t *testing.T) {
 	}
 }
 
-// compacting reports whether a compaction runs in the background.
-func compacting(s *Set) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.compacting != nil
-}
-
 // TestCloseDuringCompaction: Close waits for a compaction running in the
 // background, which then leaves the log as it was and no temporary file.
 func TestCloseDuringCompaction(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "m.log")
-	clk := newClock()
-	written, release := make(chan struct{}), make(chan struct{})
-	opts := Options{Retention: time.Hour, Now: clk.Now, compactMin: 100, compactWritten: func() {
-		close(written)
-		<-release
-	}}
-	s := open(t, path, opts)
-	for _, id := range ids(300) {
-		mustRecord(t, s, id)
-	}
-	clk.Advance(time.Hour)
-	var live []string
-	for !compacting(s) {
-		id := ulid.Make().String()
-		clk.Advance(time.Millisecond)
-		mustRecord(t, s, id)
-		live = append(live, id)
-	}
+	release := make(chan struct{})
+	s, opts, live, written := heldCompaction(t, path, release)
 	<-written
 	closed := make(chan error, 1)
 	go func() { closed <- s.Close() }()

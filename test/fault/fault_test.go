@@ -297,15 +297,7 @@ func TestQueueAtLengthLimit(t *testing.T) {
 	if _, err := n.Load(ctx, sinkModule(handled), runtime.ModuleConfig{Prefetch: 64, Concurrency: 4}); err != nil {
 		t.Fatal(err)
 	}
-	raw, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer raw.Close()
-	ch, err := raw.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ch := rawChannel(t, url)
 	if _, err := ch.QueueDeclare("fault.capped", true, false, false, false, amqp.Table{
 		"x-queue-type": "classic", "x-max-length": int64(10), "x-overflow": "reject-publish"}); err != nil {
 		t.Fatal(err)
@@ -339,7 +331,7 @@ func TestQueueAtLengthLimit(t *testing.T) {
 		t.Fatal("no negative confirm from the full queue")
 	}
 	short, cancelShort := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	_, err = n.Emit(short, "sink", "module.sink.tick", 1)
+	_, err := n.Emit(short, "sink", "module.sink.tick", 1)
 	cancelShort()
 	if !errors.Is(err, sdk.ErrRefused) {
 		t.Errorf("an emit with a short deadline into the full queue: %v, want ErrRefused", err)

@@ -32,15 +32,7 @@ func TestRefusedSpooledEvents(t *testing.T) {
 	n := newNode(t, strings.Replace(url, brokertest.Host(), proxy.Addr(), 1), "spooler", func(c *runtime.Config) {
 		c.EmitTimeout = emitTimeout
 	})
-	raw, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer raw.Close()
-	ch, err := raw.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ch := rawChannel(t, url)
 	if _, err := ch.QueueDeclare("full", false, false, false, false, amqp.Table{
 		"x-queue-type": "classic", "x-max-length": int64(1), "x-overflow": "reject-publish",
 	}); err != nil {
