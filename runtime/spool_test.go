@@ -1,6 +1,7 @@
 package runtime_test
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -8,6 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/internal/causation"
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/runtime"
 	"github.com/meshkit/mesh/sdk"
@@ -168,5 +170,31 @@ func TestSpoolUnroutableEventIsKept(t *testing.T) {
 	waitFor(t, 10*time.Second, func() bool { st := n.Stats(); return st.SpoolEvents == 0 && st.SpoolUnrouted > 0 })
 	if st := n.Stats(); st.SpoolUnrouted != 1 || st.SpoolDeadLettered != 0 {
 		t.Errorf("stats: spool unrouted %d, dead-lettered %d; want 1, 0", st.SpoolUnrouted, st.SpoolDeadLettered)
+	}
+}
+
+// TestOversizedHeadersAreNeverSpooled: with the broker away, an emit whose
+// schema or causation id is over its bound is refused at once with
+// ErrInvalid, and nothing reaches the spool (where it would be resent, and
+// refused by the broker's frame, on every reconnect).
+func TestOversizedHeadersAreNeverSpooled(t *testing.T) {
+	t.Parallel()
+	url := brokertest.VHost(t)
+	proxy := brokertest.NewProxy(t)
+	n := testNode(t, strings.Replace(url, brokertest.Host(), proxy.Addr(), 1), "bounds", nil)
+	proxy.Down()
+	waitFor(t, 10*time.Second, func() bool { return !n.Connected() })
+	if _, err := n.Emit(emitCtx(t), "test", "mesh.bounds.x", 1, sdk.WithSchema(strings.Repeat("v", wire.MaxSchemaBytes+1))); !errors.Is(err, sdk.ErrInvalid) {
+		t.Errorf("an oversized schema: %v, want ErrInvalid", err)
+	}
+	long := causation.With(emitCtx(t), strings.Repeat("c", wire.MaxCausationBytes+1))
+	if _, err := n.Emit(long, "test", "mesh.bounds.x", 1); !errors.Is(err, sdk.ErrInvalid) {
+		t.Errorf("an oversized causation id: %v, want ErrInvalid", err)
+	}
+	if st := n.Stats(); st.SpoolEvents != 0 || st.Spooled != 0 {
+		t.Errorf("the spool took %d events", st.Spooled)
+	}
+	if _, err := n.Emit(emitCtx(t), "test", "mesh.bounds.x", 1); err != nil { // a fine one is spooled
+		t.Errorf("a fine emit with the broker away: %v", err)
 	}
 }
