@@ -122,7 +122,7 @@ func keeperCommand(name string, k keeper, usage string) *cli.Command {
 // filterOf reads the filter flags.
 func filterOf(c *cli.Context) (deadletters.Filter, error) {
 	if c.NArg() > 0 {
-		return deadletters.Filter{}, fmt.Errorf("%s takes no arguments, got %q (flags go before arguments)", c.Command.Name, c.Args().Slice())
+		return deadletters.Filter{}, fmt.Errorf("%s takes no arguments, got %q", c.Command.Name, c.Args().Slice())
 	}
 	f := deadletters.Filter{
 		Module:    c.String("module"),

@@ -9,7 +9,8 @@ import (
 )
 
 func main() {
-	if err := app().Run(os.Args); err != nil {
+	a := app()
+	if err := a.Run(interspersed(a, os.Args)); err != nil {
 		fmt.Fprintln(os.Stderr, "meshctl:", err)
 		os.Exit(1)
 	}
