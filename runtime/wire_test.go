@@ -324,3 +324,59 @@ func TestNodesDeclareTheSameTopology(t *testing.T) {
 		t.Errorf("beacon's module got %+v", ev)
 	}
 }
+
+// TestForgedUserIDRefusedByTheBroker: the user-id property events carry is
+// checked by RabbitMQ itself. A publisher that claims another user than it
+// authenticated as is refused (406, its channel closed) and nothing is
+// routed; one that claims its own is accepted. So an event's user-id says
+// whose credential published it, whatever its headers claim.
+func TestForgedUserIDRefusedByTheBroker(t *testing.T) {
+	t.Parallel()
+	url := brokertest.VHost(t)
+	testNode(t, url, "anchor", nil) // declares the topology
+	check := rawConn(t, url)
+	q, err := check.QueueDeclare("", false, true, true, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := check.QueueBind(q.Name, "mesh.prov.#", wire.ExchangeEvents, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	pub := rawConn(t, url)
+	if err := pub.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	closed := pub.NotifyClose(make(chan *amqp.Error, 1))
+	publish := func(user string) error {
+		dc, err := pub.PublishWithDeferredConfirmWithContext(emitCtx(t), wire.ExchangeEvents, "mesh.prov.x", false, false, amqp.Publishing{
+			Headers: amqp.Table{wire.HeaderEventID: "01JPROV0000000000000000000", wire.HeaderSource: "admin", wire.HeaderNode: "n",
+				wire.HeaderTime: time.Now().UTC().Format(time.RFC3339Nano)},
+			ContentType: wire.ContentTypeJSON, MessageId: "01JPROV0000000000000000000", UserId: user, Body: []byte(`{}`),
+		})
+		if err != nil {
+			return err
+		}
+		if _, err := dc.WaitContext(emitCtx(t)); err != nil {
+			return err
+		}
+		return nil
+	}
+	if err := publish("guest"); err != nil {
+		t.Fatalf("the user's own user-id: %v", err)
+	}
+	if d := nextFrom(t, check, q.Name); d.UserId != "guest" {
+		t.Errorf("user-id %q arrived, want guest", d.UserId)
+	}
+	_ = publish("admin") // the broker answers with a channel close, not a nack
+	select {
+	case e := <-closed:
+		if e == nil || e.Code != amqp.PreconditionFailed || !strings.Contains(e.Reason, "user_id") {
+			t.Errorf("a forged user-id closed the channel with %v, want 406 naming user_id", e)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the broker took a forged user-id")
+	}
+	if n := queueDepth(t, check, q.Name); n != 0 {
+		t.Errorf("%d forged events routed", n)
+	}
+}
