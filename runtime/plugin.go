@@ -173,7 +173,7 @@ func (pm *PluginModule) announce(what string, cause error) {
 // stream.
 func (pm *PluginModule) launch(ctx context.Context) (*moduleProcess, error) {
 	cmd := exec.Command(pm.path, pm.args...)
-	cmd.Env = append(os.Environ(), plugin.ToolGrantsEnv(pm.toolGrants)...)
+	cmd.Env = append(moduleEnv(os.Environ(), pm.node.cfg.AMQPURL), plugin.ToolGrantsEnv(pm.toolGrants)...)
 	if pm.settings != nil {
 		cmd.Env = append(cmd.Env, plugin.EnvSettings+"="+string(pm.settings))
 	}
@@ -183,6 +183,7 @@ func (pm *PluginModule) launch(ctx context.Context) (*moduleProcess, error) {
 		Cmd:              cmd,
 		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
 		Logger:           pluginLogger(&pm.procLog),
+		SkipHostEnv:      true, // cmd.Env is the whole of it: moduleEnv leaves out the broker's credentials
 	})
 	fail := func(err error) (*moduleProcess, error) {
 		client.Kill()
@@ -223,6 +224,17 @@ func (pm *PluginModule) launch(ctx context.Context) (*moduleProcess, error) {
 	go p.send()
 	go p.receive()
 	return p, nil
+}
+
+// moduleEnv is a module process's environment: the node's, less what
+// holds the broker's credentials (MESH_AMQP_URL, or any variable whose
+// value holds the node's broker URL). A module reaches the mesh through
+// its node only; it has no business with the node's credentials.
+func moduleEnv(environ []string, amqpURL string) []string {
+	return slices.DeleteFunc(slices.Clone(environ), func(kv string) bool {
+		k, v, _ := strings.Cut(kv, "=")
+		return k == "MESH_AMQP_URL" || (amqpURL != "" && strings.Contains(v, amqpURL))
+	})
 }
 
 // setupError gives back what a module's Setup error wrapped, as the
