@@ -64,6 +64,7 @@ func app() *cli.App {
 			unroutedCommand(),
 			auditCommand(),
 			dispatcherCommand(),
+			topologyCommand(),
 		},
 	}
 }

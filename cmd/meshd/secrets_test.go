@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"net"
@@ -27,18 +25,8 @@ import (
 func TestSecretsStayOut(t *testing.T) {
 	url := brokertest.VHost(t)
 	vhost := url[strings.LastIndex(url, "/")+1:]
-	b := make([]byte, 12)
-	_, _ = rand.Read(b)
-	user, password := "mesh-secret-"+hex.EncodeToString(b[:4]), "pw-"+hex.EncodeToString(b)
-	ctl := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command("rabbitmqctl", args...).CombinedOutput(); err != nil {
-			t.Fatalf("rabbitmqctl %v: %v\n%s", args, err, out)
-		}
-	}
-	ctl("add_user", user, password)
-	t.Cleanup(func() { _ = exec.Command("rabbitmqctl", "delete_user", user).Run() })
-	ctl("set_permissions", "-p", vhost, user, ".*", ".*", ".*")
+	user, password := brokertest.User(t)
+	brokertest.Ctl(t, "set_permissions", "-p", vhost, user, ".*", ".*", ".*")
 	secretURL := fmt.Sprintf("amqp://%s:%s@%s/%s", user, password, brokertest.Host(), vhost)
 
 	dir := t.TempDir()

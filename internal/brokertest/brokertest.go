@@ -81,3 +81,30 @@ func run(args ...string) error {
 	}
 	return nil
 }
+
+// User makes a broker user with a random name and password, found nowhere
+// else, and deletes it when t ends. It has no permissions yet: give them
+// with Ctl (set_permissions, set_topic_permissions).
+func User(t testing.TB) (name, password string) {
+	t.Helper()
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	name, password = "mesh-test-user-"+hex.EncodeToString(b[:4]), "pw-"+hex.EncodeToString(b[:])
+	if err := run("add_user", name, password); err != nil {
+		t.Fatalf("rabbitmqctl: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := run("delete_user", name); err != nil {
+			t.Errorf("%v", err)
+		}
+	})
+	return name, password
+}
+
+// Ctl runs rabbitmqctl with args, failing t if it fails.
+func Ctl(t testing.TB, args ...string) {
+	t.Helper()
+	if err := run(args...); err != nil {
+		t.Fatalf("rabbitmqctl: %v", err)
+	}
+}

@@ -1,0 +1,158 @@
+package nodeconfig_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/internal/wire"
+	"github.com/meshkit/mesh/runtime"
+	"github.com/meshkit/mesh/runtime/nodeconfig"
+	"github.com/meshkit/mesh/sdk"
+)
+
+// TestLeastPrivilegeOnTheBroker: a node whose broker user has exactly the
+// permissions nodeconfig computes for it runs its modules: it declares the
+// topology and its queues, consumes, emits, serves and calls a tool,
+// retries on a classic queue and dead-letters. The same user is refused
+// by RabbitMQ (403) when it publishes another module's or node's events,
+// or declares another node's queue.
+func TestLeastPrivilegeOnTheBroker(t *testing.T) {
+	url := brokertest.VHost(t)
+	vhost := url[strings.LastIndex(url, "/")+1:]
+	user, password := brokertest.User(t)
+	nodeURL := fmt.Sprintf("amqp://%s:%s@%s/%s", user, password, brokertest.Host(), vhost)
+	f := nodeconfig.File{Node: "n1", AMQPURL: nodeURL, Modules: []nodeconfig.Module{
+		{Name: "shop", Tools: []string{"shop.*"}, QueueType: "classic", MaxAttempts: 2},
+		{Name: "mail"},
+	}}
+	p := f.Permissions("", nil)
+	if p.User != user || p.VHost != vhost {
+		t.Fatalf("permissions for %s on %s, want %s on %s", p.User, p.VHost, user, vhost)
+	}
+	brokertest.Ctl(t, "set_permissions", "-p", vhost, user, p.Configure, p.Write, p.Read)
+	for _, tp := range p.Topics {
+		brokertest.Ctl(t, "set_topic_permissions", "-p", vhost, user, tp.Exchange, tp.Write, tp.Read)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cfg := f.Runtime()
+	cfg.StateDir, cfg.Logger = t.TempDir(), slog.New(slog.NewTextHandler(io.Discard, nil))
+	cfg.RetryMin, cfg.RetryMax = 10*time.Millisecond, 50*time.Millisecond
+	n, err := runtime.New(ctx, cfg)
+	if err != nil {
+		t.Fatalf("a node with its computed permissions: %v", err)
+	}
+	defer n.Close(context.Background())
+	got := make(chan sdk.Event, 10)
+	dead := make(chan sdk.Event, 10)
+	shop, err := n.Load(ctx, sdk.Module{Name: "shop", Setup: func(m sdk.Mesh) error {
+		return errors.Join(
+			m.On("module.mail.sent", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error { got <- ev; return nil })),
+			m.On("module.mail.bounced", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error { return errors.New("no") })),
+			m.Serve("shop.price", sdk.ToolHandlerFunc(func(ctx context.Context, r sdk.Request) (any, error) { return 42, nil })),
+		)
+	}}, f.Modules[0].ModuleConfig())
+	if err != nil {
+		t.Fatalf("load shop: %v", err)
+	}
+	mail, err := n.Load(ctx, sdk.Module{Name: "mail", DeadLetters: sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error { dead <- ev; return nil })},
+		f.Modules[1].ModuleConfig())
+	if err != nil {
+		t.Fatalf("load mail: %v", err)
+	}
+	id, err := mail.Mesh().Emit(ctx, "sent", map[string]int{"n": 1})
+	if err != nil {
+		t.Fatalf("emit module.mail.sent: %v", err)
+	}
+	select {
+	case ev := <-got:
+		if ev.ID != id {
+			t.Errorf("shop got %s, want %s", ev.ID, id)
+		}
+	case <-ctx.Done():
+		t.Fatal("shop never got module.mail.sent")
+	}
+	var price int
+	if err := mail.Mesh().Call(ctx, "shop.price", nil, &price); err != nil || price != 42 {
+		t.Errorf("call shop.price: %d, %v", price, err)
+	}
+	// A classic queue's retry (through the default exchange), then the
+	// dead letter (mesh.events.dead), which mail's DeadLetters receives.
+	bounced, err := mail.Mesh().Emit(ctx, "bounced", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case ev := <-dead:
+		if ev.ID != bounced || ev.DeadAttempts != 2 {
+			t.Errorf("dead letter %s after %d attempts, want %s after 2", ev.ID, ev.DeadAttempts, bounced)
+		}
+	case <-ctx.Done():
+		t.Fatal("the failing event was never dead-lettered")
+	}
+	if _, err := n.Emit(ctx, "n1", "node.n1.joined", 1); err != nil {
+		t.Errorf("emit node.n1.joined: %v", err)
+	}
+	_ = shop
+
+	// What the user may not do, tried on a raw connection of its own.
+	conn, err := amqp.Dial(nodeURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	refused := func(what string, do func(ch *amqp.Channel) error) {
+		t.Helper()
+		ch, err := conn.Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		closed := ch.NotifyClose(make(chan *amqp.Error, 1))
+		err = do(ch)
+		var ae *amqp.Error
+		if !errors.As(err, &ae) {
+			select {
+			case ae = <-closed:
+			case <-time.After(10 * time.Second):
+			}
+		}
+		if ae == nil || ae.Code != amqp.AccessRefused {
+			t.Errorf("%s: %v, want 403 ACCESS_REFUSED", what, ae)
+		}
+	}
+	publish := func(key string) func(ch *amqp.Channel) error {
+		return func(ch *amqp.Channel) error {
+			if err := ch.Confirm(false); err != nil {
+				return err
+			}
+			dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, wire.ExchangeEvents, key, false, false, amqp.Publishing{Body: []byte("{}")})
+			if err != nil {
+				return err
+			}
+			_, err = dc.WaitContext(ctx)
+			return err
+		}
+	}
+	refused("publish module.billing.paid", publish("module.billing.paid"))
+	refused("publish node.n2.joined", publish("node.n2.joined"))
+	refused("declare n2.shop.events", func(ch *amqp.Channel) error {
+		_, err := ch.QueueDeclare("n2.shop.events", true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
+		return err
+	})
+	refused("bind serve.billing.charge", func(ch *amqp.Channel) error {
+		if _, err := ch.QueueDeclare("", false, true, true, false, nil); err != nil {
+			return err
+		}
+		return ch.QueueBind("serve.billing.charge", "billing.charge", wire.ExchangeRPC, false, nil)
+	})
+}
