@@ -40,11 +40,13 @@ const (
 	DefaultConsumerTimeout = 30 * time.Minute
 	DefaultSpoolMaxBytes   = 256 << 20
 	DefaultEmitTimeout     = 30 * time.Second
-	DefaultReconnectMin    = 100 * time.Millisecond
-	DefaultReconnectMax    = 10 * time.Second
-	DefaultLockWait        = 30 * time.Second
-	DefaultDedupRetention  = 24 * time.Hour
-	DefaultDedupMaxEntries = 1_000_000
+	// DefaultHeartbeatInterval is meshd's Config.HeartbeatInterval.
+	DefaultHeartbeatInterval = 10 * time.Second
+	DefaultReconnectMin      = 100 * time.Millisecond
+	DefaultReconnectMax      = 10 * time.Second
+	DefaultLockWait          = 30 * time.Second
+	DefaultDedupRetention    = 24 * time.Hour
+	DefaultDedupMaxEntries   = 1_000_000
 )
 
 // Config configures a Node. The zero value of every field but Node takes
@@ -122,6 +124,13 @@ type Config struct {
 	// New. meshd sets it, so it needs no ordering after the broker. An
 	// ephemeral node ignores it.
 	StartWithoutBroker bool
+	// HeartbeatInterval, when above 0, makes the node take part in
+	// membership: it sends node.<node>.heartbeat (with its modules) that
+	// often, and checks that the others still send theirs; one silent for
+	// 3 of its own intervals is reported once as node.<peer>.unreachable.
+	// Off by default (meshd turns it on: DefaultHeartbeatInterval).
+	// Ephemeral nodes take no part.
+	HeartbeatInterval time.Duration
 }
 
 // TLSConfig names the PEM files of an amqps:// connection.

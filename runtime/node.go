@@ -67,6 +67,9 @@ type Node struct {
 	doneErr  error
 
 	hooks atomic.Pointer[hooks] // for tests that force an ordering; nil in production
+
+	started time.Time // when New made the node
+	members peers     // the other nodes, from their heartbeats
 }
 
 // hooks are called, when set, at points tests need to order against.
@@ -110,6 +113,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		done:       make(chan struct{}),
 	}
 	n.life, n.endLife = context.WithCancel(context.Background())
+	n.started, n.members.known = time.Now().UTC(), make(map[string]*Peer)
 	if !cfg.Ephemeral {
 		sp, err := spool.Open(filepath.Join(cfg.StateDir, "spool.db"), spool.Options{MaxBytes: cfg.SpoolMaxBytes})
 		if err != nil {
@@ -144,6 +148,10 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	if s != nil {
 		n.log.Info("node connected", "broker", redactURL(cfg.AMQPURL))
+		n.followPeers(s)
+	}
+	if n.membership() {
+		go n.beat()
 	}
 	return n, nil
 }

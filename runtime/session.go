@@ -324,6 +324,7 @@ func (n *Node) supervise(s *session) {
 			n.log.Info("reconnected to the broker", "down_for", time.Since(down).Round(time.Millisecond))
 		}
 		n.resume(s)
+		n.followPeers(s)
 		if h := n.hook().resumed; h != nil {
 			h()
 		}

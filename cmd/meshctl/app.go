@@ -65,6 +65,7 @@ func app() *cli.App {
 			auditCommand(),
 			dispatcherCommand(),
 			topologyCommand(),
+			nodesCommand(),
 		},
 	}
 }

@@ -243,3 +243,39 @@ func TestTailSurvivesACut(t *testing.T) {
 		t.Errorf("tail exited with %v", err)
 	}
 }
+
+// TestNodes: `meshctl nodes` lists the nodes it hears within --wait, with
+// their modules; --json prints one object per node.
+func TestNodes(t *testing.T) {
+	url := brokertest.VHost(t)
+	bin := build(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	n, err := runtime.New(ctx, runtime.Config{Node: "beating", AMQPURL: url, StateDir: t.TempDir(),
+		HeartbeatInterval: 100 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close(context.Background())
+	if _, err := n.Load(ctx, sdk.Module{Name: "shop"}, runtime.ModuleConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.CommandContext(ctx, bin, "--amqp-url", url, "nodes", "--wait", "1s").CombinedOutput()
+	if err != nil {
+		t.Fatalf("nodes: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "NODE") || !strings.Contains(string(out), "beating") || !strings.Contains(string(out), "shop") {
+		t.Errorf("nodes printed:\n%s", out)
+	}
+	out, err = exec.CommandContext(ctx, bin, "--amqp-url", url, "nodes", "--json", "--wait", "1s").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Node    string `json:"node"`
+		Modules []struct{ Name string }
+	}
+	if err := json.Unmarshal([]byte(strings.SplitN(string(out), "\n", 2)[0]), &got); err != nil || got.Node != "beating" || len(got.Modules) != 1 {
+		t.Errorf("nodes --json printed %q: %v", out, err)
+	}
+}

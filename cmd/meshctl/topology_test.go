@@ -35,7 +35,7 @@ modules:
 	for _, want := range []string{
 		"rabbitmqctl set_permissions -p 'prod' 'mesh-n1' '^(?:mesh\\.events|",
 		`n1\.(?:shop)\.(?:events|dead)`, `serve\.(?:shop\.[^.]+)`,
-		"rabbitmqctl set_topic_permissions -p 'prod' 'mesh-n1' 'mesh.events' '^(?:node\\.n1\\..*|module\\.(?:shop)\\..*)$' '.*'",
+		"rabbitmqctl set_topic_permissions -p 'prod' 'mesh-n1' 'mesh.events' '^(?:node\\.n1\\..*|node\\.[^.]+\\.unreachable|module\\.(?:shop)\\..*)$' '.*'",
 		"rabbitmqctl set_topic_permissions -p 'prod' 'mesh-n1' 'mesh.rpc' '.*' '^(?:shop\\.[^.]+)$'",
 	} {
 		if !strings.Contains(out, want) {

@@ -56,6 +56,10 @@ type File struct {
 	// event ids each module keeps (defaults 24h and 1,000,000).
 	DedupRetention  time.Duration `yaml:"dedup_retention"`
 	DedupMaxEntries int           `yaml:"dedup_max_entries"`
+	// HeartbeatInterval is how often the node tells the mesh it runs, with
+	// its modules (node.NODE.heartbeat), and checks that the others do
+	// (default 10s; -1s turns membership off).
+	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"`
 	// Defaults apply to every module unless it says otherwise.
 	Defaults Module   `yaml:"defaults"`
 	Modules  []Module `yaml:"modules"`
@@ -125,7 +129,17 @@ func (f File) Runtime() runtime.Config {
 		ConsumerTimeout: f.ConsumerTimeout, SpoolMaxBytes: f.SpoolMaxBytes, EmitTimeout: f.EmitTimeout,
 		ReconnectMin: f.ReconnectMin, ReconnectMax: f.ReconnectMax, LockWait: f.LockWait,
 		DedupRetention: f.DedupRetention, DedupMaxEntries: f.DedupMaxEntries,
+		HeartbeatInterval: f.heartbeatInterval(),
 	}
+}
+
+// heartbeatInterval is the node's: the file's, or by default
+// runtime.DefaultHeartbeatInterval (a negative one turns membership off).
+func (f File) heartbeatInterval() time.Duration {
+	if f.HeartbeatInterval == 0 {
+		return runtime.DefaultHeartbeatInterval
+	}
+	return f.HeartbeatInterval
 }
 
 // ModuleConfig is how module m consumes, and what it is granted; a module

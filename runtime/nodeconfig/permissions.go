@@ -95,7 +95,9 @@ func (f File) Permissions(user string, consumed []string) Permissions {
 	p.Write = anyOf(slices.Concat(exchanges, []string{unrouted}, keepers, own, []string{q("amq.default")}))
 	p.Read = anyOf(slices.Concat(exchanges, []string{unrouted}, keepers, own, []string{reply}, reads))
 
-	publish := []string{`node\.` + node + `\..*`}
+	// Its own node.<node>. events, and the reports of peers it finds
+	// unreachable (membership).
+	publish := []string{`node\.` + node + `\..*`, `node\.[^.]+\.unreachable`}
 	if len(modules) > 0 {
 		publish = append(publish, `module\.(?:`+strings.Join(modules, "|")+`)\..*`)
 	}

@@ -1,0 +1,102 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/meshkit/mesh/runtime"
+)
+
+// nodesCommand is `meshctl nodes`: the nodes of the mesh, from their
+// heartbeats.
+func nodesCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "nodes",
+		Usage: "list the nodes that send heartbeats, with their modules, when they started and when they were last heard",
+		Flags: []cli.Flag{
+			&cli.DurationFlag{Name: "wait", Value: runtime.DefaultHeartbeatInterval + 2*time.Second,
+				Usage: "listen this long (a node is heard once per heartbeat_interval)"},
+			&cli.BoolFlag{Name: "json", Usage: "print one JSON object per node"},
+		},
+		Action: nodes,
+	}
+}
+
+// heardNode is a node as meshctl nodes heard of it.
+type heardNode struct {
+	runtime.Heartbeat
+	LastSeen time.Time `json:"last_seen"`
+}
+
+func nodes(c *cli.Context) error {
+	if c.NArg() > 0 {
+		return fmt.Errorf("nodes takes no arguments, got %q", c.Args().Slice())
+	}
+	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	node, err := connect(ctx, c)
+	if err != nil {
+		return err
+	}
+	defer node.Close(context.Background())
+	heard := map[string]heardNode{}
+	listen, cancel := context.WithCancel(ctx)
+	defer cancel()
+	err = node.Tail(listen, "node.*.heartbeat", func() { time.AfterFunc(c.Duration("wait"), cancel) }, func(ev runtime.TailedEvent) error {
+		var hb runtime.Heartbeat
+		if ev.Err != nil || json.Unmarshal(ev.Event.Body, &hb) != nil || hb.Node == "" {
+			return nil // not a heartbeat of this runtime
+		}
+		heard[hb.Node] = heardNode{Heartbeat: hb, LastSeen: time.Now().UTC()}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	names := slices.Sorted(func(yield func(string) bool) {
+		for n := range heard {
+			if !yield(n) {
+				return
+			}
+		}
+	})
+	if c.Bool("json") {
+		enc := json.NewEncoder(c.App.Writer)
+		for _, n := range names {
+			if err := enc.Encode(heard[n]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if len(names) == 0 {
+		_, err := fmt.Fprintf(c.App.Writer, "no node heard within %v\n", c.Duration("wait"))
+		return err
+	}
+	tw := tabwriter.NewWriter(c.App.Writer, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tMODULES\tUP SINCE\tLAST HEARD\tHEARTBEAT")
+	for _, n := range names {
+		h := heard[n]
+		var mods []string
+		for _, m := range h.Modules {
+			if m.Kind != "" {
+				mods = append(mods, m.Name+" ("+m.Kind+")")
+			} else {
+				mods = append(mods, m.Name)
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s ago\t%v\n", n, strings.Join(mods, ", "), h.Started.Format(time.RFC3339),
+			time.Since(h.LastSeen).Round(time.Second), h.Interval)
+	}
+	return tw.Flush()
+}

@@ -1,0 +1,204 @@
+package runtime
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/meshkit/mesh/internal/wire"
+	"github.com/meshkit/mesh/sdk"
+)
+
+// Membership: every node that is not ephemeral sends node.<node>.heartbeat
+// every HeartbeatInterval, with its modules, and follows the others'. A
+// peer that sends none for missedHeartbeats of its own intervals is
+// reported once, by each node that noticed, as node.<peer>.unreachable; a
+// peer that says node.<peer>.left is forgotten without a report.
+
+// missedHeartbeats is how many intervals of silence make a peer
+// unreachable.
+const missedHeartbeats = 3
+
+// Heartbeat is the body of node.<node>.heartbeat.
+type Heartbeat struct {
+	Node     string          `json:"node"`
+	Started  time.Time       `json:"started"`
+	Interval time.Duration   `json:"interval_ns"`
+	Modules  []ModuleSummary `json:"modules"`
+}
+
+// ModuleSummary is a module as membership tells of it.
+type ModuleSummary struct {
+	Name string `json:"name"`
+	Kind string `json:"kind,omitempty"`
+}
+
+// Peer is another node as this one last heard of it.
+type Peer struct {
+	Heartbeat
+	// LastSeen is when its last heartbeat arrived.
+	LastSeen time.Time
+	// Unreachable says its heartbeats stopped and this node reported it.
+	Unreachable bool
+}
+
+// peers is what a node knows of the others.
+type peers struct {
+	mu    sync.Mutex
+	known map[string]*Peer
+}
+
+// Peers returns the other nodes this node has heard of, by name.
+func (n *Node) Peers() []Peer {
+	n.members.mu.Lock()
+	defer n.members.mu.Unlock()
+	out := make([]Peer, 0, len(n.members.known))
+	for _, p := range n.members.known {
+		out = append(out, *p)
+	}
+	slices.SortFunc(out, func(a, b Peer) int { return strings.Compare(a.Node, b.Node) })
+	return out
+}
+
+// heartbeat is this node's heartbeat now.
+func (n *Node) heartbeat() Heartbeat {
+	hb := Heartbeat{Node: n.cfg.Node, Started: n.started, Interval: n.cfg.HeartbeatInterval}
+	n.mu.Lock()
+	for _, m := range n.modules {
+		hb.Modules = append(hb.Modules, ModuleSummary{Name: m.def.Name, Kind: string(m.def.Kind)})
+	}
+	n.mu.Unlock()
+	slices.SortFunc(hb.Modules, func(a, b ModuleSummary) int { return strings.Compare(a.Name, b.Name) })
+	return hb
+}
+
+// beat sends a heartbeat every HeartbeatInterval and checks the peers for
+// silence, until the node closes. A heartbeat expires after the interval
+// that follows it (nobody needs an old one), so one sent while the broker
+// is away is spooled and dropped on resend rather than delivered late.
+func (n *Node) beat() {
+	t := time.NewTicker(n.cfg.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		ctx, cancel := context.WithTimeout(n.life, n.cfg.HeartbeatInterval)
+		_, err := n.Emit(ctx, n.cfg.Node, "node."+n.cfg.Node+".heartbeat", n.heartbeat(),
+			sdk.WithTTL(2*n.cfg.HeartbeatInterval))
+		cancel()
+		if err != nil && n.life.Err() == nil {
+			n.log.Debug("heartbeat not sent", "err", err)
+		}
+		n.checkPeers(time.Now())
+		select {
+		case <-t.C:
+		case <-n.life.Done():
+			return
+		}
+	}
+}
+
+// checkPeers reports, once, each peer silent for missedHeartbeats of its
+// intervals.
+func (n *Node) checkPeers(now time.Time) {
+	var silent []Peer
+	n.members.mu.Lock()
+	for _, p := range n.members.known {
+		if !p.Unreachable && now.Sub(p.LastSeen) > missedHeartbeats*p.Interval {
+			p.Unreachable = true
+			silent = append(silent, *p)
+		}
+	}
+	n.members.mu.Unlock()
+	for _, p := range silent {
+		n.log.Warn("a peer node stopped sending heartbeats", "peer", p.Node, "last_seen", p.LastSeen)
+		ctx, cancel := context.WithTimeout(n.life, n.cfg.EmitTimeout)
+		_, err := n.Emit(ctx, n.cfg.Node, "node."+p.Node+".unreachable", map[string]any{
+			"node": p.Node, "last_seen": p.LastSeen.UTC(), "reported_by": n.cfg.Node, "modules": p.Modules,
+		})
+		cancel()
+		if err != nil && n.life.Err() == nil {
+			n.log.Warn("could not report an unreachable peer", "peer", p.Node, "err", err)
+		}
+	}
+}
+
+// membership says whether the node takes part in membership.
+func (n *Node) membership() bool { return !n.cfg.Ephemeral && n.cfg.HeartbeatInterval > 0 }
+
+// followPeers starts following the others on s, if the node takes part;
+// a failure is logged (membership is not worth failing a session for).
+func (n *Node) followPeers(s *session) {
+	if !n.membership() {
+		return
+	}
+	if err := n.watchPeers(s); err != nil && !s.isLost() {
+		n.log.Warn("membership: not following the other nodes on this session", "err", err)
+	}
+}
+
+// watchPeers follows the others' heartbeats and departures on s, from a
+// queue of its own that goes with the session.
+func (n *Node) watchPeers(s *session) error {
+	ch, err := s.subConn.Channel()
+	if err != nil {
+		return fmt.Errorf("membership: open channel: %w", err)
+	}
+	q, err := ch.QueueDeclare("", false, true, true, false, amqp.Table{
+		"x-queue-type": QueueClassic,
+		"x-max-length": int64(10_000), // a stalled watcher drops the oldest
+	})
+	if err == nil {
+		for _, key := range []string{"node.*.heartbeat", "node.*.left"} {
+			if err = ch.QueueBind(q.Name, key, wire.ExchangeEvents, false, nil); err != nil {
+				break
+			}
+		}
+	}
+	var deliveries <-chan amqp.Delivery
+	if err == nil {
+		deliveries, err = ch.Consume(q.Name, "", true, true, false, false, nil)
+	}
+	if err != nil {
+		ch.Close()
+		return fmt.Errorf("membership: follow the other nodes: %w", err)
+	}
+	go func() {
+		for d := range deliveries {
+			n.heard(d)
+		}
+	}()
+	return nil
+}
+
+// heard takes one heartbeat or departure of a peer.
+func (n *Node) heard(d amqp.Delivery) {
+	words := strings.Split(d.RoutingKey, ".")
+	if len(words) != 3 || words[1] == n.cfg.Node {
+		return
+	}
+	peer := words[1]
+	n.members.mu.Lock()
+	defer n.members.mu.Unlock()
+	if words[2] == "left" {
+		delete(n.members.known, peer)
+		return
+	}
+	var hb Heartbeat
+	if err := json.Unmarshal(d.Body, &hb); err != nil || hb.Node != peer || hb.Interval <= 0 {
+		return // not a heartbeat this runtime sends
+	}
+	p := n.members.known[peer]
+	if p == nil {
+		p = &Peer{}
+		n.members.known[peer] = p
+	}
+	if p.Unreachable {
+		n.log.Info("a peer node sends heartbeats again", "peer", peer)
+	}
+	p.Heartbeat, p.LastSeen, p.Unreachable = hb, time.Now(), false
+}

@@ -1,0 +1,96 @@
+package runtime_test
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/internal/wire"
+	"github.com/meshkit/mesh/runtime"
+	"github.com/meshkit/mesh/sdk"
+)
+
+// TestMembership: two nodes hear each other's heartbeats, with their
+// modules. When one is cut off, the other reports it as
+// node.<peer>.unreachable, once, naming itself; when it comes back, it is
+// reachable again. A node that says it left is forgotten, unreported.
+func TestMembership(t *testing.T) {
+	t.Parallel()
+	url := brokertest.VHost(t)
+	proxy := brokertest.NewProxy(t)
+	const every = 200 * time.Millisecond
+	beat := func(c *runtime.Config) {
+		c.HeartbeatInterval = every
+		c.ReconnectMin, c.ReconnectMax = 20*time.Millisecond, 100*time.Millisecond
+	}
+	a := testNode(t, url, "alpha", beat)
+	b := testNode(t, strings.Replace(url, brokertest.Host(), proxy.Addr(), 1), "beta", beat)
+	load(t, b, sdk.Module{Name: "shop"}, runtime.ModuleConfig{})
+	raw := rawConn(t, url)
+	watch := func(key string) string {
+		q, err := raw.QueueDeclare("", false, true, true, false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := raw.QueueBind(q.Name, key, wire.ExchangeEvents, false, nil); err != nil {
+			t.Fatal(err)
+		}
+		return q.Name
+	}
+	unreachable, alphaBeats := watch("node.beta.unreachable"), watch("node.alpha.heartbeat")
+
+	heardOf := func(n *runtime.Node, peer string) (runtime.Peer, bool) {
+		for _, p := range n.Peers() {
+			if p.Node == peer {
+				return p, true
+			}
+		}
+		return runtime.Peer{}, false
+	}
+	waitFor(t, 15*time.Second, func() bool {
+		p, ok := heardOf(a, "beta")
+		return ok && len(p.Modules) == 1 && p.Modules[0].Name == "shop"
+	})
+	if p, _ := heardOf(a, "beta"); p.Interval != every || p.Unreachable || p.Started.IsZero() {
+		t.Errorf("alpha heard of beta as %+v", p)
+	}
+	waitFor(t, 15*time.Second, func() bool { _, ok := heardOf(b, "alpha"); return ok })
+
+	// A report before the cut (a machine so loaded that beta's beats
+	// paused for three intervals) is not the one this test is after.
+	if _, err := raw.QueuePurge(unreachable, false); err != nil {
+		t.Fatal(err)
+	}
+	proxy.Down()
+	report := nextFrom(t, raw, unreachable)
+	var body struct {
+		Node       string `json:"node"`
+		ReportedBy string `json:"reported_by"`
+	}
+	if err := json.Unmarshal(report.Body, &body); err != nil {
+		t.Fatalf("report %s: %v", report.Body, err)
+	}
+	if report.Headers[wire.HeaderSource] != "alpha" || body.ReportedBy != "alpha" || body.Node != "beta" {
+		t.Errorf("report %s from %v", report.Body, report.Headers[wire.HeaderSource])
+	}
+	if p, _ := heardOf(a, "beta"); !p.Unreachable {
+		t.Error("alpha does not say beta is unreachable")
+	}
+	// Once: alpha goes on checking with every heartbeat; after five more
+	// of them there is still no second report.
+	for range 5 {
+		nextFrom(t, raw, alphaBeats)
+	}
+	if n := queueDepth(t, raw, unreachable); n != 0 {
+		t.Errorf("%d more reports of beta", n)
+	}
+	proxy.Up()
+	waitFor(t, 15*time.Second, func() bool { p, ok := heardOf(a, "beta"); return ok && !p.Unreachable })
+
+	if _, err := b.Emit(emitCtx(t), "beta", "node.beta.left", map[string]any{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 15*time.Second, func() bool { _, ok := heardOf(a, "beta"); return !ok })
+}
