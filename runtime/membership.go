@@ -33,10 +33,22 @@ type Heartbeat struct {
 	Modules  []ModuleSummary `json:"modules"`
 }
 
-// ModuleSummary is a module as membership tells of it.
+// ModuleSummary is a module as membership tells of it: its declarations,
+// from which the mesh draws its event graph (meshctl graph).
 type ModuleSummary struct {
 	Name string `json:"name"`
 	Kind string `json:"kind,omitempty"`
+	// Emits are the full event types it says it emits
+	// (module.<name>.<event>); Calls the tools it says it calls.
+	Emits []string `json:"emits,omitempty"`
+	Calls []string `json:"calls,omitempty"`
+	// Patterns are the topic patterns it subscribes; Tools the tools it
+	// serves; Consumes the existing queues it consumes; DeadLetters says
+	// it receives the mesh's dead letters.
+	Patterns    []string `json:"patterns,omitempty"`
+	Tools       []string `json:"tools,omitempty"`
+	Consumes    []string `json:"consumes,omitempty"`
+	DeadLetters bool     `json:"dead_letters,omitempty"`
 }
 
 // Peer is another node as this one last heard of it.
@@ -70,12 +82,39 @@ func (n *Node) Peers() []Peer {
 func (n *Node) heartbeat() Heartbeat {
 	hb := Heartbeat{Node: n.cfg.Node, Started: n.started, Interval: n.cfg.HeartbeatInterval}
 	n.mu.Lock()
+	mods := make([]*Module, 0, len(n.modules))
 	for _, m := range n.modules {
-		hb.Modules = append(hb.Modules, ModuleSummary{Name: m.def.Name, Kind: string(m.def.Kind)})
+		mods = append(mods, m)
 	}
 	n.mu.Unlock()
+	for _, m := range mods {
+		hb.Modules = append(hb.Modules, m.summary())
+	}
 	slices.SortFunc(hb.Modules, func(a, b ModuleSummary) int { return strings.Compare(a.Name, b.Name) })
 	return hb
+}
+
+// summary is what membership tells of m.
+func (m *Module) summary() ModuleSummary {
+	sum := ModuleSummary{Name: m.def.Name, Kind: string(m.def.Kind), Calls: slices.Clone(m.def.Calls), DeadLetters: m.def.DeadLetters != nil}
+	for _, e := range m.def.Emits {
+		sum.Emits = append(sum.Emits, wire.ModuleEventType(m.def.Name, e))
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.running.Load() {
+		return sum // Setup has not said yet
+	}
+	for _, s := range m.subs {
+		sum.Patterns = append(sum.Patterns, s.pattern)
+	}
+	for _, t := range m.tools {
+		sum.Tools = append(sum.Tools, t.key)
+	}
+	for _, q := range m.queues {
+		sum.Consumes = append(sum.Consumes, q.Key)
+	}
+	return sum
 }
 
 // beat sends a heartbeat every HeartbeatInterval and checks the peers for

@@ -66,6 +66,7 @@ func app() *cli.App {
 			dispatcherCommand(),
 			topologyCommand(),
 			nodesCommand(),
+			graphCommand(),
 		},
 	}
 }

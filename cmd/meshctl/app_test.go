@@ -245,7 +245,8 @@ func TestTailSurvivesACut(t *testing.T) {
 }
 
 // TestNodes: `meshctl nodes` lists the nodes it hears within --wait, with
-// their modules; --json prints one object per node.
+// their modules; --json prints one object per node; `meshctl graph` draws
+// the same declarations.
 func TestNodes(t *testing.T) {
 	url := brokertest.VHost(t)
 	bin := build(t)
@@ -257,7 +258,15 @@ func TestNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer n.Close(context.Background())
-	if _, err := n.Load(ctx, sdk.Module{Name: "shop"}, runtime.ModuleConfig{}); err != nil {
+	if _, err := n.Load(ctx, sdk.Module{Name: "shop", Emits: []string{"order.created"}, Calls: []string{"billing.charge"}}, runtime.ModuleConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.Load(ctx, sdk.Module{Name: "billing", Setup: func(m sdk.Mesh) error {
+		return errors.Join(
+			m.On("module.shop.#", sdk.HandlerFunc(func(context.Context, sdk.Event) error { return nil })),
+			m.Serve("billing.charge", sdk.ToolHandlerFunc(func(context.Context, sdk.Request) (any, error) { return nil, nil })),
+		)
+	}}, runtime.ModuleConfig{}); err != nil {
 		t.Fatal(err)
 	}
 	out, err := exec.CommandContext(ctx, bin, "--amqp-url", url, "nodes", "--wait", "1s").CombinedOutput()
@@ -275,7 +284,22 @@ func TestNodes(t *testing.T) {
 		Node    string `json:"node"`
 		Modules []struct{ Name string }
 	}
-	if err := json.Unmarshal([]byte(strings.SplitN(string(out), "\n", 2)[0]), &got); err != nil || got.Node != "beating" || len(got.Modules) != 1 {
+	if err := json.Unmarshal([]byte(strings.SplitN(string(out), "\n", 2)[0]), &got); err != nil || got.Node != "beating" || len(got.Modules) != 2 {
 		t.Errorf("nodes --json printed %q: %v", out, err)
+	}
+	// The graph, from the same heartbeats.
+	out, err = exec.CommandContext(ctx, bin, "--amqp-url", url, "graph", "--wait", "1s").CombinedOutput()
+	if err != nil {
+		t.Fatalf("graph: %v\n%s", err, out)
+	}
+	for _, want := range []string{
+		"module_beating_shop --> event_module_shop_order_created",
+		`event_module_shop_order_created -->|"module.shop.#"| module_beating_billing`,
+		`module_beating_shop -->|"calls"| tool_billing_charge`,
+		`tool_billing_charge -->|"serves"| module_beating_billing`,
+	} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("graph lacks %q:\n%s", want, out)
+		}
 	}
 }

@@ -24,29 +24,21 @@ func nodesCommand() *cli.Command {
 		Name:  "nodes",
 		Usage: "list the nodes that send heartbeats, with their modules, when they started and when they were last heard",
 		Flags: []cli.Flag{
-			&cli.DurationFlag{Name: "wait", Value: runtime.DefaultHeartbeatInterval + 2*time.Second,
-				Usage: "listen this long (a node is heard once per heartbeat_interval)"},
+			waitFlag(),
 			&cli.BoolFlag{Name: "json", Usage: "print one JSON object per node"},
 		},
 		Action: nodes,
 	}
 }
 
-// heardNode is a node as meshctl nodes heard of it.
-type heardNode struct {
-	runtime.Heartbeat
-	LastSeen time.Time `json:"last_seen"`
-}
-
-func nodes(c *cli.Context) error {
-	if c.NArg() > 0 {
-		return fmt.Errorf("nodes takes no arguments, got %q", c.Args().Slice())
-	}
+// listenHeartbeats collects the nodes' heartbeats for --wait (or until
+// interrupted), the last of each node.
+func listenHeartbeats(c *cli.Context) (map[string]heardNode, error) {
 	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	node, err := connect(ctx, c)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer node.Close(context.Background())
 	heard := map[string]heardNode{}
@@ -60,6 +52,26 @@ func nodes(c *cli.Context) error {
 		heard[hb.Node] = heardNode{Heartbeat: hb, LastSeen: time.Now().UTC()}
 		return nil
 	})
+	return heard, err
+}
+
+// waitFlag is how long nodes and graph listen for heartbeats.
+func waitFlag() cli.Flag {
+	return &cli.DurationFlag{Name: "wait", Value: runtime.DefaultHeartbeatInterval + 2*time.Second,
+		Usage: "listen this long for the nodes' heartbeats (a node sends one per heartbeat_interval)"}
+}
+
+// heardNode is a node as meshctl nodes heard of it.
+type heardNode struct {
+	runtime.Heartbeat
+	LastSeen time.Time `json:"last_seen"`
+}
+
+func nodes(c *cli.Context) error {
+	if c.NArg() > 0 {
+		return fmt.Errorf("nodes takes no arguments, got %q", c.Args().Slice())
+	}
+	heard, err := listenHeartbeats(c)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,238 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os/exec"
+	"slices"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/meshkit/mesh/internal/wire"
+	"github.com/meshkit/mesh/runtime"
+)
+
+// graphCommand is `meshctl graph`: the mesh drawn from its nodes'
+// declarations.
+func graphCommand() *cli.Command {
+	return &cli.Command{
+		Name: "graph",
+		Usage: "draw the mesh from its nodes' heartbeats: which module emits which events, who subscribes to them, " +
+			"who calls and serves which tools, who consumes which queues",
+		Flags: []cli.Flag{
+			waitFlag(),
+			&cli.StringFlag{Name: "format", Value: "mermaid", Usage: "mermaid, dot (Graphviz), or svg (needs Graphviz's dot)"},
+		},
+		Action: graph,
+	}
+}
+
+func graph(c *cli.Context) error {
+	if c.NArg() > 0 {
+		return fmt.Errorf("graph takes no arguments, got %q", c.Args().Slice())
+	}
+	format := c.String("format")
+	switch format {
+	case "mermaid", "dot", "svg":
+	default:
+		return fmt.Errorf("--format %q: want mermaid, dot or svg", format)
+	}
+	var dot string
+	if format == "svg" {
+		var err error
+		if dot, err = exec.LookPath("dot"); err != nil {
+			return errors.New("--format svg needs Graphviz's dot in PATH (apt-get install graphviz), or use --format dot")
+		}
+	}
+	heard, err := listenHeartbeats(c)
+	if err != nil {
+		return err
+	}
+	var beats []runtime.Heartbeat
+	for _, h := range heard {
+		beats = append(beats, h.Heartbeat)
+	}
+	g := meshGraph(beats)
+	switch format {
+	case "mermaid":
+		return g.mermaid(c.App.Writer)
+	case "dot":
+		return g.dot(c.App.Writer)
+	}
+	var src bytes.Buffer
+	if err := g.dot(&src); err != nil {
+		return err
+	}
+	cmd := exec.CommandContext(c.Context, dot, "-Tsvg")
+	cmd.Stdin, cmd.Stdout = &src, c.App.Writer
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("dot -Tsvg: %w: %s", err, strings.TrimSpace(stderr.String()))
+	}
+	return nil
+}
+
+// vertex kinds, each drawn its own way.
+const (
+	vModule  = "module"
+	vEvent   = "event"
+	vPattern = "pattern" // a subscribed pattern no declared event matches
+	vTool    = "tool"
+	vQueue   = "queue"
+)
+
+type vertex struct{ id, kind, label string }
+
+type edge struct {
+	from, to, label string
+	dashed          bool
+}
+
+// drawing is the mesh's graph: vertices and edges in a stable order.
+type drawing struct {
+	vertices []vertex
+	edges    []edge
+	seen     map[string]bool
+}
+
+func (d *drawing) vertex(kind, label string) string {
+	id := kind + "_" + strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' {
+			return r
+		}
+		return '_'
+	}, label)
+	for base, i := id, 2; d.seen[id] && !slices.ContainsFunc(d.vertices, func(v vertex) bool { return v.id == id && v.label == label }); i++ {
+		id = fmt.Sprintf("%s_%d", base, i) // two labels that sanitise alike
+	}
+	if !d.seen[id] {
+		d.seen[id] = true
+		d.vertices = append(d.vertices, vertex{id: id, kind: kind, label: label})
+	}
+	return id
+}
+
+// meshGraph draws the mesh the heartbeats declare: a module's emits
+// (module → event), the events its patterns match (event → module; a
+// pattern no declared event matches is drawn dashed), the tools it calls
+// and serves (module → tool → module), the queues it consumes (queue →
+// module), and mesh.dead-letters for a module that takes dead letters.
+func meshGraph(beats []runtime.Heartbeat) *drawing {
+	d := &drawing{seen: map[string]bool{}}
+	slices.SortFunc(beats, func(a, b runtime.Heartbeat) int { return strings.Compare(a.Node, b.Node) })
+	var events []string
+	for _, hb := range beats {
+		for _, m := range hb.Modules {
+			events = append(events, m.Emits...)
+		}
+	}
+	slices.Sort(events)
+	events = slices.Compact(events)
+	for _, hb := range beats {
+		for _, m := range hb.Modules {
+			label := hb.Node + "/" + m.Name
+			if m.Kind != "" {
+				label += " (" + m.Kind + ")"
+			}
+			mod := d.vertex(vModule, label)
+			for _, e := range m.Emits {
+				d.edges = append(d.edges, edge{from: mod, to: d.vertex(vEvent, e)})
+			}
+			for _, p := range m.Patterns {
+				matched := false
+				for _, e := range events {
+					if wire.MatchPattern(p, e) {
+						d.edges = append(d.edges, edge{from: d.vertex(vEvent, e), to: mod, label: p})
+						matched = true
+					}
+				}
+				if !matched {
+					d.edges = append(d.edges, edge{from: d.vertex(vPattern, p), to: mod, dashed: true})
+				}
+			}
+			for _, t := range m.Calls {
+				d.edges = append(d.edges, edge{from: mod, to: d.vertex(vTool, t), label: "calls"})
+			}
+			for _, t := range m.Tools {
+				d.edges = append(d.edges, edge{from: d.vertex(vTool, t), to: mod, label: "serves"})
+			}
+			for _, q := range m.Consumes {
+				d.edges = append(d.edges, edge{from: d.vertex(vQueue, q), to: mod})
+			}
+			if m.DeadLetters {
+				d.edges = append(d.edges, edge{from: d.vertex(vQueue, wire.QueueDead), to: mod, label: "dead letters"})
+			}
+		}
+	}
+	return d
+}
+
+// mermaid writes the graph as a Mermaid flowchart.
+func (d *drawing) mermaid(w io.Writer) error {
+	var b strings.Builder
+	b.WriteString("flowchart LR\n")
+	for _, v := range d.vertices {
+		label := strings.ReplaceAll(v.label, `"`, "#quot;")
+		switch v.kind {
+		case vModule:
+			fmt.Fprintf(&b, "  %s[\"%s\"]\n", v.id, label)
+		case vEvent:
+			fmt.Fprintf(&b, "  %s([\"%s\"])\n", v.id, label)
+		case vPattern:
+			fmt.Fprintf(&b, "  %s[/\"%s\"/]\n", v.id, label)
+		case vTool:
+			fmt.Fprintf(&b, "  %s{{\"%s\"}}\n", v.id, label)
+		case vQueue:
+			fmt.Fprintf(&b, "  %s[(\"%s\")]\n", v.id, label)
+		}
+	}
+	for _, e := range d.edges {
+		arrow := "-->"
+		if e.dashed {
+			arrow = "-.->"
+		}
+		if e.label != "" {
+			fmt.Fprintf(&b, "  %s %s|\"%s\"| %s\n", e.from, arrow, strings.ReplaceAll(e.label, `"`, "#quot;"), e.to)
+		} else {
+			fmt.Fprintf(&b, "  %s %s %s\n", e.from, arrow, e.to)
+		}
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// dot writes the graph in Graphviz's DOT language.
+func (d *drawing) dot(w io.Writer) error {
+	q := func(s string) string { return `"` + strings.ReplaceAll(strings.ReplaceAll(s, `\`, `\\`), `"`, `\"`) + `"` }
+	shape := map[string]string{vModule: "box", vEvent: "ellipse", vPattern: "parallelogram", vTool: "hexagon", vQueue: "cylinder"}
+	var b strings.Builder
+	b.WriteString("digraph mesh {\n  rankdir=LR;\n")
+	for _, v := range d.vertices {
+		style := ""
+		if v.kind == vPattern {
+			style = ", style=dashed"
+		}
+		fmt.Fprintf(&b, "  %s [label=%s, shape=%s%s];\n", q(v.id), q(v.label), shape[v.kind], style)
+	}
+	for _, e := range d.edges {
+		var attrs []string
+		if e.label != "" {
+			attrs = append(attrs, "label="+q(e.label))
+		}
+		if e.dashed {
+			attrs = append(attrs, "style=dashed")
+		}
+		fmt.Fprintf(&b, "  %s -> %s", q(e.from), q(e.to))
+		if len(attrs) > 0 {
+			fmt.Fprintf(&b, " [%s]", strings.Join(attrs, ", "))
+		}
+		b.WriteString(";\n")
+	}
+	b.WriteString("}\n")
+	_, err := io.WriteString(w, b.String())
+	return err
+}
