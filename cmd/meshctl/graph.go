@@ -207,7 +207,9 @@ func (d *drawing) mermaid(w io.Writer) error {
 
 // dot writes the graph in Graphviz's DOT language.
 func (d *drawing) dot(w io.Writer) error {
-	q := func(s string) string { return `"` + strings.ReplaceAll(strings.ReplaceAll(s, `\`, `\\`), `"`, `\"`) + `"` }
+	q := func(s string) string {
+		return `"` + strings.ReplaceAll(strings.ReplaceAll(s, `\`, `\\`), `"`, `\"`) + `"`
+	}
 	shape := map[string]string{vModule: "box", vEvent: "ellipse", vPattern: "parallelogram", vTool: "hexagon", vQueue: "cylinder"}
 	var b strings.Builder
 	b.WriteString("digraph mesh {\n  rankdir=LR;\n")
