@@ -247,10 +247,12 @@ func isAMQPCode(err error, code int) bool {
 // call makes one tool call on behalf of source. id is the request's id,
 // or "" for one derived from the handling in ctx (source being the
 // calling module), or fresh outside a handling.
-func (n *Node) call(ctx context.Context, source, tool string, req, resp any, id string) error {
+func (n *Node) call(ctx context.Context, source, tool string, req, resp any, id string) (err error) {
 	if err := wire.ValidateToolKey(tool); err != nil {
 		return fmt.Errorf("call: %w", err)
 	}
+	start := time.Now()
+	defer func() { n.recordCall(start, tool, callOutcome(err)) }()
 	body, err := n.encodeBody(req)
 	if err != nil {
 		return fmt.Errorf("call %s: %w", tool, err)

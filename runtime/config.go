@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
+
 	"github.com/meshkit/mesh/internal/wire"
 )
 
@@ -131,6 +133,12 @@ type Config struct {
 	// Off by default (meshd turns it on: DefaultHeartbeatInterval).
 	// Ephemeral nodes take no part.
 	HeartbeatInterval time.Duration
+	// MeterProvider receives the node's metrics (OpenTelemetry): counters
+	// of what it published, spooled, handled, retried, dead-lettered and
+	// suppressed (per module where it applies), gauges of its connection,
+	// blocking and spool, and histograms of handler and call latency.
+	// Nil: none are kept.
+	MeterProvider metric.MeterProvider
 }
 
 // TLSConfig names the PEM files of an amqps:// connection.

@@ -268,6 +268,7 @@ func (m *Module) handleQueued(queue string, h sdk.Handler, d amqp.Delivery, deli
 		return true
 	case err == nil:
 		m.node.stats.handled.Add(1)
+		m.counts.handled.Add(1)
 		if err := d.Ack(false); err != nil {
 			m.log.Warn("ack failed; the message will be delivered again", "queue", queue, "message_id", ev.ID, "err", err)
 		}

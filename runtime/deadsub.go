@@ -110,6 +110,7 @@ func (m *Module) handleDead(d amqp.Delivery, deliveries <-chan amqp.Delivery) (r
 // reject with requeue counts toward the queue's delivery limit).
 func (m *Module) deadFailed(d amqp.Delivery, ev sdk.Event, cause error) {
 	m.node.stats.failed.Add(1)
+	m.counts.failed.Add(1)
 	if ev.Attempt >= m.cfg.MaxAttempts {
 		m.dropDead(d, ev, cause)
 		return

@@ -47,7 +47,11 @@ func (m *Module) emit(ctx context.Context, name string, body any, o wire.EmitOpt
 	if id == "" && !o.FreshID {
 		id, _ = causation.Derive(ctx, m.def.Name, causation.KindEmit, eventType, raw)
 	}
-	return m.node.emit(ctx, m.def.Name, eventType, raw, o, id)
+	id, err = m.node.emit(ctx, m.def.Name, eventType, raw, o, id)
+	if err == nil {
+		m.counts.emitted.Add(1)
+	}
+	return id, err
 }
 
 func (m *Module) isStarted() bool { return m.running.Load() }

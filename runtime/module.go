@@ -14,6 +14,8 @@ import (
 	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/meshkit/mesh/internal/amqpmsg"
 	"github.com/meshkit/mesh/internal/causation"
@@ -48,10 +50,13 @@ type Module struct {
 	queueConsumers map[string]*queueConsumer // the consumed queues' consumers on the current session
 	consumers      []consumerChannel         // the channels the module consumes on, on the current session
 	resumeMu       sync.Mutex                // one attach or resume at a time; guards attachable and attachedOn
-	attachable     bool                      // Setup has returned and the record of handled ids is open
-	attachedOn     *session                  // the session its consumers and servers were last attached on
-	dedup          *dedup.Set                // ids of events handled; nil if the module allows duplicates
-	answers        *answerCache              // its tools' final answers, by request id
+	counts         moduleCounts              // its running totals, for metrics
+	attrs          attribute.Set             // module=<name>, for its metrics
+	outcomeOpts    map[string]metric.RecordOption
+	attachable     bool         // Setup has returned and the record of handled ids is open
+	attachedOn     *session     // the session its consumers and servers were last attached on
+	dedup          *dedup.Set   // ids of events handled; nil if the module allows duplicates
+	answers        *answerCache // its tools' final answers, by request id
 	claimed        map[string]chan struct{}
 	workers        sync.WaitGroup
 	retries        map[*time.Timer]struct{}
@@ -114,6 +119,8 @@ func (n *Node) Load(ctx context.Context, def sdk.Module, mc ModuleConfig) (*Modu
 		queueConsumers: make(map[string]*queueConsumer),
 		runDone:        make(chan struct{}),
 		answers:        newAnswerCache(n.cfg.DedupRetention, answerCacheBytes),
+		attrs:          attribute.NewSet(attribute.String("module", def.Name)),
+		outcomeOpts:    outcomeOptions(def.Name),
 		setup:          setup.New(def.Name, mc.ToolGrants),
 	}
 	m.mesh = &moduleMesh{module: m}
@@ -566,6 +573,7 @@ func (m *Module) handle(d amqp.Delivery, deliveries <-chan amqp.Delivery) (repla
 		release, dup = m.claim(meta.ID)
 		if dup {
 			m.node.stats.duplicates.Add(1)
+			m.counts.duplicates.Add(1)
 			m.log.Debug("event already handled; acknowledged without handling it again", "event_id", meta.ID, "event_type", eventType)
 			if err := d.Ack(false); err != nil {
 				m.log.Warn("ack of a duplicate failed; it will be delivered again", "event_id", meta.ID, "err", err)
@@ -592,6 +600,7 @@ func (m *Module) handle(d amqp.Delivery, deliveries <-chan amqp.Delivery) (repla
 		return true
 	case err == nil:
 		m.node.stats.handled.Add(1)
+		m.counts.handled.Add(1)
 		if sub.dedup {
 			// Recorded before the ack: if the ack is lost (the connection
 			// dropped), the redelivery is recognised.
@@ -700,20 +709,24 @@ func (m *Module) call(h sdk.Handler, ev sdk.Event, overran func()) (err error, t
 			overran()
 		}
 	})
+	start := time.Now()
 	err = safeHandle(ctx, h, ev)
 	stopWatch()
 	if !settled.CompareAndSwap(false, true) {
 		// Wait until the replacement worker is counted, so that the
 		// module's worker count never drops to zero in between.
 		<-overranDone
+		m.recordHandler(start, outcomeTimeout)
 		return nil, true
 	}
 	// A handler in a module process reports its deadline from its own
 	// timer, which may fire before ctx's here: past the deadline, the
 	// failure is a timeout either way.
+	late := false
 	if deadline, _ := ctx.Deadline(); err != nil && (errors.Is(ctx.Err(), context.DeadlineExceeded) || !time.Now().Before(deadline)) {
-		err = fmt.Errorf("handler timed out after %v: %w", m.cfg.HandlerTimeout, err)
+		err, late = fmt.Errorf("handler timed out after %v: %w", m.cfg.HandlerTimeout, err), true
 	}
+	m.recordHandler(start, outcomeOf(err, late))
 	return err, false
 }
 
@@ -740,6 +753,7 @@ func (m *Module) own() source { return source{queue: m.queue, quorum: m.cfg.Queu
 // otherwise tried again after a back-off.
 func (m *Module) failed(src source, d amqp.Delivery, eventType string, attempt int, cause error) {
 	m.node.stats.failed.Add(1)
+	m.counts.failed.Add(1)
 	if attempt >= m.cfg.MaxAttempts {
 		m.deadLetter(src, d, eventType, attempt, wire.DeadReasonDeliveryLimit, cause)
 		return
@@ -809,6 +823,7 @@ func (m *Module) deadLetter(src source, d amqp.Delivery, eventType string, attem
 		return
 	}
 	m.node.stats.deadLettered.Add(1)
+	m.counts.deadLettered.Add(1)
 	m.log.Warn("event dead-lettered", "event_type", eventType, "event_id", d.MessageId, "reason", reason, "attempts", attempts, "err", cause)
 	if err := d.Ack(false); err != nil {
 		m.log.Warn("ack after dead-lettering failed; the event may be dead-lettered twice", "err", err)

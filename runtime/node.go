@@ -70,6 +70,9 @@ type Node struct {
 
 	started time.Time // when New made the node
 	members peers     // the other nodes, from their heartbeats
+
+	telemetry telemetry // metrics instruments (Config.MeterProvider)
+	callOpts  sync.Map  // tool+outcome -> metric.RecordOption
 }
 
 // hooks are called, when set, at points tests need to order against.
@@ -114,6 +117,10 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	n.life, n.endLife = context.WithCancel(context.Background())
 	n.started, n.members.known = time.Now().UTC(), make(map[string]*Peer)
+	if err := n.startTelemetry(); err != nil {
+		n.endLife()
+		return nil, err
+	}
 	if !cfg.Ephemeral {
 		sp, err := spool.Open(filepath.Join(cfg.StateDir, "spool.db"), spool.Options{MaxBytes: cfg.SpoolMaxBytes})
 		if err != nil {
@@ -131,6 +138,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 			"broker", redactURL(cfg.AMQPURL), "err", err)
 	default:
 		n.endLife()
+		n.stopTelemetry()
 		if n.spool != nil {
 			n.spool.Close()
 		}
@@ -243,6 +251,7 @@ func (n *Node) Close(ctx context.Context) error {
 	n.callerMu.Unlock()
 	close(n.closing)
 	n.endLife()
+	n.stopTelemetry()
 	<-n.supervised
 	<-n.drained
 	n.sessMu.Lock()

@@ -302,6 +302,7 @@ func (pm *PluginModule) supervise(p *moduleProcess) {
 			}
 			if err == nil {
 				p = next
+				pm.module.counts.restarts.Add(1)
 				pm.log.Info("module process restarted")
 				pm.announce("restarted", nil)
 				backoff = 100 * time.Millisecond

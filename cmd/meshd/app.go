@@ -93,6 +93,12 @@ func run(c *cli.Context) error {
 
 	cfg := f.Runtime()
 	cfg.Logger = log
+	meters, metricsHandler, err := metricsProvider(f.Node)
+	if err != nil {
+		return err
+	}
+	defer meters.Shutdown(context.Background())
+	cfg.MeterProvider = meters
 	cfg.StartWithoutBroker = true // no ordering after the broker: it connects when the broker answers
 	node, err := runtime.New(ctx, cfg)
 	if err != nil {
@@ -114,7 +120,7 @@ func run(c *cli.Context) error {
 		return node.Close(graceCtx)
 	}
 	if f.HTTPAddr != "" {
-		srv, err := serveHealth(f.HTTPAddr, node, log)
+		srv, err := serveHealth(f.HTTPAddr, node, metricsHandler, log)
 		if err != nil {
 			return errors.Join(err, shutdown())
 		}
@@ -230,9 +236,9 @@ func reload(ctx context.Context, c *cli.Context, was nodeconfig.File, node *runt
 }
 
 // serveHealth answers /healthz (the process runs), /readyz (the node has
-// its broker connection) and /metrics (its counters, in Prometheus' text
-// format) on addr.
-func serveHealth(addr string, node *runtime.Node, log *slog.Logger) (*http.Server, error) {
+// its broker connection) and /metrics (its OpenTelemetry metrics, for
+// Prometheus) on addr.
+func serveHealth(addr string, node *runtime.Node, metrics http.Handler, log *slog.Logger) (*http.Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("http_addr: %w", err)
@@ -256,10 +262,7 @@ func serveHealth(addr string, node *runtime.Node, log *slog.Logger) (*http.Serve
 		}
 		fmt.Fprintln(w, "ready")
 	})
-	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-		writeMetrics(w, node.Name(), node.Stats())
-	})
+	mux.Handle("GET /metrics", metrics)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {

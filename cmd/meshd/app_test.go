@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -91,14 +92,25 @@ func TestRunAnnouncesAndStopsOnSIGTERM(t *testing.T) {
 		}
 	}
 	next("node.anchor.joined")
-	for _, path := range []string{"/healthz", "/readyz"} {
+	for _, path := range []string{"/healthz", "/readyz", "/metrics"} {
 		resp, err := http.Get("http://" + httpAddr + path)
 		if err != nil {
 			t.Fatalf("%s: %v", path, err)
 		}
+		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusOK {
 			t.Errorf("%s: %s", path, resp.Status)
+		}
+		if path != "/metrics" {
+			continue
+		}
+		// OpenTelemetry's metrics, for Prometheus, labelled with the node.
+		for _, want := range []string{"# TYPE mesh_connected gauge", `mesh_connected{node="anchor"`, "} 1\n",
+			"# TYPE mesh_publish_confirmed_total counter", "go_goroutines", "process_resident_memory_bytes"} {
+			if !strings.Contains(string(body), want) {
+				t.Errorf("/metrics lacks %q:\n%s", want, body)
+			}
 		}
 	}
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {

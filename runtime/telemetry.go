@@ -1,0 +1,210 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/noop"
+
+	"github.com/meshkit/mesh/sdk"
+)
+
+// The node's metrics, with OpenTelemetry (Config.MeterProvider; meshd
+// exports them for Prometheus at /metrics). Counters the node keeps anyway
+// (Stats, and each module's) are read by one callback when metrics are
+// collected, so they cost the event path nothing; only the two latency
+// histograms are recorded as events are handled and calls answered.
+
+// meterName is the instrumentation scope of the node's metrics.
+const meterName = "github.com/meshkit/mesh/runtime"
+
+// Outcomes of a handler run or a call, as the metrics' outcome attribute.
+const (
+	outcomeOK        = "ok"
+	outcomeError     = "error"     // failed: retried, or dead-lettered past the limit
+	outcomePermanent = "permanent" // failed with sdk.Permanent
+	outcomeTimeout   = "timeout"
+)
+
+// moduleCounts are one module's running totals, for its metrics.
+type moduleCounts struct {
+	emitted, handled, failed, deadLettered, duplicates, restarts atomic.Uint64
+}
+
+// telemetry holds the node's synchronous instruments and the registration
+// of its observed ones.
+type telemetry struct {
+	handlerDuration metric.Float64Histogram // by module and outcome
+	callDuration    metric.Float64Histogram // by tool and outcome
+	registration    metric.Registration
+}
+
+// startTelemetry makes the node's instruments on cfg.MeterProvider (a no-op
+// one when nil).
+func (n *Node) startTelemetry() error {
+	mp := n.cfg.MeterProvider
+	if mp == nil {
+		mp = noop.NewMeterProvider()
+	}
+	meter := mp.Meter(meterName)
+	t := &n.telemetry
+	var errs []error
+	add := func(err error) { errs = append(errs, err) }
+	var err error
+	buckets := metric.WithExplicitBucketBoundaries(.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30)
+	t.handlerDuration, err = meter.Float64Histogram("mesh.handler.duration", metric.WithUnit("s"),
+		metric.WithDescription("How long event handlers ran, by module and outcome (ok, error, permanent, timeout)."), buckets)
+	add(err)
+	t.callDuration, err = meter.Float64Histogram("mesh.rpc.call.duration", metric.WithUnit("s"),
+		metric.WithDescription("How long tool calls made from this node took, by tool and outcome."), buckets)
+	add(err)
+
+	counter := func(name, desc string) metric.Int64ObservableCounter {
+		c, err := meter.Int64ObservableCounter(name, metric.WithDescription(desc))
+		add(err)
+		return c
+	}
+	gauge := func(name, desc string) metric.Int64ObservableGauge {
+		g, err := meter.Int64ObservableGauge(name, metric.WithDescription(desc))
+		add(err)
+		return g
+	}
+	var (
+		connected   = gauge("mesh.connected", "1 while the node has its broker connections.")
+		blocked     = gauge("mesh.publish.blocked", "1 while the broker blocks the node's publishing (a memory or disk alarm).")
+		blocks      = counter("mesh.publish.blocks", "Times the broker blocked the node's publishing.")
+		reconnects  = counter("mesh.reconnects", "Broker sessions regained after a loss.")
+		confirmed   = counter("mesh.publish.confirmed", "Events the broker confirmed when first sent.")
+		refused     = counter("mesh.publish.refused", "Negative confirms from the broker (each retried).")
+		backPress   = counter("mesh.emit.back_pressure", "Emits refused because the spool was full, or blocked with no spool.")
+		spooled     = counter("mesh.spool.appended", "Events written to the local spool.")
+		resent      = counter("mesh.spool.resent", "Spooled events resent and confirmed.")
+		expired     = counter("mesh.spool.expired", "Spooled events whose TTL passed before they could be resent.")
+		spoolDead   = counter("mesh.spool.dead_lettered", "Spooled events the broker refused until emit_timeout, moved to the dead letters.")
+		returned    = counter("mesh.spool.returned", "Spooled events the broker returned as unroutable, kept in mesh.unrouted.")
+		spoolEvents = gauge("mesh.spool.events", "Events in the spool now.")
+		spoolBytes  = gauge("mesh.spool.bytes", "Bytes of events in the spool now.")
+		checks      = counter("mesh.rpc.server_checks", "Times the node asked the broker whether a tool has a server.")
+		emitted     = counter("mesh.events.emitted", "Events a module emitted (confirmed, or on the node's disk), by module.")
+		handled     = counter("mesh.events.handled", "Events a module's handler took (acknowledged), by module.")
+		failed      = counter("mesh.handler.failures", "Failed handler attempts, retried or past the attempt limit (a permanent failure is dead-lettered at once, not counted here), by module.")
+		deadLet     = counter("mesh.events.dead_lettered", "Events a module gave up on, by module.")
+		duplicates  = counter("mesh.events.duplicates", "Deliveries of events a module had handled, acknowledged without handling, by module.")
+		restarts    = counter("mesh.module.restarts", "Times a module process was started again after it went away, by module.")
+	)
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("node %s: metrics: %w", n.cfg.Node, err)
+	}
+	b2i := func(b bool) int64 {
+		if b {
+			return 1
+		}
+		return 0
+	}
+	t.registration, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		st := n.Stats()
+		o.ObserveInt64(connected, b2i(st.Connected))
+		o.ObserveInt64(blocked, b2i(st.Blocked))
+		o.ObserveInt64(blocks, int64(st.Blocks))
+		o.ObserveInt64(reconnects, int64(st.Reconnects))
+		o.ObserveInt64(confirmed, int64(st.Emitted))
+		o.ObserveInt64(refused, int64(st.Refused))
+		o.ObserveInt64(backPress, int64(st.BackPressure))
+		o.ObserveInt64(spooled, int64(st.Spooled))
+		o.ObserveInt64(resent, int64(st.Resent))
+		o.ObserveInt64(expired, int64(st.Expired))
+		o.ObserveInt64(spoolDead, int64(st.SpoolDeadLettered))
+		o.ObserveInt64(returned, int64(st.SpoolUnrouted))
+		o.ObserveInt64(spoolEvents, int64(st.SpoolEvents))
+		o.ObserveInt64(spoolBytes, st.SpoolBytes)
+		o.ObserveInt64(checks, int64(st.ServerChecks))
+		n.mu.Lock()
+		mods := make([]*Module, 0, len(n.modules))
+		for _, m := range n.modules {
+			mods = append(mods, m)
+		}
+		n.mu.Unlock()
+		for _, m := range mods {
+			attrs := metric.WithAttributeSet(m.attrs)
+			o.ObserveInt64(emitted, int64(m.counts.emitted.Load()), attrs)
+			o.ObserveInt64(handled, int64(m.counts.handled.Load()), attrs)
+			o.ObserveInt64(failed, int64(m.counts.failed.Load()), attrs)
+			o.ObserveInt64(deadLet, int64(m.counts.deadLettered.Load()), attrs)
+			o.ObserveInt64(duplicates, int64(m.counts.duplicates.Load()), attrs)
+			o.ObserveInt64(restarts, int64(m.counts.restarts.Load()), attrs)
+		}
+		return nil
+	}, connected, blocked, blocks, reconnects, confirmed, refused, backPress, spooled, resent, expired, spoolDead, returned,
+		spoolEvents, spoolBytes, checks, emitted, handled, failed, deadLet, duplicates, restarts)
+	if err != nil {
+		return fmt.Errorf("node %s: metrics: %w", n.cfg.Node, err)
+	}
+	return nil
+}
+
+// stopTelemetry unregisters the observed instruments.
+func (n *Node) stopTelemetry() {
+	if n.telemetry.registration != nil {
+		_ = n.telemetry.registration.Unregister()
+	}
+}
+
+// outcomeOptions are the record options of each outcome of module's
+// handlers, made once at load (an attribute set costs allocations).
+func outcomeOptions(module string) map[string]metric.RecordOption {
+	opts := make(map[string]metric.RecordOption, 4)
+	for _, o := range []string{outcomeOK, outcomeError, outcomePermanent, outcomeTimeout} {
+		opts[o] = metric.WithAttributeSet(attribute.NewSet(attribute.String("module", module), attribute.String("outcome", o)))
+	}
+	return opts
+}
+
+// recordHandler records one handler run of m.
+func (m *Module) recordHandler(start time.Time, outcome string) {
+	m.node.telemetry.handlerDuration.Record(context.Background(), time.Since(start).Seconds(), m.outcomeOpts[outcome])
+}
+
+// recordCall records one call of tool made from the node.
+func (n *Node) recordCall(start time.Time, tool, outcome string) {
+	key := tool + "\x00" + outcome
+	opt, ok := n.callOpts.Load(key)
+	if !ok {
+		opt, _ = n.callOpts.LoadOrStore(key, metric.WithAttributeSet(attribute.NewSet(attribute.String("tool", tool), attribute.String("outcome", outcome))))
+	}
+	n.telemetry.callDuration.Record(context.Background(), time.Since(start).Seconds(), opt.(metric.RecordOption))
+}
+
+// callOutcome is the outcome attribute of a call's error: ok, timeout,
+// no_server, or error (the tool's error, transient or permanent, or the
+// connection).
+func callOutcome(err error) string {
+	switch {
+	case err == nil:
+		return outcomeOK
+	case errors.Is(err, context.DeadlineExceeded):
+		return outcomeTimeout
+	case errors.Is(err, sdk.ErrNoServer):
+		return "no_server"
+	case errors.Is(err, sdk.ErrPermanent):
+		return outcomePermanent
+	}
+	return outcomeError
+}
+
+// outcomeOf is the outcome attribute of a handler's error.
+func outcomeOf(err error, timedOut bool) string {
+	switch {
+	case timedOut || errors.Is(err, context.DeadlineExceeded):
+		return outcomeTimeout
+	case err == nil:
+		return outcomeOK
+	case errors.Is(err, sdk.ErrPermanent):
+		return outcomePermanent
+	}
+	return outcomeError
+}
