@@ -79,6 +79,7 @@ func (n *Node) startTelemetry() error {
 		blocked     = gauge("mesh.publish.blocked", "1 while the broker blocks the node's publishing (a memory or disk alarm).")
 		blocks      = counter("mesh.publish.blocks", "Times the broker blocked the node's publishing.")
 		reconnects  = counter("mesh.reconnects", "Broker sessions regained after a loss.")
+		disconnects = counter("mesh.disconnects", "Broker sessions lost.")
 		confirmed   = counter("mesh.publish.confirmed", "Events the broker confirmed when first sent.")
 		refused     = counter("mesh.publish.refused", "Negative confirms from the broker (each retried).")
 		backPress   = counter("mesh.emit.back_pressure", "Emits refused because the spool was full, or blocked with no spool.")
@@ -112,6 +113,7 @@ func (n *Node) startTelemetry() error {
 		o.ObserveInt64(blocked, b2i(st.Blocked))
 		o.ObserveInt64(blocks, int64(st.Blocks))
 		o.ObserveInt64(reconnects, int64(st.Reconnects))
+		o.ObserveInt64(disconnects, int64(st.Disconnects))
 		o.ObserveInt64(confirmed, int64(st.Emitted))
 		o.ObserveInt64(refused, int64(st.Refused))
 		o.ObserveInt64(backPress, int64(st.BackPressure))
@@ -139,7 +141,7 @@ func (n *Node) startTelemetry() error {
 			o.ObserveInt64(restarts, int64(m.counts.restarts.Load()), attrs)
 		}
 		return nil
-	}, connected, blocked, blocks, reconnects, confirmed, refused, backPress, spooled, resent, expired, spoolDead, returned,
+	}, connected, blocked, blocks, reconnects, disconnects, confirmed, refused, backPress, spooled, resent, expired, spoolDead, returned,
 		spoolEvents, spoolBytes, checks, emitted, handled, failed, deadLet, duplicates, restarts)
 	if err != nil {
 		return fmt.Errorf("node %s: metrics: %w", n.cfg.Node, err)
