@@ -294,6 +294,9 @@ func (n *Node) call(ctx context.Context, source, tool string, req, resp any, id 
 	if cause := causation.From(ctx); cause != "" {
 		headers[wire.HeaderCausationID] = cause
 	}
+	ctx, span := n.startCall(ctx, tool, id)
+	defer func() { endSpan(span, err) }()
+	injectTrace(ctx, headers)
 	result := make(chan callResult, 1)
 	c.mu.Lock()
 	if c.lost != nil {

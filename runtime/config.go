@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/meshkit/mesh/internal/wire"
 )
@@ -139,6 +140,12 @@ type Config struct {
 	// blocking and spool, and histograms of handler and call latency.
 	// Nil: none are kept.
 	MeterProvider metric.MeterProvider
+	// TracerProvider receives the node's spans (OpenTelemetry): a producer
+	// span per emit, a consumer span per handler run, a client span per
+	// call and a server span per answer, joined across nodes and module
+	// processes by the W3C traceparent header. Nil: none are recorded,
+	// but an incoming trace context is still passed on.
+	TracerProvider trace.TracerProvider
 }
 
 // TLSConfig names the PEM files of an amqps:// connection.

@@ -259,7 +259,7 @@ func (m *Module) handleQueued(queue string, h sdk.Handler, d amqp.Delivery, deli
 		m.failed(src, d, ev.Type, attempt, errors.New("the consumer stopped before the handler finished"))
 		return false
 	}
-	err, overran := m.call(h, ev, func() {
+	err, overran := m.call(h, ev, d, queue, func() {
 		m.startQueueWorker(queue, h, deliveries)
 		m.failed(src, d, ev.Type, attempt, fmt.Errorf("handler timed out after %v", m.cfg.HandlerTimeout))
 	})

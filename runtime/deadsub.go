@@ -86,7 +86,7 @@ func (m *Module) startDeadWorker(deliveries <-chan amqp.Delivery) {
 // the handler overran its timeout.
 func (m *Module) handleDead(d amqp.Delivery, deliveries <-chan amqp.Delivery) (replaced bool) {
 	ev := deadEventOf(d)
-	err, overran := m.call(m.def.DeadLetters, ev, func() {
+	err, overran := m.call(m.def.DeadLetters, ev, d, wire.ModuleDeadQueue(m.node.cfg.Node, m.def.Name), func() {
 		m.startDeadWorker(deliveries)
 		m.deadFailed(d, ev, fmt.Errorf("handler timed out after %v", m.cfg.HandlerTimeout))
 	})

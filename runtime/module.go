@@ -590,7 +590,7 @@ func (m *Module) handle(d amqp.Delivery, deliveries <-chan amqp.Delivery) (repla
 		return false
 	}
 	ev := eventOf(d, meta, eventType, attempt)
-	err, overran := m.call(sub.handler, ev, func() {
+	err, overran := m.call(sub.handler, ev, d, m.queue, func() {
 		release() // settled as failed: a redelivery must not wait for the hung handler
 		m.startWorker(deliveries)
 		m.failed(m.own(), d, eventType, attempt, fmt.Errorf("handler timed out after %v", m.cfg.HandlerTimeout))
@@ -698,8 +698,16 @@ func (m *Module) claim(id string) (release func(), dup bool) {
 // reports overran=true when the handler finally returns; its result is then
 // ignored. Running inline, rather than on a goroutine per event, spares
 // every event a goroutine start and stack growth.
-func (m *Module) call(h sdk.Handler, ev sdk.Event, overran func()) (err error, timedOut bool) {
-	ctx, cancel := context.WithTimeout(causation.HandlingEvent(m.handleCtx, ev.ID, ev.Time), m.cfg.HandlerTimeout)
+func (m *Module) call(h sdk.Handler, ev sdk.Event, d amqp.Delivery, queue string, overran func()) (err error, timedOut bool) {
+	traced, span := m.node.startProcess(m.handleCtx, d, queue, ev.Type, m.def.Name)
+	defer func() {
+		if timedOut {
+			endSpan(span, fmt.Errorf("handler timed out after %v", m.cfg.HandlerTimeout))
+			return
+		}
+		endSpan(span, err)
+	}()
+	ctx, cancel := context.WithTimeout(causation.HandlingEvent(traced, ev.ID, ev.Time), m.cfg.HandlerTimeout)
 	defer cancel()
 	var settled atomic.Bool
 	overranDone := make(chan struct{})

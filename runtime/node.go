@@ -17,6 +17,7 @@ import (
 
 	"github.com/oklog/ulid/v2"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/meshkit/mesh/internal/causation"
 	"github.com/meshkit/mesh/internal/spool"
@@ -71,8 +72,9 @@ type Node struct {
 	started time.Time // when New made the node
 	members peers     // the other nodes, from their heartbeats
 
-	telemetry telemetry // metrics instruments (Config.MeterProvider)
-	callOpts  sync.Map  // tool+outcome -> metric.RecordOption
+	telemetry telemetry    // metrics instruments (Config.MeterProvider)
+	trace     trace.Tracer // spans (Config.TracerProvider; a no-op one without)
+	callOpts  sync.Map     // tool+outcome -> metric.RecordOption
 }
 
 // hooks are called, when set, at points tests need to order against.
@@ -117,6 +119,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	n.life, n.endLife = context.WithCancel(context.Background())
 	n.started, n.members.known = time.Now().UTC(), make(map[string]*Peer)
+	n.startTracing()
 	if err := n.startTelemetry(); err != nil {
 		n.endLife()
 		return nil, err
@@ -339,7 +342,11 @@ func (n *Node) emit(ctx context.Context, source, eventType string, raw []byte, o
 	if o.HasPriority {
 		msg.Priority = o.Priority
 	}
-	if err := n.publishEvent(ctx, eventType, msg); err != nil {
+	ctx, span := n.startPublish(ctx, eventType, id)
+	injectTrace(ctx, headers)
+	err := n.publishEvent(ctx, eventType, msg)
+	endSpan(span, err)
+	if err != nil {
 		return "", fmt.Errorf("emit %s: %w", eventType, err)
 	}
 	return id, nil

@@ -16,6 +16,7 @@ import (
 
 	goplugin "github.com/hashicorp/go-plugin"
 	"github.com/oklog/ulid/v2"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -59,6 +60,32 @@ type PluginModule struct {
 	stopping atomic.Bool
 	stopped  chan struct{}
 	done     chan struct{}
+
+	// handling maps the id of each event or request the process is
+	// handling to the span it is handled in, so that what the process
+	// emits and calls meanwhile (naming that id as its cause) joins the
+	// trace.
+	handling sync.Map
+}
+
+// handlingIn registers the span of ctx for the handling of id and returns
+// the function that forgets it.
+func (pm *PluginModule) handlingIn(ctx context.Context, id string) func() {
+	sc := trace.SpanContextFromContext(ctx)
+	if !sc.IsValid() || id == "" {
+		return func() {}
+	}
+	pm.handling.Store(id, sc)
+	return func() { pm.handling.CompareAndDelete(id, sc) }
+}
+
+// tracedBy is ctx in the span of the handling of cause, if the process is
+// handling it.
+func (pm *PluginModule) tracedBy(ctx context.Context, cause string) context.Context {
+	if sc, ok := pm.handling.Load(cause); ok {
+		return trace.ContextWithSpanContext(ctx, sc.(trace.SpanContext))
+	}
+	return ctx
 }
 
 // moduleProcess is one run of the module binary.
@@ -502,6 +529,7 @@ func (pm *PluginModule) forward(i uint32) sdk.Handler {
 		if err != nil {
 			return err
 		}
+		defer pm.handlingIn(ctx, ev.ID)()
 		deadline, _ := ctx.Deadline()
 		d := &pb.Delivery{
 			Seq: p.seq.Add(1), Pattern: i, Id: ev.ID, Type: ev.Type, Source: ev.Source, Node: ev.Node,
@@ -559,6 +587,7 @@ func (pm *PluginModule) answer(i uint32) sdk.ToolHandler {
 		if err != nil {
 			return nil, err
 		}
+		defer pm.handlingIn(ctx, req.ID)()
 		a, err := p.remote.Module.Answer(ctx, &pb.ToolRequest{
 			Tool: i, Id: req.ID, Caller: req.Caller, Node: req.Node, TimeUnixNano: req.Time.UnixNano(),
 			DeadlineUnixNano: req.Deadline.UnixNano(), CausationId: req.CausationID, Headers: req.Headers, Body: req.Body,
@@ -650,7 +679,7 @@ func (h *hostServer) Emit(ctx context.Context, b *pb.EmitBatch) (*pb.EmitResults
 			}
 			id, err := e.Id, errors.Join(checkDerivedID(e.Id), o.Check())
 			if err == nil {
-				id, err = m.emit(ctx, e.Name, json.RawMessage(e.Body), o, e.Id)
+				id, err = m.emit(h.pm.tracedBy(ctx, e.CausationId), e.Name, json.RawMessage(e.Body), o, e.Id)
 			}
 			res.Results[i] = &pb.EmitResult{Id: id, ErrorKind: errorKind(err)}
 			if err != nil {
@@ -679,7 +708,7 @@ func (h *hostServer) Call(ctx context.Context, r *pb.CallRequest) (*pb.CallRespo
 	ctx, cancel := context.WithDeadline(ctx, time.Unix(0, r.DeadlineUnixNano))
 	defer cancel()
 	if r.CausationId != "" {
-		ctx = causation.With(ctx, r.CausationId)
+		ctx = causation.With(h.pm.tracedBy(ctx, r.CausationId), r.CausationId)
 	}
 	var resp json.RawMessage
 	err := checkDerivedID(r.Id)

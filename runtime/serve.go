@@ -100,7 +100,10 @@ func (m *Module) answer(ch *amqp.Channel, t tool, d amqp.Delivery) {
 		Headers:     meta.Extra,
 		Body:        d.Body,
 	}
-	ctx, cancel := context.WithDeadline(causation.Handling(m.handleCtx, req.ID, req.Time), deadline)
+	traced, span := m.node.startServe(m.handleCtx, d, t.key, m.def.Name)
+	var served error
+	defer func() { endSpan(span, served) }()
+	ctx, cancel := context.WithDeadline(causation.Handling(traced, req.ID, req.Time), deadline)
 	defer cancel()
 	var final *storedAnswer
 	if req.CausationID != "" {
@@ -120,6 +123,7 @@ func (m *Module) answer(ch *amqp.Channel, t tool, d amqp.Delivery) {
 		defer func() { keep(final) }()
 	}
 	resp, err := safeAnswer(ctx, t.handler, req)
+	served = err
 	if m.handleCtx.Err() != nil {
 		// The module stopped past its grace period and cancelled the
 		// handler: give the request back for another server to answer.
