@@ -99,6 +99,20 @@ func run(c *cli.Context) error {
 	}
 	defer meters.Shutdown(context.Background())
 	cfg.MeterProvider = meters
+	tracers, err := tracerProvider(ctx, f.Node)
+	if err != nil {
+		return err
+	}
+	if tracers != nil {
+		defer func() {
+			// The last spans go out, within a few seconds at most.
+			flush, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = tracers.Shutdown(flush)
+		}()
+		cfg.TracerProvider = tracers
+		log.Info("exporting traces with OTLP")
+	}
 	cfg.StartWithoutBroker = true // no ordering after the broker: it connects when the broker answers
 	node, err := runtime.New(ctx, cfg)
 	if err != nil {
