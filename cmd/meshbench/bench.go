@@ -19,6 +19,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshkit/mesh/internal/brokertest"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/meshkit/mesh/runtime"
 	"github.com/meshkit/mesh/sdk"
 )
@@ -120,6 +122,11 @@ func run(o options) error {
 	if o.only == "" || o.only == "plugin" {
 		if err := benchPlugin(url, o); err != nil {
 			return fmt.Errorf("module process: %w", err)
+		}
+	}
+	if o.only == "" || o.only == "tracing" {
+		if err := benchTracing(url, o); err != nil {
+			return fmt.Errorf("tracing: %w", err)
 		}
 	}
 	if o.only == "" || o.only == "audit" {
@@ -288,7 +295,9 @@ type meshSide struct {
 
 var meshRuns atomic.Int64
 
-func newMesh(url, qt string, s *sink) (side, error) {
+func newMesh(url, qt string, s *sink) (side, error) { return newMeshWith(url, qt, s, nil) }
+
+func newMeshWith(url, qt string, s *sink, tp trace.TracerProvider) (side, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	state, err := os.MkdirTemp("", "meshbench-")
@@ -297,10 +306,11 @@ func newMesh(url, qt string, s *sink) (side, error) {
 	}
 	defer os.RemoveAll(state) // the binding record is only needed while the node runs
 	node, err := runtime.New(ctx, runtime.Config{
-		Node:     "bench",
-		AMQPURL:  url,
-		StateDir: state,
-		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Node:           "bench",
+		AMQPURL:        url,
+		StateDir:       state,
+		Logger:         slog.New(slog.NewTextHandler(io.Discard, nil)),
+		TracerProvider: tp,
 	})
 	if err != nil {
 		return nil, err
