@@ -181,8 +181,11 @@ func brokerAway(err error) bool {
 		return true
 	case errors.As(err, &amqpErr):
 		// amqp091-go reports a connection reset or closed during the
-		// handshake as a frame error (501) with the network error as text.
-		return amqpErr.Code == amqp.FrameError || amqpErr.Code == amqp.ConnectionForced || amqpErr.Code == amqp.InternalError
+		// handshake as a frame error (501) with the network error as text,
+		// or, when the close comes between two of its steps, as its
+		// ErrClosed (504, "channel/connection is not open").
+		return amqpErr.Code == amqp.FrameError || amqpErr.Code == amqp.ChannelError ||
+			amqpErr.Code == amqp.ConnectionForced || amqpErr.Code == amqp.InternalError
 	}
 	return false
 }
