@@ -73,7 +73,7 @@ type Node struct {
 	members peers     // the other nodes, from their heartbeats
 
 	telemetry telemetry    // metrics instruments (Config.MeterProvider)
-	trace     trace.Tracer // spans (Config.TracerProvider; a no-op one without)
+	trace     trace.Tracer // spans (Config.TracerProvider); nil without
 	callOpts  sync.Map     // tool+outcome -> metric.RecordOption
 }
 

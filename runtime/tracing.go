@@ -8,7 +8,6 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
-	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/meshkit/mesh/internal/wire"
 )
@@ -20,23 +19,23 @@ import (
 // span and serving a server span, so emit → handle → emit and call → serve
 // form one trace across nodes and module processes. Spans follow the
 // OpenTelemetry messaging conventions (messaging.system rabbitmq). Without
-// Config.TracerProvider the tracer is a no-op: no span is recorded, but an
-// incoming trace context is still passed on to what its handler emits and
-// calls.
+// Config.TracerProvider no span is made, but an incoming trace context is
+// still passed on to what its handler emits and calls.
 
 // propagator is the W3C trace context (traceparent, tracestate).
 var propagator = propagation.TraceContext{}
 
-// tracer is the node's tracer (a no-op one without a provider).
+// tracer is the node's tracer.
 func (n *Node) tracer() trace.Tracer { return n.trace }
 
-// startTracing makes the node's tracer.
+// startTracing makes the node's tracer; without a provider there is none,
+// and the start functions below make no span (a nil one, which endSpan
+// takes): they only pass an incoming trace context on, at no cost when
+// there is none.
 func (n *Node) startTracing() {
-	tp := n.cfg.TracerProvider
-	if tp == nil {
-		tp = noop.NewTracerProvider()
+	if n.cfg.TracerProvider != nil {
+		n.trace = n.cfg.TracerProvider.Tracer(meterName)
 	}
-	n.trace = tp.Tracer(meterName)
 }
 
 // headerCarrier carries the trace context in an AMQP message's headers.
@@ -85,6 +84,9 @@ var (
 
 // startPublish starts the producer span of an emit of eventType with id.
 func (n *Node) startPublish(ctx context.Context, eventType, id string) (context.Context, trace.Span) {
+	if n.trace == nil {
+		return ctx, nil
+	}
 	return n.tracer().Start(ctx, "publish "+eventType, trace.WithSpanKind(trace.SpanKindProducer),
 		trace.WithAttributes(attrSystem, attrSend, attrEventsExch,
 			attribute.String("messaging.rabbitmq.destination.routing_key", eventType),
@@ -94,6 +96,9 @@ func (n *Node) startPublish(ctx context.Context, eventType, id string) (context.
 // startProcess starts the consumer span of handling d from queue, the
 // emitter's span (from d's headers) as its parent.
 func (n *Node) startProcess(ctx context.Context, d amqp.Delivery, queue, eventType, module string) (context.Context, trace.Span) {
+	if n.trace == nil {
+		return extractTrace(ctx, d.Headers), nil
+	}
 	return n.tracer().Start(extractTrace(ctx, d.Headers), "process "+eventType, trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(attrSystem, attrProcess,
 			attribute.String("messaging.destination.name", queue),
@@ -104,19 +109,29 @@ func (n *Node) startProcess(ctx context.Context, d amqp.Delivery, queue, eventTy
 
 // startCall starts the client span of a call of tool.
 func (n *Node) startCall(ctx context.Context, tool, id string) (context.Context, trace.Span) {
+	if n.trace == nil {
+		return ctx, nil
+	}
 	return n.tracer().Start(ctx, "call "+tool, trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(attrSystem, attrRPCExch, attribute.String("rpc.method", tool), attribute.String("messaging.message.id", id)))
 }
 
 // startServe starts the server span of answering a request d for tool.
 func (n *Node) startServe(ctx context.Context, d amqp.Delivery, tool, module string) (context.Context, trace.Span) {
+	if n.trace == nil {
+		return extractTrace(ctx, d.Headers), nil
+	}
 	return n.tracer().Start(extractTrace(ctx, d.Headers), "serve "+tool, trace.WithSpanKind(trace.SpanKindServer),
 		trace.WithAttributes(attrSystem, attribute.String("rpc.method", tool),
 			attribute.String("messaging.message.id", d.MessageId), attribute.String("mesh.module", module)))
 }
 
-// endSpan ends span, marked failed when err is not nil.
+// endSpan ends span, marked failed when err is not nil; a nil span
+// (tracing off) is nothing to end.
 func endSpan(span trace.Span, err error) {
+	if span == nil {
+		return
+	}
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())

@@ -155,3 +155,45 @@ func TestTraceThroughAModuleProcess(t *testing.T) {
 			pong.SpanContext().TraceID(), pong.Parent().SpanID(), handling.SpanContext().TraceID(), handling.SpanContext().SpanID())
 	}
 }
+
+// TestTraceContinuedWithTracingOff: a node without a TracerProvider makes
+// no span, but a handler's emits carry on the trace of the event it
+// handles (here a foreign publisher's), and an emit outside any trace
+// carries no traceparent.
+func TestTraceContinuedWithTracingOff(t *testing.T) {
+	t.Parallel()
+	url := brokertest.VHost(t)
+	n := testNode(t, url, "untraced", nil)
+	m := load(t, n, sdk.Module{Name: "a", Emits: []string{"next"}, Setup: func(m sdk.Mesh) error {
+		return m.On("mesh.trace.start", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			_, err := m.Emit(ctx, "next", 1)
+			return err
+		}))
+	}}, runtime.ModuleConfig{})
+	raw := rawConn(t, url)
+	q, err := raw.QueueDeclare("", false, true, true, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := raw.QueueBind(q.Name, "module.a.next", wire.ExchangeEvents, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	const foreignTrace = "4bf92f3577b34da6a3ce929d0e0e4736"
+	id := "01JTRACE000000000000000001"
+	if err := raw.PublishWithContext(emitCtx(t), wire.ExchangeEvents, "mesh.trace.start", false, false, amqp.Publishing{
+		Headers: amqp.Table{wire.HeaderEventID: id, wire.HeaderSource: "foreign", wire.HeaderNode: "x",
+			wire.HeaderTime: time.Now().UTC().Format(time.RFC3339Nano), "traceparent": "00-" + foreignTrace + "-00f067aa0ba902b7-01"},
+		ContentType: wire.ContentTypeJSON, MessageId: id, Body: []byte("1"),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if tp, _ := nextFrom(t, raw, q.Name).Headers["traceparent"].(string); !strings.HasPrefix(tp, "00-"+foreignTrace+"-") {
+		t.Errorf("the emitted event's traceparent %q does not continue trace %s", tp, foreignTrace)
+	}
+	if _, err := m.Mesh().Emit(emitCtx(t), "next", 2); err != nil {
+		t.Fatal(err)
+	}
+	if tp, ok := nextFrom(t, raw, q.Name).Headers["traceparent"]; ok {
+		t.Errorf("an emit outside any trace carries traceparent %v", tp)
+	}
+}
