@@ -86,6 +86,9 @@ func TestNodeStartsBeforeTheBroker(t *testing.T) {
 	if n.Connected() {
 		t.Fatal("connected through a proxy that is down")
 	}
+	if err := n.Ready(); err == nil || !strings.Contains(err.Error(), "not connected") {
+		t.Errorf("Ready with the broker away: %v", err)
+	}
 	rec := newRecorder(nil)
 	load(t, n, lateModule("a", rec, nil), runtime.ModuleConfig{})
 	var ids []string
@@ -105,6 +108,9 @@ func TestNodeStartsBeforeTheBroker(t *testing.T) {
 	case <-resumed:
 	case <-ctx.Done():
 		t.Fatal("the node never connected once the broker answered")
+	}
+	if err := n.Ready(); err != nil { // its module attached before the supervisor said it resumed
+		t.Errorf("Ready once connected: %v", err)
 	}
 	for i, id := range ids {
 		if ev := rec.next(t); ev.ID != id {
@@ -272,6 +278,9 @@ func TestPluginStopDuringRestart(t *testing.T) {
 	}
 	if pid == 0 || pid == first {
 		t.Fatalf("restarted process pid %d (first %d)", pid, first)
+	}
+	if err := n.Ready(); err == nil || !strings.Contains(err.Error(), "crashy (its process is restarting)") {
+		t.Errorf("Ready while a module process restarts: %v", err)
 	}
 	stopped := make(chan error, 1)
 	go func() {

@@ -49,14 +49,14 @@ type Module struct {
 	held           map[string]bool           // consumed queues held (Hold), across sessions
 	queueConsumers map[string]*queueConsumer // the consumed queues' consumers on the current session
 	consumers      []consumerChannel         // the channels the module consumes on, on the current session
-	resumeMu       sync.Mutex                // one attach or resume at a time; guards attachable and attachedOn
+	resumeMu       sync.Mutex                // one attach or resume at a time; guards attachable, and the writes of attachedOn
 	counts         moduleCounts              // its running totals, for metrics
 	attrs          attribute.Set             // module=<name>, for its metrics
 	outcomeOpts    map[string]metric.RecordOption
-	attachable     bool         // Setup has returned and the record of handled ids is open
-	attachedOn     *session     // the session its consumers and servers were last attached on
-	dedup          *dedup.Set   // ids of events handled; nil if the module allows duplicates
-	answers        *answerCache // its tools' final answers, by request id
+	attachable     bool                    // Setup has returned and the record of handled ids is open
+	attachedOn     atomic.Pointer[session] // the session its consumers and servers were last attached on (Ready reads it without the lock)
+	dedup          *dedup.Set              // ids of events handled; nil if the module allows duplicates
+	answers        *answerCache            // its tools' final answers, by request id
 	claimed        map[string]chan struct{}
 	workers        sync.WaitGroup
 	retries        map[*time.Timer]struct{}
@@ -238,7 +238,7 @@ func (m *Module) attachFirst(ctx context.Context, subs []subscription, tools []t
 		}
 		return err
 	}
-	m.attachedOn = s
+	m.attachedOn.Store(s)
 	return nil
 }
 
@@ -277,7 +277,7 @@ func (m *Module) attach(ctx context.Context, s *session, subs []subscription, to
 func (m *Module) resume(s *session, again bool) {
 	m.resumeMu.Lock()
 	defer m.resumeMu.Unlock()
-	if !m.attachable || (!again && m.attachedOn == s) {
+	if !m.attachable || (!again && m.attachedOn.Load() == s) {
 		return // not started yet (it attaches itself), or attached on s already
 	}
 	m.mu.Lock()
@@ -303,7 +303,7 @@ func (m *Module) resume(s *session, again bool) {
 		time.AfterFunc(delay, func() { m.resume(s, true) })
 		return
 	}
-	m.attachedOn = s
+	m.attachedOn.Store(s)
 	m.log.Info("module attached", "queue", m.queue)
 }
 

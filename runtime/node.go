@@ -9,7 +9,9 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -375,4 +377,45 @@ func newID(now time.Time) string {
 // node's body limit (wire.EncodeBody).
 func (n *Node) encodeBody(body any) ([]byte, error) {
 	return wire.EncodeBody(body, n.cfg.MaxBodyBytes)
+}
+
+// Ready says whether the node does its work now, and if not, why: it has
+// its broker connections (and so the topology, declared on each), the
+// broker does not block its publishing, every module is attached on the
+// current session, and no module process is being restarted. meshd's
+// /readyz answers with it.
+func (n *Node) Ready() error {
+	if err := n.Err(); err != nil {
+		return err
+	}
+	s := n.session()
+	switch {
+	case s == nil:
+		return errors.New("not connected to the broker, trying (emits are spooled)")
+	case s.isBlocked():
+		return errors.New("the broker blocks publishing (a memory or disk alarm); emits are spooled, consuming goes on")
+	}
+	n.mu.Lock()
+	mods := make([]*Module, 0, len(n.modules))
+	for _, m := range n.modules {
+		mods = append(mods, m)
+	}
+	plugins := slices.Clone(n.plugins)
+	n.mu.Unlock()
+	var waiting []string
+	for _, m := range mods {
+		if m.attachedOn.Load() != s {
+			waiting = append(waiting, m.def.Name)
+		}
+	}
+	for _, pm := range plugins {
+		if !pm.stopping.Load() && pm.PID() == 0 {
+			waiting = append(waiting, pm.Name()+" (its process is restarting)")
+		}
+	}
+	if len(waiting) > 0 {
+		slices.Sort(waiting)
+		return fmt.Errorf("modules not consuming yet: %s", strings.Join(waiting, ", "))
+	}
+	return nil
 }

@@ -249,8 +249,8 @@ func reload(ctx context.Context, c *cli.Context, was nodeconfig.File, node *runt
 	log.Info("config reloaded", "stopped", stopped, "started", started, "running", len(running))
 }
 
-// serveHealth answers /healthz (the process runs), /readyz (the node has
-// its broker connection) and /metrics (its OpenTelemetry metrics, for
+// serveHealth answers /healthz (the process runs), /readyz (runtime.Node.Ready:
+// connected, not blocked, every module consuming) and /metrics (its OpenTelemetry metrics, for
 // Prometheus) on addr.
 func serveHealth(addr string, node *runtime.Node, metrics http.Handler, log *slog.Logger) (*http.Server, error) {
 	ln, err := net.Listen("tcp", addr)
@@ -262,16 +262,8 @@ func serveHealth(addr string, node *runtime.Node, metrics http.Handler, log *slo
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if err := node.Err(); err != nil {
+		if err := node.Ready(); err != nil {
 			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		if !node.Connected() {
-			http.Error(w, "not ready: not connected to the broker, trying (emits are spooled)", http.StatusServiceUnavailable)
-			return
-		}
-		if node.Blocked() {
-			http.Error(w, "not ready: the broker blocks publishing (a memory or disk alarm); emits are spooled, consuming goes on", http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ready")
