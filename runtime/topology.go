@@ -2,29 +2,84 @@ package runtime
 
 import (
 	"fmt"
+	"slices"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshkit/mesh/internal/wire"
 )
 
-// declareTopology declares the mesh's exchanges and the queues that keep
-// dead letters and unrouted events. Every node declares them with the same
-// arguments, so a redeclare never conflicts (rabbitmq-3.10-facts.md,
-// item 4: differing alternate-exchange arguments are a 406).
-func declareTopology(ch *amqp.Channel) error {
-	exchanges := []struct {
-		name, kind string
-		args       amqp.Table
-	}{
-		{wire.ExchangeUnrouted, amqp.ExchangeFanout, nil},
-		{wire.ExchangeEvents, amqp.ExchangeTopic, amqp.Table{"alternate-exchange": wire.ExchangeUnrouted}},
-		{wire.ExchangeRPC, amqp.ExchangeTopic, nil},
-		{wire.ExchangeDead, amqp.ExchangeTopic, nil},
+// BrokerObject is an exchange or a queue the mesh declares, as it
+// declares it. meshctl topology prints and checks them.
+type BrokerObject struct {
+	// Kind is "exchange" or "queue".
+	Kind string
+	// Name is the object's name; Type the exchange's type (topic,
+	// fanout) or the queue's (quorum, classic).
+	Name, Type string
+	// Durable, Exclusive and AutoDelete are the declare's flags.
+	Durable, Exclusive, AutoDelete bool
+	// Args are the declare's arguments.
+	Args amqp.Table
+	// Binds says what the object is bound to, in words (bindings are not
+	// checked: AMQP cannot list them).
+	Binds string
+	// Optional says the object exists only in some cases (a module's
+	// dead-letter queue, if it takes dead letters).
+	Optional bool
+}
+
+// MeshObjects are the exchanges and keeper queues every node declares,
+// identically (rabbitmq-3.10-facts.md, item 4: differing arguments are a
+// 406 on redeclare).
+func MeshObjects() []BrokerObject {
+	return []BrokerObject{
+		{Kind: "exchange", Name: wire.ExchangeUnrouted, Type: amqp.ExchangeFanout, Durable: true},
+		{Kind: "exchange", Name: wire.ExchangeEvents, Type: amqp.ExchangeTopic, Durable: true,
+			Args: amqp.Table{"alternate-exchange": wire.ExchangeUnrouted}},
+		{Kind: "exchange", Name: wire.ExchangeRPC, Type: amqp.ExchangeTopic, Durable: true},
+		{Kind: "exchange", Name: wire.ExchangeDead, Type: amqp.ExchangeTopic, Durable: true},
+		{Kind: "queue", Name: wire.QueueUnrouted, Type: QueueQuorum, Durable: true, Args: keeperQueueArgs(),
+			Binds: wire.ExchangeUnrouted},
+		{Kind: "queue", Name: wire.QueueDead, Type: QueueQuorum, Durable: true, Args: keeperQueueArgs(),
+			Binds: wire.ExchangeDead + ` with "#"`},
 	}
-	for _, x := range exchanges {
-		if err := ch.ExchangeDeclare(x.name, x.kind, true, false, false, false, x.args); err != nil {
-			return fmt.Errorf("declare exchange %s: %w", x.name, err)
+}
+
+// NodeObjects are the queues node declares for itself and for its modules
+// (mcs by module name; zero fields take the defaults of cfg): the lock
+// queue, each module's event queue and dead-letter queue. The serve queues
+// of the tools they serve are shared by every server and declared by the
+// first; their names come from the modules' Setup, not from the config.
+func NodeObjects(cfg Config, mcs map[string]ModuleConfig) []BrokerObject {
+	cfg.withDefaults()
+	objs := []BrokerObject{{Kind: "queue", Name: wire.NodeLockQueue(cfg.Node), Type: QueueClassic, Exclusive: true, AutoDelete: true,
+		Args: amqp.Table{"x-queue-type": QueueClassic}, Binds: "nothing: held by the running node's connection"}}
+	names := make([]string, 0, len(mcs))
+	for name := range mcs {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		mc := mcs[name].over(cfg.Module)
+		objs = append(objs,
+			BrokerObject{Kind: "queue", Name: wire.ModuleQueue(cfg.Node, name), Type: mc.QueueType, Durable: true, Args: moduleQueueArgs(mc),
+				Binds: wire.ExchangeEvents + " with the patterns the module subscribes"},
+			BrokerObject{Kind: "queue", Name: wire.ModuleDeadQueue(cfg.Node, name), Type: QueueQuorum, Durable: true, Args: deadQueueArgs(mc),
+				Binds: wire.ExchangeDead + ` with "#"`, Optional: true})
+	}
+	return objs
+}
+
+// declareTopology declares the mesh's exchanges and the queues that keep
+// dead letters and unrouted events (MeshObjects), and binds the queues.
+func declareTopology(ch *amqp.Channel) error {
+	for _, o := range MeshObjects() {
+		if o.Kind != "exchange" {
+			continue
+		}
+		if err := ch.ExchangeDeclare(o.Name, o.Type, o.Durable, o.AutoDelete, false, false, o.Args); err != nil {
+			return fmt.Errorf("declare exchange %s: %w", o.Name, err)
 		}
 	}
 	keepers := []struct{ queue, exchange, key string }{
