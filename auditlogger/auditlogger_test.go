@@ -24,7 +24,7 @@ func openLogger(t *testing.T) *auditlogger.Logger {
 }
 
 // relay emits "relayed" for each mesh.order.# event: a two-level chain.
-var relay = sdk.Module{Name: "shop", Setup: func(m sdk.Mesh) error {
+var relay = sdk.Module{Name: "shop", Emits: []string{"order.accepted"}, Setup: func(m sdk.Mesh) error {
 	return m.On("mesh.order.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
 		_, err := m.Emit(ctx, "order.accepted", map[string]any{"order": ev.ID, "tier": "gold"}, sdk.WithSchema("3"))
 		return err
@@ -107,7 +107,7 @@ func TestDeadLetterShownInTrace(t *testing.T) {
 	l := openLogger(t)
 	mt := meshtest.New(meshtest.Config{Node: "anchor"})
 	defer mt.Close()
-	picky := sdk.Module{Name: "billing", Setup: func(m sdk.Mesh) error {
+	picky := sdk.Module{Name: "billing", Emits: []string{"invoice.drafted"}, Setup: func(m sdk.Mesh) error {
 		return m.On("module.shop.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
 			_, err := m.Emit(ctx, "invoice.drafted", map[string]string{"order": ev.ID})
 			return err

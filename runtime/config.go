@@ -186,6 +186,10 @@ type ModuleConfig struct {
 	// delivery reaches its handler, even one whose id it already handled.
 	// Use it for handlers that are idempotent by themselves.
 	AllowDuplicates bool
+	// AllowUndeclaredEmits lets the module emit event names its
+	// sdk.Module.Emits does not list. By default such an emit is refused
+	// with sdk.ErrForbidden: Emits is what the mesh's graph shows.
+	AllowUndeclaredEmits bool
 	// MaxPriority declares the queue with x-max-priority so it honours
 	// event priorities (1 to 9). Classic queues only; 0 means none.
 	MaxPriority int
@@ -295,6 +299,7 @@ func (m ModuleConfig) over(d ModuleConfig) ModuleConfig {
 		m.ToolGrants = d.ToolGrants
 	}
 	m.AllowDuplicates = m.AllowDuplicates || d.AllowDuplicates
+	m.AllowUndeclaredEmits = m.AllowUndeclaredEmits || d.AllowUndeclaredEmits
 	return m
 }
 

@@ -35,7 +35,7 @@ func TestDeadLetterAfterLimit(t *testing.T) {
 			rec := newRecorder(func(ev sdk.Event) error {
 				return fmt.Errorf("boom %d", calls.Add(1))
 			})
-			m := load(t, n, sdk.Module{Name: "flaky", Setup: func(m sdk.Mesh) error { return m.On("module.flaky.#", rec) }},
+			m := load(t, n, sdk.Module{Name: "flaky", Emits: []string{"job.failed"}, Setup: func(m sdk.Mesh) error { return m.On("module.flaky.#", rec) }},
 				runtime.ModuleConfig{QueueType: qt, MaxAttempts: 3})
 			id, err := m.Mesh().Emit(emitCtx(t), "job.failed", map[string]string{"job": "x"}, sdk.WithSchema("1"))
 			if err != nil {
@@ -91,7 +91,7 @@ func TestPermanentAndPanic(t *testing.T) {
 	url := brokertest.VHost(t)
 	n := testNode(t, url, "anchor", nil)
 	var permanentCalls, panicCalls atomic.Int32
-	m := load(t, n, sdk.Module{Name: "strict", Setup: func(m sdk.Mesh) error {
+	m := load(t, n, sdk.Module{Name: "strict", Emits: []string{"bad", "panics"}, Setup: func(m sdk.Mesh) error {
 		if err := m.On("module.strict.bad", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
 			permanentCalls.Add(1)
 			return sdk.Permanent(errors.New("cannot parse order"))
@@ -210,7 +210,7 @@ func TestPoisonEventDoesNotBlockOthers(t *testing.T) {
 	var good atomic.Int32
 	done := make(chan struct{})
 	const total = 50
-	m := load(t, n, sdk.Module{Name: "orders", Setup: func(m sdk.Mesh) error {
+	m := load(t, n, sdk.Module{Name: "orders", Emits: []string{"poison", "placed"}, Setup: func(m sdk.Mesh) error {
 		return m.On("module.orders.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
 			if ev.Type == "module.orders.poison" {
 				return errors.New("poison")
@@ -247,7 +247,7 @@ func TestHandlerTimeoutCountsAsFailure(t *testing.T) {
 	url := brokertest.VHost(t)
 	n := testNode(t, url, "anchor", nil)
 	var calls atomic.Int32
-	m := load(t, n, sdk.Module{Name: "slow", Setup: func(m sdk.Mesh) error {
+	m := load(t, n, sdk.Module{Name: "slow", Emits: []string{"hang"}, Setup: func(m sdk.Mesh) error {
 		return m.On("module.slow.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
 			calls.Add(1)
 			<-ctx.Done()
@@ -274,7 +274,7 @@ func TestHungHandlerDoesNotStopTheModule(t *testing.T) {
 	t.Cleanup(func() { close(release) })
 	var hangs atomic.Int32
 	rec := newRecorder(nil)
-	m := load(t, n, sdk.Module{Name: "stuck", Setup: func(m sdk.Mesh) error {
+	m := load(t, n, sdk.Module{Name: "stuck", Emits: []string{"hang", "ok"}, Setup: func(m sdk.Mesh) error {
 		if err := m.On("module.stuck.hang", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
 			hangs.Add(1)
 			<-release // ignores ctx on purpose

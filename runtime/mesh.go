@@ -63,6 +63,11 @@ func (m *Module) eventType(name string, full bool) (string, error) {
 	if errors.Is(err, sdk.ErrForbidden) {
 		m.log.Warn("emit outside the module's namespace refused", "event_type", name)
 	}
+	if err == nil && !m.cfg.AllowUndeclaredEmits {
+		if err = wire.CheckDeclared(m.def.Name, t, m.def.Emits); err != nil {
+			m.log.Warn("emit of an undeclared event refused", "event_type", t)
+		}
+	}
 	return t, err
 }
 

@@ -77,7 +77,7 @@ func TestCausationThroughContext(t *testing.T) {
 	n := testNode(t, "", "anchor", nil)
 	rec := newRecorder(nil)
 	var self sdk.Mesh
-	m := load(t, n, sdk.Module{Name: "chain", Setup: func(m sdk.Mesh) error {
+	m := load(t, n, sdk.Module{Name: "chain", Emits: []string{"first", "second"}, Setup: func(m sdk.Mesh) error {
 		self = m
 		if err := m.On("module.chain.first", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
 			_, err := self.Emit(ctx, "second", map[string]string{"from": ev.ID})
@@ -195,7 +195,7 @@ func TestModuleThatStopsConsumingIsUnbound(t *testing.T) {
 func TestEmitGrants(t *testing.T) {
 	t.Parallel()
 	n := testNode(t, "", "anchor", nil)
-	m := load(t, n, sdk.Module{Name: "deployer"}, runtime.ModuleConfig{EmitGrants: []string{"mesh.delivery.#"}})
+	m := load(t, n, sdk.Module{Name: "deployer", Emits: []string{"done"}}, runtime.ModuleConfig{EmitGrants: []string{"mesh.delivery.#"}})
 	ctx := emitCtx(t)
 	for _, c := range []struct {
 		name string

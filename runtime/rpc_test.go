@@ -39,7 +39,7 @@ func TestCallRoundTrip(t *testing.T) {
 	b := testNode(t, url, "beacon", nil)
 	reqs := make(chan sdk.Request, 1)
 	var billing sdk.Mesh
-	load(t, a, sdk.Module{Name: "billing", Setup: func(m sdk.Mesh) error {
+	load(t, a, sdk.Module{Name: "billing", Emits: []string{"invoice.created"}, Setup: func(m sdk.Mesh) error {
 		billing = m
 		return m.Serve("invoice.create", sdk.ToolHandlerFunc(func(ctx context.Context, req sdk.Request) (any, error) {
 			reqs <- req
@@ -61,7 +61,7 @@ func TestCallRoundTrip(t *testing.T) {
 	}
 	answers := make(chan answer, 1)
 	var shop sdk.Mesh
-	shopMod := load(t, b, sdk.Module{Name: "shop", Setup: func(m sdk.Mesh) error {
+	shopMod := load(t, b, sdk.Module{Name: "shop", Emits: []string{"order.placed"}, Setup: func(m sdk.Mesh) error {
 		shop = m
 		return m.On("module.shop.order.placed", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
 			var a answer
@@ -462,7 +462,7 @@ func TestEmitsSurviveConnectionCuts(t *testing.T) {
 		c.ReconnectMin, c.ReconnectMax = 20*time.Millisecond, 200*time.Millisecond
 	})
 	seen := newIDSet()
-	m := load(t, n, sdk.Module{Name: "busy", Setup: func(m sdk.Mesh) error {
+	m := load(t, n, sdk.Module{Name: "busy", Emits: []string{"tick"}, Setup: func(m sdk.Mesh) error {
 		return m.On("module.busy.tick", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
 			seen.add(ev.ID)
 			return nil

@@ -49,7 +49,7 @@ func TestStopMidStreamLosesNothing(t *testing.T) {
 		mu.Unlock()
 		return nil
 	})
-	mod := sdk.Module{Name: "steady", Setup: func(m sdk.Mesh) error { return m.On("module.steady.#", handler) }}
+	mod := sdk.Module{Name: "steady", Emits: []string{"tick"}, Setup: func(m sdk.Mesh) error { return m.On("module.steady.#", handler) }}
 	mc := runtime.ModuleConfig{Concurrency: 4, MaxAttempts: 10}
 	m := load(t, n, mod, mc)
 

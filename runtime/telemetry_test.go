@@ -32,7 +32,7 @@ func TestMetrics(t *testing.T) {
 		}
 		return nil
 	})
-	m := load(t, n, sdk.Module{Name: "meter", Setup: func(m sdk.Mesh) error {
+	m := load(t, n, sdk.Module{Name: "meter", Emits: []string{"said"}, Setup: func(m sdk.Mesh) error {
 		return errors.Join(m.On("mesh.metered.#", rec),
 			m.Serve("meter.echo", sdk.ToolHandlerFunc(func(ctx context.Context, r sdk.Request) (any, error) { return r.Body, nil })))
 	}}, runtime.ModuleConfig{})

@@ -110,7 +110,7 @@ func TestEmitOnTheWire(t *testing.T) {
 	if err := raw.QueueBind(q.Name, "#", "mesh.events", false, nil); err != nil {
 		t.Fatal(err)
 	}
-	m := load(t, n, sdk.Module{Name: "umami"}, runtime.ModuleConfig{})
+	m := load(t, n, sdk.Module{Name: "umami", Emits: []string{"site.created"}}, runtime.ModuleConfig{})
 	before := time.Now().UTC().Truncate(time.Second)
 	id, err := m.Mesh().Emit(causation.With(emitCtx(t), "01JABCDEFGHJKMNPQRSTVWXYZ0"), "site.created", map[string]any{"site": 42},
 		sdk.WithSchema("v2"), sdk.WithPriority(3))
@@ -225,7 +225,7 @@ func TestEmitRefusesBadInput(t *testing.T) {
 	t.Parallel()
 	url := brokertest.VHost(t)
 	n := testNode(t, url, "anchor", func(c *runtime.Config) { c.MaxBodyBytes = 1024 })
-	m := load(t, n, sdk.Module{Name: "umami"}, runtime.ModuleConfig{})
+	m := load(t, n, sdk.Module{Name: "umami", Emits: []string{"site.created"}}, runtime.ModuleConfig{})
 	raw := rawConn(t, url)
 	q, err := raw.QueueDeclare("", false, true, true, false, nil)
 	if err != nil {
@@ -251,6 +251,7 @@ func TestEmitRefusesBadInput(t *testing.T) {
 		{"site.created", []byte("not json"), sdk.ErrInvalid, "JSON"},
 		{"site.created", func() {}, sdk.ErrInvalid, "func"},
 		{"site.created", strings.Repeat("x", 2000), sdk.ErrInvalid, "1024"},
+		{"site.deleted", 1, sdk.ErrForbidden, `add "site.deleted" to its Emits`},
 	}
 	for _, c := range cases {
 		_, err := m.Mesh().Emit(emitCtx(t), c.name, c.body)

@@ -206,7 +206,7 @@ func ExampleModule_deadLetters() {
 // one derived from the handled event: each attempt's emit is then a
 // distinct event.
 func ExampleWithFreshID() {
-	mod := sdk.Module{Name: "probe", Setup: func(m sdk.Mesh) error {
+	mod := sdk.Module{Name: "probe", Emits: []string{"attempted", "derived"}, Setup: func(m sdk.Mesh) error {
 		return m.On("mesh.check.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
 			_, _ = m.Emit(ctx, "attempted", ev.Attempt%1, sdk.WithFreshID()) // same body each time
 			_, _ = m.Emit(ctx, "derived", ev.Attempt%1)
@@ -234,7 +234,7 @@ func ExampleWithFreshID() {
 
 // Options refuse bad values with ErrInvalid, and Emit sends nothing.
 func ExampleWithPriority() {
-	mod := sdk.Module{Name: "jobs", Setup: func(m sdk.Mesh) error {
+	mod := sdk.Module{Name: "jobs", Emits: []string{"job.queued"}, Setup: func(m sdk.Mesh) error {
 		return m.On("mesh.job.requested", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
 			_, err := m.Emit(ctx, "job.queued", 1, sdk.WithPriority(12), sdk.WithTTL(time.Minute))
 			fmt.Println(errors.Is(err, sdk.ErrInvalid), err)

@@ -188,7 +188,10 @@ type Module struct {
 	// KindAgent, or "" for a plain module. Any other value is refused.
 	Kind Kind
 	// Emits lists the event names (relative, "site.created") the module
-	// emits, for the mesh's event graph.
+	// emits. It may emit no other in its namespace: an emit of a name not
+	// listed (relative, or as module.<Name>.<event> with AsFullType)
+	// fails with ErrForbidden, unless its config allows undeclared emits
+	// (allow_undeclared_emits). The mesh's event graph is drawn from it.
 	Emits []string
 	// Calls lists the tool keys the module calls, for the graph.
 	Calls []string

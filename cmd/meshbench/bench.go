@@ -318,7 +318,7 @@ func newMeshWith(url, qt string, s *sink, tp trace.TracerProvider) (side, error)
 	// A fresh module (and queue) per round, so no round sees another's
 	// events.
 	name := fmt.Sprintf("bench%d", meshRuns.Add(1))
-	mod, err := node.Load(ctx, sdk.Module{Name: name, Setup: func(m sdk.Mesh) error {
+	mod, err := node.Load(ctx, sdk.Module{Name: name, Emits: []string{"measured"}, Setup: func(m sdk.Mesh) error {
 		return m.On("module."+name+".#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
 			return s.handle(ev.Body)
 		}))

@@ -43,7 +43,7 @@ func TestAudit(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer logger.Stop(context.Background())
-	shop, err := node.Load(ctx, sdk.Module{Name: "shop", Setup: func(m sdk.Mesh) error {
+	shop, err := node.Load(ctx, sdk.Module{Name: "shop", Emits: []string{"order.accepted"}, Setup: func(m sdk.Mesh) error {
 		return m.On("mesh.order.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
 			_, err := m.Emit(ctx, "order.accepted", map[string]string{"tier": "gold"})
 			return err

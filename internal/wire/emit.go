@@ -3,6 +3,7 @@ package wire
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -29,6 +30,20 @@ func EmitType(module, name string, full bool, grants []string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("%w: module %s may emit %s only if its node config grants it (the module's emit_grants in meshd's config)", ErrForbidden, module, name)
+}
+
+// CheckDeclared refuses, with ErrForbidden, an emit of eventType in the
+// module's own namespace (module.<module>.<name>) when emits, the
+// module's declared event names, does not list <name>: what a module
+// emits is what the mesh's graph shows and what its peers may rely on.
+// Types outside the namespace are governed by the emit grants instead.
+func CheckDeclared(module, eventType string, emits []string) error {
+	name, ok := strings.CutPrefix(eventType, "module."+module+".")
+	if !ok || slices.Contains(emits, name) {
+		return nil
+	}
+	return fmt.Errorf("%w: module %s emits %s, which it does not declare: add %q to its Emits (or allow undeclared emits in its config)",
+		ErrForbidden, module, eventType, name)
 }
 
 // EncodeBody turns an emit's body or a call's request into JSON:

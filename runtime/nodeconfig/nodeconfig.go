@@ -89,6 +89,9 @@ type Module struct {
 	Tools []string `yaml:"tools"`
 	// AllowDuplicates turns off de-duplication by event id for the module.
 	AllowDuplicates bool `yaml:"allow_duplicates"`
+	// AllowUndeclaredEmits lets the module emit event names it does not
+	// declare (by default refused).
+	AllowUndeclaredEmits bool `yaml:"allow_undeclared_emits"`
 	// Config is the module's own settings (the dispatcher's triggers, the
 	// agent's tools), handed to the module process as JSON
 	// (sdk/process.Settings). Not taken from defaults.
@@ -157,7 +160,7 @@ func (m Module) runtime() runtime.ModuleConfig {
 	return runtime.ModuleConfig{
 		QueueType: m.QueueType, Prefetch: m.Prefetch, Concurrency: m.Concurrency, MaxAttempts: m.MaxAttempts,
 		HandlerTimeout: m.HandlerTimeout, MaxPriority: m.MaxPriority, EmitGrants: m.EmitGrants,
-		AllowDuplicates: m.AllowDuplicates,
+		AllowDuplicates: m.AllowDuplicates, AllowUndeclaredEmits: m.AllowUndeclaredEmits,
 	}
 }
 

@@ -65,7 +65,7 @@ func TestLeastPrivilegeOnTheBroker(t *testing.T) {
 	if err != nil {
 		t.Fatalf("load shop: %v", err)
 	}
-	mail, err := n.Load(ctx, sdk.Module{Name: "mail", DeadLetters: sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error { dead <- ev; return nil })},
+	mail, err := n.Load(ctx, sdk.Module{Name: "mail", Emits: []string{"sent", "bounced"}, DeadLetters: sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error { dead <- ev; return nil })},
 		f.Modules[1].ModuleConfig())
 	if err != nil {
 		t.Fatalf("load mail: %v", err)

@@ -96,6 +96,10 @@ type ModuleConfig struct {
 	// ToolGrants, when not nil, are the patterns of the tools the module
 	// may serve (tools); nil places no limit.
 	ToolGrants []string
+	// AllowUndeclaredEmits lets the module emit event names its
+	// sdk.Module.Emits does not list (allow_undeclared_emits); by default
+	// such an emit fails with sdk.ErrForbidden, as on a node.
+	AllowUndeclaredEmits bool
 }
 
 // DeadLetter is an event a module gave up on.
@@ -810,6 +814,9 @@ func (mm moduleMesh) Emit(ctx context.Context, name string, body any, opts ...sd
 		return "", err
 	}
 	eventType, err := wire.EmitType(mod.def.Name, name, o.FullType, mod.cfg.EmitGrants)
+	if err == nil && !mod.cfg.AllowUndeclaredEmits {
+		err = wire.CheckDeclared(mod.def.Name, eventType, mod.def.Emits)
+	}
 	if err != nil {
 		return "", fmt.Errorf("emit: %w", err)
 	}

@@ -100,16 +100,18 @@ func body(n int, s conformance.Steer) conformance.Steer { s.N = n; return s }
 
 // Emit names an event under the module (module.<m>.<name>), refuses a bad
 // name, a body that is not JSON and a bad option with ErrInvalid, and a
-// type outside the module's namespace with ErrForbidden. Outside a
-// handler, the same emit twice gets two fresh ids.
+// type outside the module's namespace, or one in it the module does not
+// declare in Emits, with ErrForbidden. Outside a handler, the same emit
+// twice gets two fresh ids.
 func emitNamingAndBodies(t *testing.T, h Host) {
 	watch := h.Load(t, "watcher", ModuleConfig{})
 	namer := h.Load(t, "namer", ModuleConfig{})
-	namer.WaitKind(t, "emit_bad_option", 1)
+	namer.WaitKind(t, "emit_undeclared_full_type", 1) // the last it tries
 	want := map[string][]string{
 		"emit_ok": nil, "emit_ok_again": nil, "emit_own_full_type": nil,
 		"emit_empty_word": {"invalid"}, "emit_wildcard": {"invalid"}, "emit_not_json": {"invalid"},
 		"emit_unmarshalable": {"invalid"}, "emit_ungranted_full_type": {"forbidden"}, "emit_bad_option": {"invalid"},
+		"emit_undeclared": {"forbidden"}, "emit_undeclared_full_type": {"forbidden"},
 	}
 	for kind, w := range want {
 		rs := namer.Of(t, kind)

@@ -255,7 +255,7 @@ func Module(name string, probe *Probe) (sdk.Module, error) {
 
 	case "namer":
 		// Emits, in Run, by the naming rules.
-		return sdk.Module{Name: name, Emits: []string{"site.created"}, Run: func(ctx context.Context, m sdk.Mesh) error {
+		return sdk.Module{Name: name, Emits: []string{"site.created", "site.full"}, Run: func(ctx context.Context, m sdk.Mesh) error {
 			for _, e := range []struct {
 				what, name string
 				body       any
@@ -269,6 +269,8 @@ func Module(name string, probe *Probe) (sdk.Module, error) {
 				{"unmarshalable", "site.created", func() {}, nil},
 				{"ungranted_full_type", "mesh.other.thing", 1, []sdk.EmitOption{sdk.AsFullType()}},
 				{"own_full_type", "module.namer.site.full", 2, []sdk.EmitOption{sdk.AsFullType()}},
+				{"undeclared", "site.deleted", 1, nil},
+				{"undeclared_full_type", "module.namer.site.gone", 1, []sdk.EmitOption{sdk.AsFullType()}},
 				{"bad_option", "site.created", 1, []sdk.EmitOption{sdk.WithPriority(10)}},
 			} {
 				id, err := m.Emit(ctx, e.name, e.body, e.opts...)

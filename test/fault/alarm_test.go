@@ -55,7 +55,7 @@ func TestBrokerAlarm(t *testing.T) {
 			m.Serve("alarm.echo", sdk.ToolHandlerFunc(func(ctx context.Context, r sdk.Request) (any, error) { return r.Body, nil })),
 		)
 	}}
-	feed, err := n.Load(ctx, sdk.Module{Name: "feed"}, runtime.ModuleConfig{})
+	feed, err := n.Load(ctx, sdk.Module{Name: "feed", Emits: []string{"tick"}}, runtime.ModuleConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}

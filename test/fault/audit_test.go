@@ -43,11 +43,11 @@ func TestAuditCompleteAcrossFaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer logger.Stop(context.Background())
-	alpha, err := anchor.Load(ctx, sdk.Module{Name: "alpha"}, runtime.ModuleConfig{})
+	alpha, err := anchor.Load(ctx, sdk.Module{Name: "alpha", Emits: []string{"tick"}}, runtime.ModuleConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	beta, err := harbor.Load(ctx, sdk.Module{Name: "beta"}, runtime.ModuleConfig{})
+	beta, err := harbor.Load(ctx, sdk.Module{Name: "beta", Emits: []string{"tick"}}, runtime.ModuleConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -68,7 +68,7 @@ func (s *stream) end() {
 
 // sinkModule handles module.sink.tick by recording its id.
 func sinkModule(handled *idSet) sdk.Module {
-	return sdk.Module{Name: "sink", Setup: func(m sdk.Mesh) error {
+	return sdk.Module{Name: "sink", Emits: []string{"tick", "full", "nowhere"}, Setup: func(m sdk.Mesh) error {
 		return m.On("module.sink.tick", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
 			handled.add(ev.ID)
 			return nil

@@ -32,7 +32,7 @@ func TestPoisonEventReplayed(t *testing.T) {
 	other := newIDSet() // a second module on the same events: the replay must not reach it
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	m, err := n.Load(ctx, sdk.Module{Name: "orders", Setup: func(m sdk.Mesh) error {
+	m, err := n.Load(ctx, sdk.Module{Name: "orders", Emits: []string{"placed"}, Setup: func(m sdk.Mesh) error {
 		return m.On("module.orders.placed", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
 			var order struct{ Poison bool }
 			if err := ev.Decode(&order); err != nil {
