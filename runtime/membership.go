@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"sync"
@@ -28,6 +29,7 @@ const missedHeartbeats = 3
 // Heartbeat is the body of node.<node>.heartbeat.
 type Heartbeat struct {
 	Node     string          `json:"node"`
+	Version  string          `json:"version,omitempty"` // of the mesh runtime the node runs (Go build info)
 	Started  time.Time       `json:"started"`
 	Interval time.Duration   `json:"interval_ns"`
 	Modules  []ModuleSummary `json:"modules"`
@@ -38,6 +40,10 @@ type Heartbeat struct {
 type ModuleSummary struct {
 	Name string `json:"name"`
 	Kind string `json:"kind,omitempty"`
+	// Status is "running" (attached on the node's session), "waiting"
+	// (not attached: the node is not connected, or it is attaching) or
+	// "restarting" (its process went away and is being started again).
+	Status string `json:"status,omitempty"`
 	// Emits are the full event types it says it emits
 	// (module.<name>.<event>); Calls the tools it says it calls.
 	Emits []string `json:"emits,omitempty"`
@@ -80,18 +86,55 @@ func (n *Node) Peers() []Peer {
 
 // heartbeat is this node's heartbeat now.
 func (n *Node) heartbeat() Heartbeat {
-	hb := Heartbeat{Node: n.cfg.Node, Started: n.started, Interval: n.cfg.HeartbeatInterval}
+	hb := Heartbeat{Node: n.cfg.Node, Version: runtimeVersion(), Started: n.started, Interval: n.cfg.HeartbeatInterval}
 	n.mu.Lock()
 	mods := make([]*Module, 0, len(n.modules))
 	for _, m := range n.modules {
 		mods = append(mods, m)
 	}
 	n.mu.Unlock()
+	restarting := map[*Module]bool{}
+	n.mu.Lock()
+	for _, pm := range n.plugins {
+		if !pm.stopping.Load() && pm.PID() == 0 {
+			restarting[pm.module] = true
+		}
+	}
+	n.mu.Unlock()
+	s := n.session()
 	for _, m := range mods {
-		hb.Modules = append(hb.Modules, m.summary())
+		sum := m.summary()
+		switch {
+		case restarting[m]:
+			sum.Status = "restarting"
+		case s != nil && m.attachedOn.Load() == s:
+			sum.Status = "running"
+		default:
+			sum.Status = "waiting"
+		}
+		hb.Modules = append(hb.Modules, sum)
 	}
 	slices.SortFunc(hb.Modules, func(a, b ModuleSummary) int { return strings.Compare(a.Name, b.Name) })
 	return hb
+}
+
+// runtimeVersion is the version of this module (github.com/meshkit/mesh)
+// in the running binary's build info: a tag, a pseudo-version, or
+// "(devel)" for a build from a work tree.
+func runtimeVersion() string {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return ""
+	}
+	if info.Main.Path == "github.com/meshkit/mesh" {
+		return info.Main.Version
+	}
+	for _, d := range info.Deps {
+		if d.Path == "github.com/meshkit/mesh" {
+			return d.Version
+		}
+	}
+	return ""
 }
 
 // summary is what membership tells of m.

@@ -51,9 +51,9 @@ func TestMembership(t *testing.T) {
 	}
 	waitFor(t, 15*time.Second, func() bool {
 		p, ok := heardOf(a, "beta")
-		return ok && len(p.Modules) == 1 && p.Modules[0].Name == "shop"
+		return ok && len(p.Modules) == 1 && p.Modules[0].Name == "shop" && p.Modules[0].Status == "running"
 	})
-	if p, _ := heardOf(a, "beta"); p.Interval != every || p.Unreachable || p.Started.IsZero() {
+	if p, _ := heardOf(a, "beta"); p.Interval != every || p.Unreachable || p.Started.IsZero() || p.Version == "" {
 		t.Errorf("alpha heard of beta as %+v", p)
 	}
 	waitFor(t, 15*time.Second, func() bool { _, ok := heardOf(b, "alpha"); return ok })

@@ -273,7 +273,8 @@ func TestNodes(t *testing.T) {
 	if err != nil {
 		t.Fatalf("nodes: %v\n%s", err, out)
 	}
-	if !strings.Contains(string(out), "NODE") || !strings.Contains(string(out), "beating") || !strings.Contains(string(out), "shop") {
+	if !strings.Contains(string(out), "NODE") || !strings.Contains(string(out), "VERSION") || !strings.Contains(string(out), "beating") ||
+		!strings.Contains(string(out), "shop") || strings.Contains(string(out), "WAITING") {
 		t.Errorf("nodes printed:\n%s", out)
 	}
 	out, err = exec.CommandContext(ctx, bin, "--amqp-url", url, "nodes", "--json", "--wait", "1s").Output()

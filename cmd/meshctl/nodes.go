@@ -22,7 +22,7 @@ import (
 func nodesCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "nodes",
-		Usage: "list the nodes that send heartbeats, with their modules, when they started and when they were last heard",
+		Usage: "list the nodes that send heartbeats: their runtime version, their modules (a module not running says WAITING or RESTARTING), when they started and when they were last heard",
 		Flags: []cli.Flag{
 			waitFlag(),
 			&cli.BoolFlag{Name: "json", Usage: "print one JSON object per node"},
@@ -96,18 +96,21 @@ func nodes(c *cli.Context) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(c.App.Writer, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tMODULES\tUP SINCE\tLAST HEARD\tHEARTBEAT")
+	fmt.Fprintln(tw, "NODE\tVERSION\tMODULES\tUP SINCE\tLAST HEARD\tHEARTBEAT")
 	for _, n := range names {
 		h := heard[n]
 		var mods []string
 		for _, m := range h.Modules {
+			mod := m.Name
 			if m.Kind != "" {
-				mods = append(mods, m.Name+" ("+m.Kind+")")
-			} else {
-				mods = append(mods, m.Name)
+				mod += " (" + m.Kind + ")"
 			}
+			if m.Status != "" && m.Status != "running" {
+				mod += " " + strings.ToUpper(m.Status)
+			}
+			mods = append(mods, mod)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s ago\t%v\n", n, strings.Join(mods, ", "), h.Started.Format(time.RFC3339),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s ago\t%v\n", n, h.Version, strings.Join(mods, ", "), h.Started.Format(time.RFC3339),
 			time.Since(h.LastSeen).Round(time.Second), h.Interval)
 	}
 	return tw.Flush()
