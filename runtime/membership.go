@@ -87,20 +87,13 @@ func (n *Node) Peers() []Peer {
 // heartbeat is this node's heartbeat now.
 func (n *Node) heartbeat() Heartbeat {
 	hb := Heartbeat{Node: n.cfg.Node, Version: runtimeVersion(), Started: n.started, Interval: n.cfg.HeartbeatInterval}
-	n.mu.Lock()
-	mods := make([]*Module, 0, len(n.modules))
-	for _, m := range n.modules {
-		mods = append(mods, m)
-	}
-	n.mu.Unlock()
+	mods, plugins := n.loaded()
 	restarting := map[*Module]bool{}
-	n.mu.Lock()
-	for _, pm := range n.plugins {
-		if !pm.stopping.Load() && pm.PID() == 0 {
+	for _, pm := range plugins {
+		if pm.restarting() {
 			restarting[pm.module] = true
 		}
 	}
-	n.mu.Unlock()
 	s := n.session()
 	for _, m := range mods {
 		sum := m.summary()

@@ -395,13 +395,7 @@ func (n *Node) Ready() error {
 	case s.isBlocked():
 		return errors.New("the broker blocks publishing (a memory or disk alarm); emits are spooled, consuming goes on")
 	}
-	n.mu.Lock()
-	mods := make([]*Module, 0, len(n.modules))
-	for _, m := range n.modules {
-		mods = append(mods, m)
-	}
-	plugins := slices.Clone(n.plugins)
-	n.mu.Unlock()
+	mods, plugins := n.loaded()
 	var waiting []string
 	for _, m := range mods {
 		if m.attachedOn.Load() != s {
@@ -409,7 +403,7 @@ func (n *Node) Ready() error {
 		}
 	}
 	for _, pm := range plugins {
-		if !pm.stopping.Load() && pm.PID() == 0 {
+		if pm.restarting() {
 			waiting = append(waiting, pm.Name()+" (its process is restarting)")
 		}
 	}
@@ -418,4 +412,16 @@ func (n *Node) Ready() error {
 		return fmt.Errorf("modules not consuming yet: %s", strings.Join(waiting, ", "))
 	}
 	return nil
+}
+
+// loaded returns the modules loaded on the node and its module processes,
+// a snapshot taken under n.mu, to work on without it.
+func (n *Node) loaded() ([]*Module, []*PluginModule) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	mods := make([]*Module, 0, len(n.modules))
+	for _, m := range n.modules {
+		mods = append(mods, m)
+	}
+	return mods, slices.Clone(n.plugins)
 }

@@ -454,6 +454,12 @@ func (pm *PluginModule) PID() int {
 	return p.pid()
 }
 
+// restarting says whether the module's process went away and is being
+// started again (not stopped).
+func (pm *PluginModule) restarting() bool {
+	return !pm.stopping.Load() && pm.PID() == 0
+}
+
 // pid is the process id of p, or 0 if unknown.
 func (p *moduleProcess) pid() int {
 	if rc := p.client.ReattachConfig(); rc != nil {

@@ -370,12 +370,7 @@ func (n *Node) reconnect(down time.Time) (*session, bool) {
 
 // resume brings every module's consumers and tool servers back on s.
 func (n *Node) resume(s *session) {
-	n.mu.Lock()
-	mods := make([]*Module, 0, len(n.modules))
-	for _, m := range n.modules {
-		mods = append(mods, m)
-	}
-	n.mu.Unlock()
+	mods, _ := n.loaded()
 	for _, m := range mods {
 		m.resume(s, false)
 	}

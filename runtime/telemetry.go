@@ -125,12 +125,7 @@ func (n *Node) startTelemetry() error {
 		o.ObserveInt64(spoolEvents, int64(st.SpoolEvents))
 		o.ObserveInt64(spoolBytes, st.SpoolBytes)
 		o.ObserveInt64(checks, int64(st.ServerChecks))
-		n.mu.Lock()
-		mods := make([]*Module, 0, len(n.modules))
-		for _, m := range n.modules {
-			mods = append(mods, m)
-		}
-		n.mu.Unlock()
+		mods, _ := n.loaded()
 		for _, m := range mods {
 			attrs := metric.WithAttributeSet(m.attrs)
 			o.ObserveInt64(emitted, int64(m.counts.emitted.Load()), attrs)

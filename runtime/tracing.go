@@ -25,9 +25,6 @@ import (
 // propagator is the W3C trace context (traceparent, tracestate).
 var propagator = propagation.TraceContext{}
 
-// tracer is the node's tracer.
-func (n *Node) tracer() trace.Tracer { return n.trace }
-
 // startTracing makes the node's tracer; without a provider there is none,
 // and the start functions below make no span (a nil one, which endSpan
 // takes): they only pass an incoming trace context on, at no cost when
@@ -87,7 +84,7 @@ func (n *Node) startPublish(ctx context.Context, eventType, id string) (context.
 	if n.trace == nil {
 		return ctx, nil
 	}
-	return n.tracer().Start(ctx, "publish "+eventType, trace.WithSpanKind(trace.SpanKindProducer),
+	return n.trace.Start(ctx, "publish "+eventType, trace.WithSpanKind(trace.SpanKindProducer),
 		trace.WithAttributes(attrSystem, attrSend, attrEventsExch,
 			attribute.String("messaging.rabbitmq.destination.routing_key", eventType),
 			attribute.String("messaging.message.id", id)))
@@ -99,7 +96,7 @@ func (n *Node) startProcess(ctx context.Context, d amqp.Delivery, queue, eventTy
 	if n.trace == nil {
 		return extractTrace(ctx, d.Headers), nil
 	}
-	return n.tracer().Start(extractTrace(ctx, d.Headers), "process "+eventType, trace.WithSpanKind(trace.SpanKindConsumer),
+	return n.trace.Start(extractTrace(ctx, d.Headers), "process "+eventType, trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(attrSystem, attrProcess,
 			attribute.String("messaging.destination.name", queue),
 			attribute.String("messaging.rabbitmq.destination.routing_key", d.RoutingKey),
@@ -112,7 +109,7 @@ func (n *Node) startCall(ctx context.Context, tool, id string) (context.Context,
 	if n.trace == nil {
 		return ctx, nil
 	}
-	return n.tracer().Start(ctx, "call "+tool, trace.WithSpanKind(trace.SpanKindClient),
+	return n.trace.Start(ctx, "call "+tool, trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(attrSystem, attrRPCExch, attribute.String("rpc.method", tool), attribute.String("messaging.message.id", id)))
 }
 
@@ -121,7 +118,7 @@ func (n *Node) startServe(ctx context.Context, d amqp.Delivery, tool, module str
 	if n.trace == nil {
 		return extractTrace(ctx, d.Headers), nil
 	}
-	return n.tracer().Start(extractTrace(ctx, d.Headers), "serve "+tool, trace.WithSpanKind(trace.SpanKindServer),
+	return n.trace.Start(extractTrace(ctx, d.Headers), "serve "+tool, trace.WithSpanKind(trace.SpanKindServer),
 		trace.WithAttributes(attrSystem, attribute.String("rpc.method", tool),
 			attribute.String("messaging.message.id", d.MessageId), attribute.String("mesh.module", module)))
 }

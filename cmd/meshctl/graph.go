@@ -96,24 +96,31 @@ type edge struct {
 type drawing struct {
 	vertices []vertex
 	edges    []edge
-	seen     map[string]bool
+	labels   map[string]string // vertex id -> its label
 }
 
+// vertex returns the id of the vertex of kind with label, adding it the
+// first time; two labels that sanitise alike get distinct ids.
 func (d *drawing) vertex(kind, label string) string {
-	id := kind + "_" + strings.Map(func(r rune) rune {
+	base := kind + "_" + strings.Map(func(r rune) rune {
 		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' {
 			return r
 		}
 		return '_'
 	}, label)
-	for base, i := id, 2; d.seen[id] && !slices.ContainsFunc(d.vertices, func(v vertex) bool { return v.id == id && v.label == label }); i++ {
-		id = fmt.Sprintf("%s_%d", base, i) // two labels that sanitise alike
+	id := base
+	for i := 2; ; i++ {
+		l, taken := d.labels[id]
+		if !taken {
+			d.labels[id] = label
+			d.vertices = append(d.vertices, vertex{id: id, kind: kind, label: label})
+			return id
+		}
+		if l == label {
+			return id
+		}
+		id = fmt.Sprintf("%s_%d", base, i)
 	}
-	if !d.seen[id] {
-		d.seen[id] = true
-		d.vertices = append(d.vertices, vertex{id: id, kind: kind, label: label})
-	}
-	return id
 }
 
 // meshGraph draws the mesh the heartbeats declare: a module's emits
@@ -122,7 +129,7 @@ func (d *drawing) vertex(kind, label string) string {
 // and serves (module → tool → module), the queues it consumes (queue →
 // module), and mesh.dead-letters for a module that takes dead letters.
 func meshGraph(beats []runtime.Heartbeat) *drawing {
-	d := &drawing{seen: map[string]bool{}}
+	d := &drawing{labels: map[string]string{}}
 	slices.SortFunc(beats, func(a, b runtime.Heartbeat) int { return strings.Compare(a.Node, b.Node) })
 	var events []string
 	for _, hb := range beats {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"os/signal"
 	"slices"
@@ -75,13 +76,7 @@ func nodes(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	names := slices.Sorted(func(yield func(string) bool) {
-		for n := range heard {
-			if !yield(n) {
-				return
-			}
-		}
-	})
+	names := slices.Sorted(maps.Keys(heard))
 	if c.Bool("json") {
 		enc := json.NewEncoder(c.App.Writer)
 		for _, n := range names {
