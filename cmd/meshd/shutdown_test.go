@@ -84,12 +84,21 @@ modules:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := ch.PublishWithContext(ctx, "mesh.events", "mesh.test.hang", false, false, amqp.Publishing{
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "mesh.events", "mesh.test.hang", false, false, amqp.Publishing{
 		Headers: amqp.Table{"x-event-id": ulid.Make().String(), "x-source": "test", "x-node": "test",
 			"x-time": time.Now().UTC().Format(time.RFC3339)},
 		ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: []byte(`{"do":"hang"}`),
-	}); err != nil {
+	})
+	if err != nil {
 		t.Fatal(err)
+	}
+	// Confirmed, so in the queue: a queue seen empty after this has
+	// delivered it (before, an empty queue could mean not routed yet).
+	if ok, err := dc.WaitContext(ctx); !ok || err != nil {
+		t.Fatalf("publish the hang event: confirmed %v, %v", ok, err)
 	}
 	// Delivered (not ready any more): the handler hangs on it from now.
 	wait("the event delivered", func() bool { q := queue(); return q.Consumers > 0 && q.Messages == 0 })
