@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"debug/buildinfo"
 	"encoding/json"
 	"fmt"
 	"runtime/debug"
@@ -40,6 +41,13 @@ type Heartbeat struct {
 type ModuleSummary struct {
 	Name string `json:"name"`
 	Kind string `json:"kind,omitempty"`
+	// Version is the version of the code the module runs, from the Go
+	// build info of its binary: the module process's executable, or the
+	// node's own for a module loaded in-process. A tagged build says its
+	// tag (v1.4.2), a build in a git work tree a pseudo-version with the
+	// commit (v0.0.0-20261201073200-1a2b3c4d5e6f, +dirty if it had
+	// changes), other builds "(devel)" with the commit when known.
+	Version string `json:"version,omitempty"`
 	// Status is "running" (attached on the node's session), "waiting"
 	// (not attached: the node is not connected, or it is attaching) or
 	// "restarting" (its process went away and is being started again).
@@ -89,14 +97,21 @@ func (n *Node) heartbeat() Heartbeat {
 	hb := Heartbeat{Node: n.cfg.Node, Version: runtimeVersion(), Started: n.started, Interval: n.cfg.HeartbeatInterval}
 	mods, plugins := n.loaded()
 	restarting := map[*Module]bool{}
+	versions := map[*Module]string{}
 	for _, pm := range plugins {
 		if pm.restarting() {
 			restarting[pm.module] = true
 		}
+		versions[pm.module] = pm.version()
 	}
 	s := n.session()
 	for _, m := range mods {
 		sum := m.summary()
+		if v, ok := versions[m]; ok {
+			sum.Version = v
+		} else {
+			sum.Version = ownVersion
+		}
 		switch {
 		case restarting[m]:
 			sum.Status = "restarting"
@@ -109,6 +124,49 @@ func (n *Node) heartbeat() Heartbeat {
 	}
 	slices.SortFunc(hb.Modules, func(a, b ModuleSummary) int { return strings.Compare(a.Name, b.Name) })
 	return hb
+}
+
+// ownVersion is the version of the running binary (binaryVersion).
+var ownVersion = func() string {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return ""
+	}
+	return buildVersion(info)
+}()
+
+// binaryVersion is the version of the Go binary at path, as buildVersion
+// says it, or "" if its build info cannot be read.
+func binaryVersion(path string) string {
+	info, err := buildinfo.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	return buildVersion(info)
+}
+
+// buildVersion is a binary's version from its build info: its main
+// module's version (a tag, or a pseudo-version the go command derived
+// from the git work tree), or, for "(devel)", that followed by the
+// commit's first 12 digits and "+dirty" for a modified tree.
+func buildVersion(info *debug.BuildInfo) string {
+	v := info.Main.Version
+	if v != "" && v != "(devel)" {
+		return v
+	}
+	var rev, dirty string
+	for _, s := range info.Settings {
+		switch {
+		case s.Key == "vcs.revision":
+			rev = s.Value[:min(12, len(s.Value))]
+		case s.Key == "vcs.modified" && s.Value == "true":
+			dirty = "+dirty"
+		}
+	}
+	if rev == "" {
+		return v
+	}
+	return strings.TrimSpace(v + " " + rev + dirty)
 }
 
 // runtimeVersion is the version of this module (github.com/meshkit/mesh)

@@ -94,11 +94,15 @@ type moduleProcess struct {
 	rpc    goplugin.ClientProtocol
 	remote *plugin.Client
 	desc   *pb.Description
-	stream pb.Module_DeliverClient
-	sendq  chan *pb.Delivery
-	exited chan struct{} // closed when the stream ends: the process is gone
-	seq    atomic.Uint64
-	window int
+	// version is the version of the binary this process runs (its Go
+	// build info, read when it started: a binary replaced on disk shows
+	// its new version from its next start).
+	version string
+	stream  pb.Module_DeliverClient
+	sendq   chan *pb.Delivery
+	exited  chan struct{} // closed when the stream ends: the process is gone
+	seq     atomic.Uint64
+	window  int
 
 	mu        sync.Mutex
 	pending   map[uint64]chan *pb.Outcome
@@ -246,7 +250,7 @@ func (pm *PluginModule) launch(ctx context.Context) (*moduleProcess, error) {
 	if err != nil {
 		return fail(fmt.Errorf("open the delivery stream: %w", err))
 	}
-	p := &moduleProcess{client: client, rpc: rpc, remote: remote, desc: desc, stream: stream, window: pm.window,
+	p := &moduleProcess{client: client, rpc: rpc, remote: remote, desc: desc, version: binaryVersion(pm.path), stream: stream, window: pm.window,
 		sendq: make(chan *pb.Delivery, 256), exited: make(chan struct{}), pending: make(map[uint64]chan *pb.Outcome)}
 	go p.send()
 	go p.receive()
@@ -458,6 +462,17 @@ func (pm *PluginModule) PID() int {
 // started again (not stopped).
 func (pm *PluginModule) restarting() bool {
 	return !pm.stopping.Load() && pm.PID() == 0
+}
+
+// version is the version of the binary the module's process runs, or ""
+// while it is restarting or if its build info cannot be read.
+func (pm *PluginModule) version() string {
+	pm.mu.Lock()
+	defer pm.mu.Unlock()
+	if pm.proc == nil {
+		return ""
+	}
+	return pm.proc.version
 }
 
 // pid is the process id of p, or 0 if unknown.

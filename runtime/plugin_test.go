@@ -510,3 +510,48 @@ func TestPluginCrashLoopDoesNotDisturbOthers(t *testing.T) {
 		}
 	}
 }
+
+// TestHeartbeatTellsModuleVersions: a node's heartbeat gives each module
+// process the version of the binary it runs, as `go version -m` reads it
+// (the main module's version, from the git tree the test builds in).
+func TestHeartbeatTellsModuleVersions(t *testing.T) {
+	t.Parallel()
+	bin, _ := echoModule(t)
+	out, err := exec.Command("go", "version", "-m", bin).CombinedOutput()
+	if err != nil {
+		t.Fatalf("go version -m: %v\n%s", err, out)
+	}
+	var want string
+	for _, line := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(line); len(f) >= 3 && f[0] == "mod" {
+			want = f[2]
+		}
+	}
+	if want == "" {
+		t.Fatalf("no mod line in:\n%s", out)
+	}
+	url := brokertest.VHost(t)
+	n := testNode(t, url, "anchor", func(c *runtime.Config) { c.HeartbeatInterval = 100 * time.Millisecond })
+	raw := rawConn(t, url)
+	q, err := raw.QueueDeclare("", false, true, true, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := raw.QueueBind(q.Name, "node.anchor.heartbeat", wire.ExchangeEvents, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	loadPlugin(t, n, bin, runtime.ModuleConfig{})
+	for {
+		var hb runtime.Heartbeat
+		if d := nextFrom(t, raw, q.Name); json.Unmarshal(d.Body, &hb) != nil {
+			t.Fatalf("heartbeat %s", d.Body)
+		}
+		if len(hb.Modules) != 1 || hb.Modules[0].Status != "running" {
+			continue // the process is still starting
+		}
+		if got := hb.Modules[0].Version; got != want && !strings.HasPrefix(got, want+" ") {
+			t.Errorf("module version %q, go version -m says %q", got, want)
+		}
+		return
+	}
+}

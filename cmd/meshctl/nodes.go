@@ -23,7 +23,7 @@ import (
 func nodesCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "nodes",
-		Usage: "list the nodes that send heartbeats: their runtime version, their modules (a module not running says WAITING or RESTARTING), when they started and when they were last heard",
+		Usage: "list the nodes that send heartbeats: their runtime version, their modules (with the version of a module binary built apart from the node; a module not running says WAITING or RESTARTING), when they started and when they were last heard",
 		Flags: []cli.Flag{
 			waitFlag(),
 			&cli.BoolFlag{Name: "json", Usage: "print one JSON object per node"},
@@ -97,6 +97,9 @@ func nodes(c *cli.Context) error {
 		var mods []string
 		for _, m := range h.Modules {
 			mod := m.Name
+			if m.Version != "" && m.Version != h.Version {
+				mod += "@" + m.Version // a module binary built apart from the node
+			}
 			if m.Kind != "" {
 				mod += " (" + m.Kind + ")"
 			}
