@@ -241,6 +241,7 @@ func (m *Module) startQueueWorker(queue string, h sdk.Handler, deliveries <-chan
 // handleQueued runs one message of a consumed queue through h and
 // settles it: acked, retried, or dead-lettered naming the queue.
 func (m *Module) handleQueued(queue string, h sdk.Handler, d amqp.Delivery, deliveries <-chan amqp.Delivery) (replaced bool) {
+	m.from(d).delivered.Add(1)
 	src := source{queue: queue}
 	attempt := 1
 	if n, ok := d.Headers["x-delivery-count"].(int64); ok && n >= 0 {
@@ -268,7 +269,7 @@ func (m *Module) handleQueued(queue string, h sdk.Handler, d amqp.Delivery, deli
 		return true
 	case err == nil:
 		m.node.stats.handled.Add(1)
-		m.counts.handled.Add(1)
+		m.from(d).handled.Add(1)
 		if err := d.Ack(false); err != nil {
 			m.log.Warn("ack failed; the message will be delivered again", "queue", queue, "message_id", ev.ID, "err", err)
 		}

@@ -85,6 +85,7 @@ func (m *Module) startDeadWorker(deliveries <-chan amqp.Delivery) {
 // attempt limit or on a Permanent error. It reports, like handle, whether
 // the handler overran its timeout.
 func (m *Module) handleDead(d amqp.Delivery, deliveries <-chan amqp.Delivery) (replaced bool) {
+	m.from(d).delivered.Add(1)
 	ev := deadEventOf(d)
 	err, overran := m.call(m.def.DeadLetters, ev, d, wire.ModuleDeadQueue(m.node.cfg.Node, m.def.Name), func() {
 		m.startDeadWorker(deliveries)
@@ -94,6 +95,7 @@ func (m *Module) handleDead(d amqp.Delivery, deliveries <-chan amqp.Delivery) (r
 	case overran:
 		return true
 	case err == nil:
+		m.from(d).handled.Add(1)
 		if err := d.Ack(false); err != nil {
 			m.log.Warn("ack of a dead letter failed; it will be delivered again", "event_id", ev.ID, "err", err)
 		}
@@ -110,7 +112,7 @@ func (m *Module) handleDead(d amqp.Delivery, deliveries <-chan amqp.Delivery) (r
 // reject with requeue counts toward the queue's delivery limit).
 func (m *Module) deadFailed(d amqp.Delivery, ev sdk.Event, cause error) {
 	m.node.stats.failed.Add(1)
-	m.counts.failed.Add(1)
+	m.from(d).failed.Add(1)
 	if ev.Attempt >= m.cfg.MaxAttempts {
 		m.dropDead(d, ev, cause)
 		return

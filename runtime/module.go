@@ -549,6 +549,8 @@ func (m *Module) Stop(ctx context.Context) error {
 // the delivery was settled as failed and a new worker started in the
 // calling worker's place.
 func (m *Module) handle(d amqp.Delivery, deliveries <-chan amqp.Delivery) (replaced bool) {
+	counts := m.from(d)
+	counts.delivered.Add(1)
 	meta, err := wire.DecodeMeta(d.Headers, d.ContentType, d.Body)
 	eventType := d.RoutingKey
 	if meta.RoutingKey != "" {
@@ -573,7 +575,7 @@ func (m *Module) handle(d amqp.Delivery, deliveries <-chan amqp.Delivery) (repla
 		release, dup = m.claim(meta.ID)
 		if dup {
 			m.node.stats.duplicates.Add(1)
-			m.counts.duplicates.Add(1)
+			counts.duplicates.Add(1)
 			m.log.Debug("event already handled; acknowledged without handling it again", "event_id", meta.ID, "event_type", eventType)
 			if err := d.Ack(false); err != nil {
 				m.log.Warn("ack of a duplicate failed; it will be delivered again", "event_id", meta.ID, "err", err)
@@ -600,7 +602,7 @@ func (m *Module) handle(d amqp.Delivery, deliveries <-chan amqp.Delivery) (repla
 		return true
 	case err == nil:
 		m.node.stats.handled.Add(1)
-		m.counts.handled.Add(1)
+		counts.handled.Add(1)
 		if sub.dedup {
 			// Recorded before the ack: if the ack is lost (the connection
 			// dropped), the redelivery is recognised.
@@ -761,7 +763,7 @@ func (m *Module) own() source { return source{queue: m.queue, quorum: m.cfg.Queu
 // otherwise tried again after a back-off.
 func (m *Module) failed(src source, d amqp.Delivery, eventType string, attempt int, cause error) {
 	m.node.stats.failed.Add(1)
-	m.counts.failed.Add(1)
+	m.from(d).failed.Add(1)
 	if attempt >= m.cfg.MaxAttempts {
 		m.deadLetter(src, d, eventType, attempt, wire.DeadReasonDeliveryLimit, cause)
 		return
@@ -831,7 +833,7 @@ func (m *Module) deadLetter(src source, d amqp.Delivery, eventType string, attem
 		return
 	}
 	m.node.stats.deadLettered.Add(1)
-	m.counts.deadLettered.Add(1)
+	m.from(d).deadLettered.Add(1)
 	m.log.Warn("event dead-lettered", "event_type", eventType, "event_id", d.MessageId, "reason", reason, "attempts", attempts, "err", cause)
 	if err := d.Ack(false); err != nil {
 		m.log.Warn("ack after dead-lettering failed; the event may be dead-lettered twice", "err", err)

@@ -4,13 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/metric/noop"
 
+	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/sdk"
 )
 
@@ -33,7 +36,57 @@ const (
 
 // moduleCounts are one module's running totals, for its metrics.
 type moduleCounts struct {
-	emitted, handled, failed, deadLettered, duplicates, restarts atomic.Uint64
+	emitted, restarts atomic.Uint64
+	// origins holds an *originCounts by the x-source of the events the
+	// module took, at most maxOrigins of them; originMu serializes adding.
+	origins  sync.Map
+	originMu sync.Mutex
+	nOrigins int
+}
+
+// originCounts are one module's totals for the events of one origin: the
+// module (or outside publisher) that emitted them, as x-source says.
+type originCounts struct {
+	attrs                                                attribute.Set // module=<module>, origin=<origin>
+	delivered, handled, failed, deadLettered, duplicates atomic.Uint64
+}
+
+// The origin attribute of what carries no usable x-source (a message
+// from outside the mesh, on a queue a module consumes, or one that breaks
+// the contract), and of every origin past the first maxOrigins a module
+// saw: a publisher inventing sources cannot grow the metrics without
+// bound.
+const (
+	originOutside = "outside"
+	originOther   = "other"
+	maxOrigins    = 100
+)
+
+// from is the counts of module m for the origin of d.
+func (m *Module) from(d amqp.Delivery) *originCounts {
+	src, _ := d.Headers[wire.HeaderSource].(string)
+	if c, ok := m.counts.origins.Load(src); ok {
+		return c.(*originCounts)
+	}
+	if wire.ValidateWord("source", src) != nil {
+		src = originOutside
+	}
+	m.counts.originMu.Lock()
+	defer m.counts.originMu.Unlock()
+	if c, ok := m.counts.origins.Load(src); ok {
+		return c.(*originCounts)
+	}
+	if m.counts.nOrigins >= maxOrigins {
+		src = originOther
+		if c, ok := m.counts.origins.Load(src); ok {
+			return c.(*originCounts)
+		}
+		m.log.Warn("events from more origins than the metrics name; the rest count as origin \"other\"", "origins", maxOrigins)
+	}
+	c := &originCounts{attrs: attribute.NewSet(attribute.String("module", m.def.Name), attribute.String("origin", src))}
+	m.counts.origins.Store(src, c)
+	m.counts.nOrigins++
+	return c
 }
 
 // telemetry holds the node's synchronous instruments and the registration
@@ -92,10 +145,11 @@ func (n *Node) startTelemetry() error {
 		spoolBytes  = gauge("mesh.spool.bytes", "Bytes of events in the spool now.")
 		checks      = counter("mesh.rpc.server_checks", "Times the node asked the broker whether a tool has a server.")
 		emitted     = counter("mesh.events.emitted", "Events a module emitted (confirmed, or on the node's disk), by module.")
-		handled     = counter("mesh.events.handled", "Events a module's handler took (acknowledged), by module.")
-		failed      = counter("mesh.handler.failures", "Failed handler attempts, retried or past the attempt limit (a permanent failure is dead-lettered at once, not counted here), by module.")
-		deadLet     = counter("mesh.events.dead_lettered", "Events a module gave up on, by module.")
-		duplicates  = counter("mesh.events.duplicates", "Deliveries of events a module had handled, acknowledged without handling, by module.")
+		delivered   = counter("mesh.events.delivered", "Deliveries to a module (redeliveries and duplicates included), by module and origin (the emitting module, from x-source).")
+		handled     = counter("mesh.events.handled", "Events a module's handler took (acknowledged), by module and origin.")
+		failed      = counter("mesh.handler.failures", "Failed handler attempts, retried or past the attempt limit (a permanent failure is dead-lettered at once, not counted here), by module and origin.")
+		deadLet     = counter("mesh.events.dead_lettered", "Events a module gave up on, by module and origin.")
+		duplicates  = counter("mesh.events.duplicates", "Deliveries of events a module had handled, acknowledged without handling, by module and origin.")
 		restarts    = counter("mesh.module.restarts", "Times a module process was started again after it went away, by module.")
 	)
 	if err := errors.Join(errs...); err != nil {
@@ -129,15 +183,21 @@ func (n *Node) startTelemetry() error {
 		for _, m := range mods {
 			attrs := metric.WithAttributeSet(m.attrs)
 			o.ObserveInt64(emitted, int64(m.counts.emitted.Load()), attrs)
-			o.ObserveInt64(handled, int64(m.counts.handled.Load()), attrs)
-			o.ObserveInt64(failed, int64(m.counts.failed.Load()), attrs)
-			o.ObserveInt64(deadLet, int64(m.counts.deadLettered.Load()), attrs)
-			o.ObserveInt64(duplicates, int64(m.counts.duplicates.Load()), attrs)
 			o.ObserveInt64(restarts, int64(m.counts.restarts.Load()), attrs)
+			m.counts.origins.Range(func(_, v any) bool {
+				c := v.(*originCounts)
+				attrs := metric.WithAttributeSet(c.attrs)
+				o.ObserveInt64(delivered, int64(c.delivered.Load()), attrs)
+				o.ObserveInt64(handled, int64(c.handled.Load()), attrs)
+				o.ObserveInt64(failed, int64(c.failed.Load()), attrs)
+				o.ObserveInt64(deadLet, int64(c.deadLettered.Load()), attrs)
+				o.ObserveInt64(duplicates, int64(c.duplicates.Load()), attrs)
+				return true
+			})
 		}
 		return nil
 	}, connected, blocked, blocks, reconnects, disconnects, confirmed, refused, backPress, spooled, resent, expired, spoolDead, returned,
-		spoolEvents, spoolBytes, checks, emitted, handled, failed, deadLet, duplicates, restarts)
+		spoolEvents, spoolBytes, checks, emitted, delivered, handled, failed, deadLet, duplicates, restarts)
 	if err != nil {
 		return fmt.Errorf("node %s: metrics: %w", n.cfg.Node, err)
 	}

@@ -2,11 +2,15 @@ package runtime
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
 	"testing"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+
+	"github.com/meshkit/mesh/sdk"
 )
 
 // BenchmarkRecordHandler is what metrics add to each handler run with
@@ -42,5 +46,45 @@ func BenchmarkTracingOff(b *testing.B) {
 		endSpan(span, nil)
 		_, span = n.startProcess(ctx, d, "q", "module.a.b", "a")
 		endSpan(span, nil)
+	}
+}
+
+// TestOriginsAreBounded: a module's metrics name each valid x-source as
+// its origin, a missing or invalid one as "outside", and, past maxOrigins
+// distinct sources, every further one as "other", so a publisher
+// inventing sources cannot grow them without bound.
+func TestOriginsAreBounded(t *testing.T) {
+	m := &Module{def: sdk.Module{Name: "shop"}, log: slog.New(slog.DiscardHandler)}
+	origin := func(src any) string {
+		d := amqp.Delivery{Headers: amqp.Table{}}
+		if src != nil {
+			d.Headers["x-source"] = src
+		}
+		c := m.from(d)
+		c.delivered.Add(1)
+		v, _ := c.attrs.Value("origin")
+		if mod, _ := c.attrs.Value("module"); mod.AsString() != "shop" {
+			t.Errorf("module attribute %q", mod.AsString())
+		}
+		return v.AsString()
+	}
+	for src, want := range map[any]string{"billing": "billing", nil: "outside", "": "outside", "a.b": "outside", 42: "outside"} {
+		if got := origin(src); got != want {
+			t.Errorf("x-source %v: origin %q, want %q", src, got, want)
+		}
+	}
+	for i := range maxOrigins {
+		origin(fmt.Sprintf("src%d", i))
+	}
+	if got := origin("late"); got != originOther {
+		t.Errorf("past %d origins: %q", maxOrigins, got)
+	}
+	if got := origin("billing"); got != "billing" {
+		t.Errorf("a known origin after the cap: %q", got)
+	}
+	n := 0
+	m.counts.origins.Range(func(any, any) bool { n++; return true })
+	if n != maxOrigins+1 {
+		t.Errorf("%d origins kept, want %d and other", n, maxOrigins)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -15,8 +16,10 @@ import (
 	"github.com/meshkit/mesh/sdk"
 )
 
-// TestMetrics: a node's OpenTelemetry metrics count, per module, what its
-// handlers took, failed and gave up on, and what it emitted; the latency
+// TestMetrics: a node's OpenTelemetry metrics count, per module and
+// origin (the emitter's x-source, "outside" for a message without one),
+// what its handlers were delivered, took, failed and gave up on, and per
+// module what it emitted; the latency
 // histograms record each handler run by outcome and each call by tool and
 // outcome; the node's gauges say it is connected.
 func TestMetrics(t *testing.T) {
@@ -27,8 +30,11 @@ func TestMetrics(t *testing.T) {
 		c.MeterProvider = sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	})
 	rec := newRecorder(func(ev sdk.Event) error {
-		if ev.Type == "mesh.metered.bad" {
+		switch {
+		case ev.Type == "mesh.metered.bad":
 			return sdk.Permanent(errors.New("never"))
+		case ev.Type == "mesh.metered.retry" && ev.Attempt == 1:
+			return errors.New("not yet")
 		}
 		return nil
 	})
@@ -42,6 +48,17 @@ func TestMetrics(t *testing.T) {
 		}
 		rec.next(t)
 	}
+	if _, err := n.Emit(emitCtx(t), "elsewhere", "mesh.metered.retry", 1); err != nil {
+		t.Fatal(err)
+	}
+	rec.next(t)
+	rec.next(t)
+	// A message without the contract's headers: dead-lettered as
+	// malformed before any handler, from no origin the mesh knows.
+	raw := rawConn(t, url)
+	if err := raw.Publish("mesh.events", "mesh.metered.raw", false, false, amqp.Publishing{Body: []byte("{}")}); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := m.Mesh().Emit(emitCtx(t), "said", 1); err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +71,7 @@ func TestMetrics(t *testing.T) {
 	}
 	// The node counts an event as dead-lettered once the broker confirmed
 	// its dead letter, after the handler ran.
-	waitFor(t, 10*time.Second, func() bool { return n.Stats().DeadLettered == 1 })
+	waitFor(t, 10*time.Second, func() bool { st := n.Stats(); return st.DeadLettered == 2 && st.Handled == 2 })
 
 	var rm metricdata.ResourceMetrics
 	if err := reader.Collect(context.Background(), &rm); err != nil {
@@ -88,19 +105,27 @@ func TestMetrics(t *testing.T) {
 		}
 	}
 	for k, want := range map[string]int64{
-		"mesh.events.handled module=meter":       1,
-		"mesh.handler.failures module=meter":     0, // a permanent error is dead-lettered at once
-		"mesh.events.dead_lettered module=meter": 1,
-		"mesh.events.emitted module=meter":       1,
-		"mesh.connected":                         1,
-		"mesh.publish.blocked":                   0,
+		"mesh.events.delivered module=meter origin=test":          2,
+		"mesh.events.handled module=meter origin=test":            1,
+		"mesh.handler.failures module=meter origin=test":          0, // a permanent error is dead-lettered at once
+		"mesh.events.dead_lettered module=meter origin=test":      1,
+		"mesh.events.delivered module=meter origin=elsewhere":     2,
+		"mesh.events.handled module=meter origin=elsewhere":       1,
+		"mesh.handler.failures module=meter origin=elsewhere":     1,
+		"mesh.events.dead_lettered module=meter origin=elsewhere": 0,
+		"mesh.events.delivered module=meter origin=outside":       1,
+		"mesh.events.dead_lettered module=meter origin=outside":   1,
+		"mesh.events.emitted module=meter":                        1,
+		"mesh.connected":                                          1,
+		"mesh.publish.blocked":                                    0,
 	} {
 		if got, ok := sums[k]; !ok || got != want {
 			t.Errorf("%s = %d (reported %v), want %d", k, got, ok, want)
 		}
 	}
 	for k, want := range map[string]uint64{
-		"mesh.handler.duration module=meter outcome=ok":             1,
+		"mesh.handler.duration module=meter outcome=ok":             2,
+		"mesh.handler.duration module=meter outcome=error":          1,
 		"mesh.handler.duration module=meter outcome=permanent":      1,
 		"mesh.rpc.call.duration outcome=ok tool=meter.echo":         1,
 		"mesh.rpc.call.duration outcome=no_server tool=nobody.home": 1,
