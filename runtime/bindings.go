@@ -24,18 +24,25 @@ func (r bindingRecord) path(queue string) string {
 
 // load returns the patterns recorded for queue, or none.
 func (r bindingRecord) load(queue string) ([]string, error) {
+	patterns, _, err := r.recorded(queue)
+	return patterns, err
+}
+
+// recorded returns the patterns recorded for queue, and whether there is a
+// record of it at all.
+func (r bindingRecord) recorded(queue string) ([]string, bool, error) {
 	b, err := os.ReadFile(r.path(queue))
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
+		return nil, false, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("read binding record: %w", err)
+		return nil, false, fmt.Errorf("read binding record: %w", err)
 	}
 	var patterns []string
 	if err := json.Unmarshal(b, &patterns); err != nil {
-		return nil, fmt.Errorf("read binding record %s: %w", r.path(queue), err)
+		return nil, false, fmt.Errorf("read binding record %s: %w", r.path(queue), err)
 	}
-	return patterns, nil
+	return patterns, true, nil
 }
 
 // store records patterns for queue, atomically (write, sync, rename).

@@ -21,12 +21,23 @@ type BrokerObject struct {
 	Durable, Exclusive, AutoDelete bool
 	// Args are the declare's arguments.
 	Args amqp.Table
-	// Binds says what the object is bound to, in words (bindings are not
-	// checked: AMQP cannot list them).
+	// Binds says what the object is bound to, in words.
 	Binds string
+	// Bindings are the queue's bindings, each to be there and no other,
+	// when BindingsKnown. A module queue's come from the node's binding
+	// record (its state dir), since the patterns are the module's Setup's
+	// to say; without the record they are not known.
+	Bindings      []Binding
+	BindingsKnown bool
 	// Optional says the object exists only in some cases (a module's
 	// dead-letter queue, if it takes dead letters).
 	Optional bool
+}
+
+// Binding is a queue's binding to an exchange with a routing key (a
+// topic pattern, or "" for a fanout exchange).
+type Binding struct {
+	Exchange, Key string
 }
 
 // MeshObjects are the exchanges and keeper queues every node declares,
@@ -40,21 +51,24 @@ func MeshObjects() []BrokerObject {
 		{Kind: "exchange", Name: wire.ExchangeRPC, Type: amqp.ExchangeTopic, Durable: true},
 		{Kind: "exchange", Name: wire.ExchangeDead, Type: amqp.ExchangeTopic, Durable: true},
 		{Kind: "queue", Name: wire.QueueUnrouted, Type: QueueQuorum, Durable: true, Args: keeperQueueArgs(),
-			Binds: wire.ExchangeUnrouted},
+			Binds: wire.ExchangeUnrouted, Bindings: []Binding{{wire.ExchangeUnrouted, ""}}, BindingsKnown: true},
 		{Kind: "queue", Name: wire.QueueDead, Type: QueueQuorum, Durable: true, Args: keeperQueueArgs(),
-			Binds: wire.ExchangeDead + ` with "#"`},
+			Binds: wire.ExchangeDead + ` with "#"`, Bindings: []Binding{{wire.ExchangeDead, "#"}}, BindingsKnown: true},
 	}
 }
 
 // NodeObjects are the queues node declares for itself and for its modules
 // (mcs by module name; zero fields take the defaults of cfg): the lock
-// queue, each module's event queue and dead-letter queue. The serve queues
-// of the tools they serve are shared by every server and declared by the
-// first; their names come from the modules' Setup, not from the config.
-func NodeObjects(cfg Config, mcs map[string]ModuleConfig) []BrokerObject {
+// queue, each module's event queue and dead-letter queue. A module queue's
+// bindings are those the node's binding record in cfg.StateDir holds, if
+// it has one for the queue. The serve queues of the tools they serve are
+// shared by every server and declared by the first; their names come from
+// the modules' Setup, not from the config.
+func NodeObjects(cfg Config, mcs map[string]ModuleConfig) ([]BrokerObject, error) {
 	cfg.withDefaults()
 	objs := []BrokerObject{{Kind: "queue", Name: wire.NodeLockQueue(cfg.Node), Type: QueueClassic, Exclusive: true, AutoDelete: true,
-		Args: amqp.Table{"x-queue-type": QueueClassic}, Binds: "nothing: held by the running node's connection"}}
+		Args: amqp.Table{"x-queue-type": QueueClassic}, Binds: "nothing: held by the running node's connection", BindingsKnown: true}}
+	record := bindingRecord{dir: cfg.StateDir}
 	names := make([]string, 0, len(mcs))
 	for name := range mcs {
 		names = append(names, name)
@@ -62,13 +76,23 @@ func NodeObjects(cfg Config, mcs map[string]ModuleConfig) []BrokerObject {
 	slices.Sort(names)
 	for _, name := range names {
 		mc := mcs[name].over(cfg.Module)
-		objs = append(objs,
-			BrokerObject{Kind: "queue", Name: wire.ModuleQueue(cfg.Node, name), Type: mc.QueueType, Durable: true, Args: moduleQueueArgs(mc),
-				Binds: wire.ExchangeEvents + " with the patterns the module subscribes"},
+		queue := BrokerObject{Kind: "queue", Name: wire.ModuleQueue(cfg.Node, name), Type: mc.QueueType, Durable: true, Args: moduleQueueArgs(mc),
+			Binds: wire.ExchangeEvents + " with the patterns the module subscribes"}
+		patterns, ok, err := record.recorded(queue.Name)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			queue.BindingsKnown = true
+			for _, p := range patterns {
+				queue.Bindings = append(queue.Bindings, Binding{wire.ExchangeEvents, p})
+			}
+		}
+		objs = append(objs, queue,
 			BrokerObject{Kind: "queue", Name: wire.ModuleDeadQueue(cfg.Node, name), Type: QueueQuorum, Durable: true, Args: deadQueueArgs(mc),
-				Binds: wire.ExchangeDead + ` with "#"`, Optional: true})
+				Binds: wire.ExchangeDead + ` with "#"`, Bindings: []Binding{{wire.ExchangeDead, "#"}}, BindingsKnown: true, Optional: true})
 	}
-	return objs
+	return objs, nil
 }
 
 // declareTopology declares the mesh's exchanges and the queues that keep

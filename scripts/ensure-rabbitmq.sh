@@ -2,8 +2,10 @@
 # Makes sure a local RabbitMQ answers on 127.0.0.1:5672 (guest/guest).
 #
 # Installs rabbitmq-server with apt-get when it is missing (needs root or sudo),
-# starts the node or its app when stopped, and waits until the broker is booted
-# and the AMQP port accepts connections. Idempotent; fast when the broker is up.
+# starts the node or its app when stopped, waits until the broker is booted
+# and the AMQP port accepts connections, and enables the management plugin
+# (meshctl topology check reads bindings from its HTTP API on port 15672).
+# Idempotent; fast when the broker is up.
 #
 # Environment:
 #   MESH_AMQP_URL            if it points at another host or port, this script
@@ -53,6 +55,16 @@ diag() { timeout 30 "${SUDO[@]}" rabbitmq-diagnostics -q "$@" >/dev/null 2>&1; }
 # The Erlang node answers (its rabbit app may still be stopped). `status` needs
 # the app on RabbitMQ >= 3.9, `ping` does not; try both.
 node_up() { ctl ping || ctl status; }
+# The management plugin: AMQP cannot list bindings, its HTTP API can. Enabling
+# it on a running node needs no restart.
+ensure_management() {
+	if timeout 30 "${SUDO[@]}" rabbitmq-plugins -q is_enabled rabbitmq_management >/dev/null 2>&1; then
+		return 0
+	fi
+	log "enabling the management plugin (rabbitmq-plugins enable rabbitmq_management)"
+	timeout 60 "${SUDO[@]}" rabbitmq-plugins enable rabbitmq_management >&2 ||
+		log "could not enable rabbitmq_management; meshctl topology check will report bindings UNCHECKED"
+}
 
 # Fast path: the port answers and the node says it has booted.
 if port_open; then
@@ -61,6 +73,7 @@ if port_open; then
 		exit 0
 	fi
 	if ctl await_startup --timeout 10; then
+		ensure_management
 		log "RabbitMQ is running on ${HOST}:${PORT}"
 		exit 0
 	fi
@@ -94,6 +107,7 @@ log "waiting up to ${WAIT_SECS}s for RabbitMQ on ${HOST}:${PORT}"
 deadline=$((SECONDS + WAIT_SECS))
 while :; do
 	if ctl await_startup --timeout 5 && port_open; then
+		ensure_management
 		log "RabbitMQ is running on ${HOST}:${PORT}"
 		exit 0
 	fi

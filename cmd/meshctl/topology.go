@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -22,16 +24,24 @@ func topologyCommand() *cli.Command {
 		Usage: "what the mesh needs on the broker",
 		Subcommands: []*cli.Command{
 			{
-				Name:   "print",
-				Usage:  "print every exchange and queue a node declares (the mesh's, its own and its modules'), with their arguments",
-				Flags:  []cli.Flag{configFlag(), &cli.StringFlag{Name: "node", Usage: "the node's `NAME` (default: the config's)"}},
+				Name: "print",
+				Usage: "print every exchange and queue a node declares (the mesh's, its own and its modules'), with their arguments " +
+					"and bindings (a module queue's from the node's binding record, in its state_dir)",
+				Flags: []cli.Flag{configFlag(), &cli.StringFlag{Name: "node", Usage: "the node's `NAME` (default: the config's)"},
+					&cli.BoolFlag{Name: "json", Usage: "print one JSON object per object"}},
 				Action: topologyPrint,
 			},
 			{
 				Name: "check",
-				Usage: "compare the live broker with what a node declares: each exchange and queue missing, or declared with other " +
-					"arguments, is reported (exit 1); bindings are not checked (AMQP cannot list them)",
-				Flags:  []cli.Flag{configFlag(), &cli.StringFlag{Name: "node", Usage: "the node's `NAME` (default: the config's)"}},
+				Usage: "compare the live broker with what a node declares: each exchange and queue missing or declared with other " +
+					"arguments, and each binding missing or not the mesh's, is reported (exit 1). Bindings are read from the management " +
+					"API (AMQP cannot list them); a module queue's are compared with the node's binding record, so run it where the " +
+					"node's state_dir is",
+				Flags: []cli.Flag{configFlag(), &cli.StringFlag{Name: "node", Usage: "the node's `NAME` (default: the config's)"},
+					&cli.StringFlag{Name: "management-url", EnvVars: []string{"MESH_MANAGEMENT_URL"},
+						Usage: "the broker's management API, http(s)://HOST:PORT (default: the AMQP host, port 15672; the AMQP URL's user)"},
+					&cli.BoolFlag{Name: "no-bindings", Usage: "check exchanges and queues only (no management API)"},
+					&cli.BoolFlag{Name: "json", Usage: "print one JSON object per finding"}},
 				Action: topologyCheck,
 			},
 			{
@@ -76,7 +86,32 @@ func nodeObjects(c *cli.Context) (nodeconfig.File, []runtime.BrokerObject, error
 	for _, m := range f.Modules {
 		mcs[m.Name] = m.ModuleConfig()
 	}
-	return f, append(runtime.MeshObjects(), runtime.NodeObjects(f.Runtime(), mcs)...), nil
+	objs, err := runtime.NodeObjects(f.Runtime(), mcs)
+	if err != nil {
+		return f, nil, err
+	}
+	return f, append(runtime.MeshObjects(), objs...), nil
+}
+
+// bindingText is a binding as the commands print it.
+func bindingText(b runtime.Binding) string {
+	return fmt.Sprintf("%s %q", b.Exchange, b.Key)
+}
+
+// objectJSON is a broker object as print --json gives it.
+type objectJSON struct {
+	Kind       string            `json:"kind"`
+	Name       string            `json:"name"`
+	Type       string            `json:"type"`
+	Durable    bool              `json:"durable"`
+	Exclusive  bool              `json:"exclusive,omitempty"`
+	AutoDelete bool              `json:"auto_delete,omitempty"`
+	Arguments  amqp.Table        `json:"arguments,omitempty"`
+	Binds      string            `json:"binds,omitempty"`
+	Bindings   []runtime.Binding `json:"bindings,omitempty"`
+	// BindingsKnown is false for a module queue without a binding record.
+	BindingsKnown bool `json:"bindings_known"`
+	Optional      bool `json:"optional,omitempty"`
 }
 
 // argsText is an object's arguments as k=v, sorted.
@@ -98,6 +133,17 @@ func topologyPrint(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	if c.Bool("json") {
+		enc := json.NewEncoder(c.App.Writer)
+		for _, o := range objs {
+			if err := enc.Encode(objectJSON{Kind: o.Kind, Name: o.Name, Type: o.Type, Durable: o.Durable, Exclusive: o.Exclusive,
+				AutoDelete: o.AutoDelete, Arguments: o.Args, Binds: o.Binds, Bindings: o.Bindings, BindingsKnown: o.BindingsKnown,
+				Optional: o.Optional}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	tw := tabwriter.NewWriter(c.App.Writer, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "KIND\tNAME\tTYPE\tFLAGS\tARGUMENTS\tBOUND TO")
 	for _, o := range objs {
@@ -111,12 +157,36 @@ func topologyPrint(c *cli.Context) error {
 			}
 		}
 		binds := o.Binds
+		if len(o.Bindings) > 0 {
+			texts := make([]string, len(o.Bindings))
+			for i, b := range o.Bindings {
+				texts[i] = bindingText(b)
+			}
+			binds = strings.Join(texts, ", ")
+		}
+		if !o.BindingsKnown {
+			binds += " (no binding record here)"
+		}
 		if o.Optional {
 			binds += " (only if the module takes dead letters)"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", o.Kind, o.Name, o.Type, strings.Join(flags, ","), argsText(o.Args), binds)
 	}
 	return tw.Flush()
+}
+
+// finding is one line of topology check: a verdict (ok, MISSING, DIFFERS,
+// EXTRA, UNCHECKED, ERROR) on an object or a binding.
+type finding struct {
+	Verdict string `json:"verdict"`
+	Kind    string `json:"kind"` // exchange, queue or binding
+	Name    string `json:"name"` // a binding's is "exchange \"key\" -> queue"
+	Detail  string `json:"detail,omitempty"`
+}
+
+// problem says the finding is a difference from what the node declares.
+func (f finding) problem() bool {
+	return f.Verdict != "ok" && f.Verdict != "UNCHECKED"
 }
 
 func topologyCheck(c *cli.Context) error {
@@ -129,31 +199,118 @@ func topologyCheck(c *cli.Context) error {
 			return err
 		}
 	}
-	_, conn, done, err := brokerSession(c)
+	ctx, conn, done, err := brokerSession(c)
 	if err != nil {
 		return err
 	}
 	defer done()
-	problems := 0
+	var api *managementAPI
+	if !c.Bool("no-bindings") {
+		if api, err = newManagementAPI(c.String("amqp-url"), c.String("management-url")); err != nil {
+			return err
+		}
+	}
+	var findings []finding
+	report := func(fd finding) error {
+		findings = append(findings, fd)
+		if c.Bool("json") {
+			return json.NewEncoder(c.App.Writer).Encode(fd)
+		}
+		_, err := fmt.Fprintf(c.App.Writer, "%-9s %s %s%s\n", fd.Verdict, fd.Kind, fd.Name, colon(fd.Detail))
+		return err
+	}
+	var apiDown error // once the API fails, the other queues' bindings are not asked for
 	for _, o := range objs {
 		verdict := checkObject(conn, o)
-		if !strings.HasPrefix(verdict, "ok") {
+		word, detail, _ := strings.Cut(verdict, " ")
+		if err := report(finding{Verdict: word, Kind: o.Kind, Name: o.Name, Detail: detail}); err != nil {
+			return err
+		}
+		if o.Kind != "queue" || word != "ok" || strings.HasPrefix(detail, "absent") || api == nil {
+			continue
+		}
+		if apiDown == nil {
+			for _, fd := range checkBindings(ctx, api, o) {
+				if errors.Is(fd.err, errNoManagementAPI) {
+					apiDown = fd.err
+					break
+				}
+				if err := report(fd.finding); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	problems, unchecked := 0, 0
+	for _, fd := range findings {
+		if fd.problem() {
 			problems++
 		}
-		fmt.Fprintf(c.App.Writer, "%-8s %s %s\n", strings.SplitN(verdict, " ", 2)[0], o.Kind, o.Name+suffix(verdict))
+		if fd.Verdict == "UNCHECKED" {
+			unchecked++
+		}
+	}
+	if apiDown != nil {
+		if err := report(finding{Verdict: "UNCHECKED", Kind: "binding", Name: "(all)",
+			Detail: apiDown.Error() + "; enable it (rabbitmq-plugins enable rabbitmq_management), give --management-url, or --no-bindings"}); err != nil {
+			return err
+		}
+		unchecked++
 	}
 	if problems > 0 {
-		return fmt.Errorf("%d of %d objects missing or declared otherwise", problems, len(objs))
+		return fmt.Errorf("%d differences from what node %s declares (%d findings)", problems, f.Node, len(findings))
+	}
+	if unchecked > 0 {
+		fmt.Fprintf(c.App.ErrWriter, "meshctl: no differences, but %d UNCHECKED\n", unchecked)
 	}
 	return nil
 }
 
-// suffix is what a verdict says after its first word.
-func suffix(verdict string) string {
-	if _, rest, ok := strings.Cut(verdict, " "); ok {
-		return ": " + rest
+// colon is ": " and s, or nothing for an empty s.
+func colon(s string) string {
+	if s == "" {
+		return ""
 	}
-	return ""
+	return ": " + s
+}
+
+// bindingFinding is a finding on a binding, or the error that kept the
+// bindings from being read.
+type bindingFinding struct {
+	finding
+	err error
+}
+
+// checkBindings compares the bindings of queue o on the broker with those
+// the node declares: each declared one there (ok) or MISSING, and each
+// other one EXTRA. A module queue without a binding record is UNCHECKED.
+func checkBindings(ctx context.Context, api *managementAPI, o runtime.BrokerObject) []bindingFinding {
+	if !o.BindingsKnown {
+		return []bindingFinding{{finding: finding{Verdict: "UNCHECKED", Kind: "binding", Name: "* -> " + o.Name,
+			Detail: "no binding record of it in the node's state_dir (the module has not run with it, or check runs on another host)"}}}
+	}
+	have, found, err := api.queueBindings(ctx, o.Name)
+	switch {
+	case err != nil:
+		return []bindingFinding{{finding: finding{Verdict: "ERROR", Kind: "binding", Name: "* -> " + o.Name, Detail: err.Error()}, err: err}}
+	case !found:
+		return nil // deleted since its declare was checked; reported then
+	}
+	var out []bindingFinding
+	for _, b := range o.Bindings {
+		verdict := "MISSING"
+		if slices.Contains(have, b) {
+			verdict = "ok"
+		}
+		out = append(out, bindingFinding{finding: finding{Verdict: verdict, Kind: "binding", Name: bindingText(b) + " -> " + o.Name}})
+	}
+	for _, b := range have {
+		if !slices.Contains(o.Bindings, b) {
+			out = append(out, bindingFinding{finding: finding{Verdict: "EXTRA", Kind: "binding", Name: bindingText(b) + " -> " + o.Name,
+				Detail: "not one the node declares: it routes events the queue's consumer does not expect"}})
+		}
+	}
+	return out
 }
 
 // checkObject compares one object with the broker: "ok", "ok held by a

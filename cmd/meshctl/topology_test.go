@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
@@ -62,28 +63,31 @@ modules:
 }
 
 // TestTopologyPrintAndCheck: print lists the mesh's objects and the node's
-// with their arguments; check finds a running node's broker as declared,
-// then reports a queue declared with another type and a deleted exchange,
-// and exits 1.
+// with their arguments and bindings; check finds a running node's broker
+// as declared, then reports a queue declared with another type, a deleted
+// exchange, a hand-deleted binding and a binding the mesh did not make,
+// and exits 1. Without the management API the bindings are UNCHECKED.
 func TestTopologyPrintAndCheck(t *testing.T) {
 	url := brokertest.VHost(t)
+	state := t.TempDir()
 	cfg := filepath.Join(t.TempDir(), "mesh.yaml")
 	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`node: n1
 amqp_url: %s
+state_dir: %s
 modules:
   - name: shop
     path: /bin/true
   - name: mail
     path: /bin/true
     queue_type: classic
-`, url)), 0o600); err != nil {
+`, url, state)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	run := func(args ...string) (string, error) {
 		t.Helper()
 		a := app()
 		var out bytes.Buffer
-		a.Writer = &out
+		a.Writer, a.ErrWriter = &out, &out
 		err := a.Run(interspersed(a, append([]string{"meshctl"}, args...)))
 		return out.String(), err
 	}
@@ -92,7 +96,8 @@ modules:
 		t.Fatal(err)
 	}
 	for _, want := range []string{"exchange  mesh.events", "alternate-exchange=mesh.events.unrouted", "queue     n1.shop.events",
-		"x-delivery-limit=", "x-queue-type=quorum", "n1.mail.events", "x-queue-type=classic", "mesh.node.n1.lock"} {
+		"x-delivery-limit=", "x-queue-type=quorum", "n1.mail.events", "x-queue-type=classic", "mesh.node.n1.lock",
+		`mesh.events.dead "#"`, "the patterns the module subscribes (no binding record here)"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("print lacks %q:\n%s", want, out)
 		}
@@ -100,7 +105,7 @@ modules:
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	n, err := runtime.New(ctx, runtime.Config{Node: "n1", AMQPURL: url, StateDir: t.TempDir(), Logger: slog.New(slog.DiscardHandler)})
+	n, err := runtime.New(ctx, runtime.Config{Node: "n1", AMQPURL: url, StateDir: state, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,12 +120,30 @@ modules:
 			t.Fatal(err)
 		}
 	}
+	out, err = run("topology", "print", "--config", cfg)
+	if err != nil || !strings.Contains(out, `mesh.events "mesh.topo.#"`) {
+		t.Errorf("print with the node's binding record: %v\n%s", err, out)
+	}
 	out, err = run("topology", "check", "--config", cfg)
 	if err != nil {
 		t.Fatalf("check of a node's own broker: %v\n%s", err, out)
 	}
-	if !strings.Contains(out, "ok       queue mesh.node.n1.lock: held by a running node") || strings.Contains(out, "DIFFERS") {
+	for _, want := range []string{"ok        queue mesh.node.n1.lock: held by a running node",
+		`ok        binding mesh.events "mesh.topo.#" -> n1.shop.events`, `ok        binding mesh.events "mesh.topo.#" -> n1.mail.events`,
+		`ok        binding mesh.events.dead "#" -> mesh.dead-letters`, `ok        binding mesh.events.unrouted "" -> mesh.unrouted`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("check lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "DIFFERS") || strings.Contains(out, "MISSING") || strings.Contains(out, "UNCHECKED") {
 		t.Errorf("check printed:\n%s", out)
+	}
+	// No management API there: the objects are checked, the bindings
+	// said UNCHECKED, and that is no difference.
+	out, err = run("topology", "check", "--config", cfg, "--management-url", "http://127.0.0.1:1")
+	if err != nil || !strings.Contains(out, "UNCHECKED binding (all): the management API does not answer at http://127.0.0.1:1") ||
+		!strings.Contains(out, "no differences, but 1 UNCHECKED") {
+		t.Errorf("check without the management API: %v\n%s", err, out)
 	}
 
 	raw, err := amqp.Dial(url)
@@ -141,11 +164,40 @@ modules:
 	if _, err := ch.QueueDeclare("n1.shop.dead", true, false, false, false, amqp.Table{"x-queue-type": "classic"}); err != nil {
 		t.Fatal(err)
 	}
+	// By hand: a binding deleted, one added, one of the mesh's deleted.
+	if err := ch.QueueUnbind("n1.shop.events", "mesh.topo.#", "mesh.events", nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind("n1.mail.events", "stray.#", "mesh.events", false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueUnbind("mesh.dead-letters", "#", "mesh.events.dead", nil); err != nil {
+		t.Fatal(err)
+	}
 	out, err = run("topology", "check", "--config", cfg)
-	if err == nil || !strings.Contains(err.Error(), "2 of") {
+	if err == nil || !strings.Contains(err.Error(), "5 differences") {
 		t.Errorf("check of a broken topology: %v\n%s", err, out)
 	}
-	if !strings.Contains(out, "MISSING  exchange mesh.rpc") || !strings.Contains(out, "DIFFERS  queue n1.shop.dead: PRECONDITION_FAILED") {
-		t.Errorf("check printed:\n%s", out)
+	for _, want := range []string{"MISSING   exchange mesh.rpc", "DIFFERS   queue n1.shop.dead: PRECONDITION_FAILED",
+		`MISSING   binding mesh.events "mesh.topo.#" -> n1.shop.events`, `EXTRA     binding mesh.events "stray.#" -> n1.mail.events`,
+		`ok        binding mesh.events "mesh.topo.#" -> n1.mail.events`, `MISSING   binding mesh.events.dead "#" -> mesh.dead-letters`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("check lacks %q:\n%s", want, out)
+		}
+	}
+	// --json: one object per finding, the same findings.
+	out, _ = run("topology", "check", "--config", cfg, "--json")
+	var missing int
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		var fd struct{ Verdict, Kind, Name, Detail string }
+		if err := json.Unmarshal([]byte(line), &fd); err != nil {
+			t.Fatalf("check --json line %q: %v", line, err)
+		}
+		if fd.Verdict == "MISSING" && fd.Kind == "binding" {
+			missing++
+		}
+	}
+	if missing != 2 {
+		t.Errorf("check --json: %d missing bindings, want 2:\n%s", missing, out)
 	}
 }
