@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -24,7 +25,8 @@ func graphCommand() *cli.Command {
 			"who calls and serves which tools, who consumes which queues",
 		Flags: []cli.Flag{
 			waitFlag(),
-			&cli.StringFlag{Name: "format", Value: "mermaid", Usage: "mermaid, dot (Graphviz), or svg (needs Graphviz's dot)"},
+			&cli.StringFlag{Name: "format", Value: "mermaid", Usage: "mermaid, dot (Graphviz), svg (needs Graphviz's dot), or json"},
+			&cli.BoolFlag{Name: "json", Usage: "the same as --format json: the vertices and edges as one JSON object"},
 		},
 		Action: graph,
 	}
@@ -35,10 +37,13 @@ func graph(c *cli.Context) error {
 		return fmt.Errorf("graph takes no arguments, got %q", c.Args().Slice())
 	}
 	format := c.String("format")
+	if c.Bool("json") {
+		format = "json"
+	}
 	switch format {
-	case "mermaid", "dot", "svg":
+	case "mermaid", "dot", "svg", "json":
 	default:
-		return fmt.Errorf("--format %q: want mermaid, dot or svg", format)
+		return fmt.Errorf("--format %q: want mermaid, dot, svg or json", format)
 	}
 	var dot string
 	if format == "svg" {
@@ -61,6 +66,8 @@ func graph(c *cli.Context) error {
 		return g.mermaid(c.App.Writer)
 	case "dot":
 		return g.dot(c.App.Writer)
+	case "json":
+		return g.json(c.App.Writer)
 	}
 	var src bytes.Buffer
 	if err := g.dot(&src); err != nil {
@@ -244,4 +251,33 @@ func (d *drawing) dot(w io.Writer) error {
 	b.WriteString("}\n")
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// json writes d as {"vertices": [{id, kind, label}], "edges": [{from, to,
+// label, dashed}]}, in the order the other formats draw them.
+func (d *drawing) json(w io.Writer) error {
+	type jv struct {
+		ID    string `json:"id"`
+		Kind  string `json:"kind"`
+		Label string `json:"label"`
+	}
+	type je struct {
+		From   string `json:"from"`
+		To     string `json:"to"`
+		Label  string `json:"label,omitempty"`
+		Dashed bool   `json:"dashed,omitempty"`
+	}
+	out := struct {
+		Vertices []jv `json:"vertices"`
+		Edges    []je `json:"edges"`
+	}{Vertices: []jv{}, Edges: []je{}}
+	for _, v := range d.vertices {
+		out.Vertices = append(out.Vertices, jv{v.id, v.kind, v.label})
+	}
+	for _, e := range d.edges {
+		out.Edges = append(out.Edges, je{e.from, e.to, e.label, e.dashed})
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(out)
 }

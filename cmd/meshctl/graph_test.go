@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"strings"
 	"testing"
 
@@ -54,6 +55,36 @@ func TestMeshGraph(t *testing.T) {
 			t.Errorf("dot lacks %q:\n%s", want, d.String())
 		}
 	}
+	// JSON: the same vertices and edges, for machines.
+	var j bytes.Buffer
+	if err := g.json(&j); err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Vertices []struct{ ID, Kind, Label string }
+		Edges    []struct {
+			From, To, Label string
+			Dashed          bool
+		}
+	}
+	if err := json.Unmarshal(j.Bytes(), &got); err != nil {
+		t.Fatalf("json: %v\n%s", err, j.String())
+	}
+	if len(got.Vertices) != len(g.vertices) || len(got.Edges) != len(g.edges) {
+		t.Errorf("json has %d vertices and %d edges, the drawing %d and %d", len(got.Vertices), len(got.Edges), len(g.vertices), len(g.edges))
+	}
+	var dashed int
+	for _, e := range got.Edges {
+		if e.Dashed {
+			dashed++
+			if e.From != "pattern_module_crm__" || e.To != "module_n2_billing" {
+				t.Errorf("dashed edge %+v", e)
+			}
+		}
+	}
+	if dashed != 1 {
+		t.Errorf("%d dashed edges in json, want 1:\n%s", dashed, j.String())
+	}
 }
 
 // TestGraphSVGWithoutDot: --format svg without Graphviz says what to
@@ -65,7 +96,7 @@ func TestGraphSVGWithoutDot(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "Graphviz") {
 		t.Errorf("graph --format svg without dot: %v", err)
 	}
-	if err := app().Run([]string{"meshctl", "graph", "--format", "png"}); err == nil || !strings.Contains(err.Error(), "mermaid, dot or svg") {
+	if err := app().Run([]string{"meshctl", "graph", "--format", "png"}); err == nil || !strings.Contains(err.Error(), "mermaid, dot, svg or json") {
 		t.Errorf("graph --format png: %v", err)
 	}
 }

@@ -54,6 +54,7 @@ func topologyCommand() *cli.Command {
 					&cli.StringFlag{Name: "node", Usage: "the node's `NAME` (default: the config's)"},
 					&cli.StringFlag{Name: "user", Usage: "the broker `USER` (default: the one of the config's amqp_url)"},
 					&cli.StringSliceFlag{Name: "consumes", Usage: "an existing `QUEUE` a module consumes (Mesh.Consume, a dispatcher's trigger); repeat for more"},
+					&cli.BoolFlag{Name: "json", Usage: "print the permissions as one JSON object, with the commands"},
 				},
 				Action: topologyPermissions,
 			},
@@ -382,6 +383,13 @@ func topologyPermissions(c *cli.Context) error {
 	p := f.Permissions(c.String("user"), c.StringSlice("consumes"))
 	if p.User == "" {
 		return fmt.Errorf("no broker user: the config's amqp_url names none; give --user")
+	}
+	if c.Bool("json") {
+		return json.NewEncoder(c.App.Writer).Encode(struct {
+			Node string `json:"node"`
+			nodeconfig.Permissions
+			Commands []string `json:"commands"`
+		}{f.Node, p, p.Commands()})
 	}
 	fmt.Fprintf(c.App.Writer, "# node %s: broker user %s on virtual host %s\n", f.Node, p.User, p.VHost)
 	for _, cmd := range p.Commands() {

@@ -60,6 +60,21 @@ modules:
 	if !strings.Contains(out, "'ops'") || !strings.Contains(out, `n2\.(?:shop)`) || !strings.Contains(out, `shop\.orders`) {
 		t.Errorf("--node, --user and --consumes not applied:\n%s", out)
 	}
+	// --json: the same permissions, and the same commands, for machines.
+	var p struct {
+		Node, User, VHost, Configure, Write, Read string
+		Topics                                    []struct{ Exchange, Write, Read string }
+		Commands                                  []string
+	}
+	js := run("topology", "permissions", "--config", cfg, "--json")
+	if err := json.Unmarshal([]byte(js), &p); err != nil {
+		t.Fatalf("permissions --json: %v\n%s", err, js)
+	}
+	text := run("topology", "permissions", "--config", cfg)
+	if p.Node != "n1" || p.User != "mesh-n1" || p.VHost != "prod" || len(p.Topics) != 2 || !strings.Contains(p.Configure, `n1\.(?:shop)`) ||
+		len(p.Commands) == 0 || !strings.Contains(text, strings.Join(p.Commands, "\n")) {
+		t.Errorf("permissions --json: %+v\ntext:\n%s", p, text)
+	}
 }
 
 // TestTopologyPrintAndCheck: print lists the mesh's objects and the node's

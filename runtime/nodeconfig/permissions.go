@@ -16,20 +16,25 @@ import (
 type Permissions struct {
 	// User is the broker user the node connects as; VHost its virtual
 	// host.
-	User, VHost string
+	User  string `json:"user"`
+	VHost string `json:"vhost"`
 	// Configure, Write and Read match the names of the exchanges and
 	// queues the node may declare, publish to (or bind a queue to), and
 	// consume from (or bind from).
-	Configure, Write, Read string
+	Configure string `json:"configure"`
+	Write     string `json:"write"`
+	Read      string `json:"read"`
 	// Topics narrow what the node may publish to (and bind from) the
 	// mesh's topic exchanges by routing key.
-	Topics []TopicPermission
+	Topics []TopicPermission `json:"topics"`
 }
 
 // TopicPermission is what a user may publish to a topic exchange (Write,
 // by routing key) and bind a queue to it with (Read, by binding key).
 type TopicPermission struct {
-	Exchange, Write, Read string
+	Exchange string `json:"exchange"`
+	Write    string `json:"write"`
+	Read     string `json:"read"`
 }
 
 // Permissions computes what node f.Node needs to run the modules of f:
