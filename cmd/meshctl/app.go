@@ -24,9 +24,10 @@ import (
 )
 
 func app() *cli.App {
-	return &cli.App{
-		Name:  "meshctl",
-		Usage: "talk to the mesh",
+	a := &cli.App{
+		Name:                 "meshctl",
+		Usage:                "talk to the mesh",
+		EnableBashCompletion: true,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "amqp-url", EnvVars: []string{"MESH_AMQP_URL"}, Value: runtime.DefaultAMQPURL, Usage: "the broker's `URL`"},
 			&cli.StringFlag{Name: "node", EnvVars: []string{"MESH_NODE"}, Usage: "the node `NAME` events are emitted from (default meshctl-HOST)"},
@@ -67,8 +68,11 @@ func app() *cli.App {
 			topologyCommand(),
 			nodesCommand(),
 			graphCommand(),
+			completionCommand(),
 		},
 	}
+	markUsageErrors(a)
+	return a
 }
 
 // connect opens a node for meshctl: it declares the topology (idempotent)
@@ -89,7 +93,7 @@ func connect(ctx context.Context, c *cli.Context) (*runtime.Node, error) {
 
 func emit(c *cli.Context) error {
 	if c.NArg() != 2 {
-		return fmt.Errorf("emit wants TYPE and JSON, got %d arguments", c.NArg())
+		return usagef("emit wants TYPE and JSON, got %d arguments", c.NArg())
 	}
 	typ, body := c.Args().Get(0), c.Args().Get(1)
 	var opts []sdk.EmitOption
@@ -116,7 +120,7 @@ func emit(c *cli.Context) error {
 
 func call(c *cli.Context) error {
 	if c.NArg() != 2 {
-		return fmt.Errorf("call wants TOOL and JSON, got %d arguments", c.NArg())
+		return usagef("call wants TOOL and JSON, got %d arguments", c.NArg())
 	}
 	ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout"))
 	defer cancel()
@@ -139,7 +143,7 @@ func call(c *cli.Context) error {
 // connection).
 func tail(c *cli.Context) error {
 	if c.NArg() != 1 {
-		return fmt.Errorf("tail wants one PATTERN, got %d arguments", c.NArg())
+		return usagef("tail wants one PATTERN, got %d arguments", c.NArg())
 	}
 	pattern := c.Args().First()
 	if err := wire.ValidatePattern(pattern); err != nil {

@@ -105,7 +105,7 @@ func auditFilterOf(c *cli.Context) (store.Filter, error) {
 		for _, kv := range c.StringSlice(flag) {
 			k, v, ok := strings.Cut(kv, "=")
 			if !ok || k == "" {
-				return nil, fmt.Errorf("--%s %q: want NAME=VALUE", flag, kv)
+				return nil, usagef("--%s %q: want NAME=VALUE", flag, kv)
 			}
 			if m == nil {
 				m = map[string]string{}
@@ -126,7 +126,7 @@ func auditFilterOf(c *cli.Context) (store.Filter, error) {
 		to   *time.Time
 	}{{"from", &f.From}, {"to", &f.To}} {
 		if *b.to, err = timeOf(c.String(b.flag), time.Now()); err != nil {
-			return f, fmt.Errorf("--%s: %w", b.flag, err)
+			return f, usagef("--%s: %w", b.flag, err)
 		}
 	}
 	yes := true
@@ -264,7 +264,7 @@ func auditCount(c *cli.Context) error {
 
 func auditGet(c *cli.Context) error {
 	if c.NArg() != 1 {
-		return fmt.Errorf("get wants one ID, got %d arguments", c.NArg())
+		return usagef("get wants one ID, got %d arguments", c.NArg())
 	}
 	var ev json.RawMessage
 	if err := auditCall(c, auditlogger.ToolGet, c.Args().First(), &ev); err != nil {
@@ -276,7 +276,7 @@ func auditGet(c *cli.Context) error {
 
 func auditTrace(c *cli.Context) error {
 	if c.NArg() != 1 {
-		return fmt.Errorf("trace wants one ID, got %d arguments", c.NArg())
+		return usagef("trace wants one ID, got %d arguments", c.NArg())
 	}
 	var tr store.Trace
 	if err := auditCall(c, auditlogger.ToolTrace, auditlogger.TraceRequest{ID: c.Args().First(), MaxDepth: c.Int("depth")}, &tr); err != nil {

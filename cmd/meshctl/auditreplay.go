@@ -102,7 +102,7 @@ func replayTarget(s string) (string, error) {
 		words = words[:2]
 	}
 	if len(words) != 2 {
-		return "", fmt.Errorf("--target %q: want mesh.events or NODE.MODULE", s)
+		return "", usagef("--target %q: want mesh.events or NODE.MODULE", s)
 	}
 	for _, w := range []struct{ what, name string }{{"node name", words[0]}, {"module name", words[1]}} {
 		if err := wire.ValidateWord(w.what, w.name); err != nil {
@@ -121,7 +121,7 @@ func replayPace(c *cli.Context) (replay.Pace, error) {
 	p := replay.Pace{Factor: c.Float64("factor"), Delay: c.Duration("delay"), Rate: c.Float64("rate")}
 	if c.Bool("original") {
 		if p.Factor != 0 {
-			return p, errors.New("--original is --factor 1: give one of them")
+			return p, usagef("--original is --factor 1: give one of them")
 		}
 		p.Factor = 1
 	}
@@ -150,7 +150,7 @@ func auditReplay(c *cli.Context) error {
 		return err
 	}
 	if n := c.Int("page"); n <= 0 || n > store.MaxPage {
-		return fmt.Errorf("--page %d: want 1 to %d", n, store.MaxPage)
+		return usagef("--page %d: want 1 to %d", n, store.MaxPage)
 	}
 	a, err := newAuditCaller(c)
 	if err != nil {

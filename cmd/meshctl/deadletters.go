@@ -122,7 +122,7 @@ func keeperCommand(name string, k keeper, usage string) *cli.Command {
 // filterOf reads the filter flags.
 func filterOf(c *cli.Context) (deadletters.Filter, error) {
 	if c.NArg() > 0 {
-		return deadletters.Filter{}, fmt.Errorf("%s takes no arguments, got %q", c.Command.Name, c.Args().Slice())
+		return deadletters.Filter{}, usagef("%s takes no arguments, got %q", c.Command.Name, c.Args().Slice())
 	}
 	f := deadletters.Filter{
 		Module:    c.String("module"),
@@ -132,7 +132,10 @@ func filterOf(c *cli.Context) (deadletters.Filter, error) {
 		NewerThan: c.Duration("newer-than"),
 		IDs:       c.StringSlice("id"),
 	}
-	return f, f.Validate()
+	if err := f.Validate(); err != nil {
+		return f, &usageError{err}
+	}
+	return f, nil
 }
 
 // brokerSession dials the broker for one command, with a context that ends
@@ -194,7 +197,7 @@ func keeperList(c *cli.Context, k keeper) error {
 
 func keeperShow(c *cli.Context, k keeper) error {
 	if c.NArg() == 0 {
-		return errors.New("show wants one or more IDs")
+		return usagef("show wants one or more IDs")
 	}
 	ctx, conn, done, err := brokerSession(c)
 	if err != nil {
@@ -250,7 +253,7 @@ func keeperPurge(c *cli.Context, k keeper) error {
 		return err
 	}
 	if f.IsZero() && !c.Bool("all") {
-		return fmt.Errorf("purge without a filter deletes every %s in %s: give --all to mean it", k.one, k.queue)
+		return usagef("purge without a filter deletes every %s in %s: give --all to mean it", k.one, k.queue)
 	}
 	ctx, conn, done, err := brokerSession(c)
 	if err != nil {

@@ -240,7 +240,7 @@ func TestDLQCommands(t *testing.T) {
 		t.Error("billing got a second replay")
 	}
 
-	_, stderr = want(t, bin, m.url, 1, []string{"dlq", "purge"})
+	_, stderr = want(t, bin, m.url, 2, []string{"dlq", "purge"})
 	if !strings.Contains(stderr, "--all") {
 		t.Errorf("purge without a filter said %q", stderr)
 	}
@@ -302,8 +302,9 @@ func TestKeeperProgress(t *testing.T) {
 	}
 }
 
-// TestKeeperRefusals: bad filters, stray arguments and a virtual host
-// without the topology are clear errors.
+// TestKeeperRefusals: bad filters and stray arguments are clear usage
+// errors (exit 2), a virtual host without the topology a clear failure
+// (exit 1).
 func TestKeeperRefusals(t *testing.T) {
 	m := newKeeperMesh(t)
 	bin := build(t)
@@ -320,8 +321,8 @@ func TestKeeperRefusals(t *testing.T) {
 		{[]string{"unrouted", "purge", "--node", "has space"}, "node name"},
 	} {
 		stdout, stderr, code := meshctl(t, bin, m.url, tc.args...)
-		if code != 1 || !strings.Contains(stderr, tc.says) {
-			t.Errorf("meshctl %v: exit %d, stdout %q, stderr %q; want exit 1 saying %q", tc.args, code, stdout, stderr, tc.says)
+		if code != 2 || !strings.Contains(stderr, tc.says) {
+			t.Errorf("meshctl %v: exit %d, stdout %q, stderr %q; want exit 2 saying %q", tc.args, code, stdout, stderr, tc.says)
 		}
 	}
 	bare := brokertest.VHost(t)

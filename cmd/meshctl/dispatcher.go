@@ -48,7 +48,7 @@ func dispatcherCommand() *cli.Command {
 
 func dispatcherPause(c *cli.Context, tool string) error {
 	if c.NArg() != 1 {
-		return fmt.Errorf("%s wants one TRIGGER, got %d arguments", c.Command.Name, c.NArg())
+		return usagef("%s wants one TRIGGER, got %d arguments", c.Command.Name, c.NArg())
 	}
 	ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout"))
 	defer cancel()
@@ -71,7 +71,7 @@ func dispatcherPause(c *cli.Context, tool string) error {
 
 func dispatcherFires(c *cli.Context) error {
 	if c.NArg() > 1 {
-		return fmt.Errorf("fires wants at most one TRIGGER, got %d arguments", c.NArg())
+		return usagef("fires wants at most one TRIGGER, got %d arguments", c.NArg())
 	}
 	ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout"))
 	defer cancel()

@@ -34,7 +34,7 @@ func graphCommand() *cli.Command {
 
 func graph(c *cli.Context) error {
 	if c.NArg() > 0 {
-		return fmt.Errorf("graph takes no arguments, got %q", c.Args().Slice())
+		return usagef("graph takes no arguments, got %q", c.Args().Slice())
 	}
 	format := c.String("format")
 	if c.Bool("json") {
@@ -43,7 +43,7 @@ func graph(c *cli.Context) error {
 	switch format {
 	case "mermaid", "dot", "svg", "json":
 	default:
-		return fmt.Errorf("--format %q: want mermaid, dot, svg or json", format)
+		return usagef("--format %q: want mermaid, dot, svg or json", format)
 	}
 	var dot string
 	if format == "svg" {

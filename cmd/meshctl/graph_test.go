@@ -2,11 +2,22 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"io"
+	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/meshkit/mesh/examples/billing"
+	"github.com/meshkit/mesh/examples/notifier"
+	"github.com/meshkit/mesh/examples/umami"
+	"github.com/meshkit/mesh/internal/brokertest"
 	"github.com/meshkit/mesh/runtime"
+	"github.com/meshkit/mesh/sdk"
 )
 
 // TestMeshGraph: the graph joins emitters to subscribers through the event
@@ -98,5 +109,101 @@ func TestGraphSVGWithoutDot(t *testing.T) {
 	}
 	if err := app().Run([]string{"meshctl", "graph", "--format", "png"}); err == nil || !strings.Contains(err.Error(), "mermaid, dot, svg or json") {
 		t.Errorf("graph --format png: %v", err)
+	}
+}
+
+// TestGraphOfTheExamples: the example modules, run on a node that sends
+// heartbeats, are drawn as they declare themselves: an edge from each
+// module to each event it declares it emits and each tool it declares it
+// calls, from each tool to the module that serves it, and from the event
+// notifier subscribes to notifier.
+func TestGraphOfTheExamples(t *testing.T) {
+	url := brokertest.VHost(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	n, err := runtime.New(ctx, runtime.Config{Node: "demo", AMQPURL: url, StateDir: t.TempDir(), HeartbeatInterval: 100 * time.Millisecond,
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close(context.Background())
+	defs := []sdk.Module{billing.Module(), billing.Tax(), notifier.Module(io.Discard), umami.Module(time.Hour)}
+	for _, def := range defs {
+		if _, err := n.Load(ctx, def, runtime.ModuleConfig{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := ch.QueueDeclare("", false, true, true, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind(q.Name, "node.demo.heartbeat", "mesh.events", false, nil); err != nil {
+		t.Fatal(err)
+	}
+	deliveries, err := ch.Consume(q.Name, "", true, true, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hb runtime.Heartbeat
+	for running := 0; running < len(defs); {
+		select {
+		case d := <-deliveries:
+			hb = runtime.Heartbeat{}
+			if err := json.Unmarshal(d.Body, &hb); err != nil {
+				t.Fatalf("heartbeat %s: %v", d.Body, err)
+			}
+			running = 0
+			for _, m := range hb.Modules {
+				if m.Status == "running" {
+					running++
+				}
+			}
+		case <-ctx.Done():
+			t.Fatalf("no heartbeat with the %d modules running; last: %+v", len(defs), hb)
+		}
+	}
+	var out bytes.Buffer
+	if err := meshGraph([]runtime.Heartbeat{hb}).mermaid(&out); err != nil {
+		t.Fatal(err)
+	}
+	id := strings.NewReplacer(".", "_", "-", "_").Replace
+	module := func(def sdk.Module) string { // "demo/billing (agent)", sanitised
+		if def.Kind != "" {
+			return "module_demo_" + id(def.Name) + "__" + id(string(def.Kind)) + "_"
+		}
+		return "module_demo_" + id(def.Name)
+	}
+	want := []string{
+		`tool_invoice_create -->|"serves"| ` + module(defs[0]),
+		`tool_tax_rate -->|"serves"| ` + module(defs[1]),
+		`event_module_umami_site_created -->|"module.umami.site.created"| ` + module(defs[2]),
+	}
+	for _, def := range defs {
+		for _, e := range def.Emits {
+			want = append(want, module(def)+" --> event_"+id("module."+def.Name+"."+e))
+		}
+		for _, tool := range def.Calls {
+			want = append(want, module(def)+` -->|"calls"| tool_`+id(tool))
+		}
+	}
+	if len(want) != 7 {
+		t.Errorf("the examples declare %d edges, this test knows 7: update it", len(want))
+	}
+	for _, w := range want {
+		if !strings.Contains(out.String(), w) {
+			t.Errorf("the graph lacks %q:\n%s", w, out.String())
+		}
+	}
+	if got := strings.Count(out.String(), "-->"); got != len(want) {
+		t.Errorf("the graph has %d edges, the declarations %d:\n%s", got, len(want), out.String())
 	}
 }

@@ -10,8 +10,9 @@ import (
 
 func main() {
 	a := app()
-	if err := a.Run(interspersed(a, os.Args)); err != nil {
+	err := a.Run(interspersed(a, os.Args))
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "meshctl:", err)
-		os.Exit(1)
 	}
+	os.Exit(exitCode(err))
 }

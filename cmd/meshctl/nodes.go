@@ -70,7 +70,7 @@ type heardNode struct {
 
 func nodes(c *cli.Context) error {
 	if c.NArg() > 0 {
-		return fmt.Errorf("nodes takes no arguments, got %q", c.Args().Slice())
+		return usagef("nodes takes no arguments, got %q", c.Args().Slice())
 	}
 	heard, err := listenHeartbeats(c)
 	if err != nil {

@@ -71,7 +71,7 @@ func configFlag() cli.Flag {
 // objects the node declares.
 func nodeObjects(c *cli.Context) (nodeconfig.File, []runtime.BrokerObject, error) {
 	if c.NArg() > 0 {
-		return nodeconfig.File{}, nil, fmt.Errorf("%s takes no arguments, got %q", c.Command.Name, c.Args().Slice())
+		return nodeconfig.File{}, nil, usagef("%s takes no arguments, got %q", c.Command.Name, c.Args().Slice())
 	}
 	f, err := nodeconfig.Load(c.String("config"))
 	if err != nil {
@@ -368,7 +368,7 @@ func checkObject(conn *amqp.Connection, o runtime.BrokerObject) string {
 
 func topologyPermissions(c *cli.Context) error {
 	if c.NArg() > 0 {
-		return fmt.Errorf("permissions takes no arguments, got %q", c.Args().Slice())
+		return usagef("permissions takes no arguments, got %q", c.Args().Slice())
 	}
 	f, err := nodeconfig.Load(c.String("config"))
 	if err != nil {
