@@ -36,6 +36,8 @@ bin/meshctl dispatcher fires orders
 echo "== meshctl audit trace: from the order (outside the mesh, so not in the audit log) to the invoice the dispatcher emitted =="
 fired=$(bin/meshctl audit query --json --type 'module.dispatcher.fired' | tail -n 1 | sed -n 's/^{"seq":[0-9]*,"id":"\([0-9A-Z]*\)".*/\1/p')
 if [ -n "$fired" ]; then bin/meshctl audit trace "$fired"; else echo "(no fired event in the audit log yet)"; fi
+echo "== meshctl graph: the mesh drawn from the node's heartbeat (Mermaid; --format dot or svg for Graphviz) =="
+bin/meshctl graph --wait 3s
 echo "== meshctl audit replay --dry-run: what a replay of umami's events would send again, up to now =="
 bin/meshctl audit replay --dry-run --type 'module.umami.#'
 kill -TERM "$meshd_pid"
