@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
-
 	"github.com/meshkit/mesh/examples/billing"
 	"github.com/meshkit/mesh/examples/notifier"
 	"github.com/meshkit/mesh/examples/umami"
@@ -133,26 +131,7 @@ func TestGraphOfTheExamples(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	q, err := ch.QueueDeclare("", false, true, true, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ch.QueueBind(q.Name, "node.demo.heartbeat", "mesh.events", false, nil); err != nil {
-		t.Fatal(err)
-	}
-	deliveries, err := ch.Consume(q.Name, "", true, true, false, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	deliveries := brokertest.Tap(t, url, "mesh.events", "node.demo.heartbeat")
 	var hb runtime.Heartbeat
 	for running := 0; running < len(defs); {
 		select {

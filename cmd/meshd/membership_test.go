@@ -16,8 +16,6 @@ import (
 	"testing"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
-
 	"github.com/meshkit/mesh/internal/brokertest"
 	"github.com/meshkit/mesh/runtime"
 )
@@ -137,26 +135,7 @@ func TestFrozenNodeIsUnreachable(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer watcher.Close(context.Background())
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	q, err := ch.QueueDeclare("", false, true, true, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ch.QueueBind(q.Name, "node.frozen.unreachable", "mesh.events", false, nil); err != nil {
-		t.Fatal(err)
-	}
-	reports, err := ch.Consume(q.Name, "", true, true, false, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	reports := brokertest.Tap(t, url, "mesh.events", "node.frozen.unreachable")
 	cmd, _, logs := startMeshd(t, ctx, fmt.Sprintf("node: frozen\namqp_url: %s\nheartbeat_interval: %s", url, every))
 	peer := func() (runtime.Peer, bool) {
 		for _, p := range watcher.Peers() {
