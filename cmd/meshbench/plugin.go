@@ -34,7 +34,7 @@ func benchPlugin(url string, o options) error {
 	fmt.Printf("\n== module process: %d events a round through the plugin boundary, the same module in-process, and raw ==\n", o.events)
 	var raw, inproc, plugin []float64
 	for r := 0; r < o.rounds; r++ {
-		rt, _, err := throughput(func(s *sink) (side, error) { return newRaw(url, runtime.QueueQuorum, s) }, o)
+		rt, _, err := throughput(func(s *sink) (side, error) { return newRawBest(url, runtime.QueueQuorum, s, o.window) }, o)
 		if err != nil {
 			return fmt.Errorf("raw: %w", err)
 		}
@@ -49,8 +49,9 @@ func benchPlugin(url string, o options) error {
 		fmt.Printf("round %d  raw %8.0f events/s   in-process %8.0f events/s   module process %8.0f events/s\n", r+1, rt, it, pt)
 		raw, inproc, plugin = append(raw, rt), append(inproc, it), append(plugin, pt)
 	}
-	fmt.Printf("module process %.0f events/s, in-process %.0f, raw %.0f: module process / in-process %.2f (target >= 0.70), in-process / raw %.2f\n",
-		median(plugin), median(inproc), median(raw), median(plugin)/median(inproc), median(inproc)/median(raw))
+	fmt.Printf("module process %.0f events/s, in-process %.0f, raw at its best %.0f: module process / in-process %.2f, module process / raw %.2f, in-process / raw %.2f\n",
+		median(plugin), median(inproc), median(raw), median(plugin)/median(inproc), median(plugin)/median(raw), median(inproc)/median(raw))
+	record("module process throughput / raw at its best", median(plugin)/median(raw), 0.85, true, "")
 	return nil
 }
 
@@ -102,12 +103,12 @@ func countThroughput(url string, o options, bin string) (float64, error) {
 }
 
 // emitAll emits o.events of eventType through node from o.publishers
-// goroutines, each waiting for its confirm.
+// goroutines (o.meshPublishers), each waiting for its confirm.
 func emitAll(ctx context.Context, node *runtime.Node, o options, eventType string) error {
 	var next atomic.Int64
 	var wg sync.WaitGroup
-	errs := make(chan error, o.publishers)
-	for range o.publishers {
+	errs := make(chan error, o.meshPublishers)
+	for range o.meshPublishers {
 		wg.Go(func() {
 			for i := int(next.Add(1)); i <= o.events; i = int(next.Add(1)) {
 				if _, err := node.Emit(ctx, "bench", eventType, json.RawMessage(body(i))); err != nil {

@@ -24,6 +24,7 @@ func benchTracing(url string, o options) error {
 	qt := strings.Split(o.queueTypes, ",")[0]
 	fmt.Printf("\n== tracing (%s queues) ==\n", qt)
 	var offTP, onTP, offCPU, onCPU []float64
+	o.publishers = o.meshPublishers
 	for r := 0; r < o.rounds; r++ {
 		for _, on := range []bool{false, true} {
 			var tp *sdktrace.TracerProvider

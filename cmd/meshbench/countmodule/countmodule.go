@@ -10,12 +10,16 @@ import (
 	"github.com/meshkit/mesh/sdk"
 )
 
-// Module returns the module, expecting expect events.
-func Module(expect int64) sdk.Module {
+// Module returns the module "count", expecting expect events.
+func Module(expect int64) sdk.Module { return Named("count", expect) }
+
+// Named returns the module under another name, so that several can run on
+// one node.
+func Named(name string, expect int64) sdk.Module {
 	var handled atomic.Int64
 	var mesh sdk.Mesh
 	return sdk.Module{
-		Name:  "count",
+		Name:  name,
 		Emits: []string{"done"},
 		Setup: func(m sdk.Mesh) error {
 			mesh = m

@@ -1,8 +1,9 @@
 // Command countplugin runs countmodule as a module process, for the
-// benchmark: countplugin EXPECT.
+// benchmark: countplugin [-name NAME] EXPECT.
 package main
 
 import (
+	"flag"
 	"fmt"
 	"os"
 	"strconv"
@@ -12,9 +13,11 @@ import (
 )
 
 func main() {
-	expect, err := strconv.ParseInt(os.Args[len(os.Args)-1], 10, 64)
+	name := flag.String("name", "count", "the module's name")
+	flag.Parse()
+	expect, err := strconv.ParseInt(flag.Arg(0), 10, 64)
 	if err == nil {
-		err = process.Run(countmodule.Module(expect))
+		err = process.Run(countmodule.Named(*name, expect))
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "countplugin:", err)
