@@ -50,6 +50,7 @@ type Module struct {
 	queueConsumers map[string]*queueConsumer // the consumed queues' consumers on the current session
 	consumers      []consumerChannel         // the channels the module consumes on, on the current session
 	resumeMu       sync.Mutex                // one attach or resume at a time; guards attachable, and the writes of attachedOn
+	ackers         sync.Map                  // *acker by the *amqp.Channel of its event queue's consumer
 	counts         moduleCounts              // its running totals, for metrics
 	attrs          attribute.Set             // module=<name>, for its metrics
 	outcomeOpts    map[string]metric.RecordOption
@@ -363,9 +364,11 @@ func (m *Module) consume(ctx context.Context, s *session, subs []subscription) e
 		return fmt.Errorf("consume %s: %w", m.queue, err)
 	}
 	m.addTag(ch, tag)
+	a := newAcker(ch, m.cfg.Prefetch)
+	m.ackers.Store(ch, a)
 	go m.watch(s, ch, ch.NotifyClose(make(chan *amqp.Error, 1)), ch.NotifyCancel(make(chan string, 1)))
 	for range m.cfg.Concurrency {
-		m.startWorker(deliveries)
+		m.startWorker(deliveries, a)
 	}
 	return nil
 }
@@ -420,6 +423,7 @@ func (m *Module) watch(s *session, ch *amqp.Channel, closed <-chan *amqp.Error, 
 	for {
 		select {
 		case err, ok := <-closed:
+			m.ackers.Delete(ch) // what it held is delivered again (and recognised as handled)
 			if ok && err != nil {
 				m.resumeLater(s, ch, "its channel closed", err)
 			}
@@ -454,12 +458,23 @@ func (m *Module) resumeLater(s *session, ch *amqp.Channel, why string, err error
 // startWorker starts a goroutine that handles deliveries until they end,
 // or until its handler overran its timeout: a replacement worker then took
 // its place, and it exits once the handler returns.
-func (m *Module) startWorker(deliveries <-chan amqp.Delivery) {
+func (m *Module) startWorker(deliveries <-chan amqp.Delivery, a *acker) {
 	m.workers.Add(1)
 	go func() {
 		defer m.workers.Done()
-		for d := range deliveries {
-			if replaced := m.handle(d, deliveries); replaced {
+		linger := time.NewTimer(ackLinger)
+		linger.Stop()
+		for {
+			d, ok := m.nextDelivery(deliveries, a, linger)
+			if !ok {
+				// Consuming ended (Stop cancelled it, or the channel
+				// closed): send what is held, while the channel lasts.
+				if err := a.flush(); err != nil {
+					m.log.Debug("held acks not sent; the events will be delivered again", "err", err)
+				}
+				return
+			}
+			if replaced := m.handle(d, deliveries, a); replaced {
 				return
 			}
 		}
@@ -548,7 +563,7 @@ func (m *Module) Stop(ctx context.Context) error {
 // retry. It reports whether the handler overran its timeout, in which case
 // the delivery was settled as failed and a new worker started in the
 // calling worker's place.
-func (m *Module) handle(d amqp.Delivery, deliveries <-chan amqp.Delivery) (replaced bool) {
+func (m *Module) handle(d amqp.Delivery, deliveries <-chan amqp.Delivery, a *acker) (replaced bool) {
 	counts := m.from(d)
 	counts.delivered.Add(1)
 	meta, err := wire.DecodeMeta(d.Headers, d.ContentType, d.Body)
@@ -577,7 +592,7 @@ func (m *Module) handle(d amqp.Delivery, deliveries <-chan amqp.Delivery) (repla
 			m.node.stats.duplicates.Add(1)
 			counts.duplicates.Add(1)
 			m.log.Debug("event already handled; acknowledged without handling it again", "event_id", meta.ID, "event_type", eventType)
-			if err := d.Ack(false); err != nil {
+			if err := m.ack(d); err != nil {
 				m.log.Warn("ack of a duplicate failed; it will be delivered again", "event_id", meta.ID, "err", err)
 			}
 			return false
@@ -594,7 +609,7 @@ func (m *Module) handle(d amqp.Delivery, deliveries <-chan amqp.Delivery) (repla
 	ev := eventOf(d, meta, eventType, attempt)
 	err, overran := m.call(sub.handler, ev, d, m.queue, func() {
 		release() // settled as failed: a redelivery must not wait for the hung handler
-		m.startWorker(deliveries)
+		m.startWorker(deliveries, a)
 		m.failed(m.own(), d, eventType, attempt, fmt.Errorf("handler timed out after %v", m.cfg.HandlerTimeout))
 	})
 	switch {
@@ -610,7 +625,7 @@ func (m *Module) handle(d amqp.Delivery, deliveries <-chan amqp.Delivery) (repla
 				m.log.Warn("could not record the event as handled; a redelivery would run it again", "event_id", ev.ID, "err", err)
 			}
 		}
-		if err := d.Ack(false); err != nil {
+		if err := m.ack(d); err != nil {
 			m.log.Warn("ack failed; the event will be delivered again (and recognised as handled)", "event_id", ev.ID, "err", err)
 		}
 	case errors.Is(err, sdk.ErrPermanent):
@@ -774,7 +789,7 @@ func (m *Module) failed(src source, d amqp.Delivery, eventType string, attempt i
 		if src.quorum {
 			// reject with requeue counts toward x-delivery-limit on every
 			// version from 3.10 to 4.3; nack does not on 4.3.
-			if err := d.Reject(true); err != nil {
+			if err := m.reject(d); err != nil {
 				m.log.Warn("requeue failed; the event returns when the channel closes", "err", err)
 			}
 			return
@@ -798,10 +813,10 @@ func (m *Module) requeueClassic(src source, d amqp.Delivery, eventType string, a
 	defer cancel()
 	if err := s.pub.publish(ctx, "", src.queue, msg); err != nil {
 		m.log.Warn("requeue failed; the event will be delivered again", "err", err)
-		_ = d.Reject(true)
+		_ = m.reject(d)
 		return
 	}
-	if err := d.Ack(false); err != nil {
+	if err := m.ack(d); err != nil {
 		m.log.Warn("ack after requeue failed; the event may be handled twice", "err", err)
 	}
 }
@@ -829,13 +844,13 @@ func (m *Module) deadLetter(src source, d amqp.Delivery, eventType string, attem
 	if err := s.pub.publish(ctx, wire.ExchangeDead, key, msg); err != nil {
 		delay := m.node.backoff(attempts)
 		m.log.Error("dead-lettering failed; the event goes back to the queue", "err", err, "retry_in", delay)
-		m.later(delay, func() { _ = d.Reject(true) })
+		m.later(delay, func() { _ = m.reject(d) })
 		return
 	}
 	m.node.stats.deadLettered.Add(1)
 	m.from(d).deadLettered.Add(1)
 	m.log.Warn("event dead-lettered", "event_type", eventType, "event_id", d.MessageId, "reason", reason, "attempts", attempts, "err", cause)
-	if err := d.Ack(false); err != nil {
+	if err := m.ack(d); err != nil {
 		m.log.Warn("ack after dead-lettering failed; the event may be dead-lettered twice", "err", err)
 	}
 }

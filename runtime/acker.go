@@ -1,0 +1,165 @@
+package runtime
+
+import (
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// ackLinger is how long a worker with acknowledgements held waits for
+// another delivery before it sends them (docs/adr/0023-coalesced-acks.md).
+const ackLinger = time.Millisecond
+
+// acker coalesces the acknowledgements of one consumer channel. RabbitMQ
+// numbers a channel's deliveries 1, 2, 3...; an ack with multiple set
+// acknowledges every delivery up to its tag still outstanding. So an ack
+// is held, and when the acker flushes, the held acks that, with the
+// deliveries already settled, form a run from the lowest unsettled tag go
+// as one ack with multiple; held acks past a gap (a delivery still being
+// handled, or waiting to be rejected for a retry) go one by one. A
+// delivery settled any other way (a reject) is reported with settled
+// after it was sent, so no multiple ack can cover it before.
+type acker struct {
+	ch amqp.Acknowledger
+	// max is how many held acks make a flush at once (a quarter of the
+	// prefetch: the broker sends no more than the prefetch unacked).
+	max int
+
+	mu   sync.Mutex
+	base uint64              // every tag up to base is settled on the wire
+	held map[uint64]struct{} // acked by the module, not yet sent
+	done map[uint64]struct{} // settled on the wire above base
+}
+
+func newAcker(ch amqp.Acknowledger, prefetch int) *acker {
+	return &acker{ch: ch, max: max(1, prefetch/4), held: make(map[uint64]struct{}), done: make(map[uint64]struct{})}
+}
+
+// ack holds the acknowledgement of tag, and flushes if max are held.
+func (a *acker) ack(tag uint64) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.held[tag] = struct{}{}
+	if len(a.held) >= a.max {
+		return a.flushLocked()
+	}
+	return nil
+}
+
+// settled records that tag was settled on the wire by other means.
+func (a *acker) settled(tag uint64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if tag > a.base {
+		a.done[tag] = struct{}{}
+	}
+}
+
+// holding says whether acks are held.
+func (a *acker) holding() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.held) > 0
+}
+
+// flush sends the held acks.
+func (a *acker) flush() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.flushLocked()
+}
+
+func (a *acker) flushLocked() error {
+	if len(a.held) == 0 {
+		return nil
+	}
+	// The run of settled or held tags from base+1.
+	var top uint64 // the highest held tag in the run
+	next := a.base + 1
+	for {
+		if _, ok := a.held[next]; ok {
+			top = next
+			delete(a.held, next)
+		} else if _, ok := a.done[next]; ok {
+			delete(a.done, next)
+		} else {
+			break
+		}
+		next++
+	}
+	a.base = next - 1
+	var err error
+	if top > 0 {
+		err = a.ch.Ack(top, true)
+	}
+	// Past the gap: one by one.
+	for tag := range a.held {
+		if e := a.ch.Ack(tag, false); e != nil && err == nil {
+			err = e
+		}
+		delete(a.held, tag)
+		a.done[tag] = struct{}{}
+	}
+	return err
+}
+
+// ackerOf is the acker of the channel d came on, or nil if its channel has
+// none (a queue the module consumes, its dead letters).
+func (m *Module) ackerOf(d amqp.Delivery) *acker {
+	if d.Acknowledger == nil {
+		return nil
+	}
+	a, ok := m.ackers.Load(d.Acknowledger)
+	if !ok {
+		return nil
+	}
+	return a.(*acker)
+}
+
+// ack acknowledges d: held by its channel's acker if it has one, at once
+// otherwise.
+func (m *Module) ack(d amqp.Delivery) error {
+	if a := m.ackerOf(d); a != nil {
+		return a.ack(d.DeliveryTag)
+	}
+	return d.Ack(false)
+}
+
+// reject rejects d, requeued, and tells its channel's acker.
+func (m *Module) reject(d amqp.Delivery) error {
+	err := d.Reject(true)
+	if a := m.ackerOf(d); a != nil {
+		a.settled(d.DeliveryTag)
+	}
+	return err
+}
+
+// nextDelivery is a worker's wait for its next delivery: at once if one is
+// waiting; otherwise, with acks held on the channel of the last one, it
+// waits up to ackLinger for another before it sends them, so that under
+// load one ack with multiple settles many deliveries, and when the queue
+// runs dry no ack waits longer than ackLinger.
+func (m *Module) nextDelivery(deliveries <-chan amqp.Delivery, a *acker, linger *time.Timer) (amqp.Delivery, bool) {
+	select {
+	case d, ok := <-deliveries:
+		return d, ok
+	default:
+	}
+	if a == nil || !a.holding() {
+		d, ok := <-deliveries
+		return d, ok
+	}
+	linger.Reset(ackLinger)
+	select {
+	case d, ok := <-deliveries:
+		linger.Stop() // Go 1.23 timers: no stale tick is received after Stop or Reset
+		return d, ok
+	case <-linger.C:
+	}
+	if err := a.flush(); err != nil {
+		m.log.Warn("ack failed; the events will be delivered again (and recognised as handled)", "err", err)
+	}
+	d, ok := <-deliveries
+	return d, ok
+}

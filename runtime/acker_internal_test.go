@@ -1,0 +1,151 @@
+package runtime
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+)
+
+// wireChannel is a channel as the broker sees it: the deliveries
+// outstanding, and what the module decided for each. It fails the test on
+// any settlement the broker would take wrongly: an ack (single or
+// multiple) of a delivery the module did not ack, or of one already
+// settled.
+type wireChannel struct {
+	t           *testing.T
+	outstanding map[uint64]bool // tag -> the module acked it
+	frames      []string
+}
+
+func (w *wireChannel) Ack(tag uint64, multiple bool) error {
+	w.frames = append(w.frames, fmt.Sprintf("ack %d %v", tag, multiple))
+	if !multiple {
+		acked, ok := w.outstanding[tag]
+		if !ok || !acked {
+			w.t.Fatalf("ack %d: outstanding %v, acked by the module %v", tag, ok, acked)
+		}
+		delete(w.outstanding, tag)
+		return nil
+	}
+	for o, acked := range w.outstanding {
+		if o <= tag {
+			if !acked {
+				w.t.Fatalf("ack %d multiple covers %d, which the module did not ack (frames %v)", tag, o, w.frames)
+			}
+			delete(w.outstanding, o)
+		}
+	}
+	return nil
+}
+
+func (w *wireChannel) Nack(tag uint64, multiple, requeue bool) error {
+	w.t.Fatal("nack")
+	return nil
+}
+
+func (w *wireChannel) Reject(tag uint64, requeue bool) error {
+	if _, ok := w.outstanding[tag]; !ok {
+		w.t.Fatalf("reject %d: not outstanding", tag)
+	}
+	delete(w.outstanding, tag)
+	return nil
+}
+
+// TestAckerCoalesces: acks of a run go as one ack with multiple; a gap
+// (a delivery still handled) sends the acks past it one by one; a reject
+// sent before lets a later multiple ack run past it.
+func TestAckerCoalesces(t *testing.T) {
+	w := &wireChannel{t: t, outstanding: map[uint64]bool{}}
+	a := newAcker(w, 32) // flush at 8 held
+	for tag := uint64(1); tag <= 12; tag++ {
+		w.outstanding[tag] = false
+	}
+	ack := func(tag uint64) {
+		w.outstanding[tag] = true
+		if err := a.ack(tag); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for tag := uint64(1); tag <= 8; tag++ {
+		ack(tag)
+	}
+	if !slices.Equal(w.frames, []string{"ack 8 true"}) {
+		t.Errorf("8 in order: %v", w.frames)
+	}
+	// 9 is still handled; 10 rejected for a retry; 11 and 12 acked.
+	if err := w.Reject(10, true); err != nil {
+		t.Fatal(err)
+	}
+	a.settled(10)
+	ack(11)
+	ack(12)
+	if err := a.flush(); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(w.frames[1:], []string{"ack 11 false", "ack 12 false"}) && !slices.Equal(w.frames[1:], []string{"ack 12 false", "ack 11 false"}) {
+		t.Errorf("past the gap at 9: %v", w.frames[1:])
+	}
+	ack(9)
+	if err := a.flush(); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.frames[len(w.frames)-1]; got != "ack 9 true" || len(w.outstanding) != 0 {
+		t.Errorf("the gap filled: %v, outstanding %v", w.frames, w.outstanding)
+	}
+	if a.base != 12 || len(a.done) != 0 || len(a.held) != 0 {
+		t.Errorf("acker left base %d, done %v, held %v", a.base, a.done, a.held)
+	}
+}
+
+// FuzzAcker: in any order of outcomes (ack, reject) and flushes, the
+// acker never acks on the wire what the module did not ack, and after a
+// last flush every delivery is settled.
+func FuzzAcker(f *testing.F) {
+	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9})
+	f.Add([]byte{9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 200, 100})
+	f.Add([]byte{1, 130, 3, 129, 255, 2, 0})
+	f.Fuzz(func(t *testing.T, script []byte) {
+		const n = 40
+		w := &wireChannel{t: t, outstanding: map[uint64]bool{}}
+		a := newAcker(w, 16)
+		for tag := uint64(1); tag <= n; tag++ {
+			w.outstanding[tag] = false
+		}
+		open := make([]uint64, 0, n)
+		for tag := uint64(1); tag <= n; tag++ {
+			open = append(open, tag)
+		}
+		for i := 0; len(open) > 0; i++ {
+			var b byte
+			if i < len(script) {
+				b = script[i]
+			}
+			if b == 255 {
+				if err := a.flush(); err != nil {
+					t.Fatal(err)
+				}
+				continue
+			}
+			k := int(b&0x7f) % len(open)
+			tag := open[k]
+			open = slices.Delete(open, k, k+1)
+			if b&0x80 != 0 {
+				if err := w.Reject(tag, true); err != nil {
+					t.Fatal(err)
+				}
+				a.settled(tag)
+				continue
+			}
+			w.outstanding[tag] = true
+			if err := a.ack(tag); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := a.flush(); err != nil {
+			t.Fatal(err)
+		}
+		if len(w.outstanding) != 0 {
+			t.Errorf("left outstanding: %v (frames %v)", w.outstanding, w.frames)
+		}
+	})
+}
