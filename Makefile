@@ -38,7 +38,7 @@ lint: ## Fail on unformatted files (gofmt -l), then go vet
 	if [ -n "$$files" ]; then echo "gofmt needed on:"; echo "$$files"; exit 1; fi
 	$(GO) vet ./...
 
-fuzz: ## Fuzz event-type validation, emit naming and bodies, header decoding, topic matching, the dedup log, dead-letter headers (as meshctl and a DeadLetters handler read them), replay targets and permission patterns, 20s each
+fuzz: ## Fuzz event-type validation, emit naming and bodies, header decoding, topic matching, the dedup log, dead-letter headers (as meshctl and a DeadLetters handler read them), replay targets, permission patterns and coalesced acks, 20s each
 	$(GO) test -run='^$$' -fuzz=FuzzValidateEventType -fuzztime=20s ./internal/wire
 	$(GO) test -run='^$$' -fuzz=FuzzDecodeMeta -fuzztime=20s ./internal/wire
 	$(GO) test -run='^$$' -fuzz=FuzzMatchPattern -fuzztime=20s ./internal/wire
@@ -50,6 +50,7 @@ fuzz: ## Fuzz event-type validation, emit naming and bodies, header decoding, to
 	$(GO) test -run='^$$' -fuzz=FuzzSplitModuleQueue -fuzztime=20s ./internal/deadletters
 	$(GO) test -run='^$$' -fuzz=FuzzMatchTopic -fuzztime=20s ./auditlogger/store
 	$(GO) test -run='^$$' -fuzz=FuzzDeadEventOf -fuzztime=20s ./runtime
+	$(GO) test -run='^$$' -fuzz=FuzzAcker -fuzztime=20s ./runtime
 	$(GO) test -run='^$$' -fuzz=FuzzReplayTarget -fuzztime=20s ./cmd/meshctl
 	$(GO) test -run='^$$' -fuzz=FuzzPatternRegexp -fuzztime=20s ./runtime/nodeconfig
 
