@@ -190,9 +190,9 @@ func benchQueueType(url, qt string, o options) error {
 		median(best.cpu), median(wait.cpu), median(mesh.cpu), median(mesh.cpu)/median(best.cpu))
 	fmt.Printf("latency at %d events/s: p50 raw %.2f ms  mesh %.2f ms;  p99 raw %.2f ms  mesh %.2f ms   p99 mesh/raw %.2f\n",
 		o.rate, median(best.p50), median(mesh.p50), median(best.p99), median(mesh.p99), median(mesh.p99)/median(best.p99))
-	record(qt+": in-process throughput / raw at its best", median(mesh.tp)/median(best.tp), 0.90, true, "")
-	record(qt+": client CPU per event / raw at its best", median(mesh.cpu)/median(best.cpu), 1.2, false, "")
-	record(qt+": p99 latency at "+fmt.Sprint(o.rate)+"/s / raw", median(mesh.p99)/median(best.p99), 1.5, false, "")
+	record(qt+": in-process throughput / raw at its best", pairedRatio(mesh.tp, best.tp), 0.90, true, "")
+	record(qt+": client CPU per event / raw at its best", pairedRatio(mesh.cpu, best.cpu), 1.2, false, "")
+	record(qt+": p99 latency at "+fmt.Sprint(o.rate)+"/s / raw", pairedRatio(mesh.p99, best.p99), 1.5, false, "")
 	return nil
 }
 

@@ -59,8 +59,8 @@ func benchRPC(url string, o options) error {
 			}
 		}
 	}
-	record("RPC round trip p50 / raw", median(meshP50)/median(rawP50), 1.2, false, "")
-	record(fmt.Sprintf("RPC %d concurrent callers / raw", o.rpcCallers), median(meshTP)/median(rawTP), 0.85, true, "")
+	record("RPC round trip p50 / raw", pairedRatio(meshP50, rawP50), 1.2, false, "")
+	record(fmt.Sprintf("RPC %d concurrent callers / raw", o.rpcCallers), pairedRatio(meshTP, rawTP), 0.85, true, "")
 	fmt.Printf("round trip p50  raw %.3f ms  mesh %.3f ms   ratio mesh/raw %.2f   (target <= 1.2)\n",
 		median(rawP50), median(meshP50), median(meshP50)/median(rawP50))
 	fmt.Printf("round trip p99  raw %.3f ms  mesh %.3f ms   ratio mesh/raw %.2f\n",
