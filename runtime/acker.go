@@ -24,16 +24,40 @@ type acker struct {
 	ch amqp.Acknowledger
 	// max is how many held acks make a flush at once (a quarter of the
 	// prefetch: the broker sends no more than the prefetch unacked).
-	max int
+	max      int
+	prefetch int
 
 	mu   sync.Mutex
+	seen uint64              // the highest tag delivered
 	base uint64              // every tag up to base is settled on the wire
 	held map[uint64]struct{} // acked by the module, not yet sent
 	done map[uint64]struct{} // settled on the wire above base
 }
 
 func newAcker(ch amqp.Acknowledger, prefetch int) *acker {
-	return &acker{ch: ch, max: max(1, prefetch/4), held: make(map[uint64]struct{}), done: make(map[uint64]struct{})}
+	return &acker{ch: ch, max: max(1, prefetch/4), prefetch: prefetch, held: make(map[uint64]struct{}), done: make(map[uint64]struct{})}
+}
+
+// delivered records that tag was delivered.
+func (a *acker) delivered(tag uint64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.seen = max(a.seen, tag)
+}
+
+// lingers says whether a worker with acks held may wait for another
+// delivery before it sends them: not when half the prefetch is unsettled
+// on the wire, for then the broker may be waiting for acks before it
+// sends more (a module process, or many workers, keep most of the
+// prefetch in flight).
+func (a *acker) lingers() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.held) == 0 {
+		return false
+	}
+	unsettled := int(a.seen-a.base) - len(a.done)
+	return unsettled < a.prefetch/2
 }
 
 // ack holds the acknowledgement of tag, and flushes if max are held.
@@ -136,10 +160,11 @@ func (m *Module) reject(d amqp.Delivery) error {
 }
 
 // nextDelivery is a worker's wait for its next delivery: at once if one is
-// waiting; otherwise, with acks held on the channel of the last one, it
-// waits up to ackLinger for another before it sends them, so that under
-// load one ack with multiple settles many deliveries, and when the queue
-// runs dry no ack waits longer than ackLinger.
+// waiting; otherwise, with acks held on its channel, it waits up to
+// ackLinger for another before it sends them (unless the acker says the
+// broker may be waiting for them), so that under load one ack with
+// multiple settles many deliveries, and when the queue runs dry no ack
+// waits longer than ackLinger.
 func (m *Module) nextDelivery(deliveries <-chan amqp.Delivery, a *acker, linger *time.Timer) (amqp.Delivery, bool) {
 	select {
 	case d, ok := <-deliveries:
@@ -147,6 +172,13 @@ func (m *Module) nextDelivery(deliveries <-chan amqp.Delivery, a *acker, linger 
 	default:
 	}
 	if a == nil || !a.holding() {
+		d, ok := <-deliveries
+		return d, ok
+	}
+	if !a.lingers() {
+		if err := a.flush(); err != nil {
+			m.log.Warn("ack failed; the events will be delivered again (and recognised as handled)", "err", err)
+		}
 		d, ok := <-deliveries
 		return d, ok
 	}

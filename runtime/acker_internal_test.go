@@ -149,3 +149,29 @@ func FuzzAcker(f *testing.F) {
 		}
 	})
 }
+
+// TestAckerLingers: with acks held, a worker may wait for more deliveries
+// only while less than half the prefetch is unsettled on the wire; with
+// more, the broker may be waiting for acks, so they go at once.
+func TestAckerLingers(t *testing.T) {
+	w := &wireChannel{t: t, outstanding: map[uint64]bool{}}
+	a := newAcker(w, 32)
+	if a.lingers() {
+		t.Error("lingers with nothing held")
+	}
+	for tag := uint64(1); tag <= 20; tag++ {
+		w.outstanding[tag] = false
+	}
+	a.delivered(3)
+	w.outstanding[1] = true
+	if err := a.ack(1); err != nil {
+		t.Fatal(err)
+	}
+	if !a.lingers() {
+		t.Error("3 unsettled of a prefetch of 32: it should linger")
+	}
+	a.delivered(20)
+	if a.lingers() {
+		t.Error("20 unsettled of a prefetch of 32: it should not linger")
+	}
+}

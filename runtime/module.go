@@ -474,6 +474,7 @@ func (m *Module) startWorker(deliveries <-chan amqp.Delivery, a *acker) {
 				}
 				return
 			}
+			a.delivered(d.DeliveryTag)
 			if replaced := m.handle(d, deliveries, a); replaced {
 				return
 			}
