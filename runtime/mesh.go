@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 
+	"github.com/meshkit/mesh/internal/asyncemit"
 	"github.com/meshkit/mesh/internal/causation"
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/sdk"
@@ -17,9 +18,19 @@ import (
 // same (sdk/process), and test/conformance holds both to them.
 type moduleMesh struct {
 	module *Module
+	async  *asyncemit.Window // its EmitAsync calls under way
 }
 
 var _ sdk.Mesh = (*moduleMesh)(nil)
+
+// EmitAsync runs Emit on a goroutine of the module's window
+// (internal/asyncemit), its outcome to done.
+func (mm *moduleMesh) EmitAsync(ctx context.Context, name string, body any, done func(string, error), opts ...sdk.EmitOption) error {
+	if done == nil {
+		return fmt.Errorf("emit %s: %w: EmitAsync needs a done function", name, sdk.ErrInvalid)
+	}
+	return mm.async.Go(ctx, func(ctx context.Context) (string, error) { return mm.Emit(ctx, name, body, opts...) }, done)
+}
 
 func (mm *moduleMesh) Emit(ctx context.Context, name string, body any, opts ...sdk.EmitOption) (string, error) {
 	o, err := wire.ApplyEmitOptions(opts)

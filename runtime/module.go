@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/meshkit/mesh/internal/amqpmsg"
+	"github.com/meshkit/mesh/internal/asyncemit"
 	"github.com/meshkit/mesh/internal/causation"
 	"github.com/meshkit/mesh/internal/dedup"
 	"github.com/meshkit/mesh/internal/setup"
@@ -124,7 +125,7 @@ func (n *Node) Load(ctx context.Context, def sdk.Module, mc ModuleConfig) (*Modu
 		outcomeOpts:    outcomeOptions(def.Name),
 		setup:          setup.New(def.Name, mc.ToolGrants),
 	}
-	m.mesh = &moduleMesh{module: m}
+	m.mesh = &moduleMesh{module: m, async: asyncemit.New()}
 	m.handleCtx, m.cancelH = context.WithCancel(context.Background())
 
 	n.mu.Lock()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/meshkit/mesh/sdk"
@@ -58,6 +59,46 @@ func ExampleMesh_Emit() {
 	ev := mt.Emitted()[1]
 	fmt.Println(ev.Type, ev.Source, ev.Schema, string(ev.Body), ev.CausationID == cause)
 	// Output: module.umami.site.created umami 1 {"id":42,"name":"example.org"} true
+}
+
+// EmitAsync lets one goroutine keep many events in flight, as an importer
+// or a bridge does: it returns once the emit is under way, and done gets
+// each event's id when it is confirmed (or why it was not).
+func ExampleMesh_EmitAsync() {
+	finished := make(chan struct{})
+	importer := sdk.Module{Name: "importer", Emits: []string{"row.imported"}, Run: func(ctx context.Context, m sdk.Mesh) error {
+		defer close(finished)
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		confirmed := 0
+		for row := range 1000 {
+			wg.Add(1)
+			err := m.EmitAsync(ctx, "row.imported", map[string]int{"row": row}, func(id string, err error) {
+				defer wg.Done()
+				if err == nil {
+					mu.Lock()
+					confirmed++
+					mu.Unlock()
+				}
+			})
+			if err != nil {
+				wg.Done()
+				return err // ctx ended while 256 emits were in flight
+			}
+		}
+		wg.Wait()
+		fmt.Println("confirmed:", confirmed)
+		return nil
+	}}
+	mt := meshtest.New(meshtest.Config{})
+	defer mt.Close()
+	_ = mt.Load(importer, meshtest.ModuleConfig{})
+	<-finished
+	mt.Settle()
+	fmt.Println("emitted:", len(mt.Emitted()))
+	// Output:
+	// confirmed: 1000
+	// emitted: 1000
 }
 
 // A handler returns nil to acknowledge, an error to be retried with

@@ -25,6 +25,22 @@ type Mesh interface {
 	// not have reached the broker); ErrClosed; or ctx's error.
 	Emit(ctx context.Context, name string, body any, opts ...EmitOption) (id string, err error)
 
+	// EmitAsync is Emit for a producer that streams (a bridge, an
+	// importer): it returns as soon as the emit is under way, and done
+	// gets what Emit would have returned, the event's id once the broker
+	// confirmed it (or the node spooled it), or why not, exactly once,
+	// from another goroutine. So one goroutine keeps many events in
+	// flight. At most 256 of a module's asynchronous emits are unfinished
+	// at once: EmitAsync waits for one to finish, and returns ctx's error
+	// if ctx ends first (done is then not called). Once under way, an
+	// emit is not cancelled by ctx; ctx's values (the handled event, for
+	// the causation id) are kept. Events emitted asynchronously may reach
+	// the broker in another order than they were emitted.
+	//
+	// Errors from EmitAsync: ctx's, or ErrInvalid for a nil done. Every
+	// other error goes to done, as Emit returns it.
+	EmitAsync(ctx context.Context, name string, body any, done func(id string, err error), opts ...EmitOption) error
+
 	// On subscribes h to the events matching an AMQP topic pattern
 	// ("module.umami.#", "node.*.joined", "#"). Call it while the module
 	// is set up (Module.Setup): once the module consumes, its patterns are

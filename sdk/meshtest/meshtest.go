@@ -14,6 +14,7 @@ import (
 
 	"github.com/oklog/ulid/v2"
 
+	"github.com/meshkit/mesh/internal/asyncemit"
 	"github.com/meshkit/mesh/internal/causation"
 	"github.com/meshkit/mesh/internal/setup"
 	"github.com/meshkit/mesh/internal/wire"
@@ -168,6 +169,7 @@ func New(cfg Config) *Mesh {
 
 type module struct {
 	mesh    *Mesh
+	async   *asyncemit.Window // its EmitAsync calls under way
 	def     sdk.Module
 	cfg     ModuleConfig
 	log     *slog.Logger
@@ -225,7 +227,7 @@ func (m *Mesh) Load(def sdk.Module, mc ModuleConfig) error {
 	if mc.HandlerTimeout == 0 {
 		mc.HandlerTimeout = m.cfg.HandlerTimeout
 	}
-	mod := &module{mesh: m, def: def, cfg: mc, log: m.cfg.Logger.With("module", def.Name), setup: setup.New(def.Name, mc.ToolGrants),
+	mod := &module{mesh: m, async: asyncemit.New(), def: def, cfg: mc, log: m.cfg.Logger.With("module", def.Name), setup: setup.New(def.Name, mc.ToolGrants),
 		handled: make(map[string]bool), answers: make(map[string]*answer), held: make(map[string]bool)}
 	m.mu.Lock()
 	if m.closed {
@@ -802,6 +804,15 @@ func (mm moduleMesh) isStarted() bool {
 	mm.mod.mesh.mu.Lock()
 	defer mm.mod.mesh.mu.Unlock()
 	return mm.mod.started
+}
+
+// EmitAsync runs Emit on a goroutine of the module's window, as a node
+// does, its outcome to done.
+func (mm moduleMesh) EmitAsync(ctx context.Context, name string, body any, done func(string, error), opts ...sdk.EmitOption) error {
+	if done == nil {
+		return fmt.Errorf("emit %s: %w: EmitAsync needs a done function", name, sdk.ErrInvalid)
+	}
+	return mm.mod.async.Go(ctx, func(ctx context.Context) (string, error) { return mm.Emit(ctx, name, body, opts...) }, done)
 }
 
 func (mm moduleMesh) Emit(ctx context.Context, name string, body any, opts ...sdk.EmitOption) (string, error) {

@@ -32,6 +32,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/meshkit/mesh/internal/asyncemit"
 	"github.com/meshkit/mesh/internal/causation"
 	"github.com/meshkit/mesh/internal/plugin"
 	"github.com/meshkit/mesh/internal/plugin/pb"
@@ -142,7 +143,7 @@ type moduleServer struct {
 
 func (s *moduleServer) Describe(context.Context, *pb.Empty) (*pb.Description, error) {
 	s.once.Do(func() {
-		s.mesh = &pluginMesh{server: s, rec: setup.New(s.module.Name, s.toolGrants), heldAtStart: map[string]bool{}}
+		s.mesh = &pluginMesh{server: s, async: asyncemit.New(), rec: setup.New(s.module.Name, s.toolGrants), heldAtStart: map[string]bool{}}
 		s.mesh.inSetup.Store(true)
 		if s.module.Setup != nil {
 			s.descErr = s.module.Setup(s.mesh)
@@ -396,7 +397,8 @@ func (s *moduleServer) Answer(_ context.Context, r *pb.ToolRequest) (*pb.ToolAns
 // (test/conformance) holds both to them.
 type pluginMesh struct {
 	server  *moduleServer
-	inSetup atomic.Bool // Setup is running: On and Serve, no Emit or Call
+	async   *asyncemit.Window // its EmitAsync calls under way
+	inSetup atomic.Bool       // Setup is running: On and Serve, no Emit or Call
 	rec     *setup.Recorder
 	// heldAtStart are the consumed queues Setup held (Hold), sent in the
 	// Description.
@@ -404,6 +406,15 @@ type pluginMesh struct {
 }
 
 var _ sdk.Mesh = (*pluginMesh)(nil)
+
+// EmitAsync runs Emit on a goroutine of the module's window, its outcome
+// to done; the emits under way fill the batches sent to the node.
+func (pm *pluginMesh) EmitAsync(ctx context.Context, name string, body any, done func(string, error), opts ...sdk.EmitOption) error {
+	if done == nil {
+		return fmt.Errorf("emit %s: %w: EmitAsync needs a done function", name, sdk.ErrInvalid)
+	}
+	return pm.async.Go(ctx, func(ctx context.Context) (string, error) { return pm.Emit(ctx, name, body, opts...) }, done)
+}
 
 func (pm *pluginMesh) Emit(ctx context.Context, name string, body any, opts ...sdk.EmitOption) (string, error) {
 	if pm.inSetup.Load() {

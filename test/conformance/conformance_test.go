@@ -33,6 +33,7 @@ type scenario struct {
 // module can rely on").
 var scenarios = []scenario{
 	{"EmitNamingAndBodies", emitNamingAndBodies},
+	{"EmitAsyncFromOneGoroutine", emitAsync},
 	{"SetupPhase", setupPhase},
 	{"HandlerSuccessIsHandledOnce", handlerSuccess},
 	{"RetriesCountAttempts", retriesCountAttempts},
@@ -133,6 +134,45 @@ func emitNamingAndBodies(t *testing.T, h Host) {
 	for _, s := range seen {
 		if s.Source != "namer" || s.Node != "conf" || s.CausationID != "" {
 			t.Errorf("event %+v: want source namer, node conf, no causation", s)
+		}
+	}
+}
+
+// EmitAsync from one goroutine: every emit's outcome reaches its done
+// once, each with its own id, and each event is delivered; a bad name
+// reaches done as ErrInvalid; a nil done is refused at once with
+// ErrInvalid.
+func emitAsync(t *testing.T, h Host) {
+	watch := h.Load(t, "watcher", ModuleConfig{})
+	streamer := h.Load(t, "streamer", ModuleConfig{})
+	done := streamer.WaitKind(t, "stream_done", conformance.Streamed+1)
+	ids := map[string]bool{}
+	invalid := 0
+	for _, r := range done {
+		switch {
+		case r.Err != "" && is(r, "invalid"):
+			invalid++
+		case r.Err != "":
+			t.Errorf("done with %s", r.Err)
+		case r.ID == "" || ids[r.ID]:
+			t.Errorf("done with id %q, empty or seen before", r.ID)
+		default:
+			ids[r.ID] = true
+		}
+	}
+	if len(ids) != conformance.Streamed || invalid != 1 || len(done) != conformance.Streamed+1 {
+		t.Errorf("%d ids, %d invalid, %d outcomes; want %d, 1, %d", len(ids), invalid, len(done), conformance.Streamed, conformance.Streamed+1)
+	}
+	if rs := streamer.Of(t, "stream_refused"); len(rs) != 0 {
+		t.Errorf("EmitAsync refused: %+v", rs)
+	}
+	streamer.WaitKind(t, "stream_no_done", 1)
+	if rs := streamer.Of(t, "stream_no_done"); len(rs) != 1 || !is(rs[0], "invalid") {
+		t.Errorf("EmitAsync without done: %+v", rs)
+	}
+	for _, r := range watch.WaitKind(t, "seen", conformance.Streamed) {
+		if !ids[r.ID] || r.Type != "module.streamer.item" {
+			t.Errorf("seen %s %s, which no done reported", r.Type, r.ID)
 		}
 	}
 }

@@ -109,6 +109,9 @@ func errText(err error) string {
 	return err.Error()
 }
 
+// Streamed is how many events the streamer module emits with EmitAsync.
+const Streamed = 300
+
 // Steer is what an event's or a request's body asks of the module.
 type Steer struct {
 	// Fail fails the first Fail attempts with a transient error.
@@ -185,8 +188,8 @@ func act(ctx context.Context, s Steer, attempt int) error {
 }
 
 // Module returns the conformance module of that name, reporting to probe.
-// The names: watcher, worker, setup, namer, relay, tools, caller, undertaker,
-// taker, runner.
+// The names: watcher, worker, setup, namer, streamer, relay, tools, caller,
+// undertaker, taker, runner.
 func Module(name string, probe *Probe) (sdk.Module, error) {
 	seen := func(kind string, ev sdk.Event) {
 		probe.Add(Record{Kind: kind, ID: ev.ID, Type: ev.Type, Source: ev.Source, Node: ev.Node, CausationID: ev.CausationID,
@@ -194,12 +197,12 @@ func Module(name string, probe *Probe) (sdk.Module, error) {
 	}
 	switch name {
 	case "watcher":
-		// Records every event of the relay and namer modules it handles
+		// Records every event of the relay, namer and streamer modules it handles
 		// (de-duplicated), and every copy on "mesh.dup.#" (duplicates
 		// allowed).
 		return sdk.Module{Name: name, Setup: func(m sdk.Mesh) error {
 			h := sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error { seen("seen", ev); return nil })
-			return errors.Join(m.On("module.relay.#", h), m.On("module.namer.#", h), m.On("mesh.once.#", h),
+			return errors.Join(m.On("module.relay.#", h), m.On("module.namer.#", h), m.On("mesh.once.#", h), m.On("module.streamer.#", h),
 				m.On("mesh.dup.#", sdk.AllowDuplicates(h)))
 		}}, nil
 
@@ -275,6 +278,28 @@ func Module(name string, probe *Probe) (sdk.Module, error) {
 			} {
 				id, err := m.Emit(ctx, e.name, e.body, e.opts...)
 				probe.Add(Record{Kind: "emit_" + e.what, ID: id, Err: errText(err), Is: Classify(err)})
+			}
+			return nil
+		}}, nil
+
+	case "streamer":
+		// Emits, in Run, from one goroutine, Streamed events with
+		// EmitAsync, then one under a bad name; each outcome is recorded
+		// by its done.
+		return sdk.Module{Name: name, Emits: []string{"item"}, Run: func(ctx context.Context, m sdk.Mesh) error {
+			done := func(id string, err error) {
+				probe.Add(Record{Kind: "stream_done", ID: id, Err: errText(err), Is: Classify(err)})
+			}
+			for i := range Streamed {
+				if err := m.EmitAsync(ctx, "item", map[string]int{"n": i}, done); err != nil {
+					probe.Add(Record{Kind: "stream_refused", Err: errText(err), Is: Classify(err)})
+				}
+			}
+			if err := m.EmitAsync(ctx, "item..bad", 1, done); err != nil {
+				probe.Add(Record{Kind: "stream_refused", Err: errText(err), Is: Classify(err)})
+			}
+			if err := m.EmitAsync(ctx, "item", 1, nil); err != nil {
+				probe.Add(Record{Kind: "stream_no_done", Err: errText(err), Is: Classify(err)})
 			}
 			return nil
 		}}, nil
