@@ -18,6 +18,8 @@ func TestWindow(t *testing.T) {
 	started := make(chan struct{}, Size)
 	var mu sync.Mutex
 	outcomes := map[string]int{}
+	var first sync.WaitGroup // the first Size dones
+	first.Add(Size)
 	type key struct{}
 	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), key{}, "v"))
 	for i := range Size {
@@ -29,6 +31,7 @@ func TestWindow(t *testing.T) {
 			}
 			return fmt.Sprint("id", i), nil
 		}, func(id string, err error) {
+			defer first.Done()
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -57,7 +60,8 @@ func TestWindow(t *testing.T) {
 	if id := <-last; id != "last" {
 		t.Errorf("last: %q", id)
 	}
-	// Every slot is free once every done has run: Size more fit at once.
+	// A slot is free before its done runs: Size more fit once the first
+	// emits returned.
 	var wg sync.WaitGroup
 	wg.Add(Size)
 	for range Size {
@@ -66,6 +70,7 @@ func TestWindow(t *testing.T) {
 		}
 	}
 	wg.Wait()
+	first.Wait()
 	mu.Lock()
 	defer mu.Unlock()
 	if len(outcomes) != Size {
