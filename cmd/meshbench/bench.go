@@ -459,6 +459,11 @@ func (r *rawSide) publish(ctx context.Context, seq int) error {
 	if err != nil {
 		return err
 	}
+	return confirmed(ctx, dc)
+}
+
+// confirmed waits for dc: nil for an ack, an error for a nack or ctx's end.
+func confirmed(ctx context.Context, dc *amqp.DeferredConfirmation) error {
 	ok, err := dc.WaitContext(ctx)
 	if err != nil {
 		return err
@@ -516,16 +521,7 @@ func newRawBest(url, qt string, s *sink, window int) (side, error) {
 
 func (r *rawBestSide) stream(ctx context.Context, n int) error {
 	inFlight := make([]*amqp.DeferredConfirmation, 0, r.window)
-	settle := func(dc *amqp.DeferredConfirmation) error {
-		ok, err := dc.WaitContext(ctx)
-		if err != nil {
-			return err
-		}
-		if !ok {
-			return errors.New("nacked")
-		}
-		return nil
-	}
+	settle := func(dc *amqp.DeferredConfirmation) error { return confirmed(ctx, dc) }
 	for seq := 1; seq <= n; seq++ {
 		if len(inFlight) == r.window {
 			if err := settle(inFlight[0]); err != nil {
