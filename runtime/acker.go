@@ -128,33 +128,20 @@ func (a *acker) flushLocked() error {
 	return err
 }
 
-// ackerOf is the acker of the channel d came on, or nil if its channel has
-// none (a queue the module consumes, its dead letters).
-func (m *Module) ackerOf(d amqp.Delivery) *acker {
-	if d.Acknowledger == nil {
-		return nil
-	}
-	a, ok := m.ackers.Load(d.Acknowledger)
-	if !ok {
-		return nil
-	}
-	return a.(*acker)
-}
-
-// ack acknowledges d: held by its channel's acker if it has one, at once
-// otherwise.
-func (m *Module) ack(d amqp.Delivery) error {
-	if a := m.ackerOf(d); a != nil {
-		return a.ack(d.DeliveryTag)
+// ack acknowledges d, which came from src: held by the acker of its
+// channel if it has one (the module's event queue), at once otherwise.
+func (src source) ack(d amqp.Delivery) error {
+	if src.acks != nil {
+		return src.acks.ack(d.DeliveryTag)
 	}
 	return d.Ack(false)
 }
 
-// reject rejects d, requeued, and tells its channel's acker.
-func (m *Module) reject(d amqp.Delivery) error {
+// reject rejects d, requeued, and then tells its channel's acker.
+func (src source) reject(d amqp.Delivery) error {
 	err := d.Reject(true)
-	if a := m.ackerOf(d); a != nil {
-		a.settled(d.DeliveryTag)
+	if src.acks != nil {
+		src.acks.settled(d.DeliveryTag)
 	}
 	return err
 }

@@ -51,7 +51,6 @@ type Module struct {
 	queueConsumers map[string]*queueConsumer // the consumed queues' consumers on the current session
 	consumers      []consumerChannel         // the channels the module consumes on, on the current session
 	resumeMu       sync.Mutex                // one attach or resume at a time; guards attachable, and the writes of attachedOn
-	ackers         sync.Map                  // *acker by the *amqp.Channel of its event queue's consumer
 	counts         moduleCounts              // its running totals, for metrics
 	attrs          attribute.Set             // module=<name>, for its metrics
 	outcomeOpts    map[string]metric.RecordOption
@@ -366,7 +365,6 @@ func (m *Module) consume(ctx context.Context, s *session, subs []subscription) e
 	}
 	m.addTag(ch, tag)
 	a := newAcker(ch, m.cfg.Prefetch)
-	m.ackers.Store(ch, a)
 	go m.watch(s, ch, ch.NotifyClose(make(chan *amqp.Error, 1)), ch.NotifyCancel(make(chan string, 1)))
 	for range m.cfg.Concurrency {
 		m.startWorker(deliveries, a)
@@ -424,7 +422,6 @@ func (m *Module) watch(s *session, ch *amqp.Channel, closed <-chan *amqp.Error, 
 	for {
 		select {
 		case err, ok := <-closed:
-			m.ackers.Delete(ch) // what it held is delivered again (and recognised as handled)
 			if ok && err != nil {
 				m.resumeLater(s, ch, "its channel closed", err)
 			}
@@ -568,6 +565,7 @@ func (m *Module) Stop(ctx context.Context) error {
 func (m *Module) handle(d amqp.Delivery, deliveries <-chan amqp.Delivery, a *acker) (replaced bool) {
 	counts := m.from(d)
 	counts.delivered.Add(1)
+	src := m.own(a)
 	meta, err := wire.DecodeMeta(d.Headers, d.ContentType, d.Body)
 	eventType := d.RoutingKey
 	if meta.RoutingKey != "" {
@@ -578,12 +576,12 @@ func (m *Module) handle(d amqp.Delivery, deliveries <-chan amqp.Delivery, a *ack
 		err = wire.ValidateEventType(eventType)
 	}
 	if err != nil {
-		m.deadLetter(m.own(), d, eventType, attempt, wire.DeadReasonMalformed, err)
+		m.deadLetter(src, d, eventType, attempt, wire.DeadReasonMalformed, err)
 		return false
 	}
 	sub, ok := m.subscriptionFor(eventType)
 	if !ok {
-		m.deadLetter(m.own(), d, eventType, attempt, wire.DeadReasonNoHandler, fmt.Errorf("no handler of module %s matches %s", m.def.Name, eventType))
+		m.deadLetter(src, d, eventType, attempt, wire.DeadReasonNoHandler, fmt.Errorf("no handler of module %s matches %s", m.def.Name, eventType))
 		return false
 	}
 	release := func() {}
@@ -594,7 +592,7 @@ func (m *Module) handle(d amqp.Delivery, deliveries <-chan amqp.Delivery, a *ack
 			m.node.stats.duplicates.Add(1)
 			counts.duplicates.Add(1)
 			m.log.Debug("event already handled; acknowledged without handling it again", "event_id", meta.ID, "event_type", eventType)
-			if err := m.ack(d); err != nil {
+			if err := src.ack(d); err != nil {
 				m.log.Warn("ack of a duplicate failed; it will be delivered again", "event_id", meta.ID, "err", err)
 			}
 			return false
@@ -605,14 +603,14 @@ func (m *Module) handle(d amqp.Delivery, deliveries <-chan amqp.Delivery, a *ack
 		// The last delivery of this message was never settled: its
 		// consumer stopped or crashed. That counts as an attempt, which a
 		// classic queue does not record, so record it and deliver again.
-		m.failed(m.own(), d, eventType, attempt, errors.New("the consumer stopped before the handler finished"))
+		m.failed(src, d, eventType, attempt, errors.New("the consumer stopped before the handler finished"))
 		return false
 	}
 	ev := eventOf(d, meta, eventType, attempt)
 	err, overran := m.call(sub.handler, ev, d, m.queue, func() {
 		release() // settled as failed: a redelivery must not wait for the hung handler
 		m.startWorker(deliveries, a)
-		m.failed(m.own(), d, eventType, attempt, fmt.Errorf("handler timed out after %v", m.cfg.HandlerTimeout))
+		m.failed(src, d, eventType, attempt, fmt.Errorf("handler timed out after %v", m.cfg.HandlerTimeout))
 	})
 	switch {
 	case overran:
@@ -627,13 +625,13 @@ func (m *Module) handle(d amqp.Delivery, deliveries <-chan amqp.Delivery, a *ack
 				m.log.Warn("could not record the event as handled; a redelivery would run it again", "event_id", ev.ID, "err", err)
 			}
 		}
-		if err := m.ack(d); err != nil {
+		if err := src.ack(d); err != nil {
 			m.log.Warn("ack failed; the event will be delivered again (and recognised as handled)", "event_id", ev.ID, "err", err)
 		}
 	case errors.Is(err, sdk.ErrPermanent):
-		m.deadLetter(m.own(), d, eventType, attempt, wire.DeadReasonPermanent, err)
+		m.deadLetter(src, d, eventType, attempt, wire.DeadReasonPermanent, err)
 	default:
-		m.failed(m.own(), d, eventType, attempt, err)
+		m.failed(src, d, eventType, attempt, err)
 	}
 	return false
 }
@@ -770,11 +768,14 @@ func safeHandle(ctx context.Context, h sdk.Handler, ev sdk.Event) (err error) {
 // module's own, or one it consumes (Consume).
 type source struct {
 	queue  string
-	quorum bool // a failed attempt goes back by reject, which counts attempts
+	quorum bool   // a failed attempt goes back by reject, which counts attempts
+	acks   *acker // the acker of the delivery's channel; nil: settled one by one
 }
 
 // own is the module's event queue as a source.
-func (m *Module) own() source { return source{queue: m.queue, quorum: m.cfg.QueueType == QueueQuorum} }
+func (m *Module) own(a *acker) source {
+	return source{queue: m.queue, quorum: m.cfg.QueueType == QueueQuorum, acks: a}
+}
 
 // failed settles a failed attempt: dead-lettered if it was the last one,
 // otherwise tried again after a back-off.
@@ -791,7 +792,7 @@ func (m *Module) failed(src source, d amqp.Delivery, eventType string, attempt i
 		if src.quorum {
 			// reject with requeue counts toward x-delivery-limit on every
 			// version from 3.10 to 4.3; nack does not on 4.3.
-			if err := m.reject(d); err != nil {
+			if err := src.reject(d); err != nil {
 				m.log.Warn("requeue failed; the event returns when the channel closes", "err", err)
 			}
 			return
@@ -815,10 +816,10 @@ func (m *Module) requeueClassic(src source, d amqp.Delivery, eventType string, a
 	defer cancel()
 	if err := s.pub.publish(ctx, "", src.queue, msg); err != nil {
 		m.log.Warn("requeue failed; the event will be delivered again", "err", err)
-		_ = m.reject(d)
+		_ = src.reject(d)
 		return
 	}
-	if err := m.ack(d); err != nil {
+	if err := src.ack(d); err != nil {
 		m.log.Warn("ack after requeue failed; the event may be handled twice", "err", err)
 	}
 }
@@ -846,13 +847,13 @@ func (m *Module) deadLetter(src source, d amqp.Delivery, eventType string, attem
 	if err := s.pub.publish(ctx, wire.ExchangeDead, key, msg); err != nil {
 		delay := m.node.backoff(attempts)
 		m.log.Error("dead-lettering failed; the event goes back to the queue", "err", err, "retry_in", delay)
-		m.later(delay, func() { _ = m.reject(d) })
+		m.later(delay, func() { _ = src.reject(d) })
 		return
 	}
 	m.node.stats.deadLettered.Add(1)
 	m.from(d).deadLettered.Add(1)
 	m.log.Warn("event dead-lettered", "event_type", eventType, "event_id", d.MessageId, "reason", reason, "attempts", attempts, "err", cause)
-	if err := m.ack(d); err != nil {
+	if err := src.ack(d); err != nil {
 		m.log.Warn("ack after dead-lettering failed; the event may be dead-lettered twice", "err", err)
 	}
 }
