@@ -252,3 +252,19 @@ func waitFor(t *testing.T, limit time.Duration, cond func() bool) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// watchQueue declares a server-named, exclusive queue on ch bound to
+// mesh.events with each of keys, to read the wire with nextFrom.
+func watchQueue(t *testing.T, ch *amqp.Channel, keys ...string) string {
+	t.Helper()
+	q, err := ch.QueueDeclare("", false, true, true, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		if err := ch.QueueBind(q.Name, k, wire.ExchangeEvents, false, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return q.Name
+}

@@ -29,17 +29,7 @@ func TestMembership(t *testing.T) {
 	b := testNode(t, strings.Replace(url, brokertest.Host(), proxy.Addr(), 1), "beta", beat)
 	load(t, b, sdk.Module{Name: "shop"}, runtime.ModuleConfig{})
 	raw := rawConn(t, url)
-	watch := func(key string) string {
-		q, err := raw.QueueDeclare("", false, true, true, false, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := raw.QueueBind(q.Name, key, wire.ExchangeEvents, false, nil); err != nil {
-			t.Fatal(err)
-		}
-		return q.Name
-	}
-	unreachable, alphaBeats := watch("node.beta.unreachable"), watch("node.alpha.heartbeat")
+	unreachable, alphaBeats := watchQueue(t, raw, "node.beta.unreachable"), watchQueue(t, raw, "node.alpha.heartbeat")
 
 	heardOf := func(n *runtime.Node, peer string) (runtime.Peer, bool) {
 		for _, p := range n.Peers() {

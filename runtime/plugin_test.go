@@ -533,17 +533,11 @@ func TestHeartbeatTellsModuleVersions(t *testing.T) {
 	url := brokertest.VHost(t)
 	n := testNode(t, url, "anchor", func(c *runtime.Config) { c.HeartbeatInterval = 100 * time.Millisecond })
 	raw := rawConn(t, url)
-	q, err := raw.QueueDeclare("", false, true, true, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := raw.QueueBind(q.Name, "node.anchor.heartbeat", wire.ExchangeEvents, false, nil); err != nil {
-		t.Fatal(err)
-	}
+	q := watchQueue(t, raw, "node.anchor.heartbeat")
 	loadPlugin(t, n, bin, runtime.ModuleConfig{})
 	for {
 		var hb runtime.Heartbeat
-		if d := nextFrom(t, raw, q.Name); json.Unmarshal(d.Body, &hb) != nil {
+		if d := nextFrom(t, raw, q); json.Unmarshal(d.Body, &hb) != nil {
 			t.Fatalf("heartbeat %s", d.Body)
 		}
 		if len(hb.Modules) != 1 || hb.Modules[0].Status != "running" {

@@ -99,13 +99,7 @@ func TestTraceAcrossEmitHandleCall(t *testing.T) {
 	// A foreign publisher's trace is continued: the handler's span is its
 	// child, and what the handler emits carries the same trace id.
 	raw := rawConn(t, url)
-	q, err := raw.QueueDeclare("", false, true, true, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := raw.QueueBind(q.Name, "module.a.next", wire.ExchangeEvents, false, nil); err != nil {
-		t.Fatal(err)
-	}
+	q := watchQueue(t, raw, "module.a.next")
 	const foreignTrace, foreignSpan = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 	id := "01JTRACE000000000000000000"
 	if err := raw.PublishWithContext(emitCtx(t), wire.ExchangeEvents, "mesh.trace.start", false, false, amqp.Publishing{
@@ -116,7 +110,7 @@ func TestTraceAcrossEmitHandleCall(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-handled
-	next := nextFrom(t, raw, q.Name)
+	next := nextFrom(t, raw, q)
 	if tp, _ := next.Headers["traceparent"].(string); !strings.HasPrefix(tp, "00-"+foreignTrace+"-") {
 		t.Errorf("the emitted event's traceparent %q does not continue trace %s", tp, foreignTrace)
 	}
@@ -171,13 +165,7 @@ func TestTraceContinuedWithTracingOff(t *testing.T) {
 		}))
 	}}, runtime.ModuleConfig{})
 	raw := rawConn(t, url)
-	q, err := raw.QueueDeclare("", false, true, true, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := raw.QueueBind(q.Name, "module.a.next", wire.ExchangeEvents, false, nil); err != nil {
-		t.Fatal(err)
-	}
+	q := watchQueue(t, raw, "module.a.next")
 	const foreignTrace = "4bf92f3577b34da6a3ce929d0e0e4736"
 	id := "01JTRACE000000000000000001"
 	if err := raw.PublishWithContext(emitCtx(t), wire.ExchangeEvents, "mesh.trace.start", false, false, amqp.Publishing{
@@ -187,13 +175,13 @@ func TestTraceContinuedWithTracingOff(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if tp, _ := nextFrom(t, raw, q.Name).Headers["traceparent"].(string); !strings.HasPrefix(tp, "00-"+foreignTrace+"-") {
+	if tp, _ := nextFrom(t, raw, q).Headers["traceparent"].(string); !strings.HasPrefix(tp, "00-"+foreignTrace+"-") {
 		t.Errorf("the emitted event's traceparent %q does not continue trace %s", tp, foreignTrace)
 	}
 	if _, err := m.Mesh().Emit(emitCtx(t), "next", 2); err != nil {
 		t.Fatal(err)
 	}
-	if tp, ok := nextFrom(t, raw, q.Name).Headers["traceparent"]; ok {
+	if tp, ok := nextFrom(t, raw, q).Headers["traceparent"]; ok {
 		t.Errorf("an emit outside any trace carries traceparent %v", tp)
 	}
 }
