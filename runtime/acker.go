@@ -80,13 +80,6 @@ func (a *acker) settled(tag uint64) {
 	}
 }
 
-// holding says whether acks are held.
-func (a *acker) holding() bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return len(a.held) > 0
-}
-
 // flush sends the held acks.
 func (a *acker) flush() error {
 	a.mu.Lock()
@@ -158,11 +151,7 @@ func (m *Module) nextDelivery(deliveries <-chan amqp.Delivery, a *acker, linger 
 		return d, ok
 	default:
 	}
-	if a == nil || !a.holding() {
-		d, ok := <-deliveries
-		return d, ok
-	}
-	if !a.lingers() {
+	if !a.lingers() { // nothing held (flush does nothing), or the broker may be waiting for the acks
 		if err := a.flush(); err != nil {
 			m.log.Warn("ack failed; the events will be delivered again (and recognised as handled)", "err", err)
 		}
