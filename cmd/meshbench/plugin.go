@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -52,7 +53,90 @@ func benchPlugin(url string, o options) error {
 	fmt.Printf("module process %.0f events/s, in-process %.0f, raw at its best %.0f: module process / in-process %.2f, module process / raw %.2f, in-process / raw %.2f\n",
 		median(plugin), median(inproc), median(raw), median(plugin)/median(inproc), median(plugin)/median(raw), median(inproc)/median(raw))
 	record("module process throughput / raw at its best", pairedRatio(plugin, raw), 0.85, true, "")
+
+	// At a low rate a batch has nothing to wait for: what a lone event
+	// costs is the boundary's latency, both ways (the delivery in, the
+	// handler's emit out).
+	fmt.Printf("\n== module process: round trip of %d sequential events (emit, handle, emit back, handled), in-process and as a module process ==\n", echoEvents)
+	var inP50, plP50 []float64
+	for r := 0; r < o.rounds; r++ {
+		ip50, ip99, err := echoLatency(url, "")
+		if err != nil {
+			return fmt.Errorf("in-process round trip: %w", err)
+		}
+		pp50, pp99, err := echoLatency(url, bin)
+		if err != nil {
+			return fmt.Errorf("module process round trip: %w", err)
+		}
+		fmt.Printf("round %d  in-process p50 %6.2f ms  p99 %6.2f ms   module process p50 %6.2f ms  p99 %6.2f ms\n", r+1, ip50, ip99, pp50, pp99)
+		inP50, plP50 = append(inP50, ip50), append(plP50, pp50)
+	}
+	fmt.Printf("round trip p50: in-process %.2f ms, module process %.2f ms (+%.2f ms for the boundary, both ways)\n",
+		median(inP50), median(plP50), median(plP50)-median(inP50))
 	return nil
+}
+
+// echoEvents is how many sequential events a round trip round sends.
+const echoEvents = 500
+
+// echoLatency runs countmodule expecting 0 (it answers every event) in
+// process (bin == "") or as the module process bin, sends echoEvents
+// events one at a time, each after the answer to the one before, and
+// returns the p50 and p99 of emit-to-answer, in milliseconds.
+func echoLatency(url, bin string) (p50, p99 float64, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	node, _, closeNode, err := benchNode(ctx, url)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer closeNode()
+	answers := make(chan int, 1)
+	if _, err := node.Load(ctx, sdk.Module{Name: "watch", Setup: func(m sdk.Mesh) error {
+		return m.On("module.count.done", sdk.HandlerFunc(func(_ context.Context, ev sdk.Event) error {
+			var a struct{ Seq int }
+			if err := ev.Decode(&a); err != nil {
+				return sdk.Permanent(err)
+			}
+			answers <- a.Seq
+			return nil
+		}))
+	}}, runtime.ModuleConfig{}); err != nil {
+		return 0, 0, err
+	}
+	defer func() { _ = deleteQueue(url, "bench.count.events"); _ = deleteQueue(url, "bench.watch.events") }()
+	if bin == "" {
+		_, err = node.Load(ctx, countmodule.Module(0), runtime.ModuleConfig{})
+	} else {
+		var pm *runtime.PluginModule
+		pm, err = node.LoadPlugin(ctx, bin, []string{"0"}, runtime.ModuleConfig{})
+		if err == nil {
+			defer pm.Stop(context.Background())
+		}
+	}
+	if err != nil {
+		return 0, 0, err
+	}
+	const warmUp = 50
+	lat := make([]float64, 0, echoEvents)
+	for i := range warmUp + echoEvents {
+		start := time.Now()
+		if _, err := node.Emit(ctx, "bench", "mesh.bench.echo", json.RawMessage(body(i))); err != nil {
+			return 0, 0, err
+		}
+		for seq := -1; seq != i; {
+			select {
+			case seq = <-answers:
+			case <-ctx.Done():
+				return 0, 0, fmt.Errorf("no answer to event %d", i)
+			}
+		}
+		if i >= warmUp {
+			lat = append(lat, float64(time.Since(start))/float64(time.Millisecond))
+		}
+	}
+	slices.Sort(lat)
+	return lat[len(lat)/2], lat[len(lat)*99/100], nil
 }
 
 // countThroughput runs countmodule in-process (bin == "") or as the module

@@ -1,6 +1,7 @@
 // Package countmodule is the module the benchmark runs both in-process and
 // as a module process: it decodes every mesh.bench.* event and, when it has
-// handled the number it expects, emits module.count.done.
+// handled the number it expects, emits module.count.done. Expecting 0, it
+// answers every event: module.count.done carries the event's seq.
 package countmodule
 
 import (
@@ -30,6 +31,10 @@ func Named(name string, expect int64) sdk.Module {
 				}
 				if err := ev.Decode(&body); err != nil {
 					return sdk.Permanent(err)
+				}
+				if expect == 0 {
+					_, err := mesh.Emit(ctx, "done", map[string]int{"seq": body.Seq})
+					return err
 				}
 				if handled.Add(1) == expect {
 					_, err := mesh.Emit(ctx, "done", map[string]int64{"handled": expect})
