@@ -628,8 +628,8 @@ func (pm *PluginModule) answer(i uint32) sdk.ToolHandler {
 	})
 }
 
-// send crosses deliveries in batches that wait up to a millisecond to fill
-// (shared/reference/plugin-boundary-cost.md), or less when the prefetch
+// send crosses deliveries in batches that end with their burst (at most a
+// millisecond: docs/adr/0025-plugin-batches.md), or at once when the
 // window is full: then nothing more can arrive until outcomes go back.
 func (p *moduleProcess) send() {
 	for batch := range plugin.Batches(p.sendq, p.exited, p.windowFull) {
