@@ -8,7 +8,10 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
@@ -60,6 +63,13 @@ type Config struct {
 	// AMQPURL is the broker, amqp://user:pass@host:port/vhost. It is never
 	// logged with its password.
 	AMQPURL string
+	// AMQPURLs are more addresses of the broker: the nodes of a RabbitMQ
+	// cluster, with AMQPURL or without it (Brokers). The node is connected
+	// to one at a time; each node starts at a place of its own in the list
+	// (shuffled), and when a connection is lost or an address does not
+	// answer, it tries the next. Every address must name the same user:
+	// events carry it as their user-id, which the broker checks.
+	AMQPURLs []string
 	// StateDir holds node-local state: the spool (spool.db), the record
 	// of handled events per module (dedup/) and the module binding records
 	// (bindings/). One node process at a time may use it.
@@ -210,7 +220,7 @@ type ModuleConfig struct {
 }
 
 func (c *Config) withDefaults() {
-	if c.AMQPURL == "" {
+	if c.AMQPURL == "" && len(c.AMQPURLs) == 0 {
 		c.AMQPURL = DefaultAMQPURL
 	}
 	if c.StateDir == "" && c.Node != "" {
@@ -337,6 +347,9 @@ func (c Config) Validate() error {
 	if c.DedupMaxEntries < 0 {
 		errs = append(errs, fmt.Errorf("dedup_max_entries: %d is negative", c.DedupMaxEntries))
 	}
+	if err := checkBrokers(c.Brokers()); err != nil {
+		errs = append(errs, err)
+	}
 	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
 		errs = append(errs, errors.New("tls.cert_file/tls.key_file: give both or neither"))
 	}
@@ -420,6 +433,49 @@ func (m ModuleConfig) validate() error {
 }
 
 // redactURL returns u without its password, for logs.
+// Brokers are the broker's addresses, in the order configured: AMQPURL
+// (if set), then AMQPURLs, each once; DefaultAMQPURL if neither is set.
+func (c Config) Brokers() []string {
+	var out []string
+	for _, u := range append([]string{c.AMQPURL}, c.AMQPURLs...) {
+		if u != "" && !slices.Contains(out, u) {
+			out = append(out, u)
+		}
+	}
+	if len(out) == 0 {
+		out = []string{DefaultAMQPURL}
+	}
+	return out
+}
+
+// checkBrokers refuses an address that is not an amqp:// or amqps:// URL,
+// and addresses that name different users (an event's user-id must be the
+// user of whichever connection publishes it). Errors show addresses
+// without their passwords.
+func checkBrokers(urls []string) error {
+	var errs []error
+	user, first := "", ""
+	for _, u := range urls {
+		uri, err := amqp.ParseURI(u)
+		if err != nil {
+			var ue *url.Error
+			if errors.As(err, &ue) {
+				err = ue.Err // url.Error quotes the URL, password and all
+			}
+			errs = append(errs, fmt.Errorf("amqp_url/amqp_urls: %s: %w", redactURL(u), err))
+			continue
+		}
+		switch {
+		case first == "":
+			user, first = uri.Username, u
+		case uri.Username != user:
+			errs = append(errs, fmt.Errorf("amqp_url/amqp_urls: %s uses the user %q and %s uses %q: every address must use the same user (an event's user-id is checked against it)",
+				redactURL(u), uri.Username, redactURL(first), user))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 func redactURL(u string) string {
 	if p, err := url.Parse(u); err == nil {
 		return p.Redacted()

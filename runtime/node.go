@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
@@ -35,8 +36,13 @@ import (
 // meanwhile emits go to the local spool and are resent, in order, once the
 // broker is back (docs/adr/0009-connection-supervision.md).
 type Node struct {
-	cfg      Config
-	userID   string // the broker user the node authenticates as, set as each event's user-id
+	cfg    Config
+	userID string // the broker user the node authenticates as, set as each event's user-id
+	// brokers are the broker's addresses in the order this node tries
+	// them (brokerOrder), and brokerAt the index of the one it is on or
+	// tries next.
+	brokers  []string
+	brokerAt atomic.Int32
 	log      *slog.Logger
 	bindings bindingRecord
 	stats    counters
@@ -108,7 +114,8 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	cfg.withDefaults()
 	n := &Node{
 		cfg:        cfg,
-		userID:     brokerUser(cfg.AMQPURL),
+		userID:     brokerUser(cfg.Brokers()[0]), // checkBrokers: all name the same user
+		brokers:    brokerOrder(cfg.Brokers(), rand.IntN),
 		log:        cfg.Logger.With("node", cfg.Node),
 		bindings:   bindingRecord{dir: cfg.StateDir},
 		modules:    make(map[string]*Module),
@@ -140,7 +147,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		n.setSession(s)
 	case cfg.StartWithoutBroker && !cfg.Ephemeral && brokerAway(err):
 		n.log.Warn("the broker does not answer; starting disconnected: emits are spooled, modules attach once it answers",
-			"broker", redactURL(cfg.AMQPURL), "err", err)
+			"err", err)
 	default:
 		n.endLife()
 		n.stopTelemetry()
@@ -160,7 +167,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		close(n.drained)
 	}
 	if s != nil {
-		n.log.Info("node connected", "broker", redactURL(cfg.AMQPURL))
+		n.log.Info("node connected", "broker", s.broker)
 		n.followPeers(s)
 	}
 	if n.membership() {

@@ -204,7 +204,7 @@ func (pm *PluginModule) announce(what string, cause error) {
 // stream.
 func (pm *PluginModule) launch(ctx context.Context) (*moduleProcess, error) {
 	cmd := exec.Command(pm.path, pm.args...)
-	cmd.Env = append(moduleEnv(os.Environ(), pm.node.cfg.AMQPURL), plugin.ToolGrantsEnv(pm.toolGrants)...)
+	cmd.Env = append(moduleEnv(os.Environ(), pm.node.brokers), plugin.ToolGrantsEnv(pm.toolGrants)...)
 	if pm.settings != nil {
 		cmd.Env = append(cmd.Env, plugin.EnvSettings+"="+string(pm.settings))
 	}
@@ -258,13 +258,15 @@ func (pm *PluginModule) launch(ctx context.Context) (*moduleProcess, error) {
 }
 
 // moduleEnv is a module process's environment: the node's, less what
-// holds the broker's credentials (MESH_AMQP_URL, or any variable whose
-// value holds the node's broker URL). A module reaches the mesh through
-// its node only; it has no business with the node's credentials.
-func moduleEnv(environ []string, amqpURL string) []string {
+// holds the broker's credentials (MESH_AMQP_URL, MESH_AMQP_URLS, or any
+// variable whose value holds one of the node's broker URLs). A module
+// reaches the mesh through its node only; it has no business with the
+// node's credentials.
+func moduleEnv(environ []string, amqpURLs []string) []string {
 	return slices.DeleteFunc(slices.Clone(environ), func(kv string) bool {
 		k, v, _ := strings.Cut(kv, "=")
-		return k == "MESH_AMQP_URL" || (amqpURL != "" && strings.Contains(v, amqpURL))
+		return k == "MESH_AMQP_URL" || k == "MESH_AMQP_URLS" ||
+			slices.ContainsFunc(amqpURLs, func(u string) bool { return u != "" && strings.Contains(v, u) })
 	})
 }
 

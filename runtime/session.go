@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net/url"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,6 +30,7 @@ var ErrNodeTaken = errors.New("a node of this name is already running on the mes
 // session and made again on the next one; nothing survives a reconnect by
 // itself (docs/adr/0009-connection-supervision.md).
 type session struct {
+	broker  string           // the address both connections go to, without its password
 	pubConn *amqp.Connection // publishes only: broker flow control on it never stalls acks
 	subConn *amqp.Connection // consumes: one channel per module
 	pub     *publisher
@@ -118,17 +120,58 @@ func (s *session) close(byNode bool) {
 	_ = s.subConn.Close()
 }
 
-// connect dials both connections, declares the topology, takes the node
-// lock and opens the publisher.
+// connect connects to the broker at the first of its addresses that
+// answers, starting at the node's current one (n.brokerAt): after a
+// session is lost, the supervisor moves it on first. An address that does
+// not answer (brokerAway) moves it on too; one that answers and refuses
+// (credentials, node lock, topology) ends the try with its error, as the
+// others, the same cluster, would say the same.
 func (n *Node) connect(ctx context.Context) (*session, error) {
-	s := &session{lost: make(chan struct{})}
+	var errs []error
+	for range n.brokers {
+		at := int(n.brokerAt.Load())
+		s, err := n.connectTo(ctx, n.brokers[at])
+		if err == nil {
+			return s, nil
+		}
+		if !brokerAway(err) || ctx.Err() != nil {
+			return nil, err
+		}
+		errs = append(errs, err)
+		n.nextBroker(at)
+	}
+	if len(errs) == 1 {
+		return nil, errs[0]
+	}
+	return nil, fmt.Errorf("none of the broker's %d addresses answers: %w", len(n.brokers), errors.Join(errs...))
+}
+
+// nextBroker moves the node on from the address at index at to the next,
+// unless another move came first.
+func (n *Node) nextBroker(at int) {
+	n.brokerAt.CompareAndSwap(int32(at), int32((at+1)%len(n.brokers)))
+}
+
+// brokerOrder is the order a node tries the broker's addresses in: the
+// configured ones, rotated to start at a random place, so that the nodes
+// of a mesh spread their connections over a cluster and each fails over
+// to the address after its own.
+func brokerOrder(urls []string, intN func(int) int) []string {
+	k := intN(len(urls))
+	return append(slices.Clone(urls[k:]), urls[:k]...)
+}
+
+// connectTo dials both connections to url, declares the topology, takes
+// the node lock and opens the publisher.
+func (n *Node) connectTo(ctx context.Context, url string) (*session, error) {
+	s := &session{broker: redactURL(url), lost: make(chan struct{})}
 	open := make(chan struct{})
 	s.blockedNow.Store(&open)
 	var err error
-	if s.pubConn, err = dial(ctx, n.cfg, "publish"); err != nil {
+	if s.pubConn, err = dial(ctx, n.cfg, url, "publish"); err != nil {
 		return nil, err
 	}
-	if s.subConn, err = dial(ctx, n.cfg, "consume"); err != nil {
+	if s.subConn, err = dial(ctx, n.cfg, url, "consume"); err != nil {
 		s.pubConn.Close()
 		return nil, err
 	}
@@ -308,7 +351,8 @@ func (n *Node) supervise(s *session) {
 				return
 			}
 			down = time.Now()
-			n.log.Warn("broker connection lost; reconnecting", "err", s.lostErr)
+			n.nextBroker(int(n.brokerAt.Load()))
+			n.log.Warn("broker connection lost; reconnecting", "broker", s.broker, "next", redactURL(n.brokers[n.brokerAt.Load()]), "err", s.lostErr)
 		}
 		next, ok := n.reconnect(down)
 		if !ok {
@@ -318,10 +362,10 @@ func (n *Node) supervise(s *session) {
 		n.setSession(s)
 		if first {
 			first = false
-			n.log.Info("node connected: the broker answers", "broker", redactURL(n.cfg.AMQPURL), "waited", time.Since(down).Round(time.Millisecond))
+			n.log.Info("node connected: the broker answers", "broker", s.broker, "waited", time.Since(down).Round(time.Millisecond))
 		} else {
 			n.stats.reconnects.Add(1)
-			n.log.Info("reconnected to the broker", "down_for", time.Since(down).Round(time.Millisecond))
+			n.log.Info("reconnected to the broker", "broker", s.broker, "down_for", time.Since(down).Round(time.Millisecond))
 		}
 		n.resume(s)
 		n.followPeers(s)
@@ -408,8 +452,9 @@ func jitter(d time.Duration) time.Duration {
 	return d - time.Duration(rand.Int64N(int64(d)/5+1))
 }
 
-// dial opens one connection to the broker, over TLS for amqps:// URLs.
-func dial(ctx context.Context, cfg Config, role string) (*amqp.Connection, error) {
+// dial opens one connection to the broker at amqpURL, over TLS for
+// amqps:// URLs.
+func dial(ctx context.Context, cfg Config, amqpURL, role string) (*amqp.Connection, error) {
 	timeout := 10 * time.Second
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < timeout {
 		timeout = max(time.Until(dl), time.Millisecond)
@@ -422,17 +467,17 @@ func dial(ctx context.Context, cfg Config, role string) (*amqp.Connection, error
 		Properties: props,
 		Dial:       amqp.DefaultDial(timeout),
 	}
-	if u, err := url.Parse(cfg.AMQPURL); err == nil && u.Scheme == "amqps" {
+	if u, err := url.Parse(amqpURL); err == nil && u.Scheme == "amqps" {
 		tc, err := cfg.TLS.clientConfig()
 		if err != nil {
 			return nil, err
 		}
 		ac.TLSClientConfig = tc
 	}
-	conn, err := amqp.DialConfig(cfg.AMQPURL, ac)
+	conn, err := amqp.DialConfig(amqpURL, ac)
 	if err != nil {
 		// amqp091-go errors do not carry the URL, so err is safe to show.
-		return nil, fmt.Errorf("connect to broker %s (%s): %w%s", redactURL(cfg.AMQPURL), role, err, tlsHint(err))
+		return nil, fmt.Errorf("connect to broker %s (%s): %w%s", redactURL(amqpURL), role, err, tlsHint(err))
 	}
 	return conn, nil
 }

@@ -30,6 +30,7 @@ func app() *cli.App {
 		EnableBashCompletion: true,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "amqp-url", EnvVars: []string{"MESH_AMQP_URL"}, Value: runtime.DefaultAMQPURL, Usage: "the broker's `URL`"},
+			&cli.StringSliceFlag{Name: "amqp-urls", EnvVars: []string{"MESH_AMQP_URLS"}, Usage: "more of the broker's `URLS` (the nodes of a cluster; comma-separated or repeated): the first that answers is used"},
 			&cli.StringFlag{Name: "node", EnvVars: []string{"MESH_NODE"}, Usage: "the node `NAME` events are emitted from (default meshctl-HOST)"},
 		},
 		Commands: []*cli.Command{
@@ -86,7 +87,7 @@ func connect(ctx context.Context, c *cli.Context) (*runtime.Node, error) {
 	return runtime.New(ctx, runtime.Config{
 		Node:      name,
 		Ephemeral: true, // no node lock, no spool: an emit is confirmed or fails
-		AMQPURL:   c.String("amqp-url"),
+		AMQPURLs:  brokerURLs(c),
 		Logger:    slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
 }

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -31,7 +32,11 @@ func TestEmitAndTail(t *testing.T) {
 	bin := build(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel) // after the cleanup below, which stops tail with SIGTERM
-	tail := exec.CommandContext(ctx, bin, "--amqp-url", url, "tail", "--json", "mesh.ops.#")
+	// Both take a list of the broker's addresses whose first does not
+	// answer: tail from the environment, emit from the flag.
+	deadURL := strings.Replace(url, brokertest.Host(), "127.0.0.1:1", 1)
+	tail := exec.CommandContext(ctx, bin, "tail", "--json", "mesh.ops.#")
+	tail.Env = append(os.Environ(), "MESH_AMQP_URLS="+deadURL+","+url)
 	stdout, err := tail.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -59,7 +64,7 @@ func TestEmitAndTail(t *testing.T) {
 	// Emit until tail has bound its queue and prints the event.
 	var line string
 	for line == "" {
-		out, err := exec.CommandContext(ctx, bin, "--amqp-url", url, "--node", "ops-laptop", "emit", "--schema", "2",
+		out, err := exec.CommandContext(ctx, bin, "--amqp-urls", deadURL, "--amqp-urls", url, "--node", "ops-laptop", "emit", "--schema", "2",
 			"mesh.ops.restarted", `{"service":"db"}`).Output()
 		if err != nil {
 			t.Fatalf("emit: %v", err)

@@ -22,6 +22,7 @@ import (
 
 	"github.com/meshkit/mesh/internal/deadletters"
 	"github.com/meshkit/mesh/internal/wire"
+	"github.com/meshkit/mesh/runtime"
 )
 
 // keeper describes one of the two keeper queues for the commands.
@@ -141,25 +142,44 @@ func filterOf(c *cli.Context) (deadletters.Filter, error) {
 // brokerSession dials the broker for one command, with a context that ends
 // on SIGINT or SIGTERM (the messages being worked on go back to the queue).
 func brokerSession(c *cli.Context) (context.Context, *amqp.Connection, func(), error) {
-	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
-	url := c.String("amqp-url")
-	props := amqp.NewConnectionProperties()
-	props.SetClientConnectionName("meshctl " + c.Command.FullName())
-	conn, err := amqp.DialConfig(url, amqp.Config{
-		Heartbeat:  10 * time.Second,
-		Locale:     "en_US",
-		Properties: props,
-		Dial:       amqp.DefaultDial(10 * time.Second),
-	})
-	if err != nil {
-		stop()
-		// amqp091-go errors do not carry the URL, so err is safe to show.
-		return nil, nil, nil, fmt.Errorf("connect to broker %s: %w", redactURL(url), err)
-	}
-	return ctx, conn, func() { _ = conn.Close(); stop() }, nil
+	ctx, conn, _, done, err := brokerSessionAt(c)
+	return ctx, conn, done, err
 }
 
-// redactURL returns u without its password.
+// brokerSessionAt is brokerSession that also says which of the broker's
+// addresses (brokerURLs) answered: the first that does.
+func brokerSessionAt(c *cli.Context) (context.Context, *amqp.Connection, string, func(), error) {
+	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
+	props := amqp.NewConnectionProperties()
+	props.SetClientConnectionName("meshctl " + c.Command.FullName())
+	var errs []error
+	for _, url := range brokerURLs(c) {
+		conn, err := amqp.DialConfig(url, amqp.Config{
+			Heartbeat:  10 * time.Second,
+			Locale:     "en_US",
+			Properties: props,
+			Dial:       amqp.DefaultDial(10 * time.Second),
+		})
+		if err == nil {
+			return ctx, conn, url, func() { _ = conn.Close(); stop() }, nil
+		}
+		// amqp091-go errors do not carry the URL, so err is safe to show.
+		errs = append(errs, fmt.Errorf("connect to broker %s: %w", redactURL(url), err))
+	}
+	stop()
+	return nil, nil, "", nil, errors.Join(errs...)
+}
+
+// brokerURLs are the broker's addresses: --amqp-url, then --amqp-urls,
+// each once; --amqp-url's default only if neither is given.
+func brokerURLs(c *cli.Context) []string {
+	cfg := runtime.Config{AMQPURLs: c.StringSlice("amqp-urls")}
+	if c.IsSet("amqp-url") || len(cfg.AMQPURLs) == 0 {
+		cfg.AMQPURL = c.String("amqp-url")
+	}
+	return cfg.Brokers()
+}
+
 func redactURL(u string) string {
 	if p, err := neturl.Parse(u); err == nil {
 		return p.Redacted()

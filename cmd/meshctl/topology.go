@@ -195,19 +195,25 @@ func topologyCheck(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	if !c.IsSet("amqp-url") && f.AMQPURL != "" {
+	if !c.IsSet("amqp-url") && !c.IsSet("amqp-urls") && (f.AMQPURL != "" || len(f.AMQPURLs) > 0) {
 		if err := c.Set("amqp-url", f.AMQPURL); err != nil {
 			return err
 		}
+		for _, u := range f.AMQPURLs {
+			if err := c.Set("amqp-urls", u); err != nil {
+				return err
+			}
+		}
 	}
-	ctx, conn, done, err := brokerSession(c)
+	ctx, conn, url, done, err := brokerSessionAt(c)
 	if err != nil {
 		return err
 	}
 	defer done()
 	var api *managementAPI
 	if !c.Bool("no-bindings") {
-		if api, err = newManagementAPI(c.String("amqp-url"), c.String("management-url")); err != nil {
+		// The management API of the cluster node that answered.
+		if api, err = newManagementAPI(url, c.String("management-url")); err != nil {
 			return err
 		}
 	}

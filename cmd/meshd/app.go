@@ -32,6 +32,7 @@ func app() *cli.App {
 				&cli.StringFlag{Name: "config", EnvVars: []string{"MESH_CONFIG"}, Usage: "the node's configuration `FILE` (mesh.yaml)"},
 				&cli.StringFlag{Name: "node", EnvVars: []string{"MESH_NODE"}, Usage: "this node's `NAME`, unique on the mesh"},
 				&cli.StringFlag{Name: "amqp-url", EnvVars: []string{"MESH_AMQP_URL"}, Usage: "the broker's `URL` (default " + runtime.DefaultAMQPURL + ")"},
+				&cli.StringSliceFlag{Name: "amqp-urls", EnvVars: []string{"MESH_AMQP_URLS"}, Usage: "more of the broker's `URLS` (the nodes of a cluster; comma-separated or repeated)"},
 				&cli.StringFlag{Name: "state-dir", EnvVars: []string{"MESH_STATE_DIR"}, Usage: "node-local state `DIR` (default ~/.local/state/mesh/NODE)"},
 				&cli.StringFlag{Name: "http-addr", EnvVars: []string{"MESH_HTTP_ADDR"}, Usage: "serve /healthz and /readyz on `HOST:PORT` (default off)"},
 				&cli.StringFlag{Name: "log-level", EnvVars: []string{"MESH_LOG_LEVEL"}, Value: "info", Usage: "debug, info, warn or error"},
@@ -59,6 +60,9 @@ func config(c *cli.Context) (nodeconfig.File, error) {
 	}
 	if c.IsSet("amqp-url") {
 		f.AMQPURL = c.String("amqp-url")
+	}
+	if c.IsSet("amqp-urls") {
+		f.AMQPURLs = c.StringSlice("amqp-urls")
 	}
 	if c.IsSet("state-dir") {
 		f.StateDir = c.String("state-dir")

@@ -21,7 +21,8 @@ import (
 // test, with a password found nowhere else) appears in none of meshd's
 // log lines at debug level, its /metrics, /readyz or /healthz, the
 // environment of its module process, or meshctl's output and errors, on
-// success and on failure.
+// success and on failure, with one address or a list (MESH_AMQP_URLS,
+// --amqp-urls) whose first does not answer.
 func TestSecretsStayOut(t *testing.T) {
 	url := brokertest.VHost(t)
 	vhost := url[strings.LastIndex(url, "/")+1:]
@@ -56,7 +57,10 @@ modules:
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, meshd, "run", "--config", cfg, "--log-level", "debug")
-	cmd.Env = append(os.Environ(), "MESH_AMQP_URL="+secretURL) // the password in the environment, as systemd units do
+	// The password in the environment, as systemd units do, in a list of
+	// addresses whose first one (in the order configured) does not answer.
+	deadURL := strings.Replace(secretURL, "@"+brokertest.Host(), "@127.0.0.1:1", 1)
+	cmd.Env = append(os.Environ(), "MESH_AMQP_URLS="+deadURL+","+secretURL)
 	var logs lockedBuffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	if err := cmd.Start(); err != nil {
@@ -82,7 +86,9 @@ modules:
 	run("--amqp-url", secretURL, "emit", "mesh.test.log", `{"do":"log"}`)
 	run("--amqp-url", secretURL, "dlq", "ls")
 	run("--amqp-url", strings.Replace(secretURL, vhost, "no-such-vhost", 1), "emit", "mesh.test.x", "{}")
-	run("--amqp-url", strings.Replace(secretURL, "@"+brokertest.Host(), "@127.0.0.1:1", 1), "emit", "mesh.test.x", "{}")
+	run("--amqp-url", deadURL, "emit", "mesh.test.x", "{}")
+	run("--amqp-urls", deadURL+","+secretURL, "emit", "mesh.test.log", `{"do":"log"}`)
+	run("--amqp-urls", deadURL, "--amqp-urls", deadURL+"0", "dlq", "ls")
 	for _, path := range []string{"/metrics", "/readyz", "/healthz"} {
 		resp, err := http.Get("http://" + httpAddr + path)
 		if err != nil {

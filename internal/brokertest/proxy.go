@@ -87,6 +87,14 @@ func serveProxy(t testing.TB, ln net.Listener) *Proxy {
 // Addr is the proxy's host:port.
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
+// Conns is how many client connections were made through the proxy since
+// it last cut them (a client may have closed some since).
+func (p *Proxy) Conns() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.conns) / 2
+}
+
 // Cut closes every connection made through the proxy so far.
 func (p *Proxy) Cut() {
 	p.mu.Lock()

@@ -26,9 +26,12 @@ import (
 
 // File is a node's configuration file.
 type File struct {
-	Node     string `yaml:"node"`
-	AMQPURL  string `yaml:"amqp_url"`
-	StateDir string `yaml:"state_dir"`
+	Node    string `yaml:"node"`
+	AMQPURL string `yaml:"amqp_url"`
+	// AMQPURLs are more addresses of the broker, the nodes of a cluster
+	// (runtime.Config.AMQPURLs).
+	AMQPURLs []string `yaml:"amqp_urls"`
+	StateDir string   `yaml:"state_dir"`
 	// HTTPAddr serves /healthz and /readyz when set (host:port).
 	HTTPAddr     string        `yaml:"http_addr"`
 	MaxBodyBytes int           `yaml:"max_body_bytes"`
@@ -125,7 +128,7 @@ func Load(path string) (File, error) {
 // Runtime is the node's runtime configuration from the file.
 func (f File) Runtime() runtime.Config {
 	return runtime.Config{
-		Node: f.Node, AMQPURL: f.AMQPURL, StateDir: f.StateDir, MaxBodyBytes: f.MaxBodyBytes,
+		Node: f.Node, AMQPURL: f.AMQPURL, AMQPURLs: f.AMQPURLs, StateDir: f.StateDir, MaxBodyBytes: f.MaxBodyBytes,
 		CallTimeout: f.CallTimeout, RetryMin: f.RetryMin, RetryMax: f.RetryMax,
 		Module:          f.Defaults.runtime(),
 		TLS:             runtime.TLSConfig{CAFile: f.TLS.CAFile, CertFile: f.TLS.CertFile, KeyFile: f.TLS.KeyFile, ServerName: f.TLS.ServerName},
