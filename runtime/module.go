@@ -51,6 +51,7 @@ type Module struct {
 	queueConsumers map[string]*queueConsumer // the consumed queues' consumers on the current session
 	consumers      []consumerChannel         // the channels the module consumes on, on the current session
 	resumeMu       sync.Mutex                // one attach or resume at a time; guards attachable, and the writes of attachedOn
+	serveTry       atomic.Uint64             // numbers the attaches, so a serveLater of an earlier one gives up
 	counts         moduleCounts              // its running totals, for metrics
 	attrs          attribute.Set             // module=<name>, for its metrics
 	outcomeOpts    map[string]metric.RecordOption
@@ -230,7 +231,7 @@ func (m *Module) attachFirst(ctx context.Context, subs []subscription, tools []t
 		m.log.Info("the broker is away: the module attaches once the node connects")
 		return nil
 	}
-	if err := m.attach(ctx, s, subs, tools); err != nil {
+	if err := m.attach(ctx, s, subs, tools, false); err != nil {
 		if s.isLost() && !m.node.cfg.Ephemeral {
 			// Lost while attaching: the supervisor attaches it on the next
 			// session.
@@ -243,8 +244,12 @@ func (m *Module) attachFirst(ctx context.Context, subs []subscription, tools []t
 	return nil
 }
 
-// attach consumes the module's queue and serves its tools on s.
-func (m *Module) attach(ctx context.Context, s *session, subs []subscription, tools []tool) error {
+// attach consumes the module's queue and serves its tools on s. With
+// toolsLater, tools the broker will not serve now (on a cluster, a serve
+// queue is a classic queue, unavailable while its home node is down) do not
+// fail the attach: the module handles its events, and serveLater tries the
+// tools again.
+func (m *Module) attach(ctx context.Context, s *session, subs []subscription, tools []tool, toolsLater bool) error {
 	if len(subs) > 0 {
 		if err := m.consume(ctx, s, subs); err != nil {
 			return err
@@ -260,12 +265,42 @@ func (m *Module) attach(ctx context.Context, s *session, subs []subscription, to
 	if err := m.consumeQueues(ctx, s, m.queues); err != nil {
 		return err
 	}
+	m.serveTry.Add(1) // a pending serveLater is for an earlier attach
 	if len(tools) > 0 {
 		if err := m.serve(ctx, s, tools); err != nil {
-			return err
+			if !toolsLater || s.isLost() || errors.Is(err, sdk.ErrClosed) {
+				return err
+			}
+			m.log.Error("the module's tools cannot be served now; its events are handled, and its tools are tried again", "err", err)
+			m.serveLater(s, tools, m.serveTry.Load(), 1)
 		}
 	}
 	return nil
+}
+
+// serveLater tries again, after a back-off, to serve tools on s for the
+// attach numbered try, until it works, s is lost, the module stops, or
+// another attach replaced that one.
+func (m *Module) serveLater(s *session, tools []tool, try uint64, attempt int) {
+	delay := jitter(expBackoff(time.Second, 30*time.Second, attempt))
+	time.AfterFunc(delay, func() {
+		m.resumeMu.Lock()
+		defer m.resumeMu.Unlock()
+		m.mu.Lock()
+		stopped := m.stopped
+		m.mu.Unlock()
+		if stopped || s.isLost() || m.serveTry.Load() != try {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := m.serve(ctx, s, tools); err != nil {
+			m.log.Warn("the module's tools still cannot be served; trying again", "err", err, "attempt", attempt+1)
+			m.serveLater(s, tools, try, attempt+1)
+			return
+		}
+		m.log.Info("the module's tools are served again", "tools", len(tools))
+	})
 }
 
 // resume brings the module's consumers and tool servers back on s after
@@ -295,7 +330,7 @@ func (m *Module) resume(s *session, again bool) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := m.attach(ctx, s, subs, tools); err != nil {
+	if err := m.attach(ctx, s, subs, tools, true); err != nil {
 		if s.isLost() || errors.Is(err, sdk.ErrClosed) {
 			return
 		}

@@ -39,6 +39,44 @@ type publisher struct {
 	done      chan struct{}
 	closeOnce sync.Once
 	shut      atomic.Bool // closed by the node, not lost
+
+	// A channel the broker refuses everything on: set by watchRefusals
+	// before the publisher is used. nackSince is when the first negative
+	// confirm since the last positive one came (unix ns; 0: none).
+	refusingAfter time.Duration
+	onRefusing    func()
+	nackSince     atomic.Int64
+	refusingOnce  sync.Once
+}
+
+// watchRefusals makes the publisher call onRefusing, once, when the broker
+// has refused every publish on its channel for after: no positive confirm
+// since a negative one that long ago. RabbitMQ 3.10 refuses, for as long as
+// the channel lives, every publish to a quorum queue from a channel opened
+// while that queue's leader was being elected (its old leader's node
+// killed), while a new channel is served at once
+// (docs/adr/0027-failover-on-a-cluster.md).
+func (p *publisher) watchRefusals(after time.Duration, onRefusing func()) {
+	p.refusingAfter, p.onRefusing = after, onRefusing
+}
+
+// confirmed records the broker's confirm of a publish on the channel:
+// acked or refused (a negative confirm).
+func (p *publisher) confirmed(acked bool) {
+	if acked {
+		p.nackSince.Store(0)
+		return
+	}
+	if p.onRefusing == nil {
+		return
+	}
+	now := time.Now().UnixNano()
+	if p.nackSince.CompareAndSwap(0, now) {
+		return
+	}
+	if since := p.nackSince.Load(); since != 0 && time.Duration(now-since) >= p.refusingAfter {
+		p.refusingOnce.Do(p.onRefusing)
+	}
 }
 
 func newPublisher(conn *amqp.Connection) (*publisher, error) {
@@ -140,6 +178,9 @@ func (p *publisher) publishUnlessBlocked(ctx context.Context, blocked <-chan str
 		return fmt.Errorf("wait for confirm: %w", ctx.Err())
 	case <-blocked:
 		return fmt.Errorf("wait for confirm: %w", errBlocked)
+	}
+	if dc.Acked() || !p.ch.IsClosed() {
+		p.confirmed(dc.Acked())
 	}
 	switch {
 	case dc.Acked() && p.wasReturned(msg.MessageId):

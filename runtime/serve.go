@@ -31,21 +31,30 @@ func (m *Module) serve(ctx context.Context, s *session, tools []tool) error {
 	if err != nil {
 		return fmt.Errorf("open serve channel: %w", err)
 	}
-	if err := m.track(ch); err != nil {
-		return err
-	}
-	go m.watch(s, ch, ch.NotifyClose(make(chan *amqp.Error, 1)), ch.NotifyCancel(make(chan string, 1)))
+	// Every queue is declared and bound before anything consumes: a
+	// declare the broker refuses (on a cluster, a serve queue whose home
+	// node is down) closes the channel, and leaves nothing to tear down.
 	if err := ch.Qos(m.cfg.Prefetch, 0, false); err != nil {
+		ch.Close()
 		return fmt.Errorf("set prefetch: %w", err)
 	}
 	for _, t := range tools {
 		queue := wire.ServeQueue(t.key)
 		if _, err := ch.QueueDeclare(queue, true, false, false, false, serveQueueArgs()); err != nil {
+			ch.Close()
 			return fmt.Errorf("declare queue %s: %w", queue, err)
 		}
 		if err := ch.QueueBind(queue, t.key, wire.ExchangeRPC, false, nil); err != nil {
+			ch.Close()
 			return fmt.Errorf("bind %s to %q: %w", queue, t.key, err)
 		}
+	}
+	if err := m.track(ch); err != nil {
+		return err
+	}
+	go m.watch(s, ch, ch.NotifyClose(make(chan *amqp.Error, 1)), ch.NotifyCancel(make(chan string, 1)))
+	for _, t := range tools {
+		queue := wire.ServeQueue(t.key)
 		tag := "mesh." + m.node.cfg.Node + "." + m.def.Name + ".serve." + t.key
 		if len(tag) > wire.MaxNameBytes {
 			tag = "" // the broker names it

@@ -354,9 +354,13 @@ func (n *Node) supervise(s *session) {
 			n.nextBroker(int(n.brokerAt.Load()))
 			n.log.Warn("broker connection lost; reconnecting", "broker", s.broker, "next", redactURL(n.brokers[n.brokerAt.Load()]), "err", s.lostErr)
 		}
+		recycled := s != nil && errors.Is(s.lostErr, errRefusingChannel)
 		next, ok := n.reconnect(down)
 		if !ok {
 			return
+		}
+		if !first && !recycled {
+			n.watchRefusals(next)
 		}
 		s = next
 		n.setSession(s)
@@ -374,6 +378,36 @@ func (n *Node) supervise(s *session) {
 		}
 		n.kickDrain()
 	}
+}
+
+// errRefusingChannel ends a session whose publish channel the broker
+// refuses everything on (publisher.watchRefusals).
+var errRefusingChannel = errors.New("the broker refused every publish on the channel opened during the failover")
+
+// refusingFor and refusingWithin bound the watch for a refusing channel: a
+// session made by a failover that, within its first refusingWithin, has
+// every publish refused for refusingFor is made again, once per outage (a
+// queue at its length limit with reject-publish also refuses: it costs that
+// one reconnect).
+const (
+	refusingFor    = 3 * time.Second
+	refusingWithin = time.Minute
+)
+
+// watchRefusals makes the failover session s start again if the broker
+// refuses every publish on its channel early in its life.
+func (n *Node) watchRefusals(s *session) {
+	began := time.Now()
+	s.pub.watchRefusals(refusingFor, func() {
+		if time.Since(began) > refusingWithin {
+			return
+		}
+		n.log.Warn("the broker refuses every publish on this connection's channel since the failover; connecting again",
+			"broker", s.broker, "for", refusingFor)
+		n.stats.refusingChannels.Add(1)
+		s.markLost(errRefusingChannel)
+		_ = s.pubConn.Close() // the supervisor sees the session lost either way
+	})
 }
 
 // reconnect tries to connect until it succeeds, the node closes, or the

@@ -405,11 +405,13 @@ func (n *Node) resend(s *session, recs []spool.Record) (done []uint64, refused [
 			if s.pub.ch.IsClosed() {
 				return done, refused
 			}
+			s.pub.confirmed(false)
 			n.stats.refused.Add(1)
 			refused = append(refused, stuckEvent{seq: b.seq, key: b.key, msg: b.msg,
 				why: fmt.Errorf("%w (is a queue bound to it at its length limit, with overflow reject-publish?)", sdk.ErrRefused)})
 			continue
 		}
+		s.pub.confirmed(true)
 		if s.pub.wasReturned(b.msg.MessageId) {
 			if err := n.keepUnrouted(s, b.key, b.msg); err != nil {
 				if s.isLost() || n.isClosing() {
@@ -431,7 +433,7 @@ type counters struct {
 	emitted, spooled, resent, refused, expired, backPressure atomic.Uint64
 	spoolDeadLettered, spoolUnrouted                         atomic.Uint64
 	blocks, serverChecks                                     atomic.Uint64
-	disconnects, reconnects                                  atomic.Uint64
+	disconnects, reconnects, refusingChannels                atomic.Uint64
 	handled, failed, deadLettered, duplicates                atomic.Uint64
 	lastRefusedLog                                           atomic.Int64
 }
@@ -450,6 +452,9 @@ type Stats struct {
 	ServerChecks uint64
 	// Disconnects and Reconnects count lost and regained sessions.
 	Disconnects, Reconnects uint64
+	// RefusingChannels counts sessions made again because, just after a
+	// failover, the broker refused every publish on their channel.
+	RefusingChannels uint64
 	// Emitted counts events confirmed by the broker when first sent.
 	Emitted uint64
 	// Spooled counts events written to the spool; Resent those sent from
@@ -483,6 +488,7 @@ func (n *Node) Stats() Stats {
 		ServerChecks:      n.stats.serverChecks.Load(),
 		Disconnects:       n.stats.disconnects.Load(),
 		Reconnects:        n.stats.reconnects.Load(),
+		RefusingChannels:  n.stats.refusingChannels.Load(),
 		Emitted:           n.stats.emitted.Load(),
 		Spooled:           n.stats.spooled.Load(),
 		Resent:            n.stats.resent.Load(),

@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"io"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -23,11 +24,18 @@ type Proxy struct {
 // to connect instead.
 func NewProxy(t testing.TB) *Proxy {
 	t.Helper()
+	return NewProxyTo(t, Host())
+}
+
+// NewProxyTo starts a proxy to the broker at target (host:port), such as
+// one node of a cluster.
+func NewProxyTo(t testing.TB, target string) *Proxy {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatalf("proxy listen: %v", err)
 	}
-	return serveProxy(t, ln)
+	return serveProxy(t, ln, target)
 }
 
 // NewTLSProxy is a proxy that speaks TLS with cert to its clients and plain
@@ -39,10 +47,10 @@ func NewTLSProxy(t testing.TB, cert tls.Certificate) *Proxy {
 	if err != nil {
 		t.Fatalf("proxy listen: %v", err)
 	}
-	return serveProxy(t, ln)
+	return serveProxy(t, ln, Host())
 }
 
-func serveProxy(t testing.TB, ln net.Listener) *Proxy {
+func serveProxy(t testing.TB, ln net.Listener, target string) *Proxy {
 	p := &Proxy{ln: ln}
 	done := make(chan struct{})
 	go func() {
@@ -56,7 +64,7 @@ func serveProxy(t testing.TB, ln net.Listener) *Proxy {
 				c.Close() // the broker is "unreachable"
 				continue
 			}
-			up, err := net.Dial("tcp", Host())
+			up, err := net.Dial("tcp", target)
 			if err != nil {
 				c.Close()
 				continue
@@ -72,8 +80,8 @@ func serveProxy(t testing.TB, ln net.Listener) *Proxy {
 			}
 			p.conns = append(p.conns, c, up)
 			p.mu.Unlock()
-			go func() { _, _ = io.Copy(up, c); up.Close() }()
-			go func() { _, _ = io.Copy(c, up); c.Close() }()
+			go func() { _, _ = io.Copy(up, c); up.Close(); p.forget(c, up) }()
+			go func() { _, _ = io.Copy(c, up); c.Close(); p.forget(c, up) }()
 		}
 	}()
 	t.Cleanup(func() {
@@ -87,8 +95,15 @@ func serveProxy(t testing.TB, ln net.Listener) *Proxy {
 // Addr is the proxy's host:port.
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
-// Conns is how many client connections were made through the proxy since
-// it last cut them (a client may have closed some since).
+// forget drops a closed pair of connections from the list.
+func (p *Proxy) forget(c, up net.Conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.conns = slices.DeleteFunc(p.conns, func(x net.Conn) bool { return x == c || x == up })
+}
+
+// Conns is how many client connections are open through the proxy: made
+// and not yet closed by either side or cut.
 func (p *Proxy) Conns() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -1,4 +1,4 @@
-//go:build fault
+//go:build fault || failover
 
 package fault
 
@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 
 	"github.com/meshkit/mesh/internal/brokertest"
 	"github.com/meshkit/mesh/runtime"
+	"github.com/meshkit/mesh/sdk"
 )
 
 // summary is what every fault test reports in its last line.
@@ -194,4 +196,55 @@ func waitFor(limit time.Duration, cond func() bool) bool {
 		time.Sleep(50 * time.Millisecond)
 	}
 	return true
+}
+
+// stream emits tick events from a few goroutines until stopped.
+type stream struct {
+	attempts  atomic.Int64
+	confirmed *idSet
+	stop      chan struct{}
+	wg        sync.WaitGroup
+}
+
+func startStream(t *testing.T, mesh sdk.Mesh, workers int) *stream {
+	s := &stream{confirmed: newIDSet(), stop: make(chan struct{})}
+	for w := range workers {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-s.stop:
+					return
+				default:
+				}
+				s.attempts.Add(1)
+				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+				id, err := mesh.Emit(ctx, "tick", map[string]int{"worker": w, "i": i})
+				cancel()
+				if err != nil {
+					t.Errorf("emit: %v", err)
+					return
+				}
+				s.confirmed.add(id)
+				time.Sleep(2 * time.Millisecond)
+			}
+		}()
+	}
+	return s
+}
+
+func (s *stream) end() {
+	close(s.stop)
+	s.wg.Wait()
+}
+
+// sinkModule handles module.sink.tick by recording its id.
+func sinkModule(handled *idSet) sdk.Module {
+	return sdk.Module{Name: "sink", Emits: []string{"tick", "full", "nowhere"}, Setup: func(m sdk.Mesh) error {
+		return m.On("module.sink.tick", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			handled.add(ev.ID)
+			return nil
+		}))
+	}}
 }

@@ -1,0 +1,361 @@
+//go:build failover
+
+package fault
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/runtime"
+	"github.com/meshkit/mesh/sdk"
+)
+
+// The failover tests run against the local three-node cluster of
+// scripts/cluster.sh (TestMain starts it and removes it), beside the
+// default broker, which they leave alone.
+
+// clusterSize is the number of nodes scripts/cluster.sh makes.
+const clusterSize = 3
+
+// clusterPort is the AMQP port of cluster node i (1-based).
+func clusterPort(i int) int {
+	base := 5701
+	if s := os.Getenv("MESH_CLUSTER_PORT"); s != "" {
+		if p, err := strconv.Atoi(s); err == nil {
+			base = p
+		}
+	}
+	return base + i - 1
+}
+
+func clusterNodeName(i int) string { return fmt.Sprintf("mesh-c%d@localhost", i) }
+
+// clusterScript runs scripts/cluster.sh with args.
+func clusterScript(args ...string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	return exec.CommandContext(ctx, "../../scripts/cluster.sh", args...).CombinedOutput()
+}
+
+// clusterCtl runs rabbitmqctl against cluster node i and returns its
+// output.
+func clusterCtl(t *testing.T, i int, args ...string) []byte {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "rabbitmqctl", append([]string{"-q", "-n", clusterNodeName(i)}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("rabbitmqctl -n %s %s: %v\n%s", clusterNodeName(i), strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+// clusterMesh is a test's view of the cluster: a virtual host of its own
+// and a proxy in front of each node, so a test can cut a node off from
+// the mesh node without touching the broker.
+type clusterMesh struct {
+	vhost   string
+	proxies []*brokertest.Proxy
+	urls    []string
+}
+
+func newClusterMesh(t *testing.T) *clusterMesh {
+	t.Helper()
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	cm := &clusterMesh{vhost: "mesh-failover-" + hex.EncodeToString(b)}
+	clusterCtl(t, 1, "add_vhost", cm.vhost)
+	t.Cleanup(func() {
+		for i := 1; i <= clusterSize; i++ { // whichever node answers
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			err := exec.CommandContext(ctx, "rabbitmqctl", "-q", "-n", clusterNodeName(i), "delete_vhost", cm.vhost).Run()
+			cancel()
+			if err == nil {
+				return
+			}
+		}
+		t.Errorf("could not delete virtual host %s", cm.vhost)
+	})
+	clusterCtl(t, 1, "set_permissions", "-p", cm.vhost, "guest", ".*", ".*", ".*")
+	for i := 1; i <= clusterSize; i++ {
+		p := brokertest.NewProxyTo(t, fmt.Sprintf("127.0.0.1:%d", clusterPort(i)))
+		cm.proxies = append(cm.proxies, p)
+		cm.urls = append(cm.urls, fmt.Sprintf("amqp://guest:guest@%s/%s", p.Addr(), cm.vhost))
+	}
+	return cm
+}
+
+// connectedTo is the cluster node (1-based) the mesh node's connections go
+// to, or 0 if they are not all to one node.
+func (cm *clusterMesh) connectedTo() int {
+	at := 0
+	for i, p := range cm.proxies {
+		if p.Conns() > 0 {
+			if at != 0 {
+				return 0
+			}
+			at = i + 1
+		}
+	}
+	return at
+}
+
+// leaderOf is the cluster node (1-based) that leads queue, asked of any
+// node that answers.
+func (cm *clusterMesh) leaderOf(t *testing.T, queue string) int {
+	t.Helper()
+	for i := 1; i <= clusterSize; i++ {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		out, err := exec.CommandContext(ctx, "rabbitmqctl", "-q", "-n", clusterNodeName(i), "list_queues", "-p", cm.vhost,
+			"name", "leader", "--formatter", "json").Output()
+		cancel()
+		if err != nil {
+			continue
+		}
+		var qs []struct{ Name, Leader string }
+		if err := json.Unmarshal(out, &qs); err != nil {
+			t.Fatalf("list_queues: %v\n%s", err, out)
+		}
+		for _, q := range qs {
+			if q.Name == queue {
+				for j := 1; j <= clusterSize; j++ {
+					if q.Leader == clusterNodeName(j) {
+						return j
+					}
+				}
+			}
+		}
+		t.Fatalf("no leader of %s in %s", queue, out)
+	}
+	t.Fatal("no cluster node answers")
+	return 0
+}
+
+// killNode SIGKILLs the Erlang VM of cluster node i, as a crash would.
+func killNode(t *testing.T, i int) {
+	t.Helper()
+	dir := os.Getenv("MESH_CLUSTER_DIR")
+	if dir == "" {
+		dir = "/var/lib/rabbitmq/mesh-cluster"
+	}
+	b, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("c%d", i), "pid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatalf("pid file of %s: %v", clusterNodeName(i), err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill %s (pid %d): %v", clusterNodeName(i), pid, err)
+	}
+	if !waitFor(time.Minute, func() bool { return syscall.Kill(pid, 0) != nil }) {
+		t.Fatalf("%s (pid %d) still runs after SIGKILL", clusterNodeName(i), pid)
+	}
+}
+
+// restoreCluster brings every cluster node back when the test ends.
+func restoreCluster(t *testing.T) {
+	t.Cleanup(func() { restartNodes(t) })
+}
+
+// restartNodes starts the cluster nodes that are down (they rejoin).
+func restartNodes(t *testing.T) {
+	t.Helper()
+	if out, err := clusterScript("up"); err != nil {
+		t.Errorf("scripts/cluster.sh up: %v\n%s", err, out)
+	}
+}
+
+// calls calls a tool in a loop until stopped, counting answers and errors.
+type calls struct {
+	ok, failed atomic.Int64
+	lastErr    atomic.Value
+	stop       chan struct{}
+	wg         sync.WaitGroup
+}
+
+func startCalls(mesh sdk.Mesh, tool string, callers int) *calls {
+	c := &calls{stop: make(chan struct{})}
+	for range callers {
+		c.wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-c.stop:
+					return
+				default:
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				var out int
+				err := mesh.Call(ctx, tool, i, &out)
+				cancel()
+				switch {
+				case err == nil && out == i:
+					c.ok.Add(1)
+				case err == nil:
+					c.failed.Add(1)
+					c.lastErr.Store(fmt.Errorf("call %d answered %d", i, out))
+				default:
+					c.failed.Add(1)
+					c.lastErr.Store(err)
+					if errors.Is(err, sdk.ErrNoServer) || errors.Is(err, sdk.ErrConnectionLost) {
+						time.Sleep(50 * time.Millisecond) // not a busy loop while the node reconnects
+					}
+				}
+			}
+		})
+	}
+	return c
+}
+
+func (c *calls) end() {
+	close(c.stop)
+	c.wg.Wait()
+}
+
+// attempts records the highest delivery attempt the sink saw, and how many
+// events it handled past their first attempt.
+type attempts struct {
+	max, retried atomic.Int64
+}
+
+func (a *attempts) saw(n int) {
+	if n > 1 {
+		a.retried.Add(1)
+	}
+	for {
+		cur := a.max.Load()
+		if int64(n) <= cur || a.max.CompareAndSwap(cur, int64(n)) {
+			return
+		}
+	}
+}
+
+// failoverThrough runs a stream of emits and calls through one node
+// connected to the cluster while fault runs, then checks that every
+// confirmed emit was handled, and prints the summary with the delivery
+// attempts the failover spent and the calls that failed meanwhile.
+func failoverThrough(t *testing.T, cm *clusterMesh, fault func(queue string) (heal func())) {
+	n := newNode(t, cm.urls[0], "failover", func(c *runtime.Config) { c.AMQPURLs = cm.urls[1:] })
+	handled := newIDSet()
+	var att attempts
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	sink := sdk.Module{Name: "sink", Emits: []string{"tick"}, Setup: func(m sdk.Mesh) error {
+		if err := m.On("module.sink.tick", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			att.saw(ev.Attempt)
+			handled.add(ev.ID)
+			return nil
+		})); err != nil {
+			return err
+		}
+		return m.Serve("sink.echo", sdk.ToolHandlerFunc(func(ctx context.Context, r sdk.Request) (any, error) { return r.Body, nil }))
+	}}
+	m, err := n.Load(ctx, sink, runtime.ModuleConfig{Prefetch: 64, Concurrency: 4, MaxAttempts: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := startStream(t, m.Mesh(), 4)
+	c := startCalls(m.Mesh(), "sink.echo", 2)
+	if !waitFor(time.Minute, func() bool { return handled.len() > 200 && c.ok.Load() > 20 }) {
+		t.Fatalf("before the fault: %d handled, %d calls answered", handled.len(), c.ok.Load())
+	}
+	heal := fault("failover.sink.events")
+	// The stream goes on after the fault: events are handled again while
+	// the broker node is still away; tools whose serve queue lived on it
+	// (a classic queue) are served again once it is back.
+	after := handled.len()
+	if !waitFor(2*time.Minute, func() bool { return handled.len() > after+200 }) {
+		t.Errorf("after the fault: %d more handled (%d spooled)", handled.len()-after, n.Stats().SpoolEvents)
+	}
+	failedBefore := c.failed.Load()
+	heal()
+	answered := c.ok.Load()
+	if !waitFor(2*time.Minute, func() bool { return c.ok.Load() > answered+20 }) {
+		t.Errorf("after the broker node came back: %d more calls answered (last call error: %v)", c.ok.Load()-answered, c.lastErr.Load())
+	}
+	s.end()
+	c.end()
+	if !waitFor(2*time.Minute, func() bool { return handled.len() >= s.confirmed.len() }) {
+		t.Errorf("handled %d of %d confirmed events within 2 min", handled.len(), s.confirmed.len())
+	}
+	st := n.Stats()
+	if handled.overOnce() > 0 {
+		t.Errorf("%d events reached the handler more than once", handled.overOnce())
+	}
+	summary{
+		emitted: int(s.attempts.Load()), confirmed: s.confirmed.len(), handled: handled.len(),
+		duplicates: int(st.Duplicates), deadLettered: int(st.DeadLettered), lost: s.confirmed.missingFrom(handled),
+		extra: fmt.Sprintf("handled past the first attempt=%d highest attempt=%d calls answered=%d calls failed=%d (while the broker node was away=%d) reconnects=%d (after a refusing channel=%d) spooled=%d",
+			att.retried.Load(), att.max.Load(), c.ok.Load(), c.failed.Load(), failedBefore, st.Reconnects, st.RefusingChannels, st.Spooled),
+	}.report(t)
+}
+
+// TestFailoverLeaderKilled: the broker node that leads the module's
+// quorum queue is SIGKILLed during the stream; a new leader is elected
+// and the node goes on, through another broker node if its connections
+// were on the killed one.
+func TestFailoverLeaderKilled(t *testing.T) {
+	cm := newClusterMesh(t)
+	restoreCluster(t)
+	failoverThrough(t, cm, func(queue string) func() {
+		leader := cm.leaderOf(t, queue)
+		t.Logf("killing %s, the leader of %s; the node is connected to node %d", clusterNodeName(leader), queue, cm.connectedTo())
+		killNode(t, leader)
+		return func() { restartNodes(t) }
+	})
+}
+
+// TestFailoverNodeStopped: the broker node the mesh node is connected to
+// stops gracefully (stop_app) during the stream; the mesh node moves to
+// the next address.
+func TestFailoverNodeStopped(t *testing.T) {
+	cm := newClusterMesh(t)
+	restoreCluster(t)
+	failoverThrough(t, cm, func(string) func() {
+		at := cm.connectedTo()
+		if at == 0 {
+			t.Fatal("the node's connections are not on one broker node")
+		}
+		t.Logf("stopping %s, which the node is connected to", clusterNodeName(at))
+		clusterCtl(t, at, "stop_app")
+		if !waitFor(time.Minute, func() bool { return cm.connectedTo() != 0 && cm.connectedTo() != at }) {
+			t.Errorf("the node did not move off %s", clusterNodeName(at))
+		}
+		return func() { clusterCtl(t, at, "start_app") }
+	})
+}
+
+// TestFailoverPartition: the broker node the mesh node is connected to
+// becomes unreachable from it (its connections dropped, new ones refused)
+// while it goes on running in the cluster.
+func TestFailoverPartition(t *testing.T) {
+	cm := newClusterMesh(t)
+	failoverThrough(t, cm, func(string) func() {
+		at := cm.connectedTo()
+		if at == 0 {
+			t.Fatal("the node's connections are not on one broker node")
+		}
+		t.Logf("cutting the node off from %s", clusterNodeName(at))
+		cm.proxies[at-1].Down()
+		if !waitFor(time.Minute, func() bool { return cm.connectedTo() != 0 && cm.connectedTo() != at }) {
+			t.Errorf("the node did not move off %s", clusterNodeName(at))
+		}
+		return cm.proxies[at-1].Up
+	})
+}
