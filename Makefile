@@ -20,11 +20,13 @@ build: ## Build all packages, the binaries bin/meshd and bin/meshctl, and the sh
 	$(GO) build -o bin/modules/agent ./modules/agent/cmd/agent
 	$(GO) build -o bin/modules/dispatcher ./modules/dispatcher/cmd/dispatcher
 
-test: ## Run the whole test suite (race detector) against a local RabbitMQ, then the fault tests one at a time
+test: ## Run the whole test suite (race detector) against a local RabbitMQ, then the fault tests and the failover tests one at a time
 	$(ENSURE)
 	$(GO) test -race -count=1 -timeout 20m ./...
 	@echo "fault tests (they stop and cut the broker, so they run alone, after the rest):"
 	$(GO) test -race -count=1 -p 1 -v -timeout 20m -tags fault ./test/fault
+	@echo "failover tests (on a local three-node cluster, scripts/cluster.sh, made and removed by them):"
+	$(GO) test -race -count=1 -p 1 -v -timeout 20m -tags failover ./test/fault
 
 bench: ## Run throughput/latency benchmarks beside a raw amqp091-go baseline
 	$(ENSURE)

@@ -100,3 +100,34 @@ func TestTruncateTextKeepsRunes(t *testing.T) {
 		t.Errorf("short enough text changed: %q", got)
 	}
 }
+
+// TestPublisherNoticesARefusingChannel: negative confirms with no positive
+// one in between, for longer than the watch's span, call onRefusing once;
+// a positive confirm in between starts the count again; an unwatched
+// publisher calls nothing.
+func TestPublisherNoticesARefusingChannel(t *testing.T) {
+	var calls int
+	p := &publisher{}
+	p.confirmed(false)
+	p.confirmed(false) // not watched: nothing to call
+	p.watchRefusals(0, func() { calls++ })
+	p.nackSince.Store(0)
+	p.confirmed(false)
+	p.confirmed(true)
+	p.confirmed(false)
+	if calls != 0 {
+		t.Fatalf("onRefusing called %d times with a positive confirm between the refusals", calls)
+	}
+	p.confirmed(false)
+	p.confirmed(false)
+	if calls != 1 {
+		t.Fatalf("onRefusing called %d times after refusals only, want once", calls)
+	}
+	p = &publisher{}
+	p.watchRefusals(time.Hour, func() { calls++ })
+	p.confirmed(false)
+	p.confirmed(false)
+	if calls != 1 {
+		t.Fatalf("onRefusing called before the refusals lasted their span")
+	}
+}
