@@ -248,3 +248,15 @@ func sinkModule(handled *idSet) sdk.Module {
 		}))
 	}}
 }
+
+// awaitHandledOnce waits until every event s confirmed was handled, and
+// fails the test for any handled more than once.
+func awaitHandledOnce(t *testing.T, s *stream, handled *idSet) {
+	t.Helper()
+	if !waitFor(2*time.Minute, func() bool { return handled.len() >= s.confirmed.len() }) {
+		t.Errorf("handled %d of %d confirmed events within 2 min", handled.len(), s.confirmed.len())
+	}
+	if handled.overOnce() > 0 {
+		t.Errorf("%d events reached the handler more than once", handled.overOnce())
+	}
+}
