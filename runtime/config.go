@@ -432,7 +432,6 @@ func (m ModuleConfig) validate() error {
 	return errors.Join(errs...)
 }
 
-// redactURL returns u without its password, for logs.
 // Brokers are the broker's addresses, in the order configured: AMQPURL
 // (if set), then AMQPURLs, each once; DefaultAMQPURL if neither is set.
 func (c Config) Brokers() []string {
@@ -476,6 +475,7 @@ func checkBrokers(urls []string) error {
 	return errors.Join(errs...)
 }
 
+// redactURL returns u without its password, for logs.
 func redactURL(u string) string {
 	if p, err := url.Parse(u); err == nil {
 		return p.Redacted()

@@ -295,6 +295,9 @@ func (m *Module) serveLater(s *session, tools []tool, try uint64, attempt int) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		if err := m.serve(ctx, s, tools); err != nil {
+			if errors.Is(err, sdk.ErrClosed) || s.isLost() {
+				return // stopped, or lost with its session: the next attach serves them
+			}
 			m.log.Warn("the module's tools still cannot be served; trying again", "err", err, "attempt", attempt+1)
 			m.serveLater(s, tools, try, attempt+1)
 			return

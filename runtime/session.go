@@ -405,8 +405,7 @@ func (n *Node) watchRefusals(s *session) {
 		n.log.Warn("the broker refuses every publish on this connection's channel since the failover; connecting again",
 			"broker", s.broker, "for", refusingFor)
 		n.stats.refusingChannels.Add(1)
-		s.markLost(errRefusingChannel)
-		_ = s.pubConn.Close() // the supervisor sees the session lost either way
+		s.markLost(errRefusingChannel) // the supervisor closes it and connects again
 	})
 }
 
