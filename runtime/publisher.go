@@ -44,25 +44,25 @@ type publisher struct {
 	// before the publisher is used. nackSince is when the first negative
 	// confirm since the last positive one came (unix ns; 0: none).
 	refusingAfter time.Duration
-	onRefusing    func()
+	onRefusing    func(exchange, key string, msg amqp.Publishing)
 	nackSince     atomic.Int64
 	refusingOnce  sync.Once
 }
 
-// watchRefusals makes the publisher call onRefusing, once, when the broker
-// has refused every publish on its channel for after: no positive confirm
-// since a negative one that long ago. RabbitMQ 3.10 refuses, for as long as
-// the channel lives, every publish to a quorum queue from a channel opened
-// while that queue's leader was being elected (its old leader's node
-// killed), while a new channel is served at once
-// (docs/adr/0027-failover-on-a-cluster.md).
-func (p *publisher) watchRefusals(after time.Duration, onRefusing func()) {
+// watchRefusals makes the publisher call onRefusing, once, with the latest
+// refused message, when the broker has refused every publish on its
+// channel for after: no positive confirm since a negative one that long
+// ago. RabbitMQ 3.10 refuses, for as long as the channel lives, every
+// publish to a quorum queue from a channel opened while that queue's
+// leader was being elected (its old leader's node killed), while a new
+// channel is served at once (docs/adr/0027-failover-on-a-cluster.md).
+func (p *publisher) watchRefusals(after time.Duration, onRefusing func(exchange, key string, msg amqp.Publishing)) {
 	p.refusingAfter, p.onRefusing = after, onRefusing
 }
 
-// confirmed records the broker's confirm of a publish on the channel:
-// acked or refused (a negative confirm).
-func (p *publisher) confirmed(acked bool) {
+// confirmed records the broker's confirm of a publish of msg to exchange
+// with key on the channel: acked or refused (a negative confirm).
+func (p *publisher) confirmed(acked bool, exchange, key string, msg amqp.Publishing) {
 	if acked {
 		p.nackSince.Store(0)
 		return
@@ -75,7 +75,7 @@ func (p *publisher) confirmed(acked bool) {
 		return
 	}
 	if since := p.nackSince.Load(); since != 0 && time.Duration(now-since) >= p.refusingAfter {
-		p.refusingOnce.Do(p.onRefusing)
+		p.refusingOnce.Do(func() { p.onRefusing(exchange, key, msg) })
 	}
 }
 
@@ -180,7 +180,7 @@ func (p *publisher) publishUnlessBlocked(ctx context.Context, blocked <-chan str
 		return fmt.Errorf("wait for confirm: %w", errBlocked)
 	}
 	if dc.Acked() || !p.ch.IsClosed() {
-		p.confirmed(dc.Acked())
+		p.confirmed(dc.Acked(), exchange, key, msg)
 	}
 	switch {
 	case dc.Acked() && p.wasReturned(msg.MessageId):

@@ -108,25 +108,25 @@ func TestTruncateTextKeepsRunes(t *testing.T) {
 func TestPublisherNoticesARefusingChannel(t *testing.T) {
 	var calls int
 	p := &publisher{}
-	p.confirmed(false)
-	p.confirmed(false) // not watched: nothing to call
-	p.watchRefusals(0, func() { calls++ })
+	p.confirmed(false, "", "", amqp.Publishing{})
+	p.confirmed(false, "", "", amqp.Publishing{}) // not watched: nothing to call
+	p.watchRefusals(0, func(string, string, amqp.Publishing) { calls++ })
 	p.nackSince.Store(0)
-	p.confirmed(false)
-	p.confirmed(true)
-	p.confirmed(false)
+	p.confirmed(false, "", "", amqp.Publishing{})
+	p.confirmed(true, "", "", amqp.Publishing{})
+	p.confirmed(false, "", "", amqp.Publishing{})
 	if calls != 0 {
 		t.Fatalf("onRefusing called %d times with a positive confirm between the refusals", calls)
 	}
-	p.confirmed(false)
-	p.confirmed(false)
+	p.confirmed(false, "", "", amqp.Publishing{})
+	p.confirmed(false, "", "", amqp.Publishing{})
 	if calls != 1 {
 		t.Fatalf("onRefusing called %d times after refusals only, want once", calls)
 	}
 	p = &publisher{}
-	p.watchRefusals(time.Hour, func() { calls++ })
-	p.confirmed(false)
-	p.confirmed(false)
+	p.watchRefusals(time.Hour, func(string, string, amqp.Publishing) { calls++ })
+	p.confirmed(false, "", "", amqp.Publishing{})
+	p.confirmed(false, "", "", amqp.Publishing{})
 	if calls != 1 {
 		t.Fatalf("onRefusing called before the refusals lasted their span")
 	}

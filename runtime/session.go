@@ -386,27 +386,54 @@ var errRefusingChannel = errors.New("the broker refused every publish on the cha
 
 // refusingFor and refusingWithin bound the watch for a refusing channel: a
 // session made by a failover that, within its first refusingWithin, has
-// every publish refused for refusingFor is made again, once per outage (a
-// queue at its length limit with reject-publish also refuses: it costs that
-// one reconnect).
+// every publish refused for refusingFor checks whether a fresh channel is
+// refused too, and if not, is made again (once per outage).
 const (
 	refusingFor    = 3 * time.Second
 	refusingWithin = time.Minute
 )
 
 // watchRefusals makes the failover session s start again if the broker
-// refuses every publish on its channel early in its life.
+// refuses every publish on its channel early in its life but accepts the
+// same message on a fresh channel. (A queue at its length limit with
+// reject-publish refuses it on any channel: that is no reason to
+// reconnect.)
 func (n *Node) watchRefusals(s *session) {
 	began := time.Now()
-	s.pub.watchRefusals(refusingFor, func() {
+	s.pub.watchRefusals(refusingFor, func(exchange, key string, msg amqp.Publishing) {
 		if time.Since(began) > refusingWithin {
 			return
 		}
-		n.log.Warn("the broker refuses every publish on this connection's channel since the failover; connecting again",
+		if !acceptedOnAFreshChannel(s, exchange, key, msg) {
+			return
+		}
+		n.log.Warn("the broker refuses every publish on this connection's channel since the failover, and accepts them on a new one; connecting again",
 			"broker", s.broker, "for", refusingFor)
 		n.stats.refusingChannels.Add(1)
 		s.markLost(errRefusingChannel) // the supervisor closes it and connects again
 	})
+}
+
+// acceptedOnAFreshChannel publishes msg again, on a channel of its own on
+// s, and reports whether the broker confirmed it. The message then exists
+// twice at most: its consumers' de-duplication absorbs the second copy.
+func acceptedOnAFreshChannel(s *session, exchange, key string, msg amqp.Publishing) bool {
+	ch, err := s.pubConn.Channel()
+	if err != nil {
+		return false
+	}
+	defer ch.Close()
+	if err := ch.Confirm(false); err != nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	dc, err := ch.PublishWithDeferredConfirm(exchange, key, true, false, msg)
+	if err != nil {
+		return false
+	}
+	acked, err := dc.WaitContext(ctx)
+	return err == nil && acked
 }
 
 // reconnect tries to connect until it succeeds, the node closes, or the

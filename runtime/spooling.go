@@ -405,13 +405,13 @@ func (n *Node) resend(s *session, recs []spool.Record) (done []uint64, refused [
 			if s.pub.ch.IsClosed() {
 				return done, refused
 			}
-			s.pub.confirmed(false)
+			s.pub.confirmed(false, wire.ExchangeEvents, b.key, b.msg)
 			n.stats.refused.Add(1)
 			refused = append(refused, stuckEvent{seq: b.seq, key: b.key, msg: b.msg,
 				why: fmt.Errorf("%w (is a queue bound to it at its length limit, with overflow reject-publish?)", sdk.ErrRefused)})
 			continue
 		}
-		s.pub.confirmed(true)
+		s.pub.confirmed(true, wire.ExchangeEvents, b.key, b.msg)
 		if s.pub.wasReturned(b.msg.MessageId) {
 			if err := n.keepUnrouted(s, b.key, b.msg); err != nil {
 				if s.isLost() || n.isClosing() {
