@@ -180,6 +180,7 @@ func brokerURLs(c *cli.Context) []string {
 	return cfg.Brokers()
 }
 
+// redactURL returns u without its password.
 func redactURL(u string) string {
 	if p, err := neturl.Parse(u); err == nil {
 		return p.Redacted()
