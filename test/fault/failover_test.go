@@ -7,7 +7,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -211,11 +210,11 @@ func startCalls(mesh sdk.Mesh, tool string, callers int) *calls {
 					c.failed.Add(1)
 					c.lastErr.Store(fmt.Errorf("call %d answered %d", i, out))
 				default:
+					// No pause: a call asks the broker whether the tool
+					// has a server, or waits for the node's session,
+					// before it fails again.
 					c.failed.Add(1)
 					c.lastErr.Store(err)
-					if errors.Is(err, sdk.ErrNoServer) || errors.Is(err, sdk.ErrConnectionLost) {
-						time.Sleep(50 * time.Millisecond) // not a busy loop while the node reconnects
-					}
 				}
 			}
 		})
