@@ -63,11 +63,11 @@ func (p *publisher) watchRefusals(after time.Duration, onRefusing func(exchange,
 // confirmed records the broker's confirm of a publish of msg to exchange
 // with key on the channel: acked or refused (a negative confirm).
 func (p *publisher) confirmed(acked bool, exchange, key string, msg amqp.Publishing) {
+	if p.onRefusing == nil {
+		return // not watched: every emit of a first session, or after a recycle
+	}
 	if acked {
 		p.nackSince.Store(0)
-		return
-	}
-	if p.onRefusing == nil {
 		return
 	}
 	now := time.Now().UnixNano()
