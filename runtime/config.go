@@ -423,7 +423,7 @@ func (m ModuleConfig) validate() error {
 	}
 	for i, g := range m.ToolGrants {
 		if err := wire.ValidatePattern(g); err != nil {
-			errs = append(errs, fmt.Errorf("tool_grants[%d]: %w", i, err))
+			errs = append(errs, fmt.Errorf("tools[%d]: %w", i, err)) // the key in mesh.yaml
 		}
 	}
 	if m.MaxPriority > 0 && m.QueueType != QueueClassic {
@@ -481,4 +481,11 @@ func redactURL(u string) string {
 		return p.Redacted()
 	}
 	return "(unparsable broker URL)"
+}
+
+// Resolved is c as a node runs with it: every zero field that has a
+// default takes it. Validate checks the same.
+func (c Config) Resolved() Config {
+	c.withDefaults()
+	return c
 }

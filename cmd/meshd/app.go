@@ -28,18 +28,46 @@ func app() *cli.App {
 			Usage: "start a node and its modules, and run until SIGTERM or SIGINT",
 			Description: "Settings come from the --config file, then the MESH_* environment variables, then the flags;\n" +
 				"each overrides the one before.",
-			Flags: []cli.Flag{
-				&cli.StringFlag{Name: "config", EnvVars: []string{"MESH_CONFIG"}, Usage: "the node's configuration `FILE` (mesh.yaml)"},
-				&cli.StringFlag{Name: "node", EnvVars: []string{"MESH_NODE"}, Usage: "this node's `NAME`, unique on the mesh"},
-				&cli.StringFlag{Name: "amqp-url", EnvVars: []string{"MESH_AMQP_URL"}, Usage: "the broker's `URL` (default " + runtime.DefaultAMQPURL + ")"},
-				&cli.StringSliceFlag{Name: "amqp-urls", EnvVars: []string{"MESH_AMQP_URLS"}, Usage: "more of the broker's `URLS` (the nodes of a cluster; comma-separated or repeated)"},
-				&cli.StringFlag{Name: "state-dir", EnvVars: []string{"MESH_STATE_DIR"}, Usage: "node-local state `DIR` (default ~/.local/state/mesh/NODE)"},
-				&cli.StringFlag{Name: "http-addr", EnvVars: []string{"MESH_HTTP_ADDR"}, Usage: "serve /healthz and /readyz on `HOST:PORT` (default off)"},
-				&cli.StringFlag{Name: "log-level", EnvVars: []string{"MESH_LOG_LEVEL"}, Value: "info", Usage: "debug, info, warn or error"},
-				&cli.DurationFlag{Name: "grace", EnvVars: []string{"MESH_GRACE"}, Usage: "how long in-flight handlers may finish on stop (default 30s)"},
-			},
+			Flags:  runFlags(),
 			Action: run,
+		}, {
+			Name:  "config",
+			Usage: "check a configuration, or print the configuration reference",
+			Subcommands: []*cli.Command{{
+				Name:  "check",
+				Usage: "validate the configuration run would use (file, environment and flags) and exit 0, or name every key that breaks a rule and exit 1",
+				Flags: runFlags(),
+				Action: func(c *cli.Context) error {
+					f, err := config(c)
+					if err != nil {
+						return err
+					}
+					fmt.Fprintf(c.App.Writer, "config ok: node %s, %d modules\n", f.Node, len(f.Modules))
+					return nil
+				},
+			}, {
+				Name:  "reference",
+				Usage: "print every setting with its environment variable, flag, default and bounds, in Markdown (docs/config.md)",
+				Action: func(c *cli.Context) error {
+					return nodeconfig.WriteReference(c.App.Writer)
+				},
+			}},
 		}},
+	}
+}
+
+// runFlags are run's flags, which config check takes too. Each is a
+// setting of nodeconfig.Settings, with its environment variable.
+func runFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "config", EnvVars: []string{"MESH_CONFIG"}, Usage: "the node's configuration `FILE` (mesh.yaml)"},
+		&cli.StringFlag{Name: "node", EnvVars: []string{"MESH_NODE"}, Usage: "this node's `NAME`, unique on the mesh"},
+		&cli.StringFlag{Name: "amqp-url", EnvVars: []string{"MESH_AMQP_URL"}, Usage: "the broker's `URL` (default " + runtime.DefaultAMQPURL + ")"},
+		&cli.StringSliceFlag{Name: "amqp-urls", EnvVars: []string{"MESH_AMQP_URLS"}, Usage: "more of the broker's `URLS` (the nodes of a cluster; comma-separated or repeated)"},
+		&cli.StringFlag{Name: "state-dir", EnvVars: []string{"MESH_STATE_DIR"}, Usage: "node-local state `DIR` (default ~/.local/state/mesh/NODE)"},
+		&cli.StringFlag{Name: "http-addr", EnvVars: []string{"MESH_HTTP_ADDR"}, Usage: "serve /healthz and /readyz on `HOST:PORT` (default off)"},
+		&cli.StringFlag{Name: "log-level", EnvVars: []string{"MESH_LOG_LEVEL"}, Value: "info", Usage: "debug, info, warn or error"},
+		&cli.DurationFlag{Name: "grace", EnvVars: []string{"MESH_GRACE"}, Usage: "how long in-flight handlers may finish on stop (default " + nodeconfig.DefaultGrace.String() + ")"},
 	}
 }
 
@@ -74,7 +102,7 @@ func config(c *cli.Context) (nodeconfig.File, error) {
 		f.Grace = c.Duration("grace")
 	}
 	if f.Grace == 0 {
-		f.Grace = 30 * time.Second
+		f.Grace = nodeconfig.DefaultGrace
 	}
 	if err := f.Validate(); err != nil {
 		return f, fmt.Errorf("config: %w", err)

@@ -1,0 +1,218 @@
+package nodeconfig
+
+import (
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/meshkit/mesh/runtime"
+)
+
+// Where a setting goes in mesh.yaml.
+const (
+	// ScopeNode is a top-level key of mesh.yaml.
+	ScopeNode = "node"
+	// ScopeModule is a key of each modules[] entry and of defaults:, which
+	// sets it for every module that does not set it.
+	ScopeModule = "module"
+	// ScopeEntry is a key of each modules[] entry only.
+	ScopeEntry = "entry"
+	// ScopeProcess is meshd's alone: a flag or environment variable with no
+	// key in mesh.yaml.
+	ScopeProcess = "process"
+)
+
+// DefaultGrace is how long meshd lets in-flight handlers finish when it
+// stops, unless grace says otherwise.
+const DefaultGrace = 30 * time.Second
+
+// Setting is one setting of a node, as the configuration reference
+// (docs/config.md, `meshd config reference`) shows it. Tests hold it to
+// the code: every key of File has a Setting, meshd's flags and environment
+// variables are the ones listed, a key set to its Default changes nothing,
+// and Validate accepts each of Valid and refuses each of Invalid, naming
+// the key.
+type Setting struct {
+	// Key is the setting's key in mesh.yaml ("tls.ca_file"); empty for a
+	// ScopeProcess setting.
+	Key string
+	// Scope is ScopeNode, ScopeModule, ScopeEntry or ScopeProcess.
+	Scope string
+	// Env is the environment variable that overrides the file, if any.
+	Env string
+	// Flag is meshd run's flag (without dashes) that overrides the
+	// environment, if any.
+	Flag string
+	// Default is the value a node takes when the setting is not given,
+	// as it would be written in mesh.yaml; empty when there is none.
+	Default string
+	// DefaultInWords is true when Default describes the default rather
+	// than being a value ("the system's roots").
+	DefaultInWords bool
+	// Bounds are the values Validate accepts, in words.
+	Bounds string
+	// Doc says what the setting does.
+	Doc string
+	// Valid are values Validate accepts (at the bounds), and Invalid are
+	// values it refuses; both as written in mesh.yaml.
+	Valid, Invalid []string
+}
+
+// Settings lists every setting of a node, in the order of the reference.
+func Settings() []Setting {
+	d := formatDuration
+	n := strconv.Itoa
+	return []Setting{
+		{Key: "node", Scope: ScopeNode, Env: "MESH_NODE", Flag: "node", Bounds: "one word: no dot, *, #, whitespace or control character; required",
+			Doc: "This node's name, unique on the mesh. A second meshd with the same name on the same broker refuses to start.",
+			Valid: []string{"anchor"}, Invalid: []string{`"two words"`, `"a.b"`}},
+		{Key: "amqp_url", Scope: ScopeNode, Env: "MESH_AMQP_URL", Flag: "amqp-url", Default: runtime.DefaultAMQPURL, Bounds: "an amqp:// or amqps:// URL",
+			Doc: "The broker, `amqp://user:password@host:port/vhost`. Its password never appears in logs, errors or metrics.",
+			Valid: []string{"amqp://guest:guest@127.0.0.1:5672/"}, Invalid: []string{"http://127.0.0.1/"}},
+		{Key: "amqp_urls", Scope: ScopeNode, Env: "MESH_AMQP_URLS", Flag: "amqp-urls", Bounds: "amqp:// or amqps:// URLs, all with the same user",
+			Doc: "More addresses of the broker: the nodes of a RabbitMQ cluster (comma-separated in the environment). The node uses one at a time, " +
+				"starting at a random place in the list, and moves to the next when a connection is lost (ADR 26, docs/clusters.md).",
+			Valid: []string{`["amqp://guest:guest@127.0.0.1:5701/", "amqp://guest:guest@127.0.0.1:5702/"]`}, Invalid: []string{`["amqp://guest:guest@127.0.0.1:5701/", "amqp://other:x@127.0.0.1:5702/"]`}},
+		{Key: "state_dir", Scope: ScopeNode, Env: "MESH_STATE_DIR", Flag: "state-dir", DefaultInWords: true, Default: "$XDG_STATE_HOME/mesh/NODE or ~/.local/state/mesh/NODE", Bounds: "a directory one node process uses at a time",
+			Doc: "Node-local state: the spool of unconfirmed emits (spool.db), each module's record of handled event ids (dedup/) and binding records (bindings/). Back it up with the node stopped."},
+		{Key: "http_addr", Scope: ScopeNode, Env: "MESH_HTTP_ADDR", Flag: "http-addr", DefaultInWords: true, Default: "off", Bounds: "host:port",
+			Doc: "Serves /healthz, /readyz and /metrics (Prometheus) on this address.",
+			Valid: []string{`"127.0.0.1:9464"`}, Invalid: []string{`"no-port"`}},
+		{Key: "max_body_bytes", Scope: ScopeNode, Default: n(runtime.DefaultMaxBodyBytes), Bounds: "0 or more",
+			Doc: "Emits with a bigger body are refused with ErrInvalid.", Valid: []string{"1"}, Invalid: []string{"-1"}},
+		{Key: "call_timeout", Scope: ScopeNode, Default: d(runtime.DefaultCallTimeout), Bounds: "0 or more",
+			Doc: "A tool call's deadline when its context has none.", Valid: []string{"1s"}, Invalid: []string{"-1s"}},
+		{Key: "retry_min", Scope: ScopeNode, Default: d(runtime.DefaultRetryMin), Bounds: "0 ≤ retry_min ≤ retry_max",
+			Doc: "The shortest back-off before a failed event is handled again.", Valid: []string{"0s", "30s"}, Invalid: []string{"-1s", "31s"}},
+		{Key: "retry_max", Scope: ScopeNode, Default: d(runtime.DefaultRetryMax), Bounds: "retry_min ≤ retry_max; plus a module's handler runs, below consumer_timeout",
+			Doc: "The longest back-off before a failed event is handled again.", Valid: []string{"200ms"}, Invalid: []string{"100ms"}},
+		{Key: "grace", Scope: ScopeNode, Env: "MESH_GRACE", Flag: "grace", Default: d(DefaultGrace), Bounds: "0 or more",
+			Doc: "On SIGTERM, how long in-flight handlers may finish. What is not finished goes back to its queue.", Valid: []string{"1s"}, Invalid: []string{"-1s"}},
+		{Key: "tls.ca_file", Scope: ScopeNode, DefaultInWords: true, Default: "the system's roots",
+			Doc: "PEM file of the CA that signed the broker's certificate, for amqps:// addresses."},
+		{Key: "tls.cert_file", Scope: ScopeNode, Bounds: "with tls.key_file, or neither",
+			Doc: "PEM file of the node's client certificate (certificate authentication).", Invalid: []string{"cert.pem"}},
+		{Key: "tls.key_file", Scope: ScopeNode, Bounds: "with tls.cert_file, or neither",
+			Doc: "PEM file of the client certificate's key.", Invalid: []string{"key.pem"}},
+		{Key: "tls.server_name", Scope: ScopeNode, DefaultInWords: true, Default: "the host of the broker URL",
+			Doc: "The name checked in the broker's certificate."},
+		{Key: "consumer_timeout", Scope: ScopeNode, Default: d(runtime.DefaultConsumerTimeout), Bounds: "0 or more; above every module's handler runs plus retry_max",
+			Doc: "Must equal the broker's consumer_timeout (rabbitmq.conf). A module that could hold a delivery longer is refused at start, because the broker would close its channel.",
+			Valid: []string{"1h"}, Invalid: []string{"-1s", "1m"}},
+		{Key: "spool_max_bytes", Scope: ScopeNode, Default: strconv.FormatInt(runtime.DefaultSpoolMaxBytes, 10), Bounds: "0 or more",
+			Doc: "Bounds the local spool of events the broker has not confirmed; past it emits fail with ErrBackPressure.", Valid: []string{"1"}, Invalid: []string{"-1"}},
+		{Key: "emit_timeout", Scope: ScopeNode, Default: d(runtime.DefaultEmitTimeout), Bounds: "0 or more",
+			Doc: "How long an emit without a deadline retries while the broker refuses it (a queue at its length limit) before it fails with ErrRefused; a spooled event is dead-lettered after it.",
+			Valid: []string{"1s"}, Invalid: []string{"-1s"}},
+		{Key: "reconnect_min", Scope: ScopeNode, Default: d(runtime.DefaultReconnectMin), Bounds: "0 ≤ reconnect_min ≤ reconnect_max",
+			Doc: "The shortest back-off between attempts to reach the broker.", Valid: []string{"0s"}, Invalid: []string{"-1s", "11s"}},
+		{Key: "reconnect_max", Scope: ScopeNode, Default: d(runtime.DefaultReconnectMax), Bounds: "reconnect_min ≤ reconnect_max",
+			Doc: "The longest back-off between attempts to reach the broker.", Valid: []string{"100ms"}, Invalid: []string{"50ms"}},
+		{Key: "lock_wait", Scope: ScopeNode, Default: d(runtime.DefaultLockWait), Bounds: "0 or more",
+			Doc: "How long a reconnecting node waits for the broker to release its old node lock before it concludes another node of its name runs.", Valid: []string{"1s"}, Invalid: []string{"-1s"}},
+		{Key: "dedup_retention", Scope: ScopeNode, Default: d(runtime.DefaultDedupRetention), Bounds: "0 or more",
+			Doc: "How long a module remembers the ids of events it handled, to acknowledge a redelivery without handling it again.", Valid: []string{"1h"}, Invalid: []string{"-1s"}},
+		{Key: "dedup_max_entries", Scope: ScopeNode, Default: n(runtime.DefaultDedupMaxEntries), Bounds: "0 or more",
+			Doc: "How many handled ids each module remembers, oldest forgotten first (about 80 MB per module when full).", Valid: []string{"1"}, Invalid: []string{"-1"}},
+		{Key: "heartbeat_interval", Scope: ScopeNode, Default: d(runtime.DefaultHeartbeatInterval), Bounds: "a negative value turns membership off",
+			Doc: "How often the node sends node.NODE.heartbeat with its modules, which meshctl nodes and meshctl graph read. A peer silent for 3 of its intervals is reported once as node.PEER.unreachable.",
+			Valid: []string{"2s", "-1s"}},
+
+		{Key: "name", Scope: ScopeEntry, Bounds: "one word (as node), unique in the file; required",
+			Doc: "The name the module's binary reports. A binary that reports another name is refused.", Valid: []string{"billing"}, Invalid: []string{`"a b"`}},
+		{Key: "kind", Scope: ScopeEntry, DefaultInWords: true, Default: "plain (empty)", Bounds: "empty, agent or dispatcher",
+			Doc: "What the module is, for operators; a binary that reports another kind is refused.", Valid: []string{"agent", "dispatcher"}, Invalid: []string{"robot"}},
+		{Key: "path", Scope: ScopeEntry, Bounds: "an executable file; required",
+			Doc: "The module's binary, run as a module process (relative paths are from meshd's working directory).", Invalid: []string{"/nonexistent/module"}},
+		{Key: "args", Scope: ScopeEntry,
+			Doc: "Arguments passed to the module's binary."},
+		{Key: "config", Scope: ScopeEntry,
+			Doc: "The module's own settings, handed to it as JSON (sdk/process.Settings): the dispatcher's triggers, the agent's tools."},
+		{Key: "queue_type", Scope: ScopeModule, Default: runtime.QueueQuorum, Bounds: "quorum or classic",
+			Doc: "The type of the module's queue (ADR 2). It cannot change for an existing queue: the broker refuses the declare.", Valid: []string{"classic"}, Invalid: []string{"stream"}},
+		{Key: "prefetch", Scope: ScopeModule, Default: n(runtime.DefaultPrefetch), Bounds: "1 to 65535; with handler_timeout, below consumer_timeout",
+			Doc: "Unacknowledged deliveries the module holds, of events and, separately, of each tool's requests.", Valid: []string{"1", "32"}, Invalid: []string{"-1", "65536"}},
+		{Key: "concurrency", Scope: ScopeModule, Default: "1", Bounds: "1 to prefetch",
+			Doc: "Handler calls run at once; 1 handles events in queue order.", Valid: []string{"32"}, Invalid: []string{"-1", "33"}},
+		{Key: "max_attempts", Scope: ScopeModule, Default: n(runtime.DefaultMaxAttempts), Bounds: "1 to 1000",
+			Doc: "Tries before an event is dead-lettered. It is the quorum queue's delivery limit, so changing it for an existing queue is refused by the broker.",
+			Valid: []string{"1", "1000"}, Invalid: []string{"-1", "1001"}},
+		{Key: "handler_timeout", Scope: ScopeModule, Default: d(runtime.DefaultHandlerTimeout), Bounds: "above 0; the runs a delivery waits through, plus retry_max, below consumer_timeout",
+			Doc: "Bounds one handler call; past it the call is a failed attempt.", Valid: []string{"1s"}, Invalid: []string{"-1s", "2h"}},
+		{Key: "max_priority", Scope: ScopeModule, DefaultInWords: true, Default: "0 (none)", Bounds: "0 to 9; above 0 only with queue_type classic",
+			Doc: "Declares the queue with x-max-priority so it honours event priorities.", Invalid: []string{"-1", "10"}},
+		{Key: "emit_grants", Scope: ScopeModule, Bounds: "topic patterns",
+			Doc: "Full event types outside the module's own namespace it may emit (\"mesh.delivery.#\", \"node.*.drained\").", Valid: []string{`["mesh.delivery.#"]`}, Invalid: []string{`["a..b"]`}},
+		{Key: "tools", Scope: ScopeModule, DefaultInWords: true, Default: "none", Bounds: "topic patterns",
+			Doc: "The tool keys the module may serve; a module process serves nothing that is not listed.", Valid: []string{`["billing.*"]`}, Invalid: []string{`["a..b"]`}},
+		{Key: "allow_duplicates", Scope: ScopeModule, Default: "false",
+			Doc: "Turns off de-duplication by event id: every delivery reaches the handler."},
+		{Key: "allow_undeclared_emits", Scope: ScopeModule, Default: "false",
+			Doc: "Lets the module emit event names its Emits does not declare (refused by default: Emits is what the mesh's graph shows)."},
+
+		{Scope: ScopeProcess, Env: "MESH_CONFIG", Flag: "config",
+			Doc: "The node's configuration file (mesh.yaml). Without it, the node runs from the environment and flags alone, with no modules."},
+		{Scope: ScopeProcess, Env: "MESH_LOG_LEVEL", Flag: "log-level", Default: "info", Bounds: "debug, info, warn or error",
+			Doc: "The level of meshd's JSON log on stderr."},
+		{Scope: ScopeProcess, Env: "OTEL_EXPORTER_OTLP_ENDPOINT",
+			Doc: "Exports traces with OTLP over HTTP to this endpoint (also OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, and the exporter's other standard OTEL_ variables). Unset: no span is recorded; trace context is still passed on."},
+	}
+}
+
+// formatDuration writes d as mesh.yaml would: 30s, 30m, 24h, 200ms.
+func formatDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
+// WriteReference writes the configuration reference, docs/config.md, in
+// Markdown: every setting with its environment variable, flag, default
+// and bounds, from Settings.
+func WriteReference(w io.Writer) error {
+	var b strings.Builder
+	b.WriteString(`# Configuration reference
+
+<!-- Generated by ` + "`go run ./cmd/meshd config reference > docs/config.md`" + ` from runtime/nodeconfig/settings.go. Do not edit: a test fails when this file and the code disagree. -->
+
+meshd reads its settings from the configuration file (` + "`--config mesh.yaml`" + `), then from the environment, then from
+its flags: each overrides the one before. ` + "`meshd config check --config mesh.yaml`" + ` validates a file without starting
+anything, and names every key that breaks a rule. Durations are Go durations (` + "`200ms`, `30s`, `1h`" + `); a key left out,
+or set to 0, takes its default. meshctl reads the broker and node name the same way (` + "`MESH_AMQP_URL`, `MESH_AMQP_URLS`, `MESH_NODE`" + `,
+or ` + "`--amqp-url`, `--amqp-urls`, `--node`" + `).
+`)
+	section := func(title, intro, scope string) {
+		fmt.Fprintf(&b, "\n## %s\n\n%s\n\n", title, intro)
+		b.WriteString("| key | environment | flag | default | bounds | what it does |\n|---|---|---|---|---|---|\n")
+		for _, s := range Settings() {
+			if s.Scope != scope {
+				continue
+			}
+			cell := func(v, wrap string) string {
+				if v == "" {
+					return ""
+				}
+				return wrap + strings.ReplaceAll(v, "|", `\|`) + wrap
+			}
+			flag := s.Flag
+			if flag != "" {
+				flag = "--" + flag
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s |\n", cell(s.Key, "`"), cell(s.Env, "`"), cell(flag, "`"), cell(s.Default, map[bool]string{false: "`"}[s.DefaultInWords]),
+				cell(s.Bounds, ""), cell(s.Doc, ""))
+		}
+	}
+	section("The node", "Top-level keys of mesh.yaml.", ScopeNode)
+	section("Each module", "Keys of each `modules:` entry, and of `defaults:`, which sets them for every module that does not.", ScopeModule)
+	section("Each module entry only", "Keys of each `modules:` entry that `defaults:` cannot set.", ScopeEntry)
+	section("meshd alone", "Flags and environment variables with no key in mesh.yaml.", ScopeProcess)
+	_, err := io.WriteString(w, b.String())
+	return err
+}
