@@ -35,9 +35,10 @@ bench: ## Run throughput/latency benchmarks beside a raw amqp091-go baseline
 demo: ## Run meshd with the example modules as module processes, shown live by meshctl tail, then call a tool
 	scripts/demo.sh
 
-lint: ## Fail on unformatted files (gofmt -l), then go vet
+lint: ## Fail on unformatted files (gofmt -l), on packages and exported names without a doc comment (cmd/doclint), then go vet
 	@files="$$(gofmt -l .)"; \
 	if [ -n "$$files" ]; then echo "gofmt needed on:"; echo "$$files"; exit 1; fi
+	$(GO) run ./cmd/doclint .
 	$(GO) vet ./...
 
 fuzz: ## Fuzz event-type validation, emit naming and bodies, header decoding, topic matching, the dedup log, dead-letter headers (as meshctl and a DeadLetters handler read them), replay targets, permission patterns and coalesced acks, 20s each

@@ -2,6 +2,15 @@
 // the same way on every host: each is the host's own synchronous emit, run
 // on a goroutine of its own, at most Size at once per module; the caller
 // waits for a free slot (back-pressure), and done gets the outcome.
+//
+// A host gives each module one Window, made by New, and implements
+// EmitAsync with it (docs/adr/0024-emit-async.md):
+//
+//	func (m *moduleMesh) EmitAsync(ctx context.Context, name string, body any, done func(string, error), opts ...sdk.EmitOption) error {
+//		return m.async.Go(ctx, func(ctx context.Context) (string, error) {
+//			return m.Emit(ctx, name, body, opts...)
+//		}, done)
+//	}
 package asyncemit
 
 import (

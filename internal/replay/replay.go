@@ -9,6 +9,19 @@
 // Consumers' de-duplication by id still applies: a module that handled an
 // event acknowledges its replay without running the handler, unless it
 // allows duplicates.
+//
+// It is what `meshctl audit replay` runs. The caller implements Log over
+// the audit logger's tools (the selection is the Log's business), chooses a
+// destination and a Pace, and calls Run with a broker connection:
+//
+//	res, err := replay.Run(ctx, conn, log, replay.Options{
+//		ID:   ulid.Make().String(),
+//		Pace: replay.Pace{Rate: 100}, // at most 100 events a second
+//	})
+//	if err != nil {
+//		return err // res.Sent says how many were sent before it failed
+//	}
+//	fmt.Printf("replay %s: %d of %d events to %s\n", res.ID, res.Sent, res.Selected, res.Destination)
 package replay
 
 import (

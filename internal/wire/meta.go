@@ -19,6 +19,7 @@ type MalformedError struct {
 	Reason string
 }
 
+// Error returns the reason prefixed with "malformed event: ".
 func (e *MalformedError) Error() string { return "malformed event: " + e.Reason }
 
 // Unwrap lets errors.Is(err, ErrMalformed) hold.

@@ -47,6 +47,10 @@ type InvalidError struct {
 	Rule  string
 }
 
+// Error returns what was checked, the offending value and the rule it broke,
+// for example
+//
+//	event type "orders..created": word 2 is empty (no leading, trailing or double dots)
 func (e *InvalidError) Error() string {
 	return fmt.Sprintf("%s %q: %s", e.What, e.Value, e.Rule)
 }

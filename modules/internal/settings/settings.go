@@ -1,4 +1,11 @@
-// Package settings holds what the shipped modules' settings share.
+// Package settings holds the value types that the shipped modules (agent and
+// dispatcher) share in the settings they read from their entry's config in
+// meshd's config. Each module re-exports what it uses under its own name, so
+// that its documentation shows it:
+//
+//	// Duration is a time.Duration read from JSON as text ("10s") or as
+//	// nanoseconds.
+//	type Duration = settings.Duration
 package settings
 
 import (
