@@ -69,6 +69,7 @@ func app() *cli.App {
 			topologyCommand(),
 			nodesCommand(),
 			graphCommand(),
+			newCommand(),
 			completionCommand(),
 		},
 	}
