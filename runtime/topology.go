@@ -29,9 +29,11 @@ type BrokerObject struct {
 	// to say; without the record they are not known.
 	Bindings      []Binding
 	BindingsKnown bool
-	// Optional says the object exists only in some cases (a module's
-	// dead-letter queue, if it takes dead letters).
+	// Optional says the object exists only in some cases, which When
+	// names: a module's dead-letter queue if it takes dead letters, its
+	// event queue if it subscribes event patterns.
 	Optional bool
+	When     string
 }
 
 // Binding is a queue's binding to an exchange with a routing key (a
@@ -88,9 +90,14 @@ func NodeObjects(cfg Config, mcs map[string]ModuleConfig) ([]BrokerObject, error
 				queue.Bindings = append(queue.Bindings, Binding{wire.ExchangeEvents, p})
 			}
 		}
+		if len(patterns) == 0 {
+			// A module that subscribes no pattern (an agent serving tools)
+			// has no event queue; without a record, that is not known here.
+			queue.Optional, queue.When = true, "only if the module subscribes event patterns"
+		}
 		objs = append(objs, queue,
 			BrokerObject{Kind: "queue", Name: wire.ModuleDeadQueue(cfg.Node, name), Type: QueueQuorum, Durable: true, Args: deadQueueArgs(mc),
-				Binds: wire.ExchangeDead + ` with "#"`, Bindings: []Binding{{wire.ExchangeDead, "#"}}, BindingsKnown: true, Optional: true})
+				Binds: wire.ExchangeDead + ` with "#"`, Bindings: []Binding{{wire.ExchangeDead, "#"}}, BindingsKnown: true, Optional: true, When: "only if the module takes dead letters"})
 	}
 	return objs, nil
 }

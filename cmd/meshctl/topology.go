@@ -113,6 +113,8 @@ type objectJSON struct {
 	// BindingsKnown is false for a module queue without a binding record.
 	BindingsKnown bool `json:"bindings_known"`
 	Optional      bool `json:"optional,omitempty"`
+	// When says when an optional object exists.
+	When string `json:"when,omitempty"`
 }
 
 // argsText is an object's arguments as k=v, sorted.
@@ -139,7 +141,7 @@ func topologyPrint(c *cli.Context) error {
 		for _, o := range objs {
 			if err := enc.Encode(objectJSON{Kind: o.Kind, Name: o.Name, Type: o.Type, Durable: o.Durable, Exclusive: o.Exclusive,
 				AutoDelete: o.AutoDelete, Arguments: o.Args, Binds: o.Binds, Bindings: o.Bindings, BindingsKnown: o.BindingsKnown,
-				Optional: o.Optional}); err != nil {
+				Optional: o.Optional, When: o.When}); err != nil {
 				return err
 			}
 		}
@@ -169,7 +171,7 @@ func topologyPrint(c *cli.Context) error {
 			binds += " (no binding record here)"
 		}
 		if o.Optional {
-			binds += " (only if the module takes dead letters)"
+			binds += " (" + o.When + ")"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", o.Kind, o.Name, o.Type, strings.Join(flags, ","), argsText(o.Args), binds)
 	}
@@ -351,7 +353,7 @@ func checkObject(conn *amqp.Connection, o runtime.BrokerObject) string {
 	case errors.As(err, &ae) && ae.Code == amqp.NotFound:
 		switch {
 		case o.Optional:
-			return "ok absent (only a module that takes dead letters has it)"
+			return "ok absent (" + o.When + ")"
 		case o.Exclusive:
 			return "MISSING the node is not running"
 		}
@@ -386,9 +388,12 @@ func topologyPermissions(c *cli.Context) error {
 	if f.Node == "" {
 		return fmt.Errorf("%s names no node: give --node", c.String("config"))
 	}
+	if c.IsSet("amqp-url") { // MESH_AMQP_URL or --amqp-url, over the file's, as for meshd
+		f.AMQPURL = c.String("amqp-url")
+	}
 	p := f.Permissions(c.String("user"), c.StringSlice("consumes"))
 	if p.User == "" {
-		return fmt.Errorf("no broker user: the config's amqp_url names none; give --user")
+		return fmt.Errorf("no broker user: the broker's URL names none; give --user")
 	}
 	if c.Bool("json") {
 		return json.NewEncoder(c.App.Writer).Encode(struct {

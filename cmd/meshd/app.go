@@ -65,7 +65,7 @@ func runFlags() []cli.Flag {
 		&cli.StringFlag{Name: "amqp-url", EnvVars: []string{"MESH_AMQP_URL"}, Usage: "the broker's `URL` (default " + runtime.DefaultAMQPURL + ")"},
 		&cli.StringSliceFlag{Name: "amqp-urls", EnvVars: []string{"MESH_AMQP_URLS"}, Usage: "more of the broker's `URLS` (the nodes of a cluster; comma-separated or repeated)"},
 		&cli.StringFlag{Name: "state-dir", EnvVars: []string{"MESH_STATE_DIR"}, Usage: "node-local state `DIR` (default ~/.local/state/mesh/NODE)"},
-		&cli.StringFlag{Name: "http-addr", EnvVars: []string{"MESH_HTTP_ADDR"}, Usage: "serve /healthz and /readyz on `HOST:PORT` (default off)"},
+		&cli.StringFlag{Name: "http-addr", EnvVars: []string{"MESH_HTTP_ADDR"}, Usage: "serve /healthz, /readyz and /metrics on `HOST:PORT` (default off)"},
 		&cli.StringFlag{Name: "log-level", EnvVars: []string{"MESH_LOG_LEVEL"}, Value: "info", Usage: "debug, info, warn or error"},
 		&cli.DurationFlag{Name: "grace", EnvVars: []string{"MESH_GRACE"}, Usage: "how long in-flight handlers may finish on stop (default " + nodeconfig.DefaultGrace.String() + ")"},
 	}

@@ -52,10 +52,11 @@ type TopicPermission struct {
 //     module.<module>. keys, and the full types their emit_grants allow;
 //     on mesh.rpc it may bind only the tools its modules are granted.
 //
-// user is the broker user; empty takes the one of f.AMQPURL.
+// user is the broker user; empty takes the one of the first broker
+// address (amqp_url, else the first of amqp_urls).
 func (f File) Permissions(user string, consumed []string) Permissions {
 	p := Permissions{User: user, VHost: "/"}
-	if u, err := url.Parse(f.AMQPURL); err == nil {
+	if u, err := url.Parse(f.Runtime().Brokers()[0]); err == nil {
 		if p.User == "" {
 			p.User = u.User.Username()
 		}
