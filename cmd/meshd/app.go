@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"reflect"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -165,8 +166,12 @@ func run(c *cli.Context) error {
 		defer cancelGrace()
 		return node.Close(graceCtx)
 	}
+	// loading holds /readyz at 503 until every module of the config is
+	// loaded: before that, Node.Ready knows only the ones loaded so far.
+	var loading atomic.Bool
+	loading.Store(true)
 	if f.HTTPAddr != "" {
-		srv, err := serveHealth(f.HTTPAddr, node, metricsHandler, log)
+		srv, err := serveHealth(f.HTTPAddr, node, &loading, metricsHandler, log)
 		if err != nil {
 			return errors.Join(err, shutdown())
 		}
@@ -183,6 +188,7 @@ func run(c *cli.Context) error {
 		}
 		running[m.Name] = &loaded{entry: m, pm: pm}
 	}
+	loading.Store(false)
 	if _, err := node.Emit(ctx, node.Name(), "node."+node.Name()+".joined", map[string]any{"modules": len(f.Modules)}); err != nil {
 		log.Warn("could not announce the node", "err", err)
 	}
@@ -281,10 +287,11 @@ func reload(ctx context.Context, c *cli.Context, was nodeconfig.File, node *runt
 	log.Info("config reloaded", "stopped", stopped, "started", started, "running", len(running))
 }
 
-// serveHealth answers /healthz (the process runs), /readyz (runtime.Node.Ready:
+// serveHealth answers /healthz (the process runs), /readyz (503 while loading
+// holds, then runtime.Node.Ready:
 // connected, not blocked, every module consuming) and /metrics (its OpenTelemetry metrics, for
 // Prometheus) on addr.
-func serveHealth(addr string, node *runtime.Node, metrics http.Handler, log *slog.Logger) (*http.Server, error) {
+func serveHealth(addr string, node *runtime.Node, loading *atomic.Bool, metrics http.Handler, log *slog.Logger) (*http.Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("http_addr: %w", err)
@@ -294,6 +301,10 @@ func serveHealth(addr string, node *runtime.Node, metrics http.Handler, log *slo
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if loading.Load() {
+			http.Error(w, "not ready: loading the modules", http.StatusServiceUnavailable)
+			return
+		}
 		if err := node.Ready(); err != nil {
 			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
 			return
