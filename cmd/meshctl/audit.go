@@ -296,7 +296,7 @@ func fatesText(fates []store.Fate) string {
 	for _, f := range fates {
 		switch f.Kind {
 		case store.FateDead:
-			s += fmt.Sprintf("  ✗ dead-lettered by %s (%s after %d attempts: %s)", f.Queue, f.Reason, f.Attempts, f.Error)
+			s += fmt.Sprintf("  ✗ dead-lettered by %s (%s after %s: %s)", f.Queue, f.Reason, countOf(f.Attempts, "attempt", "attempts"), f.Error)
 		case store.FateReplayed:
 			replays++
 		}

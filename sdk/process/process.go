@@ -354,8 +354,22 @@ func errorOf(kind pb.ErrorKind, msg string) error {
 	default:
 		return errors.New(msg)
 	}
-	return fmt.Errorf("%s: %w", msg, sentinel)
+	if !strings.Contains(msg, sentinel.Error()) {
+		msg += ": " + sentinel.Error()
+	}
+	return &hostError{msg: msg, sentinel: sentinel}
 }
+
+// hostError is an error the host reported, worded as the host worded it
+// (which names the sentinel already, as "call tax.rate: no server for
+// this tool" does), and matching its sentinel with errors.Is.
+type hostError struct {
+	msg      string
+	sentinel error
+}
+
+func (e *hostError) Error() string { return e.msg }
+func (e *hostError) Unwrap() error { return e.sentinel }
 
 // Answer runs one tool call: a ToolError goes back as it is, a panic as
 // "internal", any other error without a code for the host to classify.

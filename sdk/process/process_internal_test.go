@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/meshkit/mesh/internal/plugin"
+	"github.com/meshkit/mesh/internal/plugin/pb"
 	"github.com/meshkit/mesh/sdk"
 )
 
@@ -89,5 +90,29 @@ func TestSettings(t *testing.T) {
 	t.Setenv(plugin.EnvSettings, `{"nmae":"typo"}`)
 	if err := Settings(&c); err == nil || !strings.Contains(err.Error(), "nmae") {
 		t.Errorf("an unknown field: %v", err)
+	}
+}
+
+// TestErrorOfKeepsTheHostsWords: an error the host reported matches its
+// sentinel, and says what the host said once, without repeating the
+// sentinel's words it already has.
+func TestErrorOfKeepsTheHostsWords(t *testing.T) {
+	for _, tc := range []struct {
+		kind     pb.ErrorKind
+		msg      string
+		sentinel error
+		want     string
+	}{
+		{pb.ErrorKind_NO_SERVER, "call tax.rate: no server for this tool", sdk.ErrNoServer, "call tax.rate: no server for this tool"},
+		{pb.ErrorKind_NO_SERVER, "call tax.rate", sdk.ErrNoServer, "call tax.rate: no server for this tool"},
+		{pb.ErrorKind_FORBIDDEN, "emit x: not declared", sdk.ErrForbidden, "emit x: not declared: " + sdk.ErrForbidden.Error()},
+	} {
+		err := errorOf(tc.kind, tc.msg)
+		if !errors.Is(err, tc.sentinel) || err.Error() != tc.want {
+			t.Errorf("errorOf(%v, %q) = %q (is %v: %v), want %q", tc.kind, tc.msg, err, tc.sentinel, errors.Is(err, tc.sentinel), tc.want)
+		}
+	}
+	if err := errorOf(pb.ErrorKind_NONE, "x"); err != nil {
+		t.Errorf("NONE gives %v", err)
 	}
 }
