@@ -10,6 +10,9 @@ import (
 	"os"
 	"os/signal"
 	"reflect"
+	"slices"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -43,7 +46,11 @@ func app() *cli.App {
 					if err != nil {
 						return err
 					}
-					fmt.Fprintf(c.App.Writer, "config ok: node %s, %d modules\n", f.Node, len(f.Modules))
+					modules := fmt.Sprintf("%d modules", len(f.Modules))
+					if len(f.Modules) == 1 {
+						modules = "1 module"
+					}
+					fmt.Fprintf(c.App.Writer, "config ok: node %s, %s\n", f.Node, modules)
 					return nil
 				},
 			}, {
@@ -166,12 +173,10 @@ func run(c *cli.Context) error {
 		defer cancelGrace()
 		return node.Close(graceCtx)
 	}
-	// loading holds /readyz at 503 until every module of the config is
-	// loaded: before that, Node.Ready knows only the ones loaded so far.
-	var loading atomic.Bool
-	loading.Store(true)
+	ready := &readiness{node: node}
+	ready.loading.Store(true)
 	if f.HTTPAddr != "" {
-		srv, err := serveHealth(f.HTTPAddr, node, &loading, metricsHandler, log)
+		srv, err := serveHealth(f.HTTPAddr, ready, metricsHandler, log)
 		if err != nil {
 			return errors.Join(err, shutdown())
 		}
@@ -188,7 +193,7 @@ func run(c *cli.Context) error {
 		}
 		running[m.Name] = &loaded{entry: m, pm: pm}
 	}
-	loading.Store(false)
+	ready.loading.Store(false)
 	if _, err := node.Emit(ctx, node.Name(), "node."+node.Name()+".joined", map[string]any{"modules": len(f.Modules)}); err != nil {
 		log.Warn("could not announce the node", "err", err)
 	}
@@ -198,7 +203,7 @@ func run(c *cli.Context) error {
 		case <-ctx.Done():
 			done = true
 		case <-hup:
-			reload(ctx, c, f, node, running, log)
+			reload(ctx, c, f, node, running, ready, log)
 		case <-node.Done():
 			// The node cannot go on (another node took its name while it was
 			// reconnecting): exit non-zero; unacked deliveries return to their
@@ -242,7 +247,7 @@ func loadModule(ctx context.Context, node *runtime.Node, i int, m nodeconfig.Mod
 // within the grace period and returns what was not finished to the
 // queues, so no work is lost. A config that does not validate changes
 // nothing. Node settings (name, broker, state dir...) need a restart.
-func reload(ctx context.Context, c *cli.Context, was nodeconfig.File, node *runtime.Node, running map[string]*loaded, log *slog.Logger) {
+func reload(ctx context.Context, c *cli.Context, was nodeconfig.File, node *runtime.Node, running map[string]*loaded, ready *readiness, log *slog.Logger) {
 	f, err := config(c)
 	if err != nil {
 		log.Error("reload: the config does not validate; nothing changed", "err", err)
@@ -263,18 +268,30 @@ func reload(ctx context.Context, c *cli.Context, was nodeconfig.File, node *runt
 	var stopped, started int
 	for i, m := range f.Modules {
 		want[m.Name] = true
+		var previous *nodeconfig.Module
 		if l, ok := running[m.Name]; ok {
 			if reflect.DeepEqual(l.entry, m) {
 				continue
 			}
+			previous = &l.entry
 			stop(m.Name)
 			stopped++
 		}
 		pm, err := loadModule(ctx, node, i, m)
+		if err != nil && previous != nil {
+			// The new entry is refused (say, a queue argument the broker
+			// cannot change): the module runs as it did, rather than not at
+			// all; the next reload tries the new entry again.
+			log.Error("reload: a module did not start with its new entry; starting it with the one it ran with", "module", m.Name, "err", err)
+			m = *previous
+			pm, err = loadModule(ctx, node, i, m)
+		}
 		if err != nil {
 			log.Error("reload: a module did not start", "module", m.Name, "err", err)
+			ready.notStarted(m.Name, err)
 			continue
 		}
+		ready.notStarted(m.Name, nil)
 		running[m.Name] = &loaded{entry: m, pm: pm}
 		started++
 	}
@@ -284,14 +301,15 @@ func reload(ctx context.Context, c *cli.Context, was nodeconfig.File, node *runt
 			stopped++
 		}
 	}
+	ready.forgetAllBut(want)
 	log.Info("config reloaded", "stopped", stopped, "started", started, "running", len(running))
 }
 
-// serveHealth answers /healthz (the process runs), /readyz (503 while loading
-// holds, then runtime.Node.Ready:
-// connected, not blocked, every module consuming) and /metrics (its OpenTelemetry metrics, for
+// serveHealth answers /healthz (the process runs), /readyz (readiness.check:
+// every module of the config started, connected, not blocked, every module
+// consuming) and /metrics (its OpenTelemetry metrics, for
 // Prometheus) on addr.
-func serveHealth(addr string, node *runtime.Node, loading *atomic.Bool, metrics http.Handler, log *slog.Logger) (*http.Server, error) {
+func serveHealth(addr string, ready *readiness, metrics http.Handler, log *slog.Logger) (*http.Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("http_addr: %w", err)
@@ -301,11 +319,7 @@ func serveHealth(addr string, node *runtime.Node, loading *atomic.Bool, metrics 
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if loading.Load() {
-			http.Error(w, "not ready: loading the modules", http.StatusServiceUnavailable)
-			return
-		}
-		if err := node.Ready(); err != nil {
+		if err := ready.check(); err != nil {
 			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
@@ -320,4 +334,58 @@ func serveHealth(addr string, node *runtime.Node, loading *atomic.Bool, metrics 
 	}()
 	log.Info("serving /healthz and /readyz", "addr", ln.Addr().String())
 	return srv, nil
+}
+
+// readiness is what /readyz answers: meshd's own state (the modules of its
+// config still loading, or a module a reload could not start) before the
+// node's (runtime.Node.Ready).
+type readiness struct {
+	node    *runtime.Node
+	loading atomic.Bool
+	mu      sync.Mutex
+	failed  map[string]error // modules a reload could not start, by name
+}
+
+// notStarted records that a reload could not start module name (err), or
+// that it runs again (nil).
+func (r *readiness) notStarted(name string, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err == nil {
+		delete(r.failed, name)
+		return
+	}
+	if r.failed == nil {
+		r.failed = map[string]error{}
+	}
+	r.failed[name] = err
+}
+
+// forgetAllBut forgets the failures of modules the config no longer has.
+func (r *readiness) forgetAllBut(want map[string]bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for name := range r.failed {
+		if !want[name] {
+			delete(r.failed, name)
+		}
+	}
+}
+
+// check is nil when the node is ready, or says what it is missing.
+func (r *readiness) check() error {
+	if r.loading.Load() {
+		return errors.New("loading the modules")
+	}
+	r.mu.Lock()
+	names := make([]string, 0, len(r.failed))
+	for name := range r.failed {
+		names = append(names, name)
+	}
+	r.mu.Unlock()
+	if len(names) > 0 {
+		slices.Sort(names)
+		return fmt.Errorf("not running since a reload: %s (see the log)", strings.Join(names, ", "))
+	}
+	return r.node.Ready()
 }

@@ -1,0 +1,127 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/meshkit/mesh/internal/brokertest"
+)
+
+// TestReloadKeepsAnEntryTheBrokerRefuses: a reload that changes what the
+// broker cannot change on an existing queue (max_attempts, the quorum
+// queue's delivery limit) does not leave the module stopped: meshd says
+// why the new entry was refused and runs the module with the entry it ran
+// with, consuming its queue, and /readyz stays 200.
+func TestReloadKeepsAnEntryTheBrokerRefuses(t *testing.T) {
+	url := brokertest.VHost(t)
+	dir := t.TempDir()
+	bins := map[string]string{}
+	for name, pkg := range map[string]string{"meshd": ".", "notifier": "../../examples/modules/notifier"} {
+		bins[name] = filepath.Join(dir, name)
+		if out, err := exec.Command("go", "build", "-o", bins[name], pkg).CombinedOutput(); err != nil {
+			t.Fatalf("build %s: %v\n%s", pkg, err, out)
+		}
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	cfg := filepath.Join(dir, "mesh.yaml")
+	write := func(maxAttempts int) {
+		t.Helper()
+		if err := os.WriteFile(cfg, []byte(fmt.Sprintf("node: anchor\namqp_url: %s\nstate_dir: %s\nhttp_addr: %s\nmodules:\n  - name: notifier\n    path: %s\n    max_attempts: %d\n",
+			url, filepath.Join(dir, "state"), addr, bins["notifier"], maxAttempts)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(5)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bins["meshd"], "run", "--config", cfg)
+	logs := &lockedBuffer{}
+	cmd.Stderr = logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	consumers := func() int {
+		ch, err := conn.Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ch.Close()
+		q, err := ch.QueueDeclarePassive("anchor.notifier.events", true, false, false, false, nil)
+		if err != nil {
+			return -1
+		}
+		return q.Consumers
+	}
+	ready := func() bool { code, _ := httpGet(addr, "/readyz"); return code == http.StatusOK }
+	eventually(t, ctx, "/readyz 200", ready, logs)
+	if n := consumers(); n != 1 {
+		t.Fatalf("%d consumers on the notifier's queue, want 1", n)
+	}
+
+	write(3)
+	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, ctx, "the reload done", func() bool { return strings.Contains(logs.String(), "config reloaded") }, logs)
+	log := logs.String()
+	if !strings.Contains(log, "starting it with the one it ran with") || !strings.Contains(log, "x-delivery-limit") {
+		t.Errorf("the log does not say the new entry was refused by the broker, and the old one started:\n%s", log)
+	}
+	if code, body := httpGet(addr, "/readyz"); code != http.StatusOK {
+		t.Errorf("/readyz %d %s after the reload, want 200", code, body)
+	}
+	if n := consumers(); n != 1 {
+		t.Errorf("%d consumers on the notifier's queue after the reload, want 1", n)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("meshd exit: %v\n%s", err, logs.String())
+	}
+}
+
+// TestReadinessSaysWhatIsMissing: /readyz is 503 while the config's
+// modules load, and names a module a reload left stopped until it runs
+// again or leaves the config.
+func TestReadinessSaysWhatIsMissing(t *testing.T) {
+	r := &readiness{}
+	r.loading.Store(true)
+	if err := r.check(); err == nil || !strings.Contains(err.Error(), "loading") {
+		t.Errorf("while loading: %v", err)
+	}
+	r.loading.Store(false)
+	r.notStarted("notifier", fmt.Errorf("refused"))
+	r.notStarted("billing", fmt.Errorf("refused"))
+	if err := r.check(); err == nil || !strings.Contains(err.Error(), "billing, notifier") {
+		t.Errorf("with two modules stopped: %v", err)
+	}
+	r.notStarted("billing", nil)
+	r.forgetAllBut(map[string]bool{"billing": true})
+	if len(r.failed) != 0 {
+		t.Errorf("failures left: %v", r.failed)
+	}
+}
