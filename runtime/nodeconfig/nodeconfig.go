@@ -7,6 +7,12 @@
 //	if err != nil {
 //		return err // "mesh.yaml: modules[1].path: is empty"
 //	}
+//
+// Settings lists every key with its environment variable, meshd flag,
+// default and bounds; WriteReference writes them as the configuration
+// reference (docs/config.md, `meshd config reference`), and tests hold
+// both to the code. Permissions computes a node's least-privilege broker
+// permissions from its file.
 package nodeconfig
 
 import (
