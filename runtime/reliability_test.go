@@ -2,17 +2,7 @@ package runtime_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
-	"math/big"
-	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -234,16 +224,9 @@ func TestConsumerTimeoutChecked(t *testing.T) {
 func TestTLS(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	ca, caKey, caPEM := newCA(t, "mesh test CA")
-	_, _, otherPEM := newCA(t, "some other CA")
-	serverCert := newServerCert(t, ca, caKey)
-	caFile, otherFile := filepath.Join(dir, "ca.pem"), filepath.Join(dir, "other.pem")
-	if err := os.WriteFile(caFile, caPEM, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(otherFile, otherPEM, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	ca, other := brokertest.NewCA(t, "mesh test CA"), brokertest.NewCA(t, "some other CA")
+	serverCert := ca.ServerCert(t)
+	caFile, otherFile := ca.File, other.File
 	url := brokertest.VHost(t)
 	proxy := brokertest.NewTLSProxy(t, serverCert)
 	tlsURL := strings.Replace(strings.Replace(url, brokertest.Host(), proxy.Addr(), 1), "amqp://", "amqps://", 1)
@@ -274,45 +257,4 @@ func TestTLS(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "tls.ca_file") {
 		t.Errorf("missing CA file: %v, want an error naming tls.ca_file", err)
 	}
-}
-
-func newCA(t *testing.T, name string) (*x509.Certificate, *ecdsa.PrivateKey, []byte) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cert, key, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
-}
-
-func newServerCert(t *testing.T, ca *x509.Certificate, caKey *ecdsa.PrivateKey) tls.Certificate {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: "broker"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{"localhost"},
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }

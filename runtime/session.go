@@ -528,7 +528,7 @@ func dial(ctx context.Context, cfg Config, amqpURL, role string) (*amqp.Connecti
 		Dial:       amqp.DefaultDial(timeout),
 	}
 	if u, err := url.Parse(amqpURL); err == nil && u.Scheme == "amqps" {
-		tc, err := cfg.TLS.clientConfig()
+		tc, err := cfg.TLS.ClientConfig()
 		if err != nil {
 			return nil, err
 		}
@@ -542,8 +542,10 @@ func dial(ctx context.Context, cfg Config, amqpURL, role string) (*amqp.Connecti
 	return conn, nil
 }
 
-// clientConfig builds the TLS configuration of an amqps:// connection.
-func (t TLSConfig) clientConfig() (*tls.Config, error) {
+// ClientConfig is the TLS configuration of an amqps:// connection: TLS
+// 1.2 at least, the CA file's roots (or the system's), the client
+// certificate if any. Errors name the setting (tls.ca_file).
+func (t TLSConfig) ClientConfig() (*tls.Config, error) {
 	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: t.ServerName}
 	if t.CAFile != "" {
 		pem, err := os.ReadFile(t.CAFile)
@@ -573,9 +575,9 @@ func tlsHint(err error) string {
 	var hostname x509.HostnameError
 	switch {
 	case errors.As(err, &hostname):
-		return " (the broker's certificate is not for this host name: connect by a name it holds, or set tls.server_name)"
+		return " (the broker's certificate is not for this host name: connect by a name it holds, or set tls.server_name: MESH_TLS_SERVER_NAME, --tls-server-name)"
 	case errors.As(err, &unknown), errors.As(err, &verify):
-		return " (the broker's certificate is not signed by a CA the node trusts: set tls.ca_file to the CA that signed it)"
+		return " (the broker's certificate is not signed by a CA the node trusts: set tls.ca_file to the CA that signed it: MESH_TLS_CA_FILE, --tls-ca-file)"
 	}
 	return ""
 }

@@ -32,6 +32,10 @@ func app() *cli.App {
 			&cli.StringFlag{Name: "amqp-url", EnvVars: []string{"MESH_AMQP_URL"}, Value: runtime.DefaultAMQPURL, Usage: "the broker's `URL`"},
 			&cli.StringSliceFlag{Name: "amqp-urls", EnvVars: []string{"MESH_AMQP_URLS"}, Usage: "more of the broker's `URLS` (the nodes of a cluster; comma-separated or repeated): the first that answers is used"},
 			&cli.StringFlag{Name: "node", EnvVars: []string{"MESH_NODE"}, Usage: "the node `NAME` events are emitted from (default meshctl-HOST)"},
+			&cli.StringFlag{Name: "tls-ca-file", EnvVars: []string{"MESH_TLS_CA_FILE"}, Usage: "the PEM `FILE` of the CA that signed the broker's certificate (amqps://; default the system's roots)"},
+			&cli.StringFlag{Name: "tls-cert-file", EnvVars: []string{"MESH_TLS_CERT_FILE"}, Usage: "a client certificate, a PEM `FILE`"},
+			&cli.StringFlag{Name: "tls-key-file", EnvVars: []string{"MESH_TLS_KEY_FILE"}, Usage: "the client certificate's key, a PEM `FILE`"},
+			&cli.StringFlag{Name: "tls-server-name", EnvVars: []string{"MESH_TLS_SERVER_NAME"}, Usage: "the `NAME` checked in the broker's certificate (default the URL's host)"},
 		},
 		Commands: []*cli.Command{
 			{
@@ -89,6 +93,7 @@ func connect(ctx context.Context, c *cli.Context) (*runtime.Node, error) {
 		Node:      name,
 		Ephemeral: true, // no node lock, no spool: an emit is confirmed or fails
 		AMQPURLs:  brokerURLs(c),
+		TLS:       tlsSettings(c),
 		Logger:    slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
 }
@@ -266,4 +271,11 @@ func headerText(h map[string]any) map[string]string {
 		}
 	}
 	return out
+}
+
+// tlsSettings are the TLS flags (or their environment variables), as
+// meshd's tls settings.
+func tlsSettings(c *cli.Context) runtime.TLSConfig {
+	return runtime.TLSConfig{CAFile: c.String("tls-ca-file"), CertFile: c.String("tls-cert-file"), KeyFile: c.String("tls-key-file"),
+		ServerName: c.String("tls-server-name")}
 }

@@ -152,13 +152,19 @@ func brokerSessionAt(c *cli.Context) (context.Context, *amqp.Connection, string,
 	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 	props := amqp.NewConnectionProperties()
 	props.SetClientConnectionName("meshctl " + c.Command.FullName())
+	tc, err := tlsSettings(c).ClientConfig()
+	if err != nil {
+		stop()
+		return nil, nil, "", nil, err
+	}
 	var errs []error
 	for _, url := range brokerURLs(c) {
 		conn, err := amqp.DialConfig(url, amqp.Config{
-			Heartbeat:  10 * time.Second,
-			Locale:     "en_US",
-			Properties: props,
-			Dial:       amqp.DefaultDial(10 * time.Second),
+			Heartbeat:       10 * time.Second,
+			Locale:          "en_US",
+			Properties:      props,
+			Dial:            amqp.DefaultDial(10 * time.Second),
+			TLSClientConfig: tc.Clone(), // used for amqps:// only; amqp091-go sets its ServerName from this URL
 		})
 		if err == nil {
 			return ctx, conn, url, func() { _ = conn.Close(); stop() }, nil

@@ -75,6 +75,10 @@ func runFlags() []cli.Flag {
 		&cli.StringFlag{Name: "state-dir", EnvVars: []string{"MESH_STATE_DIR"}, Usage: "node-local state `DIR` (default ~/.local/state/mesh/NODE)"},
 		&cli.StringFlag{Name: "http-addr", EnvVars: []string{"MESH_HTTP_ADDR"}, Usage: "serve /healthz, /readyz and /metrics on `HOST:PORT` (default off)"},
 		&cli.StringFlag{Name: "log-level", EnvVars: []string{"MESH_LOG_LEVEL"}, Value: "info", Usage: "debug, info, warn or error"},
+		&cli.StringFlag{Name: "tls-ca-file", EnvVars: []string{"MESH_TLS_CA_FILE"}, Usage: "the PEM `FILE` of the CA that signed the broker's certificate (amqps://)"},
+		&cli.StringFlag{Name: "tls-cert-file", EnvVars: []string{"MESH_TLS_CERT_FILE"}, Usage: "the node's client certificate, a PEM `FILE`"},
+		&cli.StringFlag{Name: "tls-key-file", EnvVars: []string{"MESH_TLS_KEY_FILE"}, Usage: "the client certificate's key, a PEM `FILE`"},
+		&cli.StringFlag{Name: "tls-server-name", EnvVars: []string{"MESH_TLS_SERVER_NAME"}, Usage: "the `NAME` checked in the broker's certificate (default the URL's host)"},
 		&cli.DurationFlag{Name: "grace", EnvVars: []string{"MESH_GRACE"}, Usage: "how long in-flight handlers may finish on stop (default " + nodeconfig.DefaultGrace.String() + ")"},
 	}
 }
@@ -105,6 +109,11 @@ func config(c *cli.Context) (nodeconfig.File, error) {
 	}
 	if c.IsSet("http-addr") {
 		f.HTTPAddr = c.String("http-addr")
+	}
+	for flag, field := range map[string]*string{"tls-ca-file": &f.TLS.CAFile, "tls-cert-file": &f.TLS.CertFile, "tls-key-file": &f.TLS.KeyFile, "tls-server-name": &f.TLS.ServerName} {
+		if c.IsSet(flag) {
+			*field = c.String(flag)
+		}
 	}
 	if c.IsSet("grace") {
 		f.Grace = c.Duration("grace")
