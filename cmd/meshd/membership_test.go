@@ -22,8 +22,8 @@ import (
 
 // startMeshd builds meshd and runs it with the config text (its node name,
 // broker URL and the rest), serving HTTP on a free port. It returns the
-// process, the HTTP address and its log.
-func startMeshd(t *testing.T, ctx context.Context, config string) (*exec.Cmd, string, *lockedBuffer) {
+// process, the HTTP address, its log and the config file's path.
+func startMeshd(t *testing.T, ctx context.Context, config string) (*exec.Cmd, string, *lockedBuffer, string) {
 	t.Helper()
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "meshd")
@@ -51,7 +51,7 @@ func startMeshd(t *testing.T, ctx context.Context, config string) (*exec.Cmd, st
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 	})
-	return cmd, addr, logs
+	return cmd, addr, logs, cfg
 }
 
 // httpGet returns the status and body of GET http://addr/path, or 0 if it
@@ -86,7 +86,7 @@ func TestReadyzFollowsTheBroker(t *testing.T) {
 	proxy := brokertest.NewProxy(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	_, addr, logs := startMeshd(t, ctx, fmt.Sprintf("node: ready\namqp_url: %s\nreconnect_min: 20ms\nreconnect_max: 200ms",
+	_, addr, logs, _ := startMeshd(t, ctx, fmt.Sprintf("node: ready\namqp_url: %s\nreconnect_min: 20ms\nreconnect_max: 200ms",
 		strings.Replace(url, brokertest.Host(), proxy.Addr(), 1)))
 	eventually(t, ctx, "/readyz 200", func() bool { code, _ := httpGet(addr, "/readyz"); return code == http.StatusOK }, logs)
 	proxy.Down()
@@ -136,7 +136,7 @@ func TestFrozenNodeIsUnreachable(t *testing.T) {
 	}
 	defer watcher.Close(context.Background())
 	reports := brokertest.Tap(t, url, "mesh.events", "node.frozen.unreachable")
-	cmd, _, logs := startMeshd(t, ctx, fmt.Sprintf("node: frozen\namqp_url: %s\nheartbeat_interval: %s", url, every))
+	cmd, _, logs, _ := startMeshd(t, ctx, fmt.Sprintf("node: frozen\namqp_url: %s\nheartbeat_interval: %s", url, every))
 	peer := func() (runtime.Peer, bool) {
 		for _, p := range watcher.Peers() {
 			if p.Node == "frozen" {

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -25,38 +24,13 @@ import (
 // with, consuming its queue, and /readyz stays 200.
 func TestReloadKeepsAnEntryTheBrokerRefuses(t *testing.T) {
 	url := brokertest.VHost(t)
-	dir := t.TempDir()
-	bins := map[string]string{}
-	for name, pkg := range map[string]string{"meshd": ".", "notifier": "../../examples/modules/notifier"} {
-		bins[name] = filepath.Join(dir, name)
-		if out, err := exec.Command("go", "build", "-o", bins[name], pkg).CombinedOutput(); err != nil {
-			t.Fatalf("build %s: %v\n%s", pkg, err, out)
-		}
+	notifier := filepath.Join(t.TempDir(), "notifier")
+	if out, err := exec.Command("go", "build", "-o", notifier, "../../examples/modules/notifier").CombinedOutput(); err != nil {
+		t.Fatalf("build the notifier: %v\n%s", err, out)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	cfg := filepath.Join(dir, "mesh.yaml")
-	write := func(maxAttempts int) {
-		t.Helper()
-		if err := os.WriteFile(cfg, []byte(fmt.Sprintf("node: anchor\namqp_url: %s\nstate_dir: %s\nhttp_addr: %s\nmodules:\n  - name: notifier\n    path: %s\n    max_attempts: %d\n",
-			url, filepath.Join(dir, "state"), addr, bins["notifier"], maxAttempts)), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write(5)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bins["meshd"], "run", "--config", cfg)
-	logs := &lockedBuffer{}
-	cmd.Stderr = logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	cmd, addr, logs, cfg := startMeshd(t, ctx, fmt.Sprintf("node: anchor\namqp_url: %s\nmodules:\n  - name: notifier\n    path: %s\n    max_attempts: 5", url, notifier))
 
 	conn, err := amqp.Dial(url)
 	if err != nil {
@@ -81,7 +55,13 @@ func TestReloadKeepsAnEntryTheBrokerRefuses(t *testing.T) {
 		t.Fatalf("%d consumers on the notifier's queue, want 1", n)
 	}
 
-	write(3)
+	text, err := os.ReadFile(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cfg, []byte(strings.Replace(string(text), "max_attempts: 5", "max_attempts: 3", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
