@@ -79,7 +79,11 @@ func TestFlagsAreTheReferences(t *testing.T) {
 		if s.Key == "node" {
 			content = ""
 		}
-		if err := os.WriteFile(withKey, []byte(content+s.Key+": "+s.Valid[0]+"\n"), 0o644); err != nil {
+		keyLine := s.Key + ": " + s.Valid[0] + "\n"
+		if parent, child, nested := strings.Cut(s.Key, "."); nested { // tls.server_name
+			keyLine = parent + ":\n  " + child + ": " + s.Valid[0] + "\n"
+		}
+		if err := os.WriteFile(withKey, []byte(content+keyLine), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		want := load([]string{"--config", withKey})
