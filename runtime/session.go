@@ -537,7 +537,7 @@ func dial(ctx context.Context, cfg Config, amqpURL, role string) (*amqp.Connecti
 	conn, err := amqp.DialConfig(amqpURL, ac)
 	if err != nil {
 		// amqp091-go errors do not carry the URL, so err is safe to show.
-		return nil, fmt.Errorf("connect to broker %s (%s): %w%s", redactURL(amqpURL), role, err, tlsHint(err))
+		return nil, fmt.Errorf("connect to broker %s (%s): %w%s", redactURL(amqpURL), role, err, TLSHint(err))
 	}
 	return conn, nil
 }
@@ -568,8 +568,10 @@ func (t TLSConfig) ClientConfig() (*tls.Config, error) {
 	return tc, nil
 }
 
-// tlsHint explains a certificate the node does not trust.
-func tlsHint(err error) string {
+// TLSHint explains a connection error caused by a broker certificate the
+// client does not trust, naming the setting that fixes it; it is "" for
+// any other error.
+func TLSHint(err error) string {
 	var unknown x509.UnknownAuthorityError
 	var verify *tls.CertificateVerificationError
 	var hostname x509.HostnameError

@@ -170,7 +170,7 @@ func brokerSessionAt(c *cli.Context) (context.Context, *amqp.Connection, string,
 			return ctx, conn, url, func() { _ = conn.Close(); stop() }, nil
 		}
 		// amqp091-go errors do not carry the URL, so err is safe to show.
-		errs = append(errs, fmt.Errorf("connect to broker %s: %w", redactURL(url), err))
+		errs = append(errs, fmt.Errorf("connect to broker %s: %w%s", redactURL(url), err, runtime.TLSHint(err)))
 	}
 	stop()
 	return nil, nil, "", nil, errors.Join(errs...)

@@ -30,7 +30,9 @@ func TestTLS(t *testing.T) {
 			t.Errorf("meshctl %v shows the password: %s", args, stderr)
 		}
 	}
-	if _, stderr, _ := meshctl(t, bin, tlsURL, "emit", "mesh.tls.ping", "{}"); !strings.Contains(stderr, "--tls-ca-file") {
-		t.Errorf("the refusal does not say which flag would help: %s", stderr)
+	for _, args := range [][]string{{"emit", "mesh.tls.ping", "{}"}, {"dlq", "ls"}} {
+		if _, stderr, _ := meshctl(t, bin, tlsURL, args...); !strings.Contains(stderr, "--tls-ca-file") {
+			t.Errorf("meshctl %v: the refusal does not say which flag would help: %s", args, stderr)
+		}
 	}
 }
