@@ -13,9 +13,14 @@ type TestHooks struct {
 	Relaunched func(module string, pid int)
 	// StopWaiting: a module process's Stop waits for its supervisor.
 	StopWaiting func(module string)
+	// Exited: a module process is gone, and its supervisor has not taken
+	// it out yet.
+	Exited func(module string)
+	// Awaiting: a delivery or call waits for the module process's restart.
+	Awaiting func(module string)
 }
 
 // SetTestHooks makes the node call h's functions (those set).
 func (n *Node) SetTestHooks(h TestHooks) {
-	n.hooks.Store(&hooks{resumed: h.Resumed, setUp: h.SetUp, relaunched: h.Relaunched, stopWaiting: h.StopWaiting})
+	n.hooks.Store(&hooks{resumed: h.Resumed, setUp: h.SetUp, relaunched: h.Relaunched, stopWaiting: h.StopWaiting, exited: h.Exited, awaiting: h.Awaiting})
 }

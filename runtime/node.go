@@ -91,6 +91,8 @@ type hooks struct {
 	setUp       func(module string)          // a module's Setup returned; it is not attachable yet
 	relaunched  func(module string, pid int) // a crashed module process was started again, not installed yet
 	stopWaiting func(module string)          // a module process's Stop waits for its supervisor to end
+	exited      func(module string)          // a module process is gone; its supervisor has not taken it out yet
+	awaiting    func(module string)          // a delivery or call waits for the module process's restart
 }
 
 // hook returns the hooks set, or none.

@@ -312,15 +312,17 @@ func (pm *PluginModule) supervise(p *moduleProcess) {
 	backoff := 100 * time.Millisecond
 	for {
 		pm.watchLiveness(p)
+		if h := pm.node.hook().exited; h != nil {
+			h(pm.module.def.Name)
+		}
 		if pm.stopping.Load() {
 			return
 		}
 		// Deliveries wait for the restart from now on: one retried while
 		// the crash is announced must not go to the dead process and burn
-		// an attempt without being tried.
-		pm.mu.Lock()
-		pm.proc, pm.running = nil, make(chan struct{})
-		pm.mu.Unlock()
+		// an attempt without being tried. (current may have taken it out
+		// already.)
+		pm.takeOut(p)
 		pm.log.Error("module process exited; restarting it", "retry_in", backoff)
 		pm.announce("crashed", p.exitErr())
 		for {
@@ -524,16 +526,37 @@ func (pm *PluginModule) Stop(ctx context.Context) error {
 	return err
 }
 
+// takeOut makes deliveries and calls wait for the next process, if p is
+// still the installed one.
+func (pm *PluginModule) takeOut(p *moduleProcess) {
+	pm.mu.Lock()
+	defer pm.mu.Unlock()
+	if pm.proc == p {
+		pm.proc, pm.running = nil, make(chan struct{})
+	}
+}
+
 // current returns the running process, waiting while it restarts: an
 // event that arrives then is not a failed attempt unless the restart takes
-// longer than its handler timeout.
+// longer than its handler timeout. A process that is gone but not yet taken
+// out by its supervisor counts as restarting: a delivery retried right
+// after a crash must not burn an attempt on it.
 func (pm *PluginModule) current(ctx context.Context) (*moduleProcess, error) {
 	for {
 		pm.mu.Lock()
 		p, running := pm.proc, pm.running
 		pm.mu.Unlock()
 		if p != nil {
-			return p, nil
+			select {
+			case <-p.exited:
+				pm.takeOut(p)
+				continue
+			default:
+				return p, nil
+			}
+		}
+		if h := pm.node.hook().awaiting; h != nil {
+			h(pm.module.def.Name)
 		}
 		select {
 		case <-running:

@@ -197,6 +197,59 @@ func TestPluginCrashIsRestarted(t *testing.T) {
 	}
 }
 
+// TestRetryAfterACrashWaitsForTheRestart: an event retried right after its
+// module process crashed, before the supervisor took the dead process out,
+// waits for the restart and is tried by the new process, so every attempt
+// is a real one: 3 attempts, 3 crashes, 3 restarts. Forced with hooks: the
+// supervisor is held, after the crash, until the retried delivery waits.
+// (Before, the retry went to the dead process and failed without being
+// tried; CI saw TestPluginCrashIsRestarted miss a crash that way.)
+func TestRetryAfterACrashWaitsForTheRestart(t *testing.T) {
+	t.Parallel()
+	bin, _ := echoModule(t)
+	url := brokertest.VHost(t)
+	n := testNode(t, url, "anchor", nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	awaiting := make(chan struct{}, 1)
+	relaunched := make(chan int, 8)
+	var first sync.Once
+	n.SetTestHooks(runtime.TestHooks{
+		Exited: func(string) {
+			first.Do(func() {
+				select {
+				case <-awaiting:
+				case <-ctx.Done():
+				}
+			})
+		},
+		Awaiting: func(string) {
+			select {
+			case awaiting <- struct{}{}:
+			default:
+			}
+		},
+		Relaunched: func(_ string, pid int) { relaunched <- pid },
+	})
+	loadPlugin(t, n, bin, runtime.ModuleConfig{MaxAttempts: 3, Prefetch: 1})
+	crash, err := n.Emit(emitCtx(t), "test", "mesh.test.crash", map[string]string{"do": "crash"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		select {
+		case <-relaunched:
+		case <-ctx.Done():
+			t.Fatalf("%d restarts, want 3: a retry went to the dead process without being tried", i)
+		}
+	}
+	d := nextDead(t, rawConn(t, url))
+	if d.MessageId != crash || d.Headers["x-mesh-dead-attempts"] != int64(3) ||
+		!strings.Contains(fmt.Sprint(d.Headers["x-mesh-dead-error"]), "while handling the event") {
+		t.Errorf("dead letter %s after %v attempts (%v), want the crashing event after 3, each tried", d.MessageId, d.Headers["x-mesh-dead-attempts"], d.Headers["x-mesh-dead-error"])
+	}
+}
+
 // TestPluginOutcomes: a panic, an error and a permanent error in the module
 // process have the same effect as in-process.
 func TestPluginOutcomes(t *testing.T) {
