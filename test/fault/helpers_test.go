@@ -212,11 +212,14 @@ func startStream(t *testing.T, mesh sdk.Mesh, workers int) *stream {
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
+			// The load is paced: one emit per worker every 2 ms at most.
+			pace := time.NewTicker(2 * time.Millisecond)
+			defer pace.Stop()
 			for i := 0; ; i++ {
 				select {
 				case <-s.stop:
 					return
-				default:
+				case <-pace.C:
 				}
 				s.attempts.Add(1)
 				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -227,7 +230,6 @@ func startStream(t *testing.T, mesh sdk.Mesh, workers int) *stream {
 					return
 				}
 				s.confirmed.add(id)
-				time.Sleep(2 * time.Millisecond)
 			}
 		}()
 	}
