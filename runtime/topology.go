@@ -29,11 +29,10 @@ type BrokerObject struct {
 	// to say; without the record they are not known.
 	Bindings      []Binding
 	BindingsKnown bool
-	// Optional says the object exists only in some cases, which When
-	// names: a module's dead-letter queue if it takes dead letters, its
-	// event queue if it subscribes event patterns.
-	Optional bool
-	When     string
+	// When, if not empty, says in which cases alone the object exists: a
+	// module's dead-letter queue if it takes dead letters, its event queue
+	// if it subscribes event patterns.
+	When string
 }
 
 // Binding is a queue's binding to an exchange with a routing key (a
@@ -93,11 +92,11 @@ func NodeObjects(cfg Config, mcs map[string]ModuleConfig) ([]BrokerObject, error
 		if len(patterns) == 0 {
 			// A module that subscribes no pattern (an agent serving tools)
 			// has no event queue; without a record, that is not known here.
-			queue.Optional, queue.When = true, "only if the module subscribes event patterns"
+			queue.When = "only if the module subscribes event patterns"
 		}
 		objs = append(objs, queue,
 			BrokerObject{Kind: "queue", Name: wire.ModuleDeadQueue(cfg.Node, name), Type: QueueQuorum, Durable: true, Args: deadQueueArgs(mc),
-				Binds: wire.ExchangeDead + ` with "#"`, Bindings: []Binding{{wire.ExchangeDead, "#"}}, BindingsKnown: true, Optional: true, When: "only if the module takes dead letters"})
+				Binds: wire.ExchangeDead + ` with "#"`, Bindings: []Binding{{wire.ExchangeDead, "#"}}, BindingsKnown: true, When: "only if the module takes dead letters"})
 	}
 	return objs, nil
 }

@@ -35,8 +35,8 @@ func TestNodeObjectsEventQueueOnlyWithPatterns(t *testing.T) {
 			continue
 		}
 		seen++
-		if o.Optional != optional || (o.Optional && o.When == "") {
-			t.Errorf("%s: optional %v (%q), want %v", o.Name, o.Optional, o.When, optional)
+		if got := o.When != ""; got != optional {
+			t.Errorf("%s: optional %v (%q), want %v", o.Name, got, o.When, optional)
 		}
 	}
 	if seen != len(want) {

@@ -141,7 +141,7 @@ func topologyPrint(c *cli.Context) error {
 		for _, o := range objs {
 			if err := enc.Encode(objectJSON{Kind: o.Kind, Name: o.Name, Type: o.Type, Durable: o.Durable, Exclusive: o.Exclusive,
 				AutoDelete: o.AutoDelete, Arguments: o.Args, Binds: o.Binds, Bindings: o.Bindings, BindingsKnown: o.BindingsKnown,
-				Optional: o.Optional, When: o.When}); err != nil {
+				Optional: o.When != "", When: o.When}); err != nil {
 				return err
 			}
 		}
@@ -170,7 +170,7 @@ func topologyPrint(c *cli.Context) error {
 		if !o.BindingsKnown {
 			binds += " (no binding record here)"
 		}
-		if o.Optional {
+		if o.When != "" {
 			binds += " (" + o.When + ")"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", o.Kind, o.Name, o.Type, strings.Join(flags, ","), argsText(o.Args), binds)
@@ -352,7 +352,7 @@ func checkObject(conn *amqp.Connection, o runtime.BrokerObject) string {
 	switch {
 	case errors.As(err, &ae) && ae.Code == amqp.NotFound:
 		switch {
-		case o.Optional:
+		case o.When != "":
 			return "ok absent (" + o.When + ")"
 		case o.Exclusive:
 			return "MISSING the node is not running"
