@@ -196,17 +196,129 @@ func TestFilters(t *testing.T) {
 	}
 }
 
-// FuzzMatchTopic: the store's topic matching is the runtime's.
+// TestMatchTopic: the store's topic matching, rule by rule, is the
+// runtime's.
+func TestMatchTopic(t *testing.T) {
+	for _, c := range []struct {
+		pattern, eventType string
+		want               bool
+	}{
+		{"a", "a", true},
+		{"a", "b", false},
+		{"a", "a.b", false},
+		{"a.b", "a", false},
+		{"a", "", false},
+		{"*", "", false},
+		{"*", "a", true},
+		{"*", "a.b", false},
+		{"*.*", "a.b", true},
+		{"a.*", "a.b", true},
+		{"a.*", "a", false},
+		{"#", "", true},
+		{"#", "a", true},
+		{"#", "a.b.c", true},
+		{"#.#", "", true},
+		{"#.#.#", "a.b", true},
+		{"a.#", "a", true},
+		{"a.#", "a.b.c", true},
+		{"a.#", "b.a", false},
+		{"#.a", "a", true},
+		{"#.a", "b.a", true},
+		{"#.a", "a.b", false},
+		{"a.#.c", "a.c", true},
+		{"a.#.c", "a.b.b.c", true},
+		{"a.#.c", "a.c.b", false},
+		{"*.#.*", "a", false},
+		{"*.#.*", "a.b", true},
+		{"#.*", "", false},
+		{"#.*.#", "a", true},
+		{"a.#.b.#", "a.x.b.y.b", true},
+		{"a.#.b.#.c", "a.b.c.b.x", false},
+		{"#.a.#.a", "a.a.b.a", true},
+		{"#.a.*.b", "a.a.x.b", true},
+		{"#.a.*.b", "a.x.a.b", false},
+		{"#.b", strings.Repeat("a.", 30) + "a", false},
+		// Empty words in the type are words, as the broker splits them.
+		{"*", ".", false},
+		{"*.*", ".", true},
+		{"a.*", "a.", true},
+		{"#.b", "a..b", true},
+		{"a.*.b", "a..b", true},
+	} {
+		if got := matchTopic(c.pattern, c.eventType); got != c.want {
+			t.Errorf("matchTopic(%q, %q) = %v, want %v", c.pattern, c.eventType, got, c.want)
+		}
+		if rt := wire.MatchPattern(c.pattern, c.eventType); rt != c.want {
+			t.Errorf("wire.MatchPattern(%q, %q) = %v, the table says %v", c.pattern, c.eventType, rt, c.want)
+		}
+	}
+}
+
+// TestMatchTopicIsPolynomial: patterns that made the recursive matcher
+// backtrack exponentially (every way of sharing the type's words out among
+// the "#"s, when the last word never matches) take at most (p+1)×(t+1)
+// steps for p pattern words and t type words, and allocate nothing. Steps,
+// not time, so a slow machine cannot fail it.
+func TestMatchTopicIsPolynomial(t *testing.T) {
+	long := strings.TrimSuffix(strings.Repeat("a.", 240), ".")
+	for _, c := range []struct {
+		pattern, eventType string
+		want               bool
+	}{
+		{"#.a.#.a.#.a.#.a.#.a.#.a.#.b", long, false},
+		{strings.Repeat("#.a.", 20) + "b", long, false},
+		{strings.Repeat("#.*.", 20) + "b", long, false},
+		{strings.Repeat("#.", 20) + "b", long, false},
+		{strings.Repeat("#.#.a.", 10) + "#.b", long, false},
+		{"#.a.#.a.#.a.#.a.#.a.#.a.#.b", long + ".b", true},
+		{"#.a.#.a.#.a.#.a.#.a.#.a.#.a", long, true},
+		{strings.Repeat("a.", 100) + "#", long, true},
+		{"#." + strings.Repeat("a.", 100) + "b", long, false},
+	} {
+		got, steps := matchTopicSteps(c.pattern, c.eventType)
+		if got != c.want {
+			t.Errorf("matchTopic(%.40q..., %d words) = %v, want %v", c.pattern, countWords(c.eventType), got, c.want)
+		}
+		if rt := wire.MatchPattern(c.pattern, c.eventType); rt != c.want {
+			t.Errorf("wire.MatchPattern(%.40q..., %d words) = %v, want %v", c.pattern, countWords(c.eventType), rt, c.want)
+		}
+		p, n := countWords(c.pattern), countWords(c.eventType)
+		if bound := (p + 1) * (n + 1); steps > bound {
+			t.Errorf("matchTopic(%.40q..., %d words) took %d steps, more than (%d+1)×(%d+1) = %d", c.pattern, n, steps, p, n, bound)
+		}
+		if allocs := testing.AllocsPerRun(10, func() { matchTopic(c.pattern, c.eventType) }); allocs != 0 {
+			t.Errorf("matchTopic(%.40q..., %d words) allocates %v times", c.pattern, n, allocs)
+		}
+	}
+}
+
+// countWords counts the words of a pattern or type; "" has none.
+func countWords(s string) int {
+	if s == "" {
+		return 0
+	}
+	return strings.Count(s, ".") + 1
+}
+
+// FuzzMatchTopic: the store's topic matching is the runtime's, and takes
+// at most (p+1)×(t+1) steps.
 func FuzzMatchTopic(f *testing.F) {
-	for _, s := range [][2]string{{"#", "a.b"}, {"a.*", "a.b"}, {"a.#.c", "a.c"}, {"*.#.*", "a"}, {"#.#", ""}, {"a.#.b.#", "a.x.b.y.b"}} {
+	for _, s := range [][2]string{
+		{"#", "a.b"}, {"a.*", "a.b"}, {"a.#.c", "a.c"}, {"*.#.*", "a"}, {"#.#", ""}, {"a.#.b.#", "a.x.b.y.b"},
+		{"#.a.#.a.#.a.#.b", "a.a.a.a.a.a.a.a.a.a.a.a.a.a.a.a.a.a.a.a"}, {"#.a.*.b", "a.x.a.b"}, {"a.*", "a."}, {"#.b", "a..b"},
+	} {
 		f.Add(s[0], s[1])
 	}
 	f.Fuzz(func(t *testing.T, pattern, eventType string) {
-		if len(pattern) > 64 || len(eventType) > 64 || checkPattern(pattern) != nil {
+		if len(pattern) > 256 || len(eventType) > 256 || checkPattern(pattern) != nil {
 			return // the store refuses such patterns before matching
 		}
-		if got, want := matchTopic(pattern, eventType), wire.MatchPattern(pattern, eventType); got != want {
+		got, steps := matchTopicSteps(pattern, eventType)
+		if want := wire.MatchPattern(pattern, eventType); got != want {
 			t.Fatalf("matchTopic(%q, %q) = %v, the runtime says %v", pattern, eventType, got, want)
+		}
+		if p, n := countWords(pattern), countWords(eventType); steps > (p+1)*(n+1) {
+			t.Fatalf("matchTopic(%q, %q) took %d steps, more than (%d+1)×(%d+1)", pattern, eventType, steps, p, n)
 		}
 	})
 }
