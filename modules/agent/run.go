@@ -10,8 +10,8 @@ import (
 	"log/slog"
 	"maps"
 	"os"
-	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -72,51 +72,47 @@ func run(ctx context.Context, t Tool, req sdk.Request, log *slog.Logger) (any, e
 		return nil, toolError("bad_request", true, "the request is not JSON: %v", err)
 	}
 
-	cmd := exec.Command(t.Command, t.Args...)
-	cmd.Dir = t.Dir
-	cmd.Env = environment(t)
-	cmd.Stdin = bytes.NewReader(in)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	stdout := &capped{max: t.MaxOutputBytes, over: cancel}
 	stderr := &lines{log: log}
-	// The command writes to pipes of the agent's own (os.File, so Wait
-	// does not wait for them): Wait returns when the command exits, its
-	// process group is killed then, and the pipes are read to their end.
-	drained, err := pipeOutput(cmd, stdout, stderr)
+	// The command writes to pipes of the agent's own (os.File, so waiting
+	// for the run does not wait for them): the wait returns when the
+	// command ended and what it started is gone, and the pipes are read to
+	// their end then.
+	outputs, drained, err := pipeOutput(stdout, stderr)
 	if err != nil {
 		return nil, toolError("unavailable", true, "start %s: %v", t.Command, err)
 	}
-	if err := cmd.Start(); err != nil {
+	p, err := start(t, in, outputs[0], outputs[1])
+	if err != nil {
 		drained()
 		return nil, toolError("unavailable", true, "start %s: %v", t.Command, err)
 	}
-	pgid := cmd.Process.Pid
-	stop := context.AfterFunc(ctx, func() { _ = syscall.Kill(-pgid, syscall.SIGKILL) })
-	err = cmd.Wait()
+	stop := context.AfterFunc(ctx, p.stop)
+	status, err := p.wait()
 	stop()
-	_ = syscall.Kill(-pgid, syscall.SIGKILL) // whatever it left behind in its group
 	drained()
 	stderr.flush()
 
+	var notStarted *startError
+	if err != nil && !errors.As(err, &notStarted) {
+		log.Error("the run's outcome is not known", "err", err)
+	}
 	switch {
+	case notStarted != nil:
+		return nil, toolError("unavailable", true, "start %s: %v", t.Command, notStarted.err)
 	case stdout.overflowed():
 		return nil, toolError("output_too_large", true, "%s wrote more than %d bytes on stdout", t.Command, t.MaxOutputBytes)
-	case err != nil && ctx.Err() != nil:
+	case (err != nil || !succeeded(status)) && ctx.Err() != nil:
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			return nil, toolError("timeout", false, "%s ran past its deadline; its process group was killed", t.Command)
+			return nil, toolError("timeout", false, "%s ran past its deadline; it and every process it started were killed", t.Command)
 		}
 		return nil, toolError("cancelled", false, "%s was stopped: %v", t.Command, ctx.Err())
-	}
-	var exit *exec.ExitError
-	if errors.As(err, &exit) {
-		status := exit.ExitCode()
-		if status > 0 && slices.Contains(t.PermanentExitCodes, status) {
-			return nil, toolError("rejected", true, "%s", stderr.lastOr(fmt.Sprintf("%s rejected the request (exit status %d)", t.Command, status)))
-		}
-		return nil, toolError("failed", false, "%s: %v: %s", t.Command, exit, stderr.lastOr("no stderr"))
-	}
-	if err != nil {
+	case err != nil:
 		return nil, toolError("failed", false, "%s: %v", t.Command, err)
+	case status.Exited() && status.ExitStatus() > 0 && slices.Contains(t.PermanentExitCodes, status.ExitStatus()):
+		return nil, toolError("rejected", true, "%s", stderr.lastOr(fmt.Sprintf("%s rejected the request (exit status %d)", t.Command, status.ExitStatus())))
+	case !succeeded(status):
+		return nil, toolError("failed", false, "%s: %s: %s", t.Command, describe(status), stderr.lastOr("no stderr"))
 	}
 	out := bytes.TrimSpace(stdout.buf.Bytes())
 	if len(out) == 0 {
@@ -128,10 +124,32 @@ func run(ctx context.Context, t Tool, req sdk.Request, log *slog.Logger) (any, e
 	return json.RawMessage(out), nil
 }
 
-// pipeOutput gives cmd a stdout and a stderr pipe each copied to w by a
-// goroutine. The returned drained closes the agent's write ends and waits until both pipes are read to
-// their end, at most a second: a process outside the group may hold them.
-func pipeOutput(cmd *exec.Cmd, stdout, stderr io.Writer) (drained func(), err error) {
+// startError is a command that could not be started.
+type startError struct{ err error }
+
+func (e *startError) Error() string { return "start: " + e.err.Error() }
+
+func succeeded(s syscall.WaitStatus) bool { return s.Exited() && s.ExitStatus() == 0 }
+
+// describe says how a command ended, as os.ProcessState does.
+func describe(s syscall.WaitStatus) string {
+	switch {
+	case s.Exited():
+		return "exit status " + strconv.Itoa(s.ExitStatus())
+	case s.Signaled() && s.CoreDump():
+		return "signal: " + s.Signal().String() + " (core dumped)"
+	case s.Signaled():
+		return "signal: " + s.Signal().String()
+	}
+	return fmt.Sprintf("wait status %#x", uint32(s))
+}
+
+// pipeOutput makes a stdout and a stderr pipe, each copied to w by a
+// goroutine, and returns their write ends for the command. The returned
+// drained closes the agent's write ends and waits until both pipes are
+// read to their end, at most a second: a process the agent could not kill
+// may hold them.
+func pipeOutput(stdout, stderr io.Writer) (outputs []*os.File, drained func(), err error) {
 	var readers, writers []*os.File
 	for range 2 {
 		r, w, err := os.Pipe()
@@ -139,16 +157,15 @@ func pipeOutput(cmd *exec.Cmd, stdout, stderr io.Writer) (drained func(), err er
 			for _, f := range append(readers, writers...) {
 				f.Close()
 			}
-			return nil, err
+			return nil, nil, err
 		}
 		readers, writers = append(readers, r), append(writers, w)
 	}
-	cmd.Stdout, cmd.Stderr = writers[0], writers[1]
 	var wg sync.WaitGroup
 	for i, dst := range []io.Writer{stdout, stderr} {
 		wg.Go(func() { _, _ = io.Copy(dst, readers[i]) })
 	}
-	return func() {
+	return writers, func() {
 		for _, w := range writers {
 			w.Close() // the command has its own copies; EOF comes when they are gone
 		}
@@ -164,19 +181,33 @@ func pipeOutput(cmd *exec.Cmd, stdout, stderr io.Writer) (drained func(), err er
 	}, nil
 }
 
-// environment is a command's environment: a few of the agent's, the
-// tool's own, and MESH_TOOL.
+// environment is a command's environment: a few of the agent's (HOME the
+// user's when the tool has one), the tool's own, and MESH_TOOL; a later
+// one of a name wins, as os/exec has it.
 func environment(t Tool) []string {
 	var env []string
+	at := map[string]int{}
+	set := func(k, v string) {
+		if i, ok := at[k]; ok {
+			env[i] = k + "=" + v
+			return
+		}
+		at[k] = len(env)
+		env = append(env, k+"="+v)
+	}
 	for _, k := range []string{"PATH", "HOME", "LANG", "TMPDIR"} {
 		if v, ok := os.LookupEnv(k); ok {
-			env = append(env, k+"="+v)
+			set(k, v)
 		}
 	}
-	for _, k := range slices.Sorted(maps.Keys(t.Env)) {
-		env = append(env, k+"="+t.Env[k])
+	if t.cred != nil && t.cred.home != "" {
+		set("HOME", t.cred.home)
 	}
-	return append(env, "MESH_TOOL="+t.Key)
+	for _, k := range slices.Sorted(maps.Keys(t.Env)) {
+		set(k, t.Env[k])
+	}
+	set("MESH_TOOL", t.Key)
+	return env
 }
 
 // capped keeps up to max bytes; past them it drops the rest, says so and

@@ -11,6 +11,10 @@
 //	          command: ./examples/agent/invoice.sh
 //	          timeout: 10s
 //	          max_concurrency: 4
+//	          limits: {cpu_seconds: 5, open_files: 64}
+//
+// The binary is also each run's supervisor, run again by the agent (see
+// package agent): keep it where the agent's process can execute it.
 package main
 
 import (
