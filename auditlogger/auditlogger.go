@@ -46,6 +46,10 @@ import (
 // Name is the module's name: its queue is <node>.audit-logger.events.
 const Name = "audit-logger"
 
+// OperatorCaller is meshctl's caller name, the default caller of the
+// audit tools.
+const OperatorCaller = "meshctl"
+
 // Tool keys the audit logger serves.
 const (
 	ToolQuery = "audit.query"
@@ -138,6 +142,10 @@ func (l *Logger) Module() sdk.Module {
 	return sdk.Module{
 		Name: Name,
 		Run:  l.retain,
+		// The audit log holds every body of the mesh, and audit.replayed
+		// writes into it: by default only the operator (meshctl) may call
+		// its tools; a node config may grant more (callers:).
+		Callers: map[string][]string{"audit.*": {OperatorCaller}},
 		// Dead letters come on <node>.audit-logger.dead: the logger
 		// records each as a fate of its event, and stores the event too
 		// (one that breaks the contract reaches the logger only so).

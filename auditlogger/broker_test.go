@@ -94,7 +94,7 @@ func TestCompleteAcrossDuplicatesAndAKill(t *testing.T) {
 		// The node's own events (node.anchor.module.crashed, ...) are
 		// recorded too: count the test's.
 		mine := store.Filter{Types: []string{"mesh.raw.#", "mesh.emitted.#"}}
-		if err := node.Call(ctx, "test", auditlogger.ToolCount, mine, &n); err != nil {
+		if err := node.Call(ctx, "meshctl", auditlogger.ToolCount, mine, &n); err != nil {
 			return -1 // the logger is restarting
 		}
 		return n
@@ -148,11 +148,11 @@ func TestCompleteAcrossDuplicatesAndAKill(t *testing.T) {
 		t.Errorf("%d rows once the queue drained, want %d", n, want)
 	}
 	var byGuest int64 // the raw publisher set user-id; the node sets it on what it emits
-	if err := node.Call(ctx, "test", auditlogger.ToolCount, store.Filter{UserIDs: []string{"guest"}, Types: []string{"mesh.raw.#", "mesh.emitted.#"}}, &byGuest); err != nil || byGuest != want {
+	if err := node.Call(ctx, "meshctl", auditlogger.ToolCount, store.Filter{UserIDs: []string{"guest"}, Types: []string{"mesh.raw.#", "mesh.emitted.#"}}, &byGuest); err != nil || byGuest != want {
 		t.Errorf("%d rows published by guest (%v), want %d", byGuest, err, want)
 	}
 	var crashes int64
-	if err := node.Call(ctx, "test", auditlogger.ToolCount, store.Filter{Types: []string{"node.anchor.module.crashed"}}, &crashes); err != nil || crashes != 1 {
+	if err := node.Call(ctx, "meshctl", auditlogger.ToolCount, store.Filter{Types: []string{"node.anchor.module.crashed"}}, &crashes); err != nil || crashes != 1 {
 		t.Errorf("the logger recorded %d crashes of itself (%v), want 1", crashes, err)
 	}
 	t.Logf("summary TestCompleteAcrossDuplicatesAndAKill: published=%d (raw, each twice) emitted=%d rows=%d lost=0", perSource, perSource, n)
@@ -215,7 +215,7 @@ func TestMalformedAndDeadLettersRecorded(t *testing.T) {
 	for {
 		page = auditlogger.QueryResponse{}
 		q := auditlogger.QueryRequest{Filter: store.Filter{Any: []store.Filter{{Malformed: &yes}, {Dead: &yes}}}}
-		if err := node.Call(ctx, "test", auditlogger.ToolQuery, q, &page); err != nil && ctx.Err() != nil {
+		if err := node.Call(ctx, "meshctl", auditlogger.ToolQuery, q, &page); err != nil && ctx.Err() != nil {
 			t.Fatal(err)
 		}
 		if len(page.Events) == 2 {
@@ -244,7 +244,7 @@ func TestMalformedAndDeadLettersRecorded(t *testing.T) {
 		}
 	}
 	var tr store.Trace
-	if err := node.Call(ctx, "test", auditlogger.ToolTrace, auditlogger.TraceRequest{ID: bill}, &tr); err != nil ||
+	if err := node.Call(ctx, "meshctl", auditlogger.ToolTrace, auditlogger.TraceRequest{ID: bill}, &tr); err != nil ||
 		tr.Root == nil || len(tr.Root.Event.Fates) != 1 {
 		t.Errorf("trace of the dead-lettered event: %+v, %v", tr, err)
 	}

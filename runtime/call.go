@@ -303,19 +303,24 @@ func (n *Node) call(ctx context.Context, source, tool string, req, resp any, id 
 		c.mu.Unlock()
 		return fmt.Errorf("call %s: %w", tool, c.lost)
 	}
-	c.pending[id] = result
+	// The reply is matched by a correlation id of this call alone, not
+	// by the request id: two calls with the same id (a module naming
+	// another's) each get their own reply.
+	correlation := newID(now)
+	c.pending[correlation] = result
 	c.mu.Unlock()
 	defer func() {
 		c.mu.Lock()
-		delete(c.pending, id)
+		delete(c.pending, correlation)
 		c.mu.Unlock()
 	}()
 	err = c.pub.Publish(wire.ExchangeRPC, tool, true, false, amqp.Publishing{
 		Headers:       headers,
 		ContentType:   wire.ContentTypeJSON,
 		DeliveryMode:  amqp.Transient, // docs/adr/0007-rpc-wire.md: a request outliving its caller is useless
-		CorrelationId: id,
+		CorrelationId: correlation,
 		ReplyTo:       c.replyQueue,
+		UserId:        n.userID, // the broker checks it: the serving node's callers rely on it
 		Expiration:    strconv.FormatInt(max(remaining.Milliseconds(), 1), 10),
 		MessageId:     id,
 		Timestamp:     now,

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -212,11 +213,55 @@ type ModuleConfig struct {
 	// limit (a module compiled into the program is trusted); meshd's config
 	// always sets it for module processes.
 	ToolGrants []string
+	// CallGrants, when not nil, are the topic patterns of the tool keys the
+	// module may call; a Call outside them is refused with
+	// sdk.ErrForbidden by the host, before anything is sent. nil places
+	// no limit; meshd's config always sets it (calls:).
+	CallGrants []string
+	// ConsumeGrants, when not nil, are the topic patterns of the names of
+	// existing broker queues the module may consume (sdk.Mesh.Consume,
+	// matched word by word on the queue name's dots). nil places no limit;
+	// meshd's config always sets it (consumes:).
+	ConsumeGrants []string
+	// DeadLetterGrants, when not nil, are the topic patterns of the event
+	// types whose dead letters the module receives (a DeadLetters
+	// handler): its dead-letter queue is bound to mesh.events.dead with
+	// exactly these patterns, so the broker delivers it no other. An
+	// empty list refuses a DeadLetters handler. nil places no limit (the
+	// pattern #); meshd's config always sets it (dead_letters:).
+	DeadLetterGrants []string
+	// Callers says who may call the tools the module serves: for a tool
+	// key pattern, the caller patterns allowed (CallerAllowed). A tool
+	// that no entry matches takes the module's own default
+	// (sdk.Module.Callers), else anyone may call it. The serving host
+	// checks each request against the caller its node stamped and the
+	// user-id the broker verified; a refused request gets the permanent
+	// error code "forbidden" without running.
+	Callers map[string][]string
+	// Name, when set, is the name the module must report: a module
+	// process that says another is refused before it may emit or call
+	// anything (meshd sets it from the config entry's name).
+	Name string
 	// Settings are a module process's own settings (its config: in
 	// meshd's config), as JSON: LoadPlugin hands them to the process,
 	// where sdk/process.Settings reads them. An in-process module gets
 	// its settings from the program that builds it.
 	Settings json.RawMessage
+	// RunAs, when not nil, is the user a module process runs as (meshd
+	// must be root or hold CAP_SETUID and CAP_SETGID). nil: meshd's own.
+	RunAs *Credential
+	// Dir, when set, is the module's own directory, for what it stores
+	// (the audit logger's database, the dispatcher's store): the process
+	// finds it in MESH_MODULE_DIR (sdk/process.Dir) and as its HOME. The
+	// host does not create it.
+	Dir string
+}
+
+// Credential is a user a module process runs as.
+type Credential struct {
+	UID, GID uint32
+	// Name is the user's name when it has one (for the log and USER).
+	Name string
 }
 
 func (c *Config) withDefaults() {
@@ -307,6 +352,18 @@ func (m ModuleConfig) over(d ModuleConfig) ModuleConfig {
 	}
 	if m.ToolGrants == nil {
 		m.ToolGrants = d.ToolGrants
+	}
+	if m.CallGrants == nil {
+		m.CallGrants = d.CallGrants
+	}
+	if m.ConsumeGrants == nil {
+		m.ConsumeGrants = d.ConsumeGrants
+	}
+	if m.DeadLetterGrants == nil {
+		m.DeadLetterGrants = d.DeadLetterGrants
+	}
+	if m.Callers == nil {
+		m.Callers = d.Callers
 	}
 	m.AllowDuplicates = m.AllowDuplicates || d.AllowDuplicates
 	m.AllowUndeclaredEmits = m.AllowUndeclaredEmits || d.AllowUndeclaredEmits
@@ -424,6 +481,26 @@ func (m ModuleConfig) validate() error {
 	for i, g := range m.ToolGrants {
 		if err := wire.ValidatePattern(g); err != nil {
 			errs = append(errs, fmt.Errorf("tools[%d]: %w", i, err)) // the key in mesh.yaml
+		}
+	}
+	for _, list := range []struct {
+		key      string
+		patterns []string
+	}{{"calls", m.CallGrants}, {"consumes", m.ConsumeGrants}, {"dead_letters", m.DeadLetterGrants}} {
+		for i, g := range list.patterns {
+			if err := wire.ValidatePattern(g); err != nil {
+				errs = append(errs, fmt.Errorf("%s[%d]: %w", list.key, i, err))
+			}
+		}
+	}
+	for _, tool := range slices.Sorted(maps.Keys(m.Callers)) {
+		if err := wire.ValidatePattern(tool); err != nil {
+			errs = append(errs, fmt.Errorf("callers[%q]: %w", tool, err))
+		}
+		for i, c := range m.Callers[tool] {
+			if err := ValidateCallerPattern(c); err != nil {
+				errs = append(errs, fmt.Errorf("callers[%q][%d]: %w", tool, i, err))
+			}
 		}
 	}
 	if m.MaxPriority > 0 && m.QueueType != QueueClassic {

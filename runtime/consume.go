@@ -24,7 +24,10 @@ import (
 // dead-lettered by the module's rules (attempts, back-off, mesh.events.dead
 // naming the queue); a quorum queue counts attempts itself
 // (x-delivery-count), any other gets a copy with x-mesh-attempt, as the
-// module's own classic queue does.
+// module's own classic queue does. The runtime's own headers on a message
+// count by the same rules as on a module's queue (owned.go): a message
+// sent straight to the queue without a user-id that claims a type in
+// x-mesh-routing-key is dead-lettered as malformed.
 
 // consumeQueues starts consuming every queue the module asked for.
 func (m *Module) consumeQueues(ctx context.Context, s *session, queues []setup.Entry) error {
@@ -243,13 +246,20 @@ func (m *Module) startQueueWorker(queue string, h sdk.Handler, deliveries <-chan
 func (m *Module) handleQueued(queue string, h sdk.Handler, d amqp.Delivery, deliveries <-chan amqp.Delivery) (replaced bool) {
 	m.from(d).delivered.Add(1)
 	src := source{queue: queue}
+	// The runtime's own headers count only where the runtime put them
+	// (owned.go), as on the module's own queue.
+	o, oerr := m.node.originOf(d)
 	attempt := 1
 	if n, ok := d.Headers["x-delivery-count"].(int64); ok && n >= 0 {
 		src.quorum, attempt = true, int(n)+1
-	} else if n, ok := d.Headers[wire.HeaderAttempt].(int64); ok && n > 0 && n < 1<<31 {
+	} else if n, ok := d.Headers[wire.HeaderAttempt].(int64); ok && n > 0 && n < 1<<31 && o.own {
 		attempt = int(n) + 1
 	}
-	ev := queuedEventOf(d, queue, attempt)
+	ev := queuedEventOf(d, queue, attempt, o)
+	if oerr != nil {
+		m.deadLetter(src, d, ev.Type, attempt, wire.DeadReasonMalformed, oerr)
+		return false
+	}
 	if deadline, expired := wire.Expired(ev.Headers[wire.HeaderDeadline], time.Now()); expired {
 		m.deadLetter(src, d, ev.Type, attempt, wire.DeadReasonExpired, fmt.Errorf("its deadline %s passed before a handler took it", deadline.Format(time.RFC3339Nano)))
 		return false
@@ -282,19 +292,18 @@ func (m *Module) handleQueued(queue string, h sdk.Handler, d amqp.Delivery, deli
 }
 
 // queuedEventOf is what a Consume handler sees of a message: read as far
-// as it can be, every header as text.
-func queuedEventOf(d amqp.Delivery, queue string, attempt int) sdk.Event {
+// as it can be, every header as text; its type and publisher as o says
+// (originOf: the routing key and user-id, unless the node put it back
+// for a retry or meshctl replayed it straight to the queue).
+func queuedEventOf(d amqp.Delivery, queue string, attempt int, o origin) sdk.Event {
 	text := func(k string) string { return deadletters.HeaderText(d.Headers[k]) }
 	ev := sdk.Event{
-		ID: d.MessageId, Type: d.RoutingKey, Source: text(wire.HeaderSource), Node: text(wire.HeaderNode),
+		ID: d.MessageId, Type: o.eventType, Source: text(wire.HeaderSource), Node: text(wire.HeaderNode),
 		CausationID: text(wire.HeaderCausationID), Schema: text(wire.HeaderSchema),
-		Body: d.Body, Attempt: attempt, Redelivered: d.Redelivered, UserID: d.UserId, Queue: queue,
+		Body: d.Body, Attempt: attempt, Redelivered: d.Redelivered, UserID: o.userID, Queue: queue,
 	}
 	if ev.ID == "" {
 		ev.ID = text(wire.HeaderEventID)
-	}
-	if rk := text(wire.HeaderRoutingKey); rk != "" {
-		ev.Type = rk // a copy the node put back for a retry
 	}
 	if t, err := time.Parse(time.RFC3339Nano, text(wire.HeaderTime)); err == nil {
 		ev.Time = t.UTC()

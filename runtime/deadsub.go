@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -48,8 +49,12 @@ func (m *Module) consumeDead(ctx context.Context, s *session) error {
 	if _, err := ch.QueueDeclare(queue, true, false, false, false, deadQueueArgs(m.cfg)); err != nil {
 		return fmt.Errorf("declare the dead-letter queue %s (if it exists with another attempt limit, the broker refuses it: delete the queue or keep the limit): %w", queue, err)
 	}
-	if err := ch.QueueBind(queue, "#", wire.ExchangeDead, false, nil); err != nil {
-		return fmt.Errorf("bind %s to %s: %w", queue, wire.ExchangeDead, err)
+	patterns, err := m.deadLetterPatterns()
+	if err != nil {
+		return err
+	}
+	if err := m.reconcileDeadBindings(ch, queue, patterns); err != nil {
+		return err
 	}
 	if err := ch.Qos(m.cfg.Prefetch, 0, false); err != nil {
 		return fmt.Errorf("set prefetch: %w", err)
@@ -65,6 +70,31 @@ func (m *Module) consumeDead(ctx context.Context, s *session) error {
 		m.startDeadWorker(deliveries)
 	}
 	return nil
+}
+
+// reconcileDeadBindings binds the module's dead-letter queue to exactly
+// the patterns of its grant: those recorded for it earlier and no longer
+// granted, and # when not granted (every earlier node bound it), are
+// unbound, so a narrowed grant takes effect on the broker.
+func (m *Module) reconcileDeadBindings(ch *amqp.Channel, queue string, want []string) error {
+	had, err := m.node.bindings.load(queue)
+	if err != nil {
+		return err
+	}
+	for _, p := range want {
+		if err := ch.QueueBind(queue, p, wire.ExchangeDead, false, nil); err != nil {
+			return fmt.Errorf("bind %s to %q on %s: %w", queue, p, wire.ExchangeDead, err)
+		}
+	}
+	for _, p := range append(had, "#") {
+		if slices.Contains(want, p) {
+			continue
+		}
+		if err := ch.QueueUnbind(queue, p, wire.ExchangeDead, nil); err != nil {
+			return fmt.Errorf("unbind %s from %q on %s: %w", queue, p, wire.ExchangeDead, err)
+		}
+	}
+	return m.node.bindings.store(queue, want)
 }
 
 // startDeadWorker is startWorker for dead letters.
@@ -149,7 +179,7 @@ func deadEventOf(d amqp.Delivery) sdk.Event {
 		Body:         d.Body,
 		Attempt:      attempt,
 		Redelivered:  d.Redelivered,
-		UserID:       d.UserId,
+		UserID:       msg.UserID, // the original publisher's, as deadletters reads it (x-mesh-user-id where honoured)
 		DeadQueue:    msg.Queue,
 		DeadReason:   msg.Reason,
 		DeadError:    msg.Error,
@@ -188,8 +218,8 @@ func deadEventOf(d amqp.Delivery) sdk.Event {
 }
 
 // deadBookkeeping tells the headers a DeadLetters handler does not get:
-// they are in the Dead fields, or the broker's own.
+// they are in the Dead fields or UserID, or the broker's own.
 func deadBookkeeping(k string) bool {
-	return strings.HasPrefix(k, "x-mesh-dead-") || k == "x-death" || strings.HasPrefix(k, "x-first-death-") ||
+	return strings.HasPrefix(k, "x-mesh-dead-") || k == wire.HeaderUserID || k == "x-death" || strings.HasPrefix(k, "x-first-death-") ||
 		strings.HasPrefix(k, "x-last-death-") || k == "x-delivery-count"
 }

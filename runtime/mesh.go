@@ -96,6 +96,9 @@ func (m *Module) callTool(ctx context.Context, tool string, req, resp any, id st
 	if !m.isStarted() {
 		return fmt.Errorf("call %s: %w", tool, sdk.ErrNotStarted)
 	}
+	if err := m.checkCallGrant(tool); err != nil {
+		return err
+	}
 	return m.node.call(ctx, m.def.Name, tool, req, resp, id)
 }
 

@@ -125,6 +125,7 @@ func (n *Node) Load(ctx context.Context, def sdk.Module, mc ModuleConfig) (*Modu
 		outcomeOpts:    outcomeOptions(def.Name),
 		setup:          setup.New(def.Name, mc.ToolGrants),
 	}
+	m.setup.GrantConsumes(mc.ConsumeGrants)
 	m.mesh = &moduleMesh{module: m, async: asyncemit.New()}
 	m.handleCtx, m.cancelH = context.WithCancel(context.Background())
 
@@ -605,11 +606,17 @@ func (m *Module) handle(d amqp.Delivery, deliveries <-chan amqp.Delivery, a *ack
 	counts.delivered.Add(1)
 	src := m.own(a)
 	meta, err := wire.DecodeMeta(d.Headers, d.ContentType, d.Body)
-	eventType := d.RoutingKey
-	if meta.RoutingKey != "" {
-		eventType = meta.RoutingKey
+	// The runtime's own headers count only where the runtime put them
+	// (owned.go): the type, the publisher and the attempts made.
+	o, oerr := m.node.originOf(d)
+	eventType := o.eventType
+	if !o.own {
+		meta.Attempt = 0
 	}
 	attempt := m.attempt(d, meta)
+	if err == nil {
+		err = oerr
+	}
 	if err == nil {
 		err = wire.ValidateEventType(eventType)
 	}
@@ -645,6 +652,7 @@ func (m *Module) handle(d amqp.Delivery, deliveries <-chan amqp.Delivery, a *ack
 		return false
 	}
 	ev := eventOf(d, meta, eventType, attempt)
+	ev.UserID = o.userID
 	err, overran := m.call(sub.handler, ev, d, m.queue, func() {
 		release() // settled as failed: a redelivery must not wait for the hung handler
 		m.startWorker(deliveries, a)
@@ -841,11 +849,18 @@ func (m *Module) failed(src source, d amqp.Delivery, eventType string, attempt i
 
 // requeueClassic puts a copy of d at the back of its classic queue with the
 // attempts made so far, then acknowledges d. Until the copy is confirmed d
-// stays unacknowledged, so nothing is lost if either step fails.
+// stays unacknowledged, so nothing is lost if either step fails. The copy
+// is the node's: published as its broker user (the broker checks it),
+// with the type in x-mesh-routing-key and the original publisher's user
+// in x-mesh-user-id, which the node honours on its own copies only
+// (owned.go).
 func (m *Module) requeueClassic(src source, d amqp.Delivery, eventType string, attempts int) {
-	msg := amqpmsg.Republishing(d, amqpmsg.BrokerAdded)
+	o, _ := m.node.originOf(d)
+	msg := amqpmsg.Republishing(d, amqpmsg.Bookkeeping)
+	msg.UserId = m.node.userID
 	msg.Headers[wire.HeaderAttempt] = int64(attempts)
 	msg.Headers[wire.HeaderRoutingKey] = eventType
+	msg.Headers[wire.HeaderUserID] = o.userID
 	s, ok := m.liveSession(d)
 	if !ok {
 		return // the delivery's channel is gone: the broker delivers it again
@@ -864,9 +879,17 @@ func (m *Module) requeueClassic(src source, d amqp.Delivery, eventType string, a
 
 // deadLetter publishes d to the dead-letter exchange with its original
 // routing key, id, headers and body plus why, where and after how many
-// attempts, waits for the confirm, then acknowledges d.
+// attempts, waits for the confirm, then acknowledges d. The dead letter is
+// the node's: published as its broker user (the broker checks it, so the
+// dead letter says which node's user made it), with the event type as its
+// routing key, only the runtime headers the node sets (none carried over
+// from d, which may have come with forged ones), and the original
+// publisher's user in x-mesh-user-id.
 func (m *Module) deadLetter(src source, d amqp.Delivery, eventType string, attempts int, reason string, cause error) {
-	msg := amqpmsg.Republishing(d, amqpmsg.BrokerAdded)
+	o, _ := m.node.originOf(d)
+	msg := amqpmsg.Republishing(d, amqpmsg.Bookkeeping)
+	msg.UserId = m.node.userID
+	msg.Headers[wire.HeaderUserID] = o.userID
 	msg.Headers[wire.HeaderDeadQueue] = src.queue
 	msg.Headers[wire.HeaderDeadAttempts] = int64(attempts)
 	msg.Headers[wire.HeaderDeadReason] = reason
@@ -874,7 +897,7 @@ func (m *Module) deadLetter(src source, d amqp.Delivery, eventType string, attem
 	msg.Headers[wire.HeaderDeadTime] = time.Now().UTC().Format(time.RFC3339Nano)
 	key := eventType
 	if len(key) > wire.MaxNameBytes {
-		key = d.RoutingKey // a forged x-mesh-routing-key; the broker's own key always fits
+		key = d.RoutingKey // an x-mesh-routing-key too long for a type; the broker's own key always fits
 	}
 	s, ok := m.liveSession(d)
 	if !ok {

@@ -219,6 +219,9 @@ func (n *Node) Err() error {
 // Name returns the node's name.
 func (n *Node) Name() string { return n.cfg.Node }
 
+// StateDir is the node's state dir, its default resolved.
+func (n *Node) StateDir() string { return n.cfg.StateDir }
+
 // Close stops every module (see Module.Stop), ends the module processes,
 // and closes the connections.
 func (n *Node) Close(ctx context.Context) error {

@@ -9,13 +9,13 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	goplugin "github.com/hashicorp/go-plugin"
-	"github.com/oklog/ulid/v2"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -43,7 +43,11 @@ type PluginModule struct {
 	// settings are the module's own, handed to the process as JSON in
 	// plugin.EnvSettings.
 	settings json.RawMessage
-	log      *slog.Logger
+	// runAs and dir are the user the process runs as (nil: meshd's) and
+	// its own directory ("" for none).
+	runAs *Credential
+	dir   string
+	log   *slog.Logger
 	// procLog is where the module process's own log lines go: tagged with
 	// the module once it has said its name.
 	procLog atomic.Pointer[slog.Logger]
@@ -62,30 +66,44 @@ type PluginModule struct {
 	done     chan struct{}
 
 	// handling maps the id of each event or request the process is
-	// handling to the span it is handled in, so that what the process
-	// emits and calls meanwhile (naming that id as its cause) joins the
-	// trace.
-	handling sync.Map
+	// handling to the host's context of that handling: what the process
+	// emits and calls meanwhile, naming that id as its cause, gets its id
+	// derived by the host from it (the process cannot choose another
+	// event's id) and joins its trace.
+	handling sync.Map // id → *handlingCtx
 }
 
-// handlingIn registers the span of ctx for the handling of id and returns
-// the function that forgets it.
+// handlingCtx is one handling the host handed to the process.
+type handlingCtx struct{ ctx context.Context }
+
+// handlingIn registers ctx as the handling of id and returns the function
+// that forgets it.
 func (pm *PluginModule) handlingIn(ctx context.Context, id string) func() {
-	sc := trace.SpanContextFromContext(ctx)
-	if !sc.IsValid() || id == "" {
+	if id == "" {
 		return func() {}
 	}
-	pm.handling.Store(id, sc)
-	return func() { pm.handling.CompareAndDelete(id, sc) }
+	h := &handlingCtx{ctx: ctx}
+	pm.handling.Store(id, h)
+	return func() { pm.handling.CompareAndDelete(id, h) }
 }
 
-// tracedBy is ctx in the span of the handling of cause, if the process is
-// handling it.
-func (pm *PluginModule) tracedBy(ctx context.Context, cause string) context.Context {
-	if sc, ok := pm.handling.Load(cause); ok {
-		return trace.ContextWithSpanContext(ctx, sc.(trace.SpanContext))
+// inHandling is ctx in the handling of cause, if the process is handling
+// it now: with its span, and with its causation scope, from which the host
+// derives the ids of what the process emits and calls in it. ok is false
+// for a cause the process is not handling (a cause it names on its own):
+// ctx then carries the cause alone, and ids are fresh.
+func (pm *PluginModule) inHandling(ctx context.Context, cause string) (_ context.Context, ok bool) {
+	if cause == "" {
+		return ctx, false
 	}
-	return ctx
+	if v, found := pm.handling.Load(cause); found {
+		hctx := v.(*handlingCtx).ctx
+		if sc := trace.SpanContextFromContext(hctx); sc.IsValid() {
+			ctx = trace.ContextWithSpanContext(ctx, sc)
+		}
+		return causation.Carry(ctx, hctx), true
+	}
+	return causation.With(ctx, cause), false
 }
 
 // moduleProcess is one run of the module binary.
@@ -116,12 +134,19 @@ type moduleProcess struct {
 // in-process. Event deliveries cross the boundary in batches.
 func (n *Node) LoadPlugin(ctx context.Context, path string, args []string, mc ModuleConfig) (*PluginModule, error) {
 	mc = mc.over(n.cfg.Module)
-	pm := &PluginModule{node: n, path: path, args: args, window: mc.Concurrency, toolGrants: mc.ToolGrants, settings: mc.Settings,
+	pm := &PluginModule{node: n, path: path, args: args, window: mc.Concurrency, toolGrants: mc.ToolGrants, settings: mc.Settings, runAs: mc.RunAs, dir: mc.Dir,
 		log: n.log.With("plugin", path), stopped: make(chan struct{}), done: make(chan struct{})}
 	pm.procLog.Store(pm.log)
 	proc, err := pm.launch(ctx)
 	if err != nil {
 		return nil, err
+	}
+	if mc.Name != "" && proc.desc.Name != mc.Name {
+		// Before Load: a process claiming another module's name never
+		// gets a callback server, so nothing goes out under that name.
+		proc.client.Kill()
+		return nil, fmt.Errorf("start module %s: %w: the binary says it is module %q, and its entry says %q; nothing it sent was accepted",
+			path, sdk.ErrForbidden, truncateText(proc.desc.Name, 100), mc.Name)
 	}
 	pm.proc, pm.running = proc, make(chan struct{})
 	close(pm.running)
@@ -130,38 +155,39 @@ func (n *Node) LoadPlugin(ctx context.Context, path string, args []string, mc Mo
 	if proc.desc.DeadLetters {
 		dead = pm.forward(uint32(len(patterns)))
 	}
-	def := sdk.Module{Name: proc.desc.Name, Kind: sdk.Kind(proc.desc.Kind), Emits: proc.desc.Emits, Calls: proc.desc.Calls, DeadLetters: dead, Setup: func(m sdk.Mesh) error {
-		for i, p := range patterns {
-			h := pm.forward(uint32(i))
-			if slices.Contains(proc.desc.DuplicatesAllowed, uint32(i)) {
-				h = sdk.AllowDuplicates(h)
-			}
-			if err := m.On(p, h); err != nil {
-				return err
-			}
-		}
-		for i, t := range tools {
-			if err := m.Serve(t, pm.answer(uint32(i))); err != nil {
-				return err
-			}
-		}
-		for k, c := range proc.desc.Consumes {
-			if err := m.Consume(c.Queue, int(c.Prefetch), pm.forward(uint32(len(patterns)+1+k))); err != nil {
-				return err
-			}
-			if c.Exclusive {
-				if err := m.Exclusive(c.Queue); err != nil {
+	def := sdk.Module{Name: proc.desc.Name, Kind: sdk.Kind(proc.desc.Kind), Emits: proc.desc.Emits, Calls: proc.desc.Calls, DeadLetters: dead,
+		Callers: callersOfDescription(proc.desc), Setup: func(m sdk.Mesh) error {
+			for i, p := range patterns {
+				h := pm.forward(uint32(i))
+				if slices.Contains(proc.desc.DuplicatesAllowed, uint32(i)) {
+					h = sdk.AllowDuplicates(h)
+				}
+				if err := m.On(p, h); err != nil {
 					return err
 				}
 			}
-			if c.Held {
-				if err := m.Hold(c.Queue, true); err != nil {
+			for i, t := range tools {
+				if err := m.Serve(t, pm.answer(uint32(i))); err != nil {
 					return err
 				}
 			}
-		}
-		return nil
-	}}
+			for k, c := range proc.desc.Consumes {
+				if err := m.Consume(c.Queue, int(c.Prefetch), pm.forward(uint32(len(patterns)+1+k))); err != nil {
+					return err
+				}
+				if c.Exclusive {
+					if err := m.Exclusive(c.Queue); err != nil {
+						return err
+					}
+				}
+				if c.Held {
+					if err := m.Hold(c.Queue, true); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		}}
 	if pm.module, err = n.Load(ctx, def, mc); err != nil {
 		proc.client.Kill()
 		return nil, err
@@ -204,17 +230,37 @@ func (pm *PluginModule) announce(what string, cause error) {
 // stream.
 func (pm *PluginModule) launch(ctx context.Context) (*moduleProcess, error) {
 	cmd := exec.Command(pm.path, pm.args...)
-	cmd.Env = append(moduleEnv(os.Environ(), pm.node.brokers), plugin.ToolGrantsEnv(pm.toolGrants)...)
+	cmd.Env = append(moduleEnv(os.Environ()), plugin.ToolGrantsEnv(pm.toolGrants)...)
+	cmd.Env = append(cmd.Env, plugin.EnvMaxMessageBytes+"="+strconv.Itoa(pm.messageLimit()))
 	if pm.settings != nil {
 		cmd.Env = append(cmd.Env, plugin.EnvSettings+"="+string(pm.settings))
 	}
+	if pm.dir != "" {
+		cmd.Env = append(setEnv(cmd.Env, "HOME", pm.dir), plugin.EnvModuleDir+"="+pm.dir)
+	}
+	if pm.runAs != nil {
+		runAs(cmd, *pm.runAs)
+	}
+	limit := pm.messageLimit()
 	client := goplugin.NewClient(&goplugin.ClientConfig{
 		HandshakeConfig:  plugin.Handshake(),
 		Plugins:          plugin.Set(nil),
 		Cmd:              cmd,
 		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
 		Logger:           pluginLogger(&pm.procLog),
-		SkipHostEnv:      true, // cmd.Env is the whole of it: moduleEnv leaves out the broker's credentials
+		SkipHostEnv:      true, // cmd.Env is the whole of it: moduleEnv passes nothing of the node's
+		// Every connection between meshd and this process, the host's
+		// callback server included, is mutual TLS with certificates made
+		// for this run: no other local process can talk to either side
+		// (docs/adr/0029-trust-boundary.md).
+		AutoMTLS: true,
+		// go-plugin lets a message of up to 2 GiB in; a module process is
+		// held to what an honest one sends (plugin.EnvMaxMessageBytes).
+		GRPCDialOptions: []grpc.DialOption{grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(limit), grpc.MaxCallSendMsgSize(limit+messageSlack))},
+		// A process of another user reaches the host's sockets through
+		// its own group, which they are given (mode 0660): no other
+		// module's user can.
+		UnixSocketConfig: socketConfig(pm.runAs),
 	})
 	fail := func(err error) (*moduleProcess, error) {
 		client.Kill()
@@ -257,17 +303,73 @@ func (pm *PluginModule) launch(ctx context.Context) (*moduleProcess, error) {
 	return p, nil
 }
 
-// moduleEnv is a module process's environment: the node's, less what
-// holds the broker's credentials (MESH_AMQP_URL, MESH_AMQP_URLS, or any
-// variable whose value holds one of the node's broker URLs). A module
-// reaches the mesh through its node only; it has no business with the
-// node's credentials.
-func moduleEnv(environ []string, amqpURLs []string) []string {
+// moduleEnv is a module process's environment: of the node's, only what a
+// program needs to run (PATH, the locale, the time zone, the temporary
+// directory, HOME and USER) and nothing else. The node's configuration
+// (MESH_*), its broker credentials, TLS key, OTLP headers and whatever
+// else its environment holds stay out of the module's reach: a module
+// reaches the mesh through its node only.
+func moduleEnv(environ []string) []string {
 	return slices.DeleteFunc(slices.Clone(environ), func(kv string) bool {
-		k, v, _ := strings.Cut(kv, "=")
-		return k == "MESH_AMQP_URL" || k == "MESH_AMQP_URLS" ||
-			slices.ContainsFunc(amqpURLs, func(u string) bool { return u != "" && strings.Contains(v, u) })
+		k, _, _ := strings.Cut(kv, "=")
+		return !moduleEnvKept(k)
 	})
+}
+
+// socketConfig is go-plugin's socket configuration for a process that
+// runs as c (nil: meshd's user, go-plugin's defaults).
+func socketConfig(c *Credential) *goplugin.UnixSocketConfig {
+	if c == nil {
+		return nil
+	}
+	return &goplugin.UnixSocketConfig{Group: strconv.FormatUint(uint64(c.GID), 10)}
+}
+
+// setEnv sets k to v in env, replacing what env had.
+func setEnv(env []string, k, v string) []string {
+	env = slices.DeleteFunc(env, func(kv string) bool { return strings.HasPrefix(kv, k+"=") })
+	return append(env, k+"="+v)
+}
+
+// moduleEnvKept reports whether the node passes the variable k to its
+// module processes.
+func moduleEnvKept(k string) bool {
+	switch k {
+	case "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM":
+		return true
+	}
+	return strings.HasPrefix(k, "LC_") || strings.HasPrefix(k, "GO") && !strings.HasPrefix(k, "GOPRIVATE") // GOCOVERDIR, GOTRACEBACK, GOMAXPROCS, GODEBUG
+}
+
+// messageSlack is room for the fields around the bodies of one message
+// across the boundary.
+const messageSlack = 1 << 20
+
+// messageLimit bounds every message a module process sends meshd (an emit
+// batch, an outcome batch, an answer, its description): an emit batch
+// of bodies as large as the node takes, with room for their headers.
+// Past it the message is refused and the process gets an error; an
+// honest process (sdk/process) cuts its batches to fit.
+func (pm *PluginModule) messageLimit() int {
+	return 4*max(pm.node.cfg.MaxBodyBytes, 64<<10) + messageSlack
+}
+
+// maxModuleErrorText bounds an error text from a module process where the
+// host logs, stores or passes it on.
+const maxModuleErrorText = 4096
+
+// callersOfDescription are the default callers the process declared for
+// the tools it serves (sdk.Module.Callers): they can only restrict who may
+// call the module itself, and the node config's callers replace them.
+func callersOfDescription(desc *pb.Description) map[string][]string {
+	if len(desc.Callers) == 0 {
+		return nil
+	}
+	out := make(map[string][]string, len(desc.Callers))
+	for _, c := range desc.Callers {
+		out[c.Tool] = append(out[c.Tool], c.Callers...)
+	}
+	return out
 }
 
 // setupError gives back what a module's Setup error wrapped, as the
@@ -294,8 +396,9 @@ func versionError(err error) error {
 // start hands the process the host's callback service.
 func (pm *PluginModule) start(ctx context.Context, p *moduleProcess) error {
 	id := p.remote.Broker.NextId()
+	limit := pm.messageLimit()
 	go p.remote.Broker.AcceptAndServe(id, func(opts []grpc.ServerOption) *grpc.Server {
-		s := grpc.NewServer(opts...)
+		s := grpc.NewServer(append(opts, grpc.MaxRecvMsgSize(limit), grpc.MaxSendMsgSize(limit+messageSlack))...)
 		pb.RegisterHostServer(s, &hostServer{pm: pm})
 		return s
 	})
@@ -362,6 +465,12 @@ func (pm *PluginModule) relaunch() (*moduleProcess, error) {
 		}
 	}()
 	next, err := pm.launch(ctx)
+	if err == nil && next.desc.Name != pm.module.def.Name {
+		// A binary replaced on disk by one of another name: it gets no
+		// callback server, as at first load.
+		next.client.Kill()
+		err = fmt.Errorf("restart module %s: %w: the binary now says it is module %q", pm.module.def.Name, sdk.ErrForbidden, truncateText(next.desc.Name, 100))
+	}
 	if err == nil {
 		if err = pm.start(ctx, next); err != nil {
 			next.client.Kill()
@@ -613,9 +722,9 @@ func (pm *PluginModule) forward(i uint32) sdk.Handler {
 			case pb.Outcome_PERMANENT:
 				// The process sent the text of an sdk.Permanent error:
 				// marked permanent again here, it keeps one prefix.
-				return sdk.Permanent(errors.New(strings.TrimPrefix(o.Error, "permanent: ")))
+				return sdk.Permanent(errors.New(truncateText(strings.TrimPrefix(o.Error, "permanent: "), maxModuleErrorText)))
 			default:
-				return errors.New(o.Error)
+				return errors.New(truncateText(o.Error, maxModuleErrorText))
 			}
 		case <-p.exited:
 			return errors.New("module process exited while handling the event")
@@ -641,13 +750,14 @@ func (pm *PluginModule) answer(i uint32) sdk.ToolHandler {
 		if err != nil {
 			return nil, fmt.Errorf("module process: %w", err)
 		}
+		msg := truncateText(a.Message, maxModuleErrorText)
 		switch {
 		case a.IsError && a.Code != "":
-			return nil, &sdk.ToolError{Code: a.Code, Message: a.Message, Permanent: a.Permanent}
+			return nil, &sdk.ToolError{Code: truncateText(a.Code, 64), Message: msg, Permanent: a.Permanent}
 		case a.IsError && a.Permanent:
-			return nil, sdk.Permanent(errors.New(a.Message)) // toolError makes it "rejected"
+			return nil, sdk.Permanent(errors.New(msg)) // toolError makes it "rejected"
 		case a.IsError:
-			return nil, errors.New(a.Message) // and this "failed"
+			return nil, errors.New(msg) // and this "failed"
 		}
 		return json.RawMessage(a.Body), nil
 	})
@@ -711,7 +821,17 @@ type hostServer struct {
 	pm *PluginModule
 }
 
+// Emit publishes a batch of the process's emits as the module. The ids
+// are the host's: derived from the handling the process names as the
+// cause, if the host handed it that handling and the process asked for a
+// derived id (a non-empty Id, whose value is not used), fresh otherwise.
+// A batch holds plugin.MaxBatch emits at most, published by as many
+// goroutines at most.
 func (h *hostServer) Emit(ctx context.Context, b *pb.EmitBatch) (*pb.EmitResults, error) {
+	if len(b.Emits) > plugin.MaxBatch {
+		h.pm.log.Warn("emit batch over the limit refused", "emits", len(b.Emits), "limit", plugin.MaxBatch)
+		return nil, status.Errorf(codes.ResourceExhausted, "an emit batch holds %d emits at most, not %d", plugin.MaxBatch, len(b.Emits))
+	}
 	m := h.pm.module
 	res := &pb.EmitResults{Results: make([]*pb.EmitResult, len(b.Emits))}
 	var wg sync.WaitGroup
@@ -722,15 +842,17 @@ func (h *hostServer) Emit(ctx context.Context, b *pb.EmitBatch) (*pb.EmitResults
 			o := wire.EmitOptions{Schema: e.Schema, CausationID: e.CausationId, TTL: time.Duration(e.TtlMillis) * time.Millisecond,
 				Priority: uint8(min(e.Priority, 255)), HasPriority: e.HasPriority,
 				FullType: e.FullType, // still subject to the module's grants
+				FreshID:  e.Id == "",
 			}
-			id, err := e.Id, errors.Join(checkDerivedID(e.Id), o.Check())
+			hctx, _ := h.pm.inHandling(ctx, e.CausationId)
+			id, err := "", o.Check()
 			if err == nil {
-				id, err = m.emit(h.pm.tracedBy(ctx, e.CausationId), e.Name, json.RawMessage(e.Body), o, e.Id)
+				id, err = m.emit(hctx, e.Name, json.RawMessage(e.Body), o, "")
 			}
 			res.Results[i] = &pb.EmitResult{Id: id, ErrorKind: errorKind(err)}
 			if err != nil {
 				res.Results[i].Error = err.Error()
-				h.pm.log.Warn("emit from the module refused", "name", e.Name, "err", err)
+				h.pm.log.Warn("emit from the module refused", "name", truncateText(e.Name, 300), "err", err)
 			}
 		}()
 	}
@@ -738,29 +860,15 @@ func (h *hostServer) Emit(ctx context.Context, b *pb.EmitBatch) (*pb.EmitResults
 	return res, nil
 }
 
-// checkDerivedID accepts the id a module process derived for an emit or a
-// call: empty (the host gives one) or a ULID.
-func checkDerivedID(id string) error {
-	if id == "" {
-		return nil
-	}
-	if _, err := ulid.ParseStrict(id); err != nil {
-		return fmt.Errorf("%w: the id %q the module process gave is not a ULID: %v", sdk.ErrInvalid, id, err)
-	}
-	return nil
-}
-
 func (h *hostServer) Call(ctx context.Context, r *pb.CallRequest) (*pb.CallResponse, error) {
 	ctx, cancel := context.WithDeadline(ctx, time.Unix(0, r.DeadlineUnixNano))
 	defer cancel()
-	if r.CausationId != "" {
-		ctx = causation.With(h.pm.tracedBy(ctx, r.CausationId), r.CausationId)
-	}
+	// The request id is the host's: derived from the handling the process
+	// names as the cause when the host handed it that handling, fresh
+	// otherwise (r.Id, the process's own derivation, is not used).
+	ctx, _ = h.pm.inHandling(ctx, r.CausationId)
 	var resp json.RawMessage
-	err := checkDerivedID(r.Id)
-	if err == nil {
-		err = h.pm.module.callTool(ctx, r.Tool, json.RawMessage(r.Body), &resp, r.Id)
-	}
+	err := h.pm.module.callTool(ctx, r.Tool, json.RawMessage(r.Body), &resp, "")
 	out := &pb.CallResponse{Body: resp, ErrorKind: errorKind(err)}
 	if err != nil {
 		out.Error = err.Error()

@@ -301,7 +301,8 @@ func TestModuleBinaryAlone(t *testing.T) {
 }
 
 // TestPluginLogs: what a module process logs through its Mesh's Logger
-// arrives in the node's log at its level, tagged with the module.
+// arrives in the node's log at its level, tagged with the module, its
+// attributes under proc.
 func TestPluginLogs(t *testing.T) {
 	t.Parallel()
 	bin, _ := echoModule(t)
@@ -320,7 +321,8 @@ func TestPluginLogs(t *testing.T) {
 			if json.Unmarshal([]byte(line), &entry) != nil || entry["msg"] != "echo was asked to log" {
 				continue
 			}
-			if entry["level"] != "WARN" || entry["module"] != "echo" || entry["node"] != "anchor" || entry["attempt"] != float64(1) {
+			proc, _ := entry["proc"].(map[string]any) // the process's own attributes
+			if entry["level"] != "WARN" || entry["module"] != "echo" || entry["node"] != "anchor" || proc["attempt"] != float64(1) {
 				t.Errorf("module log line %s", line)
 			}
 			return

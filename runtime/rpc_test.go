@@ -367,8 +367,16 @@ func TestRPCOnTheWire(t *testing.T) {
 	}
 	d := nextFrom(t, raw, spy.Name)
 	id, _ := d.Headers["x-event-id"].(string)
-	if _, err := ulid.ParseStrict(id); err != nil || d.CorrelationId != id || d.MessageId != id {
-		t.Errorf("request id %q, correlation %q, message-id %q", id, d.CorrelationId, d.MessageId)
+	if _, err := ulid.ParseStrict(id); err != nil || d.MessageId != id {
+		t.Errorf("request id %q, message-id %q", id, d.MessageId)
+	}
+	// The reply is matched by a correlation id of the call's own, not by
+	// the request id another caller could name too.
+	if _, err := ulid.ParseStrict(d.CorrelationId); err != nil || d.CorrelationId == id {
+		t.Errorf("request id %q, correlation %q: want a ULID of its own", id, d.CorrelationId)
+	}
+	if d.UserId != "guest" {
+		t.Errorf("request user-id %q, want the node's broker user guest (the serving node's callers rely on it)", d.UserId)
 	}
 	if d.RoutingKey != "echo.say" || d.Headers["x-source"] != "tester" || d.Headers["x-node"] != "anchor" || d.ContentType != "application/json" {
 		t.Errorf("request %s headers %v content type %q", d.RoutingKey, d.Headers, d.ContentType)

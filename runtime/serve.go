@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -98,6 +99,11 @@ func (m *Module) answer(ch *amqp.Channel, t tool, d amqp.Delivery) {
 		m.settle(d)
 		return
 	}
+	if err := m.checkCaller(t.key, Caller{Node: meta.Node, Module: meta.Source, User: d.UserId}); err != nil {
+		m.log.Warn("request from a caller the tool does not take refused", "tool", t.key, "request_id", meta.ID, "err", err)
+		m.reply(ch, d, nil, &sdk.ToolError{Code: wire.CodeForbidden, Message: err.Error(), Permanent: true})
+		return
+	}
 	req := sdk.Request{
 		ID:          meta.ID,
 		Tool:        t.key,
@@ -119,7 +125,9 @@ func (m *Module) answer(ch *amqp.Channel, t tool, d amqp.Delivery) {
 		// Made inside a handling: its id is derived, and a retry of that
 		// handling sends it again. (Other calls have fresh ids: nothing
 		// to remember.)
-		stored, keep, err := m.answers.claim(ctx, t.key+"\x00"+req.ID)
+		// Kept per caller: another caller naming the same id gets its own
+		// answer, never this one's.
+		stored, keep, err := m.answers.claim(ctx, strings.Join([]string{t.key, req.Node, req.Caller, d.UserId, req.ID}, "\x00"))
 		if err != nil {
 			m.settle(d) // the caller gave up while the first copy of its request ran
 			return

@@ -340,12 +340,16 @@ func (n *Node) supervise(s *session) {
 			case <-n.closing:
 				return
 			}
+			// Counted before the session is taken away: whoever sees the
+			// node not connected (/readyz) sees the disconnect counted.
+			if !n.isClosing() {
+				n.stats.disconnects.Add(1)
+			}
 			n.setSession(nil)
 			s.close(false)
 			if n.isClosing() {
 				return
 			}
-			n.stats.disconnects.Add(1)
 			if n.cfg.Ephemeral {
 				n.fail(s.lostErr)
 				return

@@ -295,6 +295,10 @@ func (n *Node) giveUpSpooled(s *session, e *stuckEvent, since time.Duration) boo
 	msg := e.msg
 	msg.Headers = maps.Clone(e.msg.Headers)
 	msg.Expiration = "" // a dead letter is kept until someone looks
+	// The node emitted it and dead-letters it, as its broker user, like
+	// every dead letter the runtime makes (original user in x-mesh-user-id).
+	msg.Headers[wire.HeaderUserID] = msg.UserId
+	msg.UserId = n.userID
 	msg.Headers[wire.HeaderDeadReason] = wire.DeadReasonRefused
 	msg.Headers[wire.HeaderDeadAttempts] = int64(1)
 	msg.Headers[wire.HeaderDeadError] = truncateText(fmt.Sprintf("node %s gave up resending it from its spool after %v: %v",
@@ -322,7 +326,10 @@ func (n *Node) giveUpSpooled(s *session, e *stuckEvent, since time.Duration) boo
 // keepUnrouted puts an event the broker returned (no queue and no
 // alternate exchange would take it) straight into mesh.unrouted, with its
 // routing key in x-mesh-routing-key, where the unrouted tooling and
-// replays read it.
+// replays read it. They honour the header because the event came through
+// the default exchange with a user-id, the node's (msg is one the node
+// resent as itself); on one that came through mesh.events they take the
+// routing key, whatever its headers say (deadletters.Message.Type).
 func (n *Node) keepUnrouted(s *session, key string, msg amqp.Publishing) error {
 	msg.Headers = maps.Clone(msg.Headers)
 	msg.Headers[wire.HeaderRoutingKey] = key

@@ -94,9 +94,23 @@ func NodeObjects(cfg Config, mcs map[string]ModuleConfig) ([]BrokerObject, error
 			// has no event queue; without a record, that is not known here.
 			queue.When = "only if the module subscribes event patterns"
 		}
-		objs = append(objs, queue,
-			BrokerObject{Kind: "queue", Name: wire.ModuleDeadQueue(cfg.Node, name), Type: QueueQuorum, Durable: true, Args: deadQueueArgs(mc),
-				Binds: wire.ExchangeDead + ` with "#"`, Bindings: []Binding{{wire.ExchangeDead, "#"}}, BindingsKnown: true, When: "only if the module takes dead letters"})
+		// The dead-letter queue is bound with the module's dead_letters
+		// grant (# with none in-process), as its binding record says.
+		deadPatterns := mc.DeadLetterGrants
+		if deadPatterns == nil {
+			deadPatterns = []string{"#"}
+		}
+		if recorded, ok, err := record.recorded(wire.ModuleDeadQueue(cfg.Node, name)); err != nil {
+			return nil, err
+		} else if ok {
+			deadPatterns = recorded
+		}
+		dead := BrokerObject{Kind: "queue", Name: wire.ModuleDeadQueue(cfg.Node, name), Type: QueueQuorum, Durable: true, Args: deadQueueArgs(mc),
+			Binds: wire.ExchangeDead + " with the event types of its dead_letters grant", BindingsKnown: true, When: "only if the module takes dead letters"}
+		for _, p := range deadPatterns {
+			dead.Bindings = append(dead.Bindings, Binding{wire.ExchangeDead, p})
+		}
+		objs = append(objs, queue, dead)
 	}
 	return objs, nil
 }

@@ -75,8 +75,10 @@
 // An error wrapped by Permanent dead-letters it at once with the reason
 // "permanent". Event.Attempt counts the attempts from 1.
 //
-// Dead letters. A module that sets Module.DeadLetters receives every
-// dead letter of the mesh, from any module's queue, with Event's Dead
+// Dead letters. A module that sets Module.DeadLetters receives the dead
+// letters its node config grants it (dead_letters:, patterns of event
+// types; under meshd, none unless granted), from any module's queue, with
+// Event's Dead
 // fields set; events that break the wire contract reach it too, read as
 // far as they can be (DeadReason "malformed"). It is retried like any
 // handler, but never dead-letters a dead letter again: past the attempt
@@ -107,7 +109,17 @@
 // emits another id. A call made there gets its request id the same way,
 // and the server answers a repeated request id with the answer it stored
 // (a response or a permanent error) without running the tool again.
-// WithFreshID opts an emit out. Outside a handler, ids are fresh.
+// WithFreshID opts an emit out. Outside a handler, ids are fresh. In a
+// module process the node derives these ids itself, from the handling it
+// handed the process, while the handling lasts: a process cannot give an
+// event another's id.
+//
+// Grants. Under meshd a module may call, consume and receive dead letters
+// only as its entry in the node config grants (calls:, consumes:,
+// dead_letters:), and who may call the tools it serves is the entry's
+// callers: or, failing that, Module.Callers. The node checks them, not
+// the module's process; a refusal is ErrForbidden naming the key to add
+// (docs/security.md in the mesh repository).
 //
 // Deadlines. A handler's ctx ends at the handler timeout; a tool
 // handler's at the caller's deadline. A Call whose ctx has no deadline

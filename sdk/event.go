@@ -39,7 +39,9 @@ type Event struct {
 	// user-id property), when the publisher set it: the broker refuses a
 	// user-id other than the publishing connection's, so it says whose
 	// credential published the event. Nodes set it; a foreign publisher
-	// may not.
+	// may not. A retry keeps the original publisher's; a replay (meshctl
+	// dlq replay, audit replay) has the replaying user's. On a dead letter
+	// it is the original publisher's too.
 	UserID string
 	// Queue is the broker queue a Consume handler got the message from;
 	// "" for an event of the mesh.

@@ -209,13 +209,24 @@ type Module struct {
 	// fails with ErrForbidden, unless its config allows undeclared emits
 	// (allow_undeclared_emits). The mesh's event graph is drawn from it.
 	Emits []string
-	// Calls lists the tool keys the module calls, for the graph.
+	// Calls lists the tool keys the module calls, for the graph. What it
+	// may call is its node config's to grant (calls:).
 	Calls []string
+	// Callers says who may call the tools the module serves unless its
+	// node config says otherwise (callers: in its entry replaces it): for
+	// a tool key pattern ("audit.*"), the callers allowed, each "MODULE"
+	// on any node, "NODE/MODULE" (* for any) or "user:USER" (the broker
+	// user of the caller's node); "meshctl" is the operator. A tool no
+	// entry matches may be called by anyone. The serving node checks it;
+	// a refused caller gets a permanent ToolError with Code "forbidden".
+	Callers map[string][]string
 	// Setup subscribes the module's handlers with m.On. It runs before the
 	// module consumes. It may be nil for a module that only emits.
 	Setup func(m Mesh) error
-	// DeadLetters, if not nil, receives every dead letter of the mesh:
-	// each event any module's queue gave up on (from mesh.events.dead),
+	// DeadLetters, if not nil, receives the dead letters its node config
+	// grants it (dead_letters:, patterns of event types; in-process
+	// without a grant, every one): each event any module's queue gave up
+	// on (from mesh.events.dead),
 	// with the Dead fields of Event saying where, why and after how many
 	// attempts, including events that break the wire contract. They come
 	// on the module's own queue <node>.<module>.dead. A failing handler is

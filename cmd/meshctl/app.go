@@ -140,7 +140,7 @@ func call(c *cli.Context) error {
 	if err := node.Call(ctx, "meshctl", c.Args().Get(0), json.RawMessage(c.Args().Get(1)), &resp); err != nil {
 		return err
 	}
-	_, err = fmt.Fprintf(c.App.Writer, "%s\n", resp)
+	_, err = fmt.Fprintf(c.App.Writer, "%s\n", escapeJSON(resp))
 	return err
 }
 
@@ -173,7 +173,7 @@ func tail(c *cli.Context) error {
 				return err // never connected: the URL or the credentials are wrong
 			}
 			delay := min(100*time.Millisecond<<min(attempt, 6), 5*time.Second)
-			fmt.Fprintf(c.App.ErrWriter, "tail: cannot reach the broker (%v); trying again in %v\n", err, delay)
+			fmt.Fprintf(c.App.ErrWriter, "tail: cannot reach the broker (%s); trying again in %v\n", escape(err.Error()), delay)
 			select {
 			case <-time.After(delay):
 			case <-ctx.Done():
@@ -234,10 +234,14 @@ func printJSON(w io.Writer, ev runtime.TailedEvent) error {
 	if err != nil {
 		return err
 	}
-	_, err = fmt.Fprintf(w, "%s\n", b)
+	_, err = fmt.Fprintf(w, "%s\n", escapeJSON(b))
 	return err
 }
 
+// printHuman prints ev over a few lines: time and type, its error, a line
+// per header, the body; every value that came from the wire through
+// escape, so each stays on its line and none reaches the terminal as a
+// control sequence.
 func printHuman(w io.Writer, ev runtime.TailedEvent) error {
 	h := headerText(ev.Headers)
 	keys := make([]string, 0, len(h))
@@ -246,14 +250,14 @@ func printHuman(w io.Writer, ev runtime.TailedEvent) error {
 	}
 	sort.Strings(keys)
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s  %s\n", ev.Event.Time.Format(time.RFC3339Nano), ev.Event.Type)
+	fmt.Fprintf(&b, "%s  %s\n", ev.Event.Time.Format(time.RFC3339Nano), escape(ev.Event.Type))
 	if ev.Err != nil {
-		fmt.Fprintf(&b, "  ! %v\n", ev.Err)
+		fmt.Fprintf(&b, "  ! %s\n", escape(ev.Err.Error()))
 	}
 	for _, k := range keys {
-		fmt.Fprintf(&b, "  %s: %s\n", k, h[k])
+		fmt.Fprintf(&b, "  %s: %s\n", escape(k), escape(h[k]))
 	}
-	fmt.Fprintf(&b, "  %s\n", ev.Event.Body)
+	fmt.Fprintf(&b, "  %s\n", escape(string(ev.Event.Body)))
 	_, err := io.WriteString(w, b.String())
 	return err
 }

@@ -208,6 +208,7 @@ func auditQuery(c *cli.Context) error {
 	if !c.Bool("json") {
 		fmt.Fprintln(tw, "SEQ\tEMITTED\tTYPE\tSOURCE\tNODE\tID\t")
 	}
+	enc := json.NewEncoder(jsonWriter{w})
 	for {
 		var page auditlogger.QueryResponse
 		if err := a.call(auditlogger.ToolQuery, req, &page); err != nil {
@@ -215,7 +216,7 @@ func auditQuery(c *cli.Context) error {
 		}
 		for _, ev := range page.Events {
 			if c.Bool("json") {
-				if err := json.NewEncoder(w).Encode(ev); err != nil {
+				if err := enc.Encode(ev); err != nil {
 					return err
 				}
 				continue
@@ -224,7 +225,7 @@ func auditQuery(c *cli.Context) error {
 			if ev.Malformed != "" {
 				flag = "malformed: " + ev.Malformed
 			}
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", ev.Seq, timeText(ev.Time), ev.Type, ev.Source, ev.Node, ev.ID, flag)
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", ev.Seq, timeText(ev.Time), escape(ev.Type), escape(ev.Source), escape(ev.Node), escape(ev.ID), escape(flag))
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -270,7 +271,7 @@ func auditGet(c *cli.Context) error {
 	if err := auditCall(c, auditlogger.ToolGet, c.Args().First(), &ev); err != nil {
 		return err
 	}
-	_, err := fmt.Fprintf(c.App.Writer, "%s\n", ev)
+	_, err := fmt.Fprintf(c.App.Writer, "%s\n", escapeJSON(ev))
 	return err
 }
 
@@ -283,7 +284,7 @@ func auditTrace(c *cli.Context) error {
 		return err
 	}
 	if c.Bool("json") {
-		return json.NewEncoder(c.App.Writer).Encode(tr)
+		return json.NewEncoder(jsonWriter{c.App.Writer}).Encode(tr)
 	}
 	return drawTrace(c.App.Writer, tr)
 }
@@ -296,7 +297,7 @@ func fatesText(fates []store.Fate) string {
 	for _, f := range fates {
 		switch f.Kind {
 		case store.FateDead:
-			s += fmt.Sprintf("  ✗ dead-lettered by %s (%s after %s: %s)", f.Queue, f.Reason, countOf(f.Attempts, "attempt", "attempts"), f.Error)
+			s += fmt.Sprintf("  ✗ dead-lettered by %s (%s after %s: %s)", escape(f.Queue), escape(f.Reason), countOf(f.Attempts, "attempt", "attempts"), escape(f.Error))
 		case store.FateReplayed:
 			replays++
 		}
@@ -311,15 +312,15 @@ func fatesText(fates []store.Fate) string {
 // caused below it as a tree.
 func drawTrace(w io.Writer, tr store.Trace) error {
 	line := func(ev store.Event) string {
-		s := fmt.Sprintf("%s  %s  %s@%s  %s", ev.ID, ev.Type, ev.Source, ev.Node, timeText(ev.Time))
+		s := fmt.Sprintf("%s  %s  %s@%s  %s", escape(ev.ID), escape(ev.Type), escape(ev.Source), escape(ev.Node), timeText(ev.Time))
 		if ev.Malformed != "" {
-			s += "  (malformed: " + ev.Malformed + ")"
+			s += "  (malformed: " + escape(ev.Malformed) + ")"
 		}
 		return s + fatesText(ev.Fates)
 	}
 	indent := ""
 	if tr.MissingCause != "" {
-		fmt.Fprintf(w, "%s  (not in the audit log)\n", tr.MissingCause)
+		fmt.Fprintf(w, "%s  (not in the audit log)\n", escape(tr.MissingCause))
 		indent = "  "
 	}
 	for i := len(tr.Causes) - 1; i >= 0; i-- {
@@ -351,7 +352,7 @@ func auditStats(c *cli.Context) error {
 		return err
 	}
 	if c.Bool("json") {
-		return json.NewEncoder(c.App.Writer).Encode(st)
+		return json.NewEncoder(jsonWriter{c.App.Writer}).Encode(st)
 	}
 	_, err := fmt.Fprintf(c.App.Writer, "events %d (malformed %d), dead letters %d, replayed %d, %d bytes, arrived %s .. %s, last seq %d\n",
 		st.Events, st.Malformed, st.DeadLetters, st.Replayed, st.Bytes, timeText(st.OldestArrived), timeText(st.NewestArrived), st.LastSeq)
@@ -378,7 +379,7 @@ func auditExport(c *cli.Context) error {
 	}
 	switch c.String("format") {
 	case "jsonl":
-		enc := json.NewEncoder(out)
+		enc := json.NewEncoder(jsonWriter{out})
 		write, flush = func(ev store.Event) error { return enc.Encode(ev) }, func() error { return nil }
 	case "csv":
 		w := csv.NewWriter(out)

@@ -73,7 +73,7 @@ func (l *auditLog) Page(_ context.Context, after, upTo int64) ([]replay.Event, i
 	}
 	evs := make([]replay.Event, len(page.Events))
 	for i, ev := range page.Events {
-		evs[i] = replay.Event{ID: ev.ID, Type: ev.Type, Headers: ev.Headers, Body: ev.Body, Time: ev.Time}
+		evs[i] = replay.Event{ID: ev.ID, Type: ev.Type, Headers: ev.Headers, Body: ev.Body, Time: ev.Time, UserID: ev.UserID}
 	}
 	return evs, page.Next, nil
 }
@@ -175,10 +175,10 @@ func auditReplay(c *cli.Context) error {
 		}
 		o.Listed = func(ev replay.Event) {
 			if c.Bool("json") {
-				_ = json.NewEncoder(w).Encode(map[string]any{"id": ev.ID, "type": ev.Type, "time": ev.Time, "source": ev.Headers[wire.HeaderSource]})
+				_ = json.NewEncoder(jsonWriter{w}).Encode(map[string]any{"id": ev.ID, "type": ev.Type, "time": ev.Time, "source": ev.Headers[wire.HeaderSource]})
 				return
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", timeText(ev.Time), ev.Type, ev.Headers[wire.HeaderSource], ev.ID)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", timeText(ev.Time), escape(ev.Type), escape(ev.Headers[wire.HeaderSource]), escape(ev.ID))
 		}
 	}
 	res, err := replay.Run(ctx, conn, &auditLog{call: a.call, f: f, page: c.Int("page")}, o)
@@ -193,7 +193,7 @@ func auditReplay(c *cli.Context) error {
 		if o.DryRun {
 			return nil
 		}
-		return json.NewEncoder(w).Encode(map[string]any{"replay_id": res.ID, "destination": res.Destination, "cutoff": res.Cutoff, "sent": res.Sent})
+		return json.NewEncoder(jsonWriter{w}).Encode(map[string]any{"replay_id": res.ID, "destination": res.Destination, "cutoff": res.Cutoff, "sent": res.Sent})
 	}
 	if o.DryRun {
 		_, err = fmt.Fprintf(w, "would replay %d events to %s (cutoff: seq %d); nothing sent\n", res.Selected, res.Destination, res.Cutoff)

@@ -152,7 +152,7 @@ func (rm *replayMesh) waitStored(t *testing.T, ids ...string) {
 }
 
 func (rm *replayMesh) log(f store.Filter, page int) *auditLog {
-	return &auditLog{f: f, page: page, call: func(tool string, req, resp any) error { return rm.node.Call(rm.ctx, "test", tool, req, resp) }}
+	return &auditLog{f: f, page: page, call: func(tool string, req, resp any) error { return rm.node.Call(rm.ctx, "meshctl", tool, req, resp) }}
 }
 
 // sentTimes are the send times the logger recorded for replay id, in

@@ -363,7 +363,7 @@ func printLeft(w io.Writer, res deadletters.Result) {
 		verb = "would be left"
 	}
 	for _, l := range res.Left {
-		fmt.Fprintf(w, "%s %s (%s): %v\n", verb, l.ID, l.Type, l.Err)
+		fmt.Fprintf(w, "%s %s (%s): %s\n", verb, escape(l.ID), escape(l.Type), escape(l.Err.Error()))
 	}
 }
 
@@ -434,6 +434,8 @@ func leftReason(err error) string {
 		return "queue gone"
 	case errors.Is(err, deadletters.ErrNoTarget):
 		return "no queue named"
+	case errors.Is(err, deadletters.ErrForbiddenTarget):
+		return "names a queue replay never sends to"
 	case errors.Is(err, deadletters.ErrUnroutable):
 		return "returned unroutable"
 	case errors.Is(err, deadletters.ErrRefused):
@@ -477,19 +479,19 @@ func printKeptTable(w io.Writer, k keeper, msgs []deadletters.Message, now time.
 			if m.Attempts > 0 {
 				attempts = fmt.Sprint(m.Attempts)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.ID, age(m.Time, now), cell(m.Type, 60), dash(m.Node),
-				dash(module), attempts, dash(m.Reason), dash(cell(m.Error, 50)))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", escape(m.ID), age(m.Time, now), cell(m.Type, 60), dash(escape(m.Node)),
+				dash(escape(module)), attempts, dash(escape(m.Reason)), dash(cell(m.Error, 50)))
 		} else {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", m.ID, age(m.Time, now), cell(m.Type, 60), dash(cell(m.Source, 30)),
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", escape(m.ID), age(m.Time, now), cell(m.Type, 60), dash(cell(m.Source, 30)),
 				dash(cell(m.SourceNode, 30)), m.Size)
 		}
 	}
 	return tw.Flush()
 }
 
-// cell makes s fit one table cell: one line, at most n runes.
+// cell makes s fit one table cell: one line, at most n runes, escaped.
 func cell(s string, n int) string {
-	s = strings.Join(strings.Fields(s), " ")
+	s = escape(strings.Join(strings.Fields(s), " "))
 	if utf8.RuneCountInString(s) <= n {
 		return s
 	}
@@ -531,7 +533,12 @@ func printKeptLong(w io.Writer, k keeper, msgs []deadletters.Message, now time.T
 		if i > 0 {
 			b.WriteString("\n")
 		}
+		// line prints one key; its args come from the wire, escaped
+		// (a line feed is kept, indented under the key).
 		line := func(key, format string, args ...any) {
+			for i, a := range args {
+				args[i] = escapeLines(fmt.Sprint(a))
+			}
 			fmt.Fprintf(&b, "%-10s %s\n", key, indentLines(fmt.Sprintf(format, args...), 11))
 		}
 		line("id", "%s", m.ID)
@@ -564,12 +571,12 @@ func printKeptLong(w io.Writer, k keeper, msgs []deadletters.Message, now time.T
 		}
 		sort.Strings(keys)
 		for _, key := range keys {
-			fmt.Fprintf(&b, "  %s: %s\n", key, indentLines(headerValueText(m.Headers[key]), 4))
+			fmt.Fprintf(&b, "  %s: %s\n", escape(key), indentLines(escapeLines(headerValueText(m.Headers[key])), 4))
 		}
 		b.WriteString("body\n")
 		var pretty bytes.Buffer
 		if json.Indent(&pretty, m.Body, "  ", "  ") == nil {
-			b.WriteString("  " + pretty.String() + "\n")
+			b.WriteString("  " + string(escapeJSON(pretty.Bytes())) + "\n")
 		} else {
 			fmt.Fprintf(&b, "  %q\n", m.Body)
 		}
@@ -670,7 +677,7 @@ func printKeptJSON(w io.Writer, msgs []deadletters.Message) error {
 		if err != nil {
 			return err
 		}
-		if _, err := fmt.Fprintf(w, "%s\n", b); err != nil {
+		if _, err := fmt.Fprintf(w, "%s\n", escapeJSON(b)); err != nil {
 			return err
 		}
 	}

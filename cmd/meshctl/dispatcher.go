@@ -65,7 +65,7 @@ func dispatcherPause(c *cli.Context, tool string) error {
 	if r.Paused {
 		state = "paused: its queue keeps its messages"
 	}
-	_, err = fmt.Fprintf(c.App.Writer, "trigger %s %s\n", r.Trigger, state)
+	_, err = fmt.Fprintf(c.App.Writer, "trigger %s %s\n", escape(r.Trigger), state)
 	return err
 }
 
@@ -86,6 +86,7 @@ func dispatcherFires(c *cli.Context) error {
 	if !c.Bool("json") {
 		fmt.Fprintln(tw, "SEQ\tTIME\tTRIGGER\tMESSAGE\tROUTING KEY\tATTEMPT\tOUTCOME\tDETAIL")
 	}
+	enc := json.NewEncoder(jsonWriter{w})
 	for {
 		var page dispatcher.FiresResponse
 		callCtx, cancel := context.WithTimeout(c.Context, c.Duration("timeout"))
@@ -96,7 +97,7 @@ func dispatcherFires(c *cli.Context) error {
 		}
 		for _, f := range page.Fires {
 			if c.Bool("json") {
-				if err := json.NewEncoder(w).Encode(f); err != nil {
+				if err := enc.Encode(f); err != nil {
 					return err
 				}
 				continue
@@ -105,7 +106,8 @@ func dispatcherFires(c *cli.Context) error {
 			if f.Redelivered {
 				redelivered = " (redelivered)"
 			}
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d%s\t%s\t%s\n", f.Seq, timeText(f.Time), f.Trigger, f.MessageID, f.RoutingKey, f.Attempt, redelivered, f.Outcome, f.Detail)
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d%s\t%s\t%s\n", f.Seq, timeText(f.Time), escape(f.Trigger), escape(f.MessageID), escape(f.RoutingKey),
+				f.Attempt, redelivered, escape(f.Outcome), escape(f.Detail))
 		}
 		if err := tw.Flush(); err != nil {
 			return err

@@ -185,12 +185,14 @@ func meshGraph(beats []runtime.Heartbeat) *drawing {
 	return d
 }
 
-// mermaid writes the graph as a Mermaid flowchart.
+// mermaid writes the graph as a Mermaid flowchart. Labels (what the
+// heartbeats say, anyone's who can publish one) are escaped; ids are
+// ASCII letters, digits and _ already.
 func (d *drawing) mermaid(w io.Writer) error {
 	var b strings.Builder
 	b.WriteString("flowchart LR\n")
 	for _, v := range d.vertices {
-		label := strings.ReplaceAll(v.label, `"`, "#quot;")
+		label := strings.ReplaceAll(escape(v.label), `"`, "#quot;")
 		switch v.kind {
 		case vModule:
 			fmt.Fprintf(&b, "  %s[\"%s\"]\n", v.id, label)
@@ -210,7 +212,7 @@ func (d *drawing) mermaid(w io.Writer) error {
 			arrow = "-.->"
 		}
 		if e.label != "" {
-			fmt.Fprintf(&b, "  %s %s|\"%s\"| %s\n", e.from, arrow, strings.ReplaceAll(e.label, `"`, "#quot;"), e.to)
+			fmt.Fprintf(&b, "  %s %s|\"%s\"| %s\n", e.from, arrow, strings.ReplaceAll(escape(e.label), `"`, "#quot;"), e.to)
 		} else {
 			fmt.Fprintf(&b, "  %s %s %s\n", e.from, arrow, e.to)
 		}
@@ -219,10 +221,11 @@ func (d *drawing) mermaid(w io.Writer) error {
 	return err
 }
 
-// dot writes the graph in Graphviz's DOT language.
+// dot writes the graph in Graphviz's DOT language, its labels escaped as
+// mermaid's are (and then quoted: escape's \x1b is drawn as it reads).
 func (d *drawing) dot(w io.Writer) error {
 	q := func(s string) string {
-		return `"` + strings.ReplaceAll(strings.ReplaceAll(s, `\`, `\\`), `"`, `\"`) + `"`
+		return `"` + strings.ReplaceAll(strings.ReplaceAll(escape(s), `\`, `\\`), `"`, `\"`) + `"`
 	}
 	shape := map[string]string{vModule: "box", vEvent: "ellipse", vPattern: "parallelogram", vTool: "hexagon", vQueue: "cylinder"}
 	var b strings.Builder
@@ -277,7 +280,7 @@ func (d *drawing) json(w io.Writer) error {
 	for _, e := range d.edges {
 		out.Edges = append(out.Edges, je{e.from, e.to, e.label, e.dashed})
 	}
-	enc := json.NewEncoder(w)
+	enc := json.NewEncoder(jsonWriter{w})
 	enc.SetIndent("", "  ")
 	return enc.Encode(out)
 }

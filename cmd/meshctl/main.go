@@ -18,7 +18,9 @@ func main() {
 	a := app()
 	err := a.Run(interspersed(a, os.Args))
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "meshctl:", err)
+		// An error can carry what came from the wire: a tool's message, a
+		// header the broker or a module set.
+		fmt.Fprintln(os.Stderr, "meshctl:", escapeLines(err.Error()))
 	}
 	os.Exit(exitCode(err))
 }

@@ -78,7 +78,7 @@ func nodes(c *cli.Context) error {
 	}
 	names := slices.Sorted(maps.Keys(heard))
 	if c.Bool("json") {
-		enc := json.NewEncoder(c.App.Writer)
+		enc := json.NewEncoder(jsonWriter{c.App.Writer})
 		for _, n := range names {
 			if err := enc.Encode(heard[n]); err != nil {
 				return err
@@ -108,7 +108,8 @@ func nodes(c *cli.Context) error {
 			}
 			mods = append(mods, mod)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s ago\t%v\n", n, h.Version, strings.Join(mods, ", "), h.Started.Format(time.RFC3339),
+		// What a heartbeat says is anyone's who can publish one: escaped.
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s ago\t%v\n", escape(n), escape(h.Version), escape(strings.Join(mods, ", ")), h.Started.Format(time.RFC3339),
 			time.Since(h.LastSeen).Round(time.Second), h.Interval)
 	}
 	return tw.Flush()

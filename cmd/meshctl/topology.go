@@ -44,20 +44,7 @@ func topologyCommand() *cli.Command {
 					&cli.BoolFlag{Name: "json", Usage: "print one JSON object per finding"}},
 				Action: topologyCheck,
 			},
-			{
-				Name: "permissions",
-				Usage: "print the rabbitmqctl commands that give a node's broker user the permissions it needs and no more: " +
-					"it may declare only the mesh's objects and its own, publish only node.NODE. and its modules' module.MODULE. events " +
-					"(and their emit_grants), and serve only the tools its modules are granted",
-				Flags: []cli.Flag{
-					configFlag(),
-					&cli.StringFlag{Name: "node", Usage: "the node's `NAME` (default: the config's)"},
-					&cli.StringFlag{Name: "user", Usage: "the broker `USER` (default: the one of the config's amqp_url)"},
-					&cli.StringSliceFlag{Name: "consumes", Usage: "an existing `QUEUE` a module consumes (Mesh.Consume, a dispatcher's trigger); repeat for more"},
-					&cli.BoolFlag{Name: "json", Usage: "print the permissions as one JSON object, with the commands"},
-				},
-				Action: topologyPermissions,
-			},
+			permissionsCommand(),
 		},
 	}
 }
@@ -137,7 +124,7 @@ func topologyPrint(c *cli.Context) error {
 		return err
 	}
 	if c.Bool("json") {
-		enc := json.NewEncoder(c.App.Writer)
+		enc := json.NewEncoder(jsonWriter{c.App.Writer})
 		for _, o := range objs {
 			if err := enc.Encode(objectJSON{Kind: o.Kind, Name: o.Name, Type: o.Type, Durable: o.Durable, Exclusive: o.Exclusive,
 				AutoDelete: o.AutoDelete, Arguments: o.Args, Binds: o.Binds, Bindings: o.Bindings, BindingsKnown: o.BindingsKnown,
@@ -173,7 +160,7 @@ func topologyPrint(c *cli.Context) error {
 		if o.When != "" {
 			binds += " (" + o.When + ")"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", o.Kind, o.Name, o.Type, strings.Join(flags, ","), argsText(o.Args), binds)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", o.Kind, escape(o.Name), escape(o.Type), strings.Join(flags, ","), escape(argsText(o.Args)), escape(binds))
 	}
 	return tw.Flush()
 }
@@ -223,9 +210,10 @@ func topologyCheck(c *cli.Context) error {
 	report := func(fd finding) error {
 		findings = append(findings, fd)
 		if c.Bool("json") {
-			return json.NewEncoder(c.App.Writer).Encode(fd)
+			return json.NewEncoder(jsonWriter{c.App.Writer}).Encode(fd)
 		}
-		_, err := fmt.Fprintf(c.App.Writer, "%-9s %s %s%s\n", fd.Verdict, fd.Kind, fd.Name, colon(fd.Detail))
+		// Names and details come from the broker (its bindings, its reasons).
+		_, err := fmt.Fprintf(c.App.Writer, "%-9s %s %s%s\n", fd.Verdict, fd.Kind, escape(fd.Name), escape(colon(fd.Detail)))
 		return err
 	}
 	var apiDown error // once the API fails, the other queues' bindings are not asked for
@@ -372,39 +360,4 @@ func checkObject(conn *amqp.Connection, o runtime.BrokerObject) string {
 		return "ERROR " + err.Error()
 	}
 	return "ok"
-}
-
-func topologyPermissions(c *cli.Context) error {
-	if c.NArg() > 0 {
-		return usagef("permissions takes no arguments, got %q", c.Args().Slice())
-	}
-	f, err := nodeconfig.Load(c.String("config"))
-	if err != nil {
-		return err
-	}
-	if n := c.String("node"); n != "" {
-		f.Node = n
-	}
-	if f.Node == "" {
-		return fmt.Errorf("%s names no node: give --node", c.String("config"))
-	}
-	if c.IsSet("amqp-url") { // MESH_AMQP_URL or --amqp-url, over the file's, as for meshd
-		f.AMQPURL = c.String("amqp-url")
-	}
-	p := f.Permissions(c.String("user"), c.StringSlice("consumes"))
-	if p.User == "" {
-		return fmt.Errorf("no broker user: the broker's URL names none; give --user")
-	}
-	if c.Bool("json") {
-		return json.NewEncoder(c.App.Writer).Encode(struct {
-			Node string `json:"node"`
-			nodeconfig.Permissions
-			Commands []string `json:"commands"`
-		}{f.Node, p, p.Commands()})
-	}
-	fmt.Fprintf(c.App.Writer, "# node %s: broker user %s on virtual host %s\n", f.Node, p.User, p.VHost)
-	for _, cmd := range p.Commands() {
-		fmt.Fprintln(c.App.Writer, cmd)
-	}
-	return nil
 }

@@ -29,6 +29,8 @@ modules:
   - name: shop
     path: /bin/true
     tools: ["shop.*"]
+    calls: ["tax.rate"]
+    consumes: ["shop.incoming"]
 `), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +49,10 @@ modules:
 		"rabbitmqctl set_permissions -p 'prod' 'mesh-n1' '^(?:mesh\\.events|",
 		`n1\.(?:shop)\.(?:events|dead)`, `serve\.(?:shop\.[^.]+)`,
 		"rabbitmqctl set_topic_permissions -p 'prod' 'mesh-n1' 'mesh.events' '^(?:node\\.n1\\..*|node\\.[^.]+\\.unreachable|module\\.(?:shop)\\..*)$' '.*'",
-		"rabbitmqctl set_topic_permissions -p 'prod' 'mesh-n1' 'mesh.rpc' '.*' '^(?:shop\\.[^.]+)$'",
+		// It may publish requests only of the tools it may call, and read
+		// the queues it may consume.
+		"rabbitmqctl set_topic_permissions -p 'prod' 'mesh-n1' 'mesh.rpc' '^(?:tax\\.rate)$' '^(?:shop\\.[^.]+)$'",
+		`shop\.incoming`,
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)

@@ -71,9 +71,10 @@ func runFlags() []cli.Flag {
 		&cli.StringFlag{Name: "config", EnvVars: []string{"MESH_CONFIG"}, Usage: "the node's configuration `FILE` (mesh.yaml)"},
 		&cli.StringFlag{Name: "node", EnvVars: []string{"MESH_NODE"}, Usage: "this node's `NAME`, unique on the mesh"},
 		&cli.StringFlag{Name: "amqp-url", EnvVars: []string{"MESH_AMQP_URL"}, Usage: "the broker's `URL` (default " + runtime.DefaultAMQPURL + ")"},
+		&cli.StringFlag{Name: "amqp-password-file", EnvVars: []string{"MESH_AMQP_PASSWORD_FILE"}, Usage: "a `FILE` holding the broker user's password, set into every broker URL (keeps it out of argv and the environment)"},
 		&cli.StringSliceFlag{Name: "amqp-urls", EnvVars: []string{"MESH_AMQP_URLS"}, Usage: "more of the broker's `URLS` (the nodes of a cluster; comma-separated or repeated)"},
 		&cli.StringFlag{Name: "state-dir", EnvVars: []string{"MESH_STATE_DIR"}, Usage: "node-local state `DIR` (default ~/.local/state/mesh/NODE)"},
-		&cli.StringFlag{Name: "http-addr", EnvVars: []string{"MESH_HTTP_ADDR"}, Usage: "serve /healthz, /readyz and /metrics on `HOST:PORT` (default off)"},
+		&cli.StringFlag{Name: "http-addr", EnvVars: []string{"MESH_HTTP_ADDR"}, Usage: "serve /healthz, /readyz and /metrics on `HOST:PORT` (default off; :PORT is 127.0.0.1:PORT)"},
 		&cli.StringFlag{Name: "log-level", EnvVars: []string{"MESH_LOG_LEVEL"}, Value: "info", Usage: "debug, info, warn or error"},
 		&cli.StringFlag{Name: "tls-ca-file", EnvVars: []string{"MESH_TLS_CA_FILE"}, Usage: "the PEM `FILE` of the CA that signed the broker's certificate (amqps://)"},
 		&cli.StringFlag{Name: "tls-cert-file", EnvVars: []string{"MESH_TLS_CERT_FILE"}, Usage: "the node's client certificate, a PEM `FILE`"},
@@ -103,6 +104,12 @@ func config(c *cli.Context) (nodeconfig.File, error) {
 	}
 	if c.IsSet("amqp-urls") {
 		f.AMQPURLs = c.StringSlice("amqp-urls")
+	}
+	if c.IsSet("amqp-password-file") {
+		f.AMQPPasswordFile = c.String("amqp-password-file")
+	}
+	if err := f.ApplyPasswordFile(); err != nil {
+		return f, fmt.Errorf("config: %w", err)
 	}
 	if c.IsSet("state-dir") {
 		f.StateDir = c.String("state-dir")
@@ -203,6 +210,7 @@ func run(c *cli.Context) error {
 		running[m.Name] = &loaded{entry: m, pm: pm}
 	}
 	ready.loading.Store(false)
+	logProtections(log, f)
 	if _, err := node.Emit(ctx, node.Name(), "node."+node.Name()+".joined", map[string]any{"modules": len(f.Modules)}); err != nil {
 		log.Warn("could not announce the node", "err", err)
 	}
@@ -228,6 +236,25 @@ func run(c *cli.Context) error {
 	return nil
 }
 
+// logProtections says at start which protections of the trust boundary
+// are in force (docs/security.md).
+func logProtections(log *slog.Logger, f nodeconfig.File) {
+	var own, shared []string
+	for _, m := range f.Modules {
+		if m.User == "" {
+			shared = append(shared, m.Name)
+		} else {
+			own = append(own, m.Name)
+		}
+	}
+	log.Info("module isolation", "meshd_undumpable", undumpable, "module_connections", "mutual TLS", "module_env", "allow-list",
+		"modules_as_own_users", own, "modules_as_meshd_user", shared)
+	if len(shared) > 0 && os.Geteuid() == 0 {
+		log.Warn("modules run as meshd's user, root: they can read the state dir, the config and each other's files; give them user: auto (docs/security.md)",
+			"modules", shared)
+	}
+}
+
 // loaded is a module meshd runs, with the config entry it was loaded
 // from.
 type loaded struct {
@@ -238,7 +265,18 @@ type loaded struct {
 // loadModule starts the module of entry i and checks that the binary is
 // what the entry says.
 func loadModule(ctx context.Context, node *runtime.Node, i int, m nodeconfig.Module) (*runtime.PluginModule, error) {
-	pm, err := node.LoadPlugin(ctx, m.Path, m.Args, m.ModuleConfig())
+	mc := m.ModuleConfig()
+	cred, err := moduleUser(node.Name(), m)
+	if err != nil {
+		return nil, fmt.Errorf("modules[%d].%w", i, err)
+	}
+	if cred != nil {
+		if mc.Dir, err = prepareModuleDir(node.StateDir(), m.Name, cred); err != nil {
+			return nil, fmt.Errorf("modules[%d] (%s): %w", i, m.Name, err)
+		}
+		mc.RunAs = cred
+	}
+	pm, err := node.LoadPlugin(ctx, m.Path, m.Args, mc)
 	if err == nil && (pm.Name() != m.Name || (m.Kind != "" && string(pm.Kind()) != m.Kind)) {
 		err = fmt.Errorf("modules[%d]: the config says %s (kind %q), the binary %s says %s (kind %q)",
 			i, m.Name, m.Kind, m.Path, pm.Name(), pm.Kind())
@@ -317,8 +355,13 @@ func reload(ctx context.Context, c *cli.Context, was nodeconfig.File, node *runt
 // serveHealth answers /healthz (the process runs), /readyz (readiness.check:
 // every module of the config started, connected, not blocked, every module
 // consuming) and /metrics (its OpenTelemetry metrics, for
-// Prometheus) on addr.
+// Prometheus) on addr, read by listenAddr: an address without a host
+// (":9464") is loopback's.
 func serveHealth(addr string, ready *readiness, metrics http.Handler, log *slog.Logger) (*http.Server, error) {
+	addr, err := listenAddr(addr)
+	if err != nil {
+		return nil, fmt.Errorf("http_addr: %w", err)
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("http_addr: %w", err)
@@ -343,6 +386,23 @@ func serveHealth(addr string, ready *readiness, metrics http.Handler, log *slog.
 	}()
 	log.Info("serving /healthz and /readyz", "addr", ln.Addr().String())
 	return srv, nil
+}
+
+// listenAddr is the address to listen on for http_addr addr: addr itself,
+// except that an empty host means 127.0.0.1 rather than every interface,
+// as net.Listen would read it. /metrics and /readyz tell whoever reaches
+// them about the node's modules and queues, so listening beyond the host
+// must be asked for by name: 0.0.0.0:PORT, [::]:PORT or an interface's
+// address.
+func listenAddr(addr string) (string, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", err
+	}
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	return net.JoinHostPort(host, port), nil
 }
 
 // readiness is what /readyz answers: meshd's own state (the modules of its

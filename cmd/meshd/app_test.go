@@ -365,7 +365,7 @@ defaults:
 		t.Fatal("bad config accepted")
 	}
 	for _, want := range []string{"node:", "modules[0].name:", "modules[0].path:", "modules[1].path: is empty", "modules[1]: queue_type:", "prefetch:",
-		"modules[2].config.triggers[0].timeout: 1m0s is longer than the module's handler_timeout 20s", "defaults: name, path, args and config"} {
+		"modules[2].config.triggers[0].timeout: 1m0s is longer than the module's handler_timeout 20s", "defaults: name, path, args, user and config"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error does not name %q:\n%v", want, err)
 		}

@@ -12,6 +12,7 @@ import (
 )
 
 func main() {
+	hideFromModules()
 	if err := app().Run(os.Args); err != nil {
 		fmt.Fprintln(os.Stderr, "meshd:", err)
 		os.Exit(1)

@@ -30,7 +30,7 @@ func TestReloadKeepsAnEntryTheBrokerRefuses(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	cmd, addr, logs, cfg := startMeshd(t, ctx, fmt.Sprintf("node: anchor\namqp_url: %s\nmodules:\n  - name: notifier\n    path: %s\n    max_attempts: 5", url, notifier))
+	cmd, addr, logs, cfg := startMeshd(t, ctx, fmt.Sprintf("node: anchor\namqp_url: %s\nmodules:\n  - name: notifier\n    path: %s\n    calls: [\"invoice.*\"]\n    max_attempts: 5", url, notifier))
 
 	conn, err := amqp.Dial(url)
 	if err != nil {

@@ -127,6 +127,8 @@ modules:
     kind: dispatcher
     path: %s
     tools: ["dispatcher.*"]
+    consumes: ["work"]
+    calls: ["work.*"]
     config:
       store: %s
       triggers: [{name: work, queue: work, tool: work.do, max_concurrent_runs: 2, inputs: {round: %q}}]

@@ -14,7 +14,10 @@ import (
 )
 
 // Republishing copies d for publishing again, without the headers drop
-// reports true for. It has room for a few headers more.
+// reports true for. It has room for a few headers more. It does not copy
+// the user-id: the broker refuses one other than the publishing
+// connection's, so whoever publishes the copy sets its own (ConnUser) and
+// keeps the original's in x-mesh-user-id.
 func Republishing(d amqp.Delivery, drop func(header string) bool) amqp.Publishing {
 	headers := make(amqp.Table, len(d.Headers)+5)
 	for k, v := range d.Headers {
@@ -44,4 +47,27 @@ func Republishing(d amqp.Delivery, drop func(header string) bool) amqp.Publishin
 func BrokerAdded(header string) bool {
 	return header == "x-delivery-count" || header == "x-death" ||
 		strings.HasPrefix(header, "x-first-death-") || strings.HasPrefix(header, "x-last-death-")
+}
+
+// Bookkeeping reports the headers no copy takes over from the message it
+// copies: the broker's (BrokerAdded) and the runtime's own, x-mesh-*. The
+// publisher of the copy sets the runtime's headers it means, so none is
+// carried along from a message that may have come with forged ones.
+func Bookkeeping(header string) bool {
+	return BrokerAdded(header) || strings.HasPrefix(header, "x-mesh-")
+}
+
+// ConnUser is the broker user conn authenticated as (PLAIN or AMQPLAIN,
+// as amqp091-go dials a URL), the only user-id the broker accepts on what
+// conn publishes; "" when the mechanism names none (EXTERNAL).
+func ConnUser(conn *amqp.Connection) string {
+	for _, a := range conn.Config.SASL {
+		switch a := a.(type) {
+		case *amqp.PlainAuth:
+			return a.Username
+		case *amqp.AMQPlainAuth:
+			return a.Username
+		}
+	}
+	return ""
 }

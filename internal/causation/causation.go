@@ -47,6 +47,17 @@ func Handling(ctx context.Context, id string, t time.Time) context.Context {
 	return context.WithValue(ctx, ctxKey{}, &scope{id: id, time: t, handling: true})
 }
 
+// Carry returns ctx with the cause, and the handling if any, that from
+// carries (the same scope: ids derived in either count the same
+// occurrences). A host uses it to derive, in the context of a request
+// from a module process, the ids of the handling it handed that process.
+func Carry(ctx, from context.Context) context.Context {
+	if s, _ := from.Value(ctxKey{}).(*scope); s != nil {
+		return context.WithValue(ctx, ctxKey{}, s)
+	}
+	return ctx
+}
+
 // From returns the id of the cause With or Handling stored, or "".
 func From(ctx context.Context) string {
 	if s, _ := ctx.Value(ctxKey{}).(*scope); s != nil {

@@ -37,6 +37,17 @@ var (
 	// that gave up (neither x-mesh-dead-queue nor x-death), or a name no
 	// queue can have. Permanent.
 	ErrNoTarget = errors.New("names no queue to replay to")
+	// ErrForbiddenTarget is a Left's reason when the queue a dead letter
+	// names is one a replay never sends to (see checkTarget): a tool's
+	// request queue serve.*, one of the mesh's own mesh.*, a module's
+	// dead-letter queue *.dead, a server-named amq.* queue (replies). No
+	// queue of these gives up on an event, so the name was forged or
+	// damaged. Permanent.
+	ErrForbiddenTarget = errors.New("names a queue dead letters never go back to")
+	// ErrNoUser means Replay cannot tell which broker user its connection
+	// authenticated as (a mechanism other than PLAIN or AMQPLAIN), which
+	// every replayed message names in its user-id. Permanent.
+	ErrNoUser = errors.New("cannot tell the connection's broker user (dial with a user in the URL: PLAIN)")
 	// ErrUnroutable is a Left's reason when the broker returned a replayed
 	// unrouted event: mesh.events has no queue bound for it and no
 	// alternate exchange to keep it. Permanent until the topology is
@@ -78,8 +89,8 @@ type Left struct {
 	// Queue is the queue a dead letter would have gone back to ("" if it
 	// names none).
 	Queue string
-	// Err says why; it wraps ErrQueueGone, ErrNoTarget, ErrUnroutable or
-	// ErrRefused.
+	// Err says why; it wraps ErrQueueGone, ErrNoTarget,
+	// ErrForbiddenTarget, ErrUnroutable or ErrRefused.
 	Err error
 }
 
@@ -204,14 +215,22 @@ func Show(ctx context.Context, conn *amqp.Connection, queue string, ids []string
 // and removes each from the keeper queue only once the broker has confirmed
 // its copy and not returned it.
 //
+// Every replayed message has the replaying connection's broker user as its
+// user-id (the broker checks it), so a replayed event says who replayed it,
+// and the original publisher's user (Message.UserID) in x-mesh-user-id.
+//
 // A dead letter goes back to the queue that gave up on it, and only there,
 // through the default exchange: the original body, properties and message
-// id, persistent, with the original headers minus the dead-letter headers
-// (x-mesh-dead-*, x-death, x-first-death-*, x-last-death-*),
-// x-delivery-count and x-mesh-attempt, so attempts start over, and with
-// x-mesh-routing-key set to the event type, which the runtime reads as the
-// type of an event arriving by another routing key. If that queue no longer
-// exists the dead letter stays, reported in Result.Left with ErrQueueGone.
+// id, persistent, with the original headers minus the broker's
+// (x-death, x-first-death-*, x-last-death-*, x-delivery-count) and the
+// runtime's (x-mesh-*: the dead-letter headers, x-mesh-attempt, so attempts
+// start over), and with x-mesh-routing-key set to the event type, which the
+// runtime reads as the type of an event arriving by another routing key
+// (it honours it there because the message has a user-id). Only a queue
+// checkTarget allows is sent to: a module's event queue or a queue outside
+// the mesh's own names; any other is left with ErrForbiddenTarget. If that
+// queue no longer exists the dead letter stays, reported in Result.Left
+// with ErrQueueGone.
 // A dead letter no queue gave up on (reason refused: the broker refused it
 // as a node resent it from its spool) goes to mesh.events again with its
 // type as the routing key, counted in Result.Queues under mesh.events.
@@ -264,6 +283,10 @@ func Replay(ctx context.Context, conn *amqp.Connection, queue string, f Filter, 
 		}
 		return res, nil
 	}
+	user := amqpmsg.ConnUser(conn)
+	if user == "" {
+		return res, ErrNoUser
+	}
 	pub, err := newPublisher(conn)
 	if err != nil {
 		return res, err
@@ -276,8 +299,9 @@ func Replay(ctx context.Context, conn *amqp.Connection, queue string, f Filter, 
 		}
 		matches[i] = held{} // replayed or left: its body is not needed any more
 		msg := amqpmsg.Republishing(h.d, droppedOnReplay)
+		msg.UserId = user // who replays it; the broker checks it
+		msg.Headers[wire.HeaderUserID] = h.m.UserID
 		exchange, key := wire.ExchangeEvents, h.m.Type
-		delete(msg.Headers, wire.HeaderRoutingKey) // the routing key says it again
 		switch {
 		case dead && toExchange(h):
 		case dead:
@@ -363,12 +387,47 @@ func toExchange(h held) bool {
 	return h.m.Queue == "" && h.m.Reason == wire.DeadReasonRefused
 }
 
-// checkTarget checks the queue a dead letter names before publishing to it:
-// a name that could not be sent would fail the publish, not just this one
-// dead letter.
+// checkTarget checks the queue a dead letter names before publishing to it.
+// A name that could not be sent would fail the publish, not just this one
+// dead letter (ErrNoTarget). And the name is only what the dead letter
+// says, so it is sent to only if it is a queue that gives up on events and
+// whose consumer takes a replay as an event (ErrForbiddenTarget
+// otherwise):
+//   - a module's event queue, <node>.<module>.events (splitModuleQueue):
+//     its node reads the type from x-mesh-routing-key and handles it only
+//     if the module subscribes to it;
+//   - a queue outside the mesh's own names, which a module consumes
+//     (sdk.Mesh.Consume, a dispatcher's trigger queue shop.orders): its
+//     node dead-letters what its handler gives up on, naming the queue.
+//
+// Never a mesh-internal queue, whatever its shape: serve.* (a tool's
+// request queue: a replay there would run the tool with a caller the dead
+// letter claims), mesh.* (keepers, node locks), amq.* (server-named: reply
+// queues, tail and membership queues), *.dead (modules' dead-letter
+// queues, which never give up on anything). The audit logger's queue,
+// <node>.audit-logger.events, is a module event queue like any other: the
+// logger dead-letters what it could not store, and records a replayed
+// copy of an id it holds as no second row.
 func checkTarget(queue string) error {
 	if queue == "" {
 		return ErrNoTarget
+	}
+	if _, _, module := splitModuleQueue(queue); !module {
+		why := ""
+		switch {
+		case strings.HasPrefix(queue, "serve."):
+			why = "a tool's request queue (serve.*)"
+		case strings.HasPrefix(queue, "mesh."):
+			why = "one of the mesh's own queues (mesh.*)"
+		case strings.HasPrefix(queue, "amq."):
+			why = "a server-named queue (amq.*: replies, tails)"
+		case strings.HasSuffix(queue, ".dead"):
+			why = "a module's dead-letter queue (*.dead)"
+		}
+		if why != "" {
+			return fmt.Errorf("%w: %q is %s; a dead letter goes back only to a module's event queue <node>.<module>.events "+
+				"or to a queue a module consumes, so this name is forged or damaged", ErrForbiddenTarget, queue, why)
+		}
 	}
 	if err := wire.ValidateQueueName(queue); err != nil {
 		return fmt.Errorf("%w: %w", ErrNoTarget, err)
@@ -421,7 +480,8 @@ func (o options) report(done, total int) {
 	}
 }
 
-// droppedOnReplay says whether a replay drops header k.
+// droppedOnReplay says whether a replay drops header k: the broker's and
+// the runtime's own (x-mesh-*), of which Replay sets those it means.
 func droppedOnReplay(k string) bool {
-	return k == wire.HeaderAttempt || strings.HasPrefix(k, "x-mesh-dead-") || amqpmsg.BrokerAdded(k)
+	return amqpmsg.Bookkeeping(k)
 }

@@ -43,8 +43,11 @@ func TestListFilters(t *testing.T) {
 	m.deadLetter(b, "n1.mailer.events", 5, wire.DeadReasonDeliveryLimit, "smtp down", now.Add(-10*time.Minute))
 	m.deadLetter(c, "n2.billing.events", 1, wire.DeadReasonMalformed, "bad body", now.Add(-time.Minute))
 	// d was dead-lettered by the broker: no x-mesh-dead-* headers, only
-	// x-death, from a classic retry copy (routing key = queue name).
+	// x-death, from a classic retry copy (routing key = queue name, sent
+	// by its node with a user-id, which is what makes x-mesh-routing-key
+	// count).
 	dm := d.publishing()
+	dm.UserId = "guest"
 	dm.Headers[wire.HeaderRoutingKey] = d.typ
 	dm.Headers[wire.HeaderAttempt] = int64(2)
 	dm.Headers["x-death"] = []any{amqp.Table{
@@ -449,6 +452,7 @@ func TestReplaySpoolRefusal(t *testing.T) {
 
 	kept := newEvent("module.shop.order.paid", "shop", `{}`)
 	msg = kept.publishing()
+	msg.UserId = "guest" // a node resends as its broker user
 	msg.Headers[wire.HeaderRoutingKey] = kept.typ
 	m.publish("", wire.QueueUnrouted, msg)
 	msgs, err := deadletters.List(ctx, m.conn, wire.QueueUnrouted, deadletters.Filter{Type: "module.shop.#"})

@@ -17,10 +17,28 @@ type Message struct {
 	// ID is the AMQP message id, or the x-event-id header when the message
 	// id is missing.
 	ID string
-	// Type is the event type: the x-mesh-routing-key header when present
-	// (an event the runtime had republished straight to a queue), otherwise
-	// the routing key.
+	// Type is the event type. For a dead letter the runtime made it is the
+	// routing key (the runtime dead-letters with the type as the key),
+	// whatever the headers say. For one the broker made, and for an
+	// unrouted event, it is the routing key too, unless the message had
+	// been sent straight to a queue (default exchange: the key is the
+	// queue's name) by a publisher the broker verified (a user-id): then it
+	// is the x-mesh-routing-key header, as the consuming node read it (a
+	// classic-queue retry copy, an event a node kept in mesh.unrouted).
 	Type string
+	// UserID is the broker user that published the event, as its consumer
+	// saw it (sdk.Event.UserID). On a dead letter the runtime made it is
+	// the x-mesh-user-id header, if the dead letter carries a user-id (the
+	// dead-lettering node, checked by the broker: DeadBy); on one the
+	// broker made, the message's user-id, or x-mesh-user-id on a copy sent
+	// straight to the queue by a verified publisher (a node's retry copy);
+	// on an unrouted event, its user-id.
+	UserID string
+	// DeadBy is the user-id of a dead letter the runtime made: the broker
+	// user of the node that dead-lettered it (the broker checked it). Empty
+	// for a dead letter the broker made, an older node's, and an unrouted
+	// event.
+	DeadBy string
 	// Exchange and RoutingKey are as delivered: mesh.events.dead and the
 	// event type for a dead letter, mesh.events and the event type for an
 	// unrouted event.
@@ -31,7 +49,10 @@ type Message struct {
 
 	// Queue is the queue that gave up on a dead letter: x-mesh-dead-queue,
 	// or for a dead letter the broker made, the queue of its latest
-	// x-death entry. Empty for an unrouted event.
+	// x-death entry. Empty for an unrouted event. A dead letter the broker
+	// made (its x-death or x-*-death-* name a queue) is read from what the
+	// broker says alone: x-mesh-dead-* headers on it came with the message
+	// that died, from whoever published it, and are not the runtime's.
 	Queue string
 	// Node and Module are read from Queue when it is a module queue
 	// (<node>.<module>.events), and empty otherwise.
@@ -82,6 +103,24 @@ func (m Message) nodeFor(dead bool) string {
 
 // messageOf reads a delivery from a keeper queue: the dead letters' queue
 // when dead, else the unrouted events'.
+//
+// The runtime's own headers (x-mesh-*) are honoured only where the
+// runtime put them (SPEC §6): a message's headers are whatever its
+// publisher wrote, and the broker keeps them when it dead-letters it.
+//   - A dead letter the runtime made is published by a node to
+//     mesh.events.dead with the event type as its routing key and its own
+//     x-mesh-dead-* headers, and no x-death (it drops the broker's): its
+//     type is the routing key, its x-mesh-user-id is honoured if it
+//     carries a user-id (the broker checked the dead-lettering node's).
+//   - A dead letter the broker made (its x-death, x-*-death-* name a
+//     queue) is read from the broker's headers: its x-mesh-dead-* came
+//     with the message that died. If that message had been sent straight
+//     to its queue (the death's exchange is the default one) by a
+//     verified publisher (a user-id), its x-mesh-routing-key and
+//     x-mesh-user-id are honoured, as the consuming node honoured them.
+//   - An unrouted event is of its routing key's type, unless it was sent
+//     straight to mesh.unrouted (by a node that kept it there itself) with
+//     a user-id: then of its x-mesh-routing-key.
 func messageOf(d amqp.Delivery, dead bool) Message {
 	h := d.Headers
 	m := Message{
@@ -89,11 +128,9 @@ func messageOf(d amqp.Delivery, dead bool) Message {
 		Type:        d.RoutingKey,
 		Exchange:    d.Exchange,
 		RoutingKey:  d.RoutingKey,
+		UserID:      d.UserId,
 		Source:      text(h[wire.HeaderSource]),
 		SourceNode:  text(h[wire.HeaderNode]),
-		Queue:       text(h[wire.HeaderDeadQueue]),
-		Reason:      text(h[wire.HeaderDeadReason]),
-		Error:       text(h[wire.HeaderDeadError]),
 		ContentType: d.ContentType,
 		Size:        len(d.Body),
 		Headers:     h,
@@ -102,13 +139,33 @@ func messageOf(d amqp.Delivery, dead bool) Message {
 	if m.ID == "" {
 		m.ID = text(h[wire.HeaderEventID])
 	}
-	if rk := text(h[wire.HeaderRoutingKey]); rk != "" {
+	death, byBroker := latestDeath(h)
+	// direct: the message (the one that died, for a broker-made dead
+	// letter) was sent straight to a queue by a publisher the broker
+	// verified, so its x-mesh-routing-key and x-mesh-user-id are what
+	// the consuming node honoured.
+	direct := d.UserId != "" && ((!dead && d.Exchange == "") || (dead && byBroker && death.Exchange == "" && death.ExchangeKnown))
+	if rk := text(h[wire.HeaderRoutingKey]); rk != "" && direct {
 		m.Type = rk
 	}
-	if n, ok := integer(h[wire.HeaderDeadAttempts]); ok && n > 0 && n <= 1<<31 {
-		m.Attempts = int(n)
+	switch {
+	case dead && !byBroker:
+		m.Queue = text(h[wire.HeaderDeadQueue])
+		m.Reason = text(h[wire.HeaderDeadReason])
+		m.Error = text(h[wire.HeaderDeadError])
+		if n, ok := integer(h[wire.HeaderDeadAttempts]); ok && n > 0 && n <= 1<<31 {
+			m.Attempts = int(n)
+		}
+		m.DeadBy = d.UserId
+		m.UserID = ""
+		if d.UserId != "" {
+			m.UserID = text(h[wire.HeaderUserID])
+		}
+	case direct:
+		if u, ok := h[wire.HeaderUserID]; ok {
+			m.UserID = text(u)
+		}
 	}
-	death := latestDeath(h)
 	if m.Queue == "" {
 		m.Queue = death.Queue
 	}
@@ -118,7 +175,10 @@ func messageOf(d amqp.Delivery, dead bool) Message {
 	m.Node, m.Module, _ = splitModuleQueue(m.Queue)
 	// A dead letter's timestamp and x-time say when the event was emitted,
 	// not when it died, so they are no stand-in for the dead time.
-	times := []time.Time{parseTime(text(h[wire.HeaderDeadTime])), death.Time}
+	times := []time.Time{death.Time}
+	if dead && !byBroker {
+		times = []time.Time{parseTime(text(h[wire.HeaderDeadTime]))}
+	}
 	if !dead {
 		times = []time.Time{death.Time, d.Timestamp, parseTime(text(h[wire.HeaderTime]))}
 	}
@@ -135,17 +195,23 @@ func messageOf(d amqp.Delivery, dead bool) Message {
 }
 
 // death is what the broker says about the latest time it dead-lettered a
-// message.
+// message. Exchange is the exchange the message had been published to
+// ("" for the default exchange), when ExchangeKnown.
 type death struct {
-	Queue, Reason string
-	Time          time.Time
+	Queue, Reason, Exchange string
+	ExchangeKnown           bool
+	Time                    time.Time
 }
 
 // latestDeath reads the broker's dead-lettering headers: the first entry of
 // x-death (the most recent one), then x-last-death-* (RabbitMQ 3.13+), then
-// x-first-death-*. Entries of the wrong type are skipped.
-func latestDeath(h amqp.Table) death {
-	var d death
+// x-first-death-*. Entries of the wrong type are skipped. byBroker says
+// whether they name a queue: the broker dead-lettered the message (it
+// always names the queue, first in x-death; the runtime drops those
+// headers from the dead letters it makes, so only a publisher's junk
+// names none).
+func latestDeath(h amqp.Table) (d death, byBroker bool) {
+	defer func() { byBroker = d.Queue != "" }()
 	if list, ok := h["x-death"].([]any); ok {
 		for _, e := range list {
 			t, ok := table(e)
@@ -155,6 +221,7 @@ func latestDeath(h amqp.Table) death {
 			d.Queue = text(t["queue"])
 			d.Reason = text(t["reason"])
 			d.Time, _ = t["time"].(time.Time)
+			d.Exchange, d.ExchangeKnown = textOK(t["exchange"])
 			break
 		}
 	}
@@ -165,8 +232,11 @@ func latestDeath(h amqp.Table) death {
 		if d.Reason == "" {
 			d.Reason = text(h[prefix+"reason"])
 		}
+		if !d.ExchangeKnown {
+			d.Exchange, d.ExchangeKnown = textOK(h[prefix+"exchange"])
+		}
 	}
-	return d
+	return d, byBroker
 }
 
 // splitModuleQueue reads a module queue name, <node>.<module>.events (see
@@ -206,6 +276,15 @@ func text(v any) string {
 		return string(s)
 	}
 	return ""
+}
+
+// textOK is text that also says whether v was text at all.
+func textOK(v any) (string, bool) {
+	switch v.(type) {
+	case string, []byte:
+		return text(v), true
+	}
+	return "", false
 }
 
 // integer reads any AMQP integer header value.

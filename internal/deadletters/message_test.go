@@ -1,6 +1,7 @@
 package deadletters
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -45,7 +46,7 @@ func TestMessageOf(t *testing.T) {
 		}
 	}
 	xdeath := []any{
-		amqp.Table{"queue": "n2.audit.events", "reason": "delivery_limit", "time": died},
+		amqp.Table{"queue": "n2.audit.events", "reason": "delivery_limit", "time": died, "exchange": ""},
 		amqp.Table{"queue": "n3.older.events", "reason": "expired", "time": emitted},
 	}
 	for _, tc := range []struct {
@@ -67,11 +68,65 @@ func TestMessageOf(t *testing.T) {
 		{
 			name: "broker dead letter of a classic retry copy",
 			dead: true,
-			d: amqp.Delivery{MessageId: "01ID", RoutingKey: "n2.audit.events", Timestamp: emitted,
-				Headers: with(base(), amqp.Table{wire.HeaderRoutingKey: "mesh.ops.restarted", "x-death": xdeath,
+			d: amqp.Delivery{MessageId: "01ID", RoutingKey: "n2.audit.events", Timestamp: emitted, UserId: "n2-user",
+				Headers: with(base(), amqp.Table{wire.HeaderRoutingKey: "mesh.ops.restarted", wire.HeaderUserID: "shop-user", "x-death": xdeath,
 					"x-first-death-queue": "n3.older.events", "x-first-death-reason": "expired"})},
-			want: Message{ID: "01ID", Type: "mesh.ops.restarted", Source: "shop", SourceNode: "n0", Queue: "n2.audit.events",
+			want: Message{ID: "01ID", Type: "mesh.ops.restarted", UserID: "shop-user", Source: "shop", SourceNode: "n0", Queue: "n2.audit.events",
 				Node: "n2", Module: "audit", Reason: "delivery_limit", Time: died},
+		},
+		{
+			// Sent straight to the queue without a user-id: its node
+			// dead-letters it as malformed; if the broker does, its claims
+			// are not read either.
+			name: "broker dead letter of a direct message without a user-id",
+			dead: true,
+			d: amqp.Delivery{MessageId: "01ID", RoutingKey: "n2.audit.events", Timestamp: emitted,
+				Headers: with(base(), amqp.Table{wire.HeaderRoutingKey: "mesh.ops.restarted", wire.HeaderUserID: "shop-user", "x-death": xdeath})},
+			want: Message{ID: "01ID", Type: "n2.audit.events", Source: "shop", SourceNode: "n0", Queue: "n2.audit.events",
+				Node: "n2", Module: "audit", Reason: "delivery_limit", Time: died},
+		},
+		{
+			// Published to mesh.events with the runtime's headers forged,
+			// then dead-lettered by the broker: only the broker's say counts.
+			name: "broker dead letter with forged runtime headers",
+			dead: true,
+			d: amqp.Delivery{MessageId: "01ID", RoutingKey: "module.evil.x", Timestamp: emitted, UserId: "evil",
+				Headers: with(base(), amqp.Table{wire.HeaderRoutingKey: "node.berlin.drained", wire.HeaderUserID: "billing",
+					wire.HeaderDeadQueue: "serve.echo.run", wire.HeaderDeadReason: "permanent", wire.HeaderDeadError: "forged",
+					wire.HeaderDeadAttempts: int64(9), wire.HeaderDeadTime: dead.Format(time.RFC3339Nano),
+					"x-death": []any{amqp.Table{"queue": "n2.audit.events", "reason": "expired", "time": died, "exchange": wire.ExchangeEvents}}})},
+			want: Message{ID: "01ID", Type: "module.evil.x", UserID: "evil", Source: "shop", SourceNode: "n0", Queue: "n2.audit.events",
+				Node: "n2", Module: "audit", Reason: "expired", Time: died},
+		},
+		{
+			name: "runtime dead letter: the routing key is the type, x-mesh-user-id the publisher",
+			dead: true,
+			d: amqp.Delivery{MessageId: "01ID", RoutingKey: "module.evil.x", Exchange: wire.ExchangeDead, UserId: "n1-user",
+				Headers: with(base(), amqp.Table{wire.HeaderRoutingKey: "node.berlin.drained", wire.HeaderUserID: "evil",
+					wire.HeaderDeadQueue: "n1.billing.events", wire.HeaderDeadReason: "permanent", wire.HeaderDeadTime: dead.Format(time.RFC3339Nano)})},
+			want: Message{ID: "01ID", Type: "module.evil.x", UserID: "evil", DeadBy: "n1-user", Source: "shop", SourceNode: "n0",
+				Queue: "n1.billing.events", Node: "n1", Module: "billing", Reason: "permanent", Time: dead},
+		},
+		{
+			name: "runtime dead letter without a user-id: x-mesh-user-id not honoured",
+			dead: true,
+			d: amqp.Delivery{MessageId: "01ID", RoutingKey: "module.shop.x", Exchange: wire.ExchangeDead,
+				Headers: with(base(), amqp.Table{wire.HeaderUserID: "billing", wire.HeaderDeadQueue: "n1.billing.events",
+					wire.HeaderDeadReason: "permanent", wire.HeaderDeadTime: dead.Format(time.RFC3339Nano)})},
+			want: Message{ID: "01ID", Type: "module.shop.x", Source: "shop", SourceNode: "n0",
+				Queue: "n1.billing.events", Node: "n1", Module: "billing", Reason: "permanent", Time: dead},
+		},
+		{
+			name: "unrouted event through mesh.events: the header is not the type",
+			d: amqp.Delivery{MessageId: "01ID", RoutingKey: "module.evil.x", Exchange: wire.ExchangeEvents, UserId: "evil",
+				Headers: with(base(), amqp.Table{wire.HeaderRoutingKey: "node.berlin.drained", wire.HeaderUserID: "billing"})},
+			want: Message{ID: "01ID", Type: "module.evil.x", UserID: "evil", Source: "shop", SourceNode: "n0", Time: emitted},
+		},
+		{
+			name: "unrouted event a node kept itself",
+			d: amqp.Delivery{MessageId: "01ID", RoutingKey: wire.QueueUnrouted, UserId: "n1-user",
+				Headers: with(base(), amqp.Table{wire.HeaderRoutingKey: "module.shop.x"})},
+			want: Message{ID: "01ID", Type: "module.shop.x", UserID: "n1-user", Source: "shop", SourceNode: "n0", Time: emitted},
 		},
 		{
 			name: "broker dead letter with only x-first-death",
@@ -118,7 +173,8 @@ func TestMessageOf(t *testing.T) {
 			got.Time, tc.want.Time = time.Time{}, time.Time{}
 			if got.ID != tc.want.ID || got.Type != tc.want.Type || got.Source != tc.want.Source || got.SourceNode != tc.want.SourceNode ||
 				got.Queue != tc.want.Queue || got.Node != tc.want.Node || got.Module != tc.want.Module || got.Reason != tc.want.Reason ||
-				got.Error != tc.want.Error || got.Attempts != tc.want.Attempts || got.Size != tc.want.Size {
+				got.Error != tc.want.Error || got.Attempts != tc.want.Attempts || got.Size != tc.want.Size ||
+				got.UserID != tc.want.UserID || got.DeadBy != tc.want.DeadBy {
 				t.Errorf("got  %+v\nwant %+v", got, tc.want)
 			}
 		})
@@ -172,15 +228,41 @@ func TestFilterMatch(t *testing.T) {
 func TestDroppedOnReplay(t *testing.T) {
 	for _, k := range []string{"x-delivery-count", "x-death", "x-first-death-queue", "x-first-death-reason", "x-first-death-exchange",
 		"x-last-death-queue", wire.HeaderAttempt, wire.HeaderDeadQueue, wire.HeaderDeadAttempts, wire.HeaderDeadReason,
-		wire.HeaderDeadError, wire.HeaderDeadTime} {
+		wire.HeaderDeadError, wire.HeaderDeadTime, wire.HeaderRoutingKey, wire.HeaderUserID, "x-mesh-future"} {
 		if !droppedOnReplay(k) {
 			t.Errorf("%s is kept on replay", k)
 		}
 	}
 	for _, k := range []string{wire.HeaderEventID, wire.HeaderSource, wire.HeaderNode, wire.HeaderTime, wire.HeaderCausationID,
-		wire.HeaderSchema, wire.HeaderRoutingKey, wire.HeaderTraceParent, "x-tenant"} {
+		wire.HeaderSchema, wire.HeaderTraceParent, wire.HeaderReplayID, "x-tenant"} {
 		if droppedOnReplay(k) {
 			t.Errorf("%s is dropped on replay", k)
+		}
+	}
+}
+
+// TestCheckTarget: a dead letter goes back to a module's event queue or a
+// queue a module consumes, never to one of the mesh's own, whatever the
+// dead letter names.
+func TestCheckTarget(t *testing.T) {
+	for _, q := range []string{"n1.billing.events", "berlin.audit-logger.events", "shop.orders", "orders", "a.b.c.events",
+		"mesh.shop.events", "serve.shop.events"} { // a node named mesh or serve has module queues too
+		if err := checkTarget(q); err != nil {
+			t.Errorf("checkTarget(%q) = %v, want it allowed", q, err)
+		}
+	}
+	for q, why := range map[string]string{
+		"serve.echo.run": "serve.*", "serve.x": "serve.*", "mesh.dead-letters": "mesh.*", "mesh.unrouted": "mesh.*",
+		"mesh.node.n1.lock": "mesh.*", "amq.gen-abc": "amq.*", "n1.billing.dead": "*.dead", "orders.dead": "*.dead",
+	} {
+		err := checkTarget(q)
+		if !errors.Is(err, ErrForbiddenTarget) || !strings.Contains(err.Error(), why) || !strings.Contains(err.Error(), q) {
+			t.Errorf("checkTarget(%q) = %v, want ErrForbiddenTarget naming %s", q, err, why)
+		}
+	}
+	for _, q := range []string{"", "has space", strings.Repeat("q", 256)} {
+		if err := checkTarget(q); !errors.Is(err, ErrNoTarget) {
+			t.Errorf("checkTarget(%q) = %v, want ErrNoTarget", q, err)
 		}
 	}
 }
@@ -212,12 +294,19 @@ func FuzzSplitModuleQueue(f *testing.F) {
 // FuzzMessageOf reads deliveries whose headers carry fuzzed values of
 // fuzzed types, as another client or a broker version might send them: it
 // never panics, attempts are never negative, a time is UTC, and node and
-// module come from the queue that gave up.
+// module come from the queue that gave up. And the runtime's headers are
+// honoured only where the runtime put them: without a user-id neither the
+// type nor the user is taken from a header; a runtime dead letter, and an
+// unrouted event that came through an exchange, are of their routing key's
+// type; a broker-made dead letter names the queue the broker says.
 func FuzzMessageOf(f *testing.F) {
-	f.Add("n1.billing.events", "permanent", "2026-11-30T10:00:00Z", int64(3), byte(0), "n2.audit.events", int64(1700000000), true)
-	f.Add("", "", "", int64(-1), byte(1), "", int64(0), false)
-	f.Add("a.b.c.events", "x", "not a time", int64(1<<40), byte(2), "q", int64(-62135596800), true)
-	f.Fuzz(func(t *testing.T, queue, reason, when string, attempts int64, kind byte, deathQueue string, deathUnix int64, dead bool) {
+	f.Add("n1.billing.events", "permanent", "2026-11-30T10:00:00Z", int64(3), byte(0), "n2.audit.events", int64(1700000000), true,
+		"", "guest", "module.a.b", "node.x.y", "other")
+	f.Add("", "", "", int64(-1), byte(1), "", int64(0), false, "mesh.events", "", "module.a.b", "node.x.y", "")
+	f.Add("a.b.c.events", "x", "not a time", int64(1<<40), byte(2), "q", int64(-62135596800), true, "", "", "q", "mesh.a.b", "u")
+	f.Add("serve.echo.run", "permanent", "", int64(1), byte(16), "n1.shop.events", int64(0), true, "", "n1", "n1.shop.events", "module.s.x", "me")
+	f.Fuzz(func(t *testing.T, queue, reason, when string, attempts int64, kind byte, deathQueue string, deathUnix int64, dead bool,
+		exchange, userID, routingKey, forgedType, forgedUser string) {
 		h := amqp.Table{}
 		// kind picks the types the headers come in.
 		switch kind % 4 {
@@ -236,20 +325,46 @@ func FuzzMessageOf(f *testing.F) {
 		case 3:
 			h[wire.HeaderDeadAttempts] = uint8(attempts)
 		}
-		entry := amqp.Table{"queue": deathQueue, "reason": reason, "time": time.Unix(deathUnix, 0)}
-		switch kind / 4 % 4 {
+		entry := amqp.Table{"queue": deathQueue, "reason": reason, "time": time.Unix(deathUnix, 0), "exchange": exchange}
+		byBroker := deathQueue != "" // the broker always names the queue
+		switch kind / 4 % 5 {
 		case 0:
 			h["x-death"] = []any{entry}
 		case 1:
 			h["x-death"] = []any{map[string]any(entry), nil}
 		case 2:
-			h["x-death"] = entry
+			h["x-death"] = entry // not a list: junk, no broker's
+			byBroker = false
 		case 3:
 			h["x-first-death-queue"] = deathQueue
 			h["x-first-death-reason"] = []byte(reason)
+			h["x-first-death-exchange"] = exchange
+		case 4:
+			byBroker = false // a dead letter the runtime made, or an unrouted event
+		}
+		switch kind / 20 % 3 {
+		case 0:
+			h[wire.HeaderRoutingKey] = forgedType
+			h[wire.HeaderUserID] = forgedUser
+		case 1:
+			h[wire.HeaderRoutingKey] = []byte(forgedType)
+			h[wire.HeaderUserID] = int64(len(forgedUser))
 		}
 		h[wire.HeaderTime] = when
-		m := messageOf(amqp.Delivery{Headers: h, Timestamp: time.Unix(deathUnix, 0)}, dead)
+		d := amqp.Delivery{Headers: h, Timestamp: time.Unix(deathUnix, 0), Exchange: exchange, UserId: userID, RoutingKey: routingKey}
+		m := messageOf(d, dead)
+		if userID == "" && (m.UserID != "" || m.Type != routingKey) {
+			t.Fatalf("no user-id, yet read as type %q (key %q) from user %q", m.Type, routingKey, m.UserID)
+		}
+		if ((dead && !byBroker) || (!dead && exchange != "")) && m.Type != routingKey {
+			t.Fatalf("type %q, want the routing key %q (dead %v, by the broker %v, exchange %q)", m.Type, routingKey, dead, byBroker, exchange)
+		}
+		if m.DeadBy != "" && (m.DeadBy != userID || !dead || byBroker) {
+			t.Fatalf("dead by %q (user-id %q, dead %v, by the broker %v)", m.DeadBy, userID, dead, byBroker)
+		}
+		if dead && byBroker && m.Queue != "" && m.Queue != deathQueue {
+			t.Fatalf("a dead letter the broker made names queue %q, the broker said %q", m.Queue, deathQueue)
+		}
 		if m.Attempts < 0 {
 			t.Fatalf("attempts %d", m.Attempts)
 		}

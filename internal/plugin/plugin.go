@@ -82,6 +82,26 @@ func (p *grpcPlugin) GRPCClient(_ context.Context, b *goplugin.GRPCBroker, c *gr
 // refuses an ungranted Serve when it is made, as in-process.
 const EnvToolGrants = "MESH_MODULE_TOOL_GRANTS"
 
+// EnvMaxMessageBytes is the environment variable meshd sets on a module
+// process to the size in bytes of the largest message it accepts from the
+// process (an emit batch, an outcome batch, an answer): the process cuts
+// its batches to fit.
+const EnvMaxMessageBytes = "MESH_MODULE_MAX_MESSAGE_BYTES"
+
+// MaxMessageBytesFromEnv reads EnvMaxMessageBytes; def when it is not set
+// or not a positive number.
+func MaxMessageBytesFromEnv(def int) int {
+	n, err := strconv.Atoi(os.Getenv(EnvMaxMessageBytes))
+	if err != nil || n <= 0 {
+		return def
+	}
+	return n
+}
+
+// EnvModuleDir is the environment variable meshd sets on a module process
+// to the directory of its own, for what it stores (sdk/process.Dir).
+const EnvModuleDir = "MESH_MODULE_DIR"
+
 // EnvSettings is the environment variable meshd sets on a module process
 // to the module's own settings (its config: in meshd's config), as JSON.
 const EnvSettings = "MESH_MODULE_SETTINGS"

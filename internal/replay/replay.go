@@ -2,6 +2,9 @@
 // again: with their original ids, headers and bodies plus an x-replay-id
 // header naming the replay, persistent and confirmed by the broker, at a
 // chosen pace, to mesh.events (every subscriber) or to one module's queue.
+// Each goes out under the replaying connection's broker user (its user-id,
+// which the broker checks), so a replayed event says who replayed it; the
+// original publisher's user rides along in x-mesh-user-id.
 //
 // What is replayed is fixed when the replay starts: Run takes the log's
 // newest Seq as the cutoff and never sends an event stored after it, so a
@@ -33,6 +36,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/meshkit/mesh/internal/amqpmsg"
 	"github.com/meshkit/mesh/internal/wire"
 )
 
@@ -45,6 +49,9 @@ type Event struct {
 	// Time is its emit time (x-time): the pace "original" keeps the
 	// spacing of these.
 	Time time.Time
+	// UserID is the broker user that published it, as recorded: a replay
+	// keeps it in x-mesh-user-id, and publishes as its own user.
+	UserID string
 }
 
 // Sent is one event a replay sent, and when.
@@ -154,6 +161,10 @@ func Run(ctx context.Context, conn *amqp.Connection, log Log, o Options) (Result
 	progress(0)
 	var pub *publisher
 	if !o.DryRun {
+		user := amqpmsg.ConnUser(conn)
+		if user == "" {
+			return res, errors.New("replay: cannot tell the connection's broker user, which each replayed event names in its user-id (dial with a user in the URL: PLAIN)")
+		}
 		if o.Queue != "" {
 			if err := queueExists(conn, o.Queue); err != nil {
 				return res, err
@@ -162,6 +173,7 @@ func Run(ctx context.Context, conn *amqp.Connection, log Log, o Options) (Result
 		if pub, err = newPublisher(conn); err != nil {
 			return res, err
 		}
+		pub.user = user
 		defer pub.close()
 	}
 	pc := pacer{pace: o.Pace, sleep: sleepCtx, now: time.Now}
@@ -202,10 +214,12 @@ func Run(ctx context.Context, conn *amqp.Connection, log Log, o Options) (Result
 }
 
 // message is what goes on the wire for ev: its recorded headers (the
-// runtime's own x-mesh- bookkeeping left out), the replay's id, and the
-// properties the contract asks for.
-func message(ev Event, replayID, queue string) amqp.Publishing {
-	headers := make(amqp.Table, len(ev.Headers)+2)
+// runtime's own x-mesh- bookkeeping left out), the replay's id, the
+// original publisher's user in x-mesh-user-id, the replaying user as the
+// user-id (the broker checks it: a replayed event says who replayed it),
+// and the properties the contract asks for.
+func message(ev Event, replayID, queue, user string) amqp.Publishing {
+	headers := make(amqp.Table, len(ev.Headers)+3)
 	for k, v := range ev.Headers {
 		if strings.HasPrefix(k, "x-mesh-") || k == "content-type" {
 			continue
@@ -213,9 +227,12 @@ func message(ev Event, replayID, queue string) amqp.Publishing {
 		headers[k] = v
 	}
 	headers[wire.HeaderReplayID] = replayID
+	headers[wire.HeaderUserID] = ev.UserID
 	if queue != "" {
-		headers[wire.HeaderRoutingKey] = ev.Type // the runtime reads the type from it on a direct send
+		// The runtime reads the type from it on a direct send with a
+		// user-id.
+		headers[wire.HeaderRoutingKey] = ev.Type
 	}
 	return amqp.Publishing{Headers: headers, ContentType: wire.ContentTypeJSON, DeliveryMode: amqp.Persistent,
-		MessageId: ev.ID, Timestamp: ev.Time, Body: ev.Body}
+		MessageId: ev.ID, Timestamp: ev.Time, UserId: user, Body: ev.Body}
 }

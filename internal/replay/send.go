@@ -86,6 +86,7 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 type publisher struct {
 	ch      *amqp.Channel
 	returns chan amqp.Return
+	user    string // the connection's broker user, every send's user-id
 }
 
 func newPublisher(conn *amqp.Connection) (*publisher, error) {
@@ -126,7 +127,7 @@ func (p *publisher) send(ctx context.Context, pc *pacer, chunk []Event, replayID
 		if k == "" {
 			k = ev.Type
 		}
-		dc, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, k, true, false, message(ev, replayID, queue))
+		dc, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, k, true, false, message(ev, replayID, queue, p.user))
 		if err != nil {
 			sendErr = fmt.Errorf("send %s: %w", ev.ID, err)
 			break

@@ -31,6 +31,9 @@ type Entry struct {
 type Recorder struct {
 	module string
 	grants []string // tool patterns the module may serve; nil: no limit
+	// consumeGrants are the queue name patterns the module may consume;
+	// nil: no limit.
+	consumeGrants []string
 
 	mu       sync.Mutex
 	fixed    bool
@@ -74,6 +77,14 @@ func (r *Recorder) Serve(key string, h any) error {
 	return r.add(&r.tools, "serve", "tool already served", Entry{Key: key, Handler: h})
 }
 
+// GrantConsumes limits Consume to the queues whose names the topic
+// patterns match (nil: no limit). Call it before Setup runs.
+func (r *Recorder) GrantConsumes(patterns []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.consumeGrants = patterns
+}
+
 // MaxConsumePrefetch bounds a consumed queue's prefetch.
 const MaxConsumePrefetch = 1000
 
@@ -88,6 +99,13 @@ func (r *Recorder) Consume(queue string, prefetch int, h any) error {
 	}
 	if prefetch < 1 || prefetch > MaxConsumePrefetch {
 		return fmt.Errorf("consume %q: %w: prefetch %d is not from 1 to %d", queue, wire.ErrInvalid, prefetch, MaxConsumePrefetch)
+	}
+	r.mu.Lock()
+	grants := r.consumeGrants
+	r.mu.Unlock()
+	if grants != nil && !slices.ContainsFunc(grants, func(g string) bool { return wire.MatchPattern(g, queue) }) {
+		return fmt.Errorf("consume %q: %w: module %s may consume only the queues its node config grants it, and %q is not among %q "+
+			"(add it to consumes: of the module's entry in mesh.yaml)", queue, wire.ErrForbidden, r.module, queue, grants)
 	}
 	return r.add(&r.consumes, "consume", "queue already consumed", Entry{Key: queue, Handler: h, Prefetch: prefetch})
 }

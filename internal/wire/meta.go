@@ -41,10 +41,13 @@ type Meta struct {
 	// excepted), formatted as text.
 	Extra map[string]string
 	// Attempt is the runtime's attempt counter on a classic queue (0 when
-	// absent).
+	// absent), as the header says: a consumer counts it only on a copy its
+	// node sent itself (see HeaderAttempt).
 	Attempt int
-	// RoutingKey is the original routing key of an event the runtime
-	// republished straight to a queue ("" when absent).
+	// RoutingKey is the original routing key of an event sent straight to
+	// a queue ("" when absent), as the header says: a consumer takes it
+	// for the type only where the runtime honours it (see
+	// HeaderRoutingKey), never on a delivery through an exchange.
 	RoutingKey string
 }
 

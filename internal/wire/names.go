@@ -41,15 +41,37 @@ const (
 )
 
 // Headers the runtime adds for its own bookkeeping. They start with x-mesh-
-// so they never collide with an emitter's own x- headers.
+// so they never collide with an emitter's own x- headers, and they are
+// honoured only where the runtime put them (SPEC §6, ADR 1 "Headers the
+// runtime owns"): anyone may publish any header, so a consumer never takes
+// one from a message that came through an exchange (mesh.events carries
+// every emitter's messages), only from one sent straight to its queue
+// through the default exchange by a publisher the broker verified (the
+// user-id property), as the node's own retries and meshctl's replays are.
 const (
 	// HeaderAttempt is the number of attempts already made on a classic
 	// queue, which counts nothing itself (the runtime republishes a failed
-	// event with this header raised by one).
+	// event with this header raised by one). Honoured only on a message
+	// the node itself sent straight to the queue (user-id its own).
 	HeaderAttempt = "x-mesh-attempt"
-	// HeaderRoutingKey keeps the original routing key on an event the
-	// runtime republished straight to a queue.
+	// HeaderRoutingKey keeps the original routing key, the event type, on
+	// an event sent straight to a queue (the default exchange's routing key
+	// is the queue's name): a classic-queue retry, a replay to one queue,
+	// an event a node kept in mesh.unrouted itself. Honoured only on a
+	// message that came through the default exchange with a user-id; one
+	// without a user-id that carries it is dead-lettered as malformed. A
+	// message through an exchange is of its routing key's type, whatever
+	// this header says.
 	HeaderRoutingKey = "x-mesh-routing-key"
+	// HeaderUserID keeps the user-id of the original publisher on a
+	// message the runtime or meshctl publishes again under its own broker
+	// user (the broker refuses a user-id other than the publishing
+	// connection's): a classic-queue retry, a dead letter, a replay. ""
+	// says the original had none. A node honours it only on a message it
+	// sent straight to its own queue (through the default exchange, with
+	// its own user-id); a dead letter's is honoured when the dead letter
+	// carries a user-id (the dead-lettering node's, deadletters.Message).
+	HeaderUserID = "x-mesh-user-id"
 
 	// HeaderDeadQueue names the queue that gave up on a dead letter.
 	HeaderDeadQueue = "x-mesh-dead-queue"

@@ -122,4 +122,5 @@ const (
 	CodeFailed         = "failed"          // the handler returned another error
 	CodeInternal       = "internal"        // the handler panicked or its response could not be encoded
 	CodeInvalidRequest = "invalid_request" // the request broke the wire contract
+	CodeForbidden      = "forbidden"       // the tool's callers do not include the caller
 )

@@ -89,7 +89,11 @@ func (d *Dispatcher) Module() sdk.Module {
 	for _, t := range d.cfg.Triggers {
 		calls = append(calls, t.Tool)
 	}
-	return sdk.Module{Name: d.cfg.Name, Kind: sdk.KindDispatcher, Emits: []string{"fired"}, Calls: calls, Setup: func(m sdk.Mesh) error {
+	// Pausing a trigger stops work, and its firings tell what it handed
+	// on: by default only the operator (meshctl) may call its tools; a
+	// node config may grant more (callers:).
+	callers := map[string][]string{"dispatcher.*": {"meshctl"}}
+	return sdk.Module{Name: d.cfg.Name, Kind: sdk.KindDispatcher, Emits: []string{"fired"}, Calls: calls, Callers: callers, Setup: func(m sdk.Mesh) error {
 		paused, err := d.fires.paused(context.Background())
 		if err != nil {
 			return err

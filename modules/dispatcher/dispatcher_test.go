@@ -117,7 +117,7 @@ func (w *world) fires(t *testing.T, trigger string) []dispatcher.Fire {
 	var all []dispatcher.Fire
 	for after := int64(0); ; {
 		var page dispatcher.FiresResponse
-		if err := w.node.Call(w.ctx, "test", dispatcher.ToolFires, dispatcher.FiresRequest{Trigger: trigger, After: after}, &page); err != nil {
+		if err := w.node.Call(w.ctx, "meshctl", dispatcher.ToolFires, dispatcher.FiresRequest{Trigger: trigger, After: after}, &page); err != nil {
 			t.Fatal(err)
 		}
 		all = append(all, page.Fires...)
@@ -443,7 +443,7 @@ func TestPauseResume(t *testing.T) {
 	m := start()
 	call := func(tool, trigger string) (dispatcher.PauseResponse, error) {
 		var r dispatcher.PauseResponse
-		err := w.node.Call(w.ctx, "test", tool, dispatcher.PauseRequest{Trigger: trigger}, &r)
+		err := w.node.Call(w.ctx, "meshctl", tool, dispatcher.PauseRequest{Trigger: trigger}, &r)
 		return r, err
 	}
 	if r, err := call(dispatcher.ToolPause, "orders"); err != nil || !r.Paused {

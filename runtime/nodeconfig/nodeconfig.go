@@ -21,7 +21,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
+	"strings"
 	"time"
 
 	"gopkg.in/yaml.v3"
@@ -37,7 +39,10 @@ type File struct {
 	// AMQPURLs are more addresses of the broker, the nodes of a cluster
 	// (runtime.Config.AMQPURLs).
 	AMQPURLs []string `yaml:"amqp_urls"`
-	StateDir string   `yaml:"state_dir"`
+	// AMQPPasswordFile holds the broker user's password, set into every
+	// broker URL by ApplyPasswordFile.
+	AMQPPasswordFile string `yaml:"amqp_password_file"`
+	StateDir         string `yaml:"state_dir"`
 	// HTTPAddr serves /healthz and /readyz when set (host:port).
 	HTTPAddr     string        `yaml:"http_addr"`
 	MaxBodyBytes int           `yaml:"max_body_bytes"`
@@ -78,8 +83,14 @@ type File struct {
 type Module struct {
 	// Name is the name the module must report; a binary that says another
 	// name is refused, so the config cannot silently run the wrong one.
-	Name      string   `yaml:"name"`
-	Kind      string   `yaml:"kind"`
+	Name string `yaml:"name"`
+	Kind string `yaml:"kind"`
+	// User is who the module's process runs as: "" for meshd's own user,
+	// "auto" for a user of its own that meshd picks (as systemd's
+	// DynamicUser does), a user name, "UID[:GID]", or "root". Any but ""
+	// needs meshd to run as root (or with CAP_SETUID and CAP_SETGID);
+	// such a module gets a directory of its own under the state dir.
+	User      string   `yaml:"user"`
 	Path      string   `yaml:"path"`
 	Args      []string `yaml:"args"`
 	QueueType string   `yaml:"queue_type"`
@@ -96,6 +107,20 @@ type Module struct {
 	// Tools are patterns of the tool keys the module may serve; a module
 	// process serves none that are not listed.
 	Tools []string `yaml:"tools"`
+	// Calls are patterns of the tool keys the module may call; a call of
+	// any other is refused by the host (default: none).
+	Calls []string `yaml:"calls"`
+	// Consumes are patterns of the names of existing broker queues the
+	// module may consume (sdk.Mesh.Consume; default: none).
+	Consumes []string `yaml:"consumes"`
+	// DeadLetters are patterns of the event types whose dead letters the
+	// module may receive (a DeadLetters handler; default: none).
+	DeadLetters []string `yaml:"dead_letters"`
+	// Callers says who may call each tool the module serves: tool key
+	// pattern → callers ("billing", "berlin/billing", "*/meshctl",
+	// "user:ops"). It replaces the module's own default for the tools it
+	// matches; a tool neither names may be called by anyone.
+	Callers map[string][]string `yaml:"callers"`
 	// AllowDuplicates turns off de-duplication by event id for the module.
 	AllowDuplicates bool `yaml:"allow_duplicates"`
 	// AllowUndeclaredEmits lets the module emit event names it does not
@@ -106,6 +131,20 @@ type Module struct {
 	// (sdk/process.Settings). Not taken from defaults.
 	Config any `yaml:"config"`
 }
+
+// checkUser checks the form of a module entry's user: (meshd resolves it
+// when it starts the module).
+func checkUser(u string) error {
+	if strings.ContainsFunc(u, func(r rune) bool { return r <= ' ' || r == 0x7f || r == '/' }) {
+		return fmt.Errorf("%q is not auto, root, a user name or UID[:GID]", u)
+	}
+	return nil
+}
+
+// OperatorCaller is the caller name meshctl's calls carry (x-source): no
+// module may be named so, so "meshctl" in a tool's callers is the
+// operator.
+const OperatorCaller = "meshctl"
 
 // TLS names the PEM files of an amqps:// connection.
 type TLS struct {
@@ -129,6 +168,43 @@ func Load(path string) (File, error) {
 		return f, fmt.Errorf("%s: %w", path, err)
 	}
 	return f, nil
+}
+
+// ApplyPasswordFile reads AMQPPasswordFile, if set, and sets the password
+// it holds (its first line) into AMQPURL and every AMQPURLs (the default
+// URL when neither is set), so the password need not appear in the file,
+// the environment or argv.
+func (f *File) ApplyPasswordFile() error {
+	if f.AMQPPasswordFile == "" {
+		return nil
+	}
+	b, err := os.ReadFile(f.AMQPPasswordFile)
+	if err != nil {
+		return fmt.Errorf("amqp_password_file: %w", err)
+	}
+	password, _, _ := strings.Cut(string(b), "\n")
+	password = strings.TrimSuffix(password, "\r")
+	if password == "" {
+		return fmt.Errorf("amqp_password_file: %s holds no password on its first line", f.AMQPPasswordFile)
+	}
+	set := func(raw string) (string, error) {
+		u, err := url.Parse(raw)
+		if err != nil || u.User == nil {
+			return raw, nil // Validate names what is wrong with the URL
+		}
+		u.User = url.UserPassword(u.User.Username(), password)
+		return u.String(), nil
+	}
+	if f.AMQPURL == "" && len(f.AMQPURLs) == 0 {
+		f.AMQPURL = runtime.DefaultAMQPURL
+	}
+	if f.AMQPURL != "" {
+		f.AMQPURL, _ = set(f.AMQPURL)
+	}
+	for i := range f.AMQPURLs {
+		f.AMQPURLs[i], _ = set(f.AMQPURLs[i])
+	}
+	return nil
 }
 
 // Runtime is the node's runtime configuration from the file.
@@ -159,6 +235,10 @@ func (f File) heartbeatInterval() time.Duration {
 func (m Module) ModuleConfig() runtime.ModuleConfig {
 	mc := m.runtime()
 	mc.ToolGrants = append([]string{}, m.Tools...) // never nil: default deny
+	mc.CallGrants = append([]string{}, mc.CallGrants...)
+	mc.ConsumeGrants = append([]string{}, mc.ConsumeGrants...)
+	mc.DeadLetterGrants = append([]string{}, mc.DeadLetterGrants...)
+	mc.Name = m.Name
 	if m.Config != nil {
 		mc.Settings, _ = json.Marshal(m.Config) // checked by Validate
 	}
@@ -170,6 +250,7 @@ func (m Module) runtime() runtime.ModuleConfig {
 		QueueType: m.QueueType, Prefetch: m.Prefetch, Concurrency: m.Concurrency, MaxAttempts: m.MaxAttempts,
 		HandlerTimeout: m.HandlerTimeout, MaxPriority: m.MaxPriority, EmitGrants: m.EmitGrants,
 		AllowDuplicates: m.AllowDuplicates, AllowUndeclaredEmits: m.AllowUndeclaredEmits,
+		CallGrants: m.Calls, ConsumeGrants: m.Consumes, DeadLetterGrants: m.DeadLetters, Callers: m.Callers,
 	}
 }
 
@@ -185,17 +266,24 @@ func (f File) Validate() error {
 			errs = append(errs, fmt.Errorf("http_addr: %w", err))
 		}
 	}
+	if f.AMQPPasswordFile != "" {
+		if _, err := os.ReadFile(f.AMQPPasswordFile); err != nil {
+			errs = append(errs, fmt.Errorf("amqp_password_file: %w", err))
+		}
+	}
 	if f.Grace < 0 {
 		errs = append(errs, fmt.Errorf("grace: %v is negative", f.Grace))
 	}
-	if f.Defaults.Name != "" || f.Defaults.Path != "" || len(f.Defaults.Args) > 0 || f.Defaults.Config != nil {
-		errs = append(errs, errors.New("defaults: name, path, args and config belong to each module, not to the defaults"))
+	if f.Defaults.Name != "" || f.Defaults.Path != "" || len(f.Defaults.Args) > 0 || f.Defaults.Config != nil || f.Defaults.User != "" {
+		errs = append(errs, errors.New("defaults: name, path, args, user and config belong to each module, not to the defaults"))
 	}
 	names := make(map[string]int)
 	for i, m := range f.Modules {
 		field := fmt.Sprintf("modules[%d]", i)
 		if err := wire.ValidateWord("module name", m.Name); err != nil {
 			errs = append(errs, fmt.Errorf("%s.name: %w", field, err))
+		} else if m.Name == OperatorCaller {
+			errs = append(errs, fmt.Errorf("%s.name: %q is the operator's name as a caller (meshctl); a module may not take it", field, m.Name))
 		} else if j, dup := names[m.Name]; dup {
 			errs = append(errs, fmt.Errorf("%s.name: %q is already modules[%d]", field, m.Name, j))
 		} else {
@@ -205,6 +293,9 @@ func (f File) Validate() error {
 		case "", "dispatcher", "agent":
 		default:
 			errs = append(errs, fmt.Errorf("%s.kind: %q is not dispatcher, agent or empty", field, m.Kind))
+		}
+		if err := checkUser(m.User); err != nil {
+			errs = append(errs, fmt.Errorf("%s.user: %w", field, err))
 		}
 		if m.Path == "" {
 			errs = append(errs, fmt.Errorf("%s.path: is empty", field))

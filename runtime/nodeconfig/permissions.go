@@ -2,7 +2,7 @@ package nodeconfig
 
 import (
 	"fmt"
-	"net/url"
+	neturl "net/url"
 	"regexp"
 	"slices"
 	"strings"
@@ -10,12 +10,13 @@ import (
 	"github.com/meshkit/mesh/internal/wire"
 )
 
-// Permissions are the RabbitMQ permissions a node needs and no more: the
+// Permissions are the RabbitMQ permissions a node (File.Permissions) or
+// the operator's meshctl (OperatorPermissions) needs and no more: the
 // regular expressions of `rabbitmqctl set_permissions` (on the names of
 // exchanges and queues) and of `set_topic_permissions` (on routing keys).
 type Permissions struct {
-	// User is the broker user the node connects as; VHost its virtual
-	// host.
+	// User is the broker user the node (or meshctl) connects as; VHost
+	// its virtual host.
 	User  string `json:"user"`
 	VHost string `json:"vhost"`
 	// Configure, Write and Read match the names of the exchanges and
@@ -37,40 +38,52 @@ type TopicPermission struct {
 	Read     string `json:"read"`
 }
 
-// Permissions computes what node f.Node needs to run the modules of f:
-//   - configure: the mesh's exchanges and keeper queues (every node
-//     declares them, identically), its own lock queue, its modules' queues
-//     (<node>.<module>.events and .dead), the serve queues of the tools
-//     they are granted, and server-named reply queues (amq.gen-*);
+// Permissions computes what node f.Node needs to run the modules of f, and
+// no more. Each name is there for a broker check the node meets
+// (docs/adr/0018-least-privilege.md lists them, operation by operation):
+//   - configure: what it declares: the mesh's exchanges and keeper queues
+//     (every node declares them, identically), its own lock queue, its
+//     modules' queues (<node>.<module>.events and .dead), the serve queues
+//     of the tools they are granted, and server-named queues (amq.gen-*:
+//     reply queues, the membership queue);
 //   - write: the exchanges it publishes to (mesh.events, mesh.rpc,
-//     mesh.events.dead, and the default exchange for replies and classic
-//     retries) and the queues it binds;
-//   - read: the exchanges it binds from and the queues it consumes,
-//     including consumed, existing queues the config cannot name (the
-//     queues of Mesh.Consume, for example a dispatcher's triggers);
-//   - on mesh.events it may publish only node.<node>. keys, its modules'
-//     module.<module>. keys, and the full types their emit_grants allow;
-//     on mesh.rpc it may bind only the tools its modules are granted.
+//     mesh.events.dead, and the default exchange, amq.default, for replies
+//     and classic retries), the alternate and dead-letter exchanges named
+//     by what it declares (the broker checks write on them), and the
+//     queues it binds: the keepers, its own, its serve queues and its
+//     server-named ones (the membership queue);
+//   - read: the exchanges it binds from (mesh.rpc only if it serves
+//     tools), and the queues it consumes: its own, its serve queues,
+//     server-named ones, and existing queues the config cannot name (the
+//     queues of Mesh.Consume, for example a dispatcher's triggers). Not the
+//     keeper queues: a node never consumes them (meshctl does, as the
+//     operator, OperatorPermissions), so it cannot take the mesh's dead
+//     letters or unrouted events;
+//   - on mesh.events it may publish only node.<node>. keys, the reports of
+//     peers it finds unreachable, its modules' module.<module>. keys, and
+//     the full types their emit_grants allow; on mesh.rpc it may publish
+//     only the tools its modules may call (calls:) and bind only the tools
+//     they are granted (tools:). The queues of consumes: are read.
 //
 // user is the broker user; empty takes the one of the first broker
 // address (amqp_url, else the first of amqp_urls).
 func (f File) Permissions(user string, consumed []string) Permissions {
-	p := Permissions{User: user, VHost: "/"}
-	if u, err := url.Parse(f.Runtime().Brokers()[0]); err == nil {
-		if p.User == "" {
-			p.User = u.User.Username()
-		}
-		if v := strings.TrimPrefix(u.Path, "/"); v != "" {
-			if unescaped, err := url.PathUnescape(v); err == nil {
-				p.VHost = unescaped
-			}
-		}
+	urlUser, vhost := BrokerAccount(f.Runtime().Brokers()[0])
+	if user == "" {
+		user = urlUser
 	}
-	var modules, tools, emits []string
+	p := Permissions{User: user, VHost: vhost}
+	var modules, tools, emits, calls, consumes []string
 	for _, m := range f.Modules {
 		modules = append(modules, regexp.QuoteMeta(m.Name))
 		for _, t := range m.Tools {
 			tools = append(tools, PatternRegexp(t))
+		}
+		for _, c := range slices.Concat(f.Defaults.Calls, m.Calls) {
+			calls = append(calls, PatternRegexp(c))
+		}
+		for _, c := range slices.Concat(f.Defaults.Consumes, m.Consumes) {
+			consumes = append(consumes, PatternRegexp(c))
 		}
 		for _, g := range m.EmitGrants {
 			emits = append(emits, PatternRegexp(g))
@@ -78,28 +91,25 @@ func (f File) Permissions(user string, consumed []string) Permissions {
 	}
 	node := regexp.QuoteMeta(f.Node)
 	q := regexp.QuoteMeta
-	exchanges := []string{q(wire.ExchangeEvents), q(wire.ExchangeRPC), q(wire.ExchangeDead)}
-	keepers := []string{q(wire.QueueUnrouted), q(wire.QueueDead)}
-	lock := q(wire.NodeLockQueue(f.Node))
-	var own []string
+	var own []string // the node's queues, which it declares, binds and consumes
 	if len(modules) > 0 {
 		own = append(own, node+`\.(?:`+strings.Join(modules, "|")+`)\.(?:events|dead)`)
 	}
 	if len(tools) > 0 {
 		own = append(own, `serve\.(?:`+strings.Join(tools, "|")+`)`)
 	}
-	reply := `amq\.gen-.*`
-	var reads []string
+	reads := consumes // the queues its modules are granted (consumes:)
 	for _, c := range consumed {
 		reads = append(reads, q(c))
 	}
-	// The alternate exchange needs write too, though the node publishes
-	// nothing to it directly: RabbitMQ checks write on it when mesh.events
-	// is declared with it (measured: 403 without).
-	unrouted := q(wire.ExchangeUnrouted)
-	p.Configure = anyOf(slices.Concat(exchanges, []string{unrouted}, keepers, []string{lock}, own, []string{reply}))
-	p.Write = anyOf(slices.Concat(exchanges, []string{unrouted}, keepers, own, []string{q("amq.default")}))
-	p.Read = anyOf(slices.Concat(exchanges, []string{unrouted}, keepers, own, []string{reply}, reads))
+	// Exchanges it binds from: mesh.rpc only to serve.
+	from := []string{q(wire.ExchangeEvents), q(wire.ExchangeDead), q(wire.ExchangeUnrouted)}
+	if len(tools) > 0 {
+		from = append(from, q(wire.ExchangeRPC))
+	}
+	p.Configure = anyOf(slices.Concat(meshExchanges(), keeperQueues(), []string{q(wire.NodeLockQueue(f.Node))}, own, []string{serverNamed}))
+	p.Write = anyOf(slices.Concat(meshExchanges(), keeperQueues(), own, []string{serverNamed, defaultExchange}))
+	p.Read = anyOf(slices.Concat(from, own, []string{serverNamed}, reads))
 
 	// Its own node.<node>. events, and the reports of peers it finds
 	// unreachable (membership).
@@ -108,15 +118,109 @@ func (f File) Permissions(user string, consumed []string) Permissions {
 		publish = append(publish, `module\.(?:`+strings.Join(modules, "|")+`)\..*`)
 	}
 	publish = append(publish, emits...)
-	serve := `^$` // serves no tool
+	serve := nothing // serves no tool
 	if len(tools) > 0 {
 		serve = anyOf(tools)
 	}
+	call := nothing // calls no tool
+	if len(calls) > 0 {
+		call = anyOf(calls)
+	}
 	p.Topics = []TopicPermission{
 		{Exchange: wire.ExchangeEvents, Write: anyOf(publish), Read: ".*"},
-		{Exchange: wire.ExchangeRPC, Write: ".*", Read: serve},
+		{Exchange: wire.ExchangeRPC, Write: call, Read: serve},
 	}
 	return p
+}
+
+// OperatorPermissions are what meshctl needs as the operator's broker user
+// for its commands that talk to the mesh: emit, tail, call, nodes, graph,
+// audit (query, count, get, trace, export, stats, replay), dispatcher, dlq
+// and unrouted (ls, show, replay, purge). Each connects as an ephemeral
+// node, or browses a keeper queue on a plain connection:
+//   - configure: the mesh's exchanges and keeper queues (meshctl declares
+//     the topology as any node does), and server-named queues (amq.gen-*:
+//     its reply queues and tail's queue). No node's or module's queue: the
+//     operator's user cannot declare, and so delete, them;
+//   - write: mesh.events (emit, replays) and mesh.rpc (call, and the audit
+//     and dispatcher commands, which call tools), mesh.events.unrouted
+//     (the alternate exchange of mesh.events), the keeper queues and
+//     server-named ones (which it binds), and amq.default (dlq replay and
+//     audit replay --target send to one module's queue by name);
+//   - read: mesh.events, mesh.events.dead and mesh.events.unrouted (it binds
+//     from them), the keeper queues (dlq and unrouted browse them), and
+//     server-named queues (replies, tail). No module's queue: it consumes
+//     none;
+//   - on mesh.events it may publish and bind any key (emit takes any full
+//     type, replays keep the events' own, tail any pattern); on mesh.rpc
+//     it may publish any key (call any tool) and bind none (it serves none).
+//
+// topology check and topology print are not among them: check declares a
+// node's own queues, so it runs as the node's user (Permissions) or an
+// administrator.
+func OperatorPermissions(user, vhost string) Permissions {
+	if vhost == "" {
+		vhost = "/"
+	}
+	q := regexp.QuoteMeta
+	return Permissions{
+		User:      user,
+		VHost:     vhost,
+		Configure: anyOf(slices.Concat(meshExchanges(), keeperQueues(), []string{serverNamed})),
+		Write: anyOf(slices.Concat([]string{q(wire.ExchangeEvents), q(wire.ExchangeRPC), q(wire.ExchangeUnrouted)}, keeperQueues(),
+			[]string{serverNamed, defaultExchange})),
+		Read: anyOf(slices.Concat([]string{q(wire.ExchangeEvents), q(wire.ExchangeDead), q(wire.ExchangeUnrouted)}, keeperQueues(),
+			[]string{serverNamed})),
+		Topics: []TopicPermission{
+			{Exchange: wire.ExchangeEvents, Write: ".*", Read: ".*"},
+			{Exchange: wire.ExchangeRPC, Write: ".*", Read: nothing},
+		},
+	}
+}
+
+const (
+	// serverNamed matches the queues the broker names (queue.declare with
+	// an empty name): reply queues, membership's and tail's. The mesh's
+	// are exclusive, so another connection, even of the same user, can
+	// neither consume nor bind them (405 RESOURCE_LOCKED); a client cannot
+	// declare an amq. name itself (403).
+	serverNamed = `amq\.gen-.*`
+	// defaultExchange is the name RabbitMQ checks permissions on for the
+	// default exchange ("").
+	defaultExchange = `amq\.default`
+	// nothing matches no name: a topic permission that allows no key.
+	nothing = `^$`
+)
+
+// meshExchanges are the mesh's exchanges, as regular expressions. Every
+// node declares them, and write on mesh.events.unrouted too, though nothing
+// is published to it: RabbitMQ checks write on an alternate exchange when
+// the exchange naming it is declared (measured: 403 without).
+func meshExchanges() []string {
+	q := regexp.QuoteMeta
+	return []string{q(wire.ExchangeEvents), q(wire.ExchangeRPC), q(wire.ExchangeDead), q(wire.ExchangeUnrouted)}
+}
+
+// keeperQueues are the queues that keep dead letters and unrouted events,
+// as regular expressions.
+func keeperQueues() []string {
+	return []string{regexp.QuoteMeta(wire.QueueUnrouted), regexp.QuoteMeta(wire.QueueDead)}
+}
+
+// BrokerAccount is the user and the virtual host ("/" if it names none) of
+// a broker URL; the user is empty if the URL names none or does not parse.
+func BrokerAccount(url string) (user, vhost string) {
+	vhost = "/"
+	u, err := neturl.Parse(url)
+	if err != nil {
+		return "", vhost
+	}
+	if v := strings.TrimPrefix(u.Path, "/"); v != "" {
+		if unescaped, err := neturl.PathUnescape(v); err == nil {
+			vhost = unescaped
+		}
+	}
+	return u.User.Username(), vhost
 }
 
 // anyOf is a regular expression matching a whole name that one of alts

@@ -22,9 +22,13 @@ import (
 // TestLeastPrivilegeOnTheBroker: a node whose broker user has exactly the
 // permissions nodeconfig computes for it runs its modules: it declares the
 // topology and its queues, consumes, emits, serves and calls a tool,
-// retries on a classic queue and dead-letters. The same user is refused
-// by RabbitMQ (403) when it publishes another module's or node's events,
-// or declares another node's queue.
+// retries on a classic queue and dead-letters, and tails (a server-named
+// queue it binds, as its membership queue). The same user is refused by
+// RabbitMQ (403) when it publishes another module's or node's events,
+// declares another node's queue, binds another tool's serve queue, or
+// consumes another node's queue or the mesh's keeper queues. (The test
+// of what meshctl prints, for nodes and the operator, with membership
+// between two nodes, is cmd/meshctl's TestPrintedPermissionsOnTheBroker.)
 func TestLeastPrivilegeOnTheBroker(t *testing.T) {
 	url := brokertest.VHost(t)
 	vhost := url[strings.LastIndex(url, "/")+1:]
@@ -32,7 +36,7 @@ func TestLeastPrivilegeOnTheBroker(t *testing.T) {
 	nodeURL := fmt.Sprintf("amqp://%s:%s@%s/%s", user, password, brokertest.Host(), vhost)
 	f := nodeconfig.File{Node: "n1", AMQPURL: nodeURL, Modules: []nodeconfig.Module{
 		{Name: "shop", Tools: []string{"shop.*"}, QueueType: "classic", MaxAttempts: 2},
-		{Name: "mail"},
+		{Name: "mail", DeadLetters: []string{"#"}, Calls: []string{"shop.*"}},
 	}}
 	p := f.Permissions("", nil)
 	if p.User != user || p.VHost != vhost {
@@ -103,6 +107,32 @@ func TestLeastPrivilegeOnTheBroker(t *testing.T) {
 	if _, err := n.Emit(ctx, "n1", "node.n1.joined", 1); err != nil {
 		t.Errorf("emit node.n1.joined: %v", err)
 	}
+	// Tail: a server-named queue, declared, bound (write on it) and
+	// consumed.
+	tailed, tailErr := make(chan string, 1), make(chan error, 1)
+	tailCtx, stopTail := context.WithCancel(ctx)
+	defer stopTail()
+	go func() {
+		tailErr <- n.Tail(tailCtx, "module.mail.#", func() {
+			if _, err := mail.Mesh().Emit(tailCtx, "sent", 2); err != nil {
+				t.Errorf("emit module.mail.sent: %v", err)
+			}
+		}, func(ev runtime.TailedEvent) error {
+			tailed <- ev.Event.Type
+			return errors.New("seen")
+		})
+	}()
+	select {
+	case typ := <-tailed:
+		if typ != "module.mail.sent" {
+			t.Errorf("tail saw %s", typ)
+		}
+		<-tailErr
+	case err := <-tailErr:
+		t.Errorf("tail: %v", err)
+	case <-ctx.Done():
+		t.Fatal("tail saw nothing")
+	}
 	_ = shop
 
 	// What the user may not do, tried on a raw connection of its own.
@@ -149,6 +179,12 @@ func TestLeastPrivilegeOnTheBroker(t *testing.T) {
 		_, err := ch.QueueDeclare("n2.shop.events", true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
 		return err
 	})
+	for _, queue := range []string{wire.QueueDead, wire.QueueUnrouted, "n2.shop.events"} {
+		refused("consume "+queue, func(ch *amqp.Channel) error {
+			_, err := ch.Consume(queue, "", false, false, false, false, nil)
+			return err
+		})
+	}
 	refused("bind serve.billing.charge", func(ch *amqp.Channel) error {
 		if _, err := ch.QueueDeclare("", false, true, true, false, nil); err != nil {
 			return err

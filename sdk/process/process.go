@@ -20,13 +20,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	goplugin "github.com/hashicorp/go-plugin"
 	"google.golang.org/grpc/codes"
@@ -58,6 +61,11 @@ func Settings(v any) error {
 	return nil
 }
 
+// Dir is the directory meshd gave the module for what it stores (its
+// entry runs it as a user of its own: user: in meshd's config), or ""
+// when it has none. The module alone may read and write it.
+func Dir() string { return os.Getenv(plugin.EnvModuleDir) }
+
 // Run serves m as a module process under meshd. It returns an error at
 // once if the process was not started by meshd; otherwise it returns when
 // meshd stops the module, after m.Run (if any) has seen its context
@@ -70,10 +78,11 @@ func Run(m sdk.Module) error {
 	if err != nil {
 		return err
 	}
+	hideFromOtherProcesses()
 	go exitWithParent(os.Getppid())
 	go ignoreStopSignals()
 	runCtx, stop := context.WithCancel(context.Background())
-	s := &moduleServer{module: m, toolGrants: grants, ready: make(chan struct{}), runCtx: runCtx, runDone: make(chan struct{})}
+	s := &moduleServer{module: m, toolGrants: grants, maxMessage: plugin.MaxMessageBytesFromEnv(4 << 20), ready: make(chan struct{}), runCtx: runCtx, runDone: make(chan struct{})}
 	goplugin.Serve(&goplugin.ServeConfig{
 		HandshakeConfig: plugin.Handshake(),
 		Plugins: plugin.Set(func(b *goplugin.GRPCBroker) pb.ModuleServer {
@@ -124,6 +133,9 @@ type moduleServer struct {
 	module     sdk.Module
 	broker     *goplugin.GRPCBroker
 	toolGrants []string // nil: no limit
+	// maxMessage is the largest message meshd takes from the process
+	// (plugin.EnvMaxMessageBytes): emit batches are cut to fit it.
+	maxMessage int
 
 	once     sync.Once
 	mesh     *pluginMesh
@@ -151,6 +163,9 @@ func (s *moduleServer) Describe(context.Context, *pb.Empty) (*pb.Description, er
 		s.mesh.inSetup.Store(false)
 		subs, tools := s.mesh.rec.Fix()
 		s.desc = &pb.Description{Name: s.module.Name, Kind: string(s.module.Kind), Emits: s.module.Emits, Calls: s.module.Calls}
+		for _, tool := range slices.Sorted(maps.Keys(s.module.Callers)) {
+			s.desc.Callers = append(s.desc.Callers, &pb.ToolCallers{Tool: tool, Callers: s.module.Callers[tool]})
+		}
 		for i, e := range subs {
 			h := e.Handler.(sdk.Handler)
 			s.handlers = append(s.handlers, h)
@@ -284,10 +299,28 @@ func (s *moduleServer) handle(d *pb.Delivery) *pb.Outcome {
 	case err == nil:
 		return &pb.Outcome{Seq: d.Seq, Kind: pb.Outcome_OK}
 	case errors.Is(err, sdk.ErrPermanent):
-		return &pb.Outcome{Seq: d.Seq, Kind: pb.Outcome_PERMANENT, Error: err.Error()}
+		return &pb.Outcome{Seq: d.Seq, Kind: pb.Outcome_PERMANENT, Error: errorText(err)}
 	default:
-		return &pb.Outcome{Seq: d.Seq, Kind: pb.Outcome_FAILED, Error: err.Error()}
+		return &pb.Outcome{Seq: d.Seq, Kind: pb.Outcome_FAILED, Error: errorText(err)}
 	}
+}
+
+// maxErrorText bounds an error text the process sends meshd (which cuts
+// longer ones too): a batch of outcomes stays well within the message
+// limit.
+const maxErrorText = 4096
+
+// errorText is err's text, cut to maxErrorText bytes at a rune boundary.
+func errorText(err error) string {
+	s := err.Error()
+	if len(s) <= maxErrorText {
+		return s
+	}
+	n := maxErrorText
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
 }
 
 type emitRequest struct {
@@ -300,9 +333,30 @@ type emitResult struct {
 	err error
 }
 
-// batchEmits sends the module's emits to the host in batches.
+// batchEmits sends the module's emits to the host in batches, each cut to
+// the size meshd takes.
 func (s *moduleServer) batchEmits() {
 	for batch := range plugin.Batches(s.emits, make(chan struct{}), nil) {
+		for len(batch) > 0 {
+			n, size := 0, 0
+			for n < len(batch) && (n == 0 || size+emitSize(batch[n].emit) <= s.maxMessage/2) {
+				size += emitSize(batch[n].emit)
+				n++
+			}
+			s.sendEmits(batch[:n])
+			batch = batch[n:]
+		}
+	}
+}
+
+// emitSize is about what e takes in a message.
+func emitSize(e *pb.Emit) int {
+	return len(e.Body) + len(e.Name) + len(e.Schema) + len(e.CausationId) + len(e.Id) + 64
+}
+
+// sendEmits sends one batch to the host and hands each emit its result.
+func (s *moduleServer) sendEmits(batch []emitRequest) {
+	{
 		req := &pb.EmitBatch{Emits: make([]*pb.Emit, len(batch))}
 		for i, e := range batch {
 			req.Emits[i] = e.emit

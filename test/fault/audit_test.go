@@ -109,7 +109,7 @@ func TestAuditCompleteAcrossFaults(t *testing.T) {
 	mine := store.Filter{Types: []string{"mesh.raw.#", "module.alpha.#", "module.beta.#"}}
 	count := func() int64 {
 		var n int64
-		if err := anchor.Call(ctx, "test", auditlogger.ToolCount, mine, &n); err != nil {
+		if err := anchor.Call(ctx, "meshctl", auditlogger.ToolCount, mine, &n); err != nil {
 			return -1 // the logger or the broker is coming back
 		}
 		return n
@@ -126,7 +126,7 @@ func TestAuditCompleteAcrossFaults(t *testing.T) {
 	found := 0
 	for start := 0; start < len(ids); start += 500 {
 		var n int64
-		if err := anchor.Call(ctx, "test", auditlogger.ToolCount, store.Filter{IDs: ids[start:min(start+500, len(ids))]}, &n); err != nil {
+		if err := anchor.Call(ctx, "meshctl", auditlogger.ToolCount, store.Filter{IDs: ids[start:min(start+500, len(ids))]}, &n); err != nil {
 			t.Fatal(err)
 		}
 		found += int(n)

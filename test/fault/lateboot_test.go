@@ -97,7 +97,16 @@ modules:
 		}
 		t.Fatalf("meshd never answered /healthz with the broker away\n%s", dump())
 	}
-	if code, body := get("/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "not connected") {
+	// /healthz answers as soon as meshd runs; its modules are still
+	// starting (each module process's start, mutual TLS included), which
+	// /readyz says first. Once they are, it names the broker.
+	var code int
+	var body string
+	waitFor(time.Minute, func() bool {
+		code, body = get("/readyz")
+		return !strings.Contains(body, "loading the modules")
+	})
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "not connected") {
 		t.Errorf("/readyz with the broker away: %d %q", code, body)
 	}
 

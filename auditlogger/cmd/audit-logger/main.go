@@ -14,6 +14,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/meshkit/mesh/auditlogger"
@@ -27,8 +28,11 @@ func main() {
 	flag.Int64Var(&opts.MaxBytes, "max-bytes", 0, "drop the oldest events while the rows use more bytes than this (0: no bound)")
 	flag.DurationVar(&opts.PruneEvery, "prune-every", time.Minute, "how often retention runs")
 	flag.Parse()
+	if *db == "" && process.Dir() != "" {
+		*db = filepath.Join(process.Dir(), "audit.db") // its own directory (user: in meshd's config)
+	}
 	if *db == "" {
-		fmt.Fprintln(os.Stderr, "audit-logger: --db PATH is required")
+		fmt.Fprintln(os.Stderr, "audit-logger: --db PATH is required (or a directory of its own: user: auto in meshd's config)")
 		os.Exit(2)
 	}
 	l, err := auditlogger.Open(*db, opts)

@@ -161,7 +161,7 @@ func (x Outcome_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Outcome_Kind.Descriptor instead.
 func (Outcome_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{10, 0}
+	return file_module_proto_rawDescGZIP(), []int{11, 0}
 }
 
 type HoldRequest struct {
@@ -321,7 +321,8 @@ type Description struct {
 	// Existing broker queues it consumes (sdk.Mesh.Consume), in order: the
 	// node delivers the messages of consumes[k] with pattern =
 	// len(patterns) + 1 + k.
-	Consumes      []*Consume `protobuf:"bytes,9,rep,name=consumes,proto3" json:"consumes,omitempty"`
+	Consumes      []*Consume     `protobuf:"bytes,9,rep,name=consumes,proto3" json:"consumes,omitempty"`
+	Callers       []*ToolCallers `protobuf:"bytes,10,rep,name=callers,proto3" json:"callers,omitempty"` // sdk.Module.Callers: who may call its tools by default
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -419,6 +420,65 @@ func (x *Description) GetConsumes() []*Consume {
 	return nil
 }
 
+func (x *Description) GetCallers() []*ToolCallers {
+	if x != nil {
+		return x.Callers
+	}
+	return nil
+}
+
+type ToolCallers struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tool          string                 `protobuf:"bytes,1,opt,name=tool,proto3" json:"tool,omitempty"` // a tool key pattern
+	Callers       []string               `protobuf:"bytes,2,rep,name=callers,proto3" json:"callers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ToolCallers) Reset() {
+	*x = ToolCallers{}
+	mi := &file_module_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ToolCallers) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ToolCallers) ProtoMessage() {}
+
+func (x *ToolCallers) ProtoReflect() protoreflect.Message {
+	mi := &file_module_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ToolCallers.ProtoReflect.Descriptor instead.
+func (*ToolCallers) Descriptor() ([]byte, []int) {
+	return file_module_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ToolCallers) GetTool() string {
+	if x != nil {
+		return x.Tool
+	}
+	return ""
+}
+
+func (x *ToolCallers) GetCallers() []string {
+	if x != nil {
+		return x.Callers
+	}
+	return nil
+}
+
 type Consume struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Queue         string                 `protobuf:"bytes,1,opt,name=queue,proto3" json:"queue,omitempty"`
@@ -431,7 +491,7 @@ type Consume struct {
 
 func (x *Consume) Reset() {
 	*x = Consume{}
-	mi := &file_module_proto_msgTypes[4]
+	mi := &file_module_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -443,7 +503,7 @@ func (x *Consume) String() string {
 func (*Consume) ProtoMessage() {}
 
 func (x *Consume) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[4]
+	mi := &file_module_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -456,7 +516,7 @@ func (x *Consume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Consume.ProtoReflect.Descriptor instead.
 func (*Consume) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{4}
+	return file_module_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Consume) GetQueue() string {
@@ -504,7 +564,7 @@ type ToolRequest struct {
 
 func (x *ToolRequest) Reset() {
 	*x = ToolRequest{}
-	mi := &file_module_proto_msgTypes[5]
+	mi := &file_module_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -516,7 +576,7 @@ func (x *ToolRequest) String() string {
 func (*ToolRequest) ProtoMessage() {}
 
 func (x *ToolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[5]
+	mi := &file_module_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -529,7 +589,7 @@ func (x *ToolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolRequest.ProtoReflect.Descriptor instead.
 func (*ToolRequest) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{5}
+	return file_module_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ToolRequest) GetTool() uint32 {
@@ -608,7 +668,7 @@ type ToolAnswer struct {
 
 func (x *ToolAnswer) Reset() {
 	*x = ToolAnswer{}
-	mi := &file_module_proto_msgTypes[6]
+	mi := &file_module_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -620,7 +680,7 @@ func (x *ToolAnswer) String() string {
 func (*ToolAnswer) ProtoMessage() {}
 
 func (x *ToolAnswer) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[6]
+	mi := &file_module_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -633,7 +693,7 @@ func (x *ToolAnswer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolAnswer.ProtoReflect.Descriptor instead.
 func (*ToolAnswer) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{6}
+	return file_module_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ToolAnswer) GetBody() []byte {
@@ -682,7 +742,7 @@ type StartRequest struct {
 
 func (x *StartRequest) Reset() {
 	*x = StartRequest{}
-	mi := &file_module_proto_msgTypes[7]
+	mi := &file_module_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -694,7 +754,7 @@ func (x *StartRequest) String() string {
 func (*StartRequest) ProtoMessage() {}
 
 func (x *StartRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[7]
+	mi := &file_module_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -707,7 +767,7 @@ func (x *StartRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRequest.ProtoReflect.Descriptor instead.
 func (*StartRequest) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{7}
+	return file_module_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *StartRequest) GetHostBrokerId() uint32 {
@@ -754,7 +814,7 @@ type Delivery struct {
 
 func (x *Delivery) Reset() {
 	*x = Delivery{}
-	mi := &file_module_proto_msgTypes[8]
+	mi := &file_module_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -766,7 +826,7 @@ func (x *Delivery) String() string {
 func (*Delivery) ProtoMessage() {}
 
 func (x *Delivery) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[8]
+	mi := &file_module_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -779,7 +839,7 @@ func (x *Delivery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Delivery.ProtoReflect.Descriptor instead.
 func (*Delivery) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{8}
+	return file_module_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Delivery) GetSeq() uint64 {
@@ -938,7 +998,7 @@ type DeliveryBatch struct {
 
 func (x *DeliveryBatch) Reset() {
 	*x = DeliveryBatch{}
-	mi := &file_module_proto_msgTypes[9]
+	mi := &file_module_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -950,7 +1010,7 @@ func (x *DeliveryBatch) String() string {
 func (*DeliveryBatch) ProtoMessage() {}
 
 func (x *DeliveryBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[9]
+	mi := &file_module_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -963,7 +1023,7 @@ func (x *DeliveryBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeliveryBatch.ProtoReflect.Descriptor instead.
 func (*DeliveryBatch) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{9}
+	return file_module_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DeliveryBatch) GetDeliveries() []*Delivery {
@@ -984,7 +1044,7 @@ type Outcome struct {
 
 func (x *Outcome) Reset() {
 	*x = Outcome{}
-	mi := &file_module_proto_msgTypes[10]
+	mi := &file_module_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -996,7 +1056,7 @@ func (x *Outcome) String() string {
 func (*Outcome) ProtoMessage() {}
 
 func (x *Outcome) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[10]
+	mi := &file_module_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1009,7 +1069,7 @@ func (x *Outcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Outcome.ProtoReflect.Descriptor instead.
 func (*Outcome) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{10}
+	return file_module_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Outcome) GetSeq() uint64 {
@@ -1042,7 +1102,7 @@ type OutcomeBatch struct {
 
 func (x *OutcomeBatch) Reset() {
 	*x = OutcomeBatch{}
-	mi := &file_module_proto_msgTypes[11]
+	mi := &file_module_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1054,7 +1114,7 @@ func (x *OutcomeBatch) String() string {
 func (*OutcomeBatch) ProtoMessage() {}
 
 func (x *OutcomeBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[11]
+	mi := &file_module_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1067,7 +1127,7 @@ func (x *OutcomeBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutcomeBatch.ProtoReflect.Descriptor instead.
 func (*OutcomeBatch) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{11}
+	return file_module_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *OutcomeBatch) GetOutcomes() []*Outcome {
@@ -1096,7 +1156,7 @@ type Emit struct {
 
 func (x *Emit) Reset() {
 	*x = Emit{}
-	mi := &file_module_proto_msgTypes[12]
+	mi := &file_module_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1108,7 +1168,7 @@ func (x *Emit) String() string {
 func (*Emit) ProtoMessage() {}
 
 func (x *Emit) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[12]
+	mi := &file_module_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1121,7 +1181,7 @@ func (x *Emit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Emit.ProtoReflect.Descriptor instead.
 func (*Emit) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{12}
+	return file_module_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Emit) GetName() string {
@@ -1196,7 +1256,7 @@ type EmitBatch struct {
 
 func (x *EmitBatch) Reset() {
 	*x = EmitBatch{}
-	mi := &file_module_proto_msgTypes[13]
+	mi := &file_module_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1208,7 +1268,7 @@ func (x *EmitBatch) String() string {
 func (*EmitBatch) ProtoMessage() {}
 
 func (x *EmitBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[13]
+	mi := &file_module_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1221,7 +1281,7 @@ func (x *EmitBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EmitBatch.ProtoReflect.Descriptor instead.
 func (*EmitBatch) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{13}
+	return file_module_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *EmitBatch) GetEmits() []*Emit {
@@ -1242,7 +1302,7 @@ type EmitResult struct {
 
 func (x *EmitResult) Reset() {
 	*x = EmitResult{}
-	mi := &file_module_proto_msgTypes[14]
+	mi := &file_module_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1254,7 +1314,7 @@ func (x *EmitResult) String() string {
 func (*EmitResult) ProtoMessage() {}
 
 func (x *EmitResult) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[14]
+	mi := &file_module_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1267,7 +1327,7 @@ func (x *EmitResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EmitResult.ProtoReflect.Descriptor instead.
 func (*EmitResult) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{14}
+	return file_module_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *EmitResult) GetId() string {
@@ -1300,7 +1360,7 @@ type EmitResults struct {
 
 func (x *EmitResults) Reset() {
 	*x = EmitResults{}
-	mi := &file_module_proto_msgTypes[15]
+	mi := &file_module_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1312,7 +1372,7 @@ func (x *EmitResults) String() string {
 func (*EmitResults) ProtoMessage() {}
 
 func (x *EmitResults) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[15]
+	mi := &file_module_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1325,7 +1385,7 @@ func (x *EmitResults) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EmitResults.ProtoReflect.Descriptor instead.
 func (*EmitResults) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{15}
+	return file_module_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *EmitResults) GetResults() []*EmitResult {
@@ -1350,7 +1410,7 @@ type CallRequest struct {
 
 func (x *CallRequest) Reset() {
 	*x = CallRequest{}
-	mi := &file_module_proto_msgTypes[16]
+	mi := &file_module_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1362,7 +1422,7 @@ func (x *CallRequest) String() string {
 func (*CallRequest) ProtoMessage() {}
 
 func (x *CallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[16]
+	mi := &file_module_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1375,7 +1435,7 @@ func (x *CallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallRequest.ProtoReflect.Descriptor instead.
 func (*CallRequest) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{16}
+	return file_module_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CallRequest) GetTool() string {
@@ -1426,7 +1486,7 @@ type CallResponse struct {
 
 func (x *CallResponse) Reset() {
 	*x = CallResponse{}
-	mi := &file_module_proto_msgTypes[17]
+	mi := &file_module_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1438,7 +1498,7 @@ func (x *CallResponse) String() string {
 func (*CallResponse) ProtoMessage() {}
 
 func (x *CallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[17]
+	mi := &file_module_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1451,7 +1511,7 @@ func (x *CallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallResponse.ProtoReflect.Descriptor instead.
 func (*CallResponse) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{17}
+	return file_module_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CallResponse) GetBody() []byte {
@@ -1501,7 +1561,7 @@ const file_module_proto_rawDesc = "" +
 	"\n" +
 	"error_kind\x18\x01 \x01(\x0e2\x19.mesh.plugin.v1.ErrorKindR\terrorKind\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\"\a\n" +
-	"\x05Empty\"\x9a\x02\n" +
+	"\x05Empty\"\xd1\x02\n" +
 	"\vDescription\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05emits\x18\x02 \x03(\tR\x05emits\x12\x1a\n" +
@@ -1511,7 +1571,12 @@ const file_module_proto_rawDesc = "" +
 	"\x05tools\x18\x06 \x03(\tR\x05tools\x12-\n" +
 	"\x12duplicates_allowed\x18\a \x03(\rR\x11duplicatesAllowed\x12!\n" +
 	"\fdead_letters\x18\b \x01(\bR\vdeadLetters\x123\n" +
-	"\bconsumes\x18\t \x03(\v2\x17.mesh.plugin.v1.ConsumeR\bconsumes\"m\n" +
+	"\bconsumes\x18\t \x03(\v2\x17.mesh.plugin.v1.ConsumeR\bconsumes\x125\n" +
+	"\acallers\x18\n" +
+	" \x03(\v2\x1b.mesh.plugin.v1.ToolCallersR\acallers\";\n" +
+	"\vToolCallers\x12\x12\n" +
+	"\x04tool\x18\x01 \x01(\tR\x04tool\x12\x18\n" +
+	"\acallers\x18\x02 \x03(\tR\acallers\"m\n" +
 	"\aConsume\x12\x14\n" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x12\x1a\n" +
 	"\bprefetch\x18\x02 \x01(\rR\bprefetch\x12\x12\n" +
@@ -1661,7 +1726,7 @@ func file_module_proto_rawDescGZIP() []byte {
 }
 
 var file_module_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_module_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_module_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_module_proto_goTypes = []any{
 	(ErrorKind)(0),        // 0: mesh.plugin.v1.ErrorKind
 	(Outcome_Kind)(0),     // 1: mesh.plugin.v1.Outcome.Kind
@@ -1669,54 +1734,56 @@ var file_module_proto_goTypes = []any{
 	(*HoldResponse)(nil),  // 3: mesh.plugin.v1.HoldResponse
 	(*Empty)(nil),         // 4: mesh.plugin.v1.Empty
 	(*Description)(nil),   // 5: mesh.plugin.v1.Description
-	(*Consume)(nil),       // 6: mesh.plugin.v1.Consume
-	(*ToolRequest)(nil),   // 7: mesh.plugin.v1.ToolRequest
-	(*ToolAnswer)(nil),    // 8: mesh.plugin.v1.ToolAnswer
-	(*StartRequest)(nil),  // 9: mesh.plugin.v1.StartRequest
-	(*Delivery)(nil),      // 10: mesh.plugin.v1.Delivery
-	(*DeliveryBatch)(nil), // 11: mesh.plugin.v1.DeliveryBatch
-	(*Outcome)(nil),       // 12: mesh.plugin.v1.Outcome
-	(*OutcomeBatch)(nil),  // 13: mesh.plugin.v1.OutcomeBatch
-	(*Emit)(nil),          // 14: mesh.plugin.v1.Emit
-	(*EmitBatch)(nil),     // 15: mesh.plugin.v1.EmitBatch
-	(*EmitResult)(nil),    // 16: mesh.plugin.v1.EmitResult
-	(*EmitResults)(nil),   // 17: mesh.plugin.v1.EmitResults
-	(*CallRequest)(nil),   // 18: mesh.plugin.v1.CallRequest
-	(*CallResponse)(nil),  // 19: mesh.plugin.v1.CallResponse
-	nil,                   // 20: mesh.plugin.v1.ToolRequest.HeadersEntry
-	nil,                   // 21: mesh.plugin.v1.Delivery.HeadersEntry
+	(*ToolCallers)(nil),   // 6: mesh.plugin.v1.ToolCallers
+	(*Consume)(nil),       // 7: mesh.plugin.v1.Consume
+	(*ToolRequest)(nil),   // 8: mesh.plugin.v1.ToolRequest
+	(*ToolAnswer)(nil),    // 9: mesh.plugin.v1.ToolAnswer
+	(*StartRequest)(nil),  // 10: mesh.plugin.v1.StartRequest
+	(*Delivery)(nil),      // 11: mesh.plugin.v1.Delivery
+	(*DeliveryBatch)(nil), // 12: mesh.plugin.v1.DeliveryBatch
+	(*Outcome)(nil),       // 13: mesh.plugin.v1.Outcome
+	(*OutcomeBatch)(nil),  // 14: mesh.plugin.v1.OutcomeBatch
+	(*Emit)(nil),          // 15: mesh.plugin.v1.Emit
+	(*EmitBatch)(nil),     // 16: mesh.plugin.v1.EmitBatch
+	(*EmitResult)(nil),    // 17: mesh.plugin.v1.EmitResult
+	(*EmitResults)(nil),   // 18: mesh.plugin.v1.EmitResults
+	(*CallRequest)(nil),   // 19: mesh.plugin.v1.CallRequest
+	(*CallResponse)(nil),  // 20: mesh.plugin.v1.CallResponse
+	nil,                   // 21: mesh.plugin.v1.ToolRequest.HeadersEntry
+	nil,                   // 22: mesh.plugin.v1.Delivery.HeadersEntry
 }
 var file_module_proto_depIdxs = []int32{
 	0,  // 0: mesh.plugin.v1.HoldResponse.error_kind:type_name -> mesh.plugin.v1.ErrorKind
-	6,  // 1: mesh.plugin.v1.Description.consumes:type_name -> mesh.plugin.v1.Consume
-	20, // 2: mesh.plugin.v1.ToolRequest.headers:type_name -> mesh.plugin.v1.ToolRequest.HeadersEntry
-	21, // 3: mesh.plugin.v1.Delivery.headers:type_name -> mesh.plugin.v1.Delivery.HeadersEntry
-	10, // 4: mesh.plugin.v1.DeliveryBatch.deliveries:type_name -> mesh.plugin.v1.Delivery
-	1,  // 5: mesh.plugin.v1.Outcome.kind:type_name -> mesh.plugin.v1.Outcome.Kind
-	12, // 6: mesh.plugin.v1.OutcomeBatch.outcomes:type_name -> mesh.plugin.v1.Outcome
-	14, // 7: mesh.plugin.v1.EmitBatch.emits:type_name -> mesh.plugin.v1.Emit
-	0,  // 8: mesh.plugin.v1.EmitResult.error_kind:type_name -> mesh.plugin.v1.ErrorKind
-	16, // 9: mesh.plugin.v1.EmitResults.results:type_name -> mesh.plugin.v1.EmitResult
-	0,  // 10: mesh.plugin.v1.CallResponse.error_kind:type_name -> mesh.plugin.v1.ErrorKind
-	4,  // 11: mesh.plugin.v1.Module.Describe:input_type -> mesh.plugin.v1.Empty
-	9,  // 12: mesh.plugin.v1.Module.Start:input_type -> mesh.plugin.v1.StartRequest
-	11, // 13: mesh.plugin.v1.Module.Deliver:input_type -> mesh.plugin.v1.DeliveryBatch
-	7,  // 14: mesh.plugin.v1.Module.Answer:input_type -> mesh.plugin.v1.ToolRequest
-	15, // 15: mesh.plugin.v1.Host.Emit:input_type -> mesh.plugin.v1.EmitBatch
-	18, // 16: mesh.plugin.v1.Host.Call:input_type -> mesh.plugin.v1.CallRequest
-	2,  // 17: mesh.plugin.v1.Host.Hold:input_type -> mesh.plugin.v1.HoldRequest
-	5,  // 18: mesh.plugin.v1.Module.Describe:output_type -> mesh.plugin.v1.Description
-	4,  // 19: mesh.plugin.v1.Module.Start:output_type -> mesh.plugin.v1.Empty
-	13, // 20: mesh.plugin.v1.Module.Deliver:output_type -> mesh.plugin.v1.OutcomeBatch
-	8,  // 21: mesh.plugin.v1.Module.Answer:output_type -> mesh.plugin.v1.ToolAnswer
-	17, // 22: mesh.plugin.v1.Host.Emit:output_type -> mesh.plugin.v1.EmitResults
-	19, // 23: mesh.plugin.v1.Host.Call:output_type -> mesh.plugin.v1.CallResponse
-	3,  // 24: mesh.plugin.v1.Host.Hold:output_type -> mesh.plugin.v1.HoldResponse
-	18, // [18:25] is the sub-list for method output_type
-	11, // [11:18] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	7,  // 1: mesh.plugin.v1.Description.consumes:type_name -> mesh.plugin.v1.Consume
+	6,  // 2: mesh.plugin.v1.Description.callers:type_name -> mesh.plugin.v1.ToolCallers
+	21, // 3: mesh.plugin.v1.ToolRequest.headers:type_name -> mesh.plugin.v1.ToolRequest.HeadersEntry
+	22, // 4: mesh.plugin.v1.Delivery.headers:type_name -> mesh.plugin.v1.Delivery.HeadersEntry
+	11, // 5: mesh.plugin.v1.DeliveryBatch.deliveries:type_name -> mesh.plugin.v1.Delivery
+	1,  // 6: mesh.plugin.v1.Outcome.kind:type_name -> mesh.plugin.v1.Outcome.Kind
+	13, // 7: mesh.plugin.v1.OutcomeBatch.outcomes:type_name -> mesh.plugin.v1.Outcome
+	15, // 8: mesh.plugin.v1.EmitBatch.emits:type_name -> mesh.plugin.v1.Emit
+	0,  // 9: mesh.plugin.v1.EmitResult.error_kind:type_name -> mesh.plugin.v1.ErrorKind
+	17, // 10: mesh.plugin.v1.EmitResults.results:type_name -> mesh.plugin.v1.EmitResult
+	0,  // 11: mesh.plugin.v1.CallResponse.error_kind:type_name -> mesh.plugin.v1.ErrorKind
+	4,  // 12: mesh.plugin.v1.Module.Describe:input_type -> mesh.plugin.v1.Empty
+	10, // 13: mesh.plugin.v1.Module.Start:input_type -> mesh.plugin.v1.StartRequest
+	12, // 14: mesh.plugin.v1.Module.Deliver:input_type -> mesh.plugin.v1.DeliveryBatch
+	8,  // 15: mesh.plugin.v1.Module.Answer:input_type -> mesh.plugin.v1.ToolRequest
+	16, // 16: mesh.plugin.v1.Host.Emit:input_type -> mesh.plugin.v1.EmitBatch
+	19, // 17: mesh.plugin.v1.Host.Call:input_type -> mesh.plugin.v1.CallRequest
+	2,  // 18: mesh.plugin.v1.Host.Hold:input_type -> mesh.plugin.v1.HoldRequest
+	5,  // 19: mesh.plugin.v1.Module.Describe:output_type -> mesh.plugin.v1.Description
+	4,  // 20: mesh.plugin.v1.Module.Start:output_type -> mesh.plugin.v1.Empty
+	14, // 21: mesh.plugin.v1.Module.Deliver:output_type -> mesh.plugin.v1.OutcomeBatch
+	9,  // 22: mesh.plugin.v1.Module.Answer:output_type -> mesh.plugin.v1.ToolAnswer
+	18, // 23: mesh.plugin.v1.Host.Emit:output_type -> mesh.plugin.v1.EmitResults
+	20, // 24: mesh.plugin.v1.Host.Call:output_type -> mesh.plugin.v1.CallResponse
+	3,  // 25: mesh.plugin.v1.Host.Hold:output_type -> mesh.plugin.v1.HoldResponse
+	19, // [19:26] is the sub-list for method output_type
+	12, // [12:19] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_module_proto_init() }
@@ -1730,7 +1797,7 @@ func file_module_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_module_proto_rawDesc), len(file_module_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   20,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -21,6 +21,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 
 	"github.com/meshkit/mesh/modules/dispatcher"
 	"github.com/meshkit/mesh/sdk/process"
@@ -29,6 +30,9 @@ import (
 func main() {
 	var cfg dispatcher.Config
 	err := process.Settings(&cfg)
+	if cfg.Store == "" && process.Dir() != "" {
+		cfg.Store = filepath.Join(process.Dir(), "dispatcher.db") // its own directory (user: in meshd's config)
+	}
 	var d *dispatcher.Dispatcher
 	if err == nil {
 		d, err = dispatcher.Open(cfg)

@@ -1,0 +1,8 @@
+//go:build !unix
+
+package runtime
+
+import "os/exec"
+
+// runAs is not supported here: the process runs as meshd's user.
+func runAs(*exec.Cmd, Credential) {}

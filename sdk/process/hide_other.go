@@ -1,0 +1,7 @@
+//go:build !linux
+
+package process
+
+// hideFromOtherProcesses does nothing where the kernel offers no
+// PR_SET_DUMPABLE.
+func hideFromOtherProcesses() {}

@@ -1,0 +1,253 @@
+// Command evilmodule is a hostile module process for the trust-boundary
+// tests (test/hostile): it speaks the plugin protocol directly, not
+// through sdk/process, so it can send what the sdk would never let a
+// module send, and reports what each attack got to a file.
+//
+// Its settings (MESH_MODULE_SETTINGS) say what to do:
+//
+//	{"attack": "name", "report": "/tmp/x/report.jsonl", ...}
+//
+// Each report line is {"attack": ..., "step": ..., "got": ..., "err": ...}.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	goplugin "github.com/hashicorp/go-plugin"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/meshkit/mesh/internal/plugin"
+	"github.com/meshkit/mesh/internal/plugin/pb"
+)
+
+type settings struct {
+	Attack string `json:"attack"`
+	Report string `json:"report"`
+	// Name is the module name the process claims in Describe.
+	Name string `json:"name"`
+	// Queue, Tool, ID, Pattern are the attack's target.
+	Queue   string `json:"queue"`
+	Tool    string `json:"tool"`
+	ID      string `json:"id"`
+	Pattern string `json:"pattern"`
+	// Size is the size in bytes of what the attack sends.
+	Size int `json:"size"`
+}
+
+var (
+	cfg      settings
+	reportMu sync.Mutex
+)
+
+// report appends one line to the report file.
+func report(step, got string, err error) {
+	reportMu.Lock()
+	defer reportMu.Unlock()
+	line := map[string]string{"attack": cfg.Attack, "step": step, "got": got}
+	if err != nil {
+		line["err"] = err.Error()
+		if len(line["err"]) > 2000 {
+			line["err"] = line["err"][:2000]
+		}
+	}
+	b, _ := json.Marshal(line)
+	f, ferr := os.OpenFile(cfg.Report, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o666)
+	if ferr != nil {
+		fmt.Fprintln(os.Stderr, "evilmodule: report:", ferr)
+		return
+	}
+	defer f.Close()
+	_, _ = f.Write(append(b, '\n'))
+}
+
+func main() {
+	if err := json.Unmarshal([]byte(os.Getenv(plugin.EnvSettings)), &cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "evilmodule: settings:", err)
+		os.Exit(2)
+	}
+	s := &server{}
+	goplugin.Serve(&goplugin.ServeConfig{
+		HandshakeConfig: plugin.Handshake(),
+		Plugins: plugin.Set(func(b *goplugin.GRPCBroker) pb.ModuleServer {
+			s.broker = b
+			return s
+		}),
+		GRPCServer: goplugin.DefaultGRPCServer,
+	})
+}
+
+type server struct {
+	pb.UnimplementedModuleServer
+	broker *goplugin.GRPCBroker
+	host   pb.HostClient
+}
+
+func (s *server) Describe(context.Context, *pb.Empty) (*pb.Description, error) {
+	d := &pb.Description{Name: cfg.Name}
+	switch cfg.Attack {
+	case "consume":
+		d.Consumes = []*pb.Consume{{Queue: cfg.Queue, Prefetch: 1}}
+	case "deadletters":
+		d.DeadLetters = true
+	case "bigerror":
+		d.Patterns = []string{cfg.Pattern}
+	}
+	// A directory of its own, when meshd gave it one: it can keep a file
+	// there.
+	if dir := os.Getenv("MESH_MODULE_DIR"); dir != "" {
+		err := os.WriteFile(filepath.Join(dir, "secret"), []byte("of "+cfg.Name), 0o600)
+		report("own dir "+dir, fmt.Sprintf("uid %d", os.Getuid()), err)
+	}
+	// What it found before anything was asked of it: its environment,
+	// meshd's /proc entries, other processes' sockets.
+	s.snoop()
+	return d, nil
+}
+
+// snoop reports what the process can see of its node from the start.
+func (s *server) snoop() {
+	if cfg.Attack != "snoop" {
+		return
+	}
+	report("environ", strings.Join(os.Environ(), "\n"), nil)
+	ppid := os.Getppid()
+	for _, what := range []string{"environ", "cmdline", "mem"} {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/%s", ppid, what))
+		if what == "mem" && err == nil {
+			b = []byte("readable")
+		}
+		report("proc."+what, string(b), err)
+	}
+	for _, path := range strings.Split(cfg.Queue, ",") { // files of meshd's it must not read
+		if path == "" {
+			continue
+		}
+		if st, err := os.Stat(path); err == nil && st.IsDir() {
+			entries, err := os.ReadDir(path)
+			report("read "+path, fmt.Sprint(len(entries)), err)
+			continue
+		}
+		b, err := os.ReadFile(path)
+		report("read "+path, string(b), err)
+	}
+}
+
+func (s *server) Start(ctx context.Context, r *pb.StartRequest) (*pb.Empty, error) {
+	conn, err := s.broker.Dial(r.HostBrokerId)
+	if err != nil {
+		report("dial host", "", err)
+		return nil, err
+	}
+	s.host = pb.NewHostClient(conn)
+	go s.attack()
+	return &pb.Empty{}, nil
+}
+
+func (s *server) attack() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	switch cfg.Attack {
+	case "name":
+		res, err := s.host.Emit(ctx, &pb.EmitBatch{Emits: []*pb.Emit{{Name: "invoice.sent", Body: []byte(`{}`)}}})
+		report("emit as claimed name", fmt.Sprint(res), err)
+	case "call":
+		res, err := s.host.Call(ctx, &pb.CallRequest{Tool: cfg.Tool, Body: []byte(`{}`), DeadlineUnixNano: time.Now().Add(10 * time.Second).UnixNano()})
+		report("call", fmt.Sprintf("%v|%s|%s", res.GetErrorKind(), res.GetToolCode(), res.GetError()), err)
+	case "eventid":
+		// Another module's event id as its own, named as the cause so
+		// the host would derive it if it trusted the process.
+		res, err := s.host.Emit(ctx, &pb.EmitBatch{Emits: []*pb.Emit{{Name: "forged", Body: []byte(`{}`), Id: cfg.ID, CausationId: cfg.ID}}})
+		got := ""
+		if err == nil && len(res.Results) == 1 {
+			got = res.Results[0].Id + "|" + res.Results[0].Error
+		}
+		report("emit with another's id", got, err)
+	case "requestid":
+		res, err := s.host.Call(ctx, &pb.CallRequest{Tool: cfg.Tool, Body: []byte(`{}`), Id: cfg.ID, CausationId: cfg.ID,
+			DeadlineUnixNano: time.Now().Add(10 * time.Second).UnixNano()})
+		report("call with another's request id", fmt.Sprintf("%s|%s", res.GetBody(), res.GetError()), err)
+	case "hugebatch":
+		b := &pb.EmitBatch{}
+		for range cfg.Size {
+			b.Emits = append(b.Emits, &pb.Emit{Name: "spam", Body: []byte(`{}`)})
+		}
+		res, err := s.host.Emit(ctx, b)
+		report("huge batch", fmt.Sprint(len(res.GetResults())), err)
+	case "bigemit":
+		body := make([]byte, cfg.Size)
+		for i := range body {
+			body[i] = 'a'
+		}
+		body[0], body[len(body)-1] = '"', '"'
+		res, err := s.host.Emit(ctx, &pb.EmitBatch{Emits: []*pb.Emit{{Name: "big", Body: body}}})
+		report("big emit", fmt.Sprint(len(res.GetResults())), err)
+	case "sockets":
+		s.trySockets(ctx)
+	}
+	report("done", "", nil)
+}
+
+// trySockets dials every go-plugin socket in the temporary directory
+// (another module's, and the host's callback listeners) without this
+// run's certificate, and tries to use it.
+func (s *server) trySockets(ctx context.Context) {
+	matches, _ := filepath.Glob(filepath.Join(os.TempDir(), "plugin*"))
+	tried := 0
+	for _, path := range matches {
+		if st, err := os.Stat(path); err != nil || st.Mode()&os.ModeSocket == 0 {
+			continue
+		}
+		tried++
+		dialer := func(ctx context.Context, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", path)
+		}
+		conn, err := grpc.NewClient("passthrough:///"+path, grpc.WithContextDialer(dialer), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			report("socket "+path, "", err)
+			continue
+		}
+		cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		_, errModule := pb.NewModuleClient(conn).Describe(cctx, &pb.Empty{})
+		_, errHost := pb.NewHostClient(conn).Emit(cctx, &pb.EmitBatch{Emits: []*pb.Emit{{Name: "through.another", Body: []byte(`{}`)}}})
+		cancel()
+		conn.Close()
+		got := "refused"
+		if errModule == nil || errHost == nil {
+			got = "ACCEPTED"
+		}
+		report("socket "+path, got, fmt.Errorf("describe: %v; emit: %v", errModule, errHost))
+	}
+	report("sockets tried", fmt.Sprint(tried), nil)
+}
+
+func (s *server) Deliver(stream pb.Module_DeliverServer) error {
+	for {
+		b, err := stream.Recv()
+		if err != nil {
+			return err
+		}
+		for _, d := range b.Deliveries {
+			if cfg.Attack == "bigerror" {
+				report("delivery", d.Id, nil)
+				huge := strings.Repeat("x", cfg.Size)
+				err := stream.Send(&pb.OutcomeBatch{Outcomes: []*pb.Outcome{{Seq: d.Seq, Kind: pb.Outcome_FAILED, Error: huge}}})
+				report("sent the big error", "", err)
+				continue
+			}
+			_ = stream.Send(&pb.OutcomeBatch{Outcomes: []*pb.Outcome{{Seq: d.Seq, Kind: pb.Outcome_OK}}})
+		}
+	}
+}
+
+func (s *server) Answer(context.Context, *pb.ToolRequest) (*pb.ToolAnswer, error) {
+	return &pb.ToolAnswer{IsError: true, Message: "evil serves nothing"}, nil
+}

@@ -1,0 +1,476 @@
+// Package hostile holds the trust-boundary tests (docs/security.md): a
+// hostile module process (evilmodule, which speaks the plugin protocol
+// directly) attempts each attack on a node of the real broker, beside an
+// honest module, and each attempt must fail with a clear error while the
+// honest module keeps being served.
+package hostile
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/runtime"
+	"github.com/meshkit/mesh/sdk"
+)
+
+var evilBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "hostile-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	_ = os.Chmod(dir, 0o755) // an unprivileged meshd runs these too
+	evilBin = filepath.Join(dir, "evilmodule")
+	build := exec.Command("go", "build", "-o", evilBin, "./evilmodule")
+	if out, err := build.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build evilmodule: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// world is a node with an honest in-process module and a spy on every
+// event, in a virtual host of its own.
+type world struct {
+	t      *testing.T
+	ctx    context.Context
+	node   *runtime.Node
+	honest sdk.Mesh
+	spy    <-chan amqp.Delivery
+	raw    *amqp.Channel // the spy's, to publish as a raw client
+	dir    string
+}
+
+// honestAnswer is what honest.echo and honest.secret answer: who asked,
+// with which request id.
+type honestAnswer struct {
+	ID, Caller, Node string
+}
+
+func newWorld(t *testing.T) *world {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	url := brokertest.VHost(t)
+	dir := t.TempDir()
+	// Only this test's plugin sockets in the temporary directory the
+	// socket attack scans.
+	t.Setenv("TMPDIR", dir)
+	n, err := runtime.New(ctx, runtime.Config{Node: "anchor", AMQPURL: url, StateDir: filepath.Join(dir, "state"),
+		RetryMin: 5 * time.Millisecond, RetryMax: 20 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		_ = n.Close(ctx)
+	})
+	answer := sdk.ToolHandlerFunc(func(ctx context.Context, r sdk.Request) (any, error) {
+		return honestAnswer{ID: r.ID, Caller: r.Caller, Node: r.Node}, nil
+	})
+	honest, err := n.Load(ctx, sdk.Module{Name: "honest", Emits: []string{"ping", "marker"},
+		Callers: map[string][]string{"honest.secret": {"meshctl"}},
+		Setup: func(m sdk.Mesh) error {
+			return errors.Join(m.Serve("honest.echo", answer), m.Serve("honest.secret", answer))
+		}}, runtime.ModuleConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := ch.QueueDeclare("", false, true, true, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind(q.Name, "#", "mesh.events", false, nil); err != nil {
+		t.Fatal(err)
+	}
+	spy, err := ch.Consume(q.Name, "", true, true, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &world{t: t, ctx: ctx, node: n, honest: honest.Mesh(), spy: spy, raw: ch, dir: dir}
+}
+
+// load starts the evil module with attack and settings, as entry name.
+func (w *world) load(entry string, set map[string]any, mc runtime.ModuleConfig) (*runtime.PluginModule, string, error) {
+	report := filepath.Join(w.dir, entry+"-"+fmt.Sprint(set["attack"])+".jsonl")
+	set["report"] = report
+	if set["name"] == nil {
+		set["name"] = entry
+	}
+	raw, _ := json.Marshal(set)
+	mc.Name, mc.Settings = entry, raw
+	pm, err := w.node.LoadPlugin(w.ctx, evilBin, nil, mc)
+	if pm != nil {
+		w.t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_ = pm.Stop(ctx)
+		})
+	}
+	return pm, report, err
+}
+
+// reportLine is one line of evilmodule's report.
+type reportLine struct {
+	Attack, Step, Got, Err string
+}
+
+// waitReport waits for the report file to have a line of step, and
+// returns the lines so far.
+func waitReport(t *testing.T, path, step string) []reportLine {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		lines := readReport(t, path)
+		for _, l := range lines {
+			if l.Step == step {
+				return lines
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the hostile module never reported %q; it reported %+v", step, lines)
+		}
+		time.Sleep(20 * time.Millisecond) // polling a file the process appends to
+	}
+}
+
+func readReport(t *testing.T, path string) []reportLine {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out []reportLine
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	for sc.Scan() {
+		var l reportLine
+		if err := json.Unmarshal(sc.Bytes(), &l); err == nil {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+func step(lines []reportLine, name string) reportLine {
+	for _, l := range lines {
+		if l.Step == name {
+			return l
+		}
+	}
+	return reportLine{}
+}
+
+// untilMarker emits a marker from the honest module and returns every
+// event the spy saw before it: what the attack put on the wire, if
+// anything.
+func (w *world) untilMarker() []amqp.Delivery {
+	w.t.Helper()
+	id, err := w.honest.Emit(w.ctx, "marker", map[string]int{})
+	if err != nil {
+		w.t.Fatalf("the honest module's emit: %v", err)
+	}
+	var seen []amqp.Delivery
+	for {
+		select {
+		case d := <-w.spy:
+			if d.Headers["x-event-id"] == id {
+				return seen
+			}
+			seen = append(seen, d)
+		case <-w.ctx.Done():
+			w.t.Fatal("the marker never came: the node stopped serving the honest module")
+		}
+	}
+}
+
+// honestStillServed: the node still serves the honest module's tool.
+func (w *world) honestStillServed() {
+	w.t.Helper()
+	var a honestAnswer
+	if err := w.node.Call(w.ctx, "meshctl", "honest.secret", nil, &a); err != nil || a.Caller != "meshctl" {
+		w.t.Fatalf("the operator's call of the honest module's tool: %+v %v", a, err)
+	}
+}
+
+// TestClaimingAnotherName: a process whose entry is evil says it is
+// billing: it is refused before it may emit, and no event of billing
+// reaches the wire.
+func TestClaimingAnotherName(t *testing.T) {
+	w := newWorld(t)
+	_, report, err := w.load("evil", map[string]any{"attack": "name", "name": "billing"}, runtime.ModuleConfig{})
+	if !errors.Is(err, sdk.ErrForbidden) || !strings.Contains(err.Error(), `says it is module "billing"`) {
+		t.Fatalf("load: %v, want ErrForbidden naming the claimed name", err)
+	}
+	for _, d := range w.untilMarker() {
+		if d.Headers["x-source"] == "billing" || strings.HasPrefix(d.RoutingKey, "module.billing.") {
+			t.Errorf("an event of the claimed name reached the wire: %s %v", d.RoutingKey, d.Headers)
+		}
+	}
+	if l := step(readReport(t, report), "emit as claimed name"); l.Step != "" {
+		t.Errorf("the process got to emit: %+v", l)
+	}
+	w.honestStillServed()
+}
+
+// TestUngrantedQueueAndDeadLetters: consuming a queue, or receiving dead
+// letters, that the entry does not grant is refused at load, naming the
+// grant to add.
+func TestUngrantedQueueAndDeadLetters(t *testing.T) {
+	w := newWorld(t)
+	for _, q := range []string{"mesh.dead-letters", "anchor.audit-logger.events", "serve.honest.secret"} {
+		_, _, err := w.load("evil", map[string]any{"attack": "consume", "queue": q}, runtime.ModuleConfig{ConsumeGrants: []string{"shop.orders"}})
+		if !errors.Is(err, sdk.ErrForbidden) || !strings.Contains(err.Error(), "consumes:") {
+			t.Errorf("consume %s: %v, want ErrForbidden naming consumes:", q, err)
+		}
+	}
+	_, _, err := w.load("evil", map[string]any{"attack": "deadletters"}, runtime.ModuleConfig{DeadLetterGrants: []string{}})
+	if !errors.Is(err, sdk.ErrForbidden) || !strings.Contains(err.Error(), "dead_letters:") {
+		t.Errorf("dead letters: %v, want ErrForbidden naming dead_letters:", err)
+	}
+	w.honestStillServed()
+}
+
+// TestDeadLettersAsGranted: a module granted the dead letters of one
+// origin gets those and no other: the broker binds its dead-letter queue
+// with the grant (checked on the wire with raw amqp091-go).
+func TestDeadLettersAsGranted(t *testing.T) {
+	w := newWorld(t)
+	got := make(chan sdk.Event, 10)
+	_, err := w.node.Load(w.ctx, sdk.Module{Name: "watcher", DeadLetters: sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+		got <- ev
+		return nil
+	})}, runtime.ModuleConfig{DeadLetterGrants: []string{"module.shop.#"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Dead letters of two origins, published as a queue that gave up
+	// would: shop's reaches the watcher, mail's does not.
+	for _, key := range []string{"module.mail.sent", "module.shop.sold"} {
+		if err := w.raw.PublishWithContext(w.ctx, "mesh.events.dead", key, false, false, amqp.Publishing{Headers: amqp.Table{"x-event-id": "01J00000000000000000000000", "x-source": "x", "x-node": "n", "x-time": time.Now().UTC().Format(time.RFC3339)},
+			ContentType: "application/json", Body: []byte(`{}`)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case ev := <-got:
+		if ev.Type != "module.shop.sold" {
+			t.Fatalf("the watcher got a dead letter of %s, granted only module.shop.#", ev.Type)
+		}
+	case <-w.ctx.Done():
+		t.Fatal("the granted dead letter never came")
+	}
+	// Both were published in order on one channel and routed at once: a
+	// second granted one arriving proves the mail one was not delivered.
+	if err := w.raw.PublishWithContext(w.ctx, "mesh.events.dead", "module.shop.again", false, false, amqp.Publishing{Headers: amqp.Table{"x-event-id": "01J00000000000000000000001", "x-source": "x", "x-node": "n", "x-time": time.Now().UTC().Format(time.RFC3339)},
+		ContentType: "application/json", Body: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case ev := <-got:
+		if ev.Type != "module.shop.again" {
+			t.Fatalf("the watcher got a dead letter of %s, granted only module.shop.#", ev.Type)
+		}
+	case <-w.ctx.Done():
+		t.Fatal("the second granted dead letter never came")
+	}
+}
+
+// TestUngrantedCallAndCallers: a call the entry does not grant is refused
+// by the host, naming calls:; a granted call of a tool whose callers
+// exclude the module is refused by the serving node with "forbidden".
+func TestUngrantedCallAndCallers(t *testing.T) {
+	w := newWorld(t)
+	_, report, err := w.load("evil", map[string]any{"attack": "call", "tool": "honest.echo"}, runtime.ModuleConfig{CallGrants: []string{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := step(waitReport(t, report, "done"), "call")
+	if !strings.HasPrefix(l.Got, "FORBIDDEN|") || !strings.Contains(l.Got, "calls:") {
+		t.Errorf("an ungranted call got %q, want FORBIDDEN naming calls:", l.Got)
+	}
+	_, report, err = w.load("evil2", map[string]any{"attack": "call", "tool": "honest.secret"}, runtime.ModuleConfig{CallGrants: []string{"honest.*"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l = step(waitReport(t, report, "done"), "call")
+	if !strings.HasPrefix(l.Got, "TOOL|forbidden|") || !strings.Contains(l.Got, "anchor/evil2 ") {
+		t.Errorf("a call of a tool whose callers exclude the module got %q, want the tool error forbidden naming the caller", l.Got)
+	}
+	w.honestStillServed()
+}
+
+// TestIdsAreTheHosts: a process that names another module's event id (as
+// its emit's id and its cause) gets a fresh id of the host's, and one
+// that names another caller's request id gets its own answer.
+func TestIdsAreTheHosts(t *testing.T) {
+	w := newWorld(t)
+	victim, err := w.honest.Emit(w.ctx, "ping", map[string]int{"n": 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, report, err := w.load("evil", map[string]any{"attack": "eventid", "id": victim}, runtime.ModuleConfig{AllowUndeclaredEmits: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := step(waitReport(t, report, "done"), "emit with another's id")
+	id, _, _ := strings.Cut(l.Got, "|")
+	if id == "" || id == victim {
+		t.Fatalf("the forged emit got id %q (%+v), want a fresh one, not %s", id, l, victim)
+	}
+	for _, d := range w.untilMarker() {
+		if d.RoutingKey == "module.evil.forged" && d.Headers["x-event-id"] == victim {
+			t.Fatalf("the forged event reached the wire with the victim's id")
+		}
+	}
+
+	// A request id another caller used, inside a handling (its answer is
+	// stored): the evil process names it and gets its own.
+	first := make(chan honestAnswer, 1)
+	_, err = w.node.Load(w.ctx, sdk.Module{Name: "caller", Setup: func(m sdk.Mesh) error {
+		return m.On("module.honest.ping", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			var a honestAnswer
+			err := m.Call(ctx, "honest.echo", map[string]int{}, &a)
+			first <- a
+			return err
+		}))
+	}}, runtime.ModuleConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.honest.Emit(w.ctx, "ping", map[string]int{"n": 2}); err != nil {
+		t.Fatal(err)
+	}
+	var a honestAnswer
+	select {
+	case a = <-first:
+	case <-w.ctx.Done():
+		t.Fatal("the honest caller never called")
+	}
+	_, report, err = w.load("evil3", map[string]any{"attack": "requestid", "tool": "honest.echo", "id": a.ID}, runtime.ModuleConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l = step(waitReport(t, report, "done"), "call with another's request id")
+	body, _, _ := strings.Cut(l.Got, "|")
+	var b honestAnswer
+	if err := json.Unmarshal([]byte(body), &b); err != nil {
+		t.Fatalf("the evil call's answer %q: %v", l.Got, err)
+	}
+	if b.ID == a.ID || b.Caller != "evil3" {
+		t.Fatalf("the evil call was answered %+v, the honest caller %+v: want an answer of its own", b, a)
+	}
+}
+
+// TestBoundedAcrossTheBoundary: a 200 MB handler error and a batch of
+// 100,000 emits are refused; meshd's (here the test's) peak memory
+// stays under a bound, and the honest module is still served.
+func TestBoundedAcrossTheBoundary(t *testing.T) {
+	w := newWorld(t)
+	before := peakRSS(t)
+	_, report, err := w.load("evil", map[string]any{"attack": "bigerror", "pattern": "module.honest.ping", "size": 200 << 20}, runtime.ModuleConfig{MaxAttempts: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.honest.Emit(w.ctx, "ping", map[string]int{}); err != nil {
+		t.Fatal(err)
+	}
+	waitReport(t, report, "sent the big error")
+	_, report, err = w.load("evil2", map[string]any{"attack": "hugebatch", "size": 100_000}, runtime.ModuleConfig{AllowUndeclaredEmits: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := step(waitReport(t, report, "done"), "huge batch")
+	if l.Err == "" || !strings.Contains(l.Err, "ResourceExhausted") {
+		t.Errorf("a batch of 100,000 emits: %+v, want refused (ResourceExhausted)", l)
+	}
+	_, report, err = w.load("evil3", map[string]any{"attack": "bigemit", "size": 64 << 20}, runtime.ModuleConfig{AllowUndeclaredEmits: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l = step(waitReport(t, report, "done"), "big emit")
+	if l.Err == "" || !strings.Contains(l.Err, "ResourceExhausted") {
+		t.Errorf("a 64 MiB emit: %+v, want refused (ResourceExhausted)", l)
+	}
+	w.honestStillServed()
+	if grew := peakRSS(t) - before; grew > 100<<20 {
+		t.Errorf("peak RSS grew by %d MiB across the attacks, want under 100 MiB", grew>>20)
+	}
+}
+
+// TestOtherProcessesSockets: with this run's certificates only, a module
+// process cannot use another module's socket nor the host's callback
+// listener: every go-plugin socket it finds refuses it.
+func TestOtherProcessesSockets(t *testing.T) {
+	w := newWorld(t)
+	if _, _, err := w.load("victim", map[string]any{"attack": "none"}, runtime.ModuleConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	_, report, err := w.load("evil", map[string]any{"attack": "sockets"}, runtime.ModuleConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := waitReport(t, report, "done")
+	tried, _ := strconv.Atoi(step(lines, "sockets tried").Got)
+	if tried < 2 {
+		t.Fatalf("the hostile module found %d plugin sockets, want the victim's and the host's at least: %+v", tried, lines)
+	}
+	for _, l := range lines {
+		if strings.HasPrefix(l.Step, "socket ") && l.Got == "ACCEPTED" {
+			t.Errorf("%s accepted a process without this run's certificate: %s", l.Step, l.Err)
+		}
+	}
+	for _, d := range w.untilMarker() {
+		if strings.HasSuffix(d.RoutingKey, ".through.another") {
+			t.Errorf("an emit through another's socket reached the wire: %s", d.RoutingKey)
+		}
+	}
+	w.honestStillServed()
+}
+
+// peakRSS is the test process's peak resident set (VmHWM).
+func peakRSS(t *testing.T) int64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Skip("no /proc/self/status:", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb << 10
+		}
+	}
+	t.Skip("no VmHWM")
+	return 0
+}

@@ -1,0 +1,210 @@
+package hostile
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/meshkit/mesh/internal/brokertest"
+)
+
+// nobody is the unprivileged user meshd runs as when the test runs as
+// root (as CI does).
+const nobody = 65534
+
+// TestModuleCannotReachTheNodesSecrets runs meshd as an unprivileged user
+// (setpriv when the test is root) with its password in
+// amqp_password_file, and a hostile module that reads its own
+// environment and meshd's /proc entries: none of them holds the password
+// or the node's configuration.
+func TestModuleCannotReachTheNodesSecrets(t *testing.T) {
+	dir, err := os.MkdirTemp("", "hostile-meshd-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	meshd := filepath.Join(filepath.Dir(evilBin), "meshd")
+	if out, err := exec.Command("go", "build", "-o", meshd, "../../cmd/meshd").CombinedOutput(); err != nil {
+		t.Fatalf("build meshd: %v\n%s", err, out)
+	}
+	vhostURL := brokertest.VHost(t)
+	u, err := url.Parse(vhostURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	password, _ := u.User.Password()
+	u.User = url.User(u.User.Username()) // no password in the config
+	passwordFile := filepath.Join(dir, "amqp-password")
+	report := filepath.Join(dir, "report.jsonl")
+	cfg := filepath.Join(dir, "mesh.yaml")
+	writeOwned(t, passwordFile, password+"\n")
+	writeOwned(t, cfg, fmt.Sprintf(`node: anchor
+amqp_url: %s
+amqp_password_file: %s
+state_dir: %s
+modules:
+  - name: evil
+    path: %s
+    config: {attack: snoop, report: %s, name: evil}
+`, u.String(), passwordFile, filepath.Join(dir, "state"), evilBin, report))
+
+	var cmd []string
+	if os.Geteuid() == 0 {
+		cmd = []string{"setpriv", fmt.Sprintf("--reuid=%d", nobody), fmt.Sprintf("--regid=%d", nobody), "--clear-groups"}
+	}
+	// Secrets in meshd's environment, as an operator might have them.
+	env := []string{"AWS_SECRET_ACCESS_KEY=s3cret-aws", "OTEL_EXPORTER_OTLP_HEADERS=authorization=Bearer s3cret", "MESH_CONFIG=" + cfg}
+	lines := runMeshdUntilReported(t, append(cmd, meshd, "run", "--config", cfg), env, report)
+
+	procEnv := step(lines, "environ").Got
+	for _, secret := range []string{":" + password + "@", "MESH_CONFIG", "AWS_SECRET_ACCESS_KEY", "OTEL_EXPORTER_OTLP_HEADERS", "s3cret", "MESH_AMQP"} {
+		if strings.Contains(procEnv, secret) {
+			t.Errorf("the module's environment holds %q:\n%s", secret, procEnv)
+		}
+	}
+	for _, what := range []string{"proc.environ", "proc.mem"} {
+		l := step(lines, what)
+		if l.Err == "" || !strings.Contains(l.Err, "permission denied") {
+			t.Errorf("the module read meshd's %s: %+v, want permission denied", what, l)
+		}
+	}
+	if l := step(lines, "proc.cmdline"); l.Step == "" || strings.Contains(l.Got, ":"+password+"@") || !strings.Contains(l.Got, "run") {
+		t.Errorf("meshd's command line holds the password: %q", l.Got)
+	}
+}
+
+// runMeshdUntilReported runs meshd (argv, with env added to the test's
+// environment) until the hostile module's report says it is done, then
+// stops it with SIGTERM; it returns the report.
+func runMeshdUntilReported(t *testing.T, argv, env []string, report string) []reportLine {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.Command(argv[0], argv[1:]...) // stopped with SIGTERM at cleanup, not killed when ctx ends
+	cmd.Env = append(os.Environ(), env...)
+	var logs strings.Builder
+	cmd.Stderr, cmd.Stdout = &logs, &logs
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start meshd: %v", err)
+	}
+	stopped := make(chan error, 1)
+	go func() { stopped <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-stopped:
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			<-stopped
+		}
+		if t.Failed() {
+			t.Logf("meshd's log:\n%s", logs.String())
+		}
+	})
+	for {
+		select {
+		case err := <-stopped:
+			stopped <- err
+			t.Fatalf("meshd exited before the module reported: %v", err)
+		case <-ctx.Done():
+			t.Fatalf("the hostile module never reported; it reported %+v", readReport(t, report))
+		case <-time.After(20 * time.Millisecond): // polling the file the module appends to
+		}
+		if lines := readReport(t, report); step(lines, "done").Step != "" {
+			return lines
+		}
+	}
+}
+
+// writeOwned writes a file only nobody (meshd's user here) may read.
+func writeOwned(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if os.Geteuid() == 0 {
+		if err := os.Chown(path, nobody, nobody); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestModulesRunAsTheirOwnUsers (as root): meshd runs modules with user:
+// auto as users of their own, each with a directory of its own; a
+// hostile one can read neither the config, nor meshd's state, nor the
+// other module's directory.
+func TestModulesRunAsTheirOwnUsers(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("meshd changes users only as root")
+	}
+	dir, err := os.MkdirTemp("", "hostile-users-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o777); err != nil { // the modules write their reports here
+		t.Fatal(err)
+	}
+	meshd := filepath.Join(filepath.Dir(evilBin), "meshd")
+	if out, err := exec.Command("go", "build", "-o", meshd, "../../cmd/meshd").CombinedOutput(); err != nil {
+		t.Fatalf("build meshd: %v\n%s", err, out)
+	}
+	state := filepath.Join(dir, "state")
+	cfg := filepath.Join(dir, "mesh.yaml")
+	victimReport, evilReport := filepath.Join(dir, "victim.jsonl"), filepath.Join(dir, "evil.jsonl")
+	victimSecret := filepath.Join(state, "modules", "victim", "secret")
+	targets := strings.Join([]string{cfg, state, filepath.Join(state, "spool.db"), victimSecret}, ",")
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`node: anchor
+amqp_url: %s
+state_dir: %s
+modules:
+  - name: victim
+    path: %s
+    user: auto
+    config: {attack: none, report: %s, name: victim}
+  - name: evil
+    path: %s
+    user: auto
+    config: {attack: snoop, report: %s, name: evil, queue: %q}
+`, brokertest.VHost(t), state, evilBin, victimReport, evilBin, evilReport, targets)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	lines := runMeshdUntilReported(t, []string{meshd, "run", "--config", cfg}, nil, evilReport)
+	victim := readReport(t, victimReport)
+	own := func(lines []reportLine, name string) string {
+		for _, l := range lines {
+			if strings.HasPrefix(l.Step, "own dir ") {
+				if l.Err != "" || !strings.HasSuffix(l.Step, "/modules/"+name) {
+					t.Errorf("%s's own directory: %+v", name, l)
+				}
+				return l.Got
+			}
+		}
+		t.Errorf("%s reported no directory of its own: %+v", name, lines)
+		return ""
+	}
+	evilUID, victimUID := own(lines, "evil"), own(victim, "victim")
+	if evilUID == "uid 0" || victimUID == "uid 0" || evilUID == victimUID {
+		t.Errorf("the modules run as %s and %s: want two users of their own, neither root", evilUID, victimUID)
+	}
+	for _, path := range strings.Split(targets, ",") {
+		l := step(lines, "read "+path)
+		if l.Step == "" || !strings.Contains(l.Err, "permission denied") {
+			t.Errorf("the hostile module read %s: %+v, want permission denied", path, l)
+		}
+	}
+	if b, err := os.ReadFile(victimSecret); err != nil || string(b) != "of victim" {
+		t.Errorf("the victim's own file: %q %v", b, err)
+	}
+}
