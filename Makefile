@@ -46,7 +46,7 @@ lint: ## Fail on unformatted files (gofmt -l), on packages and exported names wi
 	$(GO) run ./cmd/doclint .
 	$(GO) vet ./...
 
-fuzz: ## Fuzz event-type validation, emit naming and bodies, header decoding, topic matching, the dedup log, dead-letter headers (as meshctl and a DeadLetters handler read them), replay targets, meshctl's terminal escaping, permission patterns and coalesced acks, 20s each
+fuzz: ## Fuzz event-type validation, emit naming and bodies, header decoding, topic matching, the dedup log, dead-letter headers (as meshctl and a DeadLetters handler read them), replay targets, meshctl's terminal escaping, caller patterns, permission patterns and coalesced acks, 20s each
 	$(GO) test -run='^$$' -fuzz=FuzzValidateEventType -fuzztime=20s ./internal/wire
 	$(GO) test -run='^$$' -fuzz=FuzzDecodeMeta -fuzztime=20s ./internal/wire
 	$(GO) test -run='^$$' -fuzz=FuzzMatchPattern -fuzztime=20s ./internal/wire
@@ -59,6 +59,7 @@ fuzz: ## Fuzz event-type validation, emit naming and bodies, header decoding, to
 	$(GO) test -run='^$$' -fuzz=FuzzMatchTopic -fuzztime=20s ./auditlogger/store
 	$(GO) test -run='^$$' -fuzz=FuzzDeadEventOf -fuzztime=20s ./runtime
 	$(GO) test -run='^$$' -fuzz=FuzzAcker -fuzztime=20s ./runtime
+	$(GO) test -run='^$$' -fuzz=FuzzCallerPattern -fuzztime=20s ./runtime
 	$(GO) test -run='^$$' -fuzz=FuzzReplayTarget -fuzztime=20s ./cmd/meshctl
 	$(GO) test -run='^$$' -fuzz=FuzzEscapeText -fuzztime=20s ./cmd/meshctl
 	$(GO) test -run='^$$' -fuzz=FuzzEscapeJSON -fuzztime=20s ./cmd/meshctl

@@ -1,6 +1,9 @@
 package runtime
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 // TestCallerPatterns: what each form of a callers entry allows, and what
 // is refused as malformed.
@@ -58,4 +61,28 @@ func TestCallersOf(t *testing.T) {
 			t.Errorf("callersOf(%s) = %q %v, want %q %v", c.tool, got, limited, c.want, c.limited)
 		}
 	}
+}
+
+// FuzzCallerPattern: a pattern ValidateCallerPattern accepts is one of
+// its three forms, and matching never panics; one it refuses matches no
+// caller it could be mistaken for.
+func FuzzCallerPattern(f *testing.F) {
+	for _, s := range []string{"billing", "berlin/billing", "*/billing", "berlin/*", "user:ops", "user:", "a/b/c", "a b", "", "*"} {
+		f.Add(s, "berlin", "billing", "ops")
+	}
+	f.Fuzz(func(t *testing.T, p, node, module, user string) {
+		c := Caller{Node: node, Module: module, User: user}
+		matched := c.matches(p)
+		if err := ValidateCallerPattern(p); err != nil {
+			return
+		}
+		switch rest, isUser := strings.CutPrefix(p, "user:"); {
+		case isUser:
+			if matched != (user != "" && user == rest) {
+				t.Fatalf("%q matches %+v = %v", p, c, matched)
+			}
+		case strings.Count(p, "/") > 1:
+			t.Fatalf("%q accepted with more than one /", p)
+		}
+	})
 }
