@@ -282,6 +282,8 @@ func (f File) Validate() error {
 		field := fmt.Sprintf("modules[%d]", i)
 		if err := wire.ValidateWord("module name", m.Name); err != nil {
 			errs = append(errs, fmt.Errorf("%s.name: %w", field, err))
+		} else if strings.Contains(m.Name, "/") {
+			errs = append(errs, fmt.Errorf("%s.name: %q contains '/', which a tool's callers use between node and module (NODE/MODULE)", field, m.Name))
 		} else if m.Name == OperatorCaller {
 			errs = append(errs, fmt.Errorf("%s.name: %q is the operator's name as a caller (meshctl); a module may not take it", field, m.Name))
 		} else if j, dup := names[m.Name]; dup {

@@ -124,8 +124,8 @@ func Settings() []Setting {
 			Doc:   "How often the node sends node.NODE.heartbeat with its modules, which meshctl nodes and meshctl graph read. A peer silent for 3 of its intervals is reported once as node.PEER.unreachable.",
 			Valid: []string{"2s", "-1s"}},
 
-		{Key: "name", Scope: ScopeEntry, Bounds: "one word (as node), unique in the file; required",
-			Doc: "The name the module's binary reports. A binary that reports another name is refused.", Valid: []string{"billing"}, Invalid: []string{`"a b"`}},
+		{Key: "name", Scope: ScopeEntry, Bounds: "one word (as node), no /, not meshctl, unique in the file; required",
+			Doc: "The name the module's binary reports. A binary that reports another name is refused.", Valid: []string{"billing"}, Invalid: []string{`"a b"`, `"a/b"`, "meshctl"}},
 		{Key: "kind", Scope: ScopeEntry, DefaultInWords: true, Default: "plain (empty)", Bounds: "empty, agent or dispatcher",
 			Doc: "What the module is, for operators; a binary that reports another kind is refused.", Valid: []string{"agent", "dispatcher"}, Invalid: []string{"robot"}},
 		{Key: "user", Scope: ScopeEntry, DefaultInWords: true, Default: "meshd's own user", Bounds: "auto, root, a user name or UID[:GID]; any but meshd's own needs meshd to run as root",
