@@ -173,7 +173,11 @@ modules:
 	}
 	t.Cleanup(func() { audit.Close() }) // after n2's Close
 	n2, f2, w2 := start(n2Config)
-	if _, err := n2.Load(ctx, audit.Module(), f2.Modules[0].ModuleConfig()); err != nil {
+	// Each event the audit logger stores is told on stored.
+	stored := make(chan string, 1024)
+	logger := audit.Module()
+	logger.Setup = func(m sdk.Mesh) error { return audit.Module().Setup(toldMesh{Mesh: m, handled: stored}) }
+	if _, err := n2.Load(ctx, logger, f2.Modules[0].ModuleConfig()); err != nil {
 		t.Fatalf("load the audit logger on n2: %v", err)
 	}
 	n1, f1, w1 := start(n1Config)
@@ -247,13 +251,31 @@ modules:
 		}
 		return false
 	}
+	// Each heartbeat on the mesh is what a node hears of its peer: look
+	// again at each one.
+	beats := make(chan struct{}, 1)
+	tailCtx, stopTail := context.WithCancel(ctx)
+	tailDone := make(chan error, 1)
+	go func() {
+		tailDone <- n1.Tail(tailCtx, "node.*.heartbeat", nil, func(runtime.TailedEvent) error {
+			select {
+			case beats <- struct{}{}:
+			default:
+			}
+			return nil
+		})
+	}()
 	for !heard(n1, "n2") || !heard(n2, "n1") {
 		select {
 		case <-ctx.Done():
 			t.Fatalf("the nodes never heard of each other (n1 heard n2: %v, n2 heard n1: %v)", heard(n1, "n2"), heard(n2, "n1"))
-		case <-time.After(20 * time.Millisecond):
+		case err := <-tailDone:
+			t.Fatalf("tail of the heartbeats as n1's user: %v", err)
+		case <-beats:
 		}
 	}
+	stopTail()
+	<-tailDone
 	for _, n := range []*runtime.Node{n1, n2} {
 		if err := n.Ready(); err != nil {
 			t.Errorf("node %s not ready: %v", n.Name(), err)
@@ -403,14 +425,15 @@ modules:
 		t.Errorf("nodes as the operator:\n%s", out)
 	}
 	for _, id := range []string{emitted, placed} {
-		for {
+		for done := false; !done; {
 			if _, err := audit.Store().Get(ctx, id); err == nil {
 				break
 			}
 			select {
 			case <-ctx.Done():
 				t.Fatalf("the audit logger never stored %s", id)
-			case <-time.After(20 * time.Millisecond):
+			case got := <-stored:
+				done = got == id
 			}
 		}
 	}
@@ -592,4 +615,24 @@ func (w *warnings) none(t *testing.T, node string) bool {
 		}
 	}
 	return ok
+}
+
+// toldMesh subscribes each handler so that every event it handles well is
+// told on handled, after the handler returned.
+type toldMesh struct {
+	sdk.Mesh
+	handled chan<- string
+}
+
+func (m toldMesh) On(pattern string, h sdk.Handler) error {
+	return m.Mesh.On(pattern, sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+		err := h.HandleEvent(ctx, ev)
+		if err == nil {
+			select {
+			case m.handled <- ev.ID:
+			default: // nobody waits for this many
+			}
+		}
+		return err
+	}))
 }

@@ -6,7 +6,6 @@
 package hostile
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -58,6 +57,7 @@ type world struct {
 	spy    <-chan amqp.Delivery
 	raw    *amqp.Channel // the spy's, to publish as a raw client
 	dir    string
+	loads  int // modules loaded, to name their report sockets
 }
 
 // honestAnswer is what honest.echo and honest.secret answer: who asked,
@@ -119,9 +119,10 @@ func newWorld(t *testing.T) *world {
 }
 
 // load starts the evil module with attack and settings, as entry name.
-func (w *world) load(entry string, set map[string]any, mc runtime.ModuleConfig) (*runtime.PluginModule, string, error) {
-	report := filepath.Join(w.dir, entry+"-"+fmt.Sprint(set["attack"])+".jsonl")
-	set["report"] = report
+func (w *world) load(entry string, set map[string]any, mc runtime.ModuleConfig) (*runtime.PluginModule, *reports, error) {
+	w.loads++
+	report := newReports(w.t, w.dir, fmt.Sprintf("report-%d-%s", w.loads, entry))
+	set["report"] = report.path
 	if set["name"] == nil {
 		set["name"] = entry
 	}
@@ -136,60 +137,6 @@ func (w *world) load(entry string, set map[string]any, mc runtime.ModuleConfig) 
 		})
 	}
 	return pm, report, err
-}
-
-// reportLine is one line of evilmodule's report.
-type reportLine struct {
-	Attack, Step, Got, Err string
-}
-
-// waitReport waits for the report file to have a line of step, and
-// returns the lines so far.
-func waitReport(t *testing.T, path, step string) []reportLine {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		lines := readReport(t, path)
-		for _, l := range lines {
-			if l.Step == step {
-				return lines
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the hostile module never reported %q; it reported %+v", step, lines)
-		}
-		time.Sleep(20 * time.Millisecond) // polling a file the process appends to
-	}
-}
-
-func readReport(t *testing.T, path string) []reportLine {
-	f, err := os.Open(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var out []reportLine
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<20), 16<<20)
-	for sc.Scan() {
-		var l reportLine
-		if err := json.Unmarshal(sc.Bytes(), &l); err == nil {
-			out = append(out, l)
-		}
-	}
-	return out
-}
-
-func step(lines []reportLine, name string) reportLine {
-	for _, l := range lines {
-		if l.Step == name {
-			return l
-		}
-	}
-	return reportLine{}
 }
 
 // untilMarker emits a marker from the honest module and returns every
@@ -238,7 +185,7 @@ func TestClaimingAnotherName(t *testing.T) {
 			t.Errorf("an event of the claimed name reached the wire: %s %v", d.RoutingKey, d.Headers)
 		}
 	}
-	if l := step(readReport(t, report), "emit as claimed name"); l.Step != "" {
+	if l := step(readReport(report), "emit as claimed name"); l.Step != "" {
 		t.Errorf("the process got to emit: %+v", l)
 	}
 	w.honestStillServed()

@@ -1,7 +1,6 @@
 package hostile
 
 import (
-	"context"
 	"fmt"
 	"net/url"
 	"os"
@@ -45,7 +44,7 @@ func TestModuleCannotReachTheNodesSecrets(t *testing.T) {
 	password, _ := u.User.Password()
 	u.User = url.User(u.User.Username()) // no password in the config
 	passwordFile := filepath.Join(dir, "amqp-password")
-	report := filepath.Join(dir, "report.jsonl")
+	report := newReports(t, dir, "report")
 	cfg := filepath.Join(dir, "mesh.yaml")
 	writeOwned(t, passwordFile, password+"\n")
 	writeOwned(t, cfg, fmt.Sprintf(`node: anchor
@@ -56,7 +55,7 @@ modules:
   - name: evil
     path: %s
     config: {attack: snoop, report: %s, name: evil}
-`, u.String(), passwordFile, filepath.Join(dir, "state"), evilBin, report))
+`, u.String(), passwordFile, filepath.Join(dir, "state"), evilBin, report.path))
 
 	var cmd []string
 	if os.Geteuid() == 0 {
@@ -86,10 +85,8 @@ modules:
 // runMeshdUntilReported runs meshd (argv, with env added to the test's
 // environment) until the hostile module's report says it is done, then
 // stops it with SIGTERM; it returns the report.
-func runMeshdUntilReported(t *testing.T, argv, env []string, report string) []reportLine {
+func runMeshdUntilReported(t *testing.T, argv, env []string, report *reports) []reportLine {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
 	cmd := exec.Command(argv[0], argv[1:]...) // stopped with SIGTERM at cleanup, not killed when ctx ends
 	cmd.Env = append(os.Environ(), env...)
 	var logs strings.Builder
@@ -112,19 +109,13 @@ func runMeshdUntilReported(t *testing.T, argv, env []string, report string) []re
 			t.Logf("meshd's log:\n%s", logs.String())
 		}
 	})
-	for {
-		select {
-		case err := <-stopped:
-			stopped <- err
-			t.Fatalf("meshd exited before the module reported: %v", err)
-		case <-ctx.Done():
-			t.Fatalf("the hostile module never reported; it reported %+v", readReport(t, report))
-		case <-time.After(20 * time.Millisecond): // polling the file the module appends to
-		}
-		if lines := readReport(t, report); step(lines, "done").Step != "" {
-			return lines
-		}
-	}
+	exited := make(chan error, 1)
+	go func() { // tells waitReport, and gives stopped back for the cleanup
+		err := <-stopped
+		stopped <- err
+		exited <- err
+	}()
+	return waitReport(t, report, "done", exited)
 }
 
 // writeOwned writes a file only nobody (meshd's user here) may read.
@@ -162,7 +153,7 @@ func TestModulesRunAsTheirOwnUsers(t *testing.T) {
 	}
 	state := filepath.Join(dir, "state")
 	cfg := filepath.Join(dir, "mesh.yaml")
-	victimReport, evilReport := filepath.Join(dir, "victim.jsonl"), filepath.Join(dir, "evil.jsonl")
+	victimReport, evilReport := newReports(t, dir, "victim"), newReports(t, dir, "evil")
 	victimSecret := filepath.Join(state, "modules", "victim", "secret")
 	targets := strings.Join([]string{cfg, state, filepath.Join(state, "spool.db"), victimSecret}, ",")
 	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`node: anchor
@@ -177,11 +168,11 @@ modules:
     path: %s
     user: auto
     config: {attack: snoop, report: %s, name: evil, queue: %q}
-`, brokertest.VHost(t), state, evilBin, victimReport, evilBin, evilReport, targets)), 0o600); err != nil {
+`, brokertest.VHost(t), state, evilBin, victimReport.path, evilBin, evilReport.path, targets)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	lines := runMeshdUntilReported(t, []string{meshd, "run", "--config", cfg}, nil, evilReport)
-	victim := readReport(t, victimReport)
+	victim := readReport(victimReport)
 	own := func(lines []reportLine, name string) string {
 		for _, l := range lines {
 			if strings.HasPrefix(l.Step, "own dir ") {

@@ -1,13 +1,14 @@
 // Command evilmodule is a hostile module process for the trust-boundary
 // tests (test/hostile): it speaks the plugin protocol directly, not
 // through sdk/process, so it can send what the sdk would never let a
-// module send, and reports what each attack got to a file.
+// module send, and reports what each attack got to the test.
 //
 // Its settings (MESH_MODULE_SETTINGS) say what to do:
 //
-//	{"attack": "name", "report": "/tmp/x/report.jsonl", ...}
+//	{"attack": "name", "report": "/tmp/x/report.sock", ...}
 //
-// Each report line is {"attack": ..., "step": ..., "got": ..., "err": ...}.
+// "report" is the test's unix socket; each report is a JSON line
+// {"attack": ..., "step": ..., "got": ..., "err": ...} written to it.
 package main
 
 import (
@@ -48,7 +49,11 @@ var (
 	reportMu sync.Mutex
 )
 
-// report appends one line to the report file.
+// reportConn is the connection to the test's report socket, dialled at
+// the first report and kept: one connection keeps the lines in order.
+var reportConn net.Conn
+
+// report sends one line to the test's report socket.
 func report(step, got string, err error) {
 	reportMu.Lock()
 	defer reportMu.Unlock()
@@ -60,13 +65,17 @@ func report(step, got string, err error) {
 		}
 	}
 	b, _ := json.Marshal(line)
-	f, ferr := os.OpenFile(cfg.Report, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o666)
-	if ferr != nil {
-		fmt.Fprintln(os.Stderr, "evilmodule: report:", ferr)
-		return
+	if reportConn == nil {
+		c, derr := net.Dial("unix", cfg.Report)
+		if derr != nil {
+			fmt.Fprintln(os.Stderr, "evilmodule: report:", derr)
+			return
+		}
+		reportConn = c
 	}
-	defer f.Close()
-	_, _ = f.Write(append(b, '\n'))
+	if _, werr := reportConn.Write(append(b, '\n')); werr != nil {
+		fmt.Fprintln(os.Stderr, "evilmodule: report:", werr)
+	}
 }
 
 func main() {
