@@ -231,7 +231,8 @@ func (pm *PluginModule) announce(what string, cause error) {
 func (pm *PluginModule) launch(ctx context.Context) (*moduleProcess, error) {
 	cmd := exec.Command(pm.path, pm.args...)
 	cmd.Env = append(moduleEnv(os.Environ()), plugin.ToolGrantsEnv(pm.toolGrants)...)
-	cmd.Env = append(cmd.Env, plugin.EnvMaxMessageBytes+"="+strconv.Itoa(pm.messageLimit()))
+	limit := pm.messageLimit()
+	cmd.Env = append(cmd.Env, plugin.EnvMaxMessageBytes+"="+strconv.Itoa(limit))
 	if pm.settings != nil {
 		cmd.Env = append(cmd.Env, plugin.EnvSettings+"="+string(pm.settings))
 	}
@@ -241,7 +242,6 @@ func (pm *PluginModule) launch(ctx context.Context) (*moduleProcess, error) {
 	if pm.runAs != nil {
 		runAs(cmd, *pm.runAs)
 	}
-	limit := pm.messageLimit()
 	client := goplugin.NewClient(&goplugin.ClientConfig{
 		HandshakeConfig:  plugin.Handshake(),
 		Plugins:          plugin.Set(nil),
@@ -337,8 +337,10 @@ func moduleEnvKept(k string) bool {
 	switch k {
 	case "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM":
 		return true
+	case "GOCOVERDIR", "GOTRACEBACK", "GOMAXPROCS", "GODEBUG", "GOGC", "GOMEMLIMIT": // the Go runtime's own
+		return true
 	}
-	return strings.HasPrefix(k, "LC_") || strings.HasPrefix(k, "GO") && !strings.HasPrefix(k, "GOPRIVATE") // GOCOVERDIR, GOTRACEBACK, GOMAXPROCS, GODEBUG
+	return strings.HasPrefix(k, "LC_")
 }
 
 // messageSlack is room for the fields around the bodies of one message

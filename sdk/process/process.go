@@ -338,9 +338,11 @@ type emitResult struct {
 func (s *moduleServer) batchEmits() {
 	for batch := range plugin.Batches(s.emits, make(chan struct{}), nil) {
 		for len(batch) > 0 {
-			n, size := 0, 0
-			for n < len(batch) && (n == 0 || size+emitSize(batch[n].emit) <= s.maxMessage/2) {
-				size += emitSize(batch[n].emit)
+			n, size := 1, emitSize(batch[0].emit)
+			for n < len(batch) {
+				if size += emitSize(batch[n].emit); size > s.maxMessage/2 {
+					break
+				}
 				n++
 			}
 			s.sendEmits(batch[:n])
@@ -356,24 +358,22 @@ func emitSize(e *pb.Emit) int {
 
 // sendEmits sends one batch to the host and hands each emit its result.
 func (s *moduleServer) sendEmits(batch []emitRequest) {
-	{
-		req := &pb.EmitBatch{Emits: make([]*pb.Emit, len(batch))}
-		for i, e := range batch {
-			req.Emits[i] = e.emit
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		res, err := s.host.Emit(ctx, req)
-		cancel()
-		for i, e := range batch {
-			switch {
-			case err != nil:
-				e.result <- emitResult{err: fmt.Errorf("%w: %v", sdk.ErrConnectionLost, err)}
-			case i >= len(res.Results):
-				e.result <- emitResult{err: errors.New("the host answered fewer emits than it was sent")}
-			default:
-				r := res.Results[i]
-				e.result <- emitResult{id: r.Id, err: errorOf(r.ErrorKind, r.Error)}
-			}
+	req := &pb.EmitBatch{Emits: make([]*pb.Emit, len(batch))}
+	for i, e := range batch {
+		req.Emits[i] = e.emit
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	res, err := s.host.Emit(ctx, req)
+	cancel()
+	for i, e := range batch {
+		switch {
+		case err != nil:
+			e.result <- emitResult{err: fmt.Errorf("%w: %v", sdk.ErrConnectionLost, err)}
+		case i >= len(res.Results):
+			e.result <- emitResult{err: errors.New("the host answered fewer emits than it was sent")}
+		default:
+			r := res.Results[i]
+			e.result <- emitResult{id: r.Id, err: errorOf(r.ErrorKind, r.Error)}
 		}
 	}
 }
