@@ -255,6 +255,15 @@ type ModuleConfig struct {
 	// finds it in MESH_MODULE_DIR (sdk/process.Dir) and as its HOME. The
 	// host does not create it.
 	Dir string
+	// Launcher, when not empty, is the command a module process is
+	// started through: the binary's path and args follow it, and it must
+	// execute them in its place (meshd's confined launcher,
+	// internal/confine, is one). It starts as meshd's user and, with
+	// RunAs, must take RunAs on itself.
+	Launcher []string
+	// TempDir, when not empty, is the process's TMPDIR (where go-plugin's
+	// socket of the process is made). The host does not create it.
+	TempDir string
 }
 
 // Credential is a user a module process runs as.

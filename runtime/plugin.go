@@ -46,8 +46,11 @@ type PluginModule struct {
 	// runAs and dir are the user the process runs as (nil: meshd's) and
 	// its own directory ("" for none).
 	runAs *Credential
-	dir   string
-	log   *slog.Logger
+	// launcher and tempDir are ModuleConfig's Launcher and TempDir.
+	launcher []string
+	tempDir  string
+	dir      string
+	log      *slog.Logger
 	// procLog is where the module process's own log lines go: tagged with
 	// the module once it has said its name.
 	procLog atomic.Pointer[slog.Logger]
@@ -134,7 +137,7 @@ type moduleProcess struct {
 // in-process. Event deliveries cross the boundary in batches.
 func (n *Node) LoadPlugin(ctx context.Context, path string, args []string, mc ModuleConfig) (*PluginModule, error) {
 	mc = mc.over(n.cfg.Module)
-	pm := &PluginModule{node: n, path: path, args: args, window: mc.Concurrency, toolGrants: mc.ToolGrants, settings: mc.Settings, runAs: mc.RunAs, dir: mc.Dir,
+	pm := &PluginModule{node: n, path: path, args: args, window: mc.Concurrency, toolGrants: mc.ToolGrants, settings: mc.Settings, runAs: mc.RunAs, dir: mc.Dir, launcher: mc.Launcher, tempDir: mc.TempDir,
 		log: n.log.With("plugin", path), stopped: make(chan struct{}), done: make(chan struct{})}
 	pm.procLog.Store(pm.log)
 	proc, err := pm.launch(ctx)
@@ -229,7 +232,9 @@ func (pm *PluginModule) announce(what string, cause error) {
 // launch starts the binary, checks the handshake and opens the delivery
 // stream.
 func (pm *PluginModule) launch(ctx context.Context) (*moduleProcess, error) {
-	cmd := exec.Command(pm.path, pm.args...)
+	argv := append(slices.Clone(pm.launcher), pm.path)
+	argv = append(argv, pm.args...)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(moduleEnv(os.Environ()), plugin.ToolGrantsEnv(pm.toolGrants)...)
 	limit := pm.messageLimit()
 	cmd.Env = append(cmd.Env, plugin.EnvMaxMessageBytes+"="+strconv.Itoa(limit))
@@ -239,8 +244,13 @@ func (pm *PluginModule) launch(ctx context.Context) (*moduleProcess, error) {
 	if pm.dir != "" {
 		cmd.Env = append(setEnv(cmd.Env, "HOME", pm.dir), plugin.EnvModuleDir+"="+pm.dir)
 	}
+	if pm.tempDir != "" {
+		cmd.Env = setEnv(cmd.Env, "TMPDIR", pm.tempDir)
+	}
 	if pm.runAs != nil {
-		runAs(cmd, *pm.runAs)
+		// Its USER and LOGNAME; the launcher, if there is one, takes the
+		// user on itself.
+		runAs(cmd, *pm.runAs, len(pm.launcher) == 0)
 	}
 	client := goplugin.NewClient(&goplugin.ClientConfig{
 		HandshakeConfig:  plugin.Handshake(),

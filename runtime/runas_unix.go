@@ -8,13 +8,15 @@ import (
 	"syscall"
 )
 
-// runAs makes cmd run as the user c: its uid and gid, no supplementary
-// groups, and USER and LOGNAME that say so.
-func runAs(cmd *exec.Cmd, c Credential) {
-	if cmd.SysProcAttr == nil {
-		cmd.SysProcAttr = &syscall.SysProcAttr{}
+// runAs gives cmd USER and LOGNAME that say c and, with start, makes it
+// run as c: its uid and gid, no supplementary groups.
+func runAs(cmd *exec.Cmd, c Credential, start bool) {
+	if start {
+		if cmd.SysProcAttr == nil {
+			cmd.SysProcAttr = &syscall.SysProcAttr{}
+		}
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: c.UID, Gid: c.GID, Groups: []uint32{}}
 	}
-	cmd.SysProcAttr.Credential = &syscall.Credential{Uid: c.UID, Gid: c.GID, Groups: []uint32{}}
 	name := c.Name
 	if name == "" {
 		name = strconv.FormatUint(uint64(c.UID), 10)

@@ -1,0 +1,9 @@
+//go:build !linux
+
+package confine
+
+// ABI is the version of Landlock the kernel offers: 0 for none.
+func ABI() int { return 0 }
+
+// restrictAndExec cannot confine anything here.
+func restrictAndExec([]Rule, *User, string, []string) error { return ErrUnsupported }
