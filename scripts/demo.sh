@@ -19,7 +19,17 @@ seconds="${DEMO_SECONDS:-6}"
 echo "== meshd runs umami, notifier, billing, tax, the audit logger, the dispatcher and the agent as module processes for ${seconds}s; meshctl tail 'module.#' shows the events =="
 bin/meshctl tail 'module.#' &
 tail_pid=$!
-bin/meshd run --config examples/mesh.yaml --log-level warn &
+config=examples/mesh.yaml
+# As root, meshd runs each module as a user of its own (docs/security.md),
+# which must be able to pass through the checkout to its directory and
+# the agent's script. Where it cannot (a checkout under /root, say), the
+# demo's modules run as root instead, and say so.
+if [ "$(id -u)" = 0 ] && ! setpriv --reuid=65534 --regid=65534 --clear-groups test -x "$PWD/examples" 2>/dev/null; then
+  echo "== $PWD is closed to other users: the demo's modules run as root (user: root), not as users of their own =="
+  config=bin/demo-root.yaml
+  sed 's/^  - name: \(.*\)$/  - name: \1\n    user: root/' examples/mesh.yaml > "$config"
+fi
+bin/meshd run --config "$config" --log-level warn &
 meshd_pid=$!
 trap 'kill "$tail_pid" "$meshd_pid" 2>/dev/null || true' EXIT
 sleep "$seconds"

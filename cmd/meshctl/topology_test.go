@@ -15,6 +15,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/internal/testdir"
 	"github.com/meshkit/mesh/runtime"
 	"github.com/meshkit/mesh/sdk"
 )
@@ -22,7 +23,7 @@ import (
 // TestTopologyPermissions prints the rabbitmqctl commands for a node's
 // user, from its config; --node and --user override the config.
 func TestTopologyPermissions(t *testing.T) {
-	cfg := filepath.Join(t.TempDir(), "mesh.yaml")
+	cfg := filepath.Join(testdir.Reachable(t), "mesh.yaml")
 	if err := os.WriteFile(cfg, []byte(`node: n1
 amqp_url: amqp://mesh-n1:secret@127.0.0.1:5672/prod
 modules:
@@ -89,8 +90,8 @@ modules:
 // and exits 1. Without the management API the bindings are UNCHECKED.
 func TestTopologyPrintAndCheck(t *testing.T) {
 	url := brokertest.VHost(t)
-	state := t.TempDir()
-	cfg := filepath.Join(t.TempDir(), "mesh.yaml")
+	state := testdir.Reachable(t)
+	cfg := filepath.Join(testdir.Reachable(t), "mesh.yaml")
 	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`node: n1
 amqp_url: %s
 state_dir: %s

@@ -201,16 +201,21 @@ func run(c *cli.Context) error {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
+	iso, err := newIsolation(f, node.StateDir(), c.String("config"))
+	if err != nil {
+		return errors.Join(err, shutdown())
+	}
+	defer iso.close()
 	running := map[string]*loaded{}
 	for i, m := range f.Modules {
-		pm, err := loadModule(ctx, node, i, m)
+		l, err := loadWith(ctx, node, iso, i, m)
 		if err != nil {
 			return errors.Join(err, shutdown())
 		}
-		running[m.Name] = &loaded{entry: m, pm: pm}
+		running[m.Name] = l
 	}
 	ready.loading.Store(false)
-	logProtections(log, f)
+	logProtections(log, iso, c.String("config"), running)
 	if _, err := node.Emit(ctx, node.Name(), "node."+node.Name()+".joined", map[string]any{"modules": len(f.Modules)}); err != nil {
 		log.Warn("could not announce the node", "err", err)
 	}
@@ -220,7 +225,7 @@ func run(c *cli.Context) error {
 		case <-ctx.Done():
 			done = true
 		case <-hup:
-			reload(ctx, c, f, node, running, ready, log)
+			reload(ctx, c, f, node, iso, running, ready, log)
 		case <-node.Done():
 			// The node cannot go on (another node took its name while it was
 			// reconnecting): exit non-zero; unacked deliveries return to their
@@ -236,55 +241,19 @@ func run(c *cli.Context) error {
 	return nil
 }
 
-// logProtections says at start which protections of the trust boundary
-// are in force (docs/security.md).
-func logProtections(log *slog.Logger, f nodeconfig.File) {
-	var own, shared []string
-	for _, m := range f.Modules {
-		if m.User == "" {
-			shared = append(shared, m.Name)
-		} else {
-			own = append(own, m.Name)
-		}
-	}
-	log.Info("module isolation", "meshd_undumpable", undumpable, "module_connections", "mutual TLS", "module_env", "allow-list",
-		"modules_as_own_users", own, "modules_as_meshd_user", shared)
-	if len(shared) > 0 && os.Geteuid() == 0 {
-		log.Warn("modules run as meshd's user, root: they can read the state dir, the config and each other's files; give them user: auto (docs/security.md)",
-			"modules", shared)
-	}
-}
-
 // loaded is a module meshd runs, with the config entry it was loaded
-// from.
+// from and how it is isolated.
 type loaded struct {
 	entry nodeconfig.Module
 	pm    *runtime.PluginModule
+	how   how
 }
 
-// loadModule starts the module of entry i and checks that the binary is
-// what the entry says.
-func loadModule(ctx context.Context, node *runtime.Node, i int, m nodeconfig.Module) (*runtime.PluginModule, error) {
-	mc := m.ModuleConfig()
-	cred, err := moduleUser(node.Name(), m)
-	if err != nil {
-		return nil, fmt.Errorf("modules[%d].%w", i, err)
-	}
-	if cred != nil {
-		if mc.Dir, err = prepareModuleDir(node.StateDir(), m.Name, cred); err != nil {
-			return nil, fmt.Errorf("modules[%d] (%s): %w", i, m.Name, err)
-		}
-		mc.RunAs = cred
-	}
-	pm, err := node.LoadPlugin(ctx, m.Path, m.Args, mc)
-	if err == nil && (pm.Name() != m.Name || (m.Kind != "" && string(pm.Kind()) != m.Kind)) {
-		err = fmt.Errorf("modules[%d]: the config says %s (kind %q), the binary %s says %s (kind %q)",
-			i, m.Name, m.Kind, m.Path, pm.Name(), pm.Kind())
-		stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = pm.Stop(stopCtx)
-	}
-	return pm, err
+// stopNow stops a module meshd will not run after all.
+func stopNow(pm *runtime.PluginModule) error {
+	stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return pm.Stop(stopCtx)
 }
 
 // reload reads the config again (SIGHUP) and applies what changed in its
@@ -294,7 +263,7 @@ func loadModule(ctx context.Context, node *runtime.Node, i int, m nodeconfig.Mod
 // within the grace period and returns what was not finished to the
 // queues, so no work is lost. A config that does not validate changes
 // nothing. Node settings (name, broker, state dir...) need a restart.
-func reload(ctx context.Context, c *cli.Context, was nodeconfig.File, node *runtime.Node, running map[string]*loaded, ready *readiness, log *slog.Logger) {
+func reload(ctx context.Context, c *cli.Context, was nodeconfig.File, node *runtime.Node, iso *isolation, running map[string]*loaded, ready *readiness, log *slog.Logger) {
 	f, err := config(c)
 	if err != nil {
 		log.Error("reload: the config does not validate; nothing changed", "err", err)
@@ -324,14 +293,14 @@ func reload(ctx context.Context, c *cli.Context, was nodeconfig.File, node *runt
 			stop(m.Name)
 			stopped++
 		}
-		pm, err := loadModule(ctx, node, i, m)
+		l, err := loadWith(ctx, node, iso, i, m)
 		if err != nil && previous != nil {
 			// The new entry is refused (say, a queue argument the broker
 			// cannot change): the module runs as it did, rather than not at
 			// all; the next reload tries the new entry again.
 			log.Error("reload: a module did not start with its new entry; starting it with the one it ran with", "module", m.Name, "err", err)
 			m = *previous
-			pm, err = loadModule(ctx, node, i, m)
+			l, err = loadWith(ctx, node, iso, i, m)
 		}
 		if err != nil {
 			log.Error("reload: a module did not start", "module", m.Name, "err", err)
@@ -339,7 +308,7 @@ func reload(ctx context.Context, c *cli.Context, was nodeconfig.File, node *runt
 			continue
 		}
 		ready.notStarted(m.Name, nil)
-		running[m.Name] = &loaded{entry: m, pm: pm}
+		running[m.Name] = l
 		started++
 	}
 	for name := range running {

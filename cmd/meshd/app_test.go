@@ -20,6 +20,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/internal/testdir"
 )
 
 // TestRunAnnouncesAndStopsOnSIGTERM builds meshd, runs it against a fresh
@@ -27,7 +28,7 @@ import (
 // its leaving and exits 0.
 func TestRunAnnouncesAndStopsOnSIGTERM(t *testing.T) {
 	url := brokertest.VHost(t)
-	bin := filepath.Join(t.TempDir(), "meshd")
+	bin := filepath.Join(testdir.Reachable(t), "meshd")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
@@ -68,7 +69,7 @@ func TestRunAnnouncesAndStopsOnSIGTERM(t *testing.T) {
 	httpAddr := ln.Addr().String()
 	ln.Close()
 	cmd := exec.CommandContext(ctx, bin, "run")
-	cmd.Env = append(os.Environ(), "MESH_NODE=anchor", "MESH_AMQP_URL="+url, "MESH_STATE_DIR="+t.TempDir(), "MESH_HTTP_ADDR="+httpAddr)
+	cmd.Env = append(os.Environ(), "MESH_NODE=anchor", "MESH_AMQP_URL="+url, "MESH_STATE_DIR="+testdir.Reachable(t), "MESH_HTTP_ADDR="+httpAddr)
 	var logs lockedBuffer
 	cmd.Stderr = &logs
 	if err := cmd.Start(); err != nil {
@@ -140,7 +141,7 @@ func TestRunRequiresANode(t *testing.T) {
 // host's source and node, and SIGTERM stops everything with exit 0.
 func TestRunModulesFromConfig(t *testing.T) {
 	url := brokertest.VHost(t)
-	dir := t.TempDir()
+	dir := testdir.Reachable(t)
 	meshd, module := buildMeshdAndEcho(t, dir)
 	cfg := filepath.Join(dir, "mesh.yaml")
 	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`
@@ -335,7 +336,7 @@ func alive(pid int) bool {
 // TestConfigErrorsNameTheFields: a bad config file is refused with one
 // error per broken field.
 func TestConfigErrorsNameTheFields(t *testing.T) {
-	dir := t.TempDir()
+	dir := testdir.Reachable(t)
 	cfg := filepath.Join(dir, "mesh.yaml")
 	if err := os.WriteFile(cfg, []byte(`
 node: "bad node"

@@ -9,9 +9,18 @@ package main
 import (
 	"fmt"
 	"os"
+
+	"github.com/meshkit/mesh/internal/confine"
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == confine.Arg {
+		// meshd starts a module process through itself, which confines
+		// the process and executes the module's binary in its place.
+		err := confine.Main(os.Args[2:])
+		fmt.Fprintln(os.Stderr, "meshd:", err)
+		os.Exit(1)
+	}
 	hideFromModules()
 	if err := app().Run(os.Args); err != nil {
 		fmt.Fprintln(os.Stderr, "meshd:", err)

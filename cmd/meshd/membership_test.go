@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/internal/testdir"
 	"github.com/meshkit/mesh/runtime"
 )
 
@@ -25,7 +26,7 @@ import (
 // process, the HTTP address, its log and the config file's path.
 func startMeshd(t *testing.T, ctx context.Context, config string) (*exec.Cmd, string, *lockedBuffer, string) {
 	t.Helper()
-	dir := t.TempDir()
+	dir := testdir.Reachable(t)
 	bin := filepath.Join(dir, "meshd")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
@@ -129,7 +130,7 @@ func TestFrozenNodeIsUnreachable(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	const every = 200 * time.Millisecond
-	watcher, err := runtime.New(ctx, runtime.Config{Node: "watcher", AMQPURL: url, StateDir: t.TempDir(), HeartbeatInterval: every,
+	watcher, err := runtime.New(ctx, runtime.Config{Node: "watcher", AMQPURL: url, StateDir: testdir.Reachable(t), HeartbeatInterval: every,
 		Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)

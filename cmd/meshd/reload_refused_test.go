@@ -15,6 +15,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/internal/testdir"
 )
 
 // TestReloadKeepsAnEntryTheBrokerRefuses: a reload that changes what the
@@ -24,7 +25,7 @@ import (
 // with, consuming its queue, and /readyz stays 200.
 func TestReloadKeepsAnEntryTheBrokerRefuses(t *testing.T) {
 	url := brokertest.VHost(t)
-	notifier := filepath.Join(t.TempDir(), "notifier")
+	notifier := filepath.Join(testdir.Reachable(t), "notifier")
 	if out, err := exec.Command("go", "build", "-o", notifier, "../../examples/modules/notifier").CombinedOutput(); err != nil {
 		t.Fatalf("build the notifier: %v\n%s", err, out)
 	}

@@ -16,6 +16,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/internal/testdir"
 	"github.com/meshkit/mesh/runtime"
 	"github.com/meshkit/mesh/sdk"
 )
@@ -28,7 +29,7 @@ import (
 // across the restart; removing the second agent and SIGHUP again stops it.
 func TestReloadOnSIGHUP(t *testing.T) {
 	url := brokertest.VHost(t)
-	dir := t.TempDir()
+	dir := testdir.Reachable(t)
 	bins := map[string]string{}
 	for name, pkg := range map[string]string{"meshd": ".", "agent": "../../modules/agent/cmd/agent", "dispatcher": "../../modules/dispatcher/cmd/dispatcher"} {
 		bins[name] = filepath.Join(dir, name)
@@ -62,7 +63,7 @@ func TestReloadOnSIGHUP(t *testing.T) {
 	}
 	// The tool the dispatcher fires, served by the test: slow enough that
 	// the reload lands in the middle of the queue.
-	tester, err := runtime.New(ctx, runtime.Config{Node: "tester", AMQPURL: url, StateDir: t.TempDir(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	tester, err := runtime.New(ctx, runtime.Config{Node: "tester", AMQPURL: url, StateDir: testdir.Reachable(t), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,9 +131,8 @@ modules:
     consumes: ["work"]
     calls: ["work.*"]
     config:
-      store: %s
       triggers: [{name: work, queue: work, tool: work.do, max_concurrent_runs: 2, inputs: {round: %q}}]
-%s`, url, filepath.Join(dir, "state"), bins["agent"], script, greeting, bins["dispatcher"], filepath.Join(dir, "fires.db"), round, extra)), 0o600); err != nil {
+%s`, url, filepath.Join(dir, "state"), bins["agent"], script, greeting, bins["dispatcher"], round, extra)), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}

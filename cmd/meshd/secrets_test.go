@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/internal/testdir"
 )
 
 // TestSecretsStayOut: the broker password of a node (a user made for the
@@ -30,7 +31,7 @@ func TestSecretsStayOut(t *testing.T) {
 	brokertest.Ctl(t, "set_permissions", "-p", vhost, user, ".*", ".*", ".*")
 	secretURL := fmt.Sprintf("amqp://%s:%s@%s/%s", user, password, brokertest.Host(), vhost)
 
-	dir := t.TempDir()
+	dir := testdir.Reachable(t)
 	meshd, module := buildMeshdAndEcho(t, dir)
 	meshctl := filepath.Join(dir, "meshctl")
 	if out, err := exec.Command("go", "build", "-o", meshctl, "../meshctl").CombinedOutput(); err != nil {

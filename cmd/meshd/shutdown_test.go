@@ -15,6 +15,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/internal/testdir"
 )
 
 // TestShutdownBoundedByGrace: SIGTERM while a module process's handler
@@ -23,7 +24,7 @@ import (
 // goes back to the module's queue, neither acknowledged nor dead-lettered.
 func TestShutdownBoundedByGrace(t *testing.T) {
 	url := brokertest.VHost(t)
-	dir := t.TempDir()
+	dir := testdir.Reachable(t)
 	meshd, module := buildMeshdAndEcho(t, dir)
 	cfg := filepath.Join(dir, "mesh.yaml")
 	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`

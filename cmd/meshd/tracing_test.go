@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/internal/testdir"
 )
 
 // TestTracesExportedWithOTLP: with OTEL_EXPORTER_OTLP_ENDPOINT set, meshd
@@ -21,7 +22,7 @@ import (
 // announcement reaches the collector.
 func TestTracesExportedWithOTLP(t *testing.T) {
 	url := brokertest.VHost(t)
-	bin := filepath.Join(t.TempDir(), "meshd")
+	bin := filepath.Join(testdir.Reachable(t), "meshd")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
@@ -41,7 +42,7 @@ func TestTracesExportedWithOTLP(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, "run")
-	cmd.Env = append(os.Environ(), "MESH_NODE=otlp", "MESH_AMQP_URL="+url, "MESH_STATE_DIR="+t.TempDir(),
+	cmd.Env = append(os.Environ(), "MESH_NODE=otlp", "MESH_AMQP_URL="+url, "MESH_STATE_DIR="+testdir.Reachable(t),
 		"OTEL_EXPORTER_OTLP_ENDPOINT="+collector.URL, "OTEL_BSP_SCHEDULE_DELAY=100")
 	var logs lockedBuffer
 	cmd.Stderr = &logs

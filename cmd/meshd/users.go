@@ -27,12 +27,17 @@ const (
 )
 
 // moduleUser resolves the entry's user: (nodeconfig.Module.User) into the
-// credential its process runs as: nil for meshd's own. Any other needs
-// meshd to run as root; a name or number that is meshd's own user is
-// meshd's user.
+// credential its process runs as: nil for meshd's own. Left out, it is
+// auto where meshd runs as root (a module runs as root only if its entry
+// says user: root) and meshd's own user elsewhere. Any user but meshd's
+// needs meshd to run as root.
 func moduleUser(node string, m nodeconfig.Module) (*runtime.Credential, error) {
 	var c runtime.Credential
-	switch u := m.User; {
+	u := m.User
+	if u == "" && os.Geteuid() == 0 {
+		u = "auto"
+	}
+	switch {
 	case u == "":
 		return nil, nil
 	case u == "auto":
@@ -107,10 +112,11 @@ func dynamicUID(node, module string) (uint32, error) {
 	return 0, errors.New("user: auto: every uid of 61184-65519 is taken")
 }
 
-// prepareModuleDir makes the directory of a module that runs as c:
-// STATE_DIR/modules/NAME, its own (0700). The state dir is closed to
-// modules at the same time: others may only pass through it (0711) to
-// their own directories, and meshd's entries in it are its own alone.
+// prepareModuleDir makes the directory of a module that runs as c (nil:
+// meshd's user): STATE_DIR/modules/NAME, its own (0700). The state dir is
+// closed to modules at the same time: others may only pass through it
+// (0711) to their own directories, and meshd's entries in it are its own
+// alone.
 func prepareModuleDir(stateDir, name string, c *runtime.Credential) (string, error) {
 	if err := closeStateDir(stateDir); err != nil {
 		return "", err
@@ -122,8 +128,10 @@ func prepareModuleDir(stateDir, name string, c *runtime.Credential) (string, err
 	if err := os.Chmod(filepath.Join(stateDir, "modules"), 0o711); err != nil {
 		return "", fmt.Errorf("the modules' directory: %w", err)
 	}
-	if err := os.Chown(dir, int(c.UID), int(c.GID)); err != nil {
-		return "", fmt.Errorf("the module's directory: %w", err)
+	if c != nil {
+		if err := os.Chown(dir, int(c.UID), int(c.GID)); err != nil {
+			return "", fmt.Errorf("the module's directory: %w", err)
+		}
 	}
 	if err := os.Chmod(dir, 0o700); err != nil {
 		return "", fmt.Errorf("the module's directory: %w", err)

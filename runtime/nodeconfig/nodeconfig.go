@@ -85,11 +85,11 @@ type Module struct {
 	// name is refused, so the config cannot silently run the wrong one.
 	Name string `yaml:"name"`
 	Kind string `yaml:"kind"`
-	// User is who the module's process runs as: "" for meshd's own user,
-	// "auto" for a user of its own that meshd picks (as systemd's
-	// DynamicUser does), a user name, "UID[:GID]", or "root". Any but ""
-	// needs meshd to run as root (or with CAP_SETUID and CAP_SETGID);
-	// such a module gets a directory of its own under the state dir.
+	// User is who the module's process runs as: "auto" for a user of its
+	// own that meshd picks (as systemd's DynamicUser does), a user name,
+	// "UID[:GID]", or "root". Any user but meshd's own needs meshd to run
+	// as root (or with CAP_SETUID and CAP_SETGID). "" is auto where meshd
+	// runs as root and meshd's own user elsewhere.
 	User      string   `yaml:"user"`
 	Path      string   `yaml:"path"`
 	Args      []string `yaml:"args"`

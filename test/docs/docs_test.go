@@ -57,6 +57,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/internal/testdir"
 )
 
 const (
@@ -242,7 +243,9 @@ func runDoc(t *testing.T, root, file string, blocks []block) {
 		t.Fatalf("prctl(PR_SET_CHILD_SUBREAPER): %v", err)
 	}
 	url := brokertest.VHost(t)
-	work, home, state, scratch := t.TempDir(), t.TempDir(), t.TempDir(), t.TempDir()
+	// Where meshd runs as root its modules run as users of their own: the
+	// work and state dirs are where they can pass.
+	work, home, state, scratch := testdir.Reachable(t), t.TempDir(), testdir.Reachable(t), t.TempDir()
 	text, spans := script(file, blocks)
 	path := filepath.Join(scratch, "script.sh")
 	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {

@@ -20,6 +20,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/internal/testdir"
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/runtime"
 	"github.com/meshkit/mesh/sdk"
@@ -85,7 +86,7 @@ func TestConnectionsClosedRepeatedly(t *testing.T) {
 // every emit the module saw succeed arrives.
 func TestMeshdKilledWithSpooledEvents(t *testing.T) {
 	url := brokertest.VHost(t)
-	dir := t.TempDir()
+	dir := testdir.Reachable(t)
 	meshd, module := filepath.Join(dir, "meshd"), filepath.Join(dir, "echomodule")
 	for _, b := range []struct{ out, pkg string }{{meshd, "../../cmd/meshd"}, {module, "../../runtime/testdata/echomodule"}} {
 		if out, err := exec.Command("go", "build", "-o", b.out, b.pkg).CombinedOutput(); err != nil {
@@ -128,6 +129,16 @@ modules:
 		})
 		return cmd
 	}
+	// The module writes its ids here: where meshd runs as root, as a user
+	// of its own; and, dir being on the way to the state dir, Landlock
+	// grants the module only the entries dir has when it starts.
+	idLog := filepath.Join(dir, "emitted.ids")
+	if err := os.WriteFile(idLog, nil, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(idLog, 0o666); err != nil {
+		t.Fatal(err)
+	}
 	first := start("meshd-1.log")
 
 	raw, err := amqp.Dial(url)
@@ -169,7 +180,6 @@ modules:
 	}()
 
 	driver := newNode(t, url, "driver", func(c *runtime.Config) { c.Ephemeral = true })
-	idLog := filepath.Join(dir, "emitted.ids")
 	const total = 1500
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -178,7 +188,8 @@ modules:
 	}
 	lines := func() int { ids, _ := readIDs(idLog); return len(ids) }
 	if !waitFor(30*time.Second, func() bool { return lines() >= 200 }) {
-		t.Fatalf("the module emitted %d events in 30 s", lines())
+		out, _ := os.ReadFile(filepath.Join(dir, "meshd-1.log"))
+		t.Fatalf("the module emitted %d events in 30 s; meshd's log:\n%s", lines(), out)
 	}
 	proxy.Down() // the broker is unreachable from meshd: emits go to its spool
 	atDown := lines()

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/internal/testdir"
 	"github.com/meshkit/mesh/runtime"
 )
 
@@ -29,7 +30,7 @@ import (
 func TestBrokerAfterTheNode(t *testing.T) {
 	url := brokertest.VHost(t)
 	ensureBrokerRuns(t)
-	dir := t.TempDir()
+	dir := testdir.Reachable(t)
 	meshd, module := filepath.Join(dir, "meshd"), filepath.Join(dir, "echomodule")
 	for _, b := range []struct{ out, pkg string }{{meshd, "../../cmd/meshd"}, {module, "../../runtime/testdata/echomodule"}} {
 		if out, err := exec.Command("go", "build", "-o", b.out, b.pkg).CombinedOutput(); err != nil {

@@ -23,6 +23,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/internal/testdir"
 	"github.com/meshkit/mesh/runtime"
 	"github.com/meshkit/mesh/sdk"
 )
@@ -70,7 +71,7 @@ func newWorld(t *testing.T) *world {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
 	url := brokertest.VHost(t)
-	dir := t.TempDir()
+	dir := testdir.Reachable(t)
 	// Only this test's plugin sockets in the temporary directory the
 	// socket attack scans.
 	t.Setenv("TMPDIR", dir)

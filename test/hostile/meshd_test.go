@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/internal/confine"
 )
 
 // nobody is the unprivileged user meshd runs as when the test runs as
@@ -46,6 +47,10 @@ func TestModuleCannotReachTheNodesSecrets(t *testing.T) {
 	passwordFile := filepath.Join(dir, "amqp-password")
 	report := newReports(t, dir, "report")
 	cfg := filepath.Join(dir, "mesh.yaml")
+	state := filepath.Join(dir, "state")
+	// meshd's files, which its module runs as its user may read as far as
+	// their modes go: Landlock is what keeps it out.
+	targets := []string{cfg, passwordFile, state, filepath.Join(state, "spool.db")}
 	writeOwned(t, passwordFile, password+"\n")
 	writeOwned(t, cfg, fmt.Sprintf(`node: anchor
 amqp_url: %s
@@ -54,8 +59,8 @@ state_dir: %s
 modules:
   - name: evil
     path: %s
-    config: {attack: snoop, report: %s, name: evil}
-`, u.String(), passwordFile, filepath.Join(dir, "state"), evilBin, report.path))
+    config: {attack: snoop, report: %s, name: evil, queue: %q}
+`, u.String(), passwordFile, state, evilBin, report.path, strings.Join(targets, ",")))
 
 	var cmd []string
 	if os.Geteuid() == 0 {
@@ -79,6 +84,26 @@ modules:
 	}
 	if l := step(lines, "proc.cmdline"); l.Step == "" || strings.Contains(l.Got, ":"+password+"@") || !strings.Contains(l.Got, "run") {
 		t.Errorf("meshd's command line holds the password: %q", l.Got)
+	}
+	if confine.ABI() < 1 {
+		t.Logf("this kernel offers no Landlock: the module runs as meshd's user unconfined, as meshd's log says")
+		return
+	}
+	for _, path := range targets {
+		if l := step(lines, "read "+path); l.Step == "" || !strings.Contains(l.Err, "permission denied") {
+			t.Errorf("the module confined by Landlock read %s: %+v, want permission denied", path, l)
+		}
+	}
+	if l := step(lines, "write "+filepath.Join(state, "planted-by-evil")); l.Step == "" || !strings.Contains(l.Err, "permission denied") {
+		t.Errorf("the module confined by Landlock wrote into the state dir: %+v", l)
+	}
+	if confine.ABI() >= 6 {
+		if l := step(lines, "signal meshd"); l.Step == "" || !strings.Contains(l.Err, "operation not permitted") {
+			t.Errorf("the module confined by Landlock may signal meshd: %+v", l)
+		}
+	}
+	if l := step(lines, "own dir "+filepath.Join(state, "modules", "evil")); l.Step == "" || l.Err != "" {
+		t.Errorf("the confined module has no directory of its own: %+v", l)
 	}
 }
 
@@ -131,10 +156,11 @@ func writeOwned(t *testing.T, path, content string) {
 	}
 }
 
-// TestModulesRunAsTheirOwnUsers (as root): meshd runs modules with user:
-// auto as users of their own, each with a directory of its own; a
-// hostile one can read neither the config, nor meshd's state, nor the
-// other module's directory.
+// TestModulesRunAsTheirOwnUsers (as root): meshd runs modules as users of
+// their own (user: auto, and so by default), each with a directory of its
+// own; a hostile one can read neither the config (though its mode lets
+// others read it), nor meshd's state, nor the other module's directory,
+// write into neither, nor signal meshd.
 func TestModulesRunAsTheirOwnUsers(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("meshd changes users only as root")
@@ -155,7 +181,7 @@ func TestModulesRunAsTheirOwnUsers(t *testing.T) {
 	cfg := filepath.Join(dir, "mesh.yaml")
 	victimReport, evilReport := newReports(t, dir, "victim"), newReports(t, dir, "evil")
 	victimSecret := filepath.Join(state, "modules", "victim", "secret")
-	targets := strings.Join([]string{cfg, state, filepath.Join(state, "spool.db"), victimSecret}, ",")
+	targets := strings.Join([]string{cfg, state, filepath.Join(state, "spool.db"), filepath.Join(state, "modules", "victim"), victimSecret}, ",")
 	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`node: anchor
 amqp_url: %s
 state_dir: %s
@@ -166,9 +192,8 @@ modules:
     config: {attack: none, report: %s, name: victim}
   - name: evil
     path: %s
-    user: auto
     config: {attack: snoop, report: %s, name: evil, queue: %q}
-`, brokertest.VHost(t), state, evilBin, victimReport.path, evilBin, evilReport.path, targets)), 0o600); err != nil {
+`, brokertest.VHost(t), state, evilBin, victimReport.path, evilBin, evilReport.path, targets)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	lines := runMeshdUntilReported(t, []string{meshd, "run", "--config", cfg}, nil, evilReport)
@@ -194,6 +219,14 @@ modules:
 		if l.Step == "" || !strings.Contains(l.Err, "permission denied") {
 			t.Errorf("the hostile module read %s: %+v, want permission denied", path, l)
 		}
+	}
+	for _, dir := range []string{state, filepath.Join(state, "modules", "victim")} {
+		if l := step(lines, "write "+filepath.Join(dir, "planted-by-evil")); l.Step == "" || !strings.Contains(l.Err, "permission denied") {
+			t.Errorf("the hostile module wrote into %s: %+v", dir, l)
+		}
+	}
+	if l := step(lines, "signal meshd"); l.Step == "" || !strings.Contains(l.Err, "operation not permitted") {
+		t.Errorf("the hostile module may signal meshd: %+v", l)
 	}
 	if b, err := os.ReadFile(victimSecret); err != nil || string(b) != "of victim" {
 		t.Errorf("the victim's own file: %q %v", b, err)

@@ -32,7 +32,7 @@ func main() {
 		*db = filepath.Join(process.Dir(), "audit.db") // its own directory (user: in meshd's config)
 	}
 	if *db == "" {
-		fmt.Fprintln(os.Stderr, "audit-logger: --db PATH is required (or a directory of its own: user: auto in meshd's config)")
+		fmt.Fprintln(os.Stderr, "audit-logger: --db PATH is required outside meshd (which gives every module a directory of its own, MESH_MODULE_DIR)")
 		os.Exit(2)
 	}
 	l, err := auditlogger.Open(*db, opts)

@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	goplugin "github.com/hashicorp/go-plugin"
@@ -136,6 +137,8 @@ func (s *server) snoop() {
 		}
 		report("proc."+what, string(b), err)
 	}
+	// Signal 0 checks the right to signal meshd without sending one.
+	report("signal meshd", "", syscall.Kill(ppid, 0))
 	for _, path := range strings.Split(cfg.Queue, ",") { // files of meshd's it must not read
 		if path == "" {
 			continue
@@ -143,6 +146,8 @@ func (s *server) snoop() {
 		if st, err := os.Stat(path); err == nil && st.IsDir() {
 			entries, err := os.ReadDir(path)
 			report("read "+path, fmt.Sprint(len(entries)), err)
+			planted := filepath.Join(path, "planted-by-evil")
+			report("write "+planted, "", os.WriteFile(planted, []byte("x"), 0o644))
 			continue
 		}
 		b, err := os.ReadFile(path)
