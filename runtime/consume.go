@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"time"
 
@@ -29,14 +30,119 @@ import (
 // sent straight to the queue without a user-id that claims a type in
 // x-mesh-routing-key is dead-lettered as malformed.
 
-// consumeQueues starts consuming every queue the module asked for.
-func (m *Module) consumeQueues(ctx context.Context, s *session, queues []setup.Entry) error {
+// consumeQueues starts consuming every queue the module asked for. With
+// later (the module resumes on a session), a queue that cannot be
+// consumed now does not fail the rest: it is reported (QueuesDown) and
+// tried again on its own (reconsumeLater).
+func (m *Module) consumeQueues(ctx context.Context, s *session, queues []setup.Entry, later bool) error {
 	for _, q := range queues {
 		if err := m.consumeQueue(ctx, s, q); err != nil {
-			return err
+			if !later || s.isLost() || errors.Is(err, sdk.ErrClosed) {
+				return err
+			}
+			m.queueDown(q.Key, err.Error())
+			m.log.Error("a consumed queue cannot be consumed now; the module's other queues go on, and it is tried again", "queue", q.Key, "err", err)
+			m.reconsumeLater(s, q, nil, 1)
 		}
 	}
 	return nil
+}
+
+// queueDown records that the module cannot consume queue now, and why
+// ("" when it consumes it again).
+func (m *Module) queueDown(queue, why string) {
+	m.holdMu.Lock()
+	defer m.holdMu.Unlock()
+	if why == "" {
+		delete(m.queuesDown, queue)
+		return
+	}
+	m.queuesDown[queue] = why
+}
+
+// QueuesDown returns the consumed queues the module cannot consume now,
+// each with why (the node's Ready reports them).
+func (m *Module) QueuesDown() map[string]string {
+	m.holdMu.Lock()
+	defer m.holdMu.Unlock()
+	return maps.Clone(m.queuesDown)
+}
+
+// watchQueue is watch for a consumed queue's channel ch: the broker
+// cancelling its consumer (the queue was deleted) or closing ch with an
+// error ends only this queue's consumer. The module's own queue and its
+// other consumed queues go on, what the workers of this one are handling
+// is settled on ch as usual, and the queue is consumed again when it can
+// be (reconsumeLater).
+func (m *Module) watchQueue(s *session, q setup.Entry, ch *amqp.Channel, closed <-chan *amqp.Error, cancelled <-chan string) {
+	var why string
+	select {
+	case err, ok := <-closed:
+		if !ok || err == nil {
+			return // closed by the node: Stop, resume, or a reconsume
+		}
+		why = "its channel closed: " + err.Error()
+	case _, ok := <-cancelled:
+		if !ok {
+			return
+		}
+		why = "the broker cancelled its consumer (was the queue deleted?)"
+	}
+	m.holdMu.Lock()
+	qc := m.queueConsumers[q.Key]
+	current := qc != nil && qc.ch == ch
+	if current {
+		delete(m.queueConsumers, q.Key)
+		m.queuesDown[q.Key] = why
+	}
+	m.holdMu.Unlock()
+	if !current {
+		return
+	}
+	m.log.Error("a consumed queue is not consumed any more; the module's other queues go on, and it is tried again", "queue", q.Key, "why", why)
+	m.reconsumeLater(s, q, ch, 1)
+}
+
+// reconsumeLater consumes q again after a back-off (closing old, the
+// channel it was consumed on, first), until it works, s is lost (the
+// supervisor resumes the whole module then), or the module stops.
+func (m *Module) reconsumeLater(s *session, q setup.Entry, old *amqp.Channel, attempt int) {
+	delay := jitter(expBackoff(time.Second, 30*time.Second, attempt))
+	time.AfterFunc(delay, func() {
+		if hook := m.node.hook().reconsume; hook != nil {
+			hook(q.Key, attempt)
+		}
+		m.resumeMu.Lock()
+		defer m.resumeMu.Unlock()
+		if old != nil {
+			m.untrack(old)
+		}
+		m.mu.Lock()
+		stopped := m.stopped
+		m.mu.Unlock()
+		if stopped || s.isLost() || m.node.session() != s {
+			return
+		}
+		m.holdMu.Lock()
+		qc := m.queueConsumers[q.Key]
+		m.holdMu.Unlock()
+		if qc != nil && !qc.ch.IsClosed() {
+			return // a resume of the module consumed it meanwhile
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := m.consumeQueue(ctx, s, q); err != nil {
+			if s.isLost() || errors.Is(err, sdk.ErrClosed) {
+				return
+			}
+			m.queueDown(q.Key, err.Error())
+			m.log.Warn("a consumed queue still cannot be consumed; trying again", "queue", q.Key, "err", err, "attempt", attempt+1)
+			m.reconsumeLater(s, q, nil, attempt+1)
+			return
+		}
+		m.queueDown(q.Key, "")
+		m.log.Info("consuming a queue again", "queue", q.Key)
+	})
 }
 
 // queueConsumer is the node's side of one consumed queue on the current
@@ -68,13 +174,15 @@ func (m *Module) consumeQueue(ctx context.Context, s *session, q setup.Entry) er
 	}
 	info, err := ch.QueueDeclarePassive(q.Key, false, false, false, false, nil)
 	if err != nil {
+		m.untrack(ch)
 		return queueError(q.Key, err)
 	}
 	if err := ch.Qos(q.Prefetch, 0, false); err != nil {
+		m.untrack(ch)
 		return fmt.Errorf("set prefetch: %w", err)
 	}
 	qc := &queueConsumer{entry: q, ch: ch, tag: m.queueTag(q.Key)}
-	go m.watch(s, ch, ch.NotifyClose(make(chan *amqp.Error, 1)), ch.NotifyCancel(make(chan string, 1)))
+	go m.watchQueue(s, q, ch, ch.NotifyClose(make(chan *amqp.Error, 1)), ch.NotifyCancel(make(chan string, 1)))
 	m.holdMu.Lock()
 	defer m.holdMu.Unlock()
 	m.queueConsumers[q.Key] = qc

@@ -1,13 +1,17 @@
 package runtime_test
 
 import (
+	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/runtime"
 	"github.com/meshkit/mesh/sdk"
 )
@@ -188,4 +192,119 @@ func TestExclusiveConsumer(t *testing.T) {
 	if ev := second.next(t); string(ev.Body) != "4" {
 		t.Errorf("after the first stopped, the second got %q", ev.Body)
 	}
+}
+
+// TestDeletedConsumedQueueStopsOnlyItsConsumer: a queue a module consumes
+// is deleted while the module's own queue has deliveries in flight, some
+// in handlers and some delivered and waiting for one (a classic queue,
+// where a redelivery counts as an attempt): only that queue's consumer
+// stops, reported by Ready; every event is handled once, on its first
+// attempt, none dead-lettered; the queue is consumed again once it
+// exists.
+func TestDeletedConsumedQueueStopsOnlyItsConsumer(t *testing.T) {
+	t.Parallel()
+	url := brokertest.VHost(t)
+	n := testNode(t, url, "anchor", nil)
+	ch := rawConn(t, url)
+	if _, err := ch.QueueDeclare("legacy.gone", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	tries := make(chan int, 16)
+	n.SetTestHooks(runtime.TestHooks{Reconsume: func(queue string, attempt int) {
+		if queue != "legacy.gone" {
+			return
+		}
+		if attempt == 2 { // the queue is back before the second try
+			if _, err := ch.QueueDeclare("legacy.gone", true, false, false, false, nil); err != nil {
+				t.Error(err)
+			}
+		}
+		tries <- attempt
+	}})
+	const inFlight, waiting = 3, 5
+	gate, entered := make(chan struct{}), make(chan sdk.Event, inFlight+waiting)
+	var mu sync.Mutex
+	handled := map[string][]sdk.Event{}
+	own := sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+		mu.Lock()
+		handled[ev.ID] = append(handled[ev.ID], ev)
+		mu.Unlock()
+		if string(ev.Body) != `"marker"` {
+			entered <- ev
+			<-gate
+		}
+		return nil
+	})
+	legacy := newRecorder(nil)
+	load(t, n, sdk.Module{Name: "taker", Setup: func(m sdk.Mesh) error {
+		return errors.Join(m.On("mesh.work.#", own), m.Consume("legacy.gone", 1, legacy))
+	}}, runtime.ModuleConfig{QueueType: runtime.QueueClassic, MaxAttempts: 2, Concurrency: inFlight, Prefetch: inFlight + waiting + 1})
+
+	var ids []string
+	for i := range inFlight + waiting {
+		id, err := n.Emit(emitCtx(t), "test", "mesh.work.item", i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	for range inFlight {
+		select {
+		case <-entered:
+		case <-time.After(15 * time.Second):
+			t.Fatal("the module's handlers never took the events")
+		}
+	}
+	if _, err := ch.QueueDelete("legacy.gone", false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	waitTry := func(want int) {
+		t.Helper()
+		select {
+		case got := <-tries:
+			if got != want {
+				t.Fatalf("reconsume try %d, want %d", got, want)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("the node never tried to consume the deleted queue again (try %d)", want)
+		}
+	}
+	waitTry(1) // the node noticed the cancel and tried the queue alone
+	if err := n.Ready(); err == nil || !strings.Contains(err.Error(), "legacy.gone") {
+		t.Errorf("Ready with a consumed queue gone: %v, want it named", err)
+	}
+	close(gate)
+	marker, err := n.Emit(emitCtx(t), "test", "mesh.work.marker", "marker")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 15*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, id := range append(ids, marker) {
+			if len(handled[id]) == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	mu.Lock()
+	for _, id := range ids {
+		if evs := handled[id]; len(evs) != 1 || evs[0].Attempt != 1 || evs[0].Redelivered {
+			t.Errorf("event %s was handled %d times (%+v): want once, on its first attempt", id, len(evs), evs)
+		}
+	}
+	mu.Unlock()
+	if depth := queueDepth(t, ch, wire.QueueDead); depth != 0 {
+		t.Errorf("%d dead letters, want none", depth)
+	}
+
+	waitTry(2) // the queue is declared again in the hook
+	if err := ch.Publish("", "legacy.gone", false, false, amqp.Publishing{MessageId: "back", Body: []byte("back")}); err != nil {
+		t.Fatal(err)
+	}
+	if ev := legacy.next(t); ev.ID != "back" {
+		t.Errorf("the queue consumed again handed %+v", ev)
+	}
+	waitFor(t, 15*time.Second, func() bool { return n.Ready() == nil })
 }

@@ -18,9 +18,12 @@ type TestHooks struct {
 	Exited func(module string)
 	// Awaiting: a delivery or call waits for the module process's restart.
 	Awaiting func(module string)
+	// Reconsume: a consumed queue that was lost is about to be consumed
+	// again (its attempt-th try).
+	Reconsume func(queue string, attempt int)
 }
 
 // SetTestHooks makes the node call h's functions (those set).
 func (n *Node) SetTestHooks(h TestHooks) {
-	n.hooks.Store(&hooks{resumed: h.Resumed, setUp: h.SetUp, relaunched: h.Relaunched, stopWaiting: h.StopWaiting, exited: h.Exited, awaiting: h.Awaiting})
+	n.hooks.Store(&hooks{resumed: h.Resumed, setUp: h.SetUp, relaunched: h.Relaunched, stopWaiting: h.StopWaiting, exited: h.Exited, awaiting: h.Awaiting, reconsume: h.Reconsume})
 }

@@ -46,9 +46,10 @@ type Module struct {
 
 	tools          []tool                    // fixed once started
 	queues         []setup.Entry             // existing broker queues it consumes (Consume), fixed once started
-	holdMu         sync.Mutex                // guards held and queueConsumers
+	holdMu         sync.Mutex                // guards held, queueConsumers and queuesDown
 	held           map[string]bool           // consumed queues held (Hold), across sessions
 	queueConsumers map[string]*queueConsumer // the consumed queues' consumers on the current session
+	queuesDown     map[string]string         // consumed queues the module cannot consume now, and why
 	consumers      []consumerChannel         // the channels the module consumes on, on the current session
 	resumeMu       sync.Mutex                // one attach or resume at a time; guards attachable, and the writes of attachedOn
 	serveTry       atomic.Uint64             // numbers the attaches, so a serveLater of an earlier one gives up
@@ -119,6 +120,7 @@ func (n *Node) Load(ctx context.Context, def sdk.Module, mc ModuleConfig) (*Modu
 		claimed:        make(map[string]chan struct{}),
 		held:           make(map[string]bool),
 		queueConsumers: make(map[string]*queueConsumer),
+		queuesDown:     make(map[string]string),
 		runDone:        make(chan struct{}),
 		answers:        newAnswerCache(n.cfg.DedupRetention, answerCacheBytes),
 		attrs:          attribute.NewSet(attribute.String("module", def.Name)),
@@ -263,7 +265,7 @@ func (m *Module) attach(ctx context.Context, s *session, subs []subscription, to
 			return err
 		}
 	}
-	if err := m.consumeQueues(ctx, s, m.queues); err != nil {
+	if err := m.consumeQueues(ctx, s, m.queues, toolsLater); err != nil {
 		return err
 	}
 	m.serveTry.Add(1) // a pending serveLater is for an earlier attach
@@ -345,6 +347,14 @@ func (m *Module) resume(s *session, again bool) {
 	}
 	m.attachedOn.Store(s)
 	m.log.Info("module attached", "queue", m.queue)
+}
+
+// untrack forgets a channel the module consumed on and closes it.
+func (m *Module) untrack(ch *amqp.Channel) {
+	m.mu.Lock()
+	m.consumers = slices.DeleteFunc(m.consumers, func(c consumerChannel) bool { return c.ch == ch })
+	m.mu.Unlock()
+	_ = ch.Close()
 }
 
 // track adds a channel the module consumes on, unless the module stopped

@@ -87,12 +87,13 @@ type Node struct {
 
 // hooks are called, when set, at points tests need to order against.
 type hooks struct {
-	resumed     func()                       // the supervisor has brought every module back on a new session
-	setUp       func(module string)          // a module's Setup returned; it is not attachable yet
-	relaunched  func(module string, pid int) // a crashed module process was started again, not installed yet
-	stopWaiting func(module string)          // a module process's Stop waits for its supervisor to end
-	exited      func(module string)          // a module process is gone; its supervisor has not taken it out yet
-	awaiting    func(module string)          // a delivery or call waits for the module process's restart
+	resumed     func()                          // the supervisor has brought every module back on a new session
+	setUp       func(module string)             // a module's Setup returned; it is not attachable yet
+	relaunched  func(module string, pid int)    // a crashed module process was started again, not installed yet
+	stopWaiting func(module string)             // a module process's Stop waits for its supervisor to end
+	exited      func(module string)             // a module process is gone; its supervisor has not taken it out yet
+	awaiting    func(module string)             // a delivery or call waits for the module process's restart
+	reconsume   func(queue string, attempt int) // a lost consumed queue is about to be consumed again
 }
 
 // hook returns the hooks set, or none.
@@ -422,6 +423,16 @@ func (n *Node) Ready() error {
 	if len(waiting) > 0 {
 		slices.Sort(waiting)
 		return fmt.Errorf("modules not consuming yet: %s", strings.Join(waiting, ", "))
+	}
+	var down []string
+	for _, m := range mods {
+		for q, why := range m.QueuesDown() {
+			down = append(down, fmt.Sprintf("module %s cannot consume queue %s (%s; trying again)", m.def.Name, q, why))
+		}
+	}
+	if len(down) > 0 {
+		slices.Sort(down)
+		return errors.New(strings.Join(down, "; "))
 	}
 	return nil
 }

@@ -151,6 +151,7 @@ func (n *Node) startTelemetry() error {
 		deadLet     = counter("mesh.events.dead_lettered", "Events a module gave up on, by module and origin.")
 		duplicates  = counter("mesh.events.duplicates", "Deliveries of events a module had handled, acknowledged without handling, by module and origin.")
 		restarts    = counter("mesh.module.restarts", "Times a module process was started again after it went away, by module.")
+		queuesDown  = gauge("mesh.module.queues_down", "Consumed queues a module cannot consume now (deleted, say), by module; each is tried again.")
 	)
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("node %s: metrics: %w", n.cfg.Node, err)
@@ -184,6 +185,7 @@ func (n *Node) startTelemetry() error {
 			attrs := metric.WithAttributeSet(m.attrs)
 			o.ObserveInt64(emitted, int64(m.counts.emitted.Load()), attrs)
 			o.ObserveInt64(restarts, int64(m.counts.restarts.Load()), attrs)
+			o.ObserveInt64(queuesDown, int64(len(m.QueuesDown())), attrs)
 			m.counts.origins.Range(func(_, v any) bool {
 				c := v.(*originCounts)
 				attrs := metric.WithAttributeSet(c.attrs)
@@ -197,7 +199,7 @@ func (n *Node) startTelemetry() error {
 		}
 		return nil
 	}, connected, blocked, blocks, reconnects, disconnects, confirmed, refused, backPress, spooled, resent, expired, spoolDead, returned,
-		spoolEvents, spoolBytes, checks, emitted, delivered, handled, failed, deadLet, duplicates, restarts)
+		spoolEvents, spoolBytes, checks, emitted, delivered, handled, failed, deadLet, duplicates, restarts, queuesDown)
 	if err != nil {
 		return fmt.Errorf("node %s: metrics: %w", n.cfg.Node, err)
 	}
