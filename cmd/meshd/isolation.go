@@ -120,8 +120,9 @@ func (iso *isolation) apply(node string, i int, m nodeconfig.Module, mc *runtime
 }
 
 // tempDir makes a confined module's own TMPDIR (where go-plugin makes the
-// process's socket), one that is its user's: Landlock keeps it out of
-// every other.
+// process's socket), its user's alone (0700): Landlock grants it to the
+// module even where the system's TMPDIR is on the way to a closed path.
+// Modules of one user (meshd unprivileged) can reach each other's.
 func (iso *isolation) tempDir(name string, c *runtime.Credential) (string, error) {
 	if iso.tmp == "" {
 		tmp, err := os.MkdirTemp("", "meshd-")
@@ -243,7 +244,7 @@ func logProtections(log *slog.Logger, iso *isolation, configPath string, running
 			log.Warn("modules run as root (user: root): they can do anything on this host", "modules", root)
 		}
 	}
-	if len(unconfined) > 0 {
+	if len(unconfined) > 0 && os.Geteuid() != 0 { // as root, they are the modules that run as root
 		log.Warn("modules run as meshd's user without Landlock: they can read the state dir, the config and each other's files; run meshd as root to give each a user of its own (docs/security.md)",
 			"modules", unconfined)
 	}

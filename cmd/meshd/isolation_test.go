@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/meshkit/mesh/runtime"
@@ -76,5 +77,33 @@ func TestReachable(t *testing.T) {
 	owner := runtime.Credential{UID: uint32(os.Getuid()), GID: 12345}
 	if err := reachable(filepath.Join(closed, "bin"), owner, 0o1); err != nil {
 		t.Errorf("the owner of the closed directory: %v", err)
+	}
+}
+
+// TestOwnAllAfterAUserChange (as root): a module directory left by
+// another user becomes the module's user's, with all in it.
+func TestOwnAllAfterAUserChange(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("changes owners only as root")
+	}
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "sub"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "sub", "audit.db"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := &runtime.Credential{UID: 65534, GID: 65534}
+	if err := ownAll(dir, c); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{dir, filepath.Join(dir, "sub"), filepath.Join(dir, "sub", "audit.db")} {
+		fi, err := os.Lstat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := fi.Sys().(*syscall.Stat_t); st.Uid != 65534 || st.Gid != 65534 {
+			t.Errorf("%s belongs to %d:%d, want 65534:65534", p, st.Uid, st.Gid)
+		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/meshkit/mesh/runtime"
 	"github.com/meshkit/mesh/runtime/nodeconfig"
@@ -128,10 +129,8 @@ func prepareModuleDir(stateDir, name string, c *runtime.Credential) (string, err
 	if err := os.Chmod(filepath.Join(stateDir, "modules"), 0o711); err != nil {
 		return "", fmt.Errorf("the modules' directory: %w", err)
 	}
-	if c != nil {
-		if err := os.Chown(dir, int(c.UID), int(c.GID)); err != nil {
-			return "", fmt.Errorf("the module's directory: %w", err)
-		}
+	if err := ownAll(dir, c); err != nil {
+		return "", fmt.Errorf("the module's directory: %w", err)
 	}
 	if err := os.Chmod(dir, 0o700); err != nil {
 		return "", fmt.Errorf("the module's directory: %w", err)
@@ -165,4 +164,27 @@ func closeStateDir(stateDir string) error {
 		}
 	}
 	return nil
+}
+
+// ownAll makes dir, and all in it when dir was another user's (the
+// module's user changed, or it ran as meshd's before), the user c's (nil:
+// meshd's).
+func ownAll(dir string, c *runtime.Credential) error {
+	uid, gid := os.Geteuid(), os.Getegid()
+	if c != nil {
+		uid, gid = int(c.UID), int(c.GID)
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) == uid && int(st.Gid) == gid {
+		return nil
+	}
+	return filepath.WalkDir(dir, func(p string, _ fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, uid, gid)
+	})
 }

@@ -12,6 +12,7 @@ package confine
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -105,10 +106,13 @@ func Main(args []string) error {
 }
 
 // Rule grants every access Landlock governs beneath Path (a directory)
-// or to Path (any other file).
+// or to Path (any other file). Dev and Ino are the file Plan found there:
+// a rule whose path is something else by the time it is granted (swapped
+// for a link, say) is not granted.
 type Rule struct {
-	Path string
-	Dir  bool
+	Path     string
+	Dir      bool
+	Dev, Ino uint64
 }
 
 // Plan turns "everything but deny, and allow" into Landlock's grants:
@@ -117,9 +121,11 @@ type Rule struct {
 // path gets no grant of its own (only its entries do): its entries are
 // those it holds now, and a process cannot list it nor make new entries
 // directly in it. A symbolic link is granted as what it points to, and
-// not at all if that is in or on the way to a denied path. Paths that do
-// not exist are skipped. With nothing to deny, the whole filesystem is
-// granted.
+// not at all if that is in or on the way to a denied path; so is any
+// entry that is the very file of one in a denied path or of a directory
+// on the way to one (a bind mount of it, or a hard link), for Landlock's
+// rules are on files, not names. Paths that do not exist are skipped. With
+// nothing to deny, the whole filesystem is granted.
 func Plan(deny, allow []string) ([]Rule, error) {
 	denied, err := realPaths(deny)
 	if err != nil {
@@ -129,9 +135,31 @@ func Plan(deny, allow []string) ([]Rule, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The files that must get no rule: every file in a denied path, and
+	// each directory on the way to one.
+	closed := map[fileID]bool{}
+	for _, d := range denied {
+		for p := filepath.Dir(d); ; p = filepath.Dir(p) {
+			if id, ok := idOf(p); ok {
+				closed[id] = true
+			}
+			if p == "/" {
+				break
+			}
+		}
+		_ = filepath.WalkDir(d, func(p string, e fs.DirEntry, err error) error {
+			if err != nil || e.Type()&fs.ModeSymlink != 0 {
+				return nil // unreadable, or a link (granted as what it points to, if at all)
+			}
+			if id, ok := idOf(p); ok {
+				closed[id] = true
+			}
+			return nil
+		})
+	}
 	var rules []Rule
 	seen := map[string]bool{}
-	add := func(p string) {
+	add := func(p string, explicit bool) {
 		if seen[p] {
 			return
 		}
@@ -139,11 +167,15 @@ func Plan(deny, allow []string) ([]Rule, error) {
 		if err != nil {
 			return
 		}
+		id, _ := idOf(p)
+		if closed[id] && !explicit {
+			return
+		}
 		seen[p] = true
-		rules = append(rules, Rule{Path: p, Dir: fi.IsDir()})
+		rules = append(rules, Rule{Path: p, Dir: fi.IsDir(), Dev: id.dev, Ino: id.ino})
 	}
 	if len(denied) == 0 {
-		add("/")
+		add("/", true)
 	}
 	var walk func(dir string) error
 	walk = func(dir string) error {
@@ -166,7 +198,7 @@ func Plan(deny, allow []string) ([]Rule, error) {
 					}
 				} // a link to a directory on the way: walked where it is
 			default:
-				add(real)
+				add(real, false)
 			}
 		}
 		return nil
@@ -177,7 +209,7 @@ func Plan(deny, allow []string) ([]Rule, error) {
 		}
 	}
 	for _, a := range allowed {
-		add(a)
+		add(a, true)
 	}
 	return rules, nil
 }
@@ -214,3 +246,6 @@ func onTheWay(p string, roots []string) bool {
 func beneath(p, dir string) bool {
 	return p == dir || dir == "/" || strings.HasPrefix(p, dir+"/")
 }
+
+// fileID is a file as the kernel knows it: its device and inode.
+type fileID struct{ dev, ino uint64 }

@@ -53,6 +53,10 @@ func newFixture(t *testing.T) fixture {
 	if err := os.Symlink(f.state, f.link); err != nil {
 		t.Fatal(err)
 	}
+	// A hard link to the denied file, beside the denied dir: the same file.
+	if err := os.Link(filepath.Join(f.state, "secret"), filepath.Join(root, "hardlink")); err != nil {
+		t.Fatal(err)
+	}
 	return f
 }
 
@@ -92,6 +96,7 @@ func TestConfinedProcessStaysOutOfTheDeniedPaths(t *testing.T) {
 		"cat " + filepath.Join(f.state, "secret"),
 		"cat " + filepath.Join(f.link, "secret"),
 		"cat /proc/self/root" + filepath.Join(f.state, "secret"),
+		"cat " + filepath.Join(f.root, "hardlink"),
 		"ls " + f.state,
 		"echo y > " + filepath.Join(f.state, "planted"),
 		"mv " + f.state + " " + filepath.Join(f.open, "moved"),
@@ -108,6 +113,27 @@ func TestConfinedProcessStaysOutOfTheDeniedPaths(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(f.state, "planted")); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("a file was planted in the denied dir: %v", err)
+	}
+}
+
+// TestConfinedScript: a script runs through the launcher as a binary does
+// (its interpreter opens it by the launcher's descriptor).
+func TestConfinedScript(t *testing.T) {
+	if confine.ABI() < 1 {
+		t.Skip("this kernel offers no Landlock")
+	}
+	f := newFixture(t)
+	script := filepath.Join(f.open, "module.sh")
+	if err := os.WriteFile(script, []byte("#!/bin/sh\necho confined script $1\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	argv := append(confine.Command(self, confine.Options{Deny: []string{f.state}}), script, "ran")
+	if out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput(); err != nil || string(out) != "confined script ran\n" {
+		t.Fatalf("the script through the launcher: %v\n%s", err, out)
 	}
 }
 

@@ -78,7 +78,9 @@ func restrictAndExec(rules []Rule, user *User, binary string, argv []string) err
 	if v < 1 {
 		return ErrUnsupported
 	}
-	bin, err := unix.Open(binary, unix.O_PATH|unix.O_CLOEXEC, 0)
+	// Not close-on-exec: a script's interpreter opens it by its /proc
+	// link after the exec.
+	bin, err := unix.Open(binary, unix.O_PATH, 0)
 	if err != nil {
 		return fmt.Errorf("confine: open %s: %w", binary, err)
 	}
@@ -93,9 +95,13 @@ func restrictAndExec(rules []Rule, user *User, binary string, argv []string) err
 		return fmt.Errorf("confine: create the ruleset: %w", errno)
 	}
 	for _, r := range rules {
-		pfd, err := unix.Open(r.Path, unix.O_PATH|unix.O_CLOEXEC, 0)
+		pfd, err := unix.Open(r.Path, unix.O_PATH|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
 		if err != nil {
-			continue // gone since it was planned: nothing to grant
+			continue // gone since it was planned (or now a link): nothing to grant
+		}
+		if !sameFile(pfd, r) {
+			unix.Close(pfd) // swapped since it was planned: not granted
+			continue
 		}
 		pb := pathBeneathAttr{allowed: attr.handledFS, parentFD: int32(pfd)}
 		if !r.Dir {
@@ -134,4 +140,22 @@ func restrictAndExec(rules []Rule, user *User, binary string, argv []string) err
 		return fmt.Errorf("confine: execute %s: %w", binary, err)
 	}
 	return nil
+}
+
+// idOf is the file at p (following links).
+func idOf(p string) (fileID, bool) {
+	var st unix.Stat_t
+	if err := unix.Stat(p, &st); err != nil {
+		return fileID{}, false
+	}
+	return fileID{dev: uint64(st.Dev), ino: st.Ino}, true
+}
+
+// sameFile reports whether fd is the file r was planned for.
+func sameFile(fd int, r Rule) bool {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return false
+	}
+	return uint64(st.Dev) == r.Dev && st.Ino == r.Ino
 }
