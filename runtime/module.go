@@ -667,6 +667,13 @@ func (m *Module) handle(d amqp.Delivery, deliveries <-chan amqp.Delivery, a *ack
 		release() // settled as failed: a redelivery must not wait for the hung handler
 		m.startWorker(deliveries, a)
 		m.failed(src, d, eventType, attempt, fmt.Errorf("handler timed out after %v", m.cfg.HandlerTimeout))
+		// Settled outside any worker: the replacement may be waiting for
+		// a delivery already, with no linger to send a held ack, so the
+		// ack (after a dead letter, or of a classic queue's retried
+		// original) goes now rather than with the next delivery.
+		if err := a.flush(); err != nil {
+			m.log.Warn("ack after a timed-out handler failed; the event will be delivered again", "event_id", ev.ID, "err", err)
+		}
 	})
 	switch {
 	case overran:
