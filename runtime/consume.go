@@ -88,6 +88,9 @@ func (m *Module) watchQueue(s *session, q setup.Entry, ch *amqp.Channel, closed 
 		}
 		why = "the broker cancelled its consumer (was the queue deleted?)"
 	}
+	if s.isLost() {
+		return // the connection went: the supervisor resumes the whole module
+	}
 	m.holdMu.Lock()
 	qc := m.queueConsumers[q.Key]
 	current := qc != nil && qc.ch == ch
@@ -186,6 +189,7 @@ func (m *Module) consumeQueue(ctx context.Context, s *session, q setup.Entry) er
 	m.holdMu.Lock()
 	defer m.holdMu.Unlock()
 	m.queueConsumers[q.Key] = qc
+	delete(m.queuesDown, q.Key) // consumed (or held) on this channel from now on
 	if m.held[q.Key] {
 		m.log.Info("a consumed queue is held: not consuming it", "queue", q.Key, "messages", info.Messages)
 		return nil
