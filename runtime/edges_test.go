@@ -2,10 +2,12 @@ package runtime_test
 
 import (
 	"context"
+	"errors"
 	"net/url"
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -71,4 +73,72 @@ func TestTimeoutOnTheLastAttemptIsAcked(t *testing.T) {
 	}
 	queue := wire.ModuleQueue("anchor", "sloth")
 	waitFor(t, 10*time.Second, func() bool { return unacked(t, vhost, queue) == 0 })
+}
+
+// TestEmitWhileTheDrainWaitsForConfirms: while the spool's drain holds
+// new appends back and waits for the confirms of its last batch (held
+// here by a hook, as a quorum queue without a majority withholds them),
+// an emit still returns, spooled, and every event reaches the broker
+// once the confirms come.
+func TestEmitWhileTheDrainWaitsForConfirms(t *testing.T) {
+	t.Parallel()
+	vhost := brokertest.VHost(t)
+	proxy := brokertest.NewProxy(t)
+	n := testNode(t, strings.Replace(vhost, brokertest.Host(), proxy.Addr(), 1), "anchor", func(c *runtime.Config) {
+		c.ReconnectMin, c.ReconnectMax = 10*time.Millisecond, 50*time.Millisecond
+	})
+	ch := rawConn(t, vhost)
+	if _, err := ch.QueueDeclare("sink", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind("sink", "mesh.drain.#", wire.ExchangeEvents, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	emitted := make(chan error, 1) // what the emit made while the drain waited returned
+	var once sync.Once
+	n.SetTestHooks(runtime.TestHooks{DrainWaits: func() {
+		once.Do(func() {
+			// The drain has published the spool's last batch and waits
+			// (for as long as this hook holds it): an emit now must not
+			// wait for it.
+			returned := make(chan error, 1)
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				defer cancel()
+				_, err := n.Emit(ctx, "test", "mesh.drain.during", 0)
+				returned <- err
+			}()
+			select {
+			case err := <-returned:
+				emitted <- err
+			case <-time.After(30 * time.Second):
+				emitted <- errors.New("the emit never returned while the drain waited for confirms")
+			}
+		})
+	}})
+	proxy.Down() // the node loses the broker: emits are spooled
+	waitFor(t, 15*time.Second, func() bool { return !n.Stats().Connected })
+	const spooled = 3
+	for i := range spooled {
+		if _, err := n.Emit(emitCtx(t), "test", "mesh.drain.before", i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	proxy.Up() // the node reconnects and drains: the hook holds its confirm wait
+	select {
+	case err := <-emitted:
+		if err != nil {
+			t.Fatalf("emit while the drain waited: %v", err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("the drain never waited for confirms")
+	}
+	got := map[string]int{}
+	for range spooled + 1 {
+		d := nextFrom(t, ch, "sink")
+		got[d.RoutingKey]++
+	}
+	if got["mesh.drain.before"] != spooled || got["mesh.drain.during"] != 1 {
+		t.Fatalf("the sink got %v, want %d before and 1 during", got, spooled)
+	}
 }

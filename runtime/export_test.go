@@ -21,9 +21,12 @@ type TestHooks struct {
 	// Reconsume: a consumed queue that was lost is about to be consumed
 	// again (its attempt-th try).
 	Reconsume func(queue string, attempt int)
+	// DrainWaits: the spool's drain published a batch and is about to
+	// wait for its confirms (new appends held back if it is the last).
+	DrainWaits func()
 }
 
 // SetTestHooks makes the node call h's functions (those set).
 func (n *Node) SetTestHooks(h TestHooks) {
-	n.hooks.Store(&hooks{resumed: h.Resumed, setUp: h.SetUp, relaunched: h.Relaunched, stopWaiting: h.StopWaiting, exited: h.Exited, awaiting: h.Awaiting, reconsume: h.Reconsume})
+	n.hooks.Store(&hooks{resumed: h.Resumed, setUp: h.SetUp, relaunched: h.Relaunched, stopWaiting: h.StopWaiting, exited: h.Exited, awaiting: h.Awaiting, reconsume: h.Reconsume, drainWaits: h.DrainWaits})
 }

@@ -94,6 +94,7 @@ type hooks struct {
 	exited      func(module string)             // a module process is gone; its supervisor has not taken it out yet
 	awaiting    func(module string)             // a delivery or call waits for the module process's restart
 	reconsume   func(queue string, attempt int) // a lost consumed queue is about to be consumed again
+	drainWaits  func()                          // the spool's drain published a batch and waits for its confirms
 }
 
 // hook returns the hooks set, or none.

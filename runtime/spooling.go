@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -24,6 +25,11 @@ const (
 	refusedRetryMin = 20 * time.Millisecond
 	refusedRetryMax = 2 * time.Second
 	drainBatch      = 256
+	// gateHold bounds how long the drain holds new appends back while
+	// the spool's last batch waits for its confirms: past it, emits are
+	// appended again (after the batch, so in order), whatever the broker
+	// does with the confirms.
+	gateHold = 100 * time.Millisecond
 )
 
 // publishEvent sends an emitted event. While the node is connected and
@@ -213,6 +219,8 @@ func (n *Node) drain(s *session) {
 			return
 		}
 		locked := len(recs) < drainBatch
+		var release *time.Timer
+		var unlock sync.Once
 		if locked {
 			n.spoolGate.Lock()
 			if recs, err = n.spool.Oldest(drainBatch); err != nil {
@@ -225,17 +233,25 @@ func (n *Node) drain(s *session) {
 				n.spoolGate.Unlock()
 				return
 			}
+			// Held back for gateHold at most: a confirm the broker
+			// withholds (a quorum queue without a majority) must not hold
+			// the node's emits.
+			release = time.AfterFunc(gateHold, func() { unlock.Do(n.spoolGate.Unlock) })
 		}
 		if stuck != nil && recs[0].Seq == stuck.seq {
 			recs = recs[:1] // what is behind it has been sent once already
 		}
-		done, refused := n.resend(s, recs)
+		done, refused, late := n.resend(s, recs)
+		if locked && !release.Stop() {
+			unlock.Do(func() {}) // released by the timer: wait until it is
+			locked = false       // appends go on meanwhile; the spool is not seen empty now
+		}
 		delErr := n.spool.Delete(done...)
 		if locked {
 			if delErr == nil && n.spool.Len() == 0 {
 				n.spooling.Store(false)
 			}
-			n.spoolGate.Unlock()
+			unlock.Do(n.spoolGate.Unlock)
 		}
 		if delErr != nil {
 			n.log.Error("delete resent events from the spool; they will be sent again", "err", delErr)
@@ -243,6 +259,19 @@ func (n *Node) drain(s *session) {
 		}
 		for _, seq := range done {
 			delete(refusedAt, seq)
+		}
+		if late {
+			// Confirms withheld for EmitTimeout: what was not confirmed
+			// stays in the spool and is sent again after a back-off.
+			refusals++
+			delay := jitter(expBackoff(refusedRetryMin, refusedRetryMax, refusals))
+			n.log.Warn("the broker has not confirmed spooled events for emit_timeout; sending them again", "events", len(recs)-len(done), "retry_in", delay)
+			select {
+			case <-time.After(delay):
+			case <-s.lost:
+			case <-n.closing:
+			}
+			continue
 		}
 		if len(refused) == 0 {
 			stuck, refusals = nil, 0
@@ -349,7 +378,7 @@ func (n *Node) keepUnrouted(s *session, key string, msg amqp.Publishing) error {
 // undecodable) and, in spool order, the events the broker would not take;
 // those stay in the spool. It waits for every confirm of the batch, so an
 // event confirmed behind a refused one is not sent twice.
-func (n *Node) resend(s *session, recs []spool.Record) (done []uint64, refused []stuckEvent) {
+func (n *Node) resend(s *session, recs []spool.Record) (done []uint64, refused []stuckEvent, late bool) {
 	type sent struct {
 		seq uint64
 		dc  *amqp.DeferredConfirmation
@@ -394,23 +423,32 @@ func (n *Node) resend(s *session, recs []spool.Record) (done []uint64, refused [
 		batch = append(batch, sent{seq: r.Seq, dc: dc, key: ev.Key, msg: msg})
 	}
 	blocked := s.whenBlocked()
+	if hook := n.hook().drainWaits; hook != nil && len(batch) > 0 {
+		hook()
+	}
+	wait := time.NewTimer(n.cfg.EmitTimeout)
+	defer wait.Stop()
 	for _, b := range batch {
 		select {
 		case <-b.dc.Done():
 		case <-s.lost:
-			return done, refused
+			return done, refused, false
 		case <-n.closing: // what is not deleted is sent again on the next start
-			return done, refused
+			return done, refused, false
 		case <-blocked:
 			// No confirm comes while the broker blocks publishing: stop
 			// waiting (and holding new emits back); what was sent but not
 			// confirmed stays in the spool and goes again after the alarm
 			// (the consumers' de-duplication absorbs a second copy).
-			return done, refused
+			return done, refused, false
+		case <-wait.C:
+			// The wait for confirms is bounded too: what was not confirmed
+			// goes again (a second copy is absorbed the same way).
+			return done, refused, true
 		}
 		if !b.dc.Acked() {
 			if s.pub.ch.IsClosed() {
-				return done, refused
+				return done, refused, false
 			}
 			s.pub.confirmed(false, wire.ExchangeEvents, b.key, b.msg)
 			n.stats.refused.Add(1)
@@ -422,7 +460,7 @@ func (n *Node) resend(s *session, recs []spool.Record) (done []uint64, refused [
 		if s.pub.wasReturned(b.msg.MessageId) {
 			if err := n.keepUnrouted(s, b.key, b.msg); err != nil {
 				if s.isLost() || n.isClosing() {
-					return done, refused
+					return done, refused, false
 				}
 				refused = append(refused, stuckEvent{seq: b.seq, key: b.key, msg: b.msg, why: err})
 				continue
@@ -432,7 +470,7 @@ func (n *Node) resend(s *session, recs []spool.Record) (done []uint64, refused [
 		}
 		done = append(done, b.seq)
 	}
-	return done, refused
+	return done, refused, false
 }
 
 // counters are the node's running totals; Stats reads them.
