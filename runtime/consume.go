@@ -201,15 +201,19 @@ func (m *Module) consumeQueue(ctx context.Context, s *session, q setup.Entry) er
 	return nil
 }
 
-// queueTag is the consumer tag of a consumed queue: it names the node,
-// the module and the queue, cut to the 255 bytes of an AMQP short string
-// (a long queue name then ends in a digest of itself).
-func (m *Module) queueTag(queue string) string {
-	tag := "mesh." + m.node.cfg.Node + "." + m.def.Name + ".queue." + queue
+// queueTag is the consumer tag of a consumed queue.
+func (m *Module) queueTag(queue string) string { return m.consumerTag(".queue." + queue) }
+
+// consumerTag is the tag of one of the module's consumers: "mesh.", the
+// node, the module and what it consumes (suffix), cut to the 255 bytes of
+// an AMQP short string, a long one then ending in a digest of the whole,
+// so that every consumer has a tag of its own that Stop can cancel.
+func (m *Module) consumerTag(suffix string) string {
+	tag := "mesh." + m.node.cfg.Node + "." + m.def.Name + suffix
 	if len(tag) <= 255 {
 		return tag
 	}
-	sum := sha256.Sum256([]byte(queue))
+	sum := sha256.Sum256([]byte(tag))
 	return tag[:255-17] + "." + hex.EncodeToString(sum[:8])
 }
 

@@ -59,7 +59,7 @@ func (m *Module) consumeDead(ctx context.Context, s *session) error {
 	if err := ch.Qos(m.cfg.Prefetch, 0, false); err != nil {
 		return fmt.Errorf("set prefetch: %w", err)
 	}
-	tag := "mesh." + m.node.cfg.Node + "." + m.def.Name + ".dead"
+	tag := m.consumerTag(".dead")
 	deliveries, err := ch.Consume(queue, tag, false, false, false, false, nil)
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", queue, err)

@@ -142,3 +142,56 @@ func TestEmitWhileTheDrainWaitsForConfirms(t *testing.T) {
 		t.Fatalf("the sink got %v, want %d before and 1 during", got, spooled)
 	}
 }
+
+// consumerTags are the tags of queue's consumers, as the broker lists
+// them.
+func consumerTags(t *testing.T, vhostURL, queue string) []string {
+	t.Helper()
+	u, err := url.Parse(vhostURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("rabbitmqctl", "-q", "list_consumers", "-p", strings.TrimPrefix(u.Path, "/"), "queue_name", "consumer_tag").Output()
+	if err != nil {
+		t.Fatalf("list_consumers: %v", err)
+	}
+	var tags []string
+	for _, line := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == queue {
+			tags = append(tags, f[1])
+		}
+	}
+	return tags
+}
+
+// TestLongNamesKeepTheirConsumerTags: a consumer whose tag would pass the
+// 255 bytes of an AMQP short string (a long tool key, a long queue name)
+// still gets a tag of the node's, cut with a digest, never one the broker
+// makes up, so Stop cancels it by name.
+func TestLongNamesKeepTheirConsumerTags(t *testing.T) {
+	t.Parallel()
+	vhost := brokertest.VHost(t)
+	n := testNode(t, vhost, "anchor", nil)
+	ch := rawConn(t, vhost)
+	key := "long." + strings.Repeat("k", 240)
+	queue := "legacy." + strings.Repeat("q", 240)
+	if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	m := load(t, n, sdk.Module{Name: "longnames", Setup: func(m sdk.Mesh) error {
+		return errors.Join(m.Serve(key, sdk.ToolHandlerFunc(func(ctx context.Context, req sdk.Request) (any, error) { return "ok", nil })),
+			m.Consume(queue, 1, newRecorder(nil)))
+	}}, runtime.ModuleConfig{ToolGrants: []string{"long.*"}})
+	for _, q := range []string{wire.ServeQueue(key), queue} {
+		tags := consumerTags(t, vhost, q)
+		if len(tags) != 1 || !strings.HasPrefix(tags[0], "mesh.anchor.longnames.") || len(tags[0]) > 255 {
+			t.Errorf("%s: consumer tags %q, want one of the node's, at most 255 bytes", q[:20], tags)
+		}
+	}
+	stop(t, m)
+	for _, q := range []string{wire.ServeQueue(key), queue} {
+		if tags := consumerTags(t, vhost, q); len(tags) != 0 {
+			t.Errorf("%s: consumers %q left after Stop", q[:20], tags)
+		}
+	}
+}

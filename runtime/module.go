@@ -407,7 +407,7 @@ func (m *Module) consume(ctx context.Context, s *session, subs []subscription) e
 	if err := ch.Qos(m.cfg.Prefetch, 0, false); err != nil {
 		return fmt.Errorf("set prefetch: %w", err)
 	}
-	tag := "mesh." + m.node.cfg.Node + "." + m.def.Name
+	tag := m.consumerTag("")
 	deliveries, err := ch.Consume(m.queue, tag, false, false, false, false, nil)
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", m.queue, err)

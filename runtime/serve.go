@@ -56,10 +56,7 @@ func (m *Module) serve(ctx context.Context, s *session, tools []tool) error {
 	go m.watch(s, ch, ch.NotifyClose(make(chan *amqp.Error, 1)), ch.NotifyCancel(make(chan string, 1)))
 	for _, t := range tools {
 		queue := wire.ServeQueue(t.key)
-		tag := "mesh." + m.node.cfg.Node + "." + m.def.Name + ".serve." + t.key
-		if len(tag) > wire.MaxNameBytes {
-			tag = "" // the broker names it
-		}
+		tag := m.consumerTag(".serve." + t.key)
 		deliveries, err := ch.Consume(queue, tag, false, false, false, false, nil)
 		if err != nil {
 			return fmt.Errorf("consume %s: %w", queue, err)
