@@ -24,9 +24,15 @@ type TestHooks struct {
 	// DrainWaits: the spool's drain published a batch and is about to
 	// wait for its confirms (new appends held back if it is the last).
 	DrainWaits func()
+	// Refused: a module stopped for good, its process started again as
+	// another module.
+	Refused func(module string)
 }
 
 // SetTestHooks makes the node call h's functions (those set).
 func (n *Node) SetTestHooks(h TestHooks) {
-	n.hooks.Store(&hooks{resumed: h.Resumed, setUp: h.SetUp, relaunched: h.Relaunched, stopWaiting: h.StopWaiting, exited: h.Exited, awaiting: h.Awaiting, reconsume: h.Reconsume, drainWaits: h.DrainWaits})
+	n.hooks.Store(&hooks{resumed: h.Resumed, setUp: h.SetUp, relaunched: h.Relaunched, stopWaiting: h.StopWaiting, exited: h.Exited, awaiting: h.Awaiting, reconsume: h.Reconsume, drainWaits: h.DrainWaits, refused: h.Refused})
 }
+
+// ErrDescribesAnother is errDescribesAnother, for tests.
+var ErrDescribesAnother = errDescribesAnother

@@ -95,6 +95,7 @@ type hooks struct {
 	awaiting    func(module string)             // a delivery or call waits for the module process's restart
 	reconsume   func(queue string, attempt int) // a lost consumed queue is about to be consumed again
 	drainWaits  func()                          // the spool's drain published a batch and waits for its confirms
+	refused     func(module string)             // a module stopped for good: its process came back as another module
 }
 
 // hook returns the hooks set, or none.
@@ -417,6 +418,9 @@ func (n *Node) Ready() error {
 		}
 	}
 	for _, pm := range plugins {
+		if err := pm.Refused(); err != nil {
+			return fmt.Errorf("module %s stopped: %w", pm.Name(), err)
+		}
 		if pm.restarting() {
 			waiting = append(waiting, pm.Name()+" (its process is restarting)")
 		}

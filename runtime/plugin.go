@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/meshkit/mesh/internal/causation"
 	"github.com/meshkit/mesh/internal/plugin"
@@ -33,10 +34,17 @@ import (
 // again with back-off, and the deliveries it had are failed attempts that
 // the broker redelivers.
 type PluginModule struct {
-	node   *Node
-	path   string
-	args   []string
-	window int // deliveries in flight at most: the module's concurrency
+	node *Node
+	path string
+	args []string
+	// loaded is the module as its first process described it: a process
+	// started again must describe the same (its handlers, tools and
+	// grants are indexed from it).
+	loaded *pb.Description
+	// refused is why the module stopped for good: a process started
+	// again described another module (nil while it runs).
+	refused atomic.Pointer[error]
+	window  int // deliveries in flight at most: the module's concurrency
 	// toolGrants are passed to the process, which refuses an ungranted
 	// Serve when it is made, as in-process.
 	toolGrants []string
@@ -153,6 +161,7 @@ func (n *Node) LoadPlugin(ctx context.Context, path string, args []string, mc Mo
 	}
 	pm.proc, pm.running = proc, make(chan struct{})
 	close(pm.running)
+	pm.loaded = proc.desc
 	patterns, tools := proc.desc.Patterns, proc.desc.Tools
 	var dead sdk.Handler
 	if proc.desc.DeadLetters {
@@ -450,6 +459,10 @@ func (pm *PluginModule) supervise(p *moduleProcess) {
 			if errors.Is(err, sdk.ErrClosed) {
 				return // stopped during the restart; its process is ended
 			}
+			if errors.Is(err, errDescribesAnother) {
+				pm.refuse(err)
+				return
+			}
 			if err == nil {
 				p = next
 				pm.module.counts.restarts.Add(1)
@@ -462,6 +475,35 @@ func (pm *PluginModule) supervise(p *moduleProcess) {
 			pm.log.Error("module restart failed", "err", err, "retry_in", backoff)
 		}
 	}
+}
+
+// errDescribesAnother says a module process started again described
+// another module than the one loaded.
+var errDescribesAnother = errors.New("the binary now describes another module")
+
+// refuse stops the module for good: its consumers end, what was delivered
+// to it goes back to its queues, and Ready says why, until it is stopped
+// (and loaded again).
+func (pm *PluginModule) refuse(err error) {
+	pm.refused.Store(&err)
+	pm.log.Error("module stopped: its process started again as another module", "err", err)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if stopErr := pm.module.Stop(ctx); stopErr != nil {
+		pm.log.Warn("stopping the refused module", "err", stopErr)
+	}
+	if h := pm.node.hook().refused; h != nil {
+		h(pm.module.def.Name)
+	}
+}
+
+// Refused returns why the module stopped for good (its process started
+// again as another module), or nil.
+func (pm *PluginModule) Refused() error {
+	if err := pm.refused.Load(); err != nil {
+		return *err
+	}
+	return nil
 }
 
 // relaunch starts the module process again and installs it, unless Stop
@@ -477,11 +519,18 @@ func (pm *PluginModule) relaunch() (*moduleProcess, error) {
 		}
 	}()
 	next, err := pm.launch(ctx)
-	if err == nil && next.desc.Name != pm.module.def.Name {
-		// A binary replaced on disk by one of another name: it gets no
-		// callback server, as at first load.
+	if err == nil && !proto.Equal(next.desc, pm.loaded) {
+		// A binary replaced on disk by another: its handlers and tools
+		// would be taken for those of the first (events to the wrong
+		// handler), or it claims another name. It gets no callback server,
+		// as at first load.
 		next.client.Kill()
-		err = fmt.Errorf("restart module %s: %w: the binary now says it is module %q", pm.module.def.Name, sdk.ErrForbidden, truncateText(next.desc.Name, 100))
+		what := "its handlers, tools, emits, calls or consumed queues differ from the process it was loaded with"
+		if next.desc.Name != pm.module.def.Name {
+			what = fmt.Sprintf("it says it is module %q", truncateText(next.desc.Name, 100))
+		}
+		err = fmt.Errorf("restart module %s: %w (%s): the module stops, its events stay in its queue; reload meshd (SIGHUP) or restart it to load the new binary",
+			pm.module.def.Name, errDescribesAnother, what)
 	}
 	if err == nil {
 		if err = pm.start(ctx, next); err != nil {

@@ -604,3 +604,55 @@ func TestHeartbeatTellsModuleVersions(t *testing.T) {
 		return
 	}
 }
+
+// TestRelaunchAsAnotherModuleIsRefused: a module process that crashes and
+// comes back describing another module (here one more handler ahead of
+// the others, as a binary replaced in place might) is refused: the module
+// stops, Ready says why, and its events stay in its queue rather than
+// reach the wrong handler.
+func TestRelaunchAsAnotherModuleIsRefused(t *testing.T) {
+	t.Parallel()
+	bin, _ := echoModule(t)
+	url := brokertest.VHost(t)
+	n := testNode(t, url, "anchor", nil)
+	refused := make(chan struct{}, 1)
+	n.SetTestHooks(runtime.TestHooks{Refused: func(string) { refused <- struct{}{} }})
+	marker := filepath.Join(t.TempDir(), "another")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pm, err := n.LoadPlugin(ctx, bin, []string{"echo", marker}, runtime.ModuleConfig{ToolGrants: []string{"echo.*"}, MaxAttempts: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = pm.Stop(ctx)
+	})
+	if err := os.WriteFile(marker, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.Emit(emitCtx(t), "test", "mesh.test.crash", map[string]string{"do": "crash"}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-refused:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the module's new process was never refused")
+	}
+	if err := n.Ready(); err == nil || !strings.Contains(err.Error(), "another module") {
+		t.Errorf("Ready after the refusal: %v, want it to say the module stopped", err)
+	}
+	if !errors.Is(pm.Refused(), runtime.ErrDescribesAnother) {
+		t.Errorf("Refused: %v", pm.Refused())
+	}
+	ch := rawConn(t, url)
+	queue := wire.ModuleQueue("anchor", "echo")
+	if c := consumers(t, ch, queue); c != 0 {
+		t.Errorf("%d consumers on the refused module's queue", c)
+	}
+	if _, err := n.Emit(emitCtx(t), "test", "mesh.test.after", map[string]string{"do": "pong"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, func() bool { return queueDepth(t, ch, queue) >= 2 }) // the crash event back, and the new one
+}

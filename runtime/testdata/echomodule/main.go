@@ -25,6 +25,15 @@ func main() {
 		Emits: []string{"pong", "called", "tick"},
 		Setup: func(m sdk.Mesh) error {
 			mesh = m
+			if len(os.Args) > 2 {
+				// A marker file that, once it exists, makes the binary
+				// another module: one more handler, ahead of the others.
+				if _, err := os.Stat(os.Args[2]); err == nil {
+					if err := m.On("mesh.extra.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error { return nil })); err != nil {
+						return err
+					}
+				}
+			}
 			if name != "echo" {
 				return m.On("mesh."+name+".#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
 					os.Exit(4) // crashes on everything it gets
