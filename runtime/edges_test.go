@@ -195,3 +195,54 @@ func TestLongNamesKeepTheirConsumerTags(t *testing.T) {
 		}
 	}
 }
+
+// TestUnrecordedEventIsNotAcked: a de-duplicating module whose record of
+// handled ids fails (a full disk, forced here) does not acknowledge the
+// event until the record works: while it fails, the delivery stays
+// unacknowledged; the handler ran once.
+func TestUnrecordedEventIsNotAcked(t *testing.T) {
+	t.Parallel()
+	vhost := brokertest.VHost(t)
+	n := testNode(t, vhost, "anchor", nil)
+	queue := wire.ModuleQueue("anchor", "recorder")
+	var mu sync.Mutex
+	calls, unackedWhileFailing := 0, -1
+	n.SetTestHooks(runtime.TestHooks{Record: func(id string, err error) error {
+		mu.Lock()
+		calls++
+		c := calls
+		mu.Unlock()
+		switch c {
+		case 1:
+			return errors.New("no space left on device (forced)")
+		case 2:
+			u := unacked(t, vhost, queue) // the ack has not gone out
+			mu.Lock()
+			unackedWhileFailing = u
+			mu.Unlock()
+			return errors.New("no space left on device (forced)")
+		}
+		return err
+	}})
+	rec := newRecorder(nil)
+	load(t, n, sdk.Module{Name: "recorder", Setup: func(m sdk.Mesh) error { return m.On("mesh.rec.#", rec) }},
+		runtime.ModuleConfig{QueueType: runtime.QueueClassic})
+	if _, err := n.Emit(emitCtx(t), "test", "mesh.rec.one", 1); err != nil {
+		t.Fatal(err)
+	}
+	rec.next(t)
+	waitFor(t, 30*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return calls >= 3
+	})
+	waitFor(t, 10*time.Second, func() bool { return unacked(t, vhost, queue) == 0 })
+	mu.Lock()
+	defer mu.Unlock()
+	if unackedWhileFailing != 1 {
+		t.Errorf("while the record failed, %d unacked: want the delivery held (1)", unackedWhileFailing)
+	}
+	if rec.count() != 1 {
+		t.Errorf("the handler ran %d times, want once", rec.count())
+	}
+}

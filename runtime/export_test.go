@@ -27,11 +27,14 @@ type TestHooks struct {
 	// Refused: a module stopped for good, its process started again as
 	// another module.
 	Refused func(module string)
+	// Record: what recording a handled event's id returns, given what it
+	// did return (a full disk, forced).
+	Record func(id string, err error) error
 }
 
 // SetTestHooks makes the node call h's functions (those set).
 func (n *Node) SetTestHooks(h TestHooks) {
-	n.hooks.Store(&hooks{resumed: h.Resumed, setUp: h.SetUp, relaunched: h.Relaunched, stopWaiting: h.StopWaiting, exited: h.Exited, awaiting: h.Awaiting, reconsume: h.Reconsume, drainWaits: h.DrainWaits, refused: h.Refused})
+	n.hooks.Store(&hooks{resumed: h.Resumed, setUp: h.SetUp, relaunched: h.Relaunched, stopWaiting: h.StopWaiting, exited: h.Exited, awaiting: h.Awaiting, reconsume: h.Reconsume, drainWaits: h.DrainWaits, refused: h.Refused, record: h.Record})
 }
 
 // ErrDescribesAnother is errDescribesAnother, for tests.

@@ -681,12 +681,10 @@ func (m *Module) handle(d amqp.Delivery, deliveries <-chan amqp.Delivery, a *ack
 	case err == nil:
 		m.node.stats.handled.Add(1)
 		counts.handled.Add(1)
-		if sub.dedup {
-			// Recorded before the ack: if the ack is lost (the connection
-			// dropped), the redelivery is recognised.
-			if err := m.dedup.Record(ev.ID); err != nil {
-				m.log.Warn("could not record the event as handled; a redelivery would run it again", "event_id", ev.ID, "err", err)
-			}
+		// Recorded before the ack: if the ack is lost (the connection
+		// dropped), the redelivery is recognised.
+		if sub.dedup && !m.record(d, ev.ID) {
+			return false // its channel closed unrecorded: the broker delivers it again
 		}
 		if err := src.ack(d); err != nil {
 			m.log.Warn("ack failed; the event will be delivered again (and recognised as handled)", "event_id", ev.ID, "err", err)
@@ -945,6 +943,29 @@ func (m *Module) liveSession(d amqp.Delivery) (*session, bool) {
 	}
 	s := m.node.session()
 	return s, s != nil
+}
+
+// record records id as handled, trying again with back-off while it
+// cannot (a full disk): the delivery d is acknowledged only once its id is
+// recorded, so a record that failed never leaves an acked event that a
+// redelivery would run again. It gives up, unrecorded and unacked, when
+// d's channel closes (the broker delivers it again).
+func (m *Module) record(d amqp.Delivery, id string) bool {
+	for attempt := 1; ; attempt++ {
+		err := m.dedup.Record(id)
+		if hook := m.node.hook().record; hook != nil {
+			err = hook(id, err)
+		}
+		if err == nil {
+			return true
+		}
+		if ch, ok := d.Acknowledger.(*amqp.Channel); ok && ch.IsClosed() {
+			return false
+		}
+		delay := expBackoff(100*time.Millisecond, 5*time.Second, attempt)
+		m.log.Error("could not record the event as handled (is the disk full?); its ack waits until it is recorded", "event_id", id, "err", err, "attempt", attempt, "retry_in", delay)
+		time.Sleep(delay)
+	}
 }
 
 // later runs f after delay unless the module stops first.
