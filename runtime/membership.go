@@ -78,7 +78,18 @@ type Peer struct {
 type peers struct {
 	mu    sync.Mutex
 	known map[string]*Peer
+	// since is when the node began to hear the others on its current
+	// session (zero while it does not): a node cut off from the broker
+	// hears no one, and must not take that for the others' silence.
+	since time.Time
+	// following is the session it hears them on.
+	following *session
 }
+
+// forgetAfter is how long an unreachable peer is remembered: one that
+// never comes back (nor says it left) is forgotten then, so what a node
+// knows of the others stays bounded by the live ones.
+func forgetAfter(interval time.Duration) time.Duration { return max(time.Hour, 100*interval) }
 
 // Peers returns the other nodes this node has heard of, by name.
 func (n *Node) Peers() []Peer {
@@ -236,12 +247,22 @@ func (n *Node) beat() {
 }
 
 // checkPeers reports, once, each peer silent for missedHeartbeats of its
-// intervals.
+// intervals while this node could hear it: not while this node is cut off
+// from the broker, nor before it has followed the others for that long
+// on its new session. A peer unreachable for forgetAfter is forgotten.
 func (n *Node) checkPeers(now time.Time) {
 	var silent []Peer
 	n.members.mu.Lock()
-	for _, p := range n.members.known {
-		if !p.Unreachable && now.Sub(p.LastSeen) > missedHeartbeats*p.Interval {
+	since := n.members.since
+	for name, p := range n.members.known {
+		if p.Unreachable && now.Sub(p.LastSeen) > forgetAfter(p.Interval) {
+			delete(n.members.known, name)
+			continue
+		}
+		if since.IsZero() {
+			continue // hearing no one: this node is the one cut off
+		}
+		if !p.Unreachable && now.Sub(p.LastSeen) > missedHeartbeats*p.Interval && now.Sub(since) > missedHeartbeats*p.Interval {
 			p.Unreachable = true
 			silent = append(silent, *p)
 		}
@@ -300,10 +321,19 @@ func (n *Node) watchPeers(s *session) error {
 		ch.Close()
 		return fmt.Errorf("membership: follow the other nodes: %w", err)
 	}
+	n.members.mu.Lock()
+	n.members.since, n.members.following = time.Now(), s
+	n.members.mu.Unlock()
 	go func() {
 		for d := range deliveries {
 			n.heard(d)
 		}
+		// The session went: the node hears no one until the next.
+		n.members.mu.Lock()
+		if n.members.following == s {
+			n.members.since, n.members.following = time.Time{}, nil
+		}
+		n.members.mu.Unlock()
 	}()
 	return nil
 }

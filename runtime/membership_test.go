@@ -84,3 +84,44 @@ func TestMembership(t *testing.T) {
 	}
 	waitFor(t, 15*time.Second, func() bool { _, ok := heardOf(a, "beta"); return !ok })
 }
+
+// TestCutOffNodeReportsNoOne: a node cut off from the broker hears no
+// heartbeats, and does not take that for its peers' silence: after it is
+// back (its spool drained, its heartbeats heard again), no report that a
+// peer was unreachable came from it.
+func TestCutOffNodeReportsNoOne(t *testing.T) {
+	t.Parallel()
+	url := brokertest.VHost(t)
+	proxy := brokertest.NewProxy(t)
+	const every = 100 * time.Millisecond
+	beat := func(c *runtime.Config) {
+		c.HeartbeatInterval = every
+		c.ReconnectMin, c.ReconnectMax = 20*time.Millisecond, 100*time.Millisecond
+	}
+	testNode(t, url, "alpha", beat)
+	b := testNode(t, strings.Replace(url, brokertest.Host(), proxy.Addr(), 1), "beta", beat)
+	raw := rawConn(t, url)
+	falseReports, betaBeats := watchQueue(t, raw, "node.alpha.unreachable"), watchQueue(t, raw, "node.beta.heartbeat")
+	waitFor(t, 15*time.Second, func() bool {
+		for _, p := range b.Peers() {
+			if p.Node == "alpha" {
+				return true
+			}
+		}
+		return false
+	})
+	spooledAtCut := b.Stats().Spooled
+	proxy.Down()
+	// Beta's heartbeats go to its spool while it is cut off: ten of them
+	// are more than the three intervals of silence that make a report.
+	waitFor(t, 30*time.Second, func() bool { return b.Stats().Spooled >= spooledAtCut+10 })
+	proxy.Up()
+	waitFor(t, 30*time.Second, func() bool { st := b.Stats(); return st.Connected && st.SpoolEvents == 0 })
+	if _, err := raw.QueuePurge(betaBeats, false); err != nil {
+		t.Fatal(err)
+	}
+	nextFrom(t, raw, betaBeats) // beta sends from its new session: what it spooled went before
+	if n := queueDepth(t, raw, falseReports); n != 0 {
+		t.Errorf("beta, cut off, reported alpha unreachable %d times", n)
+	}
+}
