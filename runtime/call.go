@@ -206,8 +206,36 @@ func (c *caller) hasServer(tool string, fresh bool) (bool, error) {
 	served, err := c.askServer(tool)
 	if err == nil {
 		c.checked[tool] = serverCheck{at: time.Now(), served: served}
+		c.pruneChecks(time.Now())
 	}
 	return served, err
+}
+
+// maxServerChecks bounds the tools whose server checks a node keeps: a
+// module calling ever new tool names must not grow the node's memory.
+const maxServerChecks = 4096
+
+// pruneChecks drops, past maxServerChecks tools, the checks too old to be
+// used, and if that is not enough, all of them (they are a cache).
+// checkMu is held.
+func (c *caller) pruneChecks(now time.Time) {
+	if len(c.checked) <= maxServerChecks && len(c.served) <= maxServerChecks {
+		return
+	}
+	for tool, last := range c.checked {
+		if now.Sub(last.at) >= serverRecheck/2 {
+			delete(c.checked, tool)
+		}
+	}
+	for tool, seen := range c.served {
+		if now.Sub(seen) >= serverCheckTTL {
+			delete(c.served, tool)
+		}
+	}
+	if len(c.checked) > maxServerChecks || len(c.served) > maxServerChecks {
+		clear(c.checked)
+		clear(c.served)
+	}
 }
 
 // askServer asks the broker whether tool's serve queue has a consumer.

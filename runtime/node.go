@@ -83,6 +83,8 @@ type Node struct {
 	telemetry telemetry    // metrics instruments (Config.MeterProvider)
 	trace     trace.Tracer // spans (Config.TracerProvider); nil without
 	callOpts  sync.Map     // tool+outcome -> metric.RecordOption
+	// callOptsLen is how many callOpts holds (maxCallOpts at most).
+	callOptsLen atomic.Int64
 }
 
 // hooks are called, when set, at points tests need to order against.

@@ -228,12 +228,22 @@ func (m *Module) recordHandler(start time.Time, outcome string) {
 	m.node.telemetry.handlerDuration.Record(context.Background(), time.Since(start).Seconds(), m.outcomeOpts[outcome])
 }
 
+// maxCallOpts bounds the tool and outcome pairs whose record options a
+// node keeps; past it, each call's are made for it (a module calling ever
+// new tool names must not grow the node's memory).
+const maxCallOpts = 1024
+
 // recordCall records one call of tool made from the node.
 func (n *Node) recordCall(start time.Time, tool, outcome string) {
 	key := tool + "\x00" + outcome
 	opt, ok := n.callOpts.Load(key)
 	if !ok {
-		opt, _ = n.callOpts.LoadOrStore(key, metric.WithAttributeSet(attribute.NewSet(attribute.String("tool", tool), attribute.String("outcome", outcome))))
+		opt = metric.WithAttributeSet(attribute.NewSet(attribute.String("tool", tool), attribute.String("outcome", outcome)))
+		if n.callOptsLen.Load() < maxCallOpts {
+			if _, loaded := n.callOpts.LoadOrStore(key, opt); !loaded {
+				n.callOptsLen.Add(1)
+			}
+		}
 	}
 	n.telemetry.callDuration.Record(context.Background(), time.Since(start).Seconds(), opt.(metric.RecordOption))
 }

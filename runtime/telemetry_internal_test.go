@@ -88,3 +88,43 @@ func TestOriginsAreBounded(t *testing.T) {
 		t.Errorf("%d origins kept, want %d and other", n, maxOrigins)
 	}
 }
+
+// TestCachesAreBounded: a module calling ever new tool names grows
+// neither the record options of call metrics nor the server checks past
+// their bounds.
+func TestCachesAreBounded(t *testing.T) {
+	n := &Node{cfg: Config{Node: "bounded"}}
+	if err := n.startTelemetry(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 * maxCallOpts {
+		n.recordCall(time.Now(), fmt.Sprintf("tool.n%d", i), "ok")
+	}
+	kept := 0
+	n.callOpts.Range(func(any, any) bool { kept++; return true })
+	if kept > maxCallOpts || n.callOptsLen.Load() != int64(kept) {
+		t.Errorf("%d call record options kept (counted %d), want at most %d", kept, n.callOptsLen.Load(), maxCallOpts)
+	}
+
+	c := &caller{served: map[string]time.Time{}, checked: map[string]serverCheck{}}
+	now := time.Now()
+	for i := range 3 * maxServerChecks {
+		tool := fmt.Sprintf("tool.n%d", i)
+		c.checked[tool] = serverCheck{at: now, served: true}
+		c.served[tool] = now
+		c.pruneChecks(now)
+	}
+	if len(c.checked) > maxServerChecks || len(c.served) > maxServerChecks {
+		t.Errorf("%d checks and %d servers kept, want at most %d", len(c.checked), len(c.served), maxServerChecks)
+	}
+	// Fresh ones survive a prune that old ones make necessary.
+	c = &caller{served: map[string]time.Time{}, checked: map[string]serverCheck{}}
+	for i := range maxServerChecks {
+		c.checked[fmt.Sprintf("old.n%d", i)] = serverCheck{at: now.Add(-time.Minute)}
+	}
+	c.checked["fresh.one"] = serverCheck{at: now, served: true}
+	c.pruneChecks(now)
+	if _, ok := c.checked["fresh.one"]; !ok || len(c.checked) != 1 {
+		t.Errorf("after a prune: %d checks, fresh kept %v", len(c.checked), ok)
+	}
+}
