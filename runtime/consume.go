@@ -165,6 +165,7 @@ func (m *Module) consumeQueue(ctx context.Context, s *session, q setup.Entry) er
 		if err := checkQueue(s, q.Key); err != nil {
 			return err
 		}
+		m.queueDown(q.Key, "") // it exists: standBy takes it when it can
 		go m.standBy(s, q)
 		return nil
 	}

@@ -890,6 +890,13 @@ func (m *Module) requeueClassic(src source, d amqp.Delivery, eventType string, a
 	if err := src.ack(d); err != nil {
 		m.log.Warn("ack after requeue failed; the event may be handled twice", "err", err)
 	}
+	// Settled outside any worker (a scheduled retry): sent now, not
+	// with the next delivery.
+	if src.acks != nil {
+		if err := src.acks.flush(); err != nil {
+			m.log.Warn("ack after requeue failed; the event may be handled twice", "err", err)
+		}
+	}
 }
 
 // deadLetter publishes d to the dead-letter exchange with its original

@@ -477,6 +477,19 @@ func (pm *PluginModule) supervise(p *moduleProcess) {
 	}
 }
 
+// sameModule reports whether two descriptions are of the same module: all
+// but whether Setup held a consumed queue at start, which is the run's.
+func sameModule(a, b *pb.Description) bool {
+	norm := func(d *pb.Description) *pb.Description {
+		d = proto.Clone(d).(*pb.Description)
+		for _, c := range d.Consumes {
+			c.Held = false
+		}
+		return d
+	}
+	return proto.Equal(norm(a), norm(b))
+}
+
 // errDescribesAnother says a module process started again described
 // another module than the one loaded.
 var errDescribesAnother = errors.New("the binary now describes another module")
@@ -498,9 +511,10 @@ func (pm *PluginModule) refuse(err error) {
 }
 
 // Refused returns why the module stopped for good (its process started
-// again as another module), or nil.
+// again as another module), or nil; nil too once it is stopped (and so
+// replaced, or gone).
 func (pm *PluginModule) Refused() error {
-	if err := pm.refused.Load(); err != nil {
+	if err := pm.refused.Load(); err != nil && !pm.stopping.Load() {
 		return *err
 	}
 	return nil
@@ -519,7 +533,7 @@ func (pm *PluginModule) relaunch() (*moduleProcess, error) {
 		}
 	}()
 	next, err := pm.launch(ctx)
-	if err == nil && !proto.Equal(next.desc, pm.loaded) {
+	if err == nil && !sameModule(next.desc, pm.loaded) {
 		// A binary replaced on disk by another: its handlers and tools
 		// would be taken for those of the first (events to the wrong
 		// handler), or it claims another name. It gets no callback server,

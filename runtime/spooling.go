@@ -209,7 +209,7 @@ func (n *Node) drainLoop() {
 // the last batch is sent with new appends held back (they wait a few
 // milliseconds); the spool then empties and the fast path returns.
 func (n *Node) drain(s *session) {
-	refusals := 0
+	refusals, lateRounds := 0, 0
 	refusedAt := make(map[uint64]time.Time) // spooled events the broker refused, and when it first did
 	var stuck *stuckEvent                   // the oldest of them, tried again alone
 	for !s.isLost() && !n.isClosing() && !s.isBlocked() {
@@ -243,8 +243,11 @@ func (n *Node) drain(s *session) {
 		}
 		done, refused, late := n.resend(s, recs)
 		if locked && !release.Stop() {
-			unlock.Do(func() {}) // released by the timer: wait until it is
-			locked = false       // appends go on meanwhile; the spool is not seen empty now
+			// The timer fired: the gate is released, by it or (if its
+			// function has not run yet) here; appends went on meanwhile,
+			// so the spool is not seen empty now.
+			unlock.Do(n.spoolGate.Unlock)
+			locked = false
 		}
 		delErr := n.spool.Delete(done...)
 		if locked {
@@ -260,11 +263,19 @@ func (n *Node) drain(s *session) {
 		for _, seq := range done {
 			delete(refusedAt, seq)
 		}
+		now := time.Now()
+		for _, e := range refused {
+			if _, ok := refusedAt[e.seq]; !ok {
+				refusedAt[e.seq] = now
+			}
+		}
 		if late {
 			// Confirms withheld for EmitTimeout: what was not confirmed
-			// stays in the spool and is sent again after a back-off.
-			refusals++
-			delay := jitter(expBackoff(refusedRetryMin, refusedRetryMax, refusals))
+			// stays in the spool and is sent again, after a back-off that
+			// grows to minutes, so a long outage of a queue's majority
+			// does not fill it with copies.
+			lateRounds++
+			delay := jitter(expBackoff(n.cfg.EmitTimeout, 5*time.Minute, lateRounds))
 			n.log.Warn("the broker has not confirmed spooled events for emit_timeout; sending them again", "events", len(recs)-len(done), "retry_in", delay)
 			select {
 			case <-time.After(delay):
@@ -273,18 +284,13 @@ func (n *Node) drain(s *session) {
 			}
 			continue
 		}
+		lateRounds = 0
 		if len(refused) == 0 {
 			stuck, refusals = nil, 0
 			if !n.spooling.Load() {
 				return
 			}
 			continue
-		}
-		now := time.Now()
-		for _, e := range refused {
-			if _, ok := refusedAt[e.seq]; !ok {
-				refusedAt[e.seq] = now
-			}
 		}
 		if stuck == nil || stuck.seq != refused[0].seq {
 			refusals = 0

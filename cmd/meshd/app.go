@@ -286,8 +286,8 @@ func reload(ctx context.Context, c *cli.Context, was nodeconfig.File, node *runt
 		want[m.Name] = true
 		var previous *nodeconfig.Module
 		if l, ok := running[m.Name]; ok {
-			if reflect.DeepEqual(l.entry, m) {
-				continue
+			if reflect.DeepEqual(l.entry, m) && l.pm.Refused() == nil {
+				continue // unchanged, and running (a refused one starts again: its binary changed)
 			}
 			previous = &l.entry
 			stop(m.Name)
