@@ -6,7 +6,7 @@ GO     ?= go
 ENSURE := scripts/ensure-rabbitmq.sh
 
 .DEFAULT_GOAL := help
-.PHONY: help build test bench demo lint fuzz generate clean
+.PHONY: help build test soak bench demo lint fuzz generate clean
 
 help: ## List targets with their descriptions
 	@grep -E '^[a-zA-Z_-]+:.*?## .*$$' $(MAKEFILE_LIST) | \
@@ -32,6 +32,10 @@ test: ## Run the whole test suite (race detector) against a local RabbitMQ, then
 	$(GO) test -race -count=1 -p 1 -v -timeout 20m -tags fault ./test/fault
 	@echo "failover tests (on a local three-node cluster, scripts/cluster.sh, made and removed by them):"
 	$(GO) test -race -count=1 -p 1 -v -timeout 20m -tags failover ./test/fault
+
+soak: ## Run the nemesis soak (test/soak): SOAK=10m of seeded faults on two nodes, then a checker over the history; SOAK_SEED=S repeats a schedule
+	$(ENSURE)
+	$(GO) test -count=1 -v -tags soak -timeout 0 -run TestSoak ./test/soak
 
 bench: ## Run throughput/latency benchmarks beside a raw amqp091-go baseline
 	$(ENSURE)
