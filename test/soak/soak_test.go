@@ -4,8 +4,8 @@
 // version: two nodes on the local broker, each through a proxy the nemesis
 // cuts and partitions, a workload of chained events with a tool call
 // inside a handler and a consumed queue the nemesis deletes and declares
-// again, faults from a seeded schedule, and a checker over the whole
-// history at the end. SOAK (default 10m) is how long the faults go on;
+// again, memory alarms, faults from a seeded schedule, and a checker over
+// the whole history at the end. SOAK (default 10m) is how long the faults go on;
 // SOAK_SEED (default: the time) picks the schedule.
 package soak
 
@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -110,6 +111,16 @@ func newNode(t *testing.T, url, name string) *runtime.Node {
 
 func TestSoak(t *testing.T) {
 	length, seed := soakLength(t), soakSeed(t)
+	// Each of the four emitters waits this between emits (SOAK_PACE):
+	// 20 ms is about 180 events/s, which the workload's handler (a tool
+	// call per event) keeps up with on this machine.
+	pace := 20 * time.Millisecond
+	if v := os.Getenv("SOAK_PACE"); v != "" {
+		var err error
+		if pace, err = time.ParseDuration(v); err != nil {
+			t.Fatalf("SOAK_PACE=%q: %v", v, err)
+		}
+	}
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	t.Logf("soak seed=%d length=%v (SOAK_SEED=%d reproduces the schedule)", seed, length, seed)
 	url := brokertest.VHost(t)
@@ -214,7 +225,7 @@ func TestSoak(t *testing.T) {
 					h.confirmed[o.ID] = true
 					h.mu.Unlock()
 				}
-				pause(5 * time.Millisecond)
+				pause(pace)
 			}
 		}()
 	}
@@ -248,12 +259,27 @@ func TestSoak(t *testing.T) {
 		}
 	}()
 
+	// The broker's memory watermark, put back after each alarm and at the
+	// end (a run killed before its cleanup leaves an absolute one: Debian's
+	// default is 0.4).
+	out, err := exec.Command("rabbitmqctl", "eval", "vm_memory_monitor:get_vm_memory_high_watermark().").CombinedOutput()
+	if err != nil {
+		t.Fatalf("read the memory watermark: %v\n%s", err, out)
+	}
+	fields := strings.Fields(strings.TrimSpace(string(out)))
+	watermark := fields[len(fields)-1]
+	if strings.HasPrefix(watermark, "{") {
+		watermark = "0.4"
+	}
+	restoreWatermark := func() { _ = exec.Command("rabbitmqctl", "set_vm_memory_high_watermark", watermark).Run() }
+	t.Cleanup(restoreWatermark)
+
 	// The nemesis: a fault every 1-4 s from the seeded schedule.
 	faults := map[string]int{}
 	deadline := time.Now().Add(length)
 	for time.Now().Before(deadline) {
 		pause(time.Duration(1000+rng.IntN(3000)) * time.Millisecond)
-		switch f := rng.IntN(4); f {
+		switch f := rng.IntN(5); f {
 		case 0:
 			p := rng.IntN(2)
 			proxies[p].Cut()
@@ -282,6 +308,14 @@ func TestSoak(t *testing.T) {
 			}
 			legacyMu.Unlock()
 			faults["delete consumed queue"]++
+		case 4:
+			// A memory alarm: the broker blocks every publisher.
+			if out, err := exec.Command("rabbitmqctl", "set_vm_memory_high_watermark", "absolute", "1").CombinedOutput(); err != nil {
+				t.Fatalf("memory alarm: %v\n%s", err, out)
+			}
+			pause(time.Duration(500+rng.IntN(2500)) * time.Millisecond)
+			restoreWatermark()
+			faults["memory alarm"]++
 		}
 	}
 	close(stop)
@@ -289,8 +323,10 @@ func TestSoak(t *testing.T) {
 
 	// Settle: every confirmed order handled and its done event taken, or
 	// two minutes.
-	settled := time.Now().Add(2 * time.Minute)
-	for time.Now().Before(settled) {
+	// Settle: until nothing is missing, or nothing more arrives for a
+	// minute (at most 15 minutes): a backlog left by the faults drains.
+	progressAt, lastMissing := time.Now(), -1
+	for time.Since(progressAt) < time.Minute && time.Since(deadline) < 15*time.Minute {
 		h.mu.Lock()
 		missing := 0
 		for id := range h.confirmed {
@@ -307,8 +343,19 @@ func TestSoak(t *testing.T) {
 		if missing == 0 {
 			break
 		}
+		if missing != lastMissing {
+			progressAt, lastMissing = time.Now(), missing
+		}
 		pause(500 * time.Millisecond)
 	}
+	backlog := map[string]int{}
+	for _, q := range []string{wire.ModuleQueue("beta", "worker"), wire.ModuleQueue("alpha", "sink"), legacyQueue} {
+		if info, err := admin.QueueDeclarePassive(q, true, false, false, false, nil); err == nil {
+			backlog[q] = info.Messages
+		}
+	}
+	fmt.Printf("soak settled in %v; left in queues %v, in spools alpha=%d beta=%d\n",
+		time.Since(deadline).Round(time.Second), backlog, alpha.Stats().SpoolEvents, beta.Stats().SpoolEvents)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	var lost, dup, doneLost, dupDone, dupTax, legacyLost int
