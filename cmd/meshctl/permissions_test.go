@@ -286,20 +286,8 @@ modules:
 	n1Conn := dial(t, n1URL)
 	refused := func(conn *amqp.Connection, code int, what string, do func(ch *amqp.Channel) error) {
 		t.Helper()
-		ch, err := conn.Channel()
-		if err != nil {
-			t.Fatal(err)
-		}
-		closed := ch.NotifyClose(make(chan *amqp.Error, 1))
-		err = do(ch)
-		var ae *amqp.Error
-		if !errors.As(err, &ae) {
-			select {
-			case ae = <-closed:
-			case <-ctx.Done():
-			}
-		}
-		if ae == nil || ae.Code != code {
+		dl, _ := ctx.Deadline()
+		if ae := brokertest.ChannelError(t, conn, time.Until(dl), do); ae == nil || ae.Code != code {
 			t.Errorf("%s: %v, want %d", what, ae, code)
 		}
 	}

@@ -143,20 +143,7 @@ func TestLeastPrivilegeOnTheBroker(t *testing.T) {
 	defer conn.Close()
 	refused := func(what string, do func(ch *amqp.Channel) error) {
 		t.Helper()
-		ch, err := conn.Channel()
-		if err != nil {
-			t.Fatal(err)
-		}
-		closed := ch.NotifyClose(make(chan *amqp.Error, 1))
-		err = do(ch)
-		var ae *amqp.Error
-		if !errors.As(err, &ae) {
-			select {
-			case ae = <-closed:
-			case <-time.After(10 * time.Second):
-			}
-		}
-		if ae == nil || ae.Code != amqp.AccessRefused {
+		if ae := brokertest.ChannelError(t, conn, 10*time.Second, do); ae == nil || ae.Code != amqp.AccessRefused {
 			t.Errorf("%s: %v, want 403 ACCESS_REFUSED", what, ae)
 		}
 	}
