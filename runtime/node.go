@@ -101,12 +101,16 @@ type hooks struct {
 	record      func(id string, err error) error // the outcome of recording a handled id, as the test would have it
 }
 
+// noHooks is what hook returns when no test set any: one value, so that
+// a hook point on the event path (record) allocates nothing.
+var noHooks = &hooks{}
+
 // hook returns the hooks set, or none.
 func (n *Node) hook() *hooks {
 	if h := n.hooks.Load(); h != nil {
 		return h
 	}
-	return &hooks{}
+	return noHooks
 }
 
 // New connects to the broker, declares and verifies the topology, takes

@@ -216,39 +216,31 @@ func permits(path string, c runtime.Credential, perm fs.FileMode) error {
 // are in force, and warns of what leaves a module more than its grants
 // (docs/security.md).
 func logProtections(log *slog.Logger, iso *isolation, configPath string, running map[string]*loaded) {
+	root := os.Geteuid() == 0
 	modules := map[string]string{}
-	var unconfined, noLandlock []string
+	var asMeshd, unconfined []string // as meshd's user (root, as root); of those or any, without Landlock
 	otherUsers := false
 	for name, l := range running {
 		modules[name] = l.how.String()
-		switch {
-		case l.how.user != "":
+		if l.how.user != "" {
 			otherUsers = true
-		case !l.how.confined:
-			unconfined = append(unconfined, name)
+		} else {
+			asMeshd = append(asMeshd, name)
 		}
 		if !l.how.confined {
-			noLandlock = append(noLandlock, name)
+			unconfined = append(unconfined, name)
 		}
 	}
 	log.Info("module isolation", "meshd_undumpable", undumpable, "module_connections", "mutual TLS", "module_env", "allow-list",
 		"landlock", iso.landlock, "modules", modules)
-	if os.Geteuid() == 0 {
-		var root []string
-		for name, l := range running {
-			if l.how.user == "" {
-				root = append(root, name)
-			}
-		}
-		if len(root) > 0 {
-			log.Warn("modules run as root (user: root): they can do anything on this host", "modules", root)
-		}
-	}
-	if len(unconfined) > 0 && os.Geteuid() != 0 { // as root, they are the modules that run as root
+	switch {
+	case root && len(asMeshd) > 0:
+		log.Warn("modules run as root (user: root): they can do anything on this host", "modules", asMeshd)
+	case !root && iso.landlock < 1 && len(asMeshd) > 0:
 		log.Warn("modules run as meshd's user without Landlock: they can read the state dir, the config and each other's files; run meshd as root to give each a user of its own (docs/security.md)",
-			"modules", unconfined)
+			"modules", asMeshd)
 	}
-	if fi, err := os.Stat(configPath); err == nil && otherUsers && len(noLandlock) > 0 && fi.Mode().Perm()&0o044 != 0 {
+	if fi, err := os.Stat(configPath); err == nil && otherUsers && len(unconfined) > 0 && fi.Mode().Perm()&0o044 != 0 {
 		log.Warn("the config is readable by other users, modules' users among them: chmod 0600 it", "config", configPath, "mode", fmt.Sprintf("%04o", fi.Mode().Perm()))
 	}
 }

@@ -108,3 +108,21 @@ func Ctl(t testing.TB, args ...string) {
 		t.Fatalf("rabbitmqctl: %v", err)
 	}
 }
+
+// MemoryWatermark is the broker's memory high watermark as
+// `rabbitmqctl set_vm_memory_high_watermark` takes it back: a relative
+// one as it is, or Debian's default 0.4 where an absolute one is set (a
+// test that sets one to raise an alarm, killed before its cleanup, leaves
+// it).
+func MemoryWatermark(t testing.TB) string {
+	t.Helper()
+	out, err := exec.Command("rabbitmqctl", "eval", "vm_memory_monitor:get_vm_memory_high_watermark().").CombinedOutput()
+	if err != nil {
+		t.Fatalf("read the memory watermark: %v\n%s", err, out)
+	}
+	fields := strings.Fields(strings.TrimSpace(string(out)))
+	if len(fields) == 0 || strings.HasPrefix(fields[len(fields)-1], "{") {
+		return "0.4"
+	}
+	return fields[len(fields)-1]
+}

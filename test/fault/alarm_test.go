@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,17 +16,6 @@ import (
 	"github.com/meshkit/mesh/sdk"
 )
 
-// watermark reads the broker's memory high watermark, to put it back.
-func watermark(t *testing.T) string {
-	t.Helper()
-	out, err := exec.Command("rabbitmqctl", "eval", "vm_memory_monitor:get_vm_memory_high_watermark().").CombinedOutput()
-	if err != nil {
-		t.Fatalf("read the memory watermark: %v\n%s", err, out)
-	}
-	lines := strings.Fields(strings.TrimSpace(string(out)))
-	return lines[len(lines)-1]
-}
-
 // TestBrokerAlarm: a memory alarm blocks every publishing connection.
 // While it lasts the node keeps consuming (a backlog drains, acks flow),
 // emits return within their deadline (spooled), the node says it is
@@ -36,12 +24,7 @@ func watermark(t *testing.T) string {
 func TestBrokerAlarm(t *testing.T) {
 	url := brokertest.VHost(t)
 	ensureBrokerRuns(t)
-	was := watermark(t)
-	if strings.HasPrefix(was, "{") {
-		// An absolute watermark is what this test sets: a run killed before
-		// its cleanup left it. Debian's default is 0.4.
-		was = "0.4"
-	}
+	was := brokertest.MemoryWatermark(t)
 	restore := func() { _ = exec.Command("rabbitmqctl", "set_vm_memory_high_watermark", was).Run() }
 	restore()
 	t.Cleanup(restore)

@@ -12,6 +12,7 @@ package soak
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -187,7 +188,7 @@ func TestSoak(t *testing.T) {
 			h.add(h.legacy, ev.ID)
 			return nil
 		}))
-		return errJoin(on, consume)
+		return errors.Join(on, consume)
 	}}, runtime.ModuleConfig{MaxAttempts: mc.MaxAttempts, HandlerTimeout: mc.HandlerTimeout, CallGrants: []string{"tax.*"}, ConsumeGrants: []string{legacyQueue}})
 	load(alpha, sdk.Module{Name: "sink", Setup: func(m sdk.Mesh) error {
 		return m.On("module.worker.done", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
@@ -262,15 +263,7 @@ func TestSoak(t *testing.T) {
 	// The broker's memory watermark, put back after each alarm and at the
 	// end (a run killed before its cleanup leaves an absolute one: Debian's
 	// default is 0.4).
-	out, err := exec.Command("rabbitmqctl", "eval", "vm_memory_monitor:get_vm_memory_high_watermark().").CombinedOutput()
-	if err != nil {
-		t.Fatalf("read the memory watermark: %v\n%s", err, out)
-	}
-	fields := strings.Fields(strings.TrimSpace(string(out)))
-	watermark := fields[len(fields)-1]
-	if strings.HasPrefix(watermark, "{") {
-		watermark = "0.4"
-	}
+	watermark := brokertest.MemoryWatermark(t)
 	restoreWatermark := func() { _ = exec.Command("rabbitmqctl", "set_vm_memory_high_watermark", watermark).Run() }
 	t.Cleanup(restoreWatermark)
 
@@ -406,12 +399,3 @@ func TestSoak(t *testing.T) {
 // pause waits d: the workload's pace and the nemesis's schedule, not a
 // wait for the system.
 func pause(d time.Duration) { <-time.After(d) }
-
-func errJoin(errs ...error) error {
-	for _, e := range errs {
-		if e != nil {
-			return e
-		}
-	}
-	return nil
-}
