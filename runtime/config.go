@@ -53,7 +53,10 @@ const (
 	DefaultReconnectMax      = 10 * time.Second
 	DefaultLockWait          = 30 * time.Second
 	DefaultDedupRetention    = 24 * time.Hour
-	DefaultDedupMaxEntries   = 1_000_000
+	// DefaultConsumerCheckInterval is how often a module checks that the
+	// broker still has its consumers.
+	DefaultConsumerCheckInterval = 10 * time.Second
+	DefaultDedupMaxEntries       = 1_000_000
 )
 
 // Config configures a Node. The zero value of every field but Node takes
@@ -117,6 +120,10 @@ type Config struct {
 	// back-off could hold a delivery longer is refused, because the broker
 	// would close its channel. Default 30 min.
 	ConsumerTimeout time.Duration
+	// ConsumerCheckInterval is how often each module asks the broker
+	// whether its consumers are still there (checkConsumers); 0 means
+	// DefaultConsumerCheckInterval, a negative value turns the check off.
+	ConsumerCheckInterval time.Duration
 	// DedupRetention is how long a module remembers the ids of events it
 	// handled, to acknowledge redeliveries without handling them again.
 	// Default 24h.
@@ -320,6 +327,9 @@ func (c *Config) withDefaults() {
 	}
 	if c.ConsumerTimeout == 0 {
 		c.ConsumerTimeout = DefaultConsumerTimeout
+	}
+	if c.ConsumerCheckInterval == 0 {
+		c.ConsumerCheckInterval = DefaultConsumerCheckInterval
 	}
 	if c.DedupRetention == 0 {
 		c.DedupRetention = DefaultDedupRetention

@@ -274,7 +274,7 @@ func (m *Module) standBy(s *session, q setup.Entry) {
 				if m.track(ch) != nil {
 					return // stopped meanwhile; track closed it
 				}
-				m.addTag(ch, tag)
+				m.addTag(ch, tag, q.Key)
 				go m.watch(s, ch, ch.NotifyClose(make(chan *amqp.Error, 1)), ch.NotifyCancel(make(chan string, 1)))
 				m.holdMu.Lock()
 				m.queueConsumers[q.Key] = &queueConsumer{entry: q, ch: ch, tag: tag, consuming: true}
@@ -306,7 +306,7 @@ func (m *Module) startConsuming(qc *queueConsumer) error {
 	if err != nil {
 		return fmt.Errorf("consume queue %s: %w", qc.entry.Key, err)
 	}
-	m.addTag(qc.ch, qc.tag)
+	m.addTag(qc.ch, qc.tag, qc.entry.Key)
 	qc.consuming = true
 	h := qc.entry.Handler.(sdk.Handler)
 	for range qc.entry.Prefetch {

@@ -64,7 +64,7 @@ func (m *Module) consumeDead(ctx context.Context, s *session) error {
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", queue, err)
 	}
-	m.addTag(ch, tag)
+	m.addTag(ch, tag, queue)
 	go m.watch(s, ch, ch.NotifyClose(make(chan *amqp.Error, 1)), ch.NotifyCancel(make(chan string, 1)))
 	for range m.cfg.Concurrency {
 		m.startDeadWorker(deliveries)

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/meshkit/mesh/internal/brokertest"
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/runtime"
@@ -244,5 +246,81 @@ func TestUnrecordedEventIsNotAcked(t *testing.T) {
 	}
 	if rec.count() != 1 {
 		t.Errorf("the handler ran %d times, want once", rec.count())
+	}
+}
+
+// dropConsumer makes the broker forget the consumer of quorum queue in
+// the virtual host of vhostURL without telling its channel: a rabbit_fifo
+// cancel command sent to the queue's leader, as RabbitMQ 3.10 itself did
+// in the soak to a consumer registered while the queue had no leader.
+func dropConsumer(t *testing.T, vhostURL, queue string) {
+	t.Helper()
+	u, err := url.Parse(vhostURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	expr := `{ok, Q} = rabbit_amqqueue:lookup(rabbit_misc:r(<<"` + strings.TrimPrefix(u.Path, "/") + `">>, queue, <<"` + queue + `">>)),` +
+		` [C] = rabbit_amqqueue:consumers(Q),` +
+		` ra:process_command(amqqueue:get_pid(Q), rabbit_fifo:make_checkout({element(2, C), element(1, C)}, cancel, #{})).`
+	out, err := exec.Command("rabbitmqctl", "eval", expr).CombinedOutput()
+	if err != nil || !strings.HasPrefix(string(out), "{ok,") {
+		t.Fatalf("drop the consumer of %s: %v\n%s", queue, err, out)
+	}
+}
+
+// TestLostConsumerIsConsumedAgain: the broker drops the consumers of a
+// module's queue and of a queue it consumes without a word to their
+// channels (as RabbitMQ 3.10 can, see checkConsumers). The module finds
+// them gone, consumes both again, and the events that wait in them are
+// handled; without the check they would wait forever while the module
+// looks healthy.
+func TestLostConsumerIsConsumedAgain(t *testing.T) {
+	t.Parallel()
+	vhost := brokertest.VHost(t)
+	n := testNode(t, vhost, "anchor", func(c *runtime.Config) { c.ConsumerCheckInterval = 50 * time.Millisecond })
+	ch := rawConn(t, vhost)
+	const outside = "outside.orders"
+	if _, err := ch.QueueDeclare(outside, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
+		t.Fatal(err)
+	}
+	handled := make(chan string, 16)
+	load(t, n, sdk.Module{Name: "keeper", Setup: func(m sdk.Mesh) error {
+		on := m.On("mesh.keep.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			handled <- "event"
+			return nil
+		}))
+		return errors.Join(on, m.Consume(outside, 4, sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			handled <- "message"
+			return nil
+		})))
+	}}, runtime.ModuleConfig{ConsumeGrants: []string{outside}})
+	own := wire.ModuleQueue("anchor", "keeper")
+	for _, q := range []string{own, outside} {
+		dropConsumer(t, vhost, q)
+		if info, err := ch.QueueDeclarePassive(q, true, false, false, false, nil); err != nil || info.Consumers != 0 {
+			t.Fatalf("after the drop, queue %s reports %d consumers (%v)", q, info.Consumers, err)
+		}
+	}
+	if _, err := n.Emit(emitCtx(t), "test", "mesh.keep.this", 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Publish("", outside, false, false, amqp.Publishing{MessageId: "m-1", Body: []byte(`{}`), DeliveryMode: amqp.Persistent}); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	limit := time.After(30 * time.Second)
+	for len(seen) < 2 {
+		select {
+		case what := <-handled:
+			seen[what] = true
+		case <-limit:
+			t.Fatalf("handled after the consumers were dropped: %v (the module must consume both queues again)", seen)
+		}
+	}
+	if lost := n.Stats().ConsumersLost; lost < 2 {
+		t.Errorf("Stats.ConsumersLost = %d, want 2 or more", lost)
+	}
+	if err := n.Ready(); err != nil {
+		t.Errorf("ready after consuming again: %v", err)
 	}
 }

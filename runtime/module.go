@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -46,10 +47,11 @@ type Module struct {
 
 	tools          []tool                    // fixed once started
 	queues         []setup.Entry             // existing broker queues it consumes (Consume), fixed once started
-	holdMu         sync.Mutex                // guards held, queueConsumers and queuesDown
+	holdMu         sync.Mutex                // guards held, queueConsumers, queuesDown and toolsDown
 	held           map[string]bool           // consumed queues held (Hold), across sessions
 	queueConsumers map[string]*queueConsumer // the consumed queues' consumers on the current session
 	queuesDown     map[string]string         // consumed queues the module cannot consume now, and why
+	toolsDown      string                    // why the module's tools cannot be served now ("" when they are or it has none); holdMu
 	consumers      []consumerChannel         // the channels the module consumes on, on the current session
 	resumeMu       sync.Mutex                // one attach or resume at a time; guards attachable, and the writes of attachedOn
 	serveTry       atomic.Uint64             // numbers the attaches, so a serveLater of an earlier one gives up
@@ -84,8 +86,9 @@ type tool struct {
 // tags. Its workers ack and reply on it from several goroutines: amqp091-go
 // serialises the frames of one channel, and acks need no order.
 type consumerChannel struct {
-	ch   *amqp.Channel
-	tags []string
+	ch     *amqp.Channel
+	tags   []string
+	queues []string // the queue each tag consumes
 }
 
 // Load runs def on the node in-process: Setup subscribes its handlers,
@@ -203,6 +206,7 @@ func (m *Module) start(ctx context.Context) error {
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
 	m.runCancel = cancel
+	go m.checkConsumers(runCtx)
 	go func() {
 		defer close(m.runDone)
 		if m.def.Run == nil {
@@ -235,10 +239,22 @@ func (m *Module) attachFirst(ctx context.Context, subs []subscription, tools []t
 		return nil
 	}
 	if err := m.attach(ctx, s, subs, tools, false); err != nil {
-		if s.isLost() && !m.node.cfg.Ephemeral {
+		switch {
+		case m.node.cfg.Ephemeral:
+			return err
+		case s.isLost():
 			// Lost while attaching: the supervisor attaches it on the next
 			// session.
 			m.log.Warn("the connection was lost while the module attached; it attaches once the node reconnects", "err", err)
+			return nil
+		case unavailable(err):
+			// Not the module's mistake, and not for good: on a cluster, a
+			// queue whose node is down. The module loads and attaches as a
+			// resume does (its events first, its tools and consumed
+			// queues once they can be had); until then it is not ready.
+			delay := jitter(expBackoff(time.Second, 30*time.Second, 1))
+			m.log.Error("the broker cannot give the module its queues now; it attaches when it can", "err", err, "retry_in", delay)
+			time.AfterFunc(delay, func() { m.resume(s, true) })
 			return nil
 		}
 		return err
@@ -275,10 +291,42 @@ func (m *Module) attach(ctx context.Context, s *session, subs []subscription, to
 				return err
 			}
 			m.log.Error("the module's tools cannot be served now; its events are handled, and its tools are tried again", "err", err)
+			m.setToolsDown(err.Error())
 			m.serveLater(s, tools, m.serveTry.Load(), 1)
+			return nil
 		}
 	}
+	m.setToolsDown("")
 	return nil
+}
+
+// setToolsDown records why the module's tools cannot be served now, or
+// that they are ("").
+func (m *Module) setToolsDown(why string) {
+	m.holdMu.Lock()
+	m.toolsDown = why
+	m.holdMu.Unlock()
+}
+
+// ToolsDown is why the module's tools cannot be served now (they are
+// tried again), or "".
+func (m *Module) ToolsDown() string {
+	m.holdMu.Lock()
+	defer m.holdMu.Unlock()
+	return m.toolsDown
+}
+
+// unavailable reports whether the broker refused err for a while rather
+// than for good: on a cluster, a classic queue whose home node is down
+// (404 "... is down or inaccessible") or a quorum queue without a leader
+// (541 INTERNAL_ERROR, as while one is elected). A queue that does not
+// exist, or that the user may not read, is not: it fails the load.
+func unavailable(err error) bool {
+	var ae *amqp.Error
+	if !errors.As(err, &ae) {
+		return false
+	}
+	return ae.Code == amqp.InternalError || (ae.Code == amqp.NotFound && strings.Contains(ae.Reason, "down or inaccessible"))
 }
 
 // serveLater tries again, after a back-off, to serve tools on s for the
@@ -305,6 +353,7 @@ func (m *Module) serveLater(s *session, tools []tool, try uint64, attempt int) {
 			m.serveLater(s, tools, try, attempt+1)
 			return
 		}
+		m.setToolsDown("")
 		m.log.Info("the module's tools are served again", "tools", len(tools))
 	})
 }
@@ -370,13 +419,15 @@ func (m *Module) track(ch *amqp.Channel) error {
 	return nil
 }
 
-// addTag records a consumer tag on the channel ch, for Stop to cancel.
-func (m *Module) addTag(ch *amqp.Channel, tag string) {
+// addTag records a consumer tag on the channel ch and the queue it
+// consumes, for Stop to cancel and checkConsumers to check.
+func (m *Module) addTag(ch *amqp.Channel, tag, queue string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for i := range m.consumers {
 		if m.consumers[i].ch == ch && !slices.Contains(m.consumers[i].tags, tag) {
 			m.consumers[i].tags = append(m.consumers[i].tags, tag)
+			m.consumers[i].queues = append(m.consumers[i].queues, queue)
 		}
 	}
 }
@@ -412,7 +463,7 @@ func (m *Module) consume(ctx context.Context, s *session, subs []subscription) e
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", m.queue, err)
 	}
-	m.addTag(ch, tag)
+	m.addTag(ch, tag, m.queue)
 	a := newAcker(ch, m.cfg.Prefetch)
 	go m.watch(s, ch, ch.NotifyClose(make(chan *amqp.Error, 1)), ch.NotifyCancel(make(chan string, 1)))
 	for range m.cfg.Concurrency {

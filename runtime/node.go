@@ -441,6 +441,9 @@ func (n *Node) Ready() error {
 		for q, why := range m.QueuesDown() {
 			down = append(down, fmt.Sprintf("module %s cannot consume queue %s (%s; trying again)", m.def.Name, q, why))
 		}
+		if why := m.ToolsDown(); why != "" {
+			down = append(down, fmt.Sprintf("module %s cannot serve its tools (%s; trying again)", m.def.Name, why))
+		}
 	}
 	if len(down) > 0 {
 		slices.Sort(down)

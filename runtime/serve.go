@@ -61,7 +61,7 @@ func (m *Module) serve(ctx context.Context, s *session, tools []tool) error {
 		if err != nil {
 			return fmt.Errorf("consume %s: %w", queue, err)
 		}
-		m.addTag(ch, tag)
+		m.addTag(ch, tag, queue)
 		for range m.cfg.Prefetch {
 			m.workers.Add(1)
 			go func() {

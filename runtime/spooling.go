@@ -486,6 +486,7 @@ type counters struct {
 	blocks, serverChecks                                     atomic.Uint64
 	disconnects, reconnects, refusingChannels                atomic.Uint64
 	handled, failed, deadLettered, duplicates                atomic.Uint64
+	consumersLost                                            atomic.Uint64
 	lastRefusedLog                                           atomic.Int64
 }
 
@@ -528,6 +529,9 @@ type Stats struct {
 	// Duplicates counts deliveries acknowledged without running the
 	// handler, because the module had handled the same event id.
 	Duplicates uint64
+	// ConsumersLost counts consumers the broker dropped without telling
+	// the node (checkConsumers found them gone), each consumed again.
+	ConsumersLost uint64
 }
 
 // Stats returns the node's counters now.
@@ -552,6 +556,7 @@ func (n *Node) Stats() Stats {
 		Failed:            n.stats.failed.Load(),
 		DeadLettered:      n.stats.deadLettered.Load(),
 		Duplicates:        n.stats.duplicates.Load(),
+		ConsumersLost:     n.stats.consumersLost.Load(),
 	}
 	if n.spool != nil {
 		st.SpoolEvents, st.SpoolBytes = n.spool.Len(), n.spool.Bytes()
