@@ -25,15 +25,17 @@ build: ## Build all packages, the binaries bin/meshd and bin/meshctl, the shippe
 	$(GO) build -o bin/modules/ ./examples/modules/...
 	$(GO) build -o bin/ordersource ./examples/ordersource
 
-test: ## Run the whole test suite (race detector) against a local RabbitMQ, then the fault tests and the failover tests one at a time
+test: ## Run the whole test suite (race detector) against a local RabbitMQ, then the fault tests, the failover tests and a two-minute soak one at a time
 	$(ENSURE)
 	$(GO) test -race -count=1 -timeout 20m ./...
 	@echo "fault tests (they stop and cut the broker, so they run alone, after the rest):"
 	$(GO) test -race -count=1 -p 1 -v -timeout 20m -tags fault ./test/fault
 	@echo "failover tests (on a local three-node cluster, scripts/cluster.sh, made and removed by them):"
 	$(GO) test -race -count=1 -p 1 -v -timeout 20m -tags failover ./test/fault
+	@echo "soak (a minute of faults on a seed of its own and on a random one, on a cluster of its own; make soak runs longer):"
+	SOAK=1m SOAK_SEEDS=24,random $(GO) test -race -count=1 -v -timeout 30m -tags soak -run TestSoak ./test/soak
 
-soak: ## Run the nemesis soak (test/soak): SOAK=10m of seeded faults on two nodes, then a checker over the history; SOAK_SEED=S repeats a schedule
+soak: ## Run the nemesis soak (test/soak): SOAK=10m of seeded faults on three nodes and a three-node cluster, then a checker over the history; SOAK_SEEDS=S1,S2 repeats schedules
 	$(ENSURE)
 	$(GO) test -count=1 -v -tags soak -timeout 0 -run TestSoak ./test/soak
 

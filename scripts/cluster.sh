@@ -8,7 +8,9 @@
 #   scripts/cluster.sh urls     print the AMQP URLs, comma-separated (for MESH_AMQP_URLS)
 #   scripts/cluster.sh down     stop the nodes and delete their data
 #
-# The nodes are mesh-c1@localhost, mesh-c2@localhost and mesh-c3@localhost.
+# The nodes are mesh-c1@localhost, mesh-c2@localhost and mesh-c3@localhost
+# (MESH_CLUSTER_NAME, default mesh-c, is the part before the number: a
+# second cluster, as the soak's, has a name, ports and a dir of its own).
 # Node i listens for AMQP on 127.0.0.1:(MESH_CLUSTER_PORT + i - 1) (default
 # 5701 to 5703), for the management API on that port + 10000 (15701...),
 # and for Erlang distribution on that port + 20000 (RabbitMQ's default).
@@ -23,6 +25,7 @@ set -euo pipefail
 
 export PATH="$PATH:/usr/sbin:/sbin"
 
+PREFIX="${MESH_CLUSTER_NAME:-mesh-c}"
 BASE_PORT="${MESH_CLUSTER_PORT:-5701}"
 DIR="${MESH_CLUSTER_DIR:-/var/lib/rabbitmq/mesh-cluster}"
 NODES=(1 2 3)
@@ -31,7 +34,7 @@ BIN=/usr/lib/rabbitmq/bin
 log() { echo "cluster: $*" >&2; }
 die() { echo "cluster: $*" >&2; exit 1; }
 
-name() { echo "mesh-c$1@localhost"; }
+name() { echo "$PREFIX$1@localhost"; }
 port() { echo $((BASE_PORT + $1 - 1)); }
 
 # as_rabbitmq runs a command as the rabbitmq user, whose home holds the Erlang

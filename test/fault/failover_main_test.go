@@ -12,13 +12,13 @@ import (
 // failover tests and removes it after them. (Built with the failover tag
 // alone: the fault tests use the default broker only.)
 func TestMain(m *testing.M) {
-	if out, err := clusterScript("up"); err != nil {
-		fmt.Fprintf(os.Stderr, "scripts/cluster.sh up: %v\n%s", err, out)
+	if out, err := cluster.Run("up"); err != nil {
+		fmt.Fprintf(os.Stderr, "%v\n%s", err, out)
 		os.Exit(1)
 	}
 	code := m.Run()
-	if out, err := clusterScript("down"); err != nil {
-		fmt.Fprintf(os.Stderr, "scripts/cluster.sh down: %v\n%s", err, out)
+	if out, err := cluster.Run("down"); err != nil {
+		fmt.Fprintf(os.Stderr, "%v\n%s", err, out)
 		if code == 0 {
 			code = 1
 		}

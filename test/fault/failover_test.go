@@ -6,20 +6,15 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/internal/clustertest"
 	"github.com/meshkit/mesh/runtime"
 	"github.com/meshkit/mesh/sdk"
 )
@@ -28,38 +23,17 @@ import (
 // scripts/cluster.sh (TestMain starts it and removes it), beside the
 // default broker, which they leave alone.
 
-// clusterSize is the number of nodes scripts/cluster.sh makes.
-const clusterSize = 3
-
-// clusterPort is the AMQP port of cluster node i (1-based).
-func clusterPort(i int) int {
-	base := 5701
-	if s := os.Getenv("MESH_CLUSTER_PORT"); s != "" {
-		if p, err := strconv.Atoi(s); err == nil {
-			base = p
-		}
-	}
-	return base + i - 1
-}
-
-func clusterNodeName(i int) string { return fmt.Sprintf("mesh-c%d@localhost", i) }
-
-// clusterScript runs scripts/cluster.sh with args.
-func clusterScript(args ...string) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	return exec.CommandContext(ctx, "../../scripts/cluster.sh", args...).CombinedOutput()
-}
+// cluster is the one scripts/cluster.sh makes by default (or the one
+// MESH_CLUSTER_NAME, MESH_CLUSTER_PORT and MESH_CLUSTER_DIR name).
+var cluster = clustertest.FromEnv("../../scripts/cluster.sh")
 
 // clusterCtl runs rabbitmqctl against cluster node i and returns its
 // output.
 func clusterCtl(t *testing.T, i int, args ...string) []byte {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, "rabbitmqctl", append([]string{"-q", "-n", clusterNodeName(i)}, args...)...).CombinedOutput()
+	out, err := cluster.Ctl(i, args...)
 	if err != nil {
-		t.Fatalf("rabbitmqctl -n %s %s: %v\n%s", clusterNodeName(i), strings.Join(args, " "), err, out)
+		t.Fatal(err)
 	}
 	return out
 }
@@ -80,19 +54,13 @@ func newClusterMesh(t *testing.T) *clusterMesh {
 	cm := &clusterMesh{vhost: "mesh-failover-" + hex.EncodeToString(b)}
 	clusterCtl(t, 1, "add_vhost", cm.vhost)
 	t.Cleanup(func() {
-		for i := 1; i <= clusterSize; i++ { // whichever node answers
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			err := exec.CommandContext(ctx, "rabbitmqctl", "-q", "-n", clusterNodeName(i), "delete_vhost", cm.vhost).Run()
-			cancel()
-			if err == nil {
-				return
-			}
+		if _, err := cluster.CtlAny("delete_vhost", cm.vhost); err != nil { // whichever node answers
+			t.Errorf("could not delete virtual host %s: %v", cm.vhost, err)
 		}
-		t.Errorf("could not delete virtual host %s", cm.vhost)
 	})
 	clusterCtl(t, 1, "set_permissions", "-p", cm.vhost, "guest", ".*", ".*", ".*")
-	for i := 1; i <= clusterSize; i++ {
-		p := brokertest.NewProxyTo(t, fmt.Sprintf("127.0.0.1:%d", clusterPort(i)))
+	for i := 1; i <= clustertest.Size; i++ {
+		p := brokertest.NewProxyTo(t, cluster.AMQPAddr(i))
 		cm.proxies = append(cm.proxies, p)
 		cm.urls = append(cm.urls, fmt.Sprintf("amqp://guest:guest@%s/%s", p.Addr(), cm.vhost))
 	}
@@ -114,57 +82,21 @@ func (cm *clusterMesh) connectedTo() int {
 	return at
 }
 
-// leaderOf is the cluster node (1-based) that leads queue, asked of any
-// node that answers.
+// leaderOf is the cluster node (1-based) that leads queue.
 func (cm *clusterMesh) leaderOf(t *testing.T, queue string) int {
 	t.Helper()
-	for i := 1; i <= clusterSize; i++ {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		out, err := exec.CommandContext(ctx, "rabbitmqctl", "-q", "-n", clusterNodeName(i), "list_queues", "-p", cm.vhost,
-			"name", "leader", "--formatter", "json").Output()
-		cancel()
-		if err != nil {
-			continue
-		}
-		var qs []struct{ Name, Leader string }
-		if err := json.Unmarshal(out, &qs); err != nil {
-			t.Fatalf("list_queues: %v\n%s", err, out)
-		}
-		for _, q := range qs {
-			if q.Name == queue {
-				for j := 1; j <= clusterSize; j++ {
-					if q.Leader == clusterNodeName(j) {
-						return j
-					}
-				}
-			}
-		}
-		t.Fatalf("no leader of %s in %s", queue, out)
+	i, err := cluster.LeaderOf(cm.vhost, queue)
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatal("no cluster node answers")
-	return 0
+	return i
 }
 
 // killNode SIGKILLs the Erlang VM of cluster node i, as a crash would.
 func killNode(t *testing.T, i int) {
 	t.Helper()
-	dir := os.Getenv("MESH_CLUSTER_DIR")
-	if dir == "" {
-		dir = "/var/lib/rabbitmq/mesh-cluster"
-	}
-	b, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("c%d", i), "pid"))
-	if err != nil {
+	if err := cluster.Kill(i); err != nil {
 		t.Fatal(err)
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil {
-		t.Fatalf("pid file of %s: %v", clusterNodeName(i), err)
-	}
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-		t.Fatalf("kill %s (pid %d): %v", clusterNodeName(i), pid, err)
-	}
-	if !waitFor(time.Minute, func() bool { return syscall.Kill(pid, 0) != nil }) {
-		t.Fatalf("%s (pid %d) still runs after SIGKILL", clusterNodeName(i), pid)
 	}
 }
 
@@ -176,8 +108,8 @@ func restoreCluster(t *testing.T) {
 // restartNodes starts the cluster nodes that are down (they rejoin).
 func restartNodes(t *testing.T) {
 	t.Helper()
-	if out, err := clusterScript("up"); err != nil {
-		t.Errorf("scripts/cluster.sh up: %v\n%s", err, out)
+	if out, err := cluster.Run("up"); err != nil {
+		t.Errorf("%v\n%s", err, out)
 	}
 }
 
@@ -309,7 +241,7 @@ func TestFailoverLeaderKilled(t *testing.T) {
 	restoreCluster(t)
 	failoverThrough(t, cm, func(queue string) func() {
 		leader := cm.leaderOf(t, queue)
-		t.Logf("killing %s, the leader of %s; the node is connected to node %d", clusterNodeName(leader), queue, cm.connectedTo())
+		t.Logf("killing %s, the leader of %s; the node is connected to node %d", cluster.NodeName(leader), queue, cm.connectedTo())
 		killNode(t, leader)
 		return func() { restartNodes(t) }
 	})
@@ -326,10 +258,10 @@ func TestFailoverNodeStopped(t *testing.T) {
 		if at == 0 {
 			t.Fatal("the node's connections are not on one broker node")
 		}
-		t.Logf("stopping %s, which the node is connected to", clusterNodeName(at))
+		t.Logf("stopping %s, which the node is connected to", cluster.NodeName(at))
 		clusterCtl(t, at, "stop_app")
 		if !waitFor(time.Minute, func() bool { return cm.connectedTo() != 0 && cm.connectedTo() != at }) {
-			t.Errorf("the node did not move off %s", clusterNodeName(at))
+			t.Errorf("the node did not move off %s", cluster.NodeName(at))
 		}
 		return func() { clusterCtl(t, at, "start_app") }
 	})
@@ -345,11 +277,74 @@ func TestFailoverPartition(t *testing.T) {
 		if at == 0 {
 			t.Fatal("the node's connections are not on one broker node")
 		}
-		t.Logf("cutting the node off from %s", clusterNodeName(at))
+		t.Logf("cutting the node off from %s", cluster.NodeName(at))
 		cm.proxies[at-1].Down()
 		if !waitFor(time.Minute, func() bool { return cm.connectedTo() != 0 && cm.connectedTo() != at }) {
-			t.Errorf("the node did not move off %s", clusterNodeName(at))
+			t.Errorf("the node did not move off %s", cluster.NodeName(at))
 		}
 		return cm.proxies[at-1].Up
 	})
+}
+
+// TestLoadWhileAServeQueuesNodeIsDown: a module loads while the broker
+// node holding its tool's serve queue (a classic queue, on the node that
+// first declared it) is down. The load succeeds, the module handles its
+// events at once, and serves its tool once that node is back; before, the
+// load failed and meshd exited at start.
+func TestLoadWhileAServeQueuesNodeIsDown(t *testing.T) {
+	cm := newClusterMesh(t)
+	restoreCluster(t)
+	handled := newIDSet()
+	late := sdk.Module{Name: "late", Emits: []string{"ping"}, Setup: func(m sdk.Mesh) error {
+		if err := m.On("module.late.ping", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			handled.add(ev.ID)
+			return nil
+		})); err != nil {
+			return err
+		}
+		return m.Serve("late.echo", sdk.ToolHandlerFunc(func(ctx context.Context, r sdk.Request) (any, error) { return r.Body, nil }))
+	}}
+	load := func(n *runtime.Node) *runtime.Module {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		m, err := n.Load(ctx, late, runtime.ModuleConfig{MaxAttempts: 50})
+		if err != nil {
+			t.Fatalf("load on %s: %v", n.Name(), err)
+		}
+		return m
+	}
+	// The serve queue is declared through broker node 3, so it lives there.
+	first := newNode(t, cm.urls[2], "late1", nil)
+	load(first)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	if err := first.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	killNode(t, 3)
+
+	n := newNode(t, cm.urls[0], "late2", func(c *runtime.Config) { c.AMQPURLs = cm.urls[1:2] })
+	m := load(n)
+	ctx, cancel = context.WithTimeout(context.Background(), 30*time.Second)
+	id, err := m.Mesh().Emit(ctx, "ping", map[string]int{"n": 1})
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !waitFor(time.Minute, func() bool { return handled.count(id) > 0 }) {
+		t.Fatal("the module did not handle its event while the serve queue's node was down")
+	}
+	if err := n.Ready(); err == nil || !strings.Contains(err.Error(), "cannot serve its tools") {
+		t.Errorf("while the module's tool is not served, the node reports ready: %v", err)
+	}
+	restartNodes(t)
+	answered := waitFor(2*time.Minute, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		var out int
+		return m.Mesh().Call(ctx, "late.echo", 7, &out) == nil && out == 7
+	})
+	if !answered {
+		t.Error("the tool was not served after its queue's node came back")
+	}
 }
