@@ -324,3 +324,60 @@ func TestLostConsumerIsConsumedAgain(t *testing.T) {
 		t.Errorf("ready after consuming again: %v", err)
 	}
 }
+
+// TestHandlerPastTheGraceIsNotRunAgain: a module stops while a handler
+// that ignores its cancelled context still runs; Stop leaves it behind
+// after the grace, and its delivery returns to the queue. When it then
+// succeeds, its event is recorded as handled all the same, so the
+// module's next load acknowledges the redelivery without running it
+// again. (Before, the record was closed with Stop and the event ran twice.)
+func TestHandlerPastTheGraceIsNotRunAgain(t *testing.T) {
+	t.Parallel()
+	vhost := brokertest.VHost(t)
+	n := testNode(t, vhost, "anchor", nil)
+	recorded := make(chan string, 4)
+	n.SetTestHooks(runtime.TestHooks{Record: func(id string, err error) error {
+		if err == nil {
+			recorded <- id
+		}
+		return err
+	}})
+	release := make(chan struct{})
+	runs := make(chan string, 4)
+	def := sdk.Module{Name: "lingerer", Setup: func(m sdk.Mesh) error {
+		return m.On("mesh.linger.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			runs <- ev.ID
+			<-release // ignores its cancelled context
+			return nil
+		}))
+	}}
+	m := load(t, n, def, runtime.ModuleConfig{})
+	id, err := n.Emit(emitCtx(t), "test", "mesh.linger.job", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-runs:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler did not run")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	_ = m.Stop(ctx) // past the grace: the handler is left behind
+	cancel()
+	close(release)
+	select {
+	case got := <-recorded:
+		if got != id {
+			t.Fatalf("recorded %s, want %s", got, id)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler left behind succeeded and its event was not recorded as handled")
+	}
+	load(t, n, def, runtime.ModuleConfig{})
+	waitFor(t, 10*time.Second, func() bool { return n.Stats().Duplicates >= 1 })
+	select {
+	case again := <-runs:
+		t.Fatalf("event %s ran again on the next load", again)
+	default:
+	}
+}

@@ -158,7 +158,7 @@ func (n *Node) Load(ctx context.Context, def sdk.Module, mc ModuleConfig) (*Modu
 		}
 		m.mu.Unlock()
 		if m.dedup != nil {
-			m.dedup.Close()
+			_ = m.node.releaseRecord(def.Name)
 		}
 		return nil, fmt.Errorf("load module %s: %w", def.Name, err)
 	}
@@ -192,7 +192,7 @@ func (m *Module) start(ctx context.Context) error {
 	m.mu.Unlock()
 	if slices.ContainsFunc(subs, func(s subscription) bool { return s.dedup }) {
 		path := filepath.Join(m.node.cfg.StateDir, "dedup", m.def.Name+".log")
-		set, err := dedup.Open(path, dedup.Options{Retention: m.node.cfg.DedupRetention, MaxEntries: m.node.cfg.DedupMaxEntries, Logger: m.log})
+		set, err := m.node.openRecord(m.def.Name, path, dedup.Options{Retention: m.node.cfg.DedupRetention, MaxEntries: m.node.cfg.DedupMaxEntries, Logger: m.log})
 		if err != nil {
 			return fmt.Errorf("open the record of handled events: %w", err)
 		}
@@ -615,6 +615,7 @@ func (m *Module) Stop(ctx context.Context) error {
 	}
 	drained := make(chan struct{})
 	go func() { m.workers.Wait(); close(drained) }()
+	leftBehind := false
 	select {
 	case <-drained:
 	case <-ctx.Done():
@@ -623,7 +624,8 @@ func (m *Module) Stop(ctx context.Context) error {
 		select {
 		case <-drained:
 		case <-time.After(time.Second):
-			m.log.Error("handlers ignore their cancelled context; leaving them behind")
+			m.log.Error("handlers ignore their cancelled context; leaving them behind (the record of handled events stays open for them: one that succeeds is not run again)")
+			leftBehind = true
 		}
 	}
 	m.mu.Lock()
@@ -638,7 +640,17 @@ func (m *Module) Stop(ctx context.Context) error {
 	}
 	m.cancelH()
 	if m.dedup != nil {
-		if err := m.dedup.Close(); err != nil {
+		if leftBehind {
+			// A handler left behind that succeeds records its event, so
+			// that its redelivery (to the module's next load, which shares
+			// this record) is acknowledged without running again.
+			go func() {
+				<-drained
+				if err := m.node.releaseRecord(m.def.Name); err != nil {
+					m.log.Error("close the record of handled events", "err", err)
+				}
+			}()
+		} else if err := m.node.releaseRecord(m.def.Name); err != nil {
 			errs = append(errs, fmt.Errorf("close the record of handled events: %w", err))
 		}
 	}

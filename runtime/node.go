@@ -63,6 +63,9 @@ type Node struct {
 	plugins []*PluginModule
 	closed  bool
 
+	recordsMu sync.Mutex             // held while a record opens or closes
+	records   map[string]*openRecord // the modules' records of handled ids, open (records.go)
+
 	callerMu sync.Mutex
 	calls    *caller // made on the first call, again after a reconnect
 
@@ -131,6 +134,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		log:        cfg.Logger.With("node", cfg.Node),
 		bindings:   bindingRecord{dir: cfg.StateDir},
 		modules:    make(map[string]*Module),
+		records:    make(map[string]*openRecord),
 		sessReady:  make(chan struct{}),
 		drainKick:  make(chan struct{}, 1),
 		drained:    make(chan struct{}),

@@ -4,6 +4,7 @@ package soak
 
 import (
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -21,6 +22,7 @@ import (
 // nemesisTargets is what the nemesis may break.
 type nemesisTargets struct {
 	h             *history
+	timeline      io.Writer // a line per fault, with its time
 	proxies       map[string][]*brokertest.Proxy
 	mds           map[string]*meshd
 	vhost         string
@@ -51,6 +53,7 @@ func nemesis(t *testing.T, rng *rand.Rand, length time.Duration, nt *nemesisTarg
 	count := func(f string) {
 		mu.Lock()
 		faults[f]++
+		fmt.Fprintf(nt.timeline, "%s %s\n", time.Now().UTC().Format("15:04:05.000"), f)
 		mu.Unlock()
 	}
 	// A module process of a random meshd, or 0 while none runs.

@@ -269,6 +269,11 @@ func soak(t *testing.T, bins binaries, length, pace time.Duration, seed uint64) 
 		})
 	}
 	var legacyMu sync.Mutex // publishing and the queue's deletion, one at a time
+	published, err := os.Create(filepath.Join(dir, "legacy.log")) // each confirmed message, with its time
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer published.Close()
 	workload.Go(func() {
 		for i := 0; ; i++ {
 			select {
@@ -297,6 +302,7 @@ func soak(t *testing.T, bins binaries, length, pace time.Duration, seed uint64) 
 				h.mu.Lock()
 				h.legacyIn[id] = true
 				h.mu.Unlock()
+				fmt.Fprintf(published, "%s %s\n", time.Now().UTC().Format("15:04:05.000"), id)
 			}
 			legacyMu.Unlock()
 			pause(20 * time.Millisecond)
@@ -316,7 +322,12 @@ func soak(t *testing.T, bins binaries, length, pace time.Duration, seed uint64) 
 	}
 	startGoroutines := goruntime.NumGoroutine()
 
-	faults := nemesis(t, rng, length, &nemesisTargets{h: h, proxies: proxies, mds: mds, vhost: vhost, rc: rc, legacyMu: &legacyMu, declareLegacy: declareLegacy})
+	timeline, err := os.Create(filepath.Join(dir, "nemesis.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer timeline.Close()
+	faults := nemesis(t, rng, length, &nemesisTargets{h: h, timeline: timeline, proxies: proxies, mds: mds, vhost: vhost, rc: rc, legacyMu: &legacyMu, declareLegacy: declareLegacy})
 	close(stop)
 	workload.Wait()
 
@@ -548,7 +559,8 @@ func readDeadLetters(vhost string) (deadLetters, error) {
 			continue
 		}
 		dl.false++
-		dl.why["FALSE "+queue+": "+cause]++
+		reason, _ := d.Headers[wire.HeaderDeadReason].(string)
+		dl.why[fmt.Sprintf("FALSE %s %s from %q: %s", d.RoutingKey, reason, queue, cause)]++
 	}
 }
 
