@@ -18,13 +18,16 @@ type consumerKey struct {
 // checkConsumers asks the broker, every ConsumerCheckInterval while the
 // module runs, whether each of its consumers is still there, and consumes
 // again a queue that reports no consumer on two checks in a row while the
-// module's channel for it is open. RabbitMQ 3.10 can drop a quorum queue's
-// consumer without a word to the channel: the nemesis soak saw one
-// registered while the queue had no leader vanish at the election that
-// followed (consume-ok received, the channel open, the queue reporting no
-// consumer and its messages waiting), and a rabbit_fifo cancel command
-// does the same on purpose (TestLostConsumerIsConsumedAgain). Nothing else
-// would notice: the module looks healthy and its queue fills.
+// module's channel for it is open. RabbitMQ 3.10 can lose a quorum queue's
+// consumer without a word to the channel: in the nemesis soak, a queue
+// deleted and declared again while one of its member nodes was down got
+// that node's stale member back when it restarted, the stale member won
+// the next election, and the new queue's state (the consumer registered
+// on it among the rest) was replaced by the old queue's; consume-ok had
+// come, the channel stayed open, the queue reported no consumer and its
+// messages waited. A rabbit_fifo cancel command does the same on purpose
+// (TestLostConsumerIsConsumedAgain). Nothing else would notice: the
+// module looks healthy and its queue fills.
 //
 // A count of zero is proof (the module's own queues have no other
 // consumer, and a shared one with none has lost ours too); a count above

@@ -188,6 +188,14 @@ func nemesis(t *testing.T, rng *rand.Rand, length time.Duration, nt *nemesisTarg
 				restarting[meshdNode].Store(false)
 			})
 		case 9: // the consumed queue deleted with what it holds (not the mesh's to keep), then declared again
+			if brokerDown.Load() {
+				// Not with a member node down: RabbitMQ 3.10 then leaves
+				// that node's member behind, it comes back with the old
+				// queue's log and wins an election, and the new queue
+				// loses what it was given and gets the old one's messages
+				// back (docs/clusters.md). The broker's, not the mesh's.
+				continue
+			}
 			nt.legacyMu.Lock()
 			nt.h.mu.Lock()
 			clear(nt.h.legacyIn) // what is in it goes with it: counted from here
