@@ -117,13 +117,16 @@ func (m *Module) reconsumeLater(s *session, q setup.Entry, old *amqp.Channel, at
 		}
 		m.resumeMu.Lock()
 		defer m.resumeMu.Unlock()
-		if old != nil {
-			m.untrack(old)
-		}
 		m.mu.Lock()
 		stopped := m.stopped
 		m.mu.Unlock()
-		if stopped || s.isLost() || m.node.session() != s {
+		if stopped {
+			return // Stop drains and closes the module's channels, old among them
+		}
+		if old != nil {
+			m.untrack(old)
+		}
+		if s.isLost() || m.node.session() != s {
 			return
 		}
 		m.holdMu.Lock()
@@ -221,8 +224,8 @@ func (m *Module) consumerTag(suffix string) string {
 // queueError says why a consumed queue could not be consumed.
 func queueError(queue string, err error) error {
 	var ae *amqp.Error
-	if errors.As(err, &ae) && ae.Code == amqp.NotFound {
-		return fmt.Errorf("consume queue %s: it does not exist (the module consumes it as it is and never declares it)", queue)
+	if errors.As(err, &ae) && ae.Code == amqp.NotFound && !unavailable(err) {
+		return fmt.Errorf("consume queue %s: it does not exist (the module consumes it as it is and never declares it): %w", queue, err)
 	}
 	return fmt.Errorf("consume queue %s: %w", queue, err)
 }

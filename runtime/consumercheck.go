@@ -29,10 +29,11 @@ type consumerKey struct {
 // (TestLostConsumerIsConsumedAgain). Nothing else would notice: the
 // module looks healthy and its queue fills.
 //
-// A count of zero is proof (the module's own queues have no other
-// consumer, and a shared one with none has lost ours too); a count above
-// zero on a shared queue (a tool served by other nodes, a consumed queue
-// with other consumers) cannot tell ours apart and passes.
+// A count of zero with messages waiting is proof (the module's own queues
+// have no other consumer, and a shared one with none has lost ours too);
+// a count above zero on a shared queue (a tool served by other nodes, a
+// consumed queue with other consumers) cannot tell ours apart and passes,
+// and so does an empty queue (see checkConsumersOnce).
 func (m *Module) checkConsumers(ctx context.Context) {
 	interval := m.node.cfg.ConsumerCheckInterval
 	if interval <= 0 {
@@ -73,6 +74,7 @@ func (m *Module) checkConsumersOnce(suspect map[consumerKey]bool) map[consumerKe
 		}
 	}()
 	next := map[consumerKey]bool{}
+	resumed := false
 	for _, k := range keys {
 		if k.ch.IsClosed() || !m.consumes(k) {
 			continue
@@ -84,12 +86,22 @@ func (m *Module) checkConsumersOnce(suspect map[consumerKey]bool) map[consumerKe
 			}
 		}
 		q, err := check.QueueDeclarePassive(k.queue, false, false, false, false, nil)
-		if err != nil || q.Consumers > 0 {
-			continue // gone (its consumer's cancel says so), or consumed
+		if err != nil || q.Consumers > 0 || q.Messages == 0 {
+			// Gone (its consumer's cancel says so), consumed, or nothing
+			// waits: a quorum queue that cannot reach its leader answers 0
+			// messages and 0 consumers, which proves nothing. A lost
+			// consumer shows once messages wait for it.
+			continue
 		}
 		if !suspect[k] {
 			next[k] = true
 			continue
+		}
+		m.mu.Lock()
+		stopped := m.stopped
+		m.mu.Unlock()
+		if stopped {
+			return nil
 		}
 		m.node.stats.consumersLost.Add(1)
 		why := fmt.Sprintf("the broker reports no consumer on queue %s on two checks %v apart, while the module's channel for it is open (the broker dropped the consumer without telling it)", k.queue, m.node.cfg.ConsumerCheckInterval)
@@ -102,7 +114,10 @@ func (m *Module) checkConsumersOnce(suspect map[consumerKey]bool) map[consumerKe
 			m.reconsumeLater(s, qc.entry, k.ch, 1)
 			continue
 		}
-		m.resumeLater(s, k.ch, why, nil)
+		if !resumed {
+			m.resumeLater(s, k.ch, why, nil) // every channel of the module attached again: once a round
+			resumed = true
+		}
 	}
 	return next
 }

@@ -67,7 +67,9 @@ type Module struct {
 	retries        map[*time.Timer]struct{}
 	handleCtx      context.Context // handlers run under it; cancelled only when a stop's grace runs out
 	cancelH        context.CancelFunc
-	runCancel      context.CancelFunc
+	runCancel      context.CancelFunc // set by start; mu
+	releaseOnce    sync.Once          // the record of handled ids is released once (releaseRecord)
+	resumeFailures atomic.Int32       // resumes that failed in a row: their back-off grows
 	runDone        chan struct{}
 }
 
@@ -158,7 +160,7 @@ func (n *Node) Load(ctx context.Context, def sdk.Module, mc ModuleConfig) (*Modu
 		}
 		m.mu.Unlock()
 		if m.dedup != nil {
-			_ = m.node.releaseRecord(def.Name)
+			_ = m.releaseRecord()
 		}
 		return nil, fmt.Errorf("load module %s: %w", def.Name, err)
 	}
@@ -205,7 +207,12 @@ func (m *Module) start(ctx context.Context) error {
 		return err
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
+	m.mu.Lock()
 	m.runCancel = cancel
+	if m.stopped {
+		cancel() // stopped while it started (the node closing): Run sees it at once
+	}
+	m.mu.Unlock()
 	go m.checkConsumers(runCtx)
 	go func() {
 		defer close(m.runDone)
@@ -326,7 +333,7 @@ func unavailable(err error) bool {
 	if !errors.As(err, &ae) {
 		return false
 	}
-	return ae.Code == amqp.InternalError || (ae.Code == amqp.NotFound && strings.Contains(ae.Reason, "down or inaccessible"))
+	return ae.Server && (ae.Code == amqp.InternalError || (ae.Code == amqp.NotFound && strings.Contains(ae.Reason, "down or inaccessible")))
 }
 
 // serveLater tries again, after a back-off, to serve tools on s for the
@@ -389,11 +396,12 @@ func (m *Module) resume(s *session, again bool) {
 		if s.isLost() || errors.Is(err, sdk.ErrClosed) {
 			return
 		}
-		delay := jitter(expBackoff(time.Second, 30*time.Second, 1))
+		delay := jitter(expBackoff(time.Second, 30*time.Second, int(m.resumeFailures.Add(1))))
 		m.log.Error("resuming the module failed; trying again", "err", err, "retry_in", delay)
 		time.AfterFunc(delay, func() { m.resume(s, true) })
 		return
 	}
+	m.resumeFailures.Store(0)
 	m.attachedOn.Store(s)
 	m.log.Info("module attached", "queue", m.queue)
 }
@@ -595,10 +603,11 @@ func (m *Module) Stop(ctx context.Context) error {
 		return nil
 	}
 	m.stopped = true
+	runCancel := m.runCancel
 	m.mu.Unlock()
 
-	if m.runCancel != nil {
-		m.runCancel()
+	if runCancel != nil {
+		runCancel()
 	}
 	m.resumeMu.Lock() // a resume in progress finishes first
 	m.resumeMu.Unlock()
@@ -646,15 +655,15 @@ func (m *Module) Stop(ctx context.Context) error {
 			// this record) is acknowledged without running again.
 			go func() {
 				<-drained
-				if err := m.node.releaseRecord(m.def.Name); err != nil {
+				if err := m.releaseRecord(); err != nil {
 					m.log.Error("close the record of handled events", "err", err)
 				}
 			}()
-		} else if err := m.node.releaseRecord(m.def.Name); err != nil {
+		} else if err := m.releaseRecord(); err != nil {
 			errs = append(errs, fmt.Errorf("close the record of handled events: %w", err))
 		}
 	}
-	if m.runCancel != nil {
+	if runCancel != nil {
 		select {
 		case <-m.runDone:
 		case <-ctx.Done():

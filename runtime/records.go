@@ -45,3 +45,12 @@ func (n *Node) releaseRecord(module string) error {
 	delete(n.records, module)
 	return r.set.Close()
 }
+
+// releaseRecord releases the module's record of handled ids, once
+// whatever path gets there first (a failed load, Stop, Stop's wait for the
+// handlers it left behind).
+func (m *Module) releaseRecord() error {
+	var err error
+	m.releaseOnce.Do(func() { err = m.node.releaseRecord(m.def.Name) })
+	return err
+}

@@ -18,11 +18,12 @@ func TestUnavailableTellsAWhileFromForGood(t *testing.T) {
 		err  error
 		want bool
 	}{
-		{&amqp.Error{Code: amqp.NotFound, Reason: "NOT_FOUND - home node 'mesh-c3@localhost' of durable queue 'serve.audit.query' in vhost 'v' is down or inaccessible"}, true},
-		{&amqp.Error{Code: amqp.InternalError, Reason: "INTERNAL_ERROR"}, true},
-		{&amqp.Error{Code: amqp.NotFound, Reason: "NOT_FOUND - no queue 'soak.legacy' in vhost 'v'"}, false},
-		{&amqp.Error{Code: amqp.AccessRefused, Reason: "ACCESS_REFUSED - access to queue 'q' in vhost 'v' refused for user 'u'"}, false},
-		{&amqp.Error{Code: amqp.PreconditionFailed, Reason: "PRECONDITION_FAILED - inequivalent arg 'x-queue-type'"}, false},
+		{&amqp.Error{Code: amqp.NotFound, Server: true, Reason: "NOT_FOUND - home node 'mesh-c3@localhost' of durable queue 'serve.audit.query' in vhost 'v' is down or inaccessible"}, true},
+		{&amqp.Error{Code: amqp.InternalError, Server: true, Reason: "INTERNAL_ERROR"}, true},
+		{&amqp.Error{Code: amqp.InternalError, Server: false, Reason: "internal error: invalid type assertion"}, false}, // amqp091-go's own, not the broker's
+		{&amqp.Error{Code: amqp.NotFound, Server: true, Reason: "NOT_FOUND - no queue 'soak.legacy' in vhost 'v'"}, false},
+		{&amqp.Error{Code: amqp.AccessRefused, Server: true, Reason: "ACCESS_REFUSED - access to queue 'q' in vhost 'v' refused for user 'u'"}, false},
+		{&amqp.Error{Code: amqp.PreconditionFailed, Server: true, Reason: "PRECONDITION_FAILED - inequivalent arg 'x-queue-type'"}, false},
 		{errors.New("INTERNAL_ERROR"), false},
 		{nil, false},
 	} {
