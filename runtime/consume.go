@@ -30,14 +30,14 @@ import (
 // sent straight to the queue without a user-id that claims a type in
 // x-mesh-routing-key is dead-lettered as malformed.
 
-// consumeQueues starts consuming every queue the module asked for. With
-// later (the module resumes on a session), a queue that cannot be
-// consumed now does not fail the rest: it is reported (QueuesDown) and
-// tried again on its own (reconsumeLater).
-func (m *Module) consumeQueues(ctx context.Context, s *session, queues []setup.Entry, later bool) error {
+// consumeQueues starts consuming every queue the module asked for. A
+// queue that cannot be consumed now, with an error later accepts, does not
+// fail the rest: it is reported (QueuesDown) and tried again on its own
+// (reconsumeLater).
+func (m *Module) consumeQueues(ctx context.Context, s *session, queues []setup.Entry, later func(error) bool) error {
 	for _, q := range queues {
 		if err := m.consumeQueue(ctx, s, q); err != nil {
-			if !later || s.isLost() || errors.Is(err, sdk.ErrClosed) {
+			if !later(err) || s.isLost() || errors.Is(err, sdk.ErrClosed) {
 				return err
 			}
 			m.queueDown(q.Key, err.Error())

@@ -245,7 +245,7 @@ func (m *Module) attachFirst(ctx context.Context, subs []subscription, tools []t
 		m.log.Info("the broker is away: the module attaches once the node connects")
 		return nil
 	}
-	if err := m.attach(ctx, s, subs, tools, false); err != nil {
+	if err := m.attach(ctx, s, subs, tools, unavailable); err != nil {
 		switch {
 		case m.node.cfg.Ephemeral:
 			return err
@@ -255,10 +255,11 @@ func (m *Module) attachFirst(ctx context.Context, subs []subscription, tools []t
 			m.log.Warn("the connection was lost while the module attached; it attaches once the node reconnects", "err", err)
 			return nil
 		case unavailable(err):
-			// Not the module's mistake, and not for good: on a cluster, a
-			// queue whose node is down. The module loads and attaches as a
-			// resume does (its events first, its tools and consumed
-			// queues once they can be had); until then it is not ready.
+			// Not the module's mistake, and not for good: on a cluster,
+			// its own queue without a leader, say. (Tools and consumed
+			// queues the broker will not give now are left for later by
+			// attach itself.) The module loads and attaches as a resume
+			// does, with back-off; until then it is not ready.
 			delay := jitter(expBackoff(time.Second, 30*time.Second, 1))
 			m.log.Error("the broker cannot give the module its queues now; it attaches when it can", "err", err, "retry_in", delay)
 			time.AfterFunc(delay, func() { m.resume(s, true) })
@@ -270,12 +271,14 @@ func (m *Module) attachFirst(ctx context.Context, subs []subscription, tools []t
 	return nil
 }
 
-// attach consumes the module's queue and serves its tools on s. With
-// toolsLater, tools the broker will not serve now (on a cluster, a serve
-// queue is a classic queue, unavailable while its home node is down) do not
-// fail the attach: the module handles its events, and serveLater tries the
-// tools again.
-func (m *Module) attach(ctx context.Context, s *session, subs []subscription, tools []tool, toolsLater bool) error {
+// attach consumes the module's queue and serves its tools on s. Tools the
+// broker will not serve now, and consumed queues it will not give, with an
+// error later accepts (on a cluster, a serve queue is a classic queue,
+// unavailable while its home node is down) do not fail the attach: the
+// module handles its events, and serveLater and reconsumeLater try them
+// again. A resume accepts every error (always); the first attach only those
+// that last a while (unavailable), so that a mistake fails the load.
+func (m *Module) attach(ctx context.Context, s *session, subs []subscription, tools []tool, later func(error) bool) error {
 	if len(subs) > 0 {
 		if err := m.consume(ctx, s, subs); err != nil {
 			return err
@@ -288,13 +291,13 @@ func (m *Module) attach(ctx context.Context, s *session, subs []subscription, to
 			return err
 		}
 	}
-	if err := m.consumeQueues(ctx, s, m.queues, toolsLater); err != nil {
+	if err := m.consumeQueues(ctx, s, m.queues, later); err != nil {
 		return err
 	}
 	m.serveTry.Add(1) // a pending serveLater is for an earlier attach
 	if len(tools) > 0 {
 		if err := m.serve(ctx, s, tools); err != nil {
-			if !toolsLater || s.isLost() || errors.Is(err, sdk.ErrClosed) {
+			if !later(err) || s.isLost() || errors.Is(err, sdk.ErrClosed) {
 				return err
 			}
 			m.log.Error("the module's tools cannot be served now; its events are handled, and its tools are tried again", "err", err)
@@ -322,6 +325,9 @@ func (m *Module) ToolsDown() string {
 	defer m.holdMu.Unlock()
 	return m.toolsDown
 }
+
+// always accepts every error (attach's later, for a resume).
+func always(error) bool { return true }
 
 // unavailable reports whether the broker refused err for a while rather
 // than for good: on a cluster, a classic queue whose home node is down
@@ -392,7 +398,7 @@ func (m *Module) resume(s *session, again bool) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := m.attach(ctx, s, subs, tools, true); err != nil {
+	if err := m.attach(ctx, s, subs, tools, always); err != nil {
 		if s.isLost() || errors.Is(err, sdk.ErrClosed) {
 			return
 		}
