@@ -102,10 +102,11 @@ type Config struct {
 	// jitter, between attempts to reconnect to the broker. Defaults 100ms
 	// and 10s.
 	ReconnectMin, ReconnectMax time.Duration
-	// LockWait is how long a reconnecting node waits for its node lock
-	// queue to be released by the broker (which notices a dead connection
-	// only after its heartbeats are missed) before it concludes another
-	// node of the same name runs. Default 30s.
+	// LockWait is how long a reconnecting node, or one started on a
+	// state dir whose last run did not close (killed), waits for its node
+	// lock queue to be released by the broker (which notices a dead
+	// connection only once it sees it closed or misses its heartbeats)
+	// before it concludes another node of the same name runs. Default 30s.
 	LockWait time.Duration
 	// SpoolMaxBytes bounds the local spool of events the broker has not
 	// confirmed (kept in StateDir while the broker is unreachable). When

@@ -157,7 +157,11 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		n.spool = sp
 		n.spooling.Store(sp.Len() > 0)
 	}
+	crashed := !cfg.Ephemeral && n.markRunning()
 	s, err := n.connect(ctx)
+	if errors.Is(err, ErrNodeTaken) && crashed {
+		s, err = n.awaitOwnLock(ctx, err)
+	}
 	switch {
 	case err == nil:
 		n.setSession(s)
@@ -169,6 +173,9 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		n.stopTelemetry()
 		if n.spool != nil {
 			n.spool.Close()
+		}
+		if !crashed && !cfg.Ephemeral {
+			n.unmarkRunning() // this run never ran: the next one is no restart after a crash
 		}
 		return nil, err
 	}
@@ -296,6 +303,7 @@ func (n *Node) Close(ctx context.Context) error {
 	}
 	if n.spool != nil {
 		errs = append(errs, n.spool.Close())
+		n.unmarkRunning()
 	}
 	return errors.Join(ignoreClosed(errs)...)
 }

@@ -3,8 +3,11 @@ package runtime_test
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -256,5 +259,72 @@ func TestTLS(t *testing.T) {
 		TLS: runtime.TLSConfig{CAFile: filepath.Join(dir, "missing.pem")}})
 	if err == nil || !strings.Contains(err.Error(), "tls.ca_file") {
 		t.Errorf("missing CA file: %v, want an error naming tls.ca_file", err)
+	}
+}
+
+// signalHandler is a slog.Handler that closes seen the first time a
+// record's message starts with prefix.
+type signalHandler struct {
+	prefix string
+	once   *sync.Once
+	seen   chan struct{}
+}
+
+func (h signalHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h signalHandler) Handle(_ context.Context, r slog.Record) error {
+	if strings.HasPrefix(r.Message, h.prefix) {
+		h.once.Do(func() { close(h.seen) })
+	}
+	return nil
+}
+func (h signalHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h signalHandler) WithGroup(string) slog.Handler      { return h }
+
+// TestRestartAfterACrashWaitsForItsLock: a node started on a state dir
+// whose last run did not close (its running marker is there, as after a
+// SIGKILL) finds its node lock still taken, as it is while the broker has
+// not yet seen the dead run's connection go; it waits for the lock instead
+// of failing, and starts once the lock is released. (A node whose last run
+// closed fails at once: TestNodeNameTaken.)
+func TestRestartAfterACrashWaitsForItsLock(t *testing.T) {
+	t.Parallel()
+	url := brokertest.VHost(t)
+	holder := testNode(t, url, "anchor", nil)
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "running"), []byte("12345\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	waiting := signalHandler{prefix: "the node lock is taken", once: new(sync.Once), seen: make(chan struct{})}
+	type result struct {
+		n   *runtime.Node
+		err error
+	}
+	started := make(chan result, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		n, err := runtime.New(ctx, runtime.Config{Node: "anchor", AMQPURL: url, StateDir: dir, Logger: slog.New(waiting), LockWait: time.Minute,
+			ReconnectMin: 20 * time.Millisecond, ReconnectMax: 200 * time.Millisecond})
+		started <- result{n, err}
+	}()
+	select {
+	case <-waiting.seen:
+	case r := <-started:
+		t.Fatalf("New returned at once (%v) instead of waiting for the lock of the run that did not close", r.err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := holder.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-started
+	if r.err != nil {
+		t.Fatalf("New after the lock was released: %v", r.err)
+	}
+	if err := r.n.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "running")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the running marker is left after Close: %v", err)
 	}
 }

@@ -115,7 +115,7 @@ func Settings() []Setting {
 		{Key: "reconnect_max", Scope: ScopeNode, Default: d(runtime.DefaultReconnectMax), Bounds: "reconnect_min ≤ reconnect_max",
 			Doc: "The longest back-off between attempts to reach the broker.", Valid: []string{"100ms"}, Invalid: []string{"50ms"}},
 		{Key: "lock_wait", Scope: ScopeNode, Default: d(runtime.DefaultLockWait), Bounds: "0 or more",
-			Doc: "How long a reconnecting node waits for the broker to release its old node lock before it concludes another node of its name runs.", Valid: []string{"1s"}, Invalid: []string{"-1s"}},
+			Doc: "How long a reconnecting node, or one started again after a run that did not stop cleanly (killed), waits for the broker to release its old node lock before it concludes another node of its name runs.", Valid: []string{"1s"}, Invalid: []string{"-1s"}},
 		{Key: "dedup_retention", Scope: ScopeNode, Default: d(runtime.DefaultDedupRetention), Bounds: "0 or more",
 			Doc: "How long a module remembers the ids of events it handled, to acknowledge a redelivery without handling it again.", Valid: []string{"1h"}, Invalid: []string{"-1s"}},
 		{Key: "dedup_max_entries", Scope: ScopeNode, Default: n(runtime.DefaultDedupMaxEntries), Bounds: "0 or more",

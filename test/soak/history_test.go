@@ -166,6 +166,8 @@ func readAudit(path string, h *history) (audit, error) {
 		return audit{}, err
 	}
 	var a audit
+	h.mu.Lock() // the sink may still take a late duplicate
+	defer h.mu.Unlock()
 	for _, id := range h.confirmed {
 		if !ids[id] {
 			a.missing++
