@@ -268,8 +268,10 @@ func soak(t *testing.T, bins binaries, length, pace time.Duration, seed uint64) 
 			}
 		})
 	}
-	var legacyMu sync.Mutex // publishing and the queue's deletion, one at a time
-	published, err := os.Create(filepath.Join(dir, "legacy.log")) // each confirmed message, with its time
+	// Publishing and the queue's deletion, one at a time; each confirmed
+	// message logged with its time.
+	var legacyMu sync.Mutex
+	published, err := os.Create(filepath.Join(dir, "legacy.log"))
 	if err != nil {
 		t.Fatal(err)
 	}
