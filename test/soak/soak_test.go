@@ -354,6 +354,17 @@ func soak(t *testing.T, bins binaries, length, pace time.Duration, seed uint64) 
 				n++
 			}
 		}
+		h.mu.Unlock()
+		// And the audit logger has taken what its queue holds (it is
+		// checked against its database once beta stops).
+		_ = rc.do(func(ch *amqp.Channel) error {
+			q, err := ch.QueueDeclarePassive(wire.ModuleQueue("beta", "audit-logger"), true, false, false, false, nil)
+			if err == nil {
+				n += q.Messages
+			}
+			return err
+		})
+		h.mu.Lock()
 		return n
 	}
 	progressAt, last := time.Now(), -1
