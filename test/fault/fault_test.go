@@ -285,7 +285,10 @@ func TestQueueAtLengthLimit(t *testing.T) {
 	if !waitFor(30*time.Second, func() bool { return n.Stats().Refused > 0 }) {
 		t.Fatal("no negative confirm from the full queue")
 	}
-	short, cancelShort := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	// Its deadline is short beside the others' 90 s, and long enough for
+	// the broker's negative confirm to come first on a loaded machine (at
+	// 300 ms, a slow nack made it DeadlineExceeded once).
+	short, cancelShort := context.WithTimeout(context.Background(), 5*time.Second)
 	_, err := n.Emit(short, "sink", "module.sink.tick", 1)
 	cancelShort()
 	if !errors.Is(err, sdk.ErrRefused) {
