@@ -57,6 +57,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/internal/proctest"
 	"github.com/meshkit/mesh/internal/testdir"
 )
 
@@ -394,25 +395,11 @@ func reap(pgid, options int) {
 // members lists the live (not zombie) processes of the group pgid, as
 // "PID COMMAND LINE".
 func members(pgid int) []string {
-	entries, _ := os.ReadDir("/proc")
 	var out []string
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
+	for _, p := range proctest.List() {
+		if p.State != "Z" && p.PGID == pgid {
+			out = append(out, fmt.Sprintf("%d %s", p.PID, p.Cmdline))
 		}
-		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue // gone meanwhile
-		}
-		// pid (comm) state ppid pgrp ...; comm may hold spaces and parens.
-		s := string(stat)
-		fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-		if len(fields) < 3 || fields[0] == "Z" || fields[2] != strconv.Itoa(pgid) {
-			continue
-		}
-		cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		out = append(out, fmt.Sprintf("%d %s", pid, strings.TrimSpace(strings.ReplaceAll(string(cmdline), "\x00", " "))))
 	}
 	return out
 }

@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/meshkit/mesh/internal/proctest"
 )
 
 // meshd is one meshd process of the soak, started again after the
@@ -181,26 +183,10 @@ func (m *meshd) usage() (usage, error) {
 // modulesOf is the process ids of the module processes parent runs (its
 // children running the soak's module binaries).
 func modulesOf(parent int) []int {
-	entries, _ := os.ReadDir("/proc")
 	var out []int
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue
-		}
-		// pid (comm) state ppid ...: comm may hold spaces, so from the last ')'.
-		rest := string(stat[strings.LastIndexByte(string(stat), ')')+1:])
-		f := strings.Fields(rest)
-		if len(f) < 2 || f[1] != strconv.Itoa(parent) {
-			continue
-		}
-		cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if strings.Contains(string(cmdline), "soakmodule") || strings.Contains(string(cmdline), "audit-logger") {
-			out = append(out, pid)
+	for _, p := range proctest.List() {
+		if p.PPID == parent && (strings.Contains(p.Cmdline, "soakmodule") || strings.Contains(p.Cmdline, "audit-logger")) {
+			out = append(out, p.PID)
 		}
 	}
 	return out
