@@ -76,45 +76,99 @@ type PluginModule struct {
 	stopped  chan struct{}
 	done     chan struct{}
 
-	// handling maps the id of each event or request the process is
-	// handling to the host's context of that handling: what the process
-	// emits and calls meanwhile, naming that id as its cause, gets its id
-	// derived by the host from it (the process cannot choose another
-	// event's id) and joins its trace.
-	handling sync.Map // id → *handlingCtx
+	// handlings are the handlings the host handed the process, by the
+	// token it sent with each: what the process emits and calls in one,
+	// naming its token, gets its id derived by the host from that handling
+	// (the process cannot choose another event's id) and joins its trace.
+	handlings handlings
 }
 
 // handlingCtx is one handling the host handed to the process.
 type handlingCtx struct{ ctx context.Context }
 
-// handlingIn registers ctx as the handling of id and returns the function
-// that forgets it.
-func (pm *PluginModule) handlingIn(ctx context.Context, id string) func() {
-	if id == "" {
-		return func() {}
-	}
-	h := &handlingCtx{ctx: ctx}
-	pm.handling.Store(id, h)
-	return func() { pm.handling.CompareAndDelete(id, h) }
+// keptEndedHandlings is how many ended handlings a module's host still
+// knows, for the emits and calls a process sends after the handling's
+// outcome: a process stopped past its handler's timeout sends them when
+// it resumes, while the retry runs or after it.
+const keptEndedHandlings = 4096
+
+// handlings are a module's live handlings and the last keptEndedHandlings
+// that ended. An emit made in an ended handling still gets its id derived
+// in it, the id it would have had in time (the retry's emit of the same
+// event gets it too, and de-duplication absorbs the repeat); one made in a
+// handling ended longer ago is refused, never given a fresh id.
+type handlings struct {
+	next  atomic.Uint64
+	mu    sync.Mutex
+	live  map[uint64]*handlingCtx
+	ended map[uint64]*handlingCtx
+	order []uint64 // ended tokens, oldest first, a ring of keptEndedHandlings
+	head  int
 }
 
-// inHandling is ctx in the handling of cause, if the process is handling
-// it now: with its span, and with its causation scope, from which the host
-// derives the ids of what the process emits and calls in it. ok is false
-// for a cause the process is not handling (a cause it names on its own):
-// ctx then carries the cause alone, and ids are fresh.
-func (pm *PluginModule) inHandling(ctx context.Context, cause string) (_ context.Context, ok bool) {
-	if cause == "" {
-		return ctx, false
+// begin registers ctx as a new handling and returns its token and the
+// function that ends it.
+func (hs *handlings) begin(ctx context.Context) (token uint64, end func()) {
+	token = hs.next.Add(1)
+	h := &handlingCtx{ctx: ctx}
+	hs.mu.Lock()
+	if hs.live == nil {
+		hs.live = make(map[uint64]*handlingCtx)
+		hs.ended = make(map[uint64]*handlingCtx)
 	}
-	if v, found := pm.handling.Load(cause); found {
-		hctx := v.(*handlingCtx).ctx
-		if sc := trace.SpanContextFromContext(hctx); sc.IsValid() {
-			ctx = trace.ContextWithSpanContext(ctx, sc)
+	hs.live[token] = h
+	hs.mu.Unlock()
+	return token, func() {
+		hs.mu.Lock()
+		defer hs.mu.Unlock()
+		delete(hs.live, token)
+		if len(hs.order) < keptEndedHandlings {
+			hs.order = append(hs.order, token)
+		} else {
+			delete(hs.ended, hs.order[hs.head])
+			hs.order[hs.head] = token
+			hs.head = (hs.head + 1) % keptEndedHandlings
 		}
-		return causation.Carry(ctx, hctx), true
+		hs.ended[token] = h
 	}
-	return causation.With(ctx, cause), false
+}
+
+// find is the handling of token, live or recently ended.
+func (hs *handlings) find(token uint64) (*handlingCtx, bool) {
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	if h, ok := hs.live[token]; ok {
+		return h, true
+	}
+	h, ok := hs.ended[token]
+	return h, ok
+}
+
+// errHandlingGone refuses an emit or call a process makes in a handling
+// the host ended too long ago to derive its id (or never handed it).
+var errHandlingGone = fmt.Errorf("the handling it was made in is over and forgotten (its deadline passed long ago): %w", context.DeadlineExceeded)
+
+// inHandling is ctx in the handling the process names by token: with its
+// span, and with its causation scope, from which the host derives the ids
+// of what the process emits and calls in it. Outside a handling (token 0)
+// ctx carries the cause the process names alone, and ids are fresh; so
+// they are in a handling the host no longer knows when the process asks
+// for no derived id (derive false), and otherwise that is refused.
+func (pm *PluginModule) inHandling(ctx context.Context, token uint64, cause string, derive bool) (context.Context, error) {
+	h, known := pm.handlings.find(token)
+	if token == 0 || !known && !derive {
+		if cause == "" {
+			return ctx, nil
+		}
+		return causation.With(ctx, cause), nil
+	}
+	if !known {
+		return ctx, errHandlingGone
+	}
+	if sc := trace.SpanContextFromContext(h.ctx); sc.IsValid() {
+		ctx = trace.ContextWithSpanContext(ctx, sc)
+	}
+	return causation.Carry(ctx, h.ctx), nil
 }
 
 // moduleProcess is one run of the module binary.
@@ -759,9 +813,10 @@ func (pm *PluginModule) forward(i uint32) sdk.Handler {
 		if err != nil {
 			return err
 		}
-		defer pm.handlingIn(ctx, ev.ID)()
+		token, end := pm.handlings.begin(ctx)
+		defer end()
 		deadline, _ := ctx.Deadline()
-		d := &pb.Delivery{
+		d := &pb.Delivery{Handling: token,
 			Seq: p.seq.Add(1), Pattern: i, Id: ev.ID, Type: ev.Type, Source: ev.Source, Node: ev.Node,
 			CausationId: ev.CausationID, Schema: ev.Schema, Headers: ev.Headers,
 			Body: ev.Body, Attempt: uint32(ev.Attempt), Redelivered: ev.Redelivered, DeadlineUnixNano: deadline.UnixNano(), UserId: ev.UserID,
@@ -817,8 +872,9 @@ func (pm *PluginModule) answer(i uint32) sdk.ToolHandler {
 		if err != nil {
 			return nil, err
 		}
-		defer pm.handlingIn(ctx, req.ID)()
-		a, err := p.remote.Module.Answer(ctx, &pb.ToolRequest{
+		token, end := pm.handlings.begin(ctx)
+		defer end()
+		a, err := p.remote.Module.Answer(ctx, &pb.ToolRequest{Handling: token,
 			Tool: i, Id: req.ID, Caller: req.Caller, Node: req.Node, TimeUnixNano: req.Time.UnixNano(),
 			DeadlineUnixNano: req.Deadline.UnixNano(), CausationId: req.CausationID, Headers: req.Headers, Body: req.Body,
 		})
@@ -897,9 +953,10 @@ type hostServer struct {
 }
 
 // Emit publishes a batch of the process's emits as the module. The ids
-// are the host's: derived from the handling the process names as the
-// cause, if the host handed it that handling and the process asked for a
-// derived id (a non-empty Id, whose value is not used), fresh otherwise.
+// are the host's: derived in the handling the process names by its token,
+// if the process asked for a derived id (a non-empty Id, whose value is
+// not used), fresh outside a handling; a token the host does not know is
+// refused.
 // A batch holds plugin.MaxBatch emits at most, published by as many
 // goroutines at most.
 func (h *hostServer) Emit(ctx context.Context, b *pb.EmitBatch) (*pb.EmitResults, error) {
@@ -919,8 +976,11 @@ func (h *hostServer) Emit(ctx context.Context, b *pb.EmitBatch) (*pb.EmitResults
 				FullType: e.FullType, // still subject to the module's grants
 				FreshID:  e.Id == "",
 			}
-			hctx, _ := h.pm.inHandling(ctx, e.CausationId)
-			id, err := "", o.Check()
+			hctx, err := h.pm.inHandling(ctx, e.Handling, e.CausationId, e.Id != "")
+			id := ""
+			if err == nil {
+				err = o.Check()
+			}
 			if err == nil {
 				id, err = m.emit(hctx, e.Name, json.RawMessage(e.Body), o, "")
 			}
@@ -939,11 +999,13 @@ func (h *hostServer) Call(ctx context.Context, r *pb.CallRequest) (*pb.CallRespo
 	ctx, cancel := context.WithDeadline(ctx, time.Unix(0, r.DeadlineUnixNano))
 	defer cancel()
 	// The request id is the host's: derived from the handling the process
-	// names as the cause when the host handed it that handling, fresh
-	// otherwise (r.Id, the process's own derivation, is not used).
-	ctx, _ = h.pm.inHandling(ctx, r.CausationId)
+	// names, fresh outside one (r.Id, the process's own derivation, is not
+	// used).
+	ctx, err := h.pm.inHandling(ctx, r.Handling, r.CausationId, r.Id != "")
 	var resp json.RawMessage
-	err := h.pm.module.callTool(ctx, r.Tool, json.RawMessage(r.Body), &resp, "")
+	if err == nil {
+		err = h.pm.module.callTool(ctx, r.Tool, json.RawMessage(r.Body), &resp, "")
+	}
 	out := &pb.CallResponse{Body: resp, ErrorKind: errorKind(err)}
 	if err != nil {
 		out.Error = err.Error()

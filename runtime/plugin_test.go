@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/internal/plugin"
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/runtime"
 	"github.com/meshkit/mesh/sdk"
@@ -284,8 +285,9 @@ func TestPluginProtocolMismatch(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_, err := n.LoadPlugin(ctx, v99, nil, runtime.ModuleConfig{})
-	if err == nil || !strings.Contains(err.Error(), "99") || !strings.Contains(err.Error(), "version 2") {
-		t.Errorf("loading a version 99 module: %v, want an error naming 99 and 2", err)
+	want := fmt.Sprintf("version %d", plugin.ProtocolVersion())
+	if err == nil || !strings.Contains(err.Error(), "99") || !strings.Contains(err.Error(), want) {
+		t.Errorf("loading a version 99 module: %v, want an error naming 99 and %s", err, want)
 	}
 }
 
@@ -655,4 +657,79 @@ func TestRelaunchAsAnotherModuleIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, func() bool { return queueDepth(t, ch, queue) >= 2 }) // the crash event back, and the new one
+}
+
+// TestLateEmitOfATimedOutHandling: a module process whose handling goes on
+// past its timeout (as a process stopped and resumed does) emits while the
+// retry of the same event runs, or after the retry is done: its emit gets
+// the id the retry's emit gets, so the event's effect reaches consumers
+// under one id, and their de-duplication absorbs the repeat. (The host
+// derived ids by the event id the process named, not by the handling:
+// while the retry ran, the late emit took the retry's first derived id and
+// the retry's own emit got a second; after it, the late emit got a fresh
+// id. The soak's checker found both as done events doubled.)
+func TestLateEmitOfATimedOutHandling(t *testing.T) {
+	t.Parallel()
+	bin, _ := echoModule(t)
+	url := brokertest.VHost(t)
+	n := testNode(t, url, "anchor", nil)
+	rec := newRecorder(nil)
+	load(t, n, sdk.Module{Name: "watch", Setup: func(m sdk.Mesh) error { return m.On("module.echo.pong", rec) }}, runtime.ModuleConfig{})
+	// Attempt 1 outlives the timeout; attempt 2 is released by the test
+	// well before its own (were it not, attempt 3 emits at once, and the
+	// ids are still one).
+	loadPlugin(t, n, bin, runtime.ModuleConfig{MaxAttempts: 3, HandlerTimeout: 2 * time.Second})
+
+	file := func(dir, what string, attempt int) string {
+		return filepath.Join(dir, fmt.Sprintf("%s-%d", what, attempt))
+	}
+	exists := func(path string) func() bool {
+		return func() bool { _, err := os.Stat(path); return err == nil }
+	}
+	release := func(dir string, attempt int) {
+		if err := os.WriteFile(file(dir, "release", attempt), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	emitted := func(dir string, attempt int) string {
+		path := file(dir, "emitted", attempt)
+		waitFor(t, 30*time.Second, exists(path))
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	for _, c := range []struct {
+		name      string
+		lateFirst bool
+	}{{"while the retry runs", true}, {"after the retry", false}} {
+		dir := t.TempDir()
+		ev, err := n.Emit(emitCtx(t), "test", "mesh.test.late", map[string]string{"do": "late", "log": dir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Attempt 2 has started: attempt 1 timed out, and is still running.
+		waitFor(t, 30*time.Second, exists(file(dir, "started", 2)))
+		var late, retry string
+		if c.lateFirst {
+			release(dir, 1)
+			late = emitted(dir, 1)
+			release(dir, 2)
+			retry = emitted(dir, 2)
+		} else {
+			release(dir, 2)
+			retry = emitted(dir, 2)
+			release(dir, 1)
+			late = emitted(dir, 1)
+		}
+		if !strings.HasPrefix(retry, "id ") || late != retry {
+			t.Errorf("%s: the late emit of event %s got %q, the retry's %q: want the one id of the retry", c.name, ev, late, retry)
+		}
+		// On the wire: the watcher (which de-duplicates) gets one pong,
+		// with that id.
+		if got := rec.next(t); "id "+got.ID != retry || got.CausationID != ev {
+			t.Errorf("%s: pong %s caused by %s, want %s caused by %s", c.name, got.ID, got.CausationID, retry, ev)
+		}
+	}
 }

@@ -285,7 +285,7 @@ func (s *moduleServer) handle(d *pb.Delivery) *pb.Outcome {
 	if d.TimeUnixNano == 0 {
 		ev.Time = time.Time{} // a malformed dead letter's unreadable time
 	}
-	ctx, cancel := context.WithDeadline(causation.HandlingEvent(context.Background(), ev.ID, ev.Time), time.Unix(0, d.DeadlineUnixNano))
+	ctx, cancel := context.WithDeadline(withHandling(causation.HandlingEvent(context.Background(), ev.ID, ev.Time), d.Handling), time.Unix(0, d.DeadlineUnixNano))
 	defer cancel()
 	err := func() (err error) {
 		defer func() {
@@ -303,6 +303,28 @@ func (s *moduleServer) handle(d *pb.Delivery) *pb.Outcome {
 	default:
 		return &pb.Outcome{Seq: d.Seq, Kind: pb.Outcome_FAILED, Error: errorText(err)}
 	}
+}
+
+// handlingKey is the context key of the host's token for the handling a
+// context is in (pb.Delivery.handling).
+type handlingKey struct{}
+
+// withHandling returns ctx in the host's handling token (0: none).
+func withHandling(ctx context.Context, token uint64) context.Context {
+	if token == 0 {
+		return ctx
+	}
+	return context.WithValue(ctx, handlingKey{}, token)
+}
+
+// handlingOf is the host's token for the handling ctx is in, 0 outside
+// one: sent with each emit and call, so the host derives their ids from
+// the handling it handed this process (a late emit of an attempt that
+// timed out gets the id it would have had in time, not the id of the
+// retry's next emit).
+func handlingOf(ctx context.Context) uint64 {
+	t, _ := ctx.Value(handlingKey{}).(uint64)
+	return t
 }
 
 // maxErrorText bounds an error text the process sends meshd (which cuts
@@ -434,7 +456,7 @@ func (s *moduleServer) Answer(_ context.Context, r *pb.ToolRequest) (*pb.ToolAns
 	}
 	req := sdk.Request{ID: r.Id, Tool: s.desc.Tools[r.Tool], Caller: r.Caller, Node: r.Node, Time: time.Unix(0, r.TimeUnixNano).UTC(),
 		Deadline: time.Unix(0, r.DeadlineUnixNano), CausationID: r.CausationId, Headers: r.Headers, Body: r.Body}
-	ctx, cancel := context.WithDeadline(causation.Handling(context.Background(), req.ID, req.Time), req.Deadline)
+	ctx, cancel := context.WithDeadline(withHandling(causation.Handling(context.Background(), req.ID, req.Time), r.Handling), req.Deadline)
 	defer cancel()
 	resp, err := func() (resp any, err error) {
 		defer func() {
@@ -501,7 +523,8 @@ func (pm *pluginMesh) Emit(ctx context.Context, name string, body any, opts ...s
 		o.CausationID = cause
 	}
 	e := &pb.Emit{Name: name, Body: raw, Schema: o.Schema, CausationId: o.CausationID,
-		TtlMillis: o.TTL.Milliseconds(), Priority: uint32(o.Priority), HasPriority: o.HasPriority, FullType: o.FullType}
+		TtlMillis: o.TTL.Milliseconds(), Priority: uint32(o.Priority), HasPriority: o.HasPriority, FullType: o.FullType,
+		Handling: handlingOf(ctx)}
 	if !o.FreshID {
 		full := name
 		if !o.FullType {
@@ -591,7 +614,8 @@ func (pm *pluginMesh) Call(ctx context.Context, tool string, req, resp any) erro
 	if !ok {
 		deadline = time.Now().Add(pm.server.callTimeout)
 	}
-	r, err := pm.server.host.Call(ctx, &pb.CallRequest{Id: id, Tool: tool, Body: raw, DeadlineUnixNano: deadline.UnixNano(), CausationId: causation.From(ctx)})
+	r, err := pm.server.host.Call(ctx, &pb.CallRequest{Id: id, Tool: tool, Body: raw, DeadlineUnixNano: deadline.UnixNano(),
+		CausationId: causation.From(ctx), Handling: handlingOf(ctx)})
 	if err != nil {
 		if ctx.Err() != nil {
 			return fmt.Errorf("call %s: no answer in time: %w", tool, ctx.Err())

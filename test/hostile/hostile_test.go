@@ -339,6 +339,29 @@ func TestIdsAreTheHosts(t *testing.T) {
 	if b.ID == a.ID || b.Caller != "evil3" {
 		t.Fatalf("the evil call was answered %+v, the honest caller %+v: want an answer of its own", b, a)
 	}
+
+	// Handling tokens the host never handed the process, guessed: every
+	// emit and call naming one is refused as past its deadline, none
+	// reaches the wire or the tool.
+	_, report, err = w.load("evil4", map[string]any{"attack": "handling", "tool": "honest.echo"}, runtime.ModuleConfig{AllowUndeclaredEmits: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l = step(waitReport(t, report, "done"), "guessed handlings")
+	lines := strings.Split(l.Got, "\n")
+	if len(lines) != 8 {
+		t.Fatalf("guessed handlings: %q, want an emit and a call for each of 4 tokens", l.Got)
+	}
+	for _, line := range lines {
+		if !strings.Contains(line, "DEADLINE_EXCEEDED") || !strings.Contains(line, "is over and forgotten") {
+			t.Errorf("a guessed handling got %q, want it refused as over", line)
+		}
+	}
+	for _, d := range w.untilMarker() {
+		if d.RoutingKey == "module.evil4.guessed" {
+			t.Fatalf("an emit in a guessed handling reached the wire: %v", d.Headers)
+		}
+	}
 }
 
 // TestBoundedAcrossTheBoundary: a 200 MB handler error and a batch of

@@ -558,6 +558,7 @@ type ToolRequest struct {
 	CausationId      string                 `protobuf:"bytes,7,opt,name=causation_id,json=causationId,proto3" json:"causation_id,omitempty"`
 	Headers          map[string]string      `protobuf:"bytes,8,rep,name=headers,proto3" json:"headers,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	Body             []byte                 `protobuf:"bytes,9,opt,name=body,proto3" json:"body,omitempty"`
+	Handling         uint64                 `protobuf:"varint,10,opt,name=handling,proto3" json:"handling,omitempty"` // as Delivery.handling
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
 }
@@ -653,6 +654,13 @@ func (x *ToolRequest) GetBody() []byte {
 		return x.Body
 	}
 	return nil
+}
+
+func (x *ToolRequest) GetHandling() uint64 {
+	if x != nil {
+		return x.Handling
+	}
+	return 0
 }
 
 type ToolAnswer struct {
@@ -808,8 +816,13 @@ type Delivery struct {
 	DeadAttempts     uint32 `protobuf:"varint,19,opt,name=dead_attempts,json=deadAttempts,proto3" json:"dead_attempts,omitempty"`
 	DeadTimeUnixNano int64  `protobuf:"varint,20,opt,name=dead_time_unix_nano,json=deadTimeUnixNano,proto3" json:"dead_time_unix_nano,omitempty"` // 0: unknown
 	Queue            string `protobuf:"bytes,21,opt,name=queue,proto3" json:"queue,omitempty"`                                                    // the consumed queue it came from (sdk.Event.Queue)
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The host's token for this handling: the process names it on what it
+	// emits and calls while handling the delivery (Emit.handling,
+	// CallRequest.handling), and the host derives their ids from this
+	// handling, not from one the process chooses.
+	Handling      uint64 `protobuf:"varint,22,opt,name=handling,proto3" json:"handling,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Delivery) Reset() {
@@ -989,6 +1002,13 @@ func (x *Delivery) GetQueue() string {
 	return ""
 }
 
+func (x *Delivery) GetHandling() uint64 {
+	if x != nil {
+		return x.Handling
+	}
+	return 0
+}
+
 type DeliveryBatch struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Deliveries    []*Delivery            `protobuf:"bytes,1,rep,name=deliveries,proto3" json:"deliveries,omitempty"`
@@ -1149,7 +1169,11 @@ type Emit struct {
 	FullType    bool                   `protobuf:"varint,8,opt,name=full_type,json=fullType,proto3" json:"full_type,omitempty"` // name is a full event type (sdk.AsFullType)
 	// The event's id when the module derived it (an emit inside a handler,
 	// see internal/causation); empty: the host gives it a fresh one.
-	Id            string `protobuf:"bytes,9,opt,name=id,proto3" json:"id,omitempty"`
+	Id string `protobuf:"bytes,9,opt,name=id,proto3" json:"id,omitempty"`
+	// The handling it was emitted in (Delivery.handling or
+	// ToolRequest.handling), 0 outside one: the host derives the id from
+	// that handling when id is not empty.
+	Handling      uint64 `protobuf:"varint,10,opt,name=handling,proto3" json:"handling,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1245,6 +1269,13 @@ func (x *Emit) GetId() string {
 		return x.Id
 	}
 	return ""
+}
+
+func (x *Emit) GetHandling() uint64 {
+	if x != nil {
+		return x.Handling
+	}
+	return 0
 }
 
 type EmitBatch struct {
@@ -1404,6 +1435,7 @@ type CallRequest struct {
 	// The request's id when the module derived it (a call inside a
 	// handler); empty: the host gives it a fresh one.
 	Id            string `protobuf:"bytes,5,opt,name=id,proto3" json:"id,omitempty"`
+	Handling      uint64 `protobuf:"varint,6,opt,name=handling,proto3" json:"handling,omitempty"` // as Emit.handling
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1471,6 +1503,13 @@ func (x *CallRequest) GetId() string {
 		return x.Id
 	}
 	return ""
+}
+
+func (x *CallRequest) GetHandling() uint64 {
+	if x != nil {
+		return x.Handling
+	}
+	return 0
 }
 
 type CallResponse struct {
@@ -1581,7 +1620,7 @@ const file_module_proto_rawDesc = "" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x12\x1a\n" +
 	"\bprefetch\x18\x02 \x01(\rR\bprefetch\x12\x12\n" +
 	"\x04held\x18\x03 \x01(\bR\x04held\x12\x1c\n" +
-	"\texclusive\x18\x04 \x01(\bR\texclusive\"\xe8\x02\n" +
+	"\texclusive\x18\x04 \x01(\bR\texclusive\"\x84\x03\n" +
 	"\vToolRequest\x12\x12\n" +
 	"\x04tool\x18\x01 \x01(\rR\x04tool\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x16\n" +
@@ -1591,7 +1630,9 @@ const file_module_proto_rawDesc = "" +
 	"\x12deadline_unix_nano\x18\x06 \x01(\x03R\x10deadlineUnixNano\x12!\n" +
 	"\fcausation_id\x18\a \x01(\tR\vcausationId\x12B\n" +
 	"\aheaders\x18\b \x03(\v2(.mesh.plugin.v1.ToolRequest.HeadersEntryR\aheaders\x12\x12\n" +
-	"\x04body\x18\t \x01(\fR\x04body\x1a:\n" +
+	"\x04body\x18\t \x01(\fR\x04body\x12\x1a\n" +
+	"\bhandling\x18\n" +
+	" \x01(\x04R\bhandling\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x87\x01\n" +
@@ -1604,7 +1645,7 @@ const file_module_proto_rawDesc = "" +
 	"\tpermanent\x18\x05 \x01(\bR\tpermanent\"b\n" +
 	"\fStartRequest\x12$\n" +
 	"\x0ehost_broker_id\x18\x01 \x01(\rR\fhostBrokerId\x12,\n" +
-	"\x12call_timeout_nanos\x18\x02 \x01(\x03R\x10callTimeoutNanos\"\xc4\x05\n" +
+	"\x12call_timeout_nanos\x18\x02 \x01(\x03R\x10callTimeoutNanos\"\xe0\x05\n" +
 	"\bDelivery\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x18\n" +
 	"\apattern\x18\x02 \x01(\rR\apattern\x12\x0e\n" +
@@ -1630,7 +1671,8 @@ const file_module_proto_rawDesc = "" +
 	"dead_error\x18\x12 \x01(\tR\tdeadError\x12#\n" +
 	"\rdead_attempts\x18\x13 \x01(\rR\fdeadAttempts\x12-\n" +
 	"\x13dead_time_unix_nano\x18\x14 \x01(\x03R\x10deadTimeUnixNano\x12\x14\n" +
-	"\x05queue\x18\x15 \x01(\tR\x05queue\x1a:\n" +
+	"\x05queue\x18\x15 \x01(\tR\x05queue\x12\x1a\n" +
+	"\bhandling\x18\x16 \x01(\x04R\bhandling\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"I\n" +
@@ -1648,7 +1690,7 @@ const file_module_proto_rawDesc = "" +
 	"\x06FAILED\x10\x01\x12\r\n" +
 	"\tPERMANENT\x10\x02\"C\n" +
 	"\fOutcomeBatch\x123\n" +
-	"\boutcomes\x18\x01 \x03(\v2\x17.mesh.plugin.v1.OutcomeR\boutcomes\"\xf4\x01\n" +
+	"\boutcomes\x18\x01 \x03(\v2\x17.mesh.plugin.v1.OutcomeR\boutcomes\"\x90\x02\n" +
 	"\x04Emit\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04body\x18\x02 \x01(\fR\x04body\x12\x16\n" +
@@ -1659,7 +1701,9 @@ const file_module_proto_rawDesc = "" +
 	"\bpriority\x18\x06 \x01(\rR\bpriority\x12!\n" +
 	"\fhas_priority\x18\a \x01(\bR\vhasPriority\x12\x1b\n" +
 	"\tfull_type\x18\b \x01(\bR\bfullType\x12\x0e\n" +
-	"\x02id\x18\t \x01(\tR\x02id\"7\n" +
+	"\x02id\x18\t \x01(\tR\x02id\x12\x1a\n" +
+	"\bhandling\x18\n" +
+	" \x01(\x04R\bhandling\"7\n" +
 	"\tEmitBatch\x12*\n" +
 	"\x05emits\x18\x01 \x03(\v2\x14.mesh.plugin.v1.EmitR\x05emits\"l\n" +
 	"\n" +
@@ -1669,13 +1713,14 @@ const file_module_proto_rawDesc = "" +
 	"error_kind\x18\x02 \x01(\x0e2\x19.mesh.plugin.v1.ErrorKindR\terrorKind\x12\x14\n" +
 	"\x05error\x18\x03 \x01(\tR\x05error\"C\n" +
 	"\vEmitResults\x124\n" +
-	"\aresults\x18\x01 \x03(\v2\x1a.mesh.plugin.v1.EmitResultR\aresults\"\x96\x01\n" +
+	"\aresults\x18\x01 \x03(\v2\x1a.mesh.plugin.v1.EmitResultR\aresults\"\xb2\x01\n" +
 	"\vCallRequest\x12\x12\n" +
 	"\x04tool\x18\x01 \x01(\tR\x04tool\x12\x12\n" +
 	"\x04body\x18\x02 \x01(\fR\x04body\x12,\n" +
 	"\x12deadline_unix_nano\x18\x03 \x01(\x03R\x10deadlineUnixNano\x12!\n" +
 	"\fcausation_id\x18\x04 \x01(\tR\vcausationId\x12\x0e\n" +
-	"\x02id\x18\x05 \x01(\tR\x02id\"\xb6\x01\n" +
+	"\x02id\x18\x05 \x01(\tR\x02id\x12\x1a\n" +
+	"\bhandling\x18\x06 \x01(\x04R\bhandling\"\xb6\x01\n" +
 	"\fCallResponse\x12\x12\n" +
 	"\x04body\x18\x01 \x01(\fR\x04body\x128\n" +
 	"\n" +

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -94,6 +95,9 @@ func main() {
 					// succeeded (confirmed, or on the node's disk) to Log.
 					go stream(mesh, cmd.N, cmd.Log)
 					return nil
+				case "late":
+					late(ctx, mesh, ev.Attempt, cmd.Log)
+					return nil
 				case "log":
 					mesh.Logger().Warn("echo was asked to log", "attempt", ev.Attempt)
 					return nil
@@ -138,5 +142,32 @@ func stream(mesh sdk.Mesh, n int, path string) {
 			return
 		}
 		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// late is a handling that outlives its deadline, as a process stopped past
+// its handler's timeout does: attempt n writes dir/started-n, waits for
+// dir/release-n, then emits pong, ignoring its deadline (its causation
+// and handling stay), and writes the id it got, or the error, to
+// dir/emitted-n.
+func late(ctx context.Context, mesh sdk.Mesh, attempt int, dir string) {
+	name := func(what string) string { return filepath.Join(dir, fmt.Sprintf("%s-%d", what, attempt)) }
+	if err := os.WriteFile(name("started"), nil, 0o600); err != nil {
+		mesh.Logger().Error("late: started", "err", err)
+		return
+	}
+	for {
+		if _, err := os.Stat(name("release")); err == nil {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	id, err := mesh.Emit(context.WithoutCancel(ctx), "pong", map[string]string{"late": "yes"})
+	out := "id " + id
+	if err != nil {
+		out = "error " + err.Error()
+	}
+	if err := os.WriteFile(name("emitted"), []byte(out), 0o600); err != nil {
+		mesh.Logger().Error("late: emitted", "err", err)
 	}
 }

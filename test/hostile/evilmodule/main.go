@@ -185,6 +185,23 @@ func (s *server) attack() {
 			got = res.Results[0].Id + "|" + res.Results[0].Error
 		}
 		report("emit with another's id", got, err)
+	case "handling":
+		// Handling tokens the host never handed this process (it handles
+		// nothing), guessed, as an emit's and a call's handling, each
+		// asking for a derived id.
+		var got []string
+		for _, token := range []uint64{1, 2, 3, 1 << 40} {
+			res, err := s.host.Emit(ctx, &pb.EmitBatch{Emits: []*pb.Emit{{Name: "guessed", Body: []byte(`{}`), Id: "x", Handling: token}}})
+			if err != nil || len(res.Results) != 1 {
+				got = append(got, fmt.Sprintf("emit %d: %v", token, err))
+				continue
+			}
+			got = append(got, fmt.Sprintf("emit %d: %s %s|%s", token, res.Results[0].ErrorKind, res.Results[0].Id, res.Results[0].Error))
+			r, err := s.host.Call(ctx, &pb.CallRequest{Tool: cfg.Tool, Body: []byte(`{}`), Id: "x", Handling: token,
+				DeadlineUnixNano: time.Now().Add(10 * time.Second).UnixNano()})
+			got = append(got, fmt.Sprintf("call %d: %s %s|%s %v", token, r.GetErrorKind(), r.GetBody(), r.GetError(), err))
+		}
+		report("guessed handlings", strings.Join(got, "\n"), nil)
 	case "requestid":
 		res, err := s.host.Call(ctx, &pb.CallRequest{Tool: cfg.Tool, Body: []byte(`{}`), Id: cfg.ID, CausationId: cfg.ID,
 			DeadlineUnixNano: time.Now().Add(10 * time.Second).UnixNano()})
