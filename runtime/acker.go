@@ -26,6 +26,9 @@ type acker struct {
 	// prefetch: the broker sends no more than the prefetch unacked).
 	max      int
 	prefetch int
+	// flow is what the workers on ch report (consumerFlow); set by the
+	// consumer that makes the acker.
+	flow *consumerFlow
 
 	mu   sync.Mutex
 	seen uint64              // the highest tag delivered
@@ -35,7 +38,7 @@ type acker struct {
 }
 
 func newAcker(ch amqp.Acknowledger, prefetch int) *acker {
-	return &acker{ch: ch, max: max(1, prefetch/4), prefetch: prefetch, held: make(map[uint64]struct{}), done: make(map[uint64]struct{})}
+	return &acker{ch: ch, max: max(1, prefetch/4), prefetch: prefetch, held: make(map[uint64]struct{}), done: make(map[uint64]struct{}), flow: &consumerFlow{}}
 }
 
 // delivered records that tag was delivered.

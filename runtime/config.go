@@ -54,7 +54,7 @@ const (
 	DefaultLockWait          = 30 * time.Second
 	DefaultDedupRetention    = 24 * time.Hour
 	// DefaultConsumerCheckInterval is how often a module checks that the
-	// broker still has its consumers.
+	// broker still has its consumers, and still feeds them.
 	DefaultConsumerCheckInterval = 10 * time.Second
 	DefaultDedupMaxEntries       = 1_000_000
 )
@@ -122,7 +122,7 @@ type Config struct {
 	// would close its channel. Default 30 min.
 	ConsumerTimeout time.Duration
 	// ConsumerCheckInterval is how often each module asks the broker
-	// whether its consumers are still there (checkConsumers); 0 means
+	// whether its consumers are still there and fed (checkConsumers); 0 means
 	// DefaultConsumerCheckInterval, a negative value turns the check off.
 	ConsumerCheckInterval time.Duration
 	// DedupRetention is how long a module remembers the ids of events it

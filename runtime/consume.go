@@ -282,8 +282,9 @@ func (m *Module) standBy(s *session, q setup.Entry) {
 				m.holdMu.Lock()
 				m.queueConsumers[q.Key] = &queueConsumer{entry: q, ch: ch, tag: tag, consuming: true}
 				h := q.Handler.(sdk.Handler)
+				f := m.flowOf(ch)
 				for range q.Prefetch {
-					m.startQueueWorker(q.Key, h, deliveries)
+					m.startQueueWorker(q.Key, h, deliveries, f)
 				}
 				m.holdMu.Unlock()
 				m.log.Info("consuming a queue exclusively", "queue", q.Key, "prefetch", q.Prefetch)
@@ -312,8 +313,9 @@ func (m *Module) startConsuming(qc *queueConsumer) error {
 	m.addTag(qc.ch, qc.tag, qc.entry.Key)
 	qc.consuming = true
 	h := qc.entry.Handler.(sdk.Handler)
+	f := m.flowOf(qc.ch)
 	for range qc.entry.Prefetch {
-		m.startQueueWorker(qc.entry.Key, h, deliveries)
+		m.startQueueWorker(qc.entry.Key, h, deliveries, f)
 	}
 	return nil
 }
@@ -349,12 +351,20 @@ func (m *Module) hold(queue string, held bool) error {
 }
 
 // startQueueWorker is startWorker for a consumed queue.
-func (m *Module) startQueueWorker(queue string, h sdk.Handler, deliveries <-chan amqp.Delivery) {
+func (m *Module) startQueueWorker(queue string, h sdk.Handler, deliveries <-chan amqp.Delivery, f *consumerFlow) {
 	m.workers.Add(1)
+	f.workers.Add(1)
 	go func() {
 		defer m.workers.Done()
+		defer f.workers.Add(-1)
 		for d := range deliveries {
-			if replaced := m.handleQueued(queue, h, d, deliveries); replaced {
+			if unseen := m.node.hook().unseen; unseen != nil && unseen(queue) {
+				continue
+			}
+			f.take()
+			replaced := m.handleQueued(queue, h, d, deliveries, f)
+			f.done()
+			if replaced {
 				return
 			}
 		}
@@ -363,7 +373,7 @@ func (m *Module) startQueueWorker(queue string, h sdk.Handler, deliveries <-chan
 
 // handleQueued runs one message of a consumed queue through h and
 // settles it: acked, retried, or dead-lettered naming the queue.
-func (m *Module) handleQueued(queue string, h sdk.Handler, d amqp.Delivery, deliveries <-chan amqp.Delivery) (replaced bool) {
+func (m *Module) handleQueued(queue string, h sdk.Handler, d amqp.Delivery, deliveries <-chan amqp.Delivery, f *consumerFlow) (replaced bool) {
 	m.from(d).delivered.Add(1)
 	src := source{queue: queue}
 	// The runtime's own headers count only where the runtime put them
@@ -391,7 +401,7 @@ func (m *Module) handleQueued(queue string, h sdk.Handler, d amqp.Delivery, deli
 		return false
 	}
 	err, overran := m.call(h, ev, d, queue, func() {
-		m.startQueueWorker(queue, h, deliveries)
+		m.startQueueWorker(queue, h, deliveries, f)
 		m.failed(src, d, ev.Type, attempt, fmt.Errorf("handler timed out after %v", m.cfg.HandlerTimeout))
 	})
 	switch {

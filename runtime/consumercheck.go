@@ -16,24 +16,36 @@ type consumerKey struct {
 }
 
 // checkConsumers asks the broker, every ConsumerCheckInterval while the
-// module runs, whether each of its consumers is still there, and consumes
-// again a queue that reports no consumer on two checks in a row while the
-// module's channel for it is open. RabbitMQ 3.10 can lose a quorum queue's
-// consumer without a word to the channel: in the nemesis soak, a queue
-// deleted and declared again while one of its member nodes was down got
-// that node's stale member back when it restarted, the stale member won
-// the next election, and the new queue's state (the consumer registered
-// on it among the rest) was replaced by the old queue's; consume-ok had
-// come, the channel stayed open, the queue reported no consumer and its
-// messages waited. A rabbit_fifo cancel command does the same on purpose
-// (TestLostConsumerIsConsumedAgain). Nothing else would notice: the
-// module looks healthy and its queue fills.
+// module runs, whether each of its consumers is still there and still fed,
+// and consumes again a queue whose consumer is lost or stalled on two
+// checks in a row while the module's channel for it is open.
 //
-// A count of zero with messages waiting is proof (the module's own queues
-// have no other consumer, and a shared one with none has lost ours too);
-// a count above zero on a shared queue (a tool served by other nodes, a
-// consumed queue with other consumers) cannot tell ours apart and passes,
-// and so does an empty queue (see checkConsumersOnce).
+// Lost: the queue reports no consumer. RabbitMQ 3.10 can lose a quorum
+// queue's consumer without a word to the channel: in the nemesis soak, a
+// queue deleted and declared again while one of its member nodes was down
+// got that node's stale member back when it restarted, the stale member won
+// the next election, and the new queue's state (the consumer registered on
+// it among the rest) was replaced by the old queue's; consume-ok had come,
+// the channel stayed open, the queue reported no consumer and its messages
+// waited. A rabbit_fifo cancel command does the same on purpose
+// (TestLostConsumerIsConsumedAgain).
+//
+// Stalled: the queue reports messages ready and a consumer, but no
+// delivery reached the consumer's workers from one check to the next while
+// some of them waited for one. RabbitMQ 3.10 can check a quorum queue's
+// messages out to a consumer and never deliver them to its channel (after
+// leader changes, the soak found a consumed queue showing its whole
+// prefetch unacknowledged while the channel held none): the consumer's
+// credit is spent on deliveries it never gets, and the queue waits for
+// acks that cannot come. Closing the channel returns them.
+// (TestStalledConsumerIsConsumedAgain forces it by withholding the acks.)
+//
+// Nothing else would notice either: the module looks healthy and its
+// queue fills. A count of zero consumers with messages waiting is proof
+// (the module's own queues have no other consumer, and a shared one with
+// none has lost ours too); a count above zero on a shared queue cannot
+// tell ours apart, so only our own flow says it stalled; an empty queue
+// passes (see checkConsumersOnce).
 func (m *Module) checkConsumers(ctx context.Context) {
 	interval := m.node.cfg.ConsumerCheckInterval
 	if interval <= 0 {
@@ -41,7 +53,7 @@ func (m *Module) checkConsumers(ctx context.Context) {
 	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
-	var suspect map[consumerKey]bool
+	var suspect map[consumerKey]suspicion
 	for {
 		select {
 		case <-ctx.Done():
@@ -52,18 +64,31 @@ func (m *Module) checkConsumers(ctx context.Context) {
 	}
 }
 
-// checkConsumersOnce checks every consumer once and returns those that
-// reported none (each acted on if it had at the check before, too).
-func (m *Module) checkConsumersOnce(suspect map[consumerKey]bool) map[consumerKey]bool {
+// suspicion is what one check found wrong with a consumer: no consumer on
+// the broker (lost), or none of its deliveries arriving (stalled), with
+// how many had arrived by then.
+type suspicion struct {
+	lost     bool
+	received uint64
+	acted    bool // consumed again: its channel closes soon, not checked until then
+}
+
+// checkConsumersOnce checks every consumer once and returns those found
+// lost or stalled (each acted on if it was found so at the check before).
+func (m *Module) checkConsumersOnce(suspect map[consumerKey]suspicion) map[consumerKey]suspicion {
 	s := m.node.session()
 	if s == nil || s.isLost() || m.attachedOn.Load() != s {
 		return nil // not attached now: the resume that attaches it makes new consumers
 	}
-	var keys []consumerKey
+	type consumer struct {
+		consumerKey
+		flow *consumerFlow
+	}
+	var cs []consumer
 	m.mu.Lock()
 	for _, c := range m.consumers {
 		for _, q := range c.queues {
-			keys = append(keys, consumerKey{c.ch, q})
+			cs = append(cs, consumer{consumerKey{c.ch, q}, c.flow})
 		}
 	}
 	m.mu.Unlock()
@@ -73,10 +98,15 @@ func (m *Module) checkConsumersOnce(suspect map[consumerKey]bool) map[consumerKe
 			_ = check.Close()
 		}
 	}()
-	next := map[consumerKey]bool{}
+	next := map[consumerKey]suspicion{}
 	resumed := false
-	for _, k := range keys {
+	for _, c := range cs {
+		k := c.consumerKey
 		if k.ch.IsClosed() || !m.consumes(k) {
+			continue
+		}
+		if before := suspect[k]; before.acted {
+			next[k] = before
 			continue
 		}
 		if check == nil || check.IsClosed() {
@@ -86,15 +116,20 @@ func (m *Module) checkConsumersOnce(suspect map[consumerKey]bool) map[consumerKe
 			}
 		}
 		q, err := check.QueueDeclarePassive(k.queue, false, false, false, false, nil)
-		if err != nil || q.Consumers > 0 || q.Messages == 0 {
-			// Gone (its consumer's cancel says so), consumed, or nothing
-			// waits: a quorum queue that cannot reach its leader answers 0
-			// messages and 0 consumers, which proves nothing. A lost
+		if err != nil || q.Messages == 0 {
+			// Gone (its consumer's cancel says so) or nothing waits: a
+			// quorum queue that cannot reach its leader answers 0 messages
+			// and 0 consumers, which proves nothing. A lost or stalled
 			// consumer shows once messages wait for it.
 			continue
 		}
-		if !suspect[k] {
-			next[k] = true
+		now := suspicion{lost: q.Consumers == 0, received: c.flow.received.Load()}
+		if !now.lost && !c.flow.idle() {
+			continue // every worker is handling a delivery: fed
+		}
+		before, seen := suspect[k]
+		if !seen || before.lost != now.lost || !now.lost && before.received != now.received {
+			next[k] = now
 			continue
 		}
 		m.mu.Lock()
@@ -105,11 +140,15 @@ func (m *Module) checkConsumersOnce(suspect map[consumerKey]bool) map[consumerKe
 		}
 		m.node.stats.consumersLost.Add(1)
 		why := fmt.Sprintf("the broker reports no consumer on queue %s on two checks %v apart, while the module's channel for it is open (the broker dropped the consumer without telling it)", k.queue, m.node.cfg.ConsumerCheckInterval)
+		if !now.lost {
+			why = fmt.Sprintf("the broker reports %d messages ready on queue %s and a consumer, but none reached the module's consumer for %v while its workers waited (the broker holds deliveries its channel never got)", q.Messages, k.queue, m.node.cfg.ConsumerCheckInterval)
+		}
 		m.holdMu.Lock()
 		qc := m.queueConsumers[k.queue]
 		m.holdMu.Unlock()
+		next[k] = suspicion{acted: true}
 		if qc != nil && qc.ch == k.ch {
-			m.log.Error("a consumed queue lost its consumer; consuming it again", "queue", k.queue, "why", why)
+			m.log.Error("a consumed queue's consumer is lost or stalled; consuming it again", "queue", k.queue, "why", why)
 			m.queueDown(k.queue, why)
 			m.reconsumeLater(s, qc.entry, k.ch, 1)
 			continue

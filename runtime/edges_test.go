@@ -325,6 +325,79 @@ func TestLostConsumerIsConsumedAgain(t *testing.T) {
 	}
 }
 
+// TestStalledConsumerIsConsumedAgain: the broker checks a whole prefetch
+// of a module's queue, and of a queue it consumes, out to their consumers
+// and never delivers it (as RabbitMQ 3.10 did in the soak; forced here by
+// the workers dropping those deliveries unseen). The consumers' credit is
+// spent, nothing more comes, and the queues report a consumer: the module
+// finds them stalled, consumes both again, and every event and message is
+// handled, those held back among them; without the check they would wait
+// forever while the module looks healthy.
+func TestStalledConsumerIsConsumedAgain(t *testing.T) {
+	t.Parallel()
+	vhost := brokertest.VHost(t)
+	n := testNode(t, vhost, "anchor", func(c *runtime.Config) { c.ConsumerCheckInterval = 50 * time.Millisecond })
+	ch := rawConn(t, vhost)
+	const outside = "outside.stalled"
+	if _, err := ch.QueueDeclare(outside, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
+		t.Fatal(err)
+	}
+	own := wire.ModuleQueue("anchor", "keeper")
+	var mu sync.Mutex
+	unseen := map[string]int{own: 2, outside: 4} // each consumer's prefetch
+	n.SetTestHooks(runtime.TestHooks{Unseen: func(queue string) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if unseen[queue] > 0 {
+			unseen[queue]--
+			return true
+		}
+		return false
+	}})
+	handled := make(chan string, 64)
+	load(t, n, sdk.Module{Name: "keeper", Setup: func(m sdk.Mesh) error {
+		on := m.On("mesh.keep.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			handled <- "event " + ev.ID
+			return nil
+		}))
+		return errors.Join(on, m.Consume(outside, 4, sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			handled <- "message " + ev.ID
+			return nil
+		})))
+	}}, runtime.ModuleConfig{Prefetch: 2, ConsumeGrants: []string{outside}})
+
+	want := map[string]bool{}
+	for i := range 3 { // one more than the prefetch: it waits, ready
+		id, err := n.Emit(emitCtx(t), "test", "mesh.keep.this", i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want["event "+id] = true
+	}
+	for i := range 5 {
+		id := "m-" + strconv.Itoa(i)
+		if err := ch.Publish("", outside, false, false, amqp.Publishing{MessageId: id, Body: []byte(`{}`), DeliveryMode: amqp.Persistent}); err != nil {
+			t.Fatal(err)
+		}
+		want["message "+id] = true
+	}
+	limit := time.After(30 * time.Second)
+	for len(want) > 0 {
+		select {
+		case what := <-handled:
+			delete(want, what)
+		case <-limit:
+			t.Fatalf("not handled: %v (the module must find both consumers stalled and consume them again)", want)
+		}
+	}
+	if lost := n.Stats().ConsumersLost; lost < 2 {
+		t.Errorf("Stats.ConsumersLost = %d, want 2 or more", lost)
+	}
+	if err := n.Ready(); err != nil {
+		t.Errorf("ready after consuming again: %v", err)
+	}
+}
+
 // TestHandlerPastTheGraceIsNotRunAgain: a module stops while a handler
 // that ignores its cancelled context still runs; Stop leaves it behind
 // after the grace, and its delivery returns to the queue. When it then

@@ -91,7 +91,24 @@ type consumerChannel struct {
 	ch     *amqp.Channel
 	tags   []string
 	queues []string // the queue each tag consumes
+	flow   *consumerFlow
 }
+
+// consumerFlow is what the workers of one consumer say of its deliveries,
+// for checkConsumers to tell a consumer the broker stopped feeding (a
+// channel has one consumer: the module's queue, or one consumed queue).
+type consumerFlow struct {
+	received atomic.Uint64 // deliveries the workers took
+	busy     atomic.Int64  // deliveries being handled now
+	workers  atomic.Int64  // workers taking deliveries
+}
+
+// take is a worker taking a delivery; done, when it has handled it.
+func (f *consumerFlow) take() { f.received.Add(1); f.busy.Add(1) }
+func (f *consumerFlow) done() { f.busy.Add(-1) }
+
+// idle reports whether some worker waits for a delivery.
+func (f *consumerFlow) idle() bool { return f.busy.Load() < f.workers.Load() }
 
 // Load runs def on the node in-process: Setup subscribes its handlers,
 // then its queue <node>.<module>.events is declared, bound to exactly the
@@ -429,8 +446,21 @@ func (m *Module) track(ch *amqp.Channel) error {
 		ch.Close()
 		return sdk.ErrClosed
 	}
-	m.consumers = append(m.consumers, consumerChannel{ch: ch})
+	m.consumers = append(m.consumers, consumerChannel{ch: ch, flow: &consumerFlow{}})
 	return nil
+}
+
+// flowOf is the flow of the consumer on ch (a fresh one if ch is not
+// tracked: its workers then report to no check).
+func (m *Module) flowOf(ch *amqp.Channel) *consumerFlow {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, c := range m.consumers {
+		if c.ch == ch {
+			return c.flow
+		}
+	}
+	return &consumerFlow{}
 }
 
 // addTag records a consumer tag on the channel ch and the queue it
@@ -479,6 +509,7 @@ func (m *Module) consume(ctx context.Context, s *session, subs []subscription) e
 	}
 	m.addTag(ch, tag, m.queue)
 	a := newAcker(ch, m.cfg.Prefetch)
+	a.flow = m.flowOf(ch)
 	go m.watch(s, ch, ch.NotifyClose(make(chan *amqp.Error, 1)), ch.NotifyCancel(make(chan string, 1)))
 	for range m.cfg.Concurrency {
 		m.startWorker(deliveries, a)
@@ -572,8 +603,10 @@ func (m *Module) resumeLater(s *session, ch *amqp.Channel, why string, err error
 // its place, and it exits once the handler returns.
 func (m *Module) startWorker(deliveries <-chan amqp.Delivery, a *acker) {
 	m.workers.Add(1)
+	a.flow.workers.Add(1)
 	go func() {
 		defer m.workers.Done()
+		defer a.flow.workers.Add(-1)
 		linger := time.NewTimer(ackLinger)
 		linger.Stop()
 		for {
@@ -586,8 +619,14 @@ func (m *Module) startWorker(deliveries <-chan amqp.Delivery, a *acker) {
 				}
 				return
 			}
+			if unseen := m.node.hook().unseen; unseen != nil && unseen(m.queue) {
+				continue
+			}
 			a.delivered(d.DeliveryTag)
-			if replaced := m.handle(d, deliveries, a); replaced {
+			a.flow.take()
+			replaced := m.handle(d, deliveries, a)
+			a.flow.done()
+			if replaced {
 				return
 			}
 		}

@@ -102,6 +102,7 @@ type hooks struct {
 	drainWaits  func()                           // the spool's drain published a batch and waits for its confirms
 	refused     func(module string)              // a module stopped for good: its process came back as another module
 	record      func(id string, err error) error // the outcome of recording a handled id, as the test would have it
+	unseen      func(queue string) bool          // true: a worker drops the delivery it got from queue, neither handled nor settled
 }
 
 // noHooks is what hook returns when no test set any: one value, so that

@@ -529,8 +529,9 @@ type Stats struct {
 	// Duplicates counts deliveries acknowledged without running the
 	// handler, because the module had handled the same event id.
 	Duplicates uint64
-	// ConsumersLost counts consumers the broker dropped without telling
-	// the node (checkConsumers found them gone), each consumed again.
+	// ConsumersLost counts consumers the broker dropped, or stopped
+	// feeding, without telling the node (checkConsumers found them gone
+	// or stalled), each consumed again.
 	ConsumersLost uint64
 }
 
