@@ -76,6 +76,7 @@ listeners.tcp.local = 127.0.0.1:$(port "$i")
 management.tcp.ip = 127.0.0.1
 management.tcp.port = $(($(port "$i") + 10000))
 vm_memory_high_watermark.relative = 0.2
+cluster_partition_handling = pause_minority
 EOF
 	as_rabbitmq sh -c "echo '[rabbitmq_management].' > '$d/enabled_plugins'"
 }

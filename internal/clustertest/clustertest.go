@@ -138,3 +138,37 @@ func (c Cluster) LeaderOf(vhost, queue string) (int, error) {
 	}
 	return 0, fmt.Errorf("no queue %s in %s", queue, vhost)
 }
+
+// Partition cuts node i off from the other nodes of the cluster, as a
+// network partition would, while its clients stay connected to it: node
+// i's Erlang distribution is given a wrong cookie for each peer and its
+// links to them are dropped, so neither side can connect again until
+// Heal. (This machine has no firewall to drop the distribution port; the
+// handshake's cookie check refuses the links as surely.) With the
+// cluster's pause_minority, node i then pauses itself: it closes its
+// clients' connections and refuses new ones until it sees its peers again.
+func (c Cluster) Partition(i int) error {
+	_, err := c.Ctl(i, "eval", c.peersExpr(i)+
+		` [erlang:set_cookie(N, 'mesh-partitioned') || N <- Peers], [erlang:disconnect_node(N) || N <- Peers], ok.`)
+	return err
+}
+
+// Heal ends Partition(i): node i takes its cookie back for each peer and
+// connects to them again. (RabbitMQ's partition handling takes it from
+// there: with pause_minority, node i resumes.)
+func (c Cluster) Heal(i int) error {
+	_, err := c.Ctl(i, "eval", c.peersExpr(i)+
+		` [erlang:set_cookie(N, erlang:get_cookie()) || N <- Peers], [net_adm:ping(N) || N <- Peers], ok.`)
+	return err
+}
+
+// peersExpr binds Peers, in an Erlang expression, to the nodes other than i.
+func (c Cluster) peersExpr(i int) string {
+	var peers []string
+	for j := 1; j <= Size; j++ {
+		if j != i {
+			peers = append(peers, "'"+c.NodeName(j)+"'")
+		}
+	}
+	return "Peers = [" + strings.Join(peers, ", ") + "],"
+}

@@ -92,7 +92,7 @@ func nemesis(t *testing.T, rng *rand.Rand, length time.Duration, nt *nemesisTarg
 		meshdNode := nodes[1+rng.IntN(2)]
 		broker := 1 + rng.IntN(clustertest.Size)
 		d := time.Duration(200+rng.IntN(2800)) * time.Millisecond
-		switch rng.IntN(10) {
+		switch rng.IntN(11) {
 		case 0: // one connection path cut
 			nt.proxies[node][broker-1].Cut()
 			count("cut")
@@ -186,6 +186,28 @@ func nemesis(t *testing.T, rng *rand.Rand, length time.Duration, nt *nemesisTarg
 					t.Errorf("restart meshd %s: %v", m.name, err)
 				}
 				restarting[meshdNode].Store(false)
+			})
+		case 10: // a broker node cut off from the other two (pause_minority pauses it)
+			if !brokerDown.CompareAndSwap(false, true) {
+				continue
+			}
+			if err := cluster.Partition(broker); err != nil {
+				brokerDown.Store(false)
+				t.Logf("partition broker node %d: %v", broker, err)
+				continue
+			}
+			count("broker partitioned")
+			long := time.Duration(2000+rng.IntN(8000)) * time.Millisecond
+			healing.Go(func() {
+				pause(long)
+				if err := cluster.Heal(broker); err != nil {
+					t.Errorf("heal broker node %d: %v", broker, err)
+				}
+				// It resumes by itself once it sees the majority again.
+				if _, err := cluster.Ctl(broker, "await_startup"); err != nil {
+					t.Errorf("broker node %d after the partition: %v", broker, err)
+				}
+				brokerDown.Store(false)
 			})
 		case 9: // the consumed queue deleted with what it holds (not the mesh's to keep), then declared again
 			if brokerDown.Load() {
