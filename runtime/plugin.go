@@ -83,8 +83,18 @@ type PluginModule struct {
 	handlings handlings
 }
 
-// handlingCtx is one handling the host handed to the process.
+// handlingCtx is one handling the host handed to the process: its
+// causation scope and its span, on a context of their own (an ended
+// handling keeps nothing else of the handler's context).
 type handlingCtx struct{ ctx context.Context }
+
+func newHandlingCtx(ctx context.Context) *handlingCtx {
+	slim := causation.Carry(context.Background(), ctx)
+	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
+		slim = trace.ContextWithSpanContext(slim, sc)
+	}
+	return &handlingCtx{ctx: slim}
+}
 
 // keptEndedHandlings is how many ended handlings a module's host still
 // knows, for the emits and calls a process sends after the handling's
@@ -110,7 +120,7 @@ type handlings struct {
 // function that ends it.
 func (hs *handlings) begin(ctx context.Context) (token uint64, end func()) {
 	token = hs.next.Add(1)
-	h := &handlingCtx{ctx: ctx}
+	h := newHandlingCtx(ctx)
 	hs.mu.Lock()
 	if hs.live == nil {
 		hs.live = make(map[uint64]*handlingCtx)
