@@ -32,20 +32,23 @@ type history struct {
 	done      map[string]int    // done events the sink handled, by order id
 	doneIDs   map[string]bool   // their event ids
 	legacyIn  map[string]bool   // messages published to the consumed queue and confirmed
+	jobsIn    map[string]bool   // messages published to the dispatcher's queue and confirmed
 	// interrupted is when the nemesis SIGKILLed or SIGSTOPped a module
 	// process, by pid (the module processes of a killed meshd included).
 	interrupted map[int][]int64
 
 	// From the module processes' history file.
-	handled map[string][]run // by node/order id
-	taxed   map[string][]run // by caller node/request id
-	legacy  map[string][]run // by message id
+	handled      map[string][]run // by node/order id
+	taxed        map[string][]run // by caller node/request id
+	legacy       map[string][]run // by message id
+	stamped      map[string][]run // the agent's tool runs, by the job's message id (the agent's pid)
+	stampedCalls map[string][]run // the same, by the call's request id
 }
 
 func newHistory() *history {
 	return &history{confirmed: map[string]string{}, refused: map[string]int{}, done: map[string]int{}, doneIDs: map[string]bool{},
-		legacyIn: map[string]bool{}, interrupted: map[int][]int64{},
-		handled: map[string][]run{}, taxed: map[string][]run{}, legacy: map[string][]run{}}
+		legacyIn: map[string]bool{}, jobsIn: map[string]bool{}, interrupted: map[int][]int64{},
+		handled: map[string][]run{}, taxed: map[string][]run{}, legacy: map[string][]run{}, stamped: map[string][]run{}, stampedCalls: map[string][]run{}}
 }
 
 // interrupt records that the nemesis killed or stopped pids at.
@@ -80,6 +83,10 @@ func (h *history) parse(text string) error {
 			h.taxed[fs[2]] = append(h.taxed[fs[2]], r)
 		case "legacy":
 			h.legacy[fs[2]] = append(h.legacy[fs[2]], r)
+		case "stamped":
+			job, call, _ := strings.Cut(fs[2], "/")
+			h.stamped[job] = append(h.stamped[job], r)
+			h.stampedCalls[call] = append(h.stampedCalls[call], r)
 		default:
 			return fmt.Errorf("history line %q: no kind %s", line, fs[0])
 		}

@@ -6,7 +6,10 @@
 // events; beta and gamma, two meshd processes each running the worker
 // module process (it calls tax.rate inside its handler and emits done),
 // with tax on gamma, the audit logger on beta, and on gamma a consumed
-// outside queue that a raw amqp091-go publisher feeds. Every node reaches
+// outside queue that a raw amqp091-go publisher feeds; the same publisher
+// feeds a second outside queue that the dispatcher's trigger on beta takes,
+// handing each message to stamp.job, which the agent on gamma serves by
+// running a shell script. Every node reaches
 // every broker node through a proxy of its own. A nemesis applies random,
 // overlapping faults from a seeded schedule: connection cuts, partitions
 // of a node from the brokers, a full spool, broker node SIGKILL and
@@ -40,6 +43,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oklog/ulid/v2"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshkit/mesh/internal/brokertest"
@@ -55,7 +59,27 @@ type order struct {
 	N  int    `json:"n"`
 }
 
-const legacyQueue = "soak.legacy"
+const (
+	legacyQueue = "soak.legacy"
+	// jobsQueue is the outside queue the dispatcher's trigger takes, each
+	// message handed to stamp.job, which the agent serves by running
+	// stampScript.
+	jobsQueue = "soak.jobs"
+)
+
+// stampScript is the agent's command for stamp.job: it writes the run to
+// the history (the job's message id and the call's request id, and the
+// agent's pid: the command's parent is the agent's supervisor, whose
+// parent is the agent) and answers. HISTORY is replaced by the history
+// file's path.
+const stampScript = `#!/bin/sh
+req=$(cat)
+job=$(printf '%s' "$req" | sed -n 's/.*"message_id":"\([^"]*\)".*/\1/p')
+call=$(printf '%s' "$req" | sed -n 's/^{"tool":"[^"]*","id":"\([^"]*\)".*/\1/p')
+agent=$(cut -d' ' -f4 /proc/$PPID/stat)
+printf 'stamped gamma %s/%s %s %s\n' "$job" "$call" "$agent" "$(date +%s%N)" >> HISTORY
+printf '{"stamped":"%s"}\n' "$job"
+`
 
 func soakLength(t *testing.T) time.Duration {
 	s := os.Getenv("SOAK")
@@ -100,12 +124,14 @@ func quietLogger() *slog.Logger {
 }
 
 // binaries are what the soak runs: meshd and the module binaries.
-type binaries struct{ meshd, module, audit string }
+type binaries struct{ meshd, module, audit, dispatcher, agent string }
 
 func build(t *testing.T) binaries {
 	dir := testdir.Reachable(t)
-	b := binaries{meshd: filepath.Join(dir, "meshd"), module: filepath.Join(dir, "soakmodule"), audit: filepath.Join(dir, "audit-logger")}
-	for out, pkg := range map[string]string{b.meshd: "../../cmd/meshd", b.module: "./soakmodule", b.audit: "../../auditlogger/cmd/audit-logger"} {
+	b := binaries{meshd: filepath.Join(dir, "meshd"), module: filepath.Join(dir, "soakmodule"), audit: filepath.Join(dir, "audit-logger"),
+		dispatcher: filepath.Join(dir, "dispatcher"), agent: filepath.Join(dir, "agent")}
+	for out, pkg := range map[string]string{b.meshd: "../../cmd/meshd", b.module: "./soakmodule", b.audit: "../../auditlogger/cmd/audit-logger",
+		b.dispatcher: "../../modules/dispatcher/cmd/dispatcher", b.agent: "../../modules/agent/cmd/agent"} {
 		if o, err := exec.Command("go", "build", "-o", out, pkg).CombinedOutput(); err != nil {
 			t.Fatalf("build %s: %v\n%s", pkg, err, o)
 		}
@@ -182,6 +208,9 @@ func soak(t *testing.T, bins binaries, length, pace time.Duration, seed uint64) 
 	if err := os.Chmod(histPath, 0o666); err != nil { // module processes of their own users write it
 		t.Fatal(err)
 	}
+	if err := os.WriteFile(filepath.Join(dir, "stamp.sh"), []byte(strings.ReplaceAll(stampScript, "HISTORY", histPath)), 0o755); err != nil {
+		t.Fatal(err)
+	}
 
 	// The raw side: the consumed queue, declared and fed from outside.
 	rc := &rawClient{vhost: vhost}
@@ -191,6 +220,12 @@ func soak(t *testing.T, bins binaries, length, pace time.Duration, seed uint64) 
 		return err
 	}
 	if err := rc.do(declareLegacy); err != nil {
+		t.Fatal(err)
+	}
+	if err := rc.do(func(ch *amqp.Channel) error {
+		_, err := ch.QueueDeclare(jobsQueue, true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
+		return err
+	}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -311,6 +346,41 @@ func soak(t *testing.T, bins binaries, length, pace time.Duration, seed uint64) 
 		}
 	})
 
+	// Jobs for the dispatcher, with ULID ids (so that its calls' request
+	// ids derive from them, and a redelivery's call is the same call).
+	workload.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			id := ulid.Make().String()
+			err := rc.do(func(ch *amqp.Channel) error {
+				dc, err := ch.PublishWithDeferredConfirm("", jobsQueue, true, false, amqp.Publishing{MessageId: id, ContentType: "application/json",
+					Body: []byte(`{"job":"` + id + `"}`), DeliveryMode: amqp.Persistent})
+				if err != nil {
+					return err
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				if ok, err := dc.WaitContext(ctx); err != nil || !ok {
+					return fmt.Errorf("not confirmed: %v", err)
+				}
+				if rc.returned(id) {
+					return errors.New("returned: the queue is not there")
+				}
+				return nil
+			})
+			if err == nil {
+				h.mu.Lock()
+				h.jobsIn[id] = true
+				h.mu.Unlock()
+			}
+			pause(50 * time.Millisecond)
+		}
+	})
+
 	// A few seconds of the workload without faults, then what meshd and
 	// this process use, to hold the end against.
 	pause(5 * time.Second)
@@ -351,6 +421,11 @@ func soak(t *testing.T, bins binaries, length, pace time.Duration, seed uint64) 
 		}
 		for id := range h.legacyIn {
 			if len(h.legacy[id]) == 0 {
+				n++
+			}
+		}
+		for id := range h.jobsIn {
+			if len(h.stamped[id]) == 0 {
 				n++
 			}
 		}
@@ -411,7 +486,7 @@ func soak(t *testing.T, bins binaries, length, pace time.Duration, seed uint64) 
 
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	var lost, doneLost, doneDup, legacyLost int
+	var lost, doneLost, doneDup, legacyLost, jobsLost int
 	for id := range h.confirmed {
 		for _, n := range []string{"beta", "gamma"} {
 			if len(h.handled[n+"/"+id]) == 0 && !dead.orders[wire.ModuleQueue(n, "worker")+"/"+id] {
@@ -432,7 +507,23 @@ func soak(t *testing.T, bins binaries, length, pace time.Duration, seed uint64) 
 			legacyLost++
 		}
 	}
+	for id := range h.jobsIn {
+		if len(h.stamped[id]) == 0 && !dead.jobs[id] {
+			jobsLost++
+		}
+	}
 	rerun, dup, dupEx := h.repeats(h.handled)
+	// The dispatcher's tool calls: an attempt that failed (the call timed
+	// out, say) is tried again as a new call (its request says the
+	// attempt), which the agent runs (jobs_retried); one call repeated is
+	// answered from the stored answer, and runs again only when the
+	// agent's process (or its meshd) was interrupted.
+	jobsRerun, jobsDup, jobsEx := h.repeats(h.stampedCalls)
+	jobsRetried := 0
+	for _, rs := range h.stamped {
+		jobsRetried += len(rs) - 1
+	}
+	jobsRetried -= jobsRerun + jobsDup
 	toolRerun, toolDup, toolEx := h.repeats(h.taxed)
 	// Consume is at least once (the runtime de-duplicates a module's own
 	// queue, not an outside queue's messages, which need not have an id):
@@ -456,11 +547,11 @@ func soak(t *testing.T, bins binaries, length, pace time.Duration, seed uint64) 
 	js, _ := json.Marshal(faults)
 	refused, _ := json.Marshal(h.refused)
 	deadWhy, _ := json.Marshal(dead.why)
-	fmt.Printf("soak seed=%d faults=%d %s settled=%v confirmed=%d refused=%s lost=%d dup=%d rerun=%d done_lost=%d done_dup=%d tool_repeated=%d tool_rerun=%d dead=%d expired=%d %s false_dead=%d legacy=%d legacy_lost=%d legacy_rerun=%d audit_missing=%d audit_doubled=%d unacked=%d left=%d leaks=%d use=%s\n",
-		seed, total, js, settled, len(h.confirmed), refused, lost, dup, rerun, doneLost, doneDup, toolDup, toolRerun, len(dead.orders), dead.expired, deadWhy, dead.false,
-		len(h.legacyIn), legacyLost, legacyRerun, a.missing, a.doubled, unacked, left, leaks, strings.Join(use, ","))
-	if lost+dup+doneLost+doneDup+toolDup+dead.false+legacyLost+a.missing+a.doubled+unacked+leaks != 0 {
-		t.Errorf("violations (seed %d); repeats not explained by the nemesis: handled %v, tool %v", seed, dupEx, toolEx)
+	fmt.Printf("soak seed=%d faults=%d %s settled=%v confirmed=%d refused=%s lost=%d dup=%d rerun=%d done_lost=%d done_dup=%d tool_repeated=%d tool_rerun=%d dead=%d jobs_dead=%d expired=%d %s false_dead=%d legacy=%d legacy_lost=%d legacy_rerun=%d jobs=%d jobs_lost=%d jobs_dup=%d jobs_rerun=%d jobs_retried=%d audit_missing=%d audit_doubled=%d unacked=%d left=%d leaks=%d use=%s\n",
+		seed, total, js, settled, len(h.confirmed), refused, lost, dup, rerun, doneLost, doneDup, toolDup, toolRerun, len(dead.orders), len(dead.jobs), dead.expired, deadWhy, dead.false,
+		len(h.legacyIn), legacyLost, legacyRerun, len(h.jobsIn), jobsLost, jobsDup, jobsRerun, jobsRetried, a.missing, a.doubled, unacked, left, leaks, strings.Join(use, ","))
+	if lost+dup+doneLost+doneDup+toolDup+dead.false+legacyLost+jobsLost+jobsDup+a.missing+a.doubled+unacked+leaks != 0 {
+		t.Errorf("violations (seed %d); repeats not explained by the nemesis: handled %v, tool %v, jobs %v", seed, dupEx, toolEx, jobsEx)
 	}
 }
 
@@ -498,7 +589,18 @@ modules:
     concurrency: 64
     tools: ["audit.*"]
     dead_letters: ["#"]
-`, bins.audit)
+  - name: dispatcher
+    kind: dispatcher
+    path: %s
+    tools: ["dispatcher.*"]
+    consumes: [%s]
+    calls: [stamp.job]
+    max_attempts: 50
+    handler_timeout: 10s
+    config:
+      triggers:
+        - {name: jobs, queue: %s, tool: stamp.job, max_concurrent_runs: 4, timeout: 5s}
+`, bins.audit, bins.dispatcher, jobsQueue, jobsQueue)
 	case "gamma":
 		fmt.Fprintf(&b, worker, ", "+legacyQueue)
 		fmt.Fprintf(&b, "    consumes: [%s]\n", legacyQueue)
@@ -506,7 +608,14 @@ modules:
     path: %s
     args: [tax, %s, %s]
     tools: [tax.*]
-`, bins.module, name, hist)
+  - name: agent
+    kind: agent
+    path: %s
+    tools: [stamp.job]
+    config:
+      tools:
+        - {key: stamp.job, command: /bin/sh, args: [%s], timeout: 5s, max_concurrency: 4}
+`, bins.module, name, hist, bins.agent, filepath.Join(filepath.Dir(hist), "stamp.sh"))
 	}
 	return b.String()
 }
@@ -536,6 +645,7 @@ func newEdge(t *testing.T, urls []string, state string) *runtime.Node {
 // deadLetters are what mesh.dead-letters holds at the end.
 type deadLetters struct {
 	orders map[string]bool // QUEUE/ORDER of each order a worker's handler failed on until it gave up
+	jobs   map[string]bool // jobs whose tool call failed until the dispatcher gave up
 	why    map[string]int  // their last errors, cut to the first words
 	false  int             // dead letters with no handler failure behind them
 	// expired counts events whose TTL ran out in a queue (heartbeats,
@@ -552,7 +662,7 @@ type deadLetters struct {
 // in a queue; any other is false: the sink never fails, and the worker
 // fails only that way.
 func readDeadLetters(vhost string) (deadLetters, error) {
-	dl := deadLetters{orders: map[string]bool{}, why: map[string]int{}}
+	dl := deadLetters{orders: map[string]bool{}, jobs: map[string]bool{}, why: map[string]int{}}
 	conn, err := amqp.Dial(fmt.Sprintf("amqp://guest:guest@%s/%s", cluster.AMQPAddr(1), vhost))
 	if err != nil {
 		return dl, err
@@ -582,6 +692,12 @@ func readDeadLetters(vhost string) (deadLetters, error) {
 		_ = json.Unmarshal(d.Body, &o)
 		if strings.HasSuffix(queue, ".worker.events") && (strings.HasPrefix(cause, "tax.rate: ") || strings.HasPrefix(cause, "emit done: ")) {
 			dl.orders[queue+"/"+o.ID] = true
+			words := strings.Fields(cause)
+			dl.why[strings.Join(words[:min(len(words), 6)], " ")]++
+			continue
+		}
+		if queue == jobsQueue && (strings.HasPrefix(cause, "tool stamp.job: ") || strings.HasPrefix(cause, "trigger jobs: ")) {
+			dl.jobs[d.MessageId] = true
 			words := strings.Fields(cause)
 			dl.why[strings.Join(words[:min(len(words), 6)], " ")]++
 			continue
