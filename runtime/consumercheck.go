@@ -38,7 +38,10 @@ type consumerKey struct {
 // prefetch unacknowledged while the channel held none): the consumer's
 // credit is spent on deliveries it never gets, and the queue waits for
 // acks that cannot come. Closing the channel returns them.
-// (TestStalledConsumerIsConsumedAgain forces it by withholding the acks.)
+// (TestStalledConsumerIsConsumedAgain forces it with a hook that drops a
+// prefetch of deliveries unseen.) Only the module's queue and its consumed
+// queues report their flow; the channels serving its tools and taking its
+// dead letters are checked for a lost consumer alone.
 //
 // Nothing else would notice either: the module looks healthy and its
 // queue fills. A count of zero consumers with messages waiting is proof

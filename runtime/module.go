@@ -95,8 +95,9 @@ type consumerChannel struct {
 }
 
 // consumerFlow is what the workers of one consumer say of its deliveries,
-// for checkConsumers to tell a consumer the broker stopped feeding (a
-// channel has one consumer: the module's queue, or one consumed queue).
+// for checkConsumers to tell a consumer the broker stopped feeding. The
+// workers of the module's queue and of each consumed queue report it (each
+// has a channel of its own); a flow with no workers is never idle.
 type consumerFlow struct {
 	received atomic.Uint64 // deliveries the workers took
 	busy     atomic.Int64  // deliveries being handled now
