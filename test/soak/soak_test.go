@@ -13,7 +13,8 @@
 // every broker node through a proxy of its own. A nemesis applies random,
 // overlapping faults from a seeded schedule: connection cuts, partitions
 // of a node from the brokers, a full spool, broker node SIGKILL and
-// restart, the quorum leader's node killed, memory alarms, SIGKILL and
+// restart, the quorum leader's node killed, a broker node cut off from the
+// other two, memory alarms, SIGKILL and
 // SIGSTOP of module processes, SIGKILL and restart of meshd, the consumed
 // queue deleted and declared again. Then the faults stop, the mesh
 // settles, and a checker reads the whole history.
