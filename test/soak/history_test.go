@@ -132,8 +132,13 @@ const interruptWindow = 20 * time.Second
 // interruptedBetween: was pid killed or stopped between from and to? A
 // run written by a process killed just after, before its outcome reached
 // meshd, is run again; so is one written after a stop past the handler's
-// timeout, or by an orphan whose meshd is already gone.
+// timeout, or by an orphan whose meshd is already gone. Pid 0 is a run
+// whose process was gone when it began (a tool the agent's orphaned
+// supervisor ran): interrupted by definition.
 func (h *history) interruptedBetween(pid int, from, to int64) bool {
+	if pid == 0 {
+		return true
+	}
 	for _, t := range h.interrupted[pid] {
 		if from < t && t < to {
 			return true

@@ -180,12 +180,17 @@ func (m *meshd) usage() (usage, error) {
 	return u, nil
 }
 
+// moduleBinaries are the base names of the soak's module binaries (build).
+var moduleBinaries = map[string]bool{"soakmodule": true, "audit-logger": true, "dispatcher": true, "agent": true}
+
 // modulesOf is the process ids of the module processes parent runs (its
-// children running the soak's module binaries).
+// children running the soak's module binaries; the agent's supervisors
+// are its children, not meshd's).
 func modulesOf(parent int) []int {
 	var out []int
 	for _, p := range proctest.List() {
-		if p.PPID == parent && (strings.Contains(p.Cmdline, "soakmodule") || strings.Contains(p.Cmdline, "audit-logger")) {
+		argv := strings.Fields(p.Cmdline)
+		if p.PPID == parent && len(argv) > 0 && moduleBinaries[filepath.Base(argv[0])] {
 			out = append(out, p.PID)
 		}
 	}

@@ -71,13 +71,17 @@ const (
 // stampScript is the agent's command for stamp.job: it writes the run to
 // the history (the job's message id and the call's request id, and the
 // agent's pid: the command's parent is the agent's supervisor, whose
-// parent is the agent) and answers. HISTORY is replaced by the history
-// file's path.
+// parent is the agent; 0 when the agent is gone already, its supervisor
+// adopted) and answers. HISTORY is replaced by the history file's path.
 const stampScript = `#!/bin/sh
+agent=$(cut -d' ' -f4 /proc/$PPID/stat)
+case "$(tr '\0' ' ' < /proc/$agent/cmdline 2>/dev/null)" in
+*/agent*) ;;
+*) agent=0 ;;
+esac
 req=$(cat)
 job=$(printf '%s' "$req" | sed -n 's/.*"message_id":"\([^"]*\)".*/\1/p')
 call=$(printf '%s' "$req" | sed -n 's/^{"tool":"[^"]*","id":"\([^"]*\)".*/\1/p')
-agent=$(cut -d' ' -f4 /proc/$PPID/stat)
 printf 'stamped gamma %s/%s %s %s\n' "$job" "$call" "$agent" "$(date +%s%N)" >> HISTORY
 printf '{"stamped":"%s"}\n' "$job"
 `
