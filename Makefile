@@ -56,6 +56,7 @@ fuzz: ## Fuzz event-type validation, emit naming and bodies, header decoding, to
 	$(GO) test -run='^$$' -fuzz=FuzzValidateEventType -fuzztime=20s ./internal/wire
 	$(GO) test -run='^$$' -fuzz=FuzzDecodeMeta -fuzztime=20s ./internal/wire
 	$(GO) test -run='^$$' -fuzz=FuzzMatchPattern -fuzztime=20s ./internal/wire
+	$(GO) test -run='^$$' -fuzz=FuzzValidateSubscription -fuzztime=20s ./internal/wire
 	$(GO) test -run='^$$' -fuzz=FuzzValidateToolKey -fuzztime=20s ./internal/wire
 	$(GO) test -run='^$$' -fuzz=FuzzEmitType -fuzztime=20s ./internal/wire
 	$(GO) test -run='^$$' -fuzz=FuzzEncodeBody -fuzztime=20s ./internal/wire

@@ -494,7 +494,7 @@ func (m ModuleConfig) validate() error {
 		errs = append(errs, fmt.Errorf("max_priority: %d is not within 0..9", m.MaxPriority))
 	}
 	for i, g := range m.EmitGrants {
-		if err := wire.ValidatePattern(g); err != nil {
+		if err := wire.ValidateSubscription(g); err != nil {
 			errs = append(errs, fmt.Errorf("emit_grants[%d]: %w", i, err))
 		}
 	}
@@ -506,9 +506,10 @@ func (m ModuleConfig) validate() error {
 	for _, list := range []struct {
 		key      string
 		patterns []string
-	}{{"calls", m.CallGrants}, {"consumes", m.ConsumeGrants}, {"dead_letters", m.DeadLetterGrants}} {
+		validate func(string) error
+	}{{"calls", m.CallGrants, wire.ValidatePattern}, {"consumes", m.ConsumeGrants, wire.ValidatePattern}, {"dead_letters", m.DeadLetterGrants, wire.ValidateSubscription}} {
 		for i, g := range list.patterns {
-			if err := wire.ValidatePattern(g); err != nil {
+			if err := list.validate(g); err != nil {
 				errs = append(errs, fmt.Errorf("%s[%d]: %w", list.key, i, err))
 			}
 		}

@@ -28,7 +28,7 @@ type TailedEvent struct {
 // lost, Tail returns an error wrapping sdk.ErrConnectionLost, and the
 // events published until a new Tail is ready are not seen.
 func (n *Node) Tail(ctx context.Context, pattern string, ready func(), fn func(TailedEvent) error) error {
-	if err := wire.ValidatePattern(pattern); err != nil {
+	if err := wire.ValidateSubscription(pattern); err != nil {
 		return err
 	}
 	sess, err := n.awaitSession(ctx)

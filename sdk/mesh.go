@@ -51,8 +51,11 @@ type Mesh interface {
 	// An event matching several of the module's patterns is delivered once,
 	// to the handler of the first pattern subscribed that matches.
 	//
-	// Errors: ErrInvalid for a bad pattern, a nil handler or a pattern
-	// already subscribed; ErrAlreadyStarted after Setup.
+	// Errors: ErrInvalid for a bad pattern, one that could never match an
+	// event type (its first word not an origin, module, mesh or node, nor
+	// a wildcard: "orders.placed"; or fewer than three words and no '#':
+	// "module.umami"), a nil handler or a pattern already subscribed, each
+	// naming the fix; ErrAlreadyStarted after Setup.
 	On(pattern string, h Handler) error
 
 	// Call invokes a tool ("invoice.create") with req marshalled to JSON
@@ -204,10 +207,12 @@ type Module struct {
 	// KindAgent, or "" for a plain module. Any other value is refused.
 	Kind Kind
 	// Emits lists the event names (relative, "site.created") the module
-	// emits. It may emit no other in its namespace: an emit of a name not
-	// listed (relative, or as module.<Name>.<event> with AsFullType)
-	// fails with ErrForbidden, unless its config allows undeclared emits
-	// (allow_undeclared_emits). The mesh's event graph is drawn from it.
+	// emits; a full type there ("module.umami.site.created") is refused
+	// at load, with the name to write. It may emit no other in its
+	// namespace: an emit of a name not listed (relative, or as
+	// module.<Name>.<event> with AsFullType) fails with ErrForbidden,
+	// unless its config allows undeclared emits (allow_undeclared_emits).
+	// The mesh's event graph is drawn from it.
 	Emits []string
 	// Calls lists the tool keys the module calls, for the graph. What it
 	// may call is its node config's to grant (calls:).

@@ -153,7 +153,7 @@ func tail(c *cli.Context) error {
 		return usagef("tail wants one PATTERN, got %d arguments", c.NArg())
 	}
 	pattern := c.Args().First()
-	if err := wire.ValidatePattern(pattern); err != nil {
+	if err := wire.ValidateSubscription(pattern); err != nil {
 		return err
 	}
 	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)

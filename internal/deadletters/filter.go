@@ -46,7 +46,7 @@ func (f Filter) Validate() error {
 		}
 	}
 	if f.Type != "" {
-		if err := wire.ValidatePattern(f.Type); err != nil {
+		if err := wire.ValidateSubscription(f.Type); err != nil {
 			return fmt.Errorf("%w: Type: %w", ErrBadFilter, err)
 		}
 	}

@@ -52,7 +52,7 @@ func New(module string, toolGrants []string) *Recorder {
 // already subscribed is refused with wire.ErrInvalid; after Fix, anything
 // with wire.ErrAlreadyStarted.
 func (r *Recorder) On(pattern string, h any) error {
-	if err := wire.ValidatePattern(pattern); err != nil {
+	if err := wire.ValidateSubscription(pattern); err != nil {
 		return fmt.Errorf("on: %w", err)
 	}
 	if h == nil {

@@ -94,6 +94,20 @@ func SourceEmit[T any](source, eventType string, body any, opts []T, maxBytes in
 	return raw, o, nil
 }
 
+// checkEmitsName refuses a full event type in a module's Emits, which
+// lists its own event names, relative to module.<module>: the name would
+// declare module.<module>.<the full type>, which nothing emits.
+func checkEmitsName(module, e string) error {
+	if ValidateEventType(e) != nil {
+		return nil // not shaped as a full type: a relative name
+	}
+	if rest, ok := strings.CutPrefix(e, "module."+module+"."); ok {
+		return invalid("event name", e, "is a full event type, but Emits lists the module's own event names, relative to module.%s. (this one declares module.%s.%s): write %q", module, module, e, rest)
+	}
+	return invalid("event name", e, "is a full event type, but Emits lists the module's own event names, relative to module.%s. (this one declares module.%s.%s): "+
+		"a type outside the module's namespace is not declared here; emit it with sdk.AsFullType() where the module's emit grants (emit_grants in meshd's config) allow it", module, module, e)
+}
+
 // Module kinds besides the plain one (""); sdk.KindDispatcher and
 // sdk.KindAgent are these.
 const (
@@ -115,6 +129,9 @@ func ValidateModule(name, kind string, emits, calls []string) error {
 	}
 	for _, e := range emits {
 		if err := ValidateRelativeType(e); err != nil {
+			return fmt.Errorf("load module %s: emits: %w", name, err)
+		}
+		if err := checkEmitsName(name, e); err != nil {
 			return fmt.Errorf("load module %s: emits: %w", name, err)
 		}
 	}

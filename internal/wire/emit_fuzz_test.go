@@ -73,3 +73,24 @@ func TestEmitOptionsCheck(t *testing.T) {
 		t.Errorf("valid options refused: %v", err)
 	}
 }
+
+// TestEmitsAreRelative: a full event type in a module's Emits is refused
+// with the name to write instead (or, outside its namespace, with how to
+// emit it); relative names pass, those whose first word is an origin too.
+func TestEmitsAreRelative(t *testing.T) {
+	for _, e := range [][]string{{"site.created"}, {"node.added"}, {"mesh"}, {"module.x"}} {
+		if err := ValidateModule("shop", "", e, nil); err != nil {
+			t.Errorf("emits %q: %v, want nil", e, err)
+		}
+	}
+	for _, c := range []struct{ emit, want string }{
+		{"module.shop.order.placed", `write "order.placed"`},
+		{"module.billing.invoice.sent", "sdk.AsFullType()"},
+		{"mesh.delivery.done", "emit_grants"},
+	} {
+		err := ValidateModule("shop", "", []string{c.emit}, nil)
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "module.shop."+c.emit) {
+			t.Errorf("emits %q: %v, want ErrInvalid naming module.shop.%s and %q", c.emit, err, c.emit, c.want)
+		}
+	}
+}

@@ -355,6 +355,62 @@ func FuzzMatchPattern(f *testing.F) {
 	})
 }
 
+// FuzzValidateSubscription: a pattern it accepts matches some valid event
+// type, and a valid pattern it refuses matches none of the types tried
+// (each '*' and '#' filled with origins and plain words).
+func FuzzValidateSubscription(f *testing.F) {
+	for _, p := range []string{"#", "*", "*.*", "*.*.*", "#.created", "orders.placed", "module.x", "module.#", "mesh.*.#", "x.#.y", "#.#", "*.#.*"} {
+		f.Add(p)
+	}
+	f.Fuzz(func(t *testing.T, pattern string) {
+		if ValidatePattern(pattern) != nil || strings.Count(pattern, "*")+strings.Count(pattern, "#") > 4 {
+			t.Skip()
+		}
+		accepted := ValidateSubscription(pattern) == nil
+		matched := ""
+		for _, key := range witnesses(strings.Split(pattern, ".")) {
+			if ValidateEventType(key) == nil && MatchPattern(pattern, key) {
+				matched = key
+				break
+			}
+		}
+		if accepted && matched == "" {
+			t.Fatalf("ValidateSubscription accepts %q, and no event type tried matches it", pattern)
+		}
+		if !accepted && matched != "" {
+			t.Fatalf("ValidateSubscription refuses %q, which matches the event type %q", pattern, matched)
+		}
+	})
+}
+
+// witnesses are keys made from a pattern's words, each wildcard filled
+// in every way of a few.
+func witnesses(words []string) []string {
+	fills := map[string][]string{"*": {"module", "x"}, "#": {"", "module", "x", "module.x", "x.x", "module.x.x"}}
+	keys := []string{""}
+	for _, w := range words {
+		options, wild := fills[w]
+		if !wild {
+			options = []string{w}
+		}
+		var next []string
+		for _, k := range keys {
+			for _, o := range options {
+				switch {
+				case o == "":
+					next = append(next, k)
+				case k == "":
+					next = append(next, o)
+				default:
+					next = append(next, k+"."+o)
+				}
+			}
+		}
+		keys = next
+	}
+	return keys
+}
+
 // FuzzValidateToolKey: a key it accepts makes a valid serve queue name and
 // contains no pattern characters, whitespace or control characters.
 func FuzzValidateToolKey(f *testing.F) {

@@ -152,6 +152,30 @@ func ValidatePattern(pattern string) error {
 	return nil
 }
 
+// ValidateSubscription checks a topic pattern of event types (a module's
+// subscription, a grant of event types, a tail or dead-letter filter): a
+// valid pattern (ValidatePattern) that can match some event type. It
+// refuses what could never match, each time with the fix: a first word
+// that is not an origin (module, mesh, node) or a wildcard, and fewer
+// than three words without '#' (an event type has at least three).
+func ValidateSubscription(pattern string) error {
+	if err := ValidatePattern(pattern); err != nil {
+		return err
+	}
+	words := strings.Split(pattern, ".")
+	switch words[0] {
+	case "module", "mesh", "node", "*", "#":
+	default:
+		return invalid("pattern", pattern, "begins with %q, not an origin (module, mesh, node) or a wildcard, so it never matches an event type (<origin>.<name>.<event>): did you mean %q?",
+			words[0], "module."+pattern)
+	}
+	if len(words) < 3 && !strings.Contains(pattern, "#") {
+		return invalid("pattern", pattern, "has %d words and no '#', so it never matches an event type, which has at least 3 (<origin>.<name>.<event>): did you mean %q?",
+			len(words), pattern+".#")
+	}
+	return nil
+}
+
 // ValidateWord checks a name that becomes one word of routing keys and queue
 // names: a node or module name. what names the field ("node name").
 func ValidateWord(what, name string) error {

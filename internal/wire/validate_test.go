@@ -164,6 +164,28 @@ func TestValidatePattern(t *testing.T) {
 	}
 }
 
+// TestValidateSubscription: a pattern that could never match an event
+// type is refused, with the fix; any other valid pattern passes.
+func TestValidateSubscription(t *testing.T) {
+	for _, p := range []string{"#", "*.*.*", "module.umami.#", "node.*.joined", "module.#.created", "#.created", "*.#", "mesh.#", "module.umami.site.created"} {
+		if err := wire.ValidateSubscription(p); err != nil {
+			t.Errorf("ValidateSubscription(%q) = %v, want nil", p, err)
+		}
+	}
+	for _, tc := range []badCase{
+		{"no origin", "orders.placed", []string{`did you mean "module.orders.placed"`}},
+		{"no origin, wildcard after", "orders.#", []string{"not an origin"}},
+		{"two words", "module.umami", []string{`at least 3`, `"module.umami.#"`}},
+		{"one word", "node", []string{"has 1 words"}},
+		{"two words with a star", "module.*", []string{"no '#'"}},
+		{"bad pattern", "module..x", []string{"empty"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			checkInvalid(t, wire.ValidateSubscription(tc.value), "pattern", tc.value, tc.rule)
+		})
+	}
+}
+
 func TestValidateWord(t *testing.T) {
 	for _, w := range []string{"umami", "anchor-1", "node_2", "a", strings.Repeat("w", 255)} {
 		if err := wire.ValidateWord("node name", w); err != nil {

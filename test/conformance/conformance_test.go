@@ -178,15 +178,15 @@ func emitAsync(t *testing.T, h Host) {
 }
 
 // Setup may subscribe and serve, and nothing else: Emit and Call are
-// refused with ErrNotStarted; a nil handler and a second subscription of
-// a pattern or tool with ErrInvalid; an ungranted tool with ErrForbidden.
+// refused with ErrNotStarted; a nil handler, a pattern that could never
+// match and a second subscription of a pattern or tool with ErrInvalid; an ungranted tool with ErrForbidden.
 // After Setup, On and Serve are refused with ErrAlreadyStarted.
 func setupPhase(t *testing.T, h Host) {
 	l := h.Load(t, "setup", ModuleConfig{ToolGrants: []string{"conf.*"}})
 	l.WaitKind(t, "run_serve", 1)
 	want := map[string][]string{
 		"setup_emit": {"not_started"}, "setup_call": {"not_started"},
-		"setup_on_nil": {"invalid"}, "setup_on": nil, "setup_on_again": {"invalid"}, "setup_on_bad": {"invalid"},
+		"setup_on_nil": {"invalid"}, "setup_on": nil, "setup_on_again": {"invalid"}, "setup_on_bad": {"invalid"}, "setup_on_never": {"invalid"},
 		"setup_serve_nil": {"invalid"}, "setup_serve": nil, "setup_serve_again": {"invalid"},
 		"setup_serve_ungranted": {"forbidden"},
 		"run_on":                {"already_started"}, "run_serve": {"already_started"},
@@ -196,6 +196,9 @@ func setupPhase(t *testing.T, h Host) {
 		if len(rs) != 1 || !is(rs[0], w...) {
 			t.Errorf("%s: %+v, want %v", kind, rs, w)
 		}
+	}
+	if rs := l.Of(t, "setup_on_never"); len(rs) == 1 && !strings.Contains(rs[0].Err, `did you mean "module.setup.created"`) {
+		t.Errorf("the refusal of a pattern that never matches does not name the fix: %s", rs[0].Err)
 	}
 	if rs := l.Of(t, "setup_serve_ungranted"); len(rs) == 1 && !strings.Contains(rs[0].Err, "tools") {
 		t.Errorf("the refusal of an ungranted tool does not name the config's tools key: %s", rs[0].Err)

@@ -244,6 +244,7 @@ func Module(name string, probe *Probe) (sdk.Module, error) {
 				try("setup_on", m.On("mesh.setup.#", h))
 				try("setup_on_again", m.On("mesh.setup.#", h))
 				try("setup_on_bad", m.On("mesh..setup", h))
+				try("setup_on_never", m.On("setup.created", h)) // no origin: could never match
 				try("setup_serve_nil", m.Serve("conf.setup", nil))
 				try("setup_serve", m.Serve("conf.setup", th))
 				try("setup_serve_again", m.Serve("conf.setup", th))
