@@ -325,21 +325,7 @@ func soak(t *testing.T, bins binaries, length, pace time.Duration, seed uint64) 
 			}
 			id := fmt.Sprintf("l-%d", i)
 			legacyMu.Lock()
-			err := rc.do(func(ch *amqp.Channel) error {
-				dc, err := ch.PublishWithDeferredConfirm("", legacyQueue, true, false, amqp.Publishing{MessageId: id, Body: []byte(id), DeliveryMode: amqp.Persistent})
-				if err != nil {
-					return err
-				}
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				defer cancel()
-				if ok, err := dc.WaitContext(ctx); err != nil || !ok {
-					return fmt.Errorf("not confirmed: %v", err)
-				}
-				if rc.returned(id) {
-					return errors.New("returned: the queue is not there")
-				}
-				return nil
-			})
+			err := rc.publish(legacyQueue, amqp.Publishing{MessageId: id, Body: []byte(id), DeliveryMode: amqp.Persistent})
 			if err == nil {
 				h.mu.Lock()
 				h.legacyIn[id] = true
@@ -361,22 +347,8 @@ func soak(t *testing.T, bins binaries, length, pace time.Duration, seed uint64) 
 			default:
 			}
 			id := ulid.Make().String()
-			err := rc.do(func(ch *amqp.Channel) error {
-				dc, err := ch.PublishWithDeferredConfirm("", jobsQueue, true, false, amqp.Publishing{MessageId: id, ContentType: "application/json",
-					Body: []byte(`{"job":"` + id + `"}`), DeliveryMode: amqp.Persistent})
-				if err != nil {
-					return err
-				}
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				defer cancel()
-				if ok, err := dc.WaitContext(ctx); err != nil || !ok {
-					return fmt.Errorf("not confirmed: %v", err)
-				}
-				if rc.returned(id) {
-					return errors.New("returned: the queue is not there")
-				}
-				return nil
-			})
+			err := rc.publish(jobsQueue, amqp.Publishing{MessageId: id, ContentType: "application/json",
+				Body: []byte(`{"job":"` + id + `"}`), DeliveryMode: amqp.Persistent})
 			if err == nil {
 				h.mu.Lock()
 				h.jobsIn[id] = true
@@ -843,3 +815,23 @@ func (hr *historyReader) readInto(h *history) error {
 // pause waits d: the workload's pace and the nemesis's schedule, not a
 // wait for the system.
 func pause(d time.Duration) { <-time.After(d) }
+
+// publish sends p to queue, mandatory, and waits up to 10 s for its
+// confirm: nil only if the broker confirmed it and did not return it.
+func (rc *rawClient) publish(queue string, p amqp.Publishing) error {
+	return rc.do(func(ch *amqp.Channel) error {
+		dc, err := ch.PublishWithDeferredConfirm("", queue, true, false, p)
+		if err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if ok, err := dc.WaitContext(ctx); err != nil || !ok {
+			return fmt.Errorf("not confirmed: %v", err)
+		}
+		if rc.returned(p.MessageId) {
+			return errors.New("returned: the queue is not there")
+		}
+		return nil
+	})
+}
