@@ -52,11 +52,12 @@ lint: ## Fail on unformatted files (gofmt -l), on packages and exported names wi
 	$(GO) run ./cmd/doclint .
 	$(GO) vet ./...
 
-fuzz: ## Fuzz event-type validation, emit naming and bodies, header decoding, topic matching, the dedup log, dead-letter headers (as meshctl and a DeadLetters handler read them), replay targets, meshctl's terminal escaping, caller patterns, permission patterns and coalesced acks, 20s each
+fuzz: ## Fuzz event-type validation, subscription filters, emit naming and bodies, header decoding, topic matching, the dedup log, dead-letter headers (as meshctl and a DeadLetters handler read them), replay targets, meshctl's terminal escaping, caller patterns, permission patterns and coalesced acks, 20s each
 	$(GO) test -run='^$$' -fuzz=FuzzValidateEventType -fuzztime=20s ./internal/wire
 	$(GO) test -run='^$$' -fuzz=FuzzDecodeMeta -fuzztime=20s ./internal/wire
 	$(GO) test -run='^$$' -fuzz=FuzzMatchPattern -fuzztime=20s ./internal/wire
 	$(GO) test -run='^$$' -fuzz=FuzzValidateSubscription -fuzztime=20s ./internal/wire
+	$(GO) test -run='^$$' -fuzz=FuzzFilter -fuzztime=20s ./internal/filter
 	$(GO) test -run='^$$' -fuzz=FuzzValidateToolKey -fuzztime=20s ./internal/wire
 	$(GO) test -run='^$$' -fuzz=FuzzEmitType -fuzztime=20s ./internal/wire
 	$(GO) test -run='^$$' -fuzz=FuzzEncodeBody -fuzztime=20s ./internal/wire
