@@ -154,7 +154,7 @@ func (l *Logger) Module() sdk.Module {
 			// The store keeps each id once by itself: the node's own
 			// de-duplication would only repeat that work.
 			return errors.Join(
-				m.On("#", sdk.AllowDuplicates(sdk.HandlerFunc(l.record))),
+				m.On("#", sdk.HandlerFunc(l.record), sdk.AllowDuplicates()),
 				m.Serve(ToolQuery, sdk.ToolHandlerFunc(l.query)),
 				m.Serve(ToolCount, sdk.ToolHandlerFunc(l.count)),
 				m.Serve(ToolGet, sdk.ToolHandlerFunc(l.get)),

@@ -13,6 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshkit/mesh/internal/deadletters"
+	"github.com/meshkit/mesh/internal/filter"
 	"github.com/meshkit/mesh/internal/setup"
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/sdk"
@@ -394,6 +395,10 @@ func (m *Module) handleQueued(queue string, h sdk.Handler, d amqp.Delivery, deli
 		m.deadLetter(src, d, ev.Type, attempt, wire.DeadReasonExpired, fmt.Errorf("its deadline %s passed before a handler took it", deadline.Format(time.RFC3339Nano)))
 		return false
 	}
+	if f := m.queueFilter(queue); f != nil && !f.Match(filterEvent(ev)) {
+		m.filteredOut(src, d, m.from(d), ev)
+		return false
+	}
 	if !src.quorum && d.Redelivered {
 		// As for the module's classic queue: the last delivery was never
 		// settled, which counts as an attempt.
@@ -419,6 +424,17 @@ func (m *Module) handleQueued(queue string, h sdk.Handler, d amqp.Delivery, deli
 		m.failed(src, d, ev.Type, attempt, err)
 	}
 	return false
+}
+
+// queueFilter is the filter of a consumed queue's handler (sdk.Filter), or
+// nil.
+func (m *Module) queueFilter(queue string) *filter.Filter {
+	for _, q := range m.queues { // fixed since start: no lock needed
+		if q.Key == queue {
+			return q.Options.Filter
+		}
+	}
+	return nil
 }
 
 // queuedEventOf is what a Consume handler sees of a message: read as far

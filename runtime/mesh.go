@@ -45,7 +45,7 @@ func (mm *moduleMesh) Emit(ctx context.Context, name string, body any, opts ...s
 // o.FreshID, fresh otherwise).
 func (m *Module) emit(ctx context.Context, name string, body any, o wire.EmitOptions, id string) (string, error) {
 	if !m.isStarted() {
-		return "", fmt.Errorf("emit %s: %w", name, sdk.ErrNotStarted)
+		return "", fmt.Errorf("emit %s: %w", name, wire.ErrNotStarted)
 	}
 	eventType, err := m.eventType(name, o.FullType)
 	if err != nil {
@@ -82,8 +82,9 @@ func (m *Module) eventType(name string, full bool) (string, error) {
 	return t, err
 }
 
-func (mm *moduleMesh) On(pattern string, h sdk.Handler) error {
-	return mm.module.setup.On(pattern, h) // a nil h arrives as a nil any
+func (mm *moduleMesh) On(pattern string, h sdk.Handler, opts ...sdk.HandlerOption) error {
+	o, err := wire.ApplyHandlerOptions(opts)
+	return mm.module.setup.On(pattern, h, o, err) // a nil h arrives as a nil any
 }
 
 func (mm *moduleMesh) Call(ctx context.Context, tool string, req, resp any) error {
@@ -94,7 +95,7 @@ func (mm *moduleMesh) Call(ctx context.Context, tool string, req, resp any) erro
 // the host to give it one (derived inside a handling, fresh otherwise).
 func (m *Module) callTool(ctx context.Context, tool string, req, resp any, id string) error {
 	if !m.isStarted() {
-		return fmt.Errorf("call %s: %w", tool, sdk.ErrNotStarted)
+		return fmt.Errorf("call %s: %w", tool, wire.ErrNotStarted)
 	}
 	if err := m.checkCallGrant(tool); err != nil {
 		return err
@@ -102,16 +103,18 @@ func (m *Module) callTool(ctx context.Context, tool string, req, resp any, id st
 	return m.node.call(ctx, m.def.Name, tool, req, resp, id)
 }
 
-func (mm *moduleMesh) Consume(queue string, prefetch int, h sdk.Handler) error {
-	return mm.module.setup.Consume(queue, prefetch, h) // a nil h arrives as a nil any
+func (mm *moduleMesh) Consume(queue string, prefetch int, h sdk.Handler, opts ...sdk.HandlerOption) error {
+	o, err := wire.ApplyHandlerOptions(opts)
+	return mm.module.setup.Consume(queue, prefetch, h, o, err) // a nil h arrives as a nil any
 }
 
 func (mm *moduleMesh) Hold(queue string, held bool) error { return mm.module.hold(queue, held) }
 
 func (mm *moduleMesh) Exclusive(queue string) error { return mm.module.setup.Exclusive(queue) }
 
-func (mm *moduleMesh) Serve(key string, h sdk.ToolHandler) error {
-	err := mm.module.setup.Serve(key, h)
+func (mm *moduleMesh) Serve(key string, h sdk.ToolHandler, opts ...sdk.HandlerOption) error {
+	o, err := wire.ApplyHandlerOptions(opts)
+	err = mm.module.setup.Serve(key, h, o, err)
 	if errors.Is(err, sdk.ErrForbidden) {
 		mm.module.log.Warn("serving a tool the node config does not grant refused", "tool", key)
 	}

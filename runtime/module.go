@@ -22,6 +22,7 @@ import (
 	"github.com/meshkit/mesh/internal/asyncemit"
 	"github.com/meshkit/mesh/internal/causation"
 	"github.com/meshkit/mesh/internal/dedup"
+	"github.com/meshkit/mesh/internal/filter"
 	"github.com/meshkit/mesh/internal/setup"
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/sdk"
@@ -76,12 +77,16 @@ type Module struct {
 type subscription struct {
 	pattern string
 	handler sdk.Handler
-	dedup   bool // de-duplicate deliveries by event id for this handler
+	filter  *filter.Filter // nil: every event the pattern matches
+	dedup   bool           // de-duplicate deliveries by event id for this handler
 }
 
 type tool struct {
 	key     string
 	handler sdk.ToolHandler
+	// repeats: run the handler for a repeated request too, rather than
+	// answer it from the stored answer (sdk.AllowDuplicates).
+	repeats bool
 }
 
 // consumerChannel is a channel a module consumes on, with its consumer
@@ -200,11 +205,11 @@ func (m *Module) start(ctx context.Context) error {
 	}
 	m.mu.Lock()
 	for _, e := range fixedSubs {
-		h := e.Handler.(sdk.Handler)
-		m.subs = append(m.subs, subscription{pattern: e.Key, handler: h, dedup: !m.cfg.AllowDuplicates && !wire.AllowsDuplicates(h)})
+		m.subs = append(m.subs, subscription{pattern: e.Key, handler: e.Handler.(sdk.Handler), filter: e.Options.Filter,
+			dedup: !m.cfg.AllowDuplicates && !e.Options.AllowDuplicates})
 	}
 	for _, e := range fixedTools {
-		m.tools = append(m.tools, tool{key: e.Key, handler: e.Handler.(sdk.ToolHandler)})
+		m.tools = append(m.tools, tool{key: e.Key, handler: e.Handler.(sdk.ToolHandler), repeats: e.Options.AllowDuplicates})
 	}
 	m.running.Store(true)
 	subs := slices.Clone(m.subs)
@@ -752,9 +757,15 @@ func (m *Module) handle(d amqp.Delivery, deliveries <-chan amqp.Delivery, a *ack
 		m.deadLetter(src, d, eventType, attempt, wire.DeadReasonMalformed, err)
 		return false
 	}
-	sub, ok := m.subscriptionFor(eventType)
-	if !ok {
+	ev := eventOf(d, meta, eventType, attempt)
+	ev.UserID = o.userID
+	sub, matched := m.subscriptionFor(ev)
+	switch {
+	case !matched:
 		m.deadLetter(src, d, eventType, attempt, wire.DeadReasonNoHandler, fmt.Errorf("no handler of module %s matches %s", m.def.Name, eventType))
+		return false
+	case sub.handler == nil:
+		m.filteredOut(src, d, counts, ev)
 		return false
 	}
 	release := func() {}
@@ -779,8 +790,6 @@ func (m *Module) handle(d amqp.Delivery, deliveries <-chan amqp.Delivery, a *ack
 		m.failed(src, d, eventType, attempt, errors.New("the consumer stopped before the handler finished"))
 		return false
 	}
-	ev := eventOf(d, meta, eventType, attempt)
-	ev.UserID = o.userID
 	err, overran := m.call(sub.handler, ev, d, m.queue, func() {
 		release() // settled as failed: a redelivery must not wait for the hung handler
 		m.startWorker(deliveries, a)
@@ -844,13 +853,44 @@ func (m *Module) attempt(d amqp.Delivery, meta wire.Meta) int {
 	return meta.Attempt + 1
 }
 
-func (m *Module) subscriptionFor(eventType string) (subscription, bool) {
+// subscriptionFor is the subscription ev goes to: the first whose pattern
+// matches its type and whose filter, if any, accepts it. matched is false
+// when no pattern matches; a subscription with a nil handler, when some
+// do and their filters reject it.
+func (m *Module) subscriptionFor(ev sdk.Event) (sub subscription, matched bool) {
+	var fe *filter.Event
 	for _, s := range m.subs { // fixed since start: no lock needed
-		if wire.MatchPattern(s.pattern, eventType) {
+		if !wire.MatchPattern(s.pattern, ev.Type) {
+			continue
+		}
+		matched = true
+		if s.filter == nil {
+			return s, true
+		}
+		if fe == nil {
+			fe = filterEvent(ev)
+		}
+		if s.filter.Match(fe) {
 			return s, true
 		}
 	}
-	return subscription{}, false
+	return subscription{}, matched
+}
+
+// filterEvent is what a filter reads of ev.
+func filterEvent(ev sdk.Event) *filter.Event {
+	return &filter.Event{Type: ev.Type, Source: ev.Source, Node: ev.Node, Schema: ev.Schema, User: ev.UserID, Queue: ev.Queue, Headers: ev.Headers, Body: ev.Body}
+}
+
+// filteredOut acknowledges a delivery the module's filters rejected,
+// counting it: it costs no attempt and runs no handler.
+func (m *Module) filteredOut(src source, d amqp.Delivery, counts *originCounts, ev sdk.Event) {
+	m.node.stats.filtered.Add(1)
+	counts.filtered.Add(1)
+	m.log.Debug("event rejected by the handlers' filters; acknowledged without handling", "event_id", ev.ID, "event_type", ev.Type)
+	if err := src.ack(d); err != nil {
+		m.log.Warn("ack of a filtered event failed; it will be delivered again", "event_id", ev.ID, "err", err)
+	}
 }
 
 // claim reports whether the event id was already handled by the module.

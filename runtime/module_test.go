@@ -124,7 +124,7 @@ func TestModuleRules(t *testing.T) {
 		}
 		return nil
 	}}, runtime.ModuleConfig{})
-	if err := m.Mesh().On("mesh.y.#", newRecorder(nil)); !errors.Is(err, sdk.ErrAlreadyStarted) {
+	if err := m.Mesh().On("mesh.y.#", newRecorder(nil)); !errors.Is(err, wire.ErrAlreadyStarted) {
 		t.Errorf("On after start: %v", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

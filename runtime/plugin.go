@@ -227,28 +227,46 @@ func (n *Node) LoadPlugin(ctx context.Context, path string, args []string, mc Mo
 	close(pm.running)
 	pm.loaded = proc.desc
 	patterns, tools := proc.desc.Patterns, proc.desc.Tools
+	if n := len(proc.desc.Filters); n != 0 && n != len(patterns) {
+		proc.client.Kill()
+		return nil, fmt.Errorf("start module %s: %w: the module process described %d filters for %d patterns", path, sdk.ErrInvalid, n, len(patterns))
+	}
 	var dead sdk.Handler
 	if proc.desc.DeadLetters {
 		dead = pm.forward(uint32(len(patterns)))
 	}
-	def := sdk.Module{Name: proc.desc.Name, Kind: sdk.Kind(proc.desc.Kind), Emits: proc.desc.Emits, Calls: proc.desc.Calls, DeadLetters: dead,
+	def := sdk.Module{Name: proc.desc.Name, Kind: proc.desc.Kind, Emits: proc.desc.Emits, Calls: proc.desc.Calls, DeadLetters: dead,
 		Callers: callersOfDescription(proc.desc), Setup: func(m sdk.Mesh) error {
+			// The handlers' options as the process described them, given
+			// to this node's own On, Consume and Serve: the filters are
+			// parsed, bounded and evaluated here.
 			for i, p := range patterns {
-				h := pm.forward(uint32(i))
+				var opts []sdk.HandlerOption
 				if slices.Contains(proc.desc.DuplicatesAllowed, uint32(i)) {
-					h = sdk.AllowDuplicates(h)
+					opts = append(opts, sdk.AllowDuplicates())
 				}
-				if err := m.On(p, h); err != nil {
+				if len(proc.desc.Filters) > 0 && proc.desc.Filters[i] != "" {
+					opts = append(opts, sdk.Filter(proc.desc.Filters[i]))
+				}
+				if err := m.On(p, pm.forward(uint32(i)), opts...); err != nil {
 					return err
 				}
 			}
 			for i, t := range tools {
-				if err := m.Serve(t, pm.answer(uint32(i))); err != nil {
+				var opts []sdk.HandlerOption
+				if slices.Contains(proc.desc.ToolsDuplicatesAllowed, uint32(i)) {
+					opts = append(opts, sdk.AllowDuplicates())
+				}
+				if err := m.Serve(t, pm.answer(uint32(i)), opts...); err != nil {
 					return err
 				}
 			}
 			for k, c := range proc.desc.Consumes {
-				if err := m.Consume(c.Queue, int(c.Prefetch), pm.forward(uint32(len(patterns)+1+k))); err != nil {
+				var opts []sdk.HandlerOption
+				if c.Filter != "" {
+					opts = append(opts, sdk.Filter(c.Filter))
+				}
+				if err := m.Consume(c.Queue, int(c.Prefetch), pm.forward(uint32(len(patterns)+1+k)), opts...); err != nil {
 					return err
 				}
 				if c.Exclusive {
@@ -742,7 +760,7 @@ func (pm *PluginModule) Module() *Module { return pm.module }
 func (pm *PluginModule) Name() string { return pm.module.def.Name }
 
 // Kind is the kind the module process reported.
-func (pm *PluginModule) Kind() sdk.Kind { return pm.module.def.Kind }
+func (pm *PluginModule) Kind() string { return pm.module.def.Kind }
 
 // Stop stops consuming, lets the deliveries in flight finish until ctx is
 // done (see Module.Stop), then ends the module process. A restart in
@@ -1043,14 +1061,14 @@ func errorKind(err error) pb.ErrorKind {
 		return pb.ErrorKind_NONE
 	case errors.As(err, &te):
 		return pb.ErrorKind_TOOL
+	case errors.Is(err, wire.ErrNotStarted): // before ErrInvalid, which it wraps
+		return pb.ErrorKind_NOT_STARTED
+	case errors.Is(err, wire.ErrAlreadyStarted):
+		return pb.ErrorKind_ALREADY_STARTED
 	case errors.Is(err, sdk.ErrInvalid):
 		return pb.ErrorKind_INVALID_NAME // the sdk's ErrInvalid, whatever broke
 	case errors.Is(err, sdk.ErrRefused):
 		return pb.ErrorKind_REFUSED
-	case errors.Is(err, sdk.ErrNotStarted):
-		return pb.ErrorKind_NOT_STARTED
-	case errors.Is(err, sdk.ErrAlreadyStarted):
-		return pb.ErrorKind_ALREADY_STARTED
 	case errors.Is(err, sdk.ErrClosed):
 		return pb.ErrorKind_CLOSED
 	case errors.Is(err, sdk.ErrConnectionLost):

@@ -117,7 +117,7 @@ func TestDuplicatesReachTheHandlerOnce(t *testing.T) {
 		if err := m.On("mesh.once.#", once); err != nil {
 			return err
 		}
-		return m.On("mesh.every.#", sdk.AllowDuplicates(every))
+		return m.On("mesh.every.#", every, sdk.AllowDuplicates())
 	}}
 	load(t, n, def, runtime.ModuleConfig{})
 	raw := rawConn(t, url)
@@ -166,7 +166,7 @@ func TestDuplicatesReachTheHandlerOnce(t *testing.T) {
 		if err := m.On("mesh.once.#", again); err != nil {
 			return err
 		}
-		return m.On("mesh.every.#", sdk.AllowDuplicates(every))
+		return m.On("mesh.every.#", every, sdk.AllowDuplicates())
 	}}, runtime.ModuleConfig{})
 	publish("mesh.once.x", a)
 	marker := ulid.Make().String()

@@ -118,7 +118,7 @@ func (m *Module) answer(ch *amqp.Channel, t tool, d amqp.Delivery) {
 	ctx, cancel := context.WithDeadline(causation.Handling(traced, req.ID, req.Time), deadline)
 	defer cancel()
 	var final *storedAnswer
-	if req.CausationID != "" {
+	if req.CausationID != "" && !t.repeats {
 		// Made inside a handling: its id is derived, and a retry of that
 		// handling sends it again. (Other calls have fresh ids: nothing
 		// to remember.)

@@ -485,7 +485,7 @@ type counters struct {
 	spoolDeadLettered, spoolUnrouted                         atomic.Uint64
 	blocks, serverChecks                                     atomic.Uint64
 	disconnects, reconnects, refusingChannels                atomic.Uint64
-	handled, failed, deadLettered, duplicates                atomic.Uint64
+	handled, failed, deadLettered, duplicates, filtered      atomic.Uint64
 	consumersLost                                            atomic.Uint64
 	lastRefusedLog                                           atomic.Int64
 }
@@ -529,6 +529,10 @@ type Stats struct {
 	// Duplicates counts deliveries acknowledged without running the
 	// handler, because the module had handled the same event id.
 	Duplicates uint64
+	// Filtered counts deliveries acknowledged without running a handler,
+	// because no filter of the handlers their type matches accepted them
+	// (sdk.Filter).
+	Filtered uint64
 	// ConsumersLost counts consumers the broker dropped, or stopped
 	// feeding, without telling the node (checkConsumers found them gone
 	// or stalled), each consumed again.
@@ -557,6 +561,7 @@ func (n *Node) Stats() Stats {
 		Failed:            n.stats.failed.Load(),
 		DeadLettered:      n.stats.deadLettered.Load(),
 		Duplicates:        n.stats.duplicates.Load(),
+		Filtered:          n.stats.filtered.Load(),
 		ConsumersLost:     n.stats.consumersLost.Load(),
 	}
 	if n.spool != nil {

@@ -47,8 +47,8 @@ type moduleCounts struct {
 // originCounts are one module's totals for the events of one origin: the
 // module (or outside publisher) that emitted them, as x-source says.
 type originCounts struct {
-	attrs                                                attribute.Set // module=<module>, origin=<origin>
-	delivered, handled, failed, deadLettered, duplicates atomic.Uint64
+	attrs                                                          attribute.Set // module=<module>, origin=<origin>
+	delivered, handled, failed, deadLettered, duplicates, filtered atomic.Uint64
 }
 
 // The origin attribute of what carries no usable x-source (a message
@@ -150,6 +150,7 @@ func (n *Node) startTelemetry() error {
 		failed      = counter("mesh.handler.failures", "Failed handler attempts, retried or past the attempt limit (a permanent failure is dead-lettered at once, not counted here), by module and origin.")
 		deadLet     = counter("mesh.events.dead_lettered", "Events a module gave up on, by module and origin.")
 		duplicates  = counter("mesh.events.duplicates", "Deliveries of events a module had handled, acknowledged without handling, by module and origin.")
+		filtered    = counter("mesh.events.filtered", "Deliveries no filter of a module's handlers accepted (sdk.Filter), acknowledged without handling, by module and origin.")
 		restarts    = counter("mesh.module.restarts", "Times a module process was started again after it went away, by module.")
 		queuesDown  = gauge("mesh.module.queues_down", "Consumed queues a module cannot consume now (deleted, say), by module; each is tried again.")
 	)
@@ -194,12 +195,13 @@ func (n *Node) startTelemetry() error {
 				o.ObserveInt64(failed, int64(c.failed.Load()), attrs)
 				o.ObserveInt64(deadLet, int64(c.deadLettered.Load()), attrs)
 				o.ObserveInt64(duplicates, int64(c.duplicates.Load()), attrs)
+				o.ObserveInt64(filtered, int64(c.filtered.Load()), attrs)
 				return true
 			})
 		}
 		return nil
 	}, connected, blocked, blocks, reconnects, disconnects, confirmed, refused, backPress, spooled, resent, expired, spoolDead, returned,
-		spoolEvents, spoolBytes, checks, emitted, delivered, handled, failed, deadLet, duplicates, restarts, queuesDown)
+		spoolEvents, spoolBytes, checks, emitted, delivered, handled, failed, deadLet, duplicates, filtered, restarts, queuesDown)
 	if err != nil {
 		return fmt.Errorf("node %s: metrics: %w", n.cfg.Node, err)
 	}

@@ -17,8 +17,11 @@ var (
 	// ErrInvalid is wrapped by the error for what breaks the contract: an
 	// event type, event name, pattern, tool key or module name against the
 	// naming rules, a body that is not JSON or is over the node's limit, a
-	// bad emit option, a nil handler, a pattern or tool subscribed twice.
-	// The message says which rule; nothing is sent or bound.
+	// bad emit or handler option, a nil handler, a pattern or tool
+	// subscribed twice; an Emit or Call during Setup (before the module
+	// consumes), and an On, Consume, Exclusive or Serve after it. The
+	// message says which rule and what to do instead; nothing is sent or
+	// bound.
 	ErrInvalid = wire.ErrInvalid
 	// ErrForbidden is returned by Emit for an event type outside what the
 	// module may emit, and by Serve for a tool its node config does not
@@ -30,12 +33,6 @@ var (
 	ErrRefused = errors.New("refused by the broker")
 	// ErrClosed is returned once the mesh has been closed.
 	ErrClosed = errors.New("mesh closed")
-	// ErrAlreadyStarted is returned by On and Serve once the module
-	// consumes: its patterns and tools are fixed for this run.
-	ErrAlreadyStarted = wire.ErrAlreadyStarted
-	// ErrNotStarted is returned by Emit and Call while Setup runs: a
-	// module emits and calls once it consumes, from Run or a handler.
-	ErrNotStarted = errors.New("module not started yet (Emit and Call are for Run and handlers, not Setup)")
 	// ErrNoServer is returned by Call at once when nobody serves the tool:
 	// no server ever declared it, or none is running now.
 	ErrNoServer = errors.New("no server for this tool")

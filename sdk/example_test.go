@@ -207,7 +207,7 @@ func ExampleAllowDuplicates() {
 		return sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error { seen[name]++; return nil })
 	}
 	mod := sdk.Module{Name: "counter", Setup: func(m sdk.Mesh) error {
-		return errors.Join(m.On("mesh.once.#", count("once")), m.On("mesh.every.#", sdk.AllowDuplicates(count("every"))))
+		return errors.Join(m.On("mesh.once.#", count("once")), m.On("mesh.every.#", count("every"), sdk.AllowDuplicates()))
 	}}
 	mt := meshtest.New(meshtest.Config{})
 	defer mt.Close()
@@ -315,17 +315,21 @@ func ExampleAsFullType() {
 	// not granted: true
 }
 
-// Setup subscribes and serves; Emit and Call wait for the module to run.
+// Setup subscribes and serves; Emit and Call are for once the module runs,
+// and are refused in Setup with the reason.
 func ExampleModule_setup() {
 	mod := sdk.Module{Name: "early", Setup: func(m sdk.Mesh) error {
 		_, err := m.Emit(context.Background(), "too.soon", 1)
-		fmt.Println(errors.Is(err, sdk.ErrNotStarted))
+		fmt.Println(errors.Is(err, sdk.ErrInvalid))
+		fmt.Println(err)
 		return nil
 	}}
 	mt := meshtest.New(meshtest.Config{})
 	defer mt.Close()
 	_ = mt.Load(mod, meshtest.ModuleConfig{})
-	// Output: true
+	// Output:
+	// true
+	// emit too.soon: invalid: the module has not started yet (Emit and Call are for Run and handlers, not Setup)
 }
 
 func ExamplePermanent() {
@@ -409,10 +413,10 @@ func ExampleWithTTL() {
 
 // Kind tells operators what a module is; the shipped dispatcher and agent
 // say so, a plain module leaves it empty. Any other value is refused.
-func ExampleKind() {
+func ExampleModule_kind() {
 	mt := meshtest.New(meshtest.Config{})
 	defer mt.Close()
-	fmt.Println(mt.Load(sdk.Module{Name: "runner", Kind: sdk.KindAgent}, meshtest.ModuleConfig{}))
+	fmt.Println(mt.Load(sdk.Module{Name: "runner", Kind: "agent"}, meshtest.ModuleConfig{}))
 	err := mt.Load(sdk.Module{Name: "robot", Kind: "robot"}, meshtest.ModuleConfig{})
 	fmt.Println(errors.Is(err, sdk.ErrInvalid))
 	// Output:

@@ -3,8 +3,6 @@ package sdk
 import (
 	"context"
 	"log/slog"
-
-	"github.com/meshkit/mesh/internal/wire"
 )
 
 // Mesh is a module's view of the event mesh. It is safe for concurrent use.
@@ -20,7 +18,7 @@ type Mesh interface {
 	//
 	// Errors: ErrInvalid for a bad name, a body that is not JSON or too
 	// large, or a bad option; ErrForbidden for a full type the module may
-	// not emit; ErrNotStarted during Setup; ErrRefused, ErrBackPressure
+	// not emit, or during Setup; ErrRefused, ErrBackPressure
 	// and ErrConnectionLost (transient: for the last, the event may or may
 	// not have reached the broker); ErrClosed; or ctx's error.
 	Emit(ctx context.Context, name string, body any, opts ...EmitOption) (id string, err error)
@@ -42,21 +40,22 @@ type Mesh interface {
 	EmitAsync(ctx context.Context, name string, body any, done func(id string, err error), opts ...EmitOption) error
 
 	// On subscribes h to the events matching an AMQP topic pattern
-	// ("module.umami.#", "node.*.joined", "#"). Call it while the module
-	// is set up (Module.Setup): once the module consumes, its patterns are
-	// fixed and On returns ErrAlreadyStarted. A pattern already subscribed
-	// is refused. Patterns the module no longer subscribes to on its next
-	// start are unbound from its queue.
+	// ("module.umami.#", "node.*.joined", "#"), with options
+	// (AllowDuplicates, Filter). Call it while the module is set up
+	// (Module.Setup): once the module consumes, its patterns are fixed. A
+	// pattern already subscribed is refused. Patterns the module no longer
+	// subscribes to on its next start are unbound from its queue.
 	//
 	// An event matching several of the module's patterns is delivered once,
-	// to the handler of the first pattern subscribed that matches.
+	// to the handler of the first pattern subscribed that matches it and
+	// whose filter, if any, accepts it.
 	//
-	// Errors: ErrInvalid for a bad pattern, one that could never match an
-	// event type (its first word not an origin, module, mesh or node, nor
-	// a wildcard: "orders.placed"; or fewer than three words and no '#':
-	// "module.umami"), a nil handler or a pattern already subscribed, each
-	// naming the fix; ErrAlreadyStarted after Setup.
-	On(pattern string, h Handler) error
+	// Errors, each ErrInvalid naming the fix: a bad pattern, one that
+	// could never match an event type (its first word not an origin,
+	// module, mesh or node, nor a wildcard: "orders.placed"; or fewer than
+	// three words and no '#': "module.umami"), a nil handler, a bad option
+	// or a pattern already subscribed; On after Setup.
+	On(pattern string, h Handler, opts ...HandlerOption) error
 
 	// Call invokes a tool ("invoice.create") with req marshalled to JSON
 	// and, on success, unmarshals the tool's response into resp (unless
@@ -74,8 +73,8 @@ type Mesh interface {
 	// came in time; a *ToolError with the tool's code and message
 	// (errors.Is(err, ErrPermanent) tells a permanent one);
 	// ErrConnectionLost when the broker connection dropped during the
-	// call; ErrInvalid for a bad tool key or request body; ErrNotStarted
-	// during Setup.
+	// call; ErrInvalid for a bad tool key or request body, or during
+	// Setup. TypedCall is Call with the response's type.
 	Call(ctx context.Context, tool string, req, resp any) error
 
 	// Logger is the module's structured logger. Under meshd its lines
@@ -95,11 +94,14 @@ type Mesh interface {
 	// to the attempt limit, then, like a Permanent error at once,
 	// dead-lettered to mesh.events.dead with the queue's name. A message
 	// whose x-deadline header (RFC 3339) has passed is dead-lettered as
-	// "expired" without reaching h. Call it during Module.Setup, like On.
+	// "expired" without reaching h. A Filter option hands h only the
+	// messages it accepts (the others are acknowledged); AllowDuplicates is
+	// refused, since such messages are never de-duplicated. Call it during
+	// Module.Setup, like On.
 	//
-	// Errors: ErrInvalid for a bad queue name or prefetch, a nil handler
-	// or a queue already consumed; ErrAlreadyStarted after Setup.
-	Consume(queue string, prefetch int, h Handler) error
+	// Errors: ErrInvalid for a bad queue name, prefetch or option, a nil
+	// handler, a queue already consumed, or after Setup.
+	Consume(queue string, prefetch int, h Handler, opts ...HandlerOption) error
 
 	// Hold stops consuming a queue the module consumes (Consume) while
 	// held is true, and consumes it again when it is false. What the queue
@@ -117,18 +119,21 @@ type Mesh interface {
 	// node stands by and takes it over, within a second or so, once that
 	// one is gone. Call it during Setup, after Consume.
 	//
-	// Errors: ErrInvalid for a queue the module does not consume;
-	// ErrAlreadyStarted after Setup.
+	// Errors: ErrInvalid for a queue the module does not consume, or after
+	// Setup.
 	Exclusive(queue string) error
 
 	// Serve answers calls of a tool with h. Several servers of one tool,
-	// on this node or others, compete: each call is answered by one. Call
-	// it during Module.Setup, like On.
+	// on this node or others, compete: each call is answered by one. A
+	// request repeated with the same id (a retried handler's call) is
+	// answered from the stored answer without running h again, unless
+	// the AllowDuplicates option says h is idempotent by itself; Filter
+	// is refused. Call it during Module.Setup, like On.
 	//
-	// Errors: ErrInvalid for a bad key, a nil handler or a tool already
-	// served; ErrForbidden for a tool the node config does not grant (the
-	// module's tools in meshd's config); ErrAlreadyStarted after Setup.
-	Serve(tool string, h ToolHandler) error
+	// Errors: ErrInvalid for a bad key or option, a nil handler, a tool
+	// already served, or after Setup; ErrForbidden for a tool the node
+	// config does not grant (the module's tools in meshd's config).
+	Serve(tool string, h ToolHandler, opts ...HandlerOption) error
 }
 
 // ToolHandler answers tool calls.
@@ -174,38 +179,17 @@ type HandlerFunc func(ctx context.Context, ev Event) error
 // HandleEvent calls f.
 func (f HandlerFunc) HandleEvent(ctx context.Context, ev Event) error { return f(ctx, ev) }
 
-// AllowDuplicates marks h as idempotent by itself: the node then hands it
-// every delivery, including one whose event id the module already handled.
-// By default the node remembers the ids a module handled (for a retention
-// window) and acknowledges a redelivery or a resend of the same event
-// without running the handler again.
-func AllowDuplicates(h Handler) Handler { return duplicatesAllowed{h} }
-
-type duplicatesAllowed struct{ Handler }
-
-// AllowsDuplicates tells the hosts (wire.DuplicatesAllower) that h was
-// wrapped by AllowDuplicates.
-func (duplicatesAllowed) AllowsDuplicates() bool { return true }
-
-// Kind is what a module is, for operators and the mesh's graph. The zero
-// value is a plain module.
-type Kind string
-
-// The kinds of the shipped modules.
-const (
-	KindDispatcher Kind = wire.KindDispatcher
-	KindAgent      Kind = wire.KindAgent
-)
-
 // Module is what a module author writes: its name, what it emits, how it
 // subscribes and, optionally, work it runs for as long as it is loaded.
 type Module struct {
 	// Name is the module's name, one word (no dots): it becomes part of
 	// the types it emits (module.<Name>.<event>) and of its queue.
 	Name string
-	// Kind is what the module is, for operators: KindDispatcher,
-	// KindAgent, or "" for a plain module. Any other value is refused.
-	Kind Kind
+	// Kind is what the module is, for operators and the mesh's graph:
+	// "dispatcher" (it fires work on triggers: modules/dispatcher),
+	// "agent" (it serves tools that act on the world: modules/agent), or
+	// "" for a plain module. Any other value is refused at load.
+	Kind string
 	// Emits lists the event names (relative, "site.created") the module
 	// emits; a full type there ("module.umami.site.created") is refused
 	// at load, with the name to write. It may emit no other in its

@@ -84,3 +84,74 @@ func WithFreshID() EmitOption {
 		return nil
 	})
 }
+
+// HandlerOption is a per-handler setting, given to On, Consume or Serve:
+// AllowDuplicates, Filter. It is the host's, not a wrapper of the handler,
+// so middleware around a handler keeps it. An option that does not apply
+// where it is given is refused with ErrInvalid. A nil HandlerOption is
+// ignored.
+type HandlerOption interface {
+	isHandlerOption()
+}
+
+// handlerOption is every HandlerOption; hosts apply it through
+// wire.HandlerOptionApplier.
+type handlerOption func(*wire.HandlerOptions) error
+
+func (handlerOption) isHandlerOption() {}
+
+// ApplyHandler sets what the option says on o.
+func (f handlerOption) ApplyHandler(o *wire.HandlerOptions) error { return f(o) }
+
+// AllowDuplicates says the handler is idempotent by itself. For On, the
+// node then hands it every delivery, including one whose event id the
+// module already handled: by default the node remembers the ids a module
+// handled (for a retention window) and acknowledges a redelivery or a
+// resend of the same event without running the handler again. For Serve,
+// the tool runs again for a repeated request (a retried handler's call)
+// instead of being answered from the stored answer. Consume refuses it:
+// its messages are never de-duplicated.
+func AllowDuplicates() HandlerOption {
+	return handlerOption(func(o *wire.HandlerOptions) error {
+		o.AllowDuplicates = true
+		return nil
+	})
+}
+
+// Filter hands the handler only the events the expression accepts; the
+// host evaluates it before the handler runs, and acknowledges an event it
+// rejects without running the handler, counting it (mesh.events.filtered)
+// and costing it no attempt. An event several of the module's patterns
+// match goes to the first of them whose filter accepts it. Given to On or
+// Consume (Serve refuses it). A filter reads the event's attributes, its
+// headers and its JSON body:
+//
+//	source = 'billing' and body.total >= 100
+//	header.x-tenant in ('acme', 'globex') or not schema exists
+//	not (node = 'edge-1' or body.order.status = "cancelled")
+//
+// Operands: type, source, node, schema, user (the publishing broker user),
+// queue (a consumed queue), header.NAME (by its exact name) and body or
+// body.PATH (dot-separated keys; a number indexes an array). Operators: =,
+// !=, <, <=, >, >=, in (...), not in (...), exists; combined with and, or,
+// not and parentheses. Literals: quoted strings ('...' or "...", a
+// backslash escapes the quote), numbers, true, false, null. Comparisons are
+// typed: a header or attribute compares as text with a string and as the
+// number it spells with a number; a body field with a literal of its JSON
+// type. A comparison with something missing (no such header or field, an
+// empty attribute, a body that is not JSON) or of another type is false,
+// for != too; not inverts it. At most 1024 bytes, 64 comparisons and 16
+// levels of nesting.
+//
+// A bad expression makes On or Consume return ErrInvalid, saying where and
+// what to write instead.
+func Filter(expr string) HandlerOption {
+	return handlerOption(func(o *wire.HandlerOptions) error {
+		f, err := wire.ParseFilter(expr)
+		if err != nil {
+			return err
+		}
+		o.Filter = f
+		return nil
+	})
+}

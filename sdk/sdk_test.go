@@ -1,8 +1,8 @@
 package sdk_test
 
 import (
-	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -40,9 +40,18 @@ func TestEmitOptionsRefuseBadValues(t *testing.T) {
 	}
 }
 
-func TestAllowDuplicatesIsSeenByTheHosts(t *testing.T) {
-	h := sdk.HandlerFunc(func(context.Context, sdk.Event) error { return nil })
-	if wire.AllowsDuplicates(h) || !wire.AllowsDuplicates(sdk.AllowDuplicates(h)) {
-		t.Error("the hosts cannot tell a handler marked AllowDuplicates from another")
+// TestHandlerOptions: the hosts read what the options say; a bad filter and
+// a value that is not an sdk option are refused with ErrInvalid.
+func TestHandlerOptions(t *testing.T) {
+	o, err := wire.ApplyHandlerOptions([]sdk.HandlerOption{nil, sdk.AllowDuplicates(), sdk.Filter("source = 'a'")})
+	if err != nil || !o.AllowDuplicates || o.Filter.String() != "source = 'a'" {
+		t.Errorf("options %+v %v", o, err)
+	}
+	if _, err := wire.ApplyHandlerOptions([]sdk.HandlerOption{sdk.Filter("total > 3")}); !errors.Is(err, sdk.ErrInvalid) ||
+		!strings.Contains(err.Error(), "did you mean body.total") {
+		t.Errorf("bad filter: %v", err)
+	}
+	if _, err := wire.ApplyHandlerOptions([]any{"allow"}); !errors.Is(err, sdk.ErrInvalid) {
+		t.Errorf("a string as an option: %v", err)
 	}
 }

@@ -101,8 +101,8 @@ func newReplayMesh(t *testing.T) *replayMesh {
 	t.Cleanup(func() { l.Close() })
 	rm := &replayMesh{ctx: ctx, url: url, node: node, logger: l, billing: newSeen(), other: newSeen()}
 	for _, def := range []sdk.Module{l.Module(),
-		{Name: "billing", Setup: func(m sdk.Mesh) error { return m.On("mesh.order.#", sdk.AllowDuplicates(rm.billing)) }},
-		{Name: "other", Setup: func(m sdk.Mesh) error { return m.On("mesh.order.#", sdk.AllowDuplicates(rm.other)) }},
+		{Name: "billing", Setup: func(m sdk.Mesh) error { return m.On("mesh.order.#", rm.billing, sdk.AllowDuplicates()) }},
+		{Name: "other", Setup: func(m sdk.Mesh) error { return m.On("mesh.order.#", rm.other, sdk.AllowDuplicates()) }},
 	} {
 		mod, err := node.Load(ctx, def, runtime.ModuleConfig{Concurrency: 8, Prefetch: 8})
 		if err != nil {

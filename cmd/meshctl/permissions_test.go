@@ -606,13 +606,14 @@ func (w *warnings) none(t *testing.T, node string) bool {
 }
 
 // toldMesh subscribes each handler so that every event it handles well is
-// told on handled, after the handler returned.
+// told on handled, after the handler returned. Its options pass through as
+// they are: they are the host's, not a mark on the handler.
 type toldMesh struct {
 	sdk.Mesh
 	handled chan<- string
 }
 
-func (m toldMesh) On(pattern string, h sdk.Handler) error {
+func (m toldMesh) On(pattern string, h sdk.Handler, opts ...sdk.HandlerOption) error {
 	return m.Mesh.On(pattern, sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
 		err := h.HandleEvent(ctx, ev)
 		if err == nil {
@@ -622,5 +623,5 @@ func (m toldMesh) On(pattern string, h sdk.Handler) error {
 			}
 		}
 		return err
-	}))
+	}), opts...)
 }

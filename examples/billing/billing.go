@@ -29,7 +29,7 @@ func Module() sdk.Module {
 	var mesh sdk.Mesh
 	return sdk.Module{
 		Name:  "billing",
-		Kind:  sdk.KindAgent,
+		Kind:  "agent",
 		Calls: []string{"tax.rate"},
 		Setup: func(m sdk.Mesh) error {
 			mesh = m
@@ -53,7 +53,7 @@ func Module() sdk.Module {
 func Tax() sdk.Module {
 	return sdk.Module{
 		Name: "tax",
-		Kind: sdk.KindAgent,
+		Kind: "agent",
 		Setup: func(m sdk.Mesh) error {
 			return m.Serve("tax.rate", sdk.ToolHandlerFunc(func(ctx context.Context, req sdk.Request) (any, error) {
 				return 20, nil

@@ -26,9 +26,9 @@ func TestMatch(t *testing.T) {
 		{"node = 'alpha' and schema = '2'", true},
 		{"type = 'module.billing.invoice.paid'", true},
 		{"user = 'node-alpha'", true},
-		{"queue exists", false},       // an empty attribute is missing
-		{"queue = ''", false},         // so no comparison holds
-		{"not queue exists", true},    // but not inverts it
+		{"queue exists", false},    // an empty attribute is missing
+		{"queue = ''", false},      // so no comparison holds
+		{"not queue exists", true}, // but not inverts it
 		{"header.x-tenant = 'acme'", true},
 		{"header.x-tenant in ('globex', 'acme')", true},
 		{"header.x-tenant not in ('globex', 'acme')", false},
@@ -37,9 +37,9 @@ func TestMatch(t *testing.T) {
 		{"not header.x-missing = 'x'", true},
 		{"header.x-empty exists", true}, // a header that is there, empty
 		{"header.x-empty = ''", true},
-		{"header.x-count > 10", true},     // text compared as the number it spells
-		{"header.x-count > '2'", false},   // text compared as text: "12" < "2"
-		{"header.x-tenant > 3", false},    // not a number: false
+		{"header.x-count > 10", true},   // text compared as the number it spells
+		{"header.x-count > '2'", false}, // text compared as text: "12" < "2"
+		{"header.x-tenant > 3", false},  // not a number: false
 		{"header.x-flag = true", true},
 		{"body.total >= 100", true},
 		{"body.total > 150.5", false},

@@ -3,7 +3,8 @@
 // in-process, a module process (sdk/process) and sdk/meshtest.
 //
 //	rec := setup.New("notifier", grants)
-//	err := rec.On("module.umami.#", handler) // during Setup
+//	o, optErr := wire.ApplyHandlerOptions(opts)
+//	err := rec.On("module.umami.#", handler, o, optErr) // during Setup
 //	subs, tools := rec.Fix()                 // Setup returned
 package setup
 
@@ -24,6 +25,8 @@ type Entry struct {
 	// module is to be its only consumer (Exclusive).
 	Prefetch  int
 	Exclusive bool
+	// Options are the handler's options (sdk.HandlerOption).
+	Options wire.HandlerOptions
 }
 
 // Recorder records one module's subscriptions and tools. It is safe for
@@ -48,33 +51,44 @@ func New(module string, toolGrants []string) *Recorder {
 	return &Recorder{module: module, grants: toolGrants}
 }
 
-// On records a subscription. A bad pattern, a nil handler or a pattern
-// already subscribed is refused with wire.ErrInvalid; after Fix, anything
-// with wire.ErrAlreadyStarted.
-func (r *Recorder) On(pattern string, h any) error {
+// On records a subscription with its options. A bad pattern, a nil
+// handler, a bad option or a pattern already subscribed is refused with
+// wire.ErrInvalid; after Fix, anything with wire.ErrAlreadyStarted.
+func (r *Recorder) On(pattern string, h any, o wire.HandlerOptions, optErr error) error {
 	if err := wire.ValidateSubscription(pattern); err != nil {
 		return fmt.Errorf("on: %w", err)
 	}
 	if h == nil {
 		return fmt.Errorf("on %q: %w: handler is nil", pattern, wire.ErrInvalid)
 	}
-	return r.add(&r.subs, "on", "pattern already subscribed", Entry{Key: pattern, Handler: h})
+	if optErr != nil {
+		return fmt.Errorf("on %q: %w", pattern, optErr)
+	}
+	return r.add(&r.subs, "on", "pattern already subscribed", Entry{Key: pattern, Handler: h, Options: o})
 }
 
-// Serve records a tool. A bad key, a nil handler or a tool already served
+// Serve records a tool with its options. A bad key, a nil handler, a bad
+// option (a filter: a tool answers every request) or a tool already served
 // is refused with wire.ErrInvalid, a tool the grants do not match with
 // wire.ErrForbidden; after Fix, anything with wire.ErrAlreadyStarted.
-func (r *Recorder) Serve(key string, h any) error {
+func (r *Recorder) Serve(key string, h any, o wire.HandlerOptions, optErr error) error {
 	if err := wire.ValidateToolKey(key); err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
 	if h == nil {
 		return fmt.Errorf("serve %q: %w: handler is nil", key, wire.ErrInvalid)
 	}
+	if optErr != nil {
+		return fmt.Errorf("serve %q: %w", key, optErr)
+	}
+	if o.Filter != nil {
+		return fmt.Errorf("serve %q: %w: a tool answers every request it is sent, so Filter does not apply to Serve "+
+			"(filter in the handler, and answer with a Permanent error what it does not take)", key, wire.ErrInvalid)
+	}
 	if err := wire.CheckToolGrant(r.module, key, r.grants); err != nil {
 		return fmt.Errorf("serve %q: %w", key, err)
 	}
-	return r.add(&r.tools, "serve", "tool already served", Entry{Key: key, Handler: h})
+	return r.add(&r.tools, "serve", "tool already served", Entry{Key: key, Handler: h, Options: o})
 }
 
 // GrantConsumes limits Consume to the queues whose names the topic
@@ -89,13 +103,21 @@ func (r *Recorder) GrantConsumes(patterns []string) {
 const MaxConsumePrefetch = 1000
 
 // Consume records h as the consumer of an existing broker queue, with
-// prefetch unacknowledged messages at most (and as many calls at once).
-func (r *Recorder) Consume(queue string, prefetch int, h any) error {
+// prefetch unacknowledged messages at most (and as many calls at once),
+// and its options (AllowDuplicates refused: such messages are never
+// de-duplicated).
+func (r *Recorder) Consume(queue string, prefetch int, h any, o wire.HandlerOptions, optErr error) error {
 	if err := wire.ValidateQueueName(queue); err != nil {
 		return fmt.Errorf("consume: %w", err)
 	}
 	if h == nil {
 		return fmt.Errorf("consume %q: %w: handler is nil", queue, wire.ErrInvalid)
+	}
+	if optErr != nil {
+		return fmt.Errorf("consume %q: %w", queue, optErr)
+	}
+	if o.AllowDuplicates {
+		return fmt.Errorf("consume %q: %w: the messages of a consumed queue are never de-duplicated, so AllowDuplicates does not apply to Consume (drop it)", queue, wire.ErrInvalid)
 	}
 	if prefetch < 1 || prefetch > MaxConsumePrefetch {
 		return fmt.Errorf("consume %q: %w: prefetch %d is not from 1 to %d", queue, wire.ErrInvalid, prefetch, MaxConsumePrefetch)
@@ -107,7 +129,7 @@ func (r *Recorder) Consume(queue string, prefetch int, h any) error {
 		return fmt.Errorf("consume %q: %w: module %s may consume only the queues its node config grants it, and %q is not among %q "+
 			"(add it to consumes: of the module's entry in mesh.yaml)", queue, wire.ErrForbidden, r.module, queue, grants)
 	}
-	return r.add(&r.consumes, "consume", "queue already consumed", Entry{Key: queue, Handler: h, Prefetch: prefetch})
+	return r.add(&r.consumes, "consume", "queue already consumed", Entry{Key: queue, Handler: h, Prefetch: prefetch, Options: o})
 }
 
 // Exclusive marks a queue recorded by Consume to be consumed by this

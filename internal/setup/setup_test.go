@@ -18,16 +18,16 @@ func TestRecorder(t *testing.T) {
 		err  error
 		want error
 	}{
-		{"on", r.On("mesh.a.#", h), nil},
-		{"on bad pattern", r.On("mesh..a", h), wire.ErrInvalid},
-		{"on nil", r.On("mesh.b.#", nil), wire.ErrInvalid},
-		{"on again", r.On("mesh.a.#", h), wire.ErrInvalid},
-		{"on second", r.On("mesh.b.#", h), nil},
-		{"serve", r.Serve("shop.buy", h), nil},
-		{"serve bad key", r.Serve("shop..buy", h), wire.ErrInvalid},
-		{"serve nil", r.Serve("shop.sell", nil), wire.ErrInvalid},
-		{"serve again", r.Serve("shop.buy", h), wire.ErrInvalid},
-		{"serve ungranted", r.Serve("bank.pay", h), wire.ErrForbidden},
+		{"on", r.On("mesh.a.#", h, wire.HandlerOptions{}, nil), nil},
+		{"on bad pattern", r.On("mesh..a", h, wire.HandlerOptions{}, nil), wire.ErrInvalid},
+		{"on nil", r.On("mesh.b.#", nil, wire.HandlerOptions{}, nil), wire.ErrInvalid},
+		{"on again", r.On("mesh.a.#", h, wire.HandlerOptions{}, nil), wire.ErrInvalid},
+		{"on second", r.On("mesh.b.#", h, wire.HandlerOptions{}, nil), nil},
+		{"serve", r.Serve("shop.buy", h, wire.HandlerOptions{}, nil), nil},
+		{"serve bad key", r.Serve("shop..buy", h, wire.HandlerOptions{}, nil), wire.ErrInvalid},
+		{"serve nil", r.Serve("shop.sell", nil, wire.HandlerOptions{}, nil), wire.ErrInvalid},
+		{"serve again", r.Serve("shop.buy", h, wire.HandlerOptions{}, nil), wire.ErrInvalid},
+		{"serve ungranted", r.Serve("bank.pay", h, wire.HandlerOptions{}, nil), wire.ErrForbidden},
 	} {
 		if (c.want == nil) != (c.err == nil) || (c.want != nil && !errors.Is(c.err, c.want)) {
 			t.Errorf("%s: %v, want %v", c.name, c.err, c.want)
@@ -47,7 +47,7 @@ func TestRecorder(t *testing.T) {
 		{"consume big prefetch", "other", MaxConsumePrefetch + 1, h, wire.ErrInvalid},
 		{"consume nil", "other", 1, nil, wire.ErrInvalid},
 	} {
-		if err := r.Consume(c.queue, c.n, c.h); (c.want == nil) != (err == nil) || (c.want != nil && !errors.Is(err, c.want)) {
+		if err := r.Consume(c.queue, c.n, c.h, wire.HandlerOptions{}, nil); (c.want == nil) != (err == nil) || (c.want != nil && !errors.Is(err, c.want)) {
 			t.Errorf("%s: %v, want %v", c.name, err, c.want)
 		}
 	}
@@ -55,19 +55,19 @@ func TestRecorder(t *testing.T) {
 	if q := r.Consumed(); len(q) != 1 || q[0].Key != "legacy.orders" || q[0].Prefetch != 4 {
 		t.Errorf("consumed %+v", q)
 	}
-	if err := r.Consume("late", 1, h); !errors.Is(err, wire.ErrAlreadyStarted) {
+	if err := r.Consume("late", 1, h, wire.HandlerOptions{}, nil); !errors.Is(err, wire.ErrAlreadyStarted) {
 		t.Errorf("consume after fix: %v", err)
 	}
 	if len(subs) != 2 || subs[0].Key != "mesh.a.#" || subs[1].Key != "mesh.b.#" || len(tools) != 1 || tools[0].Key != "shop.buy" {
 		t.Errorf("recorded %+v %+v", subs, tools)
 	}
-	if err := r.On("mesh.c.#", h); !errors.Is(err, wire.ErrAlreadyStarted) {
+	if err := r.On("mesh.c.#", h, wire.HandlerOptions{}, nil); !errors.Is(err, wire.ErrAlreadyStarted) {
 		t.Errorf("on after fix: %v", err)
 	}
-	if err := r.Serve("shop.sell", h); !errors.Is(err, wire.ErrAlreadyStarted) {
+	if err := r.Serve("shop.sell", h, wire.HandlerOptions{}, nil); !errors.Is(err, wire.ErrAlreadyStarted) {
 		t.Errorf("serve after fix: %v", err)
 	}
-	if err := New("m", nil).Serve("anything.at.all", h); err != nil {
+	if err := New("m", nil).Serve("anything.at.all", h, wire.HandlerOptions{}, nil); err != nil {
 		t.Errorf("nil grants limited a tool: %v", err)
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"time"
 	"unicode"
+
+	"github.com/meshkit/mesh/internal/filter"
 )
 
 // EmitOptions are the per-emit settings the sdk's options fill in and the
@@ -103,17 +105,52 @@ func ApplyEmitOptions[T any](opts []T) (EmitOptions, error) {
 	return o, nil
 }
 
-// DuplicatesAllower is implemented by a handler wrapped by
-// sdk.AllowDuplicates.
-type DuplicatesAllower interface {
-	AllowsDuplicates() bool
+// HandlerOptions are the per-handler settings the sdk's handler options
+// (On, Consume and Serve take them) fill in and the hosts read.
+type HandlerOptions struct {
+	// AllowDuplicates hands the handler every delivery, including one
+	// whose id the module handled already (On), or runs the tool again
+	// for a repeated request instead of answering it from the stored
+	// answer (Serve).
+	AllowDuplicates bool
+	// Filter, if not nil, is what an event must match to reach the
+	// handler (On, Consume).
+	Filter *filter.Filter
 }
 
-// AllowsDuplicates reports whether h, a handler, was marked with
-// sdk.AllowDuplicates.
-func AllowsDuplicates(h any) bool {
-	d, ok := h.(DuplicatesAllower)
-	return ok && d.AllowsDuplicates()
+// HandlerOptionApplier is what every sdk.HandlerOption is underneath, as
+// EmitOptionApplier is for emit options.
+type HandlerOptionApplier interface {
+	ApplyHandler(*HandlerOptions) error
+}
+
+// ApplyHandlerOptions folds sdk handler options into one set of settings.
+// A nil option is skipped; a value that is not an sdk option is refused.
+func ApplyHandlerOptions[T any](opts []T) (HandlerOptions, error) {
+	var o HandlerOptions
+	for _, opt := range opts {
+		if any(opt) == nil {
+			continue
+		}
+		a, ok := any(opt).(HandlerOptionApplier)
+		if !ok {
+			return o, fmt.Errorf("%w: handler option %T is not one of the sdk's", ErrInvalid, opt)
+		}
+		if err := a.ApplyHandler(&o); err != nil {
+			return o, err
+		}
+	}
+	return o, nil
+}
+
+// ParseFilter parses a subscription filter (sdk.Filter) with the error the
+// sdk promises: ErrInvalid, naming the rule broken and where.
+func ParseFilter(expr string) (*filter.Filter, error) {
+	f, err := filter.Parse(expr)
+	if err != nil {
+		return nil, fmt.Errorf("%w: filter %.80q: %s", ErrInvalid, expr, strings.TrimPrefix(err.Error(), filter.ErrInvalid.Error()+": "))
+	}
+	return f, nil
 }
 
 // Tool error codes the mesh itself gives (sdk.ToolError.Code).

@@ -16,9 +16,14 @@ const MaxNameBytes = 255
 // option); sdk.ErrInvalid is this error.
 var ErrInvalid = errors.New("invalid")
 
-// ErrAlreadyStarted is wrapped by the refusal of an On or Serve once a
-// module's Setup has returned; sdk.ErrAlreadyStarted is this error.
-var ErrAlreadyStarted = errors.New("module already started")
+// ErrAlreadyStarted is wrapped by the refusal of an On, Consume, Exclusive
+// or Serve once a module's Setup has returned. It wraps ErrInvalid: to a
+// module it is a breach of the contract like any other.
+var ErrAlreadyStarted = fmt.Errorf("%w: the module already started (On, Consume, Exclusive and Serve are for Setup)", ErrInvalid)
+
+// ErrNotStarted is wrapped by the refusal of an Emit or Call while the
+// module's Setup runs. It wraps ErrInvalid.
+var ErrNotStarted = fmt.Errorf("%w: the module has not started yet (Emit and Call are for Run and handlers, not Setup)", ErrInvalid)
 
 // ErrForbidden is wrapped by the refusal of what a module's grants do not
 // allow; sdk.ErrForbidden is this error.

@@ -322,7 +322,7 @@ func New(cfg Config) (*Agent, error) {
 
 // Module is the agent as an sdk module: it serves every configured tool.
 func (a *Agent) Module() sdk.Module {
-	return sdk.Module{Name: a.cfg.Name, Kind: sdk.KindAgent, Setup: func(m sdk.Mesh) error {
+	return sdk.Module{Name: a.cfg.Name, Kind: "agent", Setup: func(m sdk.Mesh) error {
 		var errs []error
 		for _, t := range a.cfg.Tools {
 			errs = append(errs, m.Serve(t.Key, a.handler(t, m)))

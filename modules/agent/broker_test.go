@@ -57,7 +57,7 @@ func TestAsModuleProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pm.Stop(context.Background())
-	if pm.Name() != "agent" || pm.Kind() != sdk.KindAgent {
+	if pm.Name() != "agent" || pm.Kind() != "agent" {
 		t.Errorf("loaded %s of kind %q", pm.Name(), pm.Kind())
 	}
 	echo := func(i int) error {

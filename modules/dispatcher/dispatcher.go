@@ -93,7 +93,7 @@ func (d *Dispatcher) Module() sdk.Module {
 	// on: by default only the operator (meshctl) may call its tools; a
 	// node config may grant more (callers:).
 	callers := map[string][]string{"dispatcher.*": {"meshctl"}}
-	return sdk.Module{Name: d.cfg.Name, Kind: sdk.KindDispatcher, Emits: []string{"fired"}, Calls: calls, Callers: callers, Setup: func(m sdk.Mesh) error {
+	return sdk.Module{Name: d.cfg.Name, Kind: "dispatcher", Emits: []string{"fired"}, Calls: calls, Callers: callers, Setup: func(m sdk.Mesh) error {
 		paused, err := d.fires.paused(context.Background())
 		if err != nil {
 			return err

@@ -16,6 +16,7 @@ import (
 
 	"github.com/meshkit/mesh/internal/asyncemit"
 	"github.com/meshkit/mesh/internal/causation"
+	"github.com/meshkit/mesh/internal/filter"
 	"github.com/meshkit/mesh/internal/setup"
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/sdk"
@@ -150,6 +151,7 @@ type Mesh struct {
 	retries   []*delivery // waiting for their retry time
 	emitted   []sdk.Event
 	dead      []DeadLetter
+	filtered  []Filtered
 	calls     []Call
 	settling  bool
 	closed    bool
@@ -186,11 +188,13 @@ type module struct {
 type subscription struct {
 	pattern string
 	handler sdk.Handler
+	opts    wire.HandlerOptions
 }
 
 type tool struct {
 	key     string
 	handler sdk.ToolHandler
+	opts    wire.HandlerOptions
 }
 
 type answer struct {
@@ -247,10 +251,10 @@ func (m *Mesh) Load(def sdk.Module, mc ModuleConfig) error {
 	subs, tools := mod.setup.Fix()
 	m.mu.Lock()
 	for _, s := range subs {
-		mod.subs = append(mod.subs, subscription{pattern: s.Key, handler: s.Handler.(sdk.Handler)})
+		mod.subs = append(mod.subs, subscription{pattern: s.Key, handler: s.Handler.(sdk.Handler), opts: s.Options})
 	}
 	for _, t := range tools {
-		mod.tools = append(mod.tools, tool{key: t.Key, handler: t.Handler.(sdk.ToolHandler)})
+		mod.tools = append(mod.tools, tool{key: t.Key, handler: t.Handler.(sdk.ToolHandler), opts: t.Options})
 	}
 	mod.queues = mod.setup.Consumed()
 	mod.started = true
@@ -472,6 +476,17 @@ func (mod *module) handlerOf(queue string) sdk.Handler {
 	return nil
 }
 
+// consumedOf is the module's subscription to a consumed queue: its
+// handler and options.
+func (mod *module) consumedOf(queue string) subscription {
+	for _, q := range mod.queues {
+		if q.Key == queue {
+			return subscription{pattern: queue, handler: q.Handler.(sdk.Handler), opts: q.Options}
+		}
+	}
+	return subscription{}
+}
+
 // prefetchOf is the prefetch the module consumes queue with.
 func (mod *module) prefetchOf(queue string) int {
 	for _, q := range mod.queues {
@@ -480,6 +495,26 @@ func (mod *module) prefetchOf(queue string) int {
 		}
 	}
 	return 1
+}
+
+// Filtered is an event a module's filters rejected (sdk.Filter): it was
+// acknowledged without running a handler, and cost no attempt.
+type Filtered struct {
+	Event  sdk.Event
+	Module string
+}
+
+// Filtered returns every delivery the modules' filters rejected so far,
+// in order.
+func (m *Mesh) Filtered() []Filtered {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.filtered)
+}
+
+// filterEvent is what a filter reads of ev.
+func filterEvent(ev sdk.Event) *filter.Event {
+	return &filter.Event{Type: ev.Type, Source: ev.Source, Node: ev.Node, Schema: ev.Schema, User: ev.UserID, Queue: ev.Queue, Headers: ev.Headers, Body: ev.Body}
 }
 
 // Emitted returns every event published on the mesh so far, in order.
@@ -565,20 +600,33 @@ type handled struct {
 	// deadlinePassed: a consumed queue's message whose x-deadline passed:
 	// not run.
 	deadlinePassed bool
-	err            error
+	// filtered: no filter of the patterns that match it accepted it:
+	// acknowledged without running.
+	filtered bool
+	err      error
 }
 
 // handle runs one delivery's handler, unless the module already handled
 // its id (and de-duplicates it).
 func (mod *module) handle(d *delivery) handled {
 	var sub subscription
-	for _, s := range mod.subs {
-		if wire.MatchPattern(s.pattern, d.ev.Type) {
-			sub = s
-			break
+	fe := filterEvent(d.ev)
+	h := handled{ev: d.ev}
+	switch {
+	case d.dead:
+		sub = subscription{handler: mod.def.DeadLetters} // dead letters are not filtered
+	case d.queue != "":
+		sub = mod.consumedOf(d.queue)
+		h.filtered = !sub.opts.Filter.Match(fe)
+	default:
+		i := slices.IndexFunc(mod.subs, func(s subscription) bool {
+			return wire.MatchPattern(s.pattern, d.ev.Type) && s.opts.Filter.Match(fe)
+		})
+		if h.filtered = i < 0; !h.filtered {
+			sub = mod.subs[i]
 		}
 	}
-	h := handled{ev: d.ev, dedup: !mod.cfg.AllowDuplicates && !wire.AllowsDuplicates(sub.handler)}
+	h.dedup = !d.dead && d.queue == "" && !mod.cfg.AllowDuplicates && !sub.opts.AllowDuplicates
 	if d.queue != "" {
 		mod.mesh.mu.Lock()
 		_, h.deadlinePassed = wire.Expired(d.ev.Headers[wire.HeaderDeadline], mod.mesh.now)
@@ -587,11 +635,8 @@ func (mod *module) handle(d *delivery) handled {
 			return h
 		}
 	}
-	if d.dead {
-		sub.handler, h.dedup = mod.def.DeadLetters, false // dead letters are not de-duplicated
-	}
-	if d.queue != "" {
-		sub.handler, h.dedup = mod.handlerOf(d.queue), false // nor messages of a consumed queue
+	if h.filtered {
+		return h
 	}
 	mod.mesh.mu.Lock()
 	seen := mod.handled[d.ev.ID]
@@ -621,6 +666,8 @@ func (mod *module) settle(d *delivery, h handled) {
 		// A dead letter is never dead-lettered again.
 		mod.log.Error("dead letter dropped by the module's DeadLetters handler", "event_id", h.ev.ID, "attempt", d.attempt, "err", h.err)
 	case h.skipped:
+	case h.filtered:
+		m.filtered = append(m.filtered, Filtered{Event: h.ev, Module: mod.def.Name})
 	case h.deadlinePassed:
 		m.deadLetter(mod, d, h.ev, wire.DeadReasonExpired, d.attempt, "its deadline "+h.ev.Headers[wire.HeaderDeadline]+" passed before a handler took it")
 	case h.expired:
@@ -736,7 +783,7 @@ func (m *Mesh) call(ctx context.Context, caller, key string, req, resp any) erro
 		rec.Ran = true
 		a = server.answer(ctx, t, sdk.Request{ID: id, Tool: key, Caller: caller, Node: m.cfg.Node, Time: now,
 			Deadline: deadline, CausationID: rec.CausationID, Headers: map[string]string{}, Body: raw})
-		if repeatable && (a.te == nil || a.te.Permanent) {
+		if repeatable && !t.opts.AllowDuplicates && (a.te == nil || a.te.Permanent) {
 			m.mu.Lock()
 			server.answers[key+"\x00"+id] = a
 			m.mu.Unlock()
@@ -818,7 +865,7 @@ func (mm moduleMesh) EmitAsync(ctx context.Context, name string, body any, done 
 func (mm moduleMesh) Emit(ctx context.Context, name string, body any, opts ...sdk.EmitOption) (string, error) {
 	mod := mm.mod
 	if !mm.isStarted() {
-		return "", fmt.Errorf("emit %s: %w", name, sdk.ErrNotStarted)
+		return "", fmt.Errorf("emit %s: %w", name, wire.ErrNotStarted)
 	}
 	o, err := wire.ApplyEmitOptions(opts)
 	if err != nil {
@@ -842,19 +889,21 @@ func (mm moduleMesh) Emit(ctx context.Context, name string, body any, opts ...sd
 	return mod.mesh.publish(ctx, mod.def.Name, eventType, raw, o, id)
 }
 
-func (mm moduleMesh) On(pattern string, h sdk.Handler) error {
-	return mm.mod.setup.On(pattern, h) // a nil h arrives as a nil any
+func (mm moduleMesh) On(pattern string, h sdk.Handler, opts ...sdk.HandlerOption) error {
+	o, err := wire.ApplyHandlerOptions(opts)
+	return mm.mod.setup.On(pattern, h, o, err) // a nil h arrives as a nil any
 }
 
 func (mm moduleMesh) Call(ctx context.Context, tool string, req, resp any) error {
 	if !mm.isStarted() {
-		return fmt.Errorf("call %s: %w", tool, sdk.ErrNotStarted)
+		return fmt.Errorf("call %s: %w", tool, wire.ErrNotStarted)
 	}
 	return mm.mod.mesh.call(ctx, mm.mod.def.Name, tool, req, resp)
 }
 
-func (mm moduleMesh) Consume(queue string, prefetch int, h sdk.Handler) error {
-	return mm.mod.setup.Consume(queue, prefetch, h) // a nil h arrives as a nil any
+func (mm moduleMesh) Consume(queue string, prefetch int, h sdk.Handler, opts ...sdk.HandlerOption) error {
+	o, err := wire.ApplyHandlerOptions(opts)
+	return mm.mod.setup.Consume(queue, prefetch, h, o, err) // a nil h arrives as a nil any
 }
 
 // Exclusive is recorded; on the test mesh a module is any queue's only
@@ -871,8 +920,9 @@ func (mm moduleMesh) Hold(queue string, held bool) error {
 	return nil
 }
 
-func (mm moduleMesh) Serve(key string, h sdk.ToolHandler) error {
-	return mm.mod.setup.Serve(key, h)
+func (mm moduleMesh) Serve(key string, h sdk.ToolHandler, opts ...sdk.HandlerOption) error {
+	o, err := wire.ApplyHandlerOptions(opts)
+	return mm.mod.setup.Serve(key, h, o, err)
 }
 
 func (mm moduleMesh) Logger() *slog.Logger { return mm.mod.log }

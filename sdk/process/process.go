@@ -166,12 +166,19 @@ func (s *moduleServer) Describe(context.Context, *pb.Empty) (*pb.Description, er
 		for _, tool := range slices.Sorted(maps.Keys(s.module.Callers)) {
 			s.desc.Callers = append(s.desc.Callers, &pb.ToolCallers{Tool: tool, Callers: s.module.Callers[tool]})
 		}
+		// The handlers' options travel with the description; meshd
+		// applies them (a filter runs there, before a delivery is sent).
 		for i, e := range subs {
-			h := e.Handler.(sdk.Handler)
-			s.handlers = append(s.handlers, h)
+			s.handlers = append(s.handlers, e.Handler.(sdk.Handler))
 			s.desc.Patterns = append(s.desc.Patterns, e.Key)
-			if wire.AllowsDuplicates(h) {
+			if e.Options.AllowDuplicates {
 				s.desc.DuplicatesAllowed = append(s.desc.DuplicatesAllowed, uint32(i))
+			}
+			if e.Options.Filter != nil && s.desc.Filters == nil {
+				s.desc.Filters = make([]string, len(subs))
+			}
+			if s.desc.Filters != nil {
+				s.desc.Filters[i] = e.Options.Filter.String()
 			}
 		}
 		// Index len(patterns): the host delivers dead letters there (nil
@@ -180,11 +187,15 @@ func (s *moduleServer) Describe(context.Context, *pb.Empty) (*pb.Description, er
 		s.desc.DeadLetters = s.module.DeadLetters != nil
 		for _, e := range s.mesh.rec.Consumed() {
 			s.handlers = append(s.handlers, e.Handler.(sdk.Handler))
-			s.desc.Consumes = append(s.desc.Consumes, &pb.Consume{Queue: e.Key, Prefetch: uint32(e.Prefetch), Held: s.mesh.heldAtStart[e.Key], Exclusive: e.Exclusive})
+			s.desc.Consumes = append(s.desc.Consumes, &pb.Consume{Queue: e.Key, Prefetch: uint32(e.Prefetch), Held: s.mesh.heldAtStart[e.Key], Exclusive: e.Exclusive,
+				Filter: e.Options.Filter.String()})
 		}
-		for _, e := range tools {
+		for i, e := range tools {
 			s.tools = append(s.tools, e.Handler.(sdk.ToolHandler))
 			s.desc.Tools = append(s.desc.Tools, e.Key)
+			if e.Options.AllowDuplicates {
+				s.desc.ToolsDuplicatesAllowed = append(s.desc.ToolsDuplicatesAllowed, uint32(i))
+			}
 		}
 	})
 	if s.descErr != nil {
@@ -424,9 +435,9 @@ func errorOf(kind pb.ErrorKind, msg string) error {
 	case pb.ErrorKind_FORBIDDEN:
 		sentinel = sdk.ErrForbidden
 	case pb.ErrorKind_NOT_STARTED:
-		sentinel = sdk.ErrNotStarted
+		sentinel = wire.ErrNotStarted
 	case pb.ErrorKind_ALREADY_STARTED:
-		sentinel = sdk.ErrAlreadyStarted
+		sentinel = wire.ErrAlreadyStarted
 	default:
 		return errors.New(msg)
 	}
@@ -508,7 +519,7 @@ func (pm *pluginMesh) EmitAsync(ctx context.Context, name string, body any, done
 
 func (pm *pluginMesh) Emit(ctx context.Context, name string, body any, opts ...sdk.EmitOption) (string, error) {
 	if pm.inSetup.Load() {
-		return "", fmt.Errorf("emit %s: %w", name, sdk.ErrNotStarted)
+		return "", fmt.Errorf("emit %s: %w", name, wire.ErrNotStarted)
 	}
 	o, err := wire.ApplyEmitOptions(opts)
 	if err != nil {
@@ -567,7 +578,10 @@ func toJSON(body any) ([]byte, error) {
 	return raw, nil
 }
 
-func (pm *pluginMesh) On(pattern string, h sdk.Handler) error { return pm.rec.On(pattern, h) }
+func (pm *pluginMesh) On(pattern string, h sdk.Handler, opts ...sdk.HandlerOption) error {
+	o, err := wire.ApplyHandlerOptions(opts)
+	return pm.rec.On(pattern, h, o, err)
+}
 
 func (pm *pluginMesh) Exclusive(queue string) error { return pm.rec.Exclusive(queue) }
 
@@ -589,13 +603,14 @@ func (pm *pluginMesh) Hold(queue string, held bool) error {
 	return errorOf(r.ErrorKind, r.Error)
 }
 
-func (pm *pluginMesh) Consume(queue string, prefetch int, h sdk.Handler) error {
-	return pm.rec.Consume(queue, prefetch, h) // a nil h arrives as a nil any
+func (pm *pluginMesh) Consume(queue string, prefetch int, h sdk.Handler, opts ...sdk.HandlerOption) error {
+	o, err := wire.ApplyHandlerOptions(opts)
+	return pm.rec.Consume(queue, prefetch, h, o, err) // a nil h arrives as a nil any
 }
 
 func (pm *pluginMesh) Call(ctx context.Context, tool string, req, resp any) error {
 	if pm.inSetup.Load() {
-		return fmt.Errorf("call %s: %w", tool, sdk.ErrNotStarted)
+		return fmt.Errorf("call %s: %w", tool, wire.ErrNotStarted)
 	}
 	if err := wire.ValidateToolKey(tool); err != nil {
 		return fmt.Errorf("call: %w", err)
@@ -638,8 +653,9 @@ func (pm *pluginMesh) Call(ctx context.Context, tool string, req, resp any) erro
 	}
 }
 
-func (pm *pluginMesh) Serve(tool string, h sdk.ToolHandler) error {
-	err := pm.rec.Serve(tool, h)
+func (pm *pluginMesh) Serve(tool string, h sdk.ToolHandler, opts ...sdk.HandlerOption) error {
+	o, err := wire.ApplyHandlerOptions(opts)
+	err = pm.rec.Serve(tool, h, o, err)
 	if errors.Is(err, sdk.ErrForbidden) {
 		pm.Logger().Warn("serving a tool the node config does not grant refused", "tool", tool)
 	}

@@ -9,23 +9,28 @@ import (
 
 	"github.com/meshkit/mesh/internal/plugin"
 	"github.com/meshkit/mesh/internal/plugin/pb"
+	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/sdk"
 )
 
-// TestDescribeMarksDuplicatesAllowed: a module process tells the node which
-// of its handlers are marked AllowDuplicates, by pattern index.
-func TestDescribeMarksDuplicatesAllowed(t *testing.T) {
+// TestDescribeCarriesHandlerOptions: a module process tells the node the
+// options of its handlers, by pattern, queue and tool index: which allow
+// duplicates and which filters they have, for the node to apply.
+func TestDescribeCarriesHandlerOptions(t *testing.T) {
 	h := sdk.HandlerFunc(func(context.Context, sdk.Event) error { return nil })
+	th := sdk.ToolHandlerFunc(func(context.Context, sdk.Request) (any, error) { return nil, nil })
 	s := &moduleServer{module: sdk.Module{Name: "m", Setup: func(m sdk.Mesh) error {
 		for _, on := range []struct {
 			pattern string
-			h       sdk.Handler
-		}{{"mesh.a.#", h}, {"mesh.b.#", sdk.AllowDuplicates(h)}, {"mesh.c.#", h}, {"mesh.d.#", sdk.AllowDuplicates(h)}} {
-			if err := m.On(on.pattern, on.h); err != nil {
+			opts    []sdk.HandlerOption
+		}{{"mesh.a.#", nil}, {"mesh.b.#", []sdk.HandlerOption{sdk.AllowDuplicates()}}, {"mesh.c.#", []sdk.HandlerOption{sdk.Filter("source = 'x'")}},
+			{"mesh.d.#", []sdk.HandlerOption{sdk.Filter("body.n > 1"), sdk.AllowDuplicates()}}} {
+			if err := m.On(on.pattern, h, on.opts...); err != nil {
 				return err
 			}
 		}
-		return nil
+		return errors.Join(m.Consume("legacy", 1, h, sdk.Filter("header.x-kind = 'a'")), m.Consume("plain", 1, h),
+			m.Serve("shop.buy", th), m.Serve("shop.sell", th, sdk.AllowDuplicates()))
 	}}}
 	desc, err := s.Describe(context.Background(), nil)
 	if err != nil {
@@ -33,6 +38,21 @@ func TestDescribeMarksDuplicatesAllowed(t *testing.T) {
 	}
 	if got := desc.DuplicatesAllowed; !slices.Equal(got, []uint32{1, 3}) {
 		t.Errorf("duplicates allowed %v, want [1 3]", got)
+	}
+	if got := desc.Filters; !slices.Equal(got, []string{"", "", "source = 'x'", "body.n > 1"}) {
+		t.Errorf("filters %q", got)
+	}
+	if desc.Consumes[0].Filter != "header.x-kind = 'a'" || desc.Consumes[1].Filter != "" {
+		t.Errorf("consumes %v", desc.Consumes)
+	}
+	if got := desc.ToolsDuplicatesAllowed; !slices.Equal(got, []uint32{1}) {
+		t.Errorf("tools with duplicates allowed %v, want [1]", got)
+	}
+	// Without a filter, no filters at all: the description stays as an
+	// older module's.
+	s = &moduleServer{module: sdk.Module{Name: "m", Setup: func(m sdk.Mesh) error { return m.On("mesh.a.#", h) }}}
+	if desc, err := s.Describe(context.Background(), nil); err != nil || desc.Filters != nil {
+		t.Errorf("filters %q, %v", desc.GetFilters(), err)
 	}
 }
 
@@ -57,16 +77,16 @@ func TestSetupRules(t *testing.T) {
 	if _, err := s.Describe(context.Background(), nil); err != nil {
 		t.Fatal(err)
 	}
-	want := []error{sdk.ErrNotStarted, sdk.ErrNotStarted, sdk.ErrInvalid, nil, sdk.ErrInvalid, nil, sdk.ErrForbidden}
+	want := []error{wire.ErrNotStarted, wire.ErrNotStarted, sdk.ErrInvalid, nil, sdk.ErrInvalid, nil, sdk.ErrForbidden}
 	for i, w := range want {
 		if (w == nil) != (got[i] == nil) || (w != nil && !errors.Is(got[i], w)) {
 			t.Errorf("call %d: %v, want %v", i, got[i], w)
 		}
 	}
-	if err := mesh.On("mesh.b.#", h); !errors.Is(err, sdk.ErrAlreadyStarted) {
+	if err := mesh.On("mesh.b.#", h); !errors.Is(err, wire.ErrAlreadyStarted) || !errors.Is(err, sdk.ErrInvalid) {
 		t.Errorf("On after Setup: %v, want ErrAlreadyStarted", err)
 	}
-	if err := mesh.Serve("shop.sell", th); !errors.Is(err, sdk.ErrAlreadyStarted) {
+	if err := mesh.Serve("shop.sell", th); !errors.Is(err, wire.ErrAlreadyStarted) || !errors.Is(err, sdk.ErrInvalid) {
 		t.Errorf("Serve after Setup: %v, want ErrAlreadyStarted", err)
 	}
 }

@@ -55,6 +55,8 @@ var scenarios = []scenario{
 	{"RetriedCallRunsToolOnce", retriedCallRunsToolOnce},
 	{"CallDefaultDeadlineIsTheNodes", callDefaultDeadline},
 	{"RunCtxEndsAtStop", runCtxEndsAtStop},
+	{"FiltersAreTheHosts", filters},
+	{"TypedHandlersAndTools", typedHandlers},
 }
 
 // TestConformance runs every scenario on every host.
@@ -189,7 +191,8 @@ func setupPhase(t *testing.T, h Host) {
 		"setup_on_nil": {"invalid"}, "setup_on": nil, "setup_on_again": {"invalid"}, "setup_on_bad": {"invalid"}, "setup_on_never": {"invalid"},
 		"setup_serve_nil": {"invalid"}, "setup_serve": nil, "setup_serve_again": {"invalid"},
 		"setup_serve_ungranted": {"forbidden"},
-		"run_on":                {"already_started"}, "run_serve": {"already_started"},
+		"run_on":                {"already_started", "invalid"}, "run_serve": {"already_started", "invalid"},
+		"setup_on_bad_filter": {"invalid"}, "setup_serve_filter": {"invalid"}, "setup_consume_duplicates": {"invalid"},
 	}
 	for kind, w := range want {
 		rs := l.Of(t, kind)
@@ -202,6 +205,99 @@ func setupPhase(t *testing.T, h Host) {
 	}
 	if rs := l.Of(t, "setup_serve_ungranted"); len(rs) == 1 && !strings.Contains(rs[0].Err, "tools") {
 		t.Errorf("the refusal of an ungranted tool does not name the config's tools key: %s", rs[0].Err)
+	}
+	for kind, says := range map[string]string{
+		"setup_on_bad_filter":      "did you mean body.total",
+		"setup_serve_filter":       "Filter does not apply to Serve",
+		"setup_consume_duplicates": "AllowDuplicates does not apply to Consume",
+		"setup_emit":               "Emit and Call are for Run and handlers",
+		"run_on":                   "On, Consume, Exclusive and Serve are for Setup",
+	} {
+		if rs := l.Of(t, kind); len(rs) == 1 && !strings.Contains(rs[0].Err, says) {
+			t.Errorf("%s: %q does not say %q", kind, rs[0].Err, says)
+		}
+	}
+}
+
+// Filters are the host's: an event goes to the first handler whose
+// pattern matches it and whose filter accepts it, through any middleware;
+// an event no filter accepts is acknowledged without running a handler,
+// and is neither retried nor dead-lettered; an accepted event's attempts
+// count as any other's, from 1. Filters read the body (a body that is not
+// JSON has no fields), the source and, on a consumed queue, the headers.
+func filters(t *testing.T, h Host) {
+	h.Queue(t, "conf.filtered")
+	f := h.Load(t, "filterer", ModuleConfig{})
+	big := h.Emit(t, "mesh.filt.x", map[string]any{"n": 12, "fail": 1})    // big: attempts 1 and 2
+	tagged := h.Emit(t, "mesh.filt.x", map[string]any{"n": 3, "tag": "a"}) // big rejects it, tagged takes it
+	none := h.Emit(t, "mesh.filt.x", map[string]any{"n": 3, "tag": "z"})   // both reject it
+	untagged := h.Emit(t, "mesh.filt.x", map[string]any{"tag": "z"})       // tagged: no n
+	deep := h.Emit(t, "mesh.filt.x.y", map[string]any{"tag": "a"})         // only big's pattern matches, and its filter rejects it
+	marker := h.Emit(t, "mesh.filt.x", map[string]any{"n": 100})           // queued after all of them
+	for _, p := range []struct {
+		id, headers, body string
+	}{
+		{"keep-1", "keep", `{}`}, {"other-1", "other", `{}`}, {"bare-1", "", `{}`}, {"drop-1", "keep", `{"drop": true}`},
+		{"text-1", "keep", "not JSON: no body.drop"}, {"keep-2", "keep", `{"drop": false}`},
+	} {
+		var headers map[string]string
+		if p.headers != "" {
+			headers = map[string]string{"x-kind": p.headers}
+		}
+		h.Put(t, "conf.filtered", p.id, []byte(p.body), headers)
+	}
+	rs := f.Wait(t, "the markers and the retry", func(rs []conformance.Record) bool {
+		return countID(rs, marker) == 1 && countID(rs, big) == 2 && countID(rs, "keep-2") == 1
+	})
+	want := map[string][]string{big: {"big", "big"}, tagged: {"tagged"}, untagged: {"tagged"}, marker: {"big"},
+		"keep-1": {"queued"}, "text-1": {"queued"}, "keep-2": {"queued"}}
+	got := map[string][]string{}
+	for _, r := range rs {
+		got[r.ID] = append(got[r.ID], r.Kind)
+		if r.ID != big && r.Attempt != 1 {
+			t.Errorf("%s (%s) at attempt %d, want 1", r.ID, r.Kind, r.Attempt)
+		}
+	}
+	for _, id := range []string{none, deep, "other-1", "bare-1", "drop-1"} {
+		if got[id] != nil {
+			t.Errorf("%s, which no filter accepts, reached %v", id, got[id])
+		}
+	}
+	for id, kinds := range want {
+		if !slices.Equal(got[id], kinds) {
+			t.Errorf("%s reached %v, want %v", id, got[id], kinds)
+		}
+	}
+}
+
+// A typed handler gets its body decoded; a body that does not decode is
+// dead-lettered at once as permanent, naming why, without the handler
+// running. A typed tool answers a request that does not decode with a
+// permanent invalid_request; TypedCall decodes the answer.
+func typedHandlers(t *testing.T, h Host) {
+	l := h.Load(t, "typed", ModuleConfig{ToolGrants: []string{"conf.*"}})
+	ok := h.Emit(t, "mesh.typed.ok", map[string]any{"n": 2})
+	bad := h.Emit(t, "mesh.typed.bad", map[string]any{"n": "two"})
+	call := h.Emit(t, "mesh.typed.call", map[string]any{"n": 21})
+	rs := l.WaitKind(t, "typed_call", 1)
+	if rs[0].ID != call || rs[0].Value != "42" || rs[0].Err != "" {
+		t.Errorf("typed call %+v, want 42", rs[0])
+	}
+	typed := l.Of(t, "typed")
+	if len(typed) != 2 || typed[0].ID != ok || typed[0].Value != "2" || typed[1].ID != call {
+		t.Errorf("typed handler calls %+v, want %s with 2, then %s", typed, ok, call)
+	}
+	d := h.Dead(t, 1)[0]
+	if d.ID != bad || d.Reason != "permanent" || d.Attempts != 1 || !strings.Contains(d.Err, "decode the body of mesh.typed.bad event") {
+		t.Errorf("dead letter %+v, want %s, permanent after 1 attempt, saying it did not decode", d, bad)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	var resp json.RawMessage
+	err := h.Call(ctx, "conf.double", map[string]string{"n": "x"}, &resp)
+	var te *sdk.ToolError
+	if !errors.As(err, &te) || te.Code != "invalid_request" || !te.Permanent || !strings.Contains(te.Message, "decode the request") {
+		t.Errorf("a request that does not decode: %v, want a permanent invalid_request", err)
 	}
 }
 
@@ -295,9 +391,9 @@ func deadLettersHandler(t *testing.T, h Host) {
 func consumeQueue(t *testing.T, h Host) {
 	h.Queue(t, "conf.orders")
 	tk := h.Load(t, "taker", ModuleConfig{})
-	h.Put(t, "conf.orders", "order-1", []byte("plain text, not JSON"))
-	h.Put(t, "conf.orders", "order-2", []byte(`{"fail":1}`))
-	h.Put(t, "conf.orders", "order-3", []byte(`{"permanent":true}`))
+	h.Put(t, "conf.orders", "order-1", []byte("plain text, not JSON"), nil)
+	h.Put(t, "conf.orders", "order-2", []byte(`{"fail":1}`), nil)
+	h.Put(t, "conf.orders", "order-3", []byte(`{"permanent":true}`), nil)
 	rs := tk.WaitKind(t, "taken", 4)
 	got := map[string][]int{}
 	for _, r := range rs {
@@ -328,8 +424,8 @@ func holdQueue(t *testing.T, h Host) {
 	if err := h.Call(ctx, "taker.hold", true, nil); err != nil {
 		t.Fatal(err)
 	}
-	h.Put(t, "conf.orders", "held-1", []byte(`{}`))
-	h.Put(t, "conf.orders", "held-2", []byte(`{}`))
+	h.Put(t, "conf.orders", "held-1", []byte(`{}`), nil)
+	h.Put(t, "conf.orders", "held-2", []byte(`{}`), nil)
 	h.Settle()
 	if err := h.Call(ctx, "taker.hold", false, nil); err != nil {
 		t.Fatal(err)

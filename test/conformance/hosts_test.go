@@ -62,8 +62,8 @@ type Host interface {
 	// another system would (nothing to do on the test mesh).
 	Queue(t *testing.T, name string)
 	// Put puts a message into that queue: body as is, id as its message
-	// id.
-	Put(t *testing.T, queue, id string, body []byte)
+	// id, with those headers.
+	Put(t *testing.T, queue, id string, body []byte, headers map[string]string)
 	// Call calls a tool from outside the modules.
 	Call(ctx context.Context, tool string, req, resp any) error
 	// Dead waits for the n-th dead letter and returns the first n.
@@ -189,9 +189,9 @@ func (h *memHost) Emit(t *testing.T, eventType string, body any) string {
 
 func (h *memHost) Queue(*testing.T, string) {}
 
-func (h *memHost) Put(t *testing.T, queue, id string, body []byte) {
+func (h *memHost) Put(t *testing.T, queue, id string, body []byte, headers map[string]string) {
 	t.Helper()
-	if err := h.mesh.Put(queue, id, "", body, nil); err != nil {
+	if err := h.mesh.Put(queue, id, "", body, headers); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -344,9 +344,13 @@ func (h *brokerHost) Queue(t *testing.T, name string) {
 	}
 }
 
-func (h *brokerHost) Put(t *testing.T, queue, id string, body []byte) {
+func (h *brokerHost) Put(t *testing.T, queue, id string, body []byte, headers map[string]string) {
 	t.Helper()
-	if err := h.raw(t).Publish("", queue, false, false, amqp.Publishing{MessageId: id, Body: body, DeliveryMode: amqp.Persistent}); err != nil {
+	table := amqp.Table{}
+	for k, v := range headers {
+		table[k] = v
+	}
+	if err := h.raw(t).Publish("", queue, false, false, amqp.Publishing{MessageId: id, Headers: table, Body: body, DeliveryMode: amqp.Persistent}); err != nil {
 		t.Fatal(err)
 	}
 }

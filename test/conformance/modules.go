@@ -21,6 +21,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/sdk"
 )
 
@@ -84,8 +85,8 @@ func Classify(err error) []string {
 	}
 	var is []string
 	for name, target := range map[string]error{
-		"invalid": sdk.ErrInvalid, "forbidden": sdk.ErrForbidden, "not_started": sdk.ErrNotStarted,
-		"already_started": sdk.ErrAlreadyStarted, "no_server": sdk.ErrNoServer, "deadline": context.DeadlineExceeded,
+		"invalid": sdk.ErrInvalid, "forbidden": sdk.ErrForbidden, "not_started": wire.ErrNotStarted,
+		"already_started": wire.ErrAlreadyStarted, "no_server": sdk.ErrNoServer, "deadline": context.DeadlineExceeded,
 		"permanent": sdk.ErrPermanent, "closed": sdk.ErrClosed,
 	} {
 		if errors.Is(err, target) {
@@ -189,7 +190,7 @@ func act(ctx context.Context, s Steer, attempt int) error {
 
 // Module returns the conformance module of that name, reporting to probe.
 // The names: watcher, worker, setup, namer, streamer, relay, tools, caller,
-// undertaker, taker, runner.
+// undertaker, taker, runner, filterer, typed.
 func Module(name string, probe *Probe) (sdk.Module, error) {
 	seen := func(kind string, ev sdk.Event) {
 		probe.Add(Record{Kind: kind, ID: ev.ID, Type: ev.Type, Source: ev.Source, Node: ev.Node, CausationID: ev.CausationID,
@@ -203,7 +204,7 @@ func Module(name string, probe *Probe) (sdk.Module, error) {
 		return sdk.Module{Name: name, Setup: func(m sdk.Mesh) error {
 			h := sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error { seen("seen", ev); return nil })
 			return errors.Join(m.On("module.relay.#", h), m.On("module.namer.#", h), m.On("mesh.once.#", h), m.On("module.streamer.#", h),
-				m.On("mesh.dup.#", sdk.AllowDuplicates(h)))
+				m.On("mesh.dup.#", middleware(h), sdk.AllowDuplicates()))
 		}}, nil
 
 	case "worker":
@@ -249,6 +250,9 @@ func Module(name string, probe *Probe) (sdk.Module, error) {
 				try("setup_serve", m.Serve("conf.setup", th))
 				try("setup_serve_again", m.Serve("conf.setup", th))
 				try("setup_serve_ungranted", m.Serve("forbidden.tool", th))
+				try("setup_on_bad_filter", m.On("mesh.filtered.#", h, sdk.Filter("total > 3")))
+				try("setup_serve_filter", m.Serve("conf.filtered", th, sdk.Filter("source = 'a'")))
+				try("setup_consume_duplicates", m.Consume("conf.setup", 1, h, sdk.AllowDuplicates()))
 				return nil
 			},
 			Run: func(ctx context.Context, m sdk.Mesh) error {
@@ -443,6 +447,59 @@ func Module(name string, probe *Probe) (sdk.Module, error) {
 			probe.Add(Record{Kind: "run_ctx_done", Err: ctx.Err().Error()})
 			return nil
 		}}, nil
+
+	case "filterer":
+		// Takes mesh.filt.# as its two filters say, the first that
+		// accepts an event winning ("big", then "tagged"), acting as the
+		// body steers; consumes conf.filtered as a header and body filter
+		// says ("queued"). Each handler is wrapped by a middleware, and
+		// its options are given beside it.
+		logged := func(kind string) sdk.Handler {
+			return middleware(sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+				probe.Add(Record{Kind: kind, ID: ev.ID, Type: ev.Type, Source: ev.Source, Attempt: ev.Attempt, Queue: ev.Queue, Value: string(ev.Body)})
+				return act(ctx, steer(ev.Body), ev.Attempt)
+			}))
+		}
+		return sdk.Module{Name: name, Setup: func(m sdk.Mesh) error {
+			return errors.Join(
+				m.On("mesh.filt.#", logged("big"), sdk.Filter("body.n >= 10 and source = 'conformance'")),
+				m.On("mesh.filt.*", logged("tagged"), sdk.Filter("body.tag in ('a', 'b') or not body.n exists"), sdk.AllowDuplicates()),
+				m.Consume("conf.filtered", 1, logged("queued"), sdk.Filter(`header.x-kind = 'keep' and not body.drop = true`)),
+			)
+		}}, nil
+
+	case "typed":
+		// Handles mesh.typed.# with a typed handler of Order ("typed",
+		// Value the number), calling conf.double with TypedCall for
+		// mesh.typed.call ("typed_call", Value the answer); serves
+		// conf.double with a typed tool.
+		type number struct {
+			N int `json:"n"`
+		}
+		var mesh sdk.Mesh
+		return sdk.Module{Name: name, Setup: func(m sdk.Mesh) error {
+			mesh = m
+			return errors.Join(
+				m.On("mesh.typed.#", sdk.Typed(func(ctx context.Context, ev sdk.Event, o number) error {
+					probe.Add(Record{Kind: "typed", ID: ev.ID, Type: ev.Type, Attempt: ev.Attempt, Value: fmt.Sprint(o.N)})
+					if ev.Type != "mesh.typed.call" {
+						return nil
+					}
+					got, err := sdk.TypedCall[number](ctx, mesh, "conf.double", o)
+					probe.Add(Record{Kind: "typed_call", ID: ev.ID, Value: fmt.Sprint(got.N), Err: errText(err), Is: Classify(err)})
+					return err
+				})),
+				m.Serve("conf.double", sdk.TypedTool(func(ctx context.Context, req sdk.Request, in number) (number, error) {
+					return number{N: 2 * in.N}, nil
+				})),
+			)
+		}}, nil
 	}
 	return sdk.Module{}, fmt.Errorf("no conformance module %q", name)
+}
+
+// middleware wraps h as an author's middleware does (logging, metrics):
+// the handler's options, given beside it to On, survive it.
+func middleware(h sdk.Handler) sdk.Handler {
+	return sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error { return h.HandleEvent(ctx, ev) })
 }

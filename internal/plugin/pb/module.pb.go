@@ -321,10 +321,18 @@ type Description struct {
 	// Existing broker queues it consumes (sdk.Mesh.Consume), in order: the
 	// node delivers the messages of consumes[k] with pattern =
 	// len(patterns) + 1 + k.
-	Consumes      []*Consume     `protobuf:"bytes,9,rep,name=consumes,proto3" json:"consumes,omitempty"`
-	Callers       []*ToolCallers `protobuf:"bytes,10,rep,name=callers,proto3" json:"callers,omitempty"` // sdk.Module.Callers: who may call its tools by default
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Consumes []*Consume     `protobuf:"bytes,9,rep,name=consumes,proto3" json:"consumes,omitempty"`
+	Callers  []*ToolCallers `protobuf:"bytes,10,rep,name=callers,proto3" json:"callers,omitempty"` // sdk.Module.Callers: who may call its tools by default
+	// The filters of the handlers (sdk.Filter), by pattern index: empty, or
+	// one per pattern ("" for none). meshd parses and bounds them, and
+	// evaluates them before it delivers: an event they reject never reaches
+	// the process.
+	Filters []string `protobuf:"bytes,11,rep,name=filters,proto3" json:"filters,omitempty"`
+	// Indexes into tools of the tools served with sdk.AllowDuplicates: a
+	// repeated request runs the tool again.
+	ToolsDuplicatesAllowed []uint32 `protobuf:"varint,12,rep,packed,name=tools_duplicates_allowed,json=toolsDuplicatesAllowed,proto3" json:"tools_duplicates_allowed,omitempty"`
+	unknownFields          protoimpl.UnknownFields
+	sizeCache              protoimpl.SizeCache
 }
 
 func (x *Description) Reset() {
@@ -427,6 +435,20 @@ func (x *Description) GetCallers() []*ToolCallers {
 	return nil
 }
 
+func (x *Description) GetFilters() []string {
+	if x != nil {
+		return x.Filters
+	}
+	return nil
+}
+
+func (x *Description) GetToolsDuplicatesAllowed() []uint32 {
+	if x != nil {
+		return x.ToolsDuplicatesAllowed
+	}
+	return nil
+}
+
 type ToolCallers struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Tool          string                 `protobuf:"bytes,1,opt,name=tool,proto3" json:"tool,omitempty"` // a tool key pattern
@@ -485,6 +507,7 @@ type Consume struct {
 	Prefetch      uint32                 `protobuf:"varint,2,opt,name=prefetch,proto3" json:"prefetch,omitempty"`
 	Held          bool                   `protobuf:"varint,3,opt,name=held,proto3" json:"held,omitempty"`           // held from the start (sdk.Mesh.Hold during Setup)
 	Exclusive     bool                   `protobuf:"varint,4,opt,name=exclusive,proto3" json:"exclusive,omitempty"` // sdk.Mesh.Exclusive
+	Filter        string                 `protobuf:"bytes,5,opt,name=filter,proto3" json:"filter,omitempty"`        // sdk.Filter, or ""
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -545,6 +568,13 @@ func (x *Consume) GetExclusive() bool {
 		return x.Exclusive
 	}
 	return false
+}
+
+func (x *Consume) GetFilter() string {
+	if x != nil {
+		return x.Filter
+	}
+	return ""
 }
 
 type ToolRequest struct {
@@ -1600,7 +1630,7 @@ const file_module_proto_rawDesc = "" +
 	"\n" +
 	"error_kind\x18\x01 \x01(\x0e2\x19.mesh.plugin.v1.ErrorKindR\terrorKind\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\"\a\n" +
-	"\x05Empty\"\xd1\x02\n" +
+	"\x05Empty\"\xa5\x03\n" +
 	"\vDescription\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05emits\x18\x02 \x03(\tR\x05emits\x12\x1a\n" +
@@ -1612,15 +1642,18 @@ const file_module_proto_rawDesc = "" +
 	"\fdead_letters\x18\b \x01(\bR\vdeadLetters\x123\n" +
 	"\bconsumes\x18\t \x03(\v2\x17.mesh.plugin.v1.ConsumeR\bconsumes\x125\n" +
 	"\acallers\x18\n" +
-	" \x03(\v2\x1b.mesh.plugin.v1.ToolCallersR\acallers\";\n" +
+	" \x03(\v2\x1b.mesh.plugin.v1.ToolCallersR\acallers\x12\x18\n" +
+	"\afilters\x18\v \x03(\tR\afilters\x128\n" +
+	"\x18tools_duplicates_allowed\x18\f \x03(\rR\x16toolsDuplicatesAllowed\";\n" +
 	"\vToolCallers\x12\x12\n" +
 	"\x04tool\x18\x01 \x01(\tR\x04tool\x12\x18\n" +
-	"\acallers\x18\x02 \x03(\tR\acallers\"m\n" +
+	"\acallers\x18\x02 \x03(\tR\acallers\"\x85\x01\n" +
 	"\aConsume\x12\x14\n" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x12\x1a\n" +
 	"\bprefetch\x18\x02 \x01(\rR\bprefetch\x12\x12\n" +
 	"\x04held\x18\x03 \x01(\bR\x04held\x12\x1c\n" +
-	"\texclusive\x18\x04 \x01(\bR\texclusive\"\x84\x03\n" +
+	"\texclusive\x18\x04 \x01(\bR\texclusive\x12\x16\n" +
+	"\x06filter\x18\x05 \x01(\tR\x06filter\"\x84\x03\n" +
 	"\vToolRequest\x12\x12\n" +
 	"\x04tool\x18\x01 \x01(\rR\x04tool\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x16\n" +
