@@ -423,3 +423,97 @@ func ExampleModule_kind() {
 	// <nil>
 	// true
 }
+
+type Order struct {
+	ID    string  `json:"id"`
+	Total float64 `json:"total"`
+}
+
+// Filter hands a handler only the events it wants; the host acknowledges
+// the others without running it. Here the first handler takes large
+// orders from billing, and the second what the first does not take.
+func ExampleFilter() {
+	mod := sdk.Module{Name: "orders", Setup: func(m sdk.Mesh) error {
+		show := func(who string) sdk.Handler {
+			return sdk.Typed(func(ctx context.Context, ev sdk.Event, o Order) error {
+				fmt.Println(who, o.ID)
+				return nil
+			})
+		}
+		return errors.Join(
+			m.On("module.billing.order.#", show("large:"), sdk.Filter("source = 'billing' and body.total >= 1000")),
+			m.On("module.billing.#", show("other:"), sdk.Filter("not body.total < 10")),
+		)
+	}}
+	mt := meshtest.New(meshtest.Config{})
+	defer mt.Close()
+	_ = mt.Load(mod, meshtest.ModuleConfig{})
+	for _, o := range []Order{{"a", 1500}, {"b", 20}, {"c", 5}} {
+		_, _ = mt.Emit(context.Background(), "billing", "module.billing.order.placed", o)
+	}
+	mt.Settle()
+	fmt.Println("filtered:", len(mt.Filtered()))
+	// Output:
+	// large: a
+	// other: b
+	// filtered: 1
+}
+
+// Typed decodes each event's body for the handler; a body that does not
+// decode is dead-lettered at once, with the reason, and the handler never
+// sees it.
+func ExampleTyped() {
+	mod := sdk.Module{Name: "shipping", Setup: func(m sdk.Mesh) error {
+		return m.On("module.billing.order.#", sdk.Typed(func(ctx context.Context, ev sdk.Event, o Order) error {
+			fmt.Printf("ship %s (%.2f)\n", o.ID, o.Total)
+			return nil
+		}))
+	}}
+	mt := meshtest.New(meshtest.Config{})
+	defer mt.Close()
+	_ = mt.Load(mod, meshtest.ModuleConfig{})
+	_, _ = mt.Emit(context.Background(), "billing", "module.billing.order.placed", Order{ID: "a", Total: 12.5})
+	_, _ = mt.Emit(context.Background(), "billing", "module.billing.order.placed", map[string]any{"id": 7})
+	mt.Settle()
+	d := mt.DeadLetters()[0]
+	fmt.Println(d.Reason, d.Attempts)
+	// Output:
+	// ship a (12.50)
+	// permanent 1
+}
+
+// TypedTool serves a tool of request and response types; TypedCall calls
+// it and returns the response's type. A request that does not decode is
+// answered with a permanent "invalid_request".
+func ExampleTypedTool() {
+	type quote struct {
+		Net float64 `json:"net"`
+	}
+	type taxed struct {
+		Gross float64 `json:"gross"`
+	}
+	tax := sdk.Module{Name: "tax", Setup: func(m sdk.Mesh) error {
+		return m.Serve("tax.apply", sdk.TypedTool(func(ctx context.Context, req sdk.Request, q quote) (taxed, error) {
+			return taxed{Gross: q.Net * 1.2}, nil
+		}))
+	}}
+	shop := sdk.Module{Name: "shop", Setup: func(m sdk.Mesh) error {
+		return m.On("mesh.cart.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			t, err := sdk.TypedCall[taxed](ctx, m, "tax.apply", quote{Net: 100})
+			fmt.Println(t.Gross, err)
+			_, err = sdk.TypedCall[taxed](ctx, m, "tax.apply", "not a quote")
+			var te *sdk.ToolError
+			fmt.Println(errors.As(err, &te) && te.Code == "invalid_request", errors.Is(err, sdk.ErrPermanent))
+			return nil
+		}))
+	}}
+	mt := meshtest.New(meshtest.Config{})
+	defer mt.Close()
+	_ = mt.Load(tax, meshtest.ModuleConfig{})
+	_ = mt.Load(shop, meshtest.ModuleConfig{})
+	_, _ = mt.Emit(context.Background(), "web", "mesh.cart.checked_out", map[string]int{"items": 2})
+	mt.Settle()
+	// Output:
+	// 120 <nil>
+	// true true
+}

@@ -57,6 +57,7 @@ type world struct {
 	honest sdk.Mesh
 	spy    <-chan amqp.Delivery
 	raw    *amqp.Channel // the spy's, to publish as a raw client
+	conn   *amqp.Connection
 	dir    string
 	loads  int // modules loaded, to name their report sockets
 }
@@ -116,7 +117,7 @@ func newWorld(t *testing.T) *world {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &world{t: t, ctx: ctx, node: n, honest: honest.Mesh(), spy: spy, raw: ch, dir: dir}
+	return &world{t: t, ctx: ctx, node: n, honest: honest.Mesh(), spy: spy, raw: ch, conn: conn, dir: dir}
 }
 
 // load starts the evil module with attack and settings, as entry name.
@@ -362,6 +363,48 @@ func TestIdsAreTheHosts(t *testing.T) {
 			t.Fatalf("an emit in a guessed handling reached the wire: %v", d.Headers)
 		}
 	}
+}
+
+// TestFiltersAreBoundedByTheHost: the filters a module process describes
+// are parsed by meshd with the sdk's bounds, not trusted as its sdk made
+// them: a filter of a megabyte, one nested two hundred levels deep (which
+// a naive recursive parser would follow), more filters than patterns, and
+// the same on a consumed queue, each fail the load with the rule named,
+// before the module's queue is declared; the honest module is still
+// served.
+func TestFiltersAreBoundedByTheHost(t *testing.T) {
+	w := newWorld(t)
+	deep := strings.Repeat("not ", 10_000) + "source = 'x'"
+	for i, c := range []struct {
+		set  map[string]any
+		says string
+	}{
+		{map[string]any{"size": 1 << 20}, "is over 1024"},
+		{map[string]any{"filters": []string{"source = 'a' or " + strings.Repeat("(", 200) + "source = 'b'" + strings.Repeat(")", 200)}}, "nested more than"},
+		{map[string]any{"filters": []string{"", "source = 'a'"}}, "2 filters for 1 patterns"},
+		{map[string]any{"filters": []string{""}, "queue": "evil.legacy", "filter": deep}, "is over 1024"},
+		{map[string]any{"filters": []string{""}, "queue": "evil.legacy", "filter": strings.Repeat("(", 17) + "source = 'x'" + strings.Repeat(")", 17)}, "nested more than"},
+	} {
+		name := fmt.Sprintf("filters%d", i)
+		c.set["attack"], c.set["pattern"] = "filters", "module.honest.#"
+		_, _, err := w.load(name, c.set, runtime.ModuleConfig{ConsumeGrants: []string{"evil.*"}})
+		if !errors.Is(err, sdk.ErrInvalid) || !strings.Contains(err.Error(), c.says) {
+			t.Errorf("%s: %v, want ErrInvalid saying %q", name, err, c.says)
+			continue
+		}
+		if len(err.Error()) > 2000 {
+			t.Errorf("%s: the refusal is %d bytes long: it repeats what the module sent", name, len(err.Error()))
+		}
+		ch, err := w.conn.Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ch.QueueDeclarePassive("anchor."+name+".events", true, false, false, false, nil); err == nil {
+			t.Errorf("%s: its queue was declared although its load was refused", name)
+			ch.Close()
+		}
+	}
+	w.honestStillServed()
 }
 
 // TestBoundedAcrossTheBoundary: a 200 MB handler error and a batch of

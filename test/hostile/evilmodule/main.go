@@ -43,6 +43,10 @@ type settings struct {
 	Pattern string `json:"pattern"`
 	// Size is the size in bytes of what the attack sends.
 	Size int `json:"size"`
+	// Filters are the filters it describes for Pattern, and Filter
+	// for Queue.
+	Filters []string `json:"filters"`
+	Filter  string   `json:"filter"`
 }
 
 var (
@@ -110,6 +114,16 @@ func (s *server) Describe(context.Context, *pb.Empty) (*pb.Description, error) {
 		d.DeadLetters = true
 	case "bigerror":
 		d.Patterns = []string{cfg.Pattern}
+	case "filters":
+		// Filters for the node to evaluate, not as any sdk would make
+		// them: too large, too deep, too many for its patterns.
+		d.Patterns, d.Filters = []string{cfg.Pattern}, cfg.Filters
+		if cfg.Size > 0 {
+			d.Filters = []string{strings.Repeat("(", cfg.Size)} // too large to pass in its settings
+		}
+		if cfg.Queue != "" {
+			d.Consumes = []*pb.Consume{{Queue: cfg.Queue, Prefetch: 1, Filter: cfg.Filter}}
+		}
 	}
 	// A directory of its own, when meshd gave it one: it can keep a file
 	// there.
