@@ -21,15 +21,19 @@
 // A module consumes with AMQP topic patterns ("module.umami.#",
 // "node.*.joined", "#"). A handler returns nil to acknowledge the event, an
 // error to have it retried with back-off, or an error wrapped by Permanent to
-// have it dead-lettered at once.
+// have it dead-lettered at once. Typed decodes the body for it (a body that
+// does not decode is dead-lettered at once, naming why); Handler and
+// HandlerFunc take the raw event.
 //
-//	mesh.On("module.umami.site.*", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
-//		var s Site
-//		if err := ev.Decode(&s); err != nil {
-//			return sdk.Permanent(err)
-//		}
+//	mesh.On("module.umami.site.*", sdk.Typed(func(ctx context.Context, ev sdk.Event, s Site) error {
 //		return nil
 //	}))
+//
+// Options beside the handler say how the host runs it: Filter hands it
+// only the events an expression accepts (the host acknowledges the
+// others), AllowDuplicates hands it every copy of an event.
+//
+//	mesh.On("module.billing.#", h, sdk.Filter("source = 'billing' and body.total >= 100"))
 //
 // # Tools
 //
@@ -50,11 +54,12 @@
 //
 // Lifecycle. Setup runs once, before the module consumes: it subscribes
 // with On and serves with Serve, and may do nothing else on the mesh: Emit
-// and Call return ErrNotStarted there. Once Setup returns, the module's
-// patterns and tools are fixed: On and Serve return ErrAlreadyStarted. A
-// nil handler, a pattern or tool subscribed twice, or a bad pattern or
-// tool key is refused with ErrInvalid; a tool the node config does not
-// grant (the module's tools in meshd's config) with ErrForbidden. Run, if
+// and Call are refused there with ErrInvalid. Once Setup returns, the
+// module's patterns and tools are fixed: On and Serve are refused with
+// ErrInvalid. A nil handler, a pattern or tool subscribed twice, a bad
+// pattern, tool key or handler option is refused with ErrInvalid too,
+// each naming the fix; a tool the node config does not grant (the
+// module's tools in meshd's config) with ErrForbidden. Run, if
 // set, starts once the module consumes; its ctx is cancelled when the
 // module stops, and it should return then.
 //
@@ -65,6 +70,13 @@
 // concurrently, up to the prefetch (default 32), whatever the concurrency.
 // Handlers and tool handlers must be safe to run concurrently with each
 // other and with Run.
+//
+// Filters. An event goes to the handler of the first of the module's
+// patterns that matches it and whose filter, if any, accepts it. An event
+// some patterns match and no filter accepts is acknowledged without a
+// handler: it costs no attempt, is never dead-lettered, and is counted
+// (mesh.events.filtered). Under meshd the node evaluates the filters of a
+// module process, so such an event never reaches the process.
 //
 // Outcomes. A handler returning nil acknowledges the event. A handler
 // returning an error, panicking, or running past the handler timeout
@@ -96,8 +108,9 @@
 // De-duplication. Delivery is at least once, but a module is handed each
 // event id once: a redelivery or resend of an id it already handled is
 // acknowledged without running the handler (for the node's retention
-// window, 24h by default). A handler wrapped by AllowDuplicates gets every
-// copy.
+// window, 24h by default). A handler subscribed with the AllowDuplicates
+// option gets every copy; a tool served with it runs again for a repeated
+// request.
 //
 // Causation and repeatable side effects. The ctx a handler or tool
 // handler gets carries what it handles: what is emitted or called with it
