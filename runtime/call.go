@@ -165,7 +165,7 @@ func (c *caller) watch(pubClosed, repliesClosed <-chan *amqp.Error) {
 	case err = <-pubClosed:
 	case err = <-repliesClosed:
 	}
-	lost := sdk.ErrConnectionLost
+	lost := wire.ErrConnectionLost
 	if err == nil {
 		lost = sdk.ErrClosed
 	}
@@ -245,7 +245,7 @@ func (c *caller) askServer(tool string) (bool, error) {
 	if c.check == nil || c.check.IsClosed() {
 		ch, err := c.sess.subConn.Channel()
 		if err != nil {
-			return false, fmt.Errorf("%w: open check channel: %v", sdk.ErrConnectionLost, err)
+			return false, fmt.Errorf("%w: open check channel: %v", wire.ErrConnectionLost, err)
 		}
 		c.check = ch
 	}
@@ -355,7 +355,7 @@ func (n *Node) call(ctx context.Context, source, tool string, req, resp any, id 
 		Body:          body,
 	})
 	if err != nil {
-		return fmt.Errorf("call %s: %w: %v", tool, sdk.ErrConnectionLost, err)
+		return fmt.Errorf("call %s: %w: %v", tool, wire.ErrConnectionLost, err)
 	}
 
 	recheck := time.NewTicker(serverRecheck)

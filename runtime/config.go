@@ -110,11 +110,11 @@ type Config struct {
 	LockWait time.Duration
 	// SpoolMaxBytes bounds the local spool of events the broker has not
 	// confirmed (kept in StateDir while the broker is unreachable). When
-	// it is full, emits fail with sdk.ErrBackPressure. Default 256 MiB.
+	// it is full, emits fail with wire.ErrBackPressure. Default 256 MiB.
 	SpoolMaxBytes int64
 	// EmitTimeout is how long an emit whose context has no deadline keeps
 	// retrying while the broker refuses it (a queue at its length limit)
-	// before it fails with sdk.ErrRefused. Default 30s.
+	// before it fails with wire.ErrRefused. Default 30s.
 	EmitTimeout time.Duration
 	// ConsumerTimeout must be the broker's consumer_timeout (RabbitMQ's
 	// default is 30 min). A module whose handler timeout plus retry

@@ -23,7 +23,9 @@ import (
 	"github.com/meshkit/mesh/internal/causation"
 	"github.com/meshkit/mesh/internal/dedup"
 	"github.com/meshkit/mesh/internal/filter"
+	"github.com/meshkit/mesh/internal/handlerlog"
 	"github.com/meshkit/mesh/internal/setup"
+	"github.com/meshkit/mesh/internal/tracecontext"
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/sdk"
 )
@@ -242,7 +244,7 @@ func (m *Module) start(ctx context.Context) error {
 		if m.def.Run == nil {
 			return
 		}
-		if err := m.def.Run(runCtx, m.mesh); err != nil && !errors.Is(err, context.Canceled) {
+		if err := m.def.Run(handlerlog.With(runCtx, m.log), m.mesh); err != nil && !errors.Is(err, context.Canceled) {
 			m.log.Error("module run ended with an error", "err", err)
 		}
 	}()
@@ -263,7 +265,7 @@ func (m *Module) attachFirst(ctx context.Context, subs []subscription, tools []t
 	s := m.node.session()
 	if s == nil {
 		if m.node.cfg.Ephemeral {
-			return sdk.ErrConnectionLost
+			return wire.ErrConnectionLost
 		}
 		m.log.Info("the broker is away: the module attaches once the node connects")
 		return nil
@@ -943,6 +945,7 @@ func (m *Module) call(h sdk.Handler, ev sdk.Event, d amqp.Delivery, queue string
 		}
 		endSpan(span, err)
 	}()
+	traced = handlerlog.Event(traced, m.log, ev.ID, ev.Type, tracecontext.IDs)
 	ctx, cancel := context.WithTimeout(causation.HandlingEvent(traced, ev.ID, ev.Time), m.cfg.HandlerTimeout)
 	defer cancel()
 	var settled atomic.Bool

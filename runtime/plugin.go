@@ -25,6 +25,7 @@ import (
 	"github.com/meshkit/mesh/internal/causation"
 	"github.com/meshkit/mesh/internal/plugin"
 	"github.com/meshkit/mesh/internal/plugin/pb"
+	"github.com/meshkit/mesh/internal/tracecontext"
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/sdk"
 )
@@ -856,6 +857,7 @@ func (pm *PluginModule) forward(i uint32) sdk.Handler {
 		if !ev.DeadTime.IsZero() {
 			d.DeadTimeUnixNano = ev.DeadTime.UnixNano()
 		}
+		d.Traceparent, d.Tracestate = tracecontext.Inject(ctx)
 		result := make(chan *pb.Outcome, 1)
 		p.mu.Lock()
 		p.pending[d.Seq] = result
@@ -902,10 +904,12 @@ func (pm *PluginModule) answer(i uint32) sdk.ToolHandler {
 		}
 		token, end := pm.handlings.begin(ctx)
 		defer end()
-		a, err := p.remote.Module.Answer(ctx, &pb.ToolRequest{Handling: token,
+		tr := &pb.ToolRequest{Handling: token,
 			Tool: i, Id: req.ID, Caller: req.Caller, Node: req.Node, TimeUnixNano: req.Time.UnixNano(),
 			DeadlineUnixNano: req.Deadline.UnixNano(), CausationId: req.CausationID, Headers: req.Headers, Body: req.Body,
-		})
+		}
+		tr.Traceparent, tr.Tracestate = tracecontext.Inject(ctx)
+		a, err := p.remote.Module.Answer(ctx, tr)
 		if err != nil {
 			return nil, fmt.Errorf("module process: %w", err)
 		}
@@ -1067,11 +1071,11 @@ func errorKind(err error) pb.ErrorKind {
 		return pb.ErrorKind_ALREADY_STARTED
 	case errors.Is(err, sdk.ErrInvalid):
 		return pb.ErrorKind_INVALID_NAME // the sdk's ErrInvalid, whatever broke
-	case errors.Is(err, sdk.ErrRefused):
+	case errors.Is(err, wire.ErrRefused):
 		return pb.ErrorKind_REFUSED
 	case errors.Is(err, sdk.ErrClosed):
 		return pb.ErrorKind_CLOSED
-	case errors.Is(err, sdk.ErrConnectionLost):
+	case errors.Is(err, wire.ErrConnectionLost):
 		return pb.ErrorKind_CONNECTION_LOST
 	case errors.Is(err, sdk.ErrNoServer):
 		return pb.ErrorKind_NO_SERVER
@@ -1079,7 +1083,7 @@ func errorKind(err error) pb.ErrorKind {
 		return pb.ErrorKind_DEADLINE_EXCEEDED
 	case errors.Is(err, sdk.ErrForbidden):
 		return pb.ErrorKind_FORBIDDEN
-	case errors.Is(err, sdk.ErrBackPressure):
+	case errors.Is(err, wire.ErrBackPressure):
 		return pb.ErrorKind_BACK_PRESSURE
 	default:
 		return pb.ErrorKind_OTHER

@@ -10,6 +10,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/sdk"
 )
 
@@ -192,13 +193,13 @@ func (p *publisher) publishUnlessBlocked(ctx context.Context, blocked <-chan str
 		// may not have arrived.
 		return fmt.Errorf("publish to %s with key %q: no confirm before the channel closed: %w", exchange, key, p.closedErr())
 	default:
-		return sdk.ErrRefused
+		return wire.ErrRefused
 	}
 }
 
 // errUnroutable is a publish the broker could neither route nor keep (it
 // returned it): refused, but not worth retrying as a negative confirm is.
-var errUnroutable = fmt.Errorf("%w: the broker could not route the event and could not keep it (is mesh.events' alternate exchange gone?)", sdk.ErrRefused)
+var errUnroutable = fmt.Errorf("%w: the broker could not route the event and could not keep it (is mesh.events' alternate exchange gone?)", wire.ErrRefused)
 
 // closedErr says why the channel is gone: ErrClosed after close, else
 // ErrConnectionLost (the broker or the network ended it).
@@ -206,7 +207,7 @@ func (p *publisher) closedErr() error {
 	if p.shut.Load() {
 		return sdk.ErrClosed
 	}
-	return sdk.ErrConnectionLost
+	return wire.ErrConnectionLost
 }
 
 // abandon stops the publisher of a lost connection: publishes still

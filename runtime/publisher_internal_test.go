@@ -12,6 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/sdk"
 )
 
@@ -79,7 +80,7 @@ func TestPublisherClassifiesConfirms(t *testing.T) {
 	if err := p.publish(ctx, "x", "full", amqp.Publishing{MessageId: "f1", Body: []byte("1")}); err != nil {
 		t.Fatalf("first publish to the full queue: %v", err)
 	}
-	if err := p.publish(ctx, "x", "full", amqp.Publishing{MessageId: "f2", Body: []byte("1")}); !errors.Is(err, sdk.ErrRefused) {
+	if err := p.publish(ctx, "x", "full", amqp.Publishing{MessageId: "f2", Body: []byte("1")}); !errors.Is(err, wire.ErrRefused) {
 		t.Errorf("publish past x-max-length with reject-publish: %v, want ErrRefused", err)
 	}
 	p.close()

@@ -72,7 +72,7 @@ func TestSpoolBackPressure(t *testing.T) {
 		}
 		ids = append(ids, id)
 	}
-	if !errors.Is(full, sdk.ErrBackPressure) {
+	if !errors.Is(full, wire.ErrBackPressure) {
 		t.Fatalf("emits into a full spool: %v, want ErrBackPressure", full)
 	}
 	if len(ids) < 10 {
@@ -84,7 +84,7 @@ func TestSpoolBackPressure(t *testing.T) {
 	// smaller can fit in the room left (ids and times vary in length),
 	// which made this check fail now and then with a body of "1".
 	bigger := map[string]string{"pad": strings.Repeat("x", 200)}
-	if _, err := n.Emit(emitCtx(t), "test", "mesh.spooled.tick", bigger); !errors.Is(err, sdk.ErrBackPressure) || errors.Is(err, context.DeadlineExceeded) {
+	if _, err := n.Emit(emitCtx(t), "test", "mesh.spooled.tick", bigger); !errors.Is(err, wire.ErrBackPressure) || errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("emit into a full spool: %v, want ErrBackPressure at once", err)
 	}
 	if st := n.Stats(); st.SpoolEvents != len(ids) || st.BackPressure < 2 {

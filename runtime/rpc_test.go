@@ -447,13 +447,13 @@ func TestCallFailsWhenTheConnectionDrops(t *testing.T) {
 	proxy.Down()
 	select {
 	case err := <-answer:
-		if !errors.Is(err, sdk.ErrConnectionLost) {
+		if !errors.Is(err, wire.ErrConnectionLost) {
 			t.Errorf("got %v, want ErrConnectionLost", err)
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("the call hangs after its connection dropped")
 	}
-	if err := caller.Call(callCtx(t, 2*time.Second), "test", "slow.op", 1, nil); !errors.Is(err, sdk.ErrConnectionLost) {
+	if err := caller.Call(callCtx(t, 2*time.Second), "test", "slow.op", 1, nil); !errors.Is(err, wire.ErrConnectionLost) {
 		t.Errorf("a call while the broker is unreachable: %v, want ErrConnectionLost", err)
 	}
 }

@@ -11,6 +11,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshkit/mesh/internal/causation"
+	"github.com/meshkit/mesh/internal/handlerlog"
+	"github.com/meshkit/mesh/internal/tracecontext"
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/sdk"
 )
@@ -115,6 +117,7 @@ func (m *Module) answer(ch *amqp.Channel, t tool, d amqp.Delivery) {
 	traced, span := m.node.startServe(m.handleCtx, d, t.key, m.def.Name)
 	var served error
 	defer func() { endSpan(span, served) }()
+	traced = handlerlog.Request(traced, m.log, req.ID, t.key, req.Caller, tracecontext.IDs)
 	ctx, cancel := context.WithDeadline(causation.Handling(traced, req.ID, req.Time), deadline)
 	defer cancel()
 	var final *storedAnswer

@@ -105,7 +105,7 @@ func (s *session) isLost() bool {
 
 // close closes both connections; the broker returns whatever was delivered
 // on them and not acknowledged. byNode says the node is closing: publishes
-// still waiting then fail with sdk.ErrClosed, not sdk.ErrConnectionLost
+// still waiting then fail with sdk.ErrClosed, not wire.ErrConnectionLost
 // (which would spool them).
 func (s *session) close(byNode bool) {
 	s.markLost(sdk.ErrClosed)
@@ -293,16 +293,16 @@ func (n *Node) awaitSession(ctx context.Context) (*session, error) {
 			return s, nil
 		}
 		if n.cfg.Ephemeral {
-			return nil, sdk.ErrConnectionLost
+			return nil, wire.ErrConnectionLost
 		}
 		select {
 		case <-ready:
 		case <-n.closing:
 			return nil, sdk.ErrClosed
 		case <-n.done:
-			return nil, fmt.Errorf("%w: %w", sdk.ErrConnectionLost, n.doneErr)
+			return nil, fmt.Errorf("%w: %w", wire.ErrConnectionLost, n.doneErr)
 		case <-ctx.Done():
-			return nil, fmt.Errorf("%w: not reconnected yet: %w", sdk.ErrConnectionLost, ctx.Err())
+			return nil, fmt.Errorf("%w: not reconnected yet: %w", wire.ErrConnectionLost, ctx.Err())
 		case <-s.lostChan():
 			// s was lost under us; the supervisor clears it shortly.
 			select {

@@ -15,7 +15,6 @@ import (
 
 	"github.com/meshkit/mesh/internal/spool"
 	"github.com/meshkit/mesh/internal/wire"
-	"github.com/meshkit/mesh/sdk"
 )
 
 // How an emit the broker refuses (a negative confirm) is tried again: from
@@ -55,7 +54,7 @@ func (n *Node) publishEvent(ctx context.Context, key string, msg amqp.Publishing
 		}
 		if errors.Is(err, errBlocked) {
 			n.stats.backPressure.Add(1)
-			return fmt.Errorf("%w: %w, and this node has no spool", sdk.ErrBackPressure, err)
+			return fmt.Errorf("%w: %w, and this node has no spool", wire.ErrBackPressure, err)
 		}
 		return err
 	}
@@ -67,7 +66,7 @@ func (n *Node) publishEvent(ctx context.Context, key string, msg amqp.Publishing
 			// arrive is absorbed by the consumers' de-duplication).
 			return n.spoolEvent(key, msg)
 		}
-		if !errors.Is(err, sdk.ErrConnectionLost) {
+		if !errors.Is(err, wire.ErrConnectionLost) {
 			if err == nil {
 				n.stats.emitted.Add(1)
 			}
@@ -82,11 +81,11 @@ func (n *Node) publishEvent(ctx context.Context, key string, msg amqp.Publishing
 // negative confirm (a queue at its length limit with overflow
 // reject-publish) is logged, counted and tried again with back-off until
 // ctx is done; it is never taken as sent. A lost connection gives an error
-// wrapping sdk.ErrConnectionLost.
+// wrapping wire.ErrConnectionLost.
 func (n *Node) publishConfirmed(ctx context.Context, s *session, exchange, key string, msg amqp.Publishing) error {
 	for attempt := 1; ; attempt++ {
 		err := s.pub.publishUnlessBlocked(ctx, s.whenBlocked(), exchange, key, msg)
-		if !errors.Is(err, sdk.ErrRefused) || errors.Is(err, errUnroutable) {
+		if !errors.Is(err, wire.ErrRefused) || errors.Is(err, errUnroutable) {
 			return err
 		}
 		n.stats.refused.Add(1)
@@ -96,10 +95,10 @@ func (n *Node) publishConfirmed(ctx context.Context, s *session, exchange, key s
 		case <-time.After(delay):
 		case <-ctx.Done():
 			return fmt.Errorf("%w %d times (is a queue bound to it at its length limit, with overflow reject-publish?); gave up: %w",
-				sdk.ErrRefused, attempt, ctx.Err())
+				wire.ErrRefused, attempt, ctx.Err())
 		}
 		if s.isLost() {
-			return fmt.Errorf("retry a refused publish: %w", sdk.ErrConnectionLost)
+			return fmt.Errorf("retry a refused publish: %w", wire.ErrConnectionLost)
 		}
 	}
 }
@@ -161,7 +160,7 @@ func (n *Node) spoolEvent(key string, msg amqp.Publishing) error {
 	case errors.Is(err, spool.ErrFull):
 		n.stats.backPressure.Add(1)
 		return fmt.Errorf("%w: the broker is unreachable or slow to confirm and the spool holds %d events (%d bytes; spool_max_bytes is %d): %w",
-			sdk.ErrBackPressure, n.spool.Len(), n.spool.Bytes(), n.cfg.SpoolMaxBytes, err)
+			wire.ErrBackPressure, n.spool.Len(), n.spool.Bytes(), n.cfg.SpoolMaxBytes, err)
 	case err != nil:
 		return fmt.Errorf("spool: %w", err)
 	}
@@ -459,7 +458,7 @@ func (n *Node) resend(s *session, recs []spool.Record) (done []uint64, refused [
 			s.pub.confirmed(false, wire.ExchangeEvents, b.key, b.msg)
 			n.stats.refused.Add(1)
 			refused = append(refused, stuckEvent{seq: b.seq, key: b.key, msg: b.msg,
-				why: fmt.Errorf("%w (is a queue bound to it at its length limit, with overflow reject-publish?)", sdk.ErrRefused)})
+				why: fmt.Errorf("%w (is a queue bound to it at its length limit, with overflow reject-publish?)", wire.ErrRefused)})
 			continue
 		}
 		s.pub.confirmed(true, wire.ExchangeEvents, b.key, b.msg)

@@ -25,7 +25,7 @@ type TailedEvent struct {
 // server-named queue that the broker deletes when Tail returns, so it takes
 // nothing from any module. ready, if not nil, is called once that queue is
 // bound: every event published after it is seen. If the connection is
-// lost, Tail returns an error wrapping sdk.ErrConnectionLost, and the
+// lost, Tail returns an error wrapping wire.ErrConnectionLost, and the
 // events published until a new Tail is ready are not seen.
 func (n *Node) Tail(ctx context.Context, pattern string, ready func(), fn func(TailedEvent) error) error {
 	if err := wire.ValidateSubscription(pattern); err != nil {
@@ -69,7 +69,7 @@ func (n *Node) Tail(ctx context.Context, pattern string, ready func(), fn func(T
 					return nil
 				}
 				if ch.IsClosed() { // the channel went with its connection
-					return fmt.Errorf("tail: %w", sdk.ErrConnectionLost)
+					return fmt.Errorf("tail: %w", wire.ErrConnectionLost)
 				}
 				return fmt.Errorf("tail: the broker cancelled the consumer (was its queue deleted?)")
 			}

@@ -134,6 +134,15 @@
 // the module's process; a refusal is ErrForbidden naming the key to add
 // (docs/security.md in the mesh repository).
 //
+// What a handler's ctx carries. Besides the handled event or request (the
+// cause of what is emitted or called with it): its deadline (a handler's
+// ctx ends at the handler timeout; a tool handler's at the caller's
+// deadline); the trace the event or call is in, when it is traced (the
+// host's span, as a remote parent in a module process); and a logger,
+// sdk.Logger(ctx), the module's tagged with the event's id and type (a
+// request's id, tool and caller) and the trace. Run's ctx carries the
+// module's logger.
+//
 // Deadlines. A handler's ctx ends at the handler timeout; a tool
 // handler's at the caller's deadline. A Call whose ctx has no deadline
 // gets the node's call timeout (30s by default); the request expires on

@@ -6,10 +6,8 @@ import (
 	"github.com/meshkit/mesh/internal/wire"
 )
 
-// Errors callers branch on with errors.Is. ErrRefused, ErrConnectionLost
-// and ErrBackPressure are transient: the same emit or call may succeed
-// later. A call that got no answer in time satisfies
-// errors.Is(err, context.DeadlineExceeded).
+// Errors callers branch on with errors.Is. A call that got no answer in
+// time satisfies errors.Is(err, context.DeadlineExceeded).
 var (
 	// ErrPermanent marks an error that retrying cannot fix: the event is
 	// dead-lettered at once. Wrap an error with Permanent to mark it.
@@ -27,23 +25,21 @@ var (
 	// module may emit, and by Serve for a tool its node config does not
 	// grant (the tools key of the module in meshd's config).
 	ErrForbidden = wire.ErrForbidden
-	// ErrRefused is returned by Emit when the broker refused the event (a
-	// negative confirm, for example a full queue) or could neither route
-	// nor keep it. It is transient.
-	ErrRefused = errors.New("refused by the broker")
 	// ErrClosed is returned once the mesh has been closed.
 	ErrClosed = errors.New("mesh closed")
 	// ErrNoServer is returned by Call at once when nobody serves the tool:
 	// no server ever declared it, or none is running now.
 	ErrNoServer = errors.New("no server for this tool")
-	// ErrConnectionLost is returned by Call and Emit when the broker
-	// connection dropped while the call or the publish was in flight. It is
-	// transient.
-	ErrConnectionLost = errors.New("broker connection lost")
-	// ErrBackPressure is returned by Emit when the node can take no more
-	// events for now: the broker is unreachable and the node's local spool
-	// is full. Nothing was kept; emit again later. It is transient.
-	ErrBackPressure = errors.New("back-pressure: the node's spool is full")
+	// ErrTransient is wrapped by the error of an emit or call that may
+	// succeed if made again later; its message says which of these it is:
+	// the broker refused the event (a negative confirm, for example a full
+	// queue) or could neither route nor keep it; the broker connection
+	// dropped while the emit or call was in flight (the event may or may
+	// not have reached the broker: emit it again, and de-duplication
+	// absorbs a copy); or the node can take no more events for now (the
+	// broker is unreachable and the node's spool is full; nothing was
+	// kept: slow down).
+	ErrTransient = wire.ErrTransient
 )
 
 // ToolError is a tool's error: a server handler returns it to choose the

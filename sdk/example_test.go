@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -516,4 +517,29 @@ func ExampleTypedTool() {
 	// Output:
 	// 120 <nil>
 	// true true
+}
+
+// Logger(ctx) in a handler is the module's logger tagged with the event
+// (and its trace, when it is traced), on every host.
+func ExampleLogger() {
+	lines := &strings.Builder{}
+	log := slog.New(slog.NewTextHandler(lines, &slog.HandlerOptions{ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+		if a.Key == slog.TimeKey || a.Key == "event_id" {
+			return slog.Attr{} // vary from run to run
+		}
+		return a
+	}}))
+	mod := sdk.Module{Name: "audit", Setup: func(m sdk.Mesh) error {
+		return m.On("module.billing.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			sdk.Logger(ctx).Info("checked")
+			return nil
+		}))
+	}}
+	mt := meshtest.New(meshtest.Config{Logger: log})
+	defer mt.Close()
+	_ = mt.Load(mod, meshtest.ModuleConfig{})
+	_, _ = mt.Emit(context.Background(), "billing", "module.billing.invoice.paid", map[string]int{"cents": 100})
+	mt.Settle()
+	fmt.Print(lines.String())
+	// Output: level=INFO msg=checked module=audit event_type=module.billing.invoice.paid
 }

@@ -3,6 +3,8 @@ package sdk
 import (
 	"context"
 	"log/slog"
+
+	"github.com/meshkit/mesh/internal/handlerlog"
 )
 
 // Mesh is a module's view of the event mesh. It is safe for concurrent use.
@@ -17,10 +19,11 @@ type Mesh interface {
 	// event's id is derived from it (see WithFreshID).
 	//
 	// Errors: ErrInvalid for a bad name, a body that is not JSON or too
-	// large, or a bad option; ErrForbidden for a full type the module may
-	// not emit, or during Setup; ErrRefused, ErrBackPressure
-	// and ErrConnectionLost (transient: for the last, the event may or may
-	// not have reached the broker); ErrClosed; or ctx's error.
+	// large, a bad option, or an emit during Setup; ErrForbidden for a
+	// full type the module may not emit; ErrTransient when the broker
+	// refused the event, the connection dropped while it was in flight (it
+	// may or may not have reached the broker) or the node's spool is full;
+	// ErrClosed; or ctx's error.
 	Emit(ctx context.Context, name string, body any, opts ...EmitOption) (id string, err error)
 
 	// EmitAsync is Emit for a producer that streams (a bridge, an
@@ -72,13 +75,14 @@ type Mesh interface {
 	// satisfying errors.Is(err, context.DeadlineExceeded) when no answer
 	// came in time; a *ToolError with the tool's code and message
 	// (errors.Is(err, ErrPermanent) tells a permanent one);
-	// ErrConnectionLost when the broker connection dropped during the
-	// call; ErrInvalid for a bad tool key or request body, or during
-	// Setup. TypedCall is Call with the response's type.
+	// ErrTransient when the broker connection dropped during the call;
+	// ErrInvalid for a bad tool key or request body, or during Setup.
+	// TypedCall is Call with the response's type.
 	Call(ctx context.Context, tool string, req, resp any) error
 
 	// Logger is the module's structured logger. Under meshd its lines
-	// reach the node's log tagged with the module and at their level.
+	// reach the node's log tagged with the module and at their level. In
+	// a handler, sdk.Logger(ctx) is this logger tagged with the event.
 	Logger() *slog.Logger
 
 	// Consume hands h the messages of an existing broker queue that
@@ -229,4 +233,17 @@ type Module struct {
 	// cancelled when the module is stopped. A module that emits on its own
 	// (on a timer, from a socket) does it here.
 	Run func(ctx context.Context, m Mesh) error
+}
+
+// Logger is the logger of the handling ctx is in. In the ctx a handler
+// gets, it is the module's logger (Mesh.Logger) tagged with the event's id
+// and type; in a tool handler's, with the request's id, tool and caller;
+// in Run's, the module's logger as it is. When the handling is traced, the
+// trace and span ids are tagged too, on every host. Any other ctx gets
+// slog.Default().
+func Logger(ctx context.Context) *slog.Logger {
+	if l, ok := handlerlog.From(ctx); ok {
+		return l
+	}
+	return slog.Default()
 }

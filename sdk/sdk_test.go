@@ -2,6 +2,7 @@ package sdk_test
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -53,5 +54,19 @@ func TestHandlerOptions(t *testing.T) {
 	}
 	if _, err := wire.ApplyHandlerOptions([]any{"allow"}); !errors.Is(err, sdk.ErrInvalid) {
 		t.Errorf("a string as an option: %v", err)
+	}
+}
+
+// TestTransientErrors: each kind of transient error the hosts return is
+// ErrTransient to a module, and says which it is.
+func TestTransientErrors(t *testing.T) {
+	for err, says := range map[error]string{
+		wire.ErrRefused: "refused by the broker", wire.ErrConnectionLost: "connection lost", wire.ErrBackPressure: "back-pressure",
+	} {
+		wrapped := fmt.Errorf("emit x: %w", err)
+		if !errors.Is(wrapped, sdk.ErrTransient) || errors.Is(wrapped, sdk.ErrPermanent) || errors.Is(wrapped, sdk.ErrInvalid) ||
+			!strings.Contains(wrapped.Error(), says) {
+			t.Errorf("%v: not ErrTransient alone, or does not say %q", wrapped, says)
+		}
 	}
 }

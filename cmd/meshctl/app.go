@@ -196,7 +196,7 @@ func tail(c *cli.Context) error {
 		switch {
 		case ctx.Err() != nil:
 			return nil
-		case !errors.Is(err, sdk.ErrConnectionLost):
+		case !errors.Is(err, wire.ErrConnectionLost):
 			return err
 		}
 		lostAt, attempt = time.Now().UTC(), 0

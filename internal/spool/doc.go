@@ -41,7 +41,7 @@
 //
 //	// While the broker is away:
 //	if _, err := s.Append(body); errors.Is(err, spool.ErrFull) {
-//		return sdk.ErrBackPressure
+//		return wire.ErrBackPressure
 //	}
 //
 //	// Once it is back: resend in order, delete what the broker confirmed.

@@ -29,6 +29,25 @@ var ErrNotStarted = fmt.Errorf("%w: the module has not started yet (Emit and Cal
 // allow; sdk.ErrForbidden is this error.
 var ErrForbidden = errors.New("forbidden")
 
+// ErrTransient is wrapped by every error of an emit or call that may not
+// recur: the same emit or call may succeed later. sdk.ErrTransient is this
+// error; the hosts tell its kinds apart with the errors below, which the
+// sdk does not export.
+var ErrTransient = errors.New("transient")
+
+// The kinds of transient error.
+var (
+	// ErrRefused: the broker refused the event (a negative confirm, a
+	// full queue) or could neither route nor keep it.
+	ErrRefused = fmt.Errorf("%w: refused by the broker", ErrTransient)
+	// ErrConnectionLost: the broker connection dropped while the emit or
+	// call was in flight; an event may or may not have reached the broker.
+	ErrConnectionLost = fmt.Errorf("%w: broker connection lost", ErrTransient)
+	// ErrBackPressure: the broker is unreachable and the node's spool is
+	// full; nothing was kept.
+	ErrBackPressure = fmt.Errorf("%w: back-pressure: the node's spool is full", ErrTransient)
+)
+
 // CheckToolGrant refuses a tool that module may not serve: grants are
 // topic patterns of tool keys, nil places no limit. The refusal names the
 // key of meshd's config that grants tools.

@@ -2,6 +2,7 @@ package meshtest
 
 import (
 	"context"
+	cryptorand "crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,11 +14,14 @@ import (
 	"time"
 
 	"github.com/oklog/ulid/v2"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/meshkit/mesh/internal/asyncemit"
 	"github.com/meshkit/mesh/internal/causation"
 	"github.com/meshkit/mesh/internal/filter"
+	"github.com/meshkit/mesh/internal/handlerlog"
 	"github.com/meshkit/mesh/internal/setup"
+	"github.com/meshkit/mesh/internal/tracecontext"
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/sdk"
 )
@@ -152,6 +156,7 @@ type Mesh struct {
 	emitted   []sdk.Event
 	dead      []DeadLetter
 	filtered  []Filtered
+	traces    map[string]trace.TraceID // by event id: the trace an event emitted in one is in
 	calls     []Call
 	settling  bool
 	closed    bool
@@ -264,7 +269,7 @@ func (m *Mesh) Load(def sdk.Module, mc ModuleConfig) error {
 		m.runs.Add(1)
 		go func() {
 			defer m.runs.Done()
-			if err := def.Run(m.runCtx, &moduleMesh{mod}); err != nil && !errors.Is(err, context.Canceled) {
+			if err := def.Run(handlerlog.With(m.runCtx, mod.log), &moduleMesh{mod}); err != nil && !errors.Is(err, context.Canceled) {
 				mod.log.Error("module run ended with an error", "err", err)
 			}
 		}()
@@ -512,6 +517,17 @@ func (m *Mesh) Filtered() []Filtered {
 	return slices.Clone(m.filtered)
 }
 
+// newSpan is a span context of its own in trace tid, sampled but recorded
+// nowhere: the test mesh has no tracer, but the handling of a traced event
+// is in its trace, as on a node.
+func newSpan(tid trace.TraceID) trace.SpanContext {
+	var sid trace.SpanID
+	for !sid.IsValid() {
+		_, _ = cryptorand.Read(sid[:])
+	}
+	return trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled})
+}
+
 // filterEvent is what a filter reads of ev.
 func filterEvent(ev sdk.Event) *filter.Event {
 	return &filter.Event{Type: ev.Type, Source: ev.Source, Node: ev.Node, Schema: ev.Schema, User: ev.UserID, Queue: ev.Queue, Headers: ev.Headers, Body: ev.Body}
@@ -563,6 +579,12 @@ func (m *Mesh) publish(ctx context.Context, source, eventType string, raw []byte
 	ev := sdk.Event{ID: id, Type: eventType, Source: source, Node: m.cfg.Node, Time: m.now,
 		CausationID: o.CausationID, Schema: o.Schema, Headers: map[string]string{}, Body: json.RawMessage(slices.Clone(raw))}
 	m.emitted = append(m.emitted, ev)
+	if tid := trace.SpanContextFromContext(ctx).TraceID(); tid.IsValid() {
+		if m.traces == nil {
+			m.traces = map[string]trace.TraceID{}
+		}
+		m.traces[id] = tid
+	}
 	var expires time.Time
 	if o.TTL > 0 {
 		expires = m.now.Add(o.TTL)
@@ -640,6 +662,7 @@ func (mod *module) handle(d *delivery) handled {
 	}
 	mod.mesh.mu.Lock()
 	seen := mod.handled[d.ev.ID]
+	tid := mod.mesh.traces[d.ev.ID]
 	h.expired = !d.expires.IsZero() && !mod.mesh.now.Before(d.expires)
 	mod.mesh.mu.Unlock()
 	if h.expired {
@@ -652,7 +675,7 @@ func (mod *module) handle(d *delivery) handled {
 	h.ev.Attempt = d.attempt
 	h.ev.Redelivered = d.attempt > 1
 	h.ev.Headers = maps.Clone(h.ev.Headers)
-	h.err = mod.runHandler(sub.handler, h.ev)
+	h.err = mod.runHandler(sub.handler, h.ev, tid)
 	return h
 }
 
@@ -708,8 +731,13 @@ func (m *Mesh) deadLetter(mod *module, d *delivery, ev sdk.Event, reason string,
 // runHandler calls h with the event as the context's cause and the
 // handler timeout as its deadline, turning a panic into an error and a
 // call that ran past its deadline into a timeout.
-func (mod *module) runHandler(h sdk.Handler, ev sdk.Event) (err error) {
-	ctx, cancel := context.WithTimeout(causation.Handling(context.Background(), ev.ID, ev.Time), mod.cfg.HandlerTimeout)
+func (mod *module) runHandler(h sdk.Handler, ev sdk.Event, tid trace.TraceID) (err error) {
+	ctx := context.Background()
+	if tid.IsValid() {
+		ctx = trace.ContextWithSpanContext(ctx, newSpan(tid))
+	}
+	ctx = handlerlog.Event(ctx, mod.log, ev.ID, ev.Type, tracecontext.IDs)
+	ctx, cancel := context.WithTimeout(causation.Handling(ctx, ev.ID, ev.Time), mod.cfg.HandlerTimeout)
 	defer cancel()
 	func() {
 		defer func() {
@@ -811,6 +839,10 @@ func (m *Mesh) call(ctx context.Context, caller, key string, req, resp any) erro
 // does: a ToolError as it is, a Permanent error as "rejected", another
 // error as "failed", a panic or a response that is not JSON as "internal".
 func (mod *module) answer(ctx context.Context, t tool, req sdk.Request) *answer {
+	if tid := trace.SpanContextFromContext(ctx).TraceID(); tid.IsValid() {
+		ctx = trace.ContextWithSpanContext(ctx, newSpan(tid)) // the serving span, in the caller's trace
+	}
+	ctx = handlerlog.Request(ctx, mod.log, req.ID, req.Tool, req.Caller, tracecontext.IDs)
 	ctx = causation.Handling(ctx, req.ID, req.Time)
 	resp, err := func() (resp any, err error) {
 		defer func() {

@@ -37,9 +37,11 @@ import (
 
 	"github.com/meshkit/mesh/internal/asyncemit"
 	"github.com/meshkit/mesh/internal/causation"
+	"github.com/meshkit/mesh/internal/handlerlog"
 	"github.com/meshkit/mesh/internal/plugin"
 	"github.com/meshkit/mesh/internal/plugin/pb"
 	"github.com/meshkit/mesh/internal/setup"
+	"github.com/meshkit/mesh/internal/tracecontext"
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/sdk"
 )
@@ -239,7 +241,7 @@ func (s *moduleServer) Start(_ context.Context, req *pb.StartRequest) (*pb.Empty
 		if s.module.Run == nil {
 			return
 		}
-		if err := s.module.Run(s.runCtx, s.mesh); err != nil && !errors.Is(err, context.Canceled) {
+		if err := s.module.Run(handlerlog.With(s.runCtx, s.mesh.Logger()), s.mesh); err != nil && !errors.Is(err, context.Canceled) {
 			s.mesh.Logger().Error("module run ended with an error", "err", err)
 		}
 	}()
@@ -296,7 +298,11 @@ func (s *moduleServer) handle(d *pb.Delivery) *pb.Outcome {
 	if d.TimeUnixNano == 0 {
 		ev.Time = time.Time{} // a malformed dead letter's unreadable time
 	}
-	ctx, cancel := context.WithDeadline(withHandling(causation.HandlingEvent(context.Background(), ev.ID, ev.Time), d.Handling), time.Unix(0, d.DeadlineUnixNano))
+	// The host's span of this handling, as a remote parent, and the
+	// logger tagged with the event: as in-process.
+	ctx := tracecontext.Extract(context.Background(), d.Traceparent, d.Tracestate)
+	ctx = handlerlog.Event(ctx, s.mesh.Logger(), ev.ID, ev.Type, tracecontext.IDs)
+	ctx, cancel := context.WithDeadline(withHandling(causation.HandlingEvent(ctx, ev.ID, ev.Time), d.Handling), time.Unix(0, d.DeadlineUnixNano))
 	defer cancel()
 	err := func() (err error) {
 		defer func() {
@@ -401,7 +407,7 @@ func (s *moduleServer) sendEmits(batch []emitRequest) {
 	for i, e := range batch {
 		switch {
 		case err != nil:
-			e.result <- emitResult{err: fmt.Errorf("%w: %v", sdk.ErrConnectionLost, err)}
+			e.result <- emitResult{err: fmt.Errorf("%w: %v", wire.ErrConnectionLost, err)}
 		case i >= len(res.Results):
 			e.result <- emitResult{err: errors.New("the host answered fewer emits than it was sent")}
 		default:
@@ -421,17 +427,17 @@ func errorOf(kind pb.ErrorKind, msg string) error {
 	case pb.ErrorKind_INVALID_NAME, pb.ErrorKind_BODY_TOO_LARGE, pb.ErrorKind_BODY_NOT_JSON:
 		sentinel = sdk.ErrInvalid
 	case pb.ErrorKind_REFUSED, pb.ErrorKind_UNROUTABLE:
-		sentinel = sdk.ErrRefused
+		sentinel = wire.ErrRefused
 	case pb.ErrorKind_CLOSED:
 		sentinel = sdk.ErrClosed
 	case pb.ErrorKind_CONNECTION_LOST:
-		sentinel = sdk.ErrConnectionLost
+		sentinel = wire.ErrConnectionLost
 	case pb.ErrorKind_NO_SERVER:
 		sentinel = sdk.ErrNoServer
 	case pb.ErrorKind_DEADLINE_EXCEEDED:
 		sentinel = context.DeadlineExceeded
 	case pb.ErrorKind_BACK_PRESSURE:
-		sentinel = sdk.ErrBackPressure
+		sentinel = wire.ErrBackPressure
 	case pb.ErrorKind_FORBIDDEN:
 		sentinel = sdk.ErrForbidden
 	case pb.ErrorKind_NOT_STARTED:
@@ -467,7 +473,9 @@ func (s *moduleServer) Answer(_ context.Context, r *pb.ToolRequest) (*pb.ToolAns
 	}
 	req := sdk.Request{ID: r.Id, Tool: s.desc.Tools[r.Tool], Caller: r.Caller, Node: r.Node, Time: time.Unix(0, r.TimeUnixNano).UTC(),
 		Deadline: time.Unix(0, r.DeadlineUnixNano), CausationID: r.CausationId, Headers: r.Headers, Body: r.Body}
-	ctx, cancel := context.WithDeadline(withHandling(causation.Handling(context.Background(), req.ID, req.Time), r.Handling), req.Deadline)
+	ctx := tracecontext.Extract(context.Background(), r.Traceparent, r.Tracestate)
+	ctx = handlerlog.Request(ctx, s.mesh.Logger(), req.ID, req.Tool, req.Caller, tracecontext.IDs)
+	ctx, cancel := context.WithDeadline(withHandling(causation.Handling(ctx, req.ID, req.Time), r.Handling), req.Deadline)
 	defer cancel()
 	resp, err := func() (resp any, err error) {
 		defer func() {
@@ -598,7 +606,7 @@ func (pm *pluginMesh) Hold(queue string, held bool) error {
 	defer cancel()
 	r, err := pm.server.host.Hold(ctx, &pb.HoldRequest{Queue: queue, Held: held})
 	if err != nil {
-		return fmt.Errorf("hold %q: %w: %v", queue, sdk.ErrConnectionLost, err)
+		return fmt.Errorf("hold %q: %w: %v", queue, wire.ErrConnectionLost, err)
 	}
 	return errorOf(r.ErrorKind, r.Error)
 }
@@ -635,7 +643,7 @@ func (pm *pluginMesh) Call(ctx context.Context, tool string, req, resp any) erro
 		if ctx.Err() != nil {
 			return fmt.Errorf("call %s: no answer in time: %w", tool, ctx.Err())
 		}
-		return fmt.Errorf("call %s: %w: %v", tool, sdk.ErrConnectionLost, err)
+		return fmt.Errorf("call %s: %w: %v", tool, wire.ErrConnectionLost, err)
 	}
 	switch r.ErrorKind {
 	case pb.ErrorKind_NONE:

@@ -57,6 +57,7 @@ var scenarios = []scenario{
 	{"RunCtxEndsAtStop", runCtxEndsAtStop},
 	{"FiltersAreTheHosts", filters},
 	{"TypedHandlersAndTools", typedHandlers},
+	{"HandlerContextCarriesLoggerTraceDeadline", handlerContext},
 }
 
 // TestConformance runs every scenario on every host.
@@ -709,4 +710,45 @@ func runCtxEndsAtStop(t *testing.T, h Host) {
 	if rs := r.WaitKind(t, "run_ctx_done", 1); rs[0].Err != context.Canceled.Error() {
 		t.Errorf("Run's ctx ended with %q, want %q", rs[0].Err, context.Canceled)
 	}
+}
+
+// The ctx a handler, a tool handler and Run get carries a logger of the
+// module (sdk.Logger) tagged with what is handled and its trace, the trace
+// of the event or call, and, for handlers, a deadline within the handler
+// timeout or the caller's.
+func handlerContext(t *testing.T, h Host) {
+	l := h.Load(t, "ctxprobe", ModuleConfig{ToolGrants: []string{"conf.*"}})
+	run := l.WaitKind(t, "ctx_run", 1)[0]
+	id, tid := h.EmitTraced(t, "mesh.ctx.x", map[string]int{})
+	ev := l.WaitKind(t, "ctx_event", 1)[0]
+	ctid := h.CallTraced(t, "conf.ctx", 1)
+	tool := l.WaitKind(t, "ctx_tool", 1)[0]
+	if !run.OwnLogger || run.Deadline != -1 {
+		t.Errorf("Run's ctx: %+v, want a logger of its own and no deadline", run)
+	}
+	if ev.ID != id || ev.Trace != tid || !ev.OwnLogger || ev.Deadline <= 0 || ev.Deadline > handlerTimeout {
+		t.Errorf("the handler's ctx: %+v, want trace %s, a logger, a deadline within %v", ev, tid, handlerTimeout)
+	}
+	if tool.Trace != ctid || !tool.OwnLogger || tool.Deadline <= 0 || tool.Deadline > callTimeout {
+		t.Errorf("the tool handler's ctx: %+v, want trace %s, a logger, a deadline within %v", tool, ctid, callTimeout)
+	}
+	// What the module logged through sdk.Logger(ctx), tagged.
+	line := func(msg string, with ...string) {
+		t.Helper()
+		for _, l := range strings.Split(h.Logs(), "\n") {
+			if !strings.Contains(l, msg) {
+				continue
+			}
+			for _, w := range with {
+				if !strings.Contains(l, w) {
+					t.Errorf("the log line %q does not say %q", l, w)
+				}
+			}
+			return
+		}
+		t.Errorf("no log line says %q", msg)
+	}
+	line("ctxprobe runs", "module=ctxprobe")
+	line("ctxprobe handled", "module=ctxprobe", "event_id="+id, "event_type=mesh.ctx.x", "trace_id="+tid)
+	line("ctxprobe answered", "module=ctxprobe", "request_id="+tool.ID, "tool=conf.ctx", "caller=conformance", "trace_id="+ctid)
 }

@@ -2,7 +2,9 @@ package conformance_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -15,6 +17,7 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/meshkit/mesh/internal/brokertest"
 	"github.com/meshkit/mesh/internal/wire"
@@ -55,6 +58,13 @@ type Host interface {
 	// Emit publishes an event from outside the modules; it returns the
 	// id.
 	Emit(t *testing.T, eventType string, body any) string
+	// EmitTraced is Emit in a new trace, whose id it returns too.
+	EmitTraced(t *testing.T, eventType string, body any) (id, traceID string)
+	// CallTraced is Call in a new trace, whose id it returns.
+	CallTraced(t *testing.T, tool string, req any) string
+	// Logs is what the host (the node, the test mesh) logged so far, as
+	// text lines.
+	Logs() string
 	// Redeliver publishes again a copy of the event with that id, type
 	// and body, as a broker does after a lost ack.
 	Redeliver(t *testing.T, id, eventType string, body any)
@@ -154,14 +164,74 @@ func (l *Log) WaitKind(t *testing.T, kind string, n int) []conformance.Record {
 type memHost struct {
 	mesh *meshtest.Mesh
 	dir  string
+	logs *logBuffer
 }
 
 func newMemHost(t *testing.T) Host {
 	dir := t.TempDir() // removed after the mesh closes (cleanups run last first)
+	logs := &logBuffer{}
 	m := meshtest.New(meshtest.Config{Node: "conf", MaxAttempts: maxAttempts, HandlerTimeout: handlerTimeout,
-		RetryMin: retryMin, RetryMax: retryMax, CallTimeout: callTimeout})
+		RetryMin: retryMin, RetryMax: retryMax, CallTimeout: callTimeout, Logger: logs.logger()})
 	t.Cleanup(m.Close)
-	return &memHost{mesh: m, dir: dir}
+	return &memHost{mesh: m, dir: dir, logs: logs}
+}
+
+func (h *memHost) Logs() string { return h.logs.String() }
+
+func (h *memHost) EmitTraced(t *testing.T, eventType string, body any) (string, string) {
+	t.Helper()
+	ctx, tid := traced()
+	id, err := h.mesh.Emit(ctx, "conformance", eventType, body)
+	if err != nil {
+		t.Fatalf("emit %s: %v", eventType, err)
+	}
+	return id, tid
+}
+
+func (h *memHost) CallTraced(t *testing.T, tool string, req any) string {
+	t.Helper()
+	ctx, tid := traced()
+	if err := h.mesh.Call(ctx, "conformance", tool, req, nil); err != nil {
+		t.Fatalf("call %s: %v", tool, err)
+	}
+	return tid
+}
+
+// traced is a context in a new trace (a remote span of it), and the
+// trace's id.
+func traced() (context.Context, string) {
+	var tid trace.TraceID
+	var sid trace.SpanID
+	_, _ = rand.Read(tid[:])
+	_, _ = rand.Read(sid[:])
+	sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled, Remote: true})
+	return trace.ContextWithRemoteSpanContext(context.Background(), sc), tid.String()
+}
+
+// logBuffer keeps what a host logs, as text lines.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func (b *logBuffer) logger() *slog.Logger {
+	var w io.Writer = b
+	if os.Getenv("MESH_TEST_LOG") != "" {
+		w = io.MultiWriter(b, os.Stderr)
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
 func (h *memHost) Load(t *testing.T, name string, mc ModuleConfig) *Log {
@@ -235,6 +305,7 @@ type brokerHost struct {
 
 	mu      sync.Mutex
 	stops   map[string]func(context.Context) error
+	logs    *logBuffer
 	deadCh  *amqp.Channel
 	deadQ   <-chan amqp.Delivery
 	dead    []Dead
@@ -244,19 +315,17 @@ type brokerHost struct {
 func newBrokerHost(t *testing.T, process string) Host {
 	url := brokertest.VHost(t)
 	dir := t.TempDir()
+	logs := &logBuffer{}
 	cfg := runtime.Config{Node: "conf", AMQPURL: url, StateDir: t.TempDir(), RetryMin: retryMin, RetryMax: retryMax,
-		CallTimeout: callTimeout, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		CallTimeout: callTimeout, Logger: logs.logger(),
 		Module: runtime.ModuleConfig{MaxAttempts: maxAttempts, HandlerTimeout: handlerTimeout}}
-	if os.Getenv("MESH_TEST_LOG") != "" {
-		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	n, err := runtime.New(ctx, cfg)
 	if err != nil {
 		t.Fatalf("new node: %v", err)
 	}
-	h := &brokerHost{node: n, url: url, dir: dir, process: process, stops: map[string]func(context.Context) error{}}
+	h := &brokerHost{node: n, url: url, dir: dir, process: process, stops: map[string]func(context.Context) error{}, logs: logs}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 		defer cancel()
@@ -316,6 +385,29 @@ func (h *brokerHost) Emit(t *testing.T, eventType string, body any) string {
 		t.Fatalf("emit %s: %v", eventType, err)
 	}
 	return id
+}
+
+func (h *brokerHost) Logs() string { return h.logs.String() }
+
+func (h *brokerHost) EmitTraced(t *testing.T, eventType string, body any) (string, string) {
+	t.Helper()
+	ctx, tid := traced()
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	id, err := h.node.Emit(ctx, "conformance", eventType, body)
+	if err != nil {
+		t.Fatalf("emit %s: %v", eventType, err)
+	}
+	return id, tid
+}
+
+func (h *brokerHost) CallTraced(t *testing.T, tool string, req any) string {
+	t.Helper()
+	ctx, tid := traced() // no deadline: the node's call timeout
+	if err := h.node.Call(ctx, "conformance", tool, req, nil); err != nil {
+		t.Fatalf("call %s: %v", tool, err)
+	}
+	return tid
 }
 
 // raw is a plain amqp091-go channel on the host's virtual host.

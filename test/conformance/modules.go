@@ -16,10 +16,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/sdk"
@@ -41,6 +44,13 @@ type Record struct {
 	Err         string          `json:"err,omitempty"`
 	// Queue is the consumed queue a message came from.
 	Queue string `json:"queue,omitempty"`
+	// Trace is the trace id of the span a handler's ctx carries.
+	Trace string `json:"trace,omitempty"`
+	// Deadline is how long a handler's ctx had left when it began, or
+	// -1 for none.
+	Deadline time.Duration `json:"deadline,omitempty"`
+	// OwnLogger says sdk.Logger(ctx) was not slog.Default().
+	OwnLogger bool `json:"own_logger,omitempty"`
 	// The Dead fields of a dead letter (sdk.Event).
 	DeadQueue    string `json:"dead_queue,omitempty"`
 	DeadReason   string `json:"dead_reason,omitempty"`
@@ -468,6 +478,30 @@ func Module(name string, probe *Probe) (sdk.Module, error) {
 			)
 		}}, nil
 
+	case "ctxprobe":
+		// Records what the ctx of its handler (mesh.ctx.#), its tool
+		// handler (conf.ctx) and its Run carry, and logs through
+		// sdk.Logger(ctx) in each.
+		return sdk.Module{Name: name, Setup: func(m sdk.Mesh) error {
+			return errors.Join(
+				m.On("mesh.ctx.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+					probe.Add(ctxRecord(ctx, "ctx_event", ev.ID))
+					sdk.Logger(ctx).Info("ctxprobe handled")
+					return nil
+				})),
+				m.Serve("conf.ctx", sdk.ToolHandlerFunc(func(ctx context.Context, req sdk.Request) (any, error) {
+					probe.Add(ctxRecord(ctx, "ctx_tool", req.ID))
+					sdk.Logger(ctx).Info("ctxprobe answered")
+					return "ok", nil
+				})),
+			)
+		}, Run: func(ctx context.Context, m sdk.Mesh) error {
+			probe.Add(ctxRecord(ctx, "ctx_run", ""))
+			sdk.Logger(ctx).Info("ctxprobe runs")
+			<-ctx.Done()
+			return nil
+		}}, nil
+
 	case "typed":
 		// Handles mesh.typed.# with a typed handler of Order ("typed",
 		// Value the number), calling conf.double with TypedCall for
@@ -496,6 +530,18 @@ func Module(name string, probe *Probe) (sdk.Module, error) {
 		}}, nil
 	}
 	return sdk.Module{}, fmt.Errorf("no conformance module %q", name)
+}
+
+// ctxRecord is what ctx carries: its trace, its deadline and its logger.
+func ctxRecord(ctx context.Context, kind, id string) Record {
+	r := Record{Kind: kind, ID: id, Deadline: -1, OwnLogger: sdk.Logger(ctx) != slog.Default()}
+	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
+		r.Trace = sc.TraceID().String()
+	}
+	if d, ok := ctx.Deadline(); ok {
+		r.Deadline = time.Until(d)
+	}
+	return r
 }
 
 // middleware wraps h as an author's middleware does (logging, metrics):

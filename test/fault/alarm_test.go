@@ -100,7 +100,7 @@ func TestBrokerAlarm(t *testing.T) {
 		start := time.Now()
 		id, err := feed.Mesh().Emit(ectx, "tick", map[string]int{"during": i})
 		cancel()
-		if err != nil && !errors.Is(err, sdk.ErrBackPressure) {
+		if err != nil && !errors.Is(err, wire.ErrBackPressure) {
 			t.Fatalf("emit during the alarm: %v (after %v)", err, time.Since(start))
 		}
 		if time.Since(start) > 5*time.Second {

@@ -291,7 +291,7 @@ func TestQueueAtLengthLimit(t *testing.T) {
 	short, cancelShort := context.WithTimeout(context.Background(), 5*time.Second)
 	_, err := n.Emit(short, "sink", "module.sink.tick", 1)
 	cancelShort()
-	if !errors.Is(err, sdk.ErrRefused) {
+	if !errors.Is(err, wire.ErrRefused) {
 		t.Errorf("an emit with a short deadline into the full queue: %v, want ErrRefused", err)
 	}
 	refusedWhileFull := n.Stats().Refused

@@ -90,7 +90,7 @@ func TestRefusedSpooledEvents(t *testing.T) {
 	for i := range 3 {
 		id, err := m.Mesh().Emit(ctx, "nowhere", map[string]int{"i": i})
 		switch {
-		case errors.Is(err, sdk.ErrRefused):
+		case errors.Is(err, wire.ErrRefused):
 			toldEmitter++
 		case err != nil:
 			t.Fatalf("emit nowhere: %v", err)

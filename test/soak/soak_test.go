@@ -296,7 +296,7 @@ func soak(t *testing.T, bins binaries, length, pace time.Duration, seed uint64) 
 				switch {
 				case err == nil:
 					h.confirmed[o.ID] = id
-				case errors.Is(err, sdk.ErrBackPressure):
+				case errors.Is(err, wire.ErrBackPressure):
 					h.refused["spool_full"]++
 				case errors.Is(err, context.DeadlineExceeded):
 					h.refused["timeout"]++

@@ -588,7 +588,9 @@ type ToolRequest struct {
 	CausationId      string                 `protobuf:"bytes,7,opt,name=causation_id,json=causationId,proto3" json:"causation_id,omitempty"`
 	Headers          map[string]string      `protobuf:"bytes,8,rep,name=headers,proto3" json:"headers,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	Body             []byte                 `protobuf:"bytes,9,opt,name=body,proto3" json:"body,omitempty"`
-	Handling         uint64                 `protobuf:"varint,10,opt,name=handling,proto3" json:"handling,omitempty"` // as Delivery.handling
+	Handling         uint64                 `protobuf:"varint,10,opt,name=handling,proto3" json:"handling,omitempty"`      // as Delivery.handling
+	Traceparent      string                 `protobuf:"bytes,11,opt,name=traceparent,proto3" json:"traceparent,omitempty"` // as Delivery.traceparent
+	Tracestate       string                 `protobuf:"bytes,12,opt,name=tracestate,proto3" json:"tracestate,omitempty"`
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
 }
@@ -691,6 +693,20 @@ func (x *ToolRequest) GetHandling() uint64 {
 		return x.Handling
 	}
 	return 0
+}
+
+func (x *ToolRequest) GetTraceparent() string {
+	if x != nil {
+		return x.Traceparent
+	}
+	return ""
+}
+
+func (x *ToolRequest) GetTracestate() string {
+	if x != nil {
+		return x.Tracestate
+	}
+	return ""
 }
 
 type ToolAnswer struct {
@@ -850,7 +866,11 @@ type Delivery struct {
 	// emits and calls while handling the delivery (Emit.handling,
 	// CallRequest.handling), and the host derives their ids from this
 	// handling, not from one the process chooses.
-	Handling      uint64 `protobuf:"varint,22,opt,name=handling,proto3" json:"handling,omitempty"`
+	Handling uint64 `protobuf:"varint,22,opt,name=handling,proto3" json:"handling,omitempty"`
+	// The W3C trace context of the host's span of this handling (""
+	// untraced): the handler's ctx carries it as a remote span context.
+	Traceparent   string `protobuf:"bytes,23,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	Tracestate    string `protobuf:"bytes,24,opt,name=tracestate,proto3" json:"tracestate,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1037,6 +1057,20 @@ func (x *Delivery) GetHandling() uint64 {
 		return x.Handling
 	}
 	return 0
+}
+
+func (x *Delivery) GetTraceparent() string {
+	if x != nil {
+		return x.Traceparent
+	}
+	return ""
+}
+
+func (x *Delivery) GetTracestate() string {
+	if x != nil {
+		return x.Tracestate
+	}
+	return ""
 }
 
 type DeliveryBatch struct {
@@ -1653,7 +1687,7 @@ const file_module_proto_rawDesc = "" +
 	"\bprefetch\x18\x02 \x01(\rR\bprefetch\x12\x12\n" +
 	"\x04held\x18\x03 \x01(\bR\x04held\x12\x1c\n" +
 	"\texclusive\x18\x04 \x01(\bR\texclusive\x12\x16\n" +
-	"\x06filter\x18\x05 \x01(\tR\x06filter\"\x84\x03\n" +
+	"\x06filter\x18\x05 \x01(\tR\x06filter\"\xc6\x03\n" +
 	"\vToolRequest\x12\x12\n" +
 	"\x04tool\x18\x01 \x01(\rR\x04tool\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x16\n" +
@@ -1665,7 +1699,11 @@ const file_module_proto_rawDesc = "" +
 	"\aheaders\x18\b \x03(\v2(.mesh.plugin.v1.ToolRequest.HeadersEntryR\aheaders\x12\x12\n" +
 	"\x04body\x18\t \x01(\fR\x04body\x12\x1a\n" +
 	"\bhandling\x18\n" +
-	" \x01(\x04R\bhandling\x1a:\n" +
+	" \x01(\x04R\bhandling\x12 \n" +
+	"\vtraceparent\x18\v \x01(\tR\vtraceparent\x12\x1e\n" +
+	"\n" +
+	"tracestate\x18\f \x01(\tR\n" +
+	"tracestate\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x87\x01\n" +
@@ -1678,7 +1716,7 @@ const file_module_proto_rawDesc = "" +
 	"\tpermanent\x18\x05 \x01(\bR\tpermanent\"b\n" +
 	"\fStartRequest\x12$\n" +
 	"\x0ehost_broker_id\x18\x01 \x01(\rR\fhostBrokerId\x12,\n" +
-	"\x12call_timeout_nanos\x18\x02 \x01(\x03R\x10callTimeoutNanos\"\xe0\x05\n" +
+	"\x12call_timeout_nanos\x18\x02 \x01(\x03R\x10callTimeoutNanos\"\xa2\x06\n" +
 	"\bDelivery\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x18\n" +
 	"\apattern\x18\x02 \x01(\rR\apattern\x12\x0e\n" +
@@ -1705,7 +1743,11 @@ const file_module_proto_rawDesc = "" +
 	"\rdead_attempts\x18\x13 \x01(\rR\fdeadAttempts\x12-\n" +
 	"\x13dead_time_unix_nano\x18\x14 \x01(\x03R\x10deadTimeUnixNano\x12\x14\n" +
 	"\x05queue\x18\x15 \x01(\tR\x05queue\x12\x1a\n" +
-	"\bhandling\x18\x16 \x01(\x04R\bhandling\x1a:\n" +
+	"\bhandling\x18\x16 \x01(\x04R\bhandling\x12 \n" +
+	"\vtraceparent\x18\x17 \x01(\tR\vtraceparent\x12\x1e\n" +
+	"\n" +
+	"tracestate\x18\x18 \x01(\tR\n" +
+	"tracestate\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"I\n" +
