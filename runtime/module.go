@@ -74,6 +74,7 @@ type Module struct {
 	releaseOnce    sync.Once          // the record of handled ids is released once (releaseRecord)
 	resumeFailures atomic.Int32       // resumes that failed in a row: their back-off grows
 	runDone        chan struct{}
+	failure        atomic.Pointer[error] // why it stopped by itself (Err)
 }
 
 type subscription struct {
@@ -171,6 +172,7 @@ func (n *Node) Load(ctx context.Context, def sdk.Module, mc ModuleConfig) (*Modu
 		return nil, fmt.Errorf("load module %s: a module of that name is already loaded on node %s", def.Name, n.cfg.Node)
 	}
 	n.modules[def.Name] = m
+	delete(n.failed, def.Name) // loaded again: an earlier failure of the name is over
 	n.mu.Unlock()
 
 	if err := m.start(ctx); err != nil {
@@ -240,15 +242,59 @@ func (m *Module) start(ctx context.Context) error {
 	m.mu.Unlock()
 	go m.checkConsumers(runCtx)
 	go func() {
-		defer close(m.runDone)
-		if m.def.Run == nil {
-			return
-		}
-		if err := m.def.Run(handlerlog.With(runCtx, m.log), m.mesh); err != nil && !errors.Is(err, context.Canceled) {
-			m.log.Error("module run ended with an error", "err", err)
+		err := m.run(runCtx)
+		close(m.runDone)
+		if err != nil {
+			m.runFailed(err)
 		}
 	}()
 	m.log.Info("module loaded", "queue", m.queue, "patterns", len(subs), "queue_type", m.cfg.QueueType)
+	return nil
+}
+
+// run runs the module's Run, if any, until it returns, and returns its
+// error if it failed before the module was stopped.
+func (m *Module) run(ctx context.Context) error {
+	if m.def.Run == nil {
+		return nil
+	}
+	err := m.def.Run(handlerlog.With(ctx, m.log), m.mesh)
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil:
+		if !errors.Is(err, context.Canceled) {
+			m.log.Warn("module run ended with an error as the module stopped", "err", err)
+		}
+		return nil
+	}
+	return err
+}
+
+// runFailed stops a module whose Run failed before it was stopped: an
+// in-process module is not started again (its code is the program's), so
+// its failure stays on the node, where Ready reports it, until a module
+// of that name is loaded again.
+func (m *Module) runFailed(err error) {
+	err = fmt.Errorf("its Run failed: %w", err)
+	m.log.Error("module run failed; the module stops", "err", err)
+	m.node.mu.Lock()
+	m.node.failed[m.def.Name] = err // not ready from now on
+	m.node.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.HandlerTimeout+5*time.Second)
+	defer cancel()
+	if serr := m.Stop(ctx); serr != nil {
+		m.log.Warn("stopping the module after its Run failed", "err", serr)
+	}
+	m.failure.Store(&err)
+}
+
+// Err is why the module stopped by itself (its Run failed), once it has
+// stopped; nil otherwise.
+func (m *Module) Err() error {
+	if p := m.failure.Load(); p != nil {
+		return *p
+	}
 	return nil
 }
 
@@ -647,8 +693,10 @@ func (m *Module) Mesh() sdk.Mesh { return m.mesh }
 
 // Stop stops consuming, lets the handlers in flight finish until ctx is
 // done, acknowledges what finished, and closes the module's channel: what
-// was delivered but not finished returns to the queue. Run's context is
-// cancelled. Stop is idempotent.
+// was delivered but not finished returns to the queue. Then Run's context
+// is cancelled (after the handlers drained, as on every host: a handler
+// may use what Run keeps open), and Stop waits for Run to return until ctx
+// is done. Stop is idempotent.
 func (m *Module) Stop(ctx context.Context) error {
 	m.mu.Lock()
 	if m.stopped {
@@ -659,9 +707,6 @@ func (m *Module) Stop(ctx context.Context) error {
 	runCancel := m.runCancel
 	m.mu.Unlock()
 
-	if runCancel != nil {
-		runCancel()
-	}
 	m.resumeMu.Lock() // a resume in progress finishes first
 	m.resumeMu.Unlock()
 	m.mu.Lock()
@@ -689,6 +734,9 @@ func (m *Module) Stop(ctx context.Context) error {
 			m.log.Error("handlers ignore their cancelled context; leaving them behind (the record of handled events stays open for them: one that succeeds is not run again)")
 			leftBehind = true
 		}
+	}
+	if runCancel != nil {
+		runCancel() // the handlers drained, or were given up on
 	}
 	m.mu.Lock()
 	for t := range m.retries {

@@ -61,7 +61,10 @@ type Node struct {
 	mu      sync.Mutex
 	modules map[string]*Module
 	plugins []*PluginModule
-	closed  bool
+	// failed holds why an in-process module stopped by itself (its Run
+	// failed), by name, until a module of that name is loaded again.
+	failed map[string]error
+	closed bool
 
 	recordsMu sync.Mutex             // held while a record opens or closes
 	records   map[string]*openRecord // the modules' records of handled ids, open (records.go)
@@ -135,6 +138,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		log:        cfg.Logger.With("node", cfg.Node),
 		bindings:   bindingRecord{dir: cfg.StateDir},
 		modules:    make(map[string]*Module),
+		failed:     make(map[string]error),
 		records:    make(map[string]*openRecord),
 		sessReady:  make(chan struct{}),
 		drainKick:  make(chan struct{}, 1),
@@ -429,6 +433,16 @@ func (n *Node) Ready() error {
 		return errors.New("not connected to the broker, trying (emits are spooled)")
 	case s.isBlocked():
 		return errors.New("the broker blocks publishing (a memory or disk alarm); emits are spooled, consuming goes on")
+	}
+	n.mu.Lock()
+	var failed []string
+	for name, err := range n.failed {
+		failed = append(failed, fmt.Sprintf("module %s stopped: %v", name, err))
+	}
+	n.mu.Unlock()
+	if len(failed) > 0 {
+		slices.Sort(failed)
+		return errors.New(strings.Join(failed, "; "))
 	}
 	mods, plugins := n.loaded()
 	var waiting []string

@@ -3,6 +3,7 @@ package runtime_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -103,5 +104,61 @@ func TestServeAllowDuplicatesRunsARepeatedRequest(t *testing.T) {
 	}
 	if once.Load() != 1 || every.Load() != 2 {
 		t.Errorf("dup.once ran %d times (want 1), dup.every %d (want 2)", once.Load(), every.Load())
+	}
+}
+
+// TestFailingRunStopsTheModule: an in-process module whose Run fails
+// stops consuming (checked with raw amqp091-go: its queue keeps what is
+// emitted and has no consumer), says why in Err and in the node's
+// readiness, and a module loaded again under its name clears it.
+func TestFailingRunStopsTheModule(t *testing.T) {
+	url := brokertest.VHost(t)
+	n := testNode(t, url, "anchor", nil)
+	fail := make(chan struct{})
+	def := sdk.Module{Name: "fragile", Setup: func(m sdk.Mesh) error {
+		return m.On("mesh.fragile.#", newRecorder(nil))
+	}, Run: func(ctx context.Context, m sdk.Mesh) error {
+		select {
+		case <-fail:
+			return errors.New("lost its socket")
+		case <-ctx.Done():
+			return nil
+		}
+	}}
+	m := load(t, n, def, runtime.ModuleConfig{})
+	if err := n.Ready(); err != nil {
+		t.Fatalf("ready before the failure: %v", err)
+	}
+	close(fail)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for m.Err() == nil { // set once the module has stopped
+		select {
+		case <-ctx.Done():
+			t.Fatal("the module did not stop after its Run failed")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if err := m.Err(); !strings.Contains(err.Error(), "lost its socket") {
+		t.Errorf("Err: %v", err)
+	}
+	if err := n.Ready(); err == nil || !strings.Contains(err.Error(), "module fragile stopped: its Run failed: lost its socket") {
+		t.Errorf("Ready: %v", err)
+	}
+	if _, err := n.Emit(ctx, "test", "mesh.fragile.x", map[string]int{}); err != nil {
+		t.Fatal(err)
+	}
+	raw := rawConn(t, url)
+	q, err := raw.QueueDeclarePassive(wire.ModuleQueue("anchor", "fragile"), true, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q.Consumers != 0 || q.Messages != 1 {
+		t.Errorf("the stopped module's queue: %d consumers, %d messages; want 0 and 1", q.Consumers, q.Messages)
+	}
+	def.Run = nil
+	load(t, n, def, runtime.ModuleConfig{})
+	if err := n.Ready(); err != nil {
+		t.Errorf("ready after the module was loaded again: %v", err)
 	}
 }

@@ -230,8 +230,15 @@ type Module struct {
 	// twice (a redelivery); the node does not de-duplicate dead letters.
 	DeadLetters Handler
 	// Run, if not nil, runs once the module consumes, until ctx is
-	// cancelled when the module is stopped. A module that emits on its own
-	// (on a timer, from a socket) does it here.
+	// cancelled when the module is stopped: after the handlers in flight
+	// have finished (or the node's grace ran out), so a handler may use
+	// what Run keeps open. A module that emits on its own (on a timer,
+	// from a socket) does it here. Run returning nil ends Run alone; the
+	// module goes on handling. Run returning an error before the module
+	// is stopped is a failure of the module: in-process it stops, and the
+	// node's readiness (/readyz) names it until it is loaded again; a
+	// module process exits, and meshd starts it again with back-off, as
+	// after a crash. Either way the log says what Run returned.
 	Run func(ctx context.Context, m Mesh) error
 }
 

@@ -163,6 +163,7 @@ type Mesh struct {
 	runCancel context.CancelFunc
 	runCtx    context.Context
 	runs      sync.WaitGroup
+	idle      *sync.Cond // on mu: broadcast when a Settle returns
 }
 
 // New returns an empty mesh. Close it when the test ends, to stop the
@@ -170,6 +171,7 @@ type Mesh struct {
 func New(cfg Config) *Mesh {
 	cfg.withDefaults()
 	m := &Mesh{cfg: cfg, now: cfg.Start}
+	m.idle = sync.NewCond(&m.mu)
 	m.runCtx, m.runCancel = context.WithCancel(context.Background())
 	return m
 }
@@ -188,6 +190,8 @@ type module struct {
 	tools   []tool          // fixed when started
 	handled map[string]bool // event ids handled, for de-duplication
 	answers map[string]*answer
+	runDone chan struct{} // closed when Run returned (at once without one)
+	runErr  error         // why Run failed while the module ran: it handles nothing more
 }
 
 type subscription struct {
@@ -237,7 +241,7 @@ func (m *Mesh) Load(def sdk.Module, mc ModuleConfig) error {
 		mc.HandlerTimeout = m.cfg.HandlerTimeout
 	}
 	mod := &module{mesh: m, async: asyncemit.New(), def: def, cfg: mc, log: m.cfg.Logger.With("module", def.Name), setup: setup.New(def.Name, mc.ToolGrants),
-		handled: make(map[string]bool), answers: make(map[string]*answer), held: make(map[string]bool)}
+		handled: make(map[string]bool), answers: make(map[string]*answer), held: make(map[string]bool), runDone: make(chan struct{})}
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
@@ -265,22 +269,65 @@ func (m *Mesh) Load(def sdk.Module, mc ModuleConfig) error {
 	mod.started = true
 	m.modules = append(m.modules, mod)
 	m.mu.Unlock()
-	if def.Run != nil {
-		m.runs.Add(1)
-		go func() {
-			defer m.runs.Done()
-			if err := def.Run(handlerlog.With(m.runCtx, mod.log), &moduleMesh{mod}); err != nil && !errors.Is(err, context.Canceled) {
-				mod.log.Error("module run ended with an error", "err", err)
-			}
-		}()
+	if def.Run == nil {
+		close(mod.runDone)
+		return nil
 	}
+	m.runs.Add(1)
+	go func() {
+		defer m.runs.Done()
+		defer close(mod.runDone)
+		err := def.Run(handlerlog.With(m.runCtx, mod.log), &moduleMesh{mod})
+		switch {
+		case err == nil:
+		case m.runCtx.Err() != nil:
+			if !errors.Is(err, context.Canceled) {
+				mod.log.Warn("module run ended with an error as the module stopped", "err", err)
+			}
+		default:
+			// As a node stops an in-process module whose Run failed: its
+			// deliveries wait, unhandled.
+			mod.log.Error("module run failed; the module stops", "err", err)
+			m.mu.Lock()
+			mod.runErr = fmt.Errorf("its Run failed: %w", err)
+			m.mu.Unlock()
+		}
+	}()
 	return nil
 }
 
-// Close cancels the modules' Run contexts and waits for them to return.
-// Emits and calls then fail with sdk.ErrClosed.
+// WaitRun waits until the Run of the module named name returns, or ctx ends,
+// and returns Run's error (nil for a module without Run): what a node
+// does with a Run that fails, the test mesh does too (the module stops
+// handling: its deliveries wait, unhandled).
+func (m *Mesh) WaitRun(ctx context.Context, name string) error {
+	m.mu.Lock()
+	i := slices.IndexFunc(m.modules, func(mod *module) bool { return mod.def.Name == name })
+	if i < 0 {
+		m.mu.Unlock()
+		return fmt.Errorf("meshtest: no module %q is loaded", name)
+	}
+	mod := m.modules[i]
+	m.mu.Unlock()
+	select {
+	case <-mod.runDone:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return mod.runErr
+}
+
+// Close waits for a Settle running in another goroutine to finish (the
+// handlers in flight drain first, as on a node), then cancels the
+// modules' Run contexts and waits for them to return. Emits and calls
+// then fail with sdk.ErrClosed.
 func (m *Mesh) Close() {
 	m.mu.Lock()
+	for m.settling {
+		m.idle.Wait()
+	}
 	m.closed = true
 	m.mu.Unlock()
 	m.runCancel()
@@ -353,6 +400,7 @@ func (m *Mesh) Settle() {
 	defer func() {
 		m.mu.Lock()
 		m.settling = false
+		m.idle.Broadcast()
 		m.mu.Unlock()
 	}()
 	for {
@@ -420,7 +468,9 @@ func (m *Mesh) take() []*delivery {
 }
 
 // waits says whether d waits in a held queue. m.mu is held.
-func (d *delivery) waits() bool { return d.queue != "" && d.module.held[d.queue] }
+func (d *delivery) waits() bool {
+	return d.module.runErr != nil || (d.queue != "" && d.module.held[d.queue])
+}
 
 // runnable reports whether a pending delivery may run now. m.mu is held.
 func (m *Mesh) runnable() bool {

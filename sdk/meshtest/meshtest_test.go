@@ -3,6 +3,7 @@ package meshtest_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -173,5 +174,63 @@ func TestPutHoldAndDeadline(t *testing.T) {
 	}
 	if err := m.Hold("legacy.nobody", true); !errors.Is(err, sdk.ErrInvalid) {
 		t.Errorf("hold of a queue not consumed: %v", err)
+	}
+}
+
+// TestFailingRunStopsTheModule: WaitRun returns a failed Run's error, and
+// the module handles nothing more: what it is sent waits.
+func TestFailingRunStopsTheModule(t *testing.T) {
+	mt := meshtest.New(meshtest.Config{})
+	defer mt.Close()
+	handled := 0
+	err := mt.Load(sdk.Module{Name: "fragile", Setup: func(m sdk.Mesh) error {
+		return m.On("mesh.fragile.#", sdk.HandlerFunc(func(context.Context, sdk.Event) error { handled++; return nil }))
+	}, Run: func(ctx context.Context, m sdk.Mesh) error { return errors.New("lost its socket") }}, meshtest.ModuleConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := mt.WaitRun(ctx, "fragile"); err == nil || err.Error() != "its Run failed: lost its socket" {
+		t.Fatalf("WaitRun: %v", err)
+	}
+	if _, err := mt.Emit(ctx, "test", "mesh.fragile.x", 1); err != nil {
+		t.Fatal(err)
+	}
+	mt.Settle()
+	if handled != 0 {
+		t.Errorf("the stopped module handled %d events", handled)
+	}
+	if err := mt.WaitRun(ctx, "nobody"); err == nil {
+		t.Error("WaitRun of a module not loaded returned nil")
+	}
+}
+
+// TestCloseDrainsBeforeRunEnds: Close waits for a Settle running in
+// another goroutine, so a handler in flight finishes before Run's ctx
+// ends, as on a node.
+func TestCloseDrainsBeforeRunEnds(t *testing.T) {
+	mt := meshtest.New(meshtest.Config{})
+	inHandler, release := make(chan struct{}), make(chan struct{})
+	var order []string
+	var mu sync.Mutex
+	note := func(s string) { mu.Lock(); order = append(order, s); mu.Unlock() }
+	_ = mt.Load(sdk.Module{Name: "slow", Setup: func(m sdk.Mesh) error {
+		return m.On("mesh.slow.#", sdk.HandlerFunc(func(context.Context, sdk.Event) error {
+			close(inHandler)
+			<-release
+			note("handled")
+			return nil
+		}))
+	}, Run: func(ctx context.Context, m sdk.Mesh) error { <-ctx.Done(); note("run ended"); return nil }}, meshtest.ModuleConfig{})
+	_, _ = mt.Emit(context.Background(), "test", "mesh.slow.x", 1)
+	go mt.Settle()
+	<-inHandler
+	closed := make(chan struct{})
+	go func() { mt.Close(); close(closed) }()
+	close(release)
+	<-closed
+	if len(order) != 2 || order[0] != "handled" {
+		t.Errorf("order %v, want the handler first", order)
 	}
 }

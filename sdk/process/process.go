@@ -103,6 +103,12 @@ func Run(m sdk.Module) error {
 	return nil
 }
 
+// exitRunFailed is the exit status of a module process whose Run failed.
+const exitRunFailed = 3
+
+// exitProcess ends the process (a variable, for tests).
+var exitProcess = os.Exit
+
 // ignoreStopSignals keeps the module process running on SIGTERM and
 // SIGINT: meshd stops it once its deliveries are drained (and it exits
 // when meshd is gone). A signal sent to the whole process group (systemd's
@@ -241,8 +247,19 @@ func (s *moduleServer) Start(_ context.Context, req *pb.StartRequest) (*pb.Empty
 		if s.module.Run == nil {
 			return
 		}
-		if err := s.module.Run(handlerlog.With(s.runCtx, s.mesh.Logger()), s.mesh); err != nil && !errors.Is(err, context.Canceled) {
-			s.mesh.Logger().Error("module run ended with an error", "err", err)
+		err := s.module.Run(handlerlog.With(s.runCtx, s.mesh.Logger()), s.mesh)
+		switch {
+		case err == nil:
+		case s.runCtx.Err() != nil:
+			if !errors.Is(err, context.Canceled) {
+				s.mesh.Logger().Warn("module run ended with an error as the module stopped", "err", err)
+			}
+		default:
+			// A Run that fails while the module runs: the process exits,
+			// and meshd starts it again with back-off, as after a crash
+			// (in-process, the module stops).
+			s.mesh.Logger().Error("module run failed; the module process exits for meshd to start it again", "err", err)
+			exitProcess(exitRunFailed)
 		}
 	}()
 	return &pb.Empty{}, nil

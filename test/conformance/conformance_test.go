@@ -58,6 +58,8 @@ var scenarios = []scenario{
 	{"FiltersAreTheHosts", filters},
 	{"TypedHandlersAndTools", typedHandlers},
 	{"HandlerContextCarriesLoggerTraceDeadline", handlerContext},
+	{"RunCtxEndsAfterHandlersDrain", runCtxAfterDrain},
+	{"FailingRunIsNotSilent", failingRun},
 }
 
 // TestConformance runs every scenario on every host.
@@ -751,4 +753,33 @@ func handlerContext(t *testing.T, h Host) {
 	line("ctxprobe runs", "module=ctxprobe")
 	line("ctxprobe handled", "module=ctxprobe", "event_id="+id, "event_type=mesh.ctx.x", "trace_id="+tid)
 	line("ctxprobe answered", "module=ctxprobe", "request_id="+tool.ID, "tool=conf.ctx", "caller=conformance", "trace_id="+ctid)
+}
+
+// Stopping a module lets its handlers in flight finish first; Run's ctx
+// ends after them (a handler may use what Run keeps open).
+func runCtxAfterDrain(t *testing.T, h Host) {
+	d := h.Load(t, "drainer", ModuleConfig{})
+	d.WaitKind(t, "run_started", 1)
+	id := h.Emit(t, "mesh.drain.x", map[string]int{})
+	d.WaitKind(t, "drain_started", 1)
+	h.Stop(t, "drainer")
+	d.WaitKind(t, "run_ctx_done", 1)
+	rs := d.Records(t)
+	done := slices.IndexFunc(rs, func(r conformance.Record) bool { return r.Kind == "drain_done" && r.ID == id })
+	ended := slices.IndexFunc(rs, func(r conformance.Record) bool { return r.Kind == "run_ctx_done" })
+	if done < 0 || done > ended || rs[done].Err != "" {
+		t.Errorf("records %+v: want the handler done, its ctx alive, before Run's ctx ended", rs)
+	}
+}
+
+// A Run that fails while the module runs is not a log line alone: the
+// host stops the module (in-process, and meshtest, where its deliveries
+// then wait) or starts its process again (under meshd), and says why.
+func failingRun(t *testing.T, h Host) {
+	f := h.Load(t, "failer", ModuleConfig{})
+	f.WaitKind(t, "run_started", 1)
+	h.Emit(t, "mesh.fail.now", map[string]int{})
+	if report := h.Failed(t, "failer"); !strings.Contains(report, "run broke") {
+		t.Errorf("the host's report %q does not say what Run returned", report)
+	}
 }

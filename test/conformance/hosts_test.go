@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -65,6 +66,11 @@ type Host interface {
 	// Logs is what the host (the node, the test mesh) logged so far, as
 	// text lines.
 	Logs() string
+	// Failed waits until the host shows the named module's Run failed,
+	// and returns what it shows: meshtest's WaitRun error; in-process,
+	// the node's readiness; for a module process, the log line of the
+	// failure once the process was started again.
+	Failed(t *testing.T, name string) string
 	// Redeliver publishes again a copy of the event with that id, type
 	// and body, as a broker does after a lost ack.
 	Redeliver(t *testing.T, id, eventType string, body any)
@@ -177,6 +183,18 @@ func newMemHost(t *testing.T) Host {
 }
 
 func (h *memHost) Logs() string { return h.logs.String() }
+
+func (h *memHost) Failed(t *testing.T, name string) string {
+	t.Helper()
+	h.mesh.Settle() // what the module was sent runs
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	err := h.mesh.WaitRun(ctx, name)
+	if err == nil {
+		t.Fatalf("%s's Run returned nil", name)
+	}
+	return err.Error()
+}
 
 func (h *memHost) EmitTraced(t *testing.T, eventType string, body any) (string, string) {
 	t.Helper()
@@ -388,6 +406,30 @@ func (h *brokerHost) Emit(t *testing.T, eventType string, body any) string {
 }
 
 func (h *brokerHost) Logs() string { return h.logs.String() }
+
+func (h *brokerHost) Failed(t *testing.T, name string) string {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for ; time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if h.process == "" {
+			if err := h.node.Ready(); err != nil && strings.Contains(err.Error(), "module "+name+" stopped") {
+				return err.Error()
+			}
+			continue
+		}
+		logs := h.Logs()
+		if !strings.Contains(logs, "module process restarted") {
+			continue
+		}
+		for _, l := range strings.Split(logs, "\n") {
+			if strings.Contains(l, "module run failed") {
+				return l
+			}
+		}
+	}
+	t.Fatalf("the host did not show that %s's Run failed; its log:\n%s", name, h.Logs())
+	return ""
+}
 
 func (h *brokerHost) EmitTraced(t *testing.T, eventType string, body any) (string, string) {
 	t.Helper()

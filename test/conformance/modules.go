@@ -478,6 +478,57 @@ func Module(name string, probe *Probe) (sdk.Module, error) {
 			)
 		}}, nil
 
+	case "drainer":
+		// Its handler of mesh.drain.# takes its time ("drain_started",
+		// then "drain_done" half a second later); its Run records when its
+		// ctx ends.
+		return sdk.Module{Name: name, Setup: func(m sdk.Mesh) error {
+			return m.On("mesh.drain.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+				probe.Add(Record{Kind: "drain_started", ID: ev.ID})
+				select {
+				case <-time.After(500 * time.Millisecond):
+				case <-ctx.Done():
+				}
+				probe.Add(Record{Kind: "drain_done", ID: ev.ID, Err: errText(ctx.Err())})
+				return nil
+			}))
+		}, Run: func(ctx context.Context, m sdk.Mesh) error {
+			probe.Add(Record{Kind: "run_started"})
+			<-ctx.Done()
+			probe.Add(Record{Kind: "run_ctx_done"})
+			return nil
+		}}, nil
+
+	case "failer":
+		// Its Run fails once its handler took an event of mesh.fail.#,
+		// the first time it runs: started again (a module process), its
+		// Run finds the mark it left beside its log, and runs on.
+		asked := make(chan struct{})
+		var once sync.Once
+		return sdk.Module{Name: name, Setup: func(m sdk.Mesh) error {
+			return m.On("mesh.fail.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+				probe.Add(Record{Kind: "fail_asked", ID: ev.ID})
+				once.Do(func() { close(asked) })
+				return nil
+			}))
+		}, Run: func(ctx context.Context, m sdk.Mesh) error {
+			probe.Add(Record{Kind: "run_started"})
+			mark := probe.path + ".failed"
+			if _, err := os.Stat(mark); err == nil {
+				<-ctx.Done()
+				return nil
+			}
+			select {
+			case <-asked:
+			case <-ctx.Done():
+				return nil
+			}
+			if err := os.WriteFile(mark, nil, 0o600); err != nil {
+				return err
+			}
+			return errors.New("run broke")
+		}}, nil
+
 	case "ctxprobe":
 		// Records what the ctx of its handler (mesh.ctx.#), its tool
 		// handler (conf.ctx) and its Run carry, and logs through
