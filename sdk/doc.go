@@ -61,7 +61,10 @@
 // each naming the fix; a tool the node config does not grant (the
 // module's tools in meshd's config) with ErrForbidden. Run, if
 // set, starts once the module consumes; its ctx is cancelled when the
-// module stops, and it should return then.
+// module stops, after the handlers in flight have finished, and it should
+// return then. A Run that fails while the module runs stops the module
+// (in-process: the node is not ready until it is loaded again) or
+// restarts its process (under meshd); see Module.Run.
 //
 // Concurrency and order. A module handles as many events at once as its
 // concurrency (the node's module config, default 1). At 1, events are
