@@ -7,10 +7,15 @@
 // node; retries failed handlers with back-off and attempt counts,
 // dead-letters permanent errors, panics, timeouts and events past the
 // attempt limit with their reason and last error; de-duplicates event ids
-// (AllowDuplicates aside); and serves tools with ErrNoServer, deadlines,
-// *sdk.ToolError codes and stored answers for repeated request ids. The
-// conformance suite (test/conformance) holds it to the runtime's
-// behaviour.
+// (AllowDuplicates aside); evaluates filters (Filtered lists what they
+// rejected); and serves tools with ErrNoServer, deadlines, *sdk.ToolError
+// codes and stored answers for repeated request ids. A handler's ctx
+// carries its logger (sdk.Logger) and the event's trace, as on a node.
+// Stub and StubAnswer stand in for a tool another module serves; Calls
+// lists what every call sent and got. WaitRun waits for a module's Run
+// and returns its error; a Run that fails stops the module's handling, as
+// on a node. The conformance suite (test/conformance) holds it to the
+// runtime's behaviour.
 //
 // It is deterministic. Emits queue their events; Settle runs everything
 // pending, in queue order, until the mesh is quiet (a module's handlers

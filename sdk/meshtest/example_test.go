@@ -40,3 +40,38 @@ func ExampleMesh() {
 	// module.greeter.greeted {"node":"anchor"} true
 	// dead letters: 0 clock moved: 200ms
 }
+
+// Stub stands in for a tool another module serves; StubAnswer gives a
+// canned answer or error. Calls records what each call sent.
+func ExampleMesh_Stub() {
+	type quote struct {
+		Cents int `json:"cents"`
+	}
+	shop := sdk.Module{Name: "shop", Emits: []string{"priced"}, Setup: func(m sdk.Mesh) error {
+		return m.On("mesh.cart.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			q, err := sdk.TypedCall[quote](ctx, m, "tax.quote", ev.Body)
+			if err != nil {
+				return sdk.Permanent(err)
+			}
+			_, err = m.Emit(ctx, "priced", q)
+			return err
+		}))
+	}}
+	mt := meshtest.New(meshtest.Config{})
+	defer mt.Close()
+	_ = mt.Load(shop, meshtest.ModuleConfig{})
+	_ = mt.Stub("tax.quote", sdk.TypedTool(func(_ context.Context, _ sdk.Request, in quote) (quote, error) {
+		return quote{Cents: in.Cents * 120 / 100}, nil
+	}))
+	_, _ = mt.Emit(context.Background(), "web", "mesh.cart.done", quote{Cents: 1000})
+	mt.Settle()
+	fmt.Println(string(mt.Emitted()[1].Body), string(mt.Calls()[0].Request))
+
+	_ = mt.StubAnswer("tax.quote", nil, &sdk.ToolError{Code: "no_region", Message: "unknown region", Permanent: true})
+	_, _ = mt.Emit(context.Background(), "web", "mesh.cart.done", quote{Cents: 5})
+	mt.Settle()
+	fmt.Println(mt.DeadLetters()[0].Err)
+	// Output:
+	// {"cents":1200} {"cents":1000}
+	// permanent: call tax.quote: tool error no_region (permanent): unknown region
+}

@@ -164,6 +164,46 @@ type Mesh struct {
 	runCtx    context.Context
 	runs      sync.WaitGroup
 	idle      *sync.Cond // on mu: broadcast when a Settle returns
+	stubs     *module    // serves the tools Stub stands in for; nil until then
+}
+
+// Stub stands in for the module that serves the tool key elsewhere on the
+// mesh: h answers each call of it from now on (a later Stub of the key
+// replaces it), ahead of any loaded module that serves it, by the rules of
+// a node's server: a *sdk.ToolError as it is, a Permanent error as
+// "rejected", another error as "failed", a panic as "internal"; a request
+// a retried handler repeats is answered from the stored answer. The calls
+// are recorded in Calls, as others are, with the request each sent. A bad
+// tool key or a nil h is refused with sdk.ErrInvalid.
+func (m *Mesh) Stub(key string, h sdk.ToolHandler) error {
+	if err := wire.ValidateToolKey(key); err != nil {
+		return fmt.Errorf("stub: %w", err)
+	}
+	if h == nil {
+		return fmt.Errorf("stub %q: %w: handler is nil", key, sdk.ErrInvalid)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.stubs == nil {
+		m.stubs = &module{mesh: m, def: sdk.Module{Name: "stub"}, log: m.cfg.Logger.With("module", "stub"),
+			handled: map[string]bool{}, answers: map[string]*answer{}, held: map[string]bool{}, runDone: make(chan struct{})}
+	}
+	m.stubs.tools = slices.DeleteFunc(m.stubs.tools, func(t tool) bool { return t.key == key })
+	m.stubs.tools = append(m.stubs.tools, tool{key: key, handler: h})
+	return nil
+}
+
+// StubAnswer stands in for the tool key as Stub does, with one answer to
+// every call: resp (marshalled to JSON) when err is nil, otherwise err, as
+// a server's handler would return it (a *sdk.ToolError to choose the
+// code).
+func (m *Mesh) StubAnswer(key string, resp any, err error) error {
+	return m.Stub(key, sdk.ToolHandlerFunc(func(context.Context, sdk.Request) (any, error) {
+		if err != nil {
+			return nil, err
+		}
+		return resp, nil
+	}))
 }
 
 // New returns an empty mesh. Close it when the test ends, to stop the
@@ -833,7 +873,10 @@ func (m *Mesh) call(ctx context.Context, caller, key string, req, resp any) erro
 	}
 	var server *module
 	var t tool
-	for _, mod := range m.modules {
+	for _, mod := range append([]*module{m.stubs}, m.modules...) { // a stand-in first
+		if mod == nil {
+			continue
+		}
 		if i := slices.IndexFunc(mod.tools, func(t tool) bool { return t.key == key }); i >= 0 {
 			server, t = mod, mod.tools[i]
 			break

@@ -234,3 +234,26 @@ func TestCloseDrainsBeforeRunEnds(t *testing.T) {
 		t.Errorf("order %v, want the handler first", order)
 	}
 }
+
+// TestStubRules: a bad key or a nil handler is refused; a later stub of a
+// key replaces the earlier; a stub answers ahead of a loaded server.
+func TestStubRules(t *testing.T) {
+	mt := meshtest.New(meshtest.Config{})
+	defer mt.Close()
+	if err := mt.Stub("bad..key", sdk.ToolHandlerFunc(func(context.Context, sdk.Request) (any, error) { return 1, nil })); !errors.Is(err, sdk.ErrInvalid) {
+		t.Errorf("bad key: %v", err)
+	}
+	if err := mt.Stub("a.b", nil); !errors.Is(err, sdk.ErrInvalid) {
+		t.Errorf("nil handler: %v", err)
+	}
+	_ = mt.Load(sdk.Module{Name: "real", Setup: func(m sdk.Mesh) error {
+		return m.Serve("a.b", sdk.ToolHandlerFunc(func(context.Context, sdk.Request) (any, error) { return "real", nil }))
+	}}, meshtest.ModuleConfig{})
+	ctx := context.Background()
+	var got string
+	_ = mt.StubAnswer("a.b", "first", nil)
+	_ = mt.StubAnswer("a.b", "second", nil)
+	if err := mt.Call(ctx, "test", "a.b", nil, &got); err != nil || got != "second" {
+		t.Errorf("answer %q, %v; want the later stub's", got, err)
+	}
+}
