@@ -13,6 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshkit/mesh/internal/deadletters"
+	"github.com/meshkit/mesh/internal/execute"
 	"github.com/meshkit/mesh/internal/filter"
 	"github.com/meshkit/mesh/internal/setup"
 	"github.com/meshkit/mesh/internal/wire"
@@ -418,7 +419,7 @@ func (m *Module) handleQueued(queue string, h sdk.Handler, d amqp.Delivery, deli
 		if err := d.Ack(false); err != nil {
 			m.log.Warn("ack failed; the message will be delivered again", "queue", queue, "message_id", ev.ID, "err", err)
 		}
-	case errors.Is(err, sdk.ErrPermanent):
+	case execute.Of(err) == execute.Permanent:
 		m.deadLetter(src, d, ev.Type, attempt, wire.DeadReasonPermanent, err)
 	default:
 		m.failed(src, d, ev.Type, attempt, err)

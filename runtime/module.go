@@ -22,6 +22,7 @@ import (
 	"github.com/meshkit/mesh/internal/asyncemit"
 	"github.com/meshkit/mesh/internal/causation"
 	"github.com/meshkit/mesh/internal/dedup"
+	"github.com/meshkit/mesh/internal/execute"
 	"github.com/meshkit/mesh/internal/filter"
 	"github.com/meshkit/mesh/internal/handlerlog"
 	"github.com/meshkit/mesh/internal/setup"
@@ -866,7 +867,7 @@ func (m *Module) handle(d amqp.Delivery, deliveries <-chan amqp.Delivery, a *ack
 		if err := src.ack(d); err != nil {
 			m.log.Warn("ack failed; the event will be delivered again (and recognised as handled)", "event_id", ev.ID, "err", err)
 		}
-	case errors.Is(err, sdk.ErrPermanent):
+	case execute.Of(err) == execute.Permanent:
 		m.deadLetter(src, d, eventType, attempt, wire.DeadReasonPermanent, err)
 	default:
 		m.failed(src, d, eventType, attempt, err)
@@ -1025,13 +1026,9 @@ func (m *Module) call(h sdk.Handler, ev sdk.Event, d amqp.Delivery, queue string
 	return err, false
 }
 
-func safeHandle(ctx context.Context, h sdk.Handler, ev sdk.Event) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("handler panicked: %v", r)
-		}
-	}()
-	return h.HandleEvent(ctx, ev)
+func safeHandle(ctx context.Context, h sdk.Handler, ev sdk.Event) error {
+	err, _ := execute.Safely(func() error { return h.HandleEvent(ctx, ev) })
+	return err
 }
 
 // source is the queue a delivery came from, for settling it: the
@@ -1218,10 +1215,5 @@ func truncateText(s string, n int) string {
 // backoff is the delay before attempt+1: exponential from RetryMin,
 // capped at RetryMax, with up to 20% jitter so retries of a burst spread.
 func (n *Node) backoff(attempt int) time.Duration {
-	d := n.cfg.RetryMin
-	for i := 1; i < attempt && d < n.cfg.RetryMax; i++ {
-		d *= 2
-	}
-	d = min(d, n.cfg.RetryMax)
-	return d - time.Duration(rand.Int64N(int64(d)/5+1))
+	return execute.Backoff(attempt, n.cfg.RetryMin, n.cfg.RetryMax, rand.Int64N)
 }

@@ -1057,35 +1057,12 @@ func (h *hostServer) Hold(ctx context.Context, r *pb.HoldRequest) (*pb.HoldRespo
 	return &pb.HoldResponse{}, nil
 }
 
-// errorKind names the sdk sentinel err wraps, for the module process.
+// errorKind names the sdk sentinel err wraps, for the module process: a
+// tool's error, or one of the table's (plugin.KindOf).
 func errorKind(err error) pb.ErrorKind {
 	var te *sdk.ToolError
-	switch {
-	case err == nil:
-		return pb.ErrorKind_NONE
-	case errors.As(err, &te):
+	if errors.As(err, &te) {
 		return pb.ErrorKind_TOOL
-	case errors.Is(err, wire.ErrNotStarted): // before ErrInvalid, which it wraps
-		return pb.ErrorKind_NOT_STARTED
-	case errors.Is(err, wire.ErrAlreadyStarted):
-		return pb.ErrorKind_ALREADY_STARTED
-	case errors.Is(err, sdk.ErrInvalid):
-		return pb.ErrorKind_INVALID_NAME // the sdk's ErrInvalid, whatever broke
-	case errors.Is(err, wire.ErrRefused):
-		return pb.ErrorKind_REFUSED
-	case errors.Is(err, sdk.ErrClosed):
-		return pb.ErrorKind_CLOSED
-	case errors.Is(err, wire.ErrConnectionLost):
-		return pb.ErrorKind_CONNECTION_LOST
-	case errors.Is(err, sdk.ErrNoServer):
-		return pb.ErrorKind_NO_SERVER
-	case errors.Is(err, context.DeadlineExceeded):
-		return pb.ErrorKind_DEADLINE_EXCEEDED
-	case errors.Is(err, sdk.ErrForbidden):
-		return pb.ErrorKind_FORBIDDEN
-	case errors.Is(err, wire.ErrBackPressure):
-		return pb.ErrorKind_BACK_PRESSURE
-	default:
-		return pb.ErrorKind_OTHER
 	}
+	return plugin.KindOf(err)
 }

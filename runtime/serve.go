@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshkit/mesh/internal/causation"
+	"github.com/meshkit/mesh/internal/execute"
 	"github.com/meshkit/mesh/internal/handlerlog"
 	"github.com/meshkit/mesh/internal/tracecontext"
 	"github.com/meshkit/mesh/internal/wire"
@@ -167,26 +168,22 @@ func (m *Module) answer(ch *amqp.Channel, t tool, d amqp.Delivery) {
 	m.reply(ch, d, body, te)
 }
 
-// toolError is how a handler's error travels to the caller.
+// toolError is how a handler's error travels to the caller: a tool error
+// as it is, another by the policy every host shares (execute.ToolFailure).
 func toolError(err error) *sdk.ToolError {
 	var te *sdk.ToolError
-	switch {
-	case errors.As(err, &te):
+	if errors.As(err, &te) {
 		return te
-	case errors.Is(err, sdk.ErrPermanent):
-		return &sdk.ToolError{Code: wire.CodeRejected, Message: err.Error(), Permanent: true}
-	default:
-		return &sdk.ToolError{Code: wire.CodeFailed, Message: err.Error()}
 	}
+	code, permanent := execute.ToolFailure(err)
+	return &sdk.ToolError{Code: code, Message: err.Error(), Permanent: permanent}
 }
 
 func safeAnswer(ctx context.Context, h sdk.ToolHandler, req sdk.Request) (resp any, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = &sdk.ToolError{Code: wire.CodeInternal, Message: fmt.Sprintf("handler panicked: %v", r), Permanent: true}
-		}
-	}()
-	resp, err = h.HandleCall(ctx, req)
+	err, panicked := execute.Safely(func() (err error) { resp, err = h.HandleCall(ctx, req); return err })
+	if panicked {
+		return nil, &sdk.ToolError{Code: wire.CodeInternal, Message: err.Error(), Permanent: true}
+	}
 	if resp == nil && err == nil {
 		resp = json.RawMessage("null")
 	}

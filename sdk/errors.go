@@ -1,17 +1,13 @@
 package sdk
 
-import (
-	"errors"
-
-	"github.com/meshkit/mesh/internal/wire"
-)
+import "github.com/meshkit/mesh/internal/wire"
 
 // Errors callers branch on with errors.Is. A call that got no answer in
 // time satisfies errors.Is(err, context.DeadlineExceeded).
 var (
 	// ErrPermanent marks an error that retrying cannot fix: the event is
 	// dead-lettered at once. Wrap an error with Permanent to mark it.
-	ErrPermanent = errors.New("permanent")
+	ErrPermanent = wire.ErrPermanent
 	// ErrInvalid is wrapped by the error for what breaks the contract: an
 	// event type, event name, pattern, tool key or module name against the
 	// naming rules, a body that is not JSON or is over the node's limit, a
@@ -26,10 +22,10 @@ var (
 	// grant (the tools key of the module in meshd's config).
 	ErrForbidden = wire.ErrForbidden
 	// ErrClosed is returned once the mesh has been closed.
-	ErrClosed = errors.New("mesh closed")
+	ErrClosed = wire.ErrClosed
 	// ErrNoServer is returned by Call at once when nobody serves the tool:
 	// no server ever declared it, or none is running now.
-	ErrNoServer = errors.New("no server for this tool")
+	ErrNoServer = wire.ErrNoServer
 	// ErrTransient is wrapped by the error of an emit or call that may
 	// succeed if made again later; its message says which of these it is:
 	// the broker refused the event (a negative confirm, for example a full

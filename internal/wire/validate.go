@@ -29,6 +29,18 @@ var ErrNotStarted = fmt.Errorf("%w: the module has not started yet (Emit and Cal
 // allow; sdk.ErrForbidden is this error.
 var ErrForbidden = errors.New("forbidden")
 
+// ErrPermanent marks an error retrying cannot fix; sdk.ErrPermanent is
+// this error.
+var ErrPermanent = errors.New("permanent")
+
+// ErrClosed is returned once a mesh has been closed; sdk.ErrClosed is
+// this error.
+var ErrClosed = errors.New("mesh closed")
+
+// ErrNoServer is returned by a call of a tool nobody serves;
+// sdk.ErrNoServer is this error.
+var ErrNoServer = errors.New("no server for this tool")
+
 // ErrTransient is wrapped by every error of an emit or call that may not
 // recur: the same emit or call may succeed later. sdk.ErrTransient is this
 // error; the hosts tell its kinds apart with the errors below, which the

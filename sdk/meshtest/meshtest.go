@@ -18,6 +18,7 @@ import (
 
 	"github.com/meshkit/mesh/internal/asyncemit"
 	"github.com/meshkit/mesh/internal/causation"
+	"github.com/meshkit/mesh/internal/execute"
 	"github.com/meshkit/mesh/internal/filter"
 	"github.com/meshkit/mesh/internal/handlerlog"
 	"github.com/meshkit/mesh/internal/setup"
@@ -693,14 +694,10 @@ func (m *Mesh) route(ev sdk.Event, expires time.Time) {
 	}
 }
 
-// backoff is the delay before attempt+1: exponential from RetryMin,
-// capped at RetryMax, without a node's jitter so tests repeat exactly.
+// backoff is the delay before attempt+1, by the node's policy
+// (execute.Backoff) without its jitter, so tests repeat exactly.
 func (m *Mesh) backoff(attempt int) time.Duration {
-	d := m.cfg.RetryMin
-	for i := 1; i < attempt && d < m.cfg.RetryMax; i++ {
-		d *= 2
-	}
-	return min(d, m.cfg.RetryMax)
+	return execute.Backoff(attempt, m.cfg.RetryMin, m.cfg.RetryMax, nil)
 }
 
 // handled is what became of one delivery's handler call.
@@ -775,7 +772,7 @@ func (mod *module) handle(d *delivery) handled {
 func (mod *module) settle(d *delivery, h handled) {
 	m := mod.mesh
 	switch {
-	case d.dead && h.err != nil && (errors.Is(h.err, sdk.ErrPermanent) || d.attempt >= mod.cfg.MaxAttempts):
+	case d.dead && h.err != nil && (execute.Of(h.err) == execute.Permanent || d.attempt >= mod.cfg.MaxAttempts):
 		// A dead letter is never dead-lettered again.
 		mod.log.Error("dead letter dropped by the module's DeadLetters handler", "event_id", h.ev.ID, "attempt", d.attempt, "err", h.err)
 	case h.skipped:
@@ -789,7 +786,7 @@ func (mod *module) settle(d *delivery, h handled) {
 		if h.dedup {
 			mod.handled[h.ev.ID] = true
 		}
-	case errors.Is(h.err, sdk.ErrPermanent):
+	case execute.Of(h.err) == execute.Permanent:
 		m.deadLetter(mod, d, h.ev, wire.DeadReasonPermanent, d.attempt, h.err.Error())
 	case d.attempt >= mod.cfg.MaxAttempts:
 		m.deadLetter(mod, d, h.ev, wire.DeadReasonDeliveryLimit, d.attempt, h.err.Error())
@@ -829,14 +826,7 @@ func (mod *module) runHandler(h sdk.Handler, ev sdk.Event, tid trace.TraceID) (e
 	ctx = handlerlog.Event(ctx, mod.log, ev.ID, ev.Type, tracecontext.IDs)
 	ctx, cancel := context.WithTimeout(causation.Handling(ctx, ev.ID, ev.Time), mod.cfg.HandlerTimeout)
 	defer cancel()
-	func() {
-		defer func() {
-			if r := recover(); r != nil {
-				err = fmt.Errorf("handler panicked: %v", r)
-			}
-		}()
-		err = h.HandleEvent(ctx, ev)
-	}()
+	err, _ = execute.Safely(func() error { return h.HandleEvent(ctx, ev) })
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		if err == nil {
 			err = errors.New("handler returned nil after its deadline")
@@ -937,14 +927,11 @@ func (mod *module) answer(ctx context.Context, t tool, req sdk.Request) *answer 
 	}
 	ctx = handlerlog.Request(ctx, mod.log, req.ID, req.Tool, req.Caller, tracecontext.IDs)
 	ctx = causation.Handling(ctx, req.ID, req.Time)
-	resp, err := func() (resp any, err error) {
-		defer func() {
-			if r := recover(); r != nil {
-				err = &sdk.ToolError{Code: wire.CodeInternal, Message: fmt.Sprintf("handler panicked: %v", r), Permanent: true}
-			}
-		}()
-		return t.handler.HandleCall(ctx, req)
-	}()
+	var resp any
+	err, panicked := execute.Safely(func() (err error) { resp, err = t.handler.HandleCall(ctx, req); return err })
+	if panicked {
+		err = &sdk.ToolError{Code: wire.CodeInternal, Message: err.Error(), Permanent: true}
+	}
 	if err == nil {
 		if resp == nil {
 			resp = json.RawMessage("null")
@@ -956,12 +943,9 @@ func (mod *module) answer(ctx context.Context, t tool, req sdk.Request) *answer 
 		return &answer{body: body}
 	}
 	var te *sdk.ToolError
-	switch {
-	case errors.As(err, &te):
-	case errors.Is(err, sdk.ErrPermanent):
-		te = &sdk.ToolError{Code: wire.CodeRejected, Message: err.Error(), Permanent: true}
-	default:
-		te = &sdk.ToolError{Code: wire.CodeFailed, Message: err.Error()}
+	if !errors.As(err, &te) {
+		code, permanent := execute.ToolFailure(err)
+		te = &sdk.ToolError{Code: code, Message: err.Error(), Permanent: permanent}
 	}
 	return &answer{te: te}
 }

@@ -37,6 +37,7 @@ import (
 
 	"github.com/meshkit/mesh/internal/asyncemit"
 	"github.com/meshkit/mesh/internal/causation"
+	"github.com/meshkit/mesh/internal/execute"
 	"github.com/meshkit/mesh/internal/handlerlog"
 	"github.com/meshkit/mesh/internal/plugin"
 	"github.com/meshkit/mesh/internal/plugin/pb"
@@ -321,18 +322,11 @@ func (s *moduleServer) handle(d *pb.Delivery) *pb.Outcome {
 	ctx = handlerlog.Event(ctx, s.mesh.Logger(), ev.ID, ev.Type, tracecontext.IDs)
 	ctx, cancel := context.WithDeadline(withHandling(causation.HandlingEvent(ctx, ev.ID, ev.Time), d.Handling), time.Unix(0, d.DeadlineUnixNano))
 	defer cancel()
-	err := func() (err error) {
-		defer func() {
-			if r := recover(); r != nil {
-				err = fmt.Errorf("handler panicked: %v", r)
-			}
-		}()
-		return handlers[d.Pattern].HandleEvent(ctx, ev)
-	}()
-	switch {
-	case err == nil:
+	err, _ := execute.Safely(func() error { return handlers[d.Pattern].HandleEvent(ctx, ev) })
+	switch execute.Of(err) {
+	case execute.OK:
 		return &pb.Outcome{Seq: d.Seq, Kind: pb.Outcome_OK}
-	case errors.Is(err, sdk.ErrPermanent):
+	case execute.Permanent:
 		return &pb.Outcome{Seq: d.Seq, Kind: pb.Outcome_PERMANENT, Error: errorText(err)}
 	default:
 		return &pb.Outcome{Seq: d.Seq, Kind: pb.Outcome_FAILED, Error: errorText(err)}
@@ -436,50 +430,7 @@ func (s *moduleServer) sendEmits(batch []emitRequest) {
 
 // errorOf gives back the sdk error the host reported, so errors.Is works
 // as in-process.
-func errorOf(kind pb.ErrorKind, msg string) error {
-	var sentinel error
-	switch kind {
-	case pb.ErrorKind_NONE:
-		return nil
-	case pb.ErrorKind_INVALID_NAME, pb.ErrorKind_BODY_TOO_LARGE, pb.ErrorKind_BODY_NOT_JSON:
-		sentinel = sdk.ErrInvalid
-	case pb.ErrorKind_REFUSED, pb.ErrorKind_UNROUTABLE:
-		sentinel = wire.ErrRefused
-	case pb.ErrorKind_CLOSED:
-		sentinel = sdk.ErrClosed
-	case pb.ErrorKind_CONNECTION_LOST:
-		sentinel = wire.ErrConnectionLost
-	case pb.ErrorKind_NO_SERVER:
-		sentinel = sdk.ErrNoServer
-	case pb.ErrorKind_DEADLINE_EXCEEDED:
-		sentinel = context.DeadlineExceeded
-	case pb.ErrorKind_BACK_PRESSURE:
-		sentinel = wire.ErrBackPressure
-	case pb.ErrorKind_FORBIDDEN:
-		sentinel = sdk.ErrForbidden
-	case pb.ErrorKind_NOT_STARTED:
-		sentinel = wire.ErrNotStarted
-	case pb.ErrorKind_ALREADY_STARTED:
-		sentinel = wire.ErrAlreadyStarted
-	default:
-		return errors.New(msg)
-	}
-	if !strings.Contains(msg, sentinel.Error()) {
-		msg += ": " + sentinel.Error()
-	}
-	return &hostError{msg: msg, sentinel: sentinel}
-}
-
-// hostError is an error the host reported, worded as the host worded it
-// (which names the sentinel already, as "call tax.rate: no server for
-// this tool" does), and matching its sentinel with errors.Is.
-type hostError struct {
-	msg      string
-	sentinel error
-}
-
-func (e *hostError) Error() string { return e.msg }
-func (e *hostError) Unwrap() error { return e.sentinel }
+func errorOf(kind pb.ErrorKind, msg string) error { return plugin.ErrorOf(kind, msg) }
 
 // Answer runs one tool call: a ToolError goes back as it is, a panic as
 // "internal", any other error without a code for the host to classify.
@@ -494,14 +445,11 @@ func (s *moduleServer) Answer(_ context.Context, r *pb.ToolRequest) (*pb.ToolAns
 	ctx = handlerlog.Request(ctx, s.mesh.Logger(), req.ID, req.Tool, req.Caller, tracecontext.IDs)
 	ctx, cancel := context.WithDeadline(withHandling(causation.Handling(ctx, req.ID, req.Time), r.Handling), req.Deadline)
 	defer cancel()
-	resp, err := func() (resp any, err error) {
-		defer func() {
-			if p := recover(); p != nil {
-				err = &sdk.ToolError{Code: wire.CodeInternal, Message: fmt.Sprintf("handler panicked: %v", p), Permanent: true}
-			}
-		}()
-		return tools[r.Tool].HandleCall(ctx, req)
-	}()
+	var resp any
+	err, panicked := execute.Safely(func() (err error) { resp, err = tools[r.Tool].HandleCall(ctx, req); return err })
+	if panicked {
+		err = &sdk.ToolError{Code: wire.CodeInternal, Message: err.Error(), Permanent: true}
+	}
 	if err == nil {
 		var body []byte
 		if body, err = toJSON(resp); err == nil {

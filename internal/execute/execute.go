@@ -1,0 +1,79 @@
+// Package execute is the execution policy every host applies to a
+// module's handlers, written once: running one so that a panic is an
+// error, classifying what it returned, and the back-off before a retry.
+// The runtime in-process, a module process (sdk/process) and sdk/meshtest
+// use it, so they cannot drift apart.
+package execute
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/meshkit/mesh/internal/wire"
+)
+
+// Outcome is what a handler's call comes to.
+type Outcome int
+
+// The outcomes.
+const (
+	// OK acknowledges the event.
+	OK Outcome = iota
+	// Failed retries it with back-off, up to the attempt limit.
+	Failed
+	// Permanent dead-letters it at once.
+	Permanent
+)
+
+// Of classifies what a handler returned: nil is OK, an error marked
+// permanent (sdk.Permanent, a permanent ToolError) Permanent, any other
+// Failed.
+func Of(err error) Outcome {
+	switch {
+	case err == nil:
+		return OK
+	case errors.Is(err, wire.ErrPermanent):
+		return Permanent
+	}
+	return Failed
+}
+
+// Safely calls f and returns its error, or, if f panicked, an error
+// saying so with panicked true: a handler's panic is a failed attempt
+// (for a tool, a permanent "internal" error), and the host goes on.
+func Safely(f func() error) (err error, panicked bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			err, panicked = fmt.Errorf("handler panicked: %v", r), true
+		}
+	}()
+	return f(), false
+}
+
+// Backoff is the delay before attempt+1 of a failed handler: exponential
+// from lo, doubling, capped at hi. With jitter (rand.Int64N), up to a fifth
+// of it is taken off at random, so that the retries of a burst spread (a
+// node); without (nil), it repeats exactly (meshtest).
+func Backoff(attempt int, lo, hi time.Duration, jitter func(int64) int64) time.Duration {
+	d := lo
+	for i := 1; i < attempt && d < hi; i++ {
+		d *= 2
+	}
+	d = min(d, hi)
+	if jitter != nil {
+		d -= time.Duration(jitter(int64(d)/5 + 1))
+	}
+	return d
+}
+
+// ToolFailure is what a tool handler's error becomes for its caller when
+// it is not a tool error of its own (an *sdk.ToolError, sent as it is):
+// code "rejected" and permanent for an error marked permanent, "failed"
+// and transient for any other.
+func ToolFailure(err error) (code string, permanent bool) {
+	if Of(err) == Permanent {
+		return wire.CodeRejected, true
+	}
+	return wire.CodeFailed, false
+}

@@ -1,0 +1,50 @@
+package execute
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/meshkit/mesh/internal/wire"
+)
+
+func TestOf(t *testing.T) {
+	for err, want := range map[error]Outcome{
+		nil:                                    OK,
+		errors.New("x"):                        Failed,
+		fmt.Errorf("y: %w", wire.ErrPermanent): Permanent,
+		errors.Join(errors.New("z"), fmt.Errorf("%w", wire.ErrPermanent)): Permanent,
+		wire.ErrTransient: Failed,
+	} {
+		if got := Of(err); got != want {
+			t.Errorf("Of(%v) = %v, want %v", err, got, want)
+		}
+	}
+}
+
+func TestSafely(t *testing.T) {
+	if err, p := Safely(func() error { return nil }); err != nil || p {
+		t.Errorf("nil: %v %v", err, p)
+	}
+	boom := errors.New("boom")
+	if err, p := Safely(func() error { return boom }); err != boom || p {
+		t.Errorf("error: %v %v", err, p)
+	}
+	if err, p := Safely(func() error { panic("at the disco") }); err == nil || err.Error() != "handler panicked: at the disco" || !p {
+		t.Errorf("panic: %v %v", err, p)
+	}
+}
+
+func TestBackoff(t *testing.T) {
+	lo, hi := 200*time.Millisecond, time.Second
+	for attempt, want := range map[int]time.Duration{1: lo, 2: 400 * time.Millisecond, 3: 800 * time.Millisecond, 4: hi, 40: hi} {
+		if got := Backoff(attempt, lo, hi, nil); got != want {
+			t.Errorf("attempt %d: %v, want %v", attempt, got, want)
+		}
+		most := func(n int64) int64 { return n - 1 }
+		if got := Backoff(attempt, lo, hi, most); got < want*4/5 || got > want {
+			t.Errorf("attempt %d with jitter: %v, want within a fifth under %v", attempt, got, want)
+		}
+	}
+}
