@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/runtime"
 	"github.com/meshkit/mesh/sdk"
 )

@@ -23,7 +23,6 @@ import (
 	"github.com/meshkit/mesh/internal/testdir"
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/runtime"
-	"github.com/meshkit/mesh/sdk"
 )
 
 // streamThrough runs a stream of emits and handles on one node while

@@ -15,7 +15,6 @@ import (
 	"github.com/meshkit/mesh/internal/brokertest"
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/runtime"
-	"github.com/meshkit/mesh/sdk"
 )
 
 // TestRefusedSpooledEvents: a stream of emits goes through an outage, so
