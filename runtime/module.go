@@ -173,7 +173,6 @@ func (n *Node) Load(ctx context.Context, def sdk.Module, mc ModuleConfig) (*Modu
 		return nil, fmt.Errorf("load module %s: a module of that name is already loaded on node %s", def.Name, n.cfg.Node)
 	}
 	n.modules[def.Name] = m
-	delete(n.failed, def.Name) // loaded again: an earlier failure of the name is over
 	n.mu.Unlock()
 
 	if err := m.start(ctx); err != nil {
@@ -192,6 +191,11 @@ func (n *Node) Load(ctx context.Context, def sdk.Module, mc ModuleConfig) (*Modu
 		}
 		return nil, fmt.Errorf("load module %s: %w", def.Name, err)
 	}
+	n.mu.Lock()
+	if n.failed[def.Name] != nil && n.modules[def.Name] == m {
+		delete(n.failed, def.Name) // loaded again: an earlier failure of the name is over
+	}
+	n.mu.Unlock()
 	return m, nil
 }
 
@@ -260,10 +264,13 @@ func (m *Module) run(ctx context.Context) error {
 		return nil
 	}
 	err := m.def.Run(handlerlog.With(ctx, m.log), m.mesh)
+	m.mu.Lock()
+	stopping := m.stopped // Run's ctx ends after the drain: a Run that ends during it is stopping too
+	m.mu.Unlock()
 	switch {
 	case err == nil:
 		return nil
-	case ctx.Err() != nil:
+	case ctx.Err() != nil || stopping:
 		if !errors.Is(err, context.Canceled) {
 			m.log.Warn("module run ended with an error as the module stopped", "err", err)
 		}

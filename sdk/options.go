@@ -140,13 +140,17 @@ func AllowDuplicates() HandlerOption {
 // number it spells with a number; a body field with a literal of its JSON
 // type. A comparison with something missing (no such header or field, an
 // empty attribute, a body that is not JSON) or of another type is false,
-// for != too; not inverts it. At most 1024 bytes, 64 comparisons and 16
+// for != and not in too; not inverts it. One Filter per handler: join
+// conditions with and. At most 1024 bytes, 64 comparisons and 16
 // levels of nesting.
 //
 // A bad expression makes On or Consume return ErrInvalid, saying where and
 // what to write instead.
 func Filter(expr string) HandlerOption {
 	return handlerOption(func(o *wire.HandlerOptions) error {
+		if o.Filter != nil {
+			return fmt.Errorf("%w: a second Filter for one handler (%q beside %q): write one expression, joined with and", wire.ErrInvalid, expr, o.Filter.String())
+		}
 		f, err := wire.ParseFilter(expr)
 		if err != nil {
 			return err

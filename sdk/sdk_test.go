@@ -52,6 +52,10 @@ func TestHandlerOptions(t *testing.T) {
 		!strings.Contains(err.Error(), "did you mean body.total") {
 		t.Errorf("bad filter: %v", err)
 	}
+	if _, err := wire.ApplyHandlerOptions([]sdk.HandlerOption{sdk.Filter("source = 'a'"), sdk.Filter("node = 'b'")}); !errors.Is(err, sdk.ErrInvalid) ||
+		!strings.Contains(err.Error(), "joined with and") {
+		t.Errorf("two filters: %v", err)
+	}
 	if _, err := wire.ApplyHandlerOptions([]any{"allow"}); !errors.Is(err, sdk.ErrInvalid) {
 		t.Errorf("a string as an option: %v", err)
 	}

@@ -28,7 +28,10 @@
 // "false". A body field compares with a literal of its JSON type. A
 // comparison whose operand is missing (no such header or field, an empty
 // attribute, a body that is not JSON), or whose types differ, is false,
-// for != too; not inverts it, so "not body.x = 1" holds where x is missing.
+// for != and not in too; not inverts it, so "not body.x = 1" holds where x
+// is missing. Any JSON value compares with null: "body.x != null" holds
+// where x is there and not null. Text that is to be a number is read as a
+// literal is (no hexadecimal, underscores or infinities).
 //
 // Parse bounds what a filter may cost, since a module is untrusted and its
 // host evaluates the filter: at most MaxBytes of text, MaxDepth levels of
@@ -40,6 +43,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 )
@@ -188,7 +192,7 @@ func (ev *Event) field(path []string) (any, bool) {
 		ev.parsed = true
 		d := json.NewDecoder(bytes.NewReader(ev.Body))
 		d.UseNumber()
-		if err := d.Decode(&ev.body); err == nil && !d.More() {
+		if json.Valid(ev.Body) && d.Decode(&ev.body) == nil {
 			ev.bodyOK = true
 		} else {
 			ev.body = nil
@@ -226,13 +230,17 @@ func (n cmpNode) eval(ev *Event) bool {
 	switch n.op {
 	case "exists":
 		return true
-	case "in":
+	case "in", "notin":
+		in, comparable := false, false
 		for _, l := range n.lits {
-			if c, ok := compare(text, jv, isJSON, l); ok && c == 0 {
-				return true
-			}
+			c, ok := compare(text, jv, isJSON, l)
+			comparable = comparable || ok
+			in = in || (ok && c == 0)
 		}
-		return false
+		if n.op == "notin" {
+			return comparable && !in // as !=: false when nothing in the list compares
+		}
+		return in
 	}
 	c, ok := compare(text, jv, isJSON, n.lits[0])
 	if !ok {
@@ -264,8 +272,8 @@ func compare(text string, jv any, isJSON bool, l literal) (int, bool) {
 		case litString:
 			return strings.Compare(text, l.s), true
 		case litNumber:
-			f, err := strconv.ParseFloat(strings.TrimSpace(text), 64)
-			if err != nil {
+			f, ok := decimal(strings.TrimSpace(text))
+			if !ok {
 				return 0, false
 			}
 			return cmpFloat(f, l.n)
@@ -294,12 +302,26 @@ func compare(text string, jv any, isJSON bool, l literal) (int, bool) {
 		if l.kind == litBool {
 			return eqOnly(v == l.b), true
 		}
-	case nil:
-		if l.kind == litNull {
-			return 0, true
-		}
+	}
+	if l.kind == litNull { // any JSON value is null or not
+		return eqOnly(jv == nil), true
 	}
 	return 0, false
+}
+
+// decimal reads s as a decimal number, as a number literal is written
+// (no hexadecimal, underscores, infinities or NaN).
+func decimal(s string) (float64, bool) {
+	if s == "" || strings.IndexFunc(s, func(r rune) bool {
+		return !(r >= '0' && r <= '9' || r == '.' || r == '-' || r == '+' || r == 'e' || r == 'E')
+	}) >= 0 {
+		return 0, false
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil || math.IsInf(f, 0) {
+		return 0, false
+	}
+	return f, true
 }
 
 // cmpFloat orders two numbers; a NaN (text may spell one) is not ordered.

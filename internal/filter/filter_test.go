@@ -9,7 +9,7 @@ import (
 func order() *Event {
 	return &Event{
 		Type: "module.billing.invoice.paid", Source: "billing", Node: "alpha", Schema: "2", User: "node-alpha",
-		Headers: map[string]string{"x-tenant": "acme", "x-count": "12", "x-flag": "true", "x-empty": ""},
+		Headers: map[string]string{"x-tenant": "acme", "x-count": "12", "x-flag": "true", "x-empty": "", "x-inf": "inf", "x-hex": "0x1p10"},
 		Body:    []byte(`{"total": 150.5, "currency": "EUR", "paid": true, "note": null, "items": [{"sku": "a-1", "qty": 2}], "order": {"status": "open"}}`),
 	}
 }
@@ -68,6 +68,17 @@ func TestMatch(t *testing.T) {
 		{"(source = 'shop' or source = 'billing') and body.paid = true", true},
 		{"body.total > -1", true},
 		{"body.currency = 'E\\'UR'", false},
+		{"body.nothing not in ('a')", false}, // missing: false, as !=
+		{"body.currency not in ('USD')", true},
+		{"body.total not in ('x')", false}, // nothing in the list compares with a number
+		{"not body.nothing in ('a')", true},
+		{"body.total != null", true},
+		{"body.note != null", false},
+		{"body.nothing != null", false},
+		{"body.total = null", false},
+		{"header.x-inf > 100", false}, // "inf" is no number here
+		{"header.x-hex > 100", false},
+		{"header.x-count <= 12e0", true},
 	} {
 		f, err := Parse(c.expr)
 		if err != nil {
@@ -84,7 +95,7 @@ func TestMatch(t *testing.T) {
 }
 
 func TestBodyThatIsNotJSON(t *testing.T) {
-	for _, body := range []string{"not json", "", `{"a":1} trailing`, `{"a":`} {
+	for _, body := range []string{"not json", "", `{"a":1} trailing`, `{"a":`, `{"a":1}]`, `{"a":1}}`, `{"a":1} {"a":1}`} {
 		ev := &Event{Source: "s", Body: []byte(body)}
 		for _, expr := range []string{"body exists", "body.a = 1", "body.a exists"} {
 			f, err := Parse(expr)

@@ -208,9 +208,14 @@ func (p *parser) comparison() (node, error) {
 		if err != nil {
 			return nil, err
 		}
-		return notNode{n}, nil
+		n.op = "notin" // false where the operand is missing, as != is
+		return n, nil
 	case op.keyword("in"):
-		return p.inList(o)
+		n, err := p.inList(o)
+		if err != nil {
+			return nil, err
+		}
+		return n, nil
 	case op.kind == tOp:
 		l, lt, err := p.literal()
 		if err != nil {
@@ -224,18 +229,18 @@ func (p *parser) comparison() (node, error) {
 	return nil, p.errAt(op, "expected =, !=, <, <=, >, >=, in, not in or exists after "+t.text)
 }
 
-func (p *parser) inList(o operand) (node, error) {
+func (p *parser) inList(o operand) (cmpNode, error) {
 	if t := p.next(); t.kind != tLParen {
-		return nil, p.errAt(t, "expected ( to open the list of in")
+		return cmpNode{}, p.errAt(t, "expected ( to open the list of in")
 	}
 	n := cmpNode{operand: o, op: "in"}
 	for {
 		l, lt, err := p.literal()
 		if err != nil {
-			return nil, err
+			return cmpNode{}, err
 		}
 		if len(n.lits) >= MaxTerms {
-			return nil, p.errAt(lt, fmt.Sprintf("more than %d values in one list", MaxTerms))
+			return cmpNode{}, p.errAt(lt, fmt.Sprintf("more than %d values in one list", MaxTerms))
 		}
 		n.lits = append(n.lits, l)
 		switch t := p.next(); t.kind {
@@ -244,7 +249,7 @@ func (p *parser) inList(o operand) (node, error) {
 		case tRParen:
 			return n, nil
 		default:
-			return nil, p.errAt(t, "expected , or ) in the list of in")
+			return cmpNode{}, p.errAt(t, "expected , or ) in the list of in")
 		}
 	}
 }

@@ -363,7 +363,8 @@ func (m *Mesh) WaitRun(ctx context.Context, name string) error {
 // Close waits for a Settle running in another goroutine to finish (the
 // handlers in flight drain first, as on a node), then cancels the
 // modules' Run contexts and waits for them to return. Emits and calls
-// then fail with sdk.ErrClosed.
+// then fail with sdk.ErrClosed. Do not call it from a handler, nor while
+// a handler waits for something only Close would end: it waits for them.
 func (m *Mesh) Close() {
 	m.mu.Lock()
 	for m.settling {
@@ -744,15 +745,16 @@ func (mod *module) handle(d *delivery) handled {
 			return h
 		}
 	}
-	if h.filtered {
-		return h
-	}
 	mod.mesh.mu.Lock()
 	seen := mod.handled[d.ev.ID]
 	tid := mod.mesh.traces[d.ev.ID]
 	h.expired = !d.expires.IsZero() && !mod.mesh.now.Before(d.expires)
 	mod.mesh.mu.Unlock()
-	if h.expired {
+	if h.expired { // the broker sets it aside before any filter reads it
+		h.filtered = false
+		return h
+	}
+	if h.filtered {
 		return h
 	}
 	if h.dedup && seen {
@@ -864,7 +866,7 @@ func (m *Mesh) call(ctx context.Context, caller, key string, req, resp any) erro
 	var server *module
 	var t tool
 	for _, mod := range append([]*module{m.stubs}, m.modules...) { // a stand-in first
-		if mod == nil {
+		if mod == nil || mod.runErr != nil { // a module whose Run failed serves nothing
 			continue
 		}
 		if i := slices.IndexFunc(mod.tools, func(t tool) bool { return t.key == key }); i >= 0 {

@@ -184,7 +184,8 @@ func TestFailingRunStopsTheModule(t *testing.T) {
 	defer mt.Close()
 	handled := 0
 	err := mt.Load(sdk.Module{Name: "fragile", Setup: func(m sdk.Mesh) error {
-		return m.On("mesh.fragile.#", sdk.HandlerFunc(func(context.Context, sdk.Event) error { handled++; return nil }))
+		return errors.Join(m.On("mesh.fragile.#", sdk.HandlerFunc(func(context.Context, sdk.Event) error { handled++; return nil })),
+			m.Serve("fragile.ping", sdk.ToolHandlerFunc(func(context.Context, sdk.Request) (any, error) { return "pong", nil })))
 	}, Run: func(ctx context.Context, m sdk.Mesh) error { return errors.New("lost its socket") }}, meshtest.ModuleConfig{})
 	if err != nil {
 		t.Fatal(err)
@@ -200,6 +201,9 @@ func TestFailingRunStopsTheModule(t *testing.T) {
 	mt.Settle()
 	if handled != 0 {
 		t.Errorf("the stopped module handled %d events", handled)
+	}
+	if err := mt.Call(ctx, "test", "fragile.ping", nil, nil); !errors.Is(err, sdk.ErrNoServer) {
+		t.Errorf("a call of the stopped module's tool: %v, want ErrNoServer", err)
 	}
 	if err := mt.WaitRun(ctx, "nobody"); err == nil {
 		t.Error("WaitRun of a module not loaded returned nil")
