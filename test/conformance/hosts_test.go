@@ -228,14 +228,42 @@ func traced() (context.Context, string) {
 
 // logBuffer keeps what a host logs, as text lines.
 type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
+	mu      sync.Mutex
+	buf     bytes.Buffer
+	written chan struct{} // closed (and replaced) at each write
 }
 
 func (b *logBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.written != nil {
+		close(b.written)
+		b.written = nil
+	}
 	return b.buf.Write(p)
+}
+
+// waitFor waits, at most d, until what was logged satisfies cond, and
+// returns it; it looks again at each write.
+func (b *logBuffer) waitFor(d time.Duration, cond func(string) bool) (string, bool) {
+	timeout := time.After(d)
+	for {
+		b.mu.Lock()
+		logs := b.buf.String()
+		if b.written == nil {
+			b.written = make(chan struct{})
+		}
+		written := b.written
+		b.mu.Unlock()
+		if cond(logs) {
+			return logs, true
+		}
+		select {
+		case <-written:
+		case <-timeout:
+			return logs, false
+		}
+	}
 }
 
 func (b *logBuffer) String() string {
@@ -409,25 +437,30 @@ func (h *brokerHost) Logs() string { return h.logs.String() }
 
 func (h *brokerHost) Failed(t *testing.T, name string) string {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for ; time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if h.process == "" {
-			if err := h.node.Ready(); err != nil && strings.Contains(err.Error(), "module "+name+" stopped") {
-				return err.Error()
-			}
-			continue
+	// Logged in this order: the failure, then (in-process) the stop, after
+	// which the node's readiness has it, or (a module process) the restart.
+	then := "module process restarted"
+	if h.process == "" {
+		then = "module stopped"
+	}
+	logs, ok := h.logs.waitFor(20*time.Second, func(logs string) bool {
+		i := strings.Index(logs, "module run failed")
+		return i >= 0 && strings.Contains(logs[i:], then)
+	})
+	if !ok {
+		t.Fatalf("the host did not show that %s's Run failed; its log:\n%s", name, logs)
+	}
+	if h.process == "" {
+		if err := h.node.Ready(); err != nil {
+			return err.Error()
 		}
-		logs := h.Logs()
-		if !strings.Contains(logs, "module process restarted") {
-			continue
-		}
-		for _, l := range strings.Split(logs, "\n") {
-			if strings.Contains(l, "module run failed") {
-				return l
-			}
+		t.Fatalf("the node is ready after %s's Run failed", name)
+	}
+	for _, l := range strings.Split(logs, "\n") {
+		if strings.Contains(l, "module run failed") {
+			return l
 		}
 	}
-	t.Fatalf("the host did not show that %s's Run failed; its log:\n%s", name, h.Logs())
 	return ""
 }
 
