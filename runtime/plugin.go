@@ -845,18 +845,8 @@ func (pm *PluginModule) forward(i uint32) sdk.Handler {
 		token, end := pm.handlings.begin(ctx)
 		defer end()
 		deadline, _ := ctx.Deadline()
-		d := &pb.Delivery{Handling: token,
-			Seq: p.seq.Add(1), Pattern: i, Id: ev.ID, Type: ev.Type, Source: ev.Source, Node: ev.Node,
-			CausationId: ev.CausationID, Schema: ev.Schema, Headers: ev.Headers,
-			Body: ev.Body, Attempt: uint32(ev.Attempt), Redelivered: ev.Redelivered, DeadlineUnixNano: deadline.UnixNano(), UserId: ev.UserID,
-			DeadQueue: ev.DeadQueue, DeadReason: ev.DeadReason, DeadError: ev.DeadError, DeadAttempts: uint32(ev.DeadAttempts), Queue: ev.Queue,
-		}
-		if !ev.Time.IsZero() {
-			d.TimeUnixNano = ev.Time.UnixNano()
-		}
-		if !ev.DeadTime.IsZero() {
-			d.DeadTimeUnixNano = ev.DeadTime.UnixNano()
-		}
+		d := plugin.DeliveryOf(plugin.Event(ev), deadline)
+		d.Handling, d.Seq, d.Pattern = token, p.seq.Add(1), i
 		d.Traceparent, d.Tracestate = tracecontext.Inject(ctx)
 		result := make(chan *pb.Outcome, 1)
 		p.mu.Lock()
@@ -904,10 +894,8 @@ func (pm *PluginModule) answer(i uint32) sdk.ToolHandler {
 		}
 		token, end := pm.handlings.begin(ctx)
 		defer end()
-		tr := &pb.ToolRequest{Handling: token,
-			Tool: i, Id: req.ID, Caller: req.Caller, Node: req.Node, TimeUnixNano: req.Time.UnixNano(),
-			DeadlineUnixNano: req.Deadline.UnixNano(), CausationId: req.CausationID, Headers: req.Headers, Body: req.Body,
-		}
+		tr := plugin.ToolRequestOf(plugin.Request(req), i)
+		tr.Handling = token
 		tr.Traceparent, tr.Tracestate = tracecontext.Inject(ctx)
 		a, err := p.remote.Module.Answer(ctx, tr)
 		if err != nil {

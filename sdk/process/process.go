@@ -304,23 +304,13 @@ func (s *moduleServer) handle(d *pb.Delivery) *pb.Outcome {
 	if int(d.Pattern) >= len(handlers) || handlers[d.Pattern] == nil {
 		return &pb.Outcome{Seq: d.Seq, Kind: pb.Outcome_PERMANENT, Error: fmt.Sprintf("no handler for pattern %d", d.Pattern)}
 	}
-	ev := sdk.Event{
-		ID: d.Id, Type: d.Type, Source: d.Source, Node: d.Node, Time: time.Unix(0, d.TimeUnixNano).UTC(),
-		CausationID: d.CausationId, Schema: d.Schema, Headers: d.Headers, Body: d.Body,
-		Attempt: int(d.Attempt), Redelivered: d.Redelivered, UserID: d.UserId,
-		DeadQueue: d.DeadQueue, DeadReason: d.DeadReason, DeadError: d.DeadError, DeadAttempts: int(d.DeadAttempts), Queue: d.Queue,
-	}
-	if d.DeadTimeUnixNano != 0 {
-		ev.DeadTime = time.Unix(0, d.DeadTimeUnixNano).UTC()
-	}
-	if d.TimeUnixNano == 0 {
-		ev.Time = time.Time{} // a malformed dead letter's unreadable time
-	}
+	pe, deadline := plugin.EventOf(d)
+	ev := sdk.Event(pe)
 	// The host's span of this handling, as a remote parent, and the
 	// logger tagged with the event: as in-process.
 	ctx := tracecontext.Extract(context.Background(), d.Traceparent, d.Tracestate)
 	ctx = handlerlog.Event(ctx, s.mesh.Logger(), ev.ID, ev.Type, tracecontext.IDs)
-	ctx, cancel := context.WithDeadline(withHandling(causation.HandlingEvent(ctx, ev.ID, ev.Time), d.Handling), time.Unix(0, d.DeadlineUnixNano))
+	ctx, cancel := withDeadline(withHandling(causation.HandlingEvent(ctx, ev.ID, ev.Time), d.Handling), deadline)
 	defer cancel()
 	err, _ := execute.Safely(func() error { return handlers[d.Pattern].HandleEvent(ctx, ev) })
 	switch execute.Of(err) {
@@ -331,6 +321,15 @@ func (s *moduleServer) handle(d *pb.Delivery) *pb.Outcome {
 	default:
 		return &pb.Outcome{Seq: d.Seq, Kind: pb.Outcome_FAILED, Error: errorText(err)}
 	}
+}
+
+// withDeadline is ctx bounded by the host's deadline; the zero time (the
+// host's handler had none) leaves it unbounded rather than already over.
+func withDeadline(ctx context.Context, deadline time.Time) (context.Context, context.CancelFunc) {
+	if deadline.IsZero() {
+		return context.WithCancel(ctx)
+	}
+	return context.WithDeadline(ctx, deadline)
 }
 
 // handlingKey is the context key of the host's token for the handling a
@@ -439,11 +438,10 @@ func (s *moduleServer) Answer(_ context.Context, r *pb.ToolRequest) (*pb.ToolAns
 	if int(r.Tool) >= len(tools) {
 		return &pb.ToolAnswer{IsError: true, Code: wire.CodeInternal, Message: fmt.Sprintf("no tool %d", r.Tool), Permanent: true}, nil
 	}
-	req := sdk.Request{ID: r.Id, Tool: s.desc.Tools[r.Tool], Caller: r.Caller, Node: r.Node, Time: time.Unix(0, r.TimeUnixNano).UTC(),
-		Deadline: time.Unix(0, r.DeadlineUnixNano), CausationID: r.CausationId, Headers: r.Headers, Body: r.Body}
+	req := sdk.Request(plugin.RequestOf(r, s.desc.Tools[r.Tool]))
 	ctx := tracecontext.Extract(context.Background(), r.Traceparent, r.Tracestate)
 	ctx = handlerlog.Request(ctx, s.mesh.Logger(), req.ID, req.Tool, req.Caller, tracecontext.IDs)
-	ctx, cancel := context.WithDeadline(withHandling(causation.Handling(ctx, req.ID, req.Time), r.Handling), req.Deadline)
+	ctx, cancel := withDeadline(withHandling(causation.Handling(ctx, req.ID, req.Time), r.Handling), req.Deadline)
 	defer cancel()
 	var resp any
 	err, panicked := execute.Safely(func() (err error) { resp, err = tools[r.Tool].HandleCall(ctx, req); return err })

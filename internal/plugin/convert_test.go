@@ -1,0 +1,123 @@
+package plugin
+
+import (
+	"encoding/json"
+	"fmt"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/meshkit/mesh/internal/plugin/pb"
+)
+
+// fillFields sets every exported field of the struct v points to a value that
+// differs from its zero and from every other field's, so a field that a
+// conversion drops or swaps shows.
+func fillFields(t *testing.T, v any) {
+	t.Helper()
+	s := reflect.ValueOf(v).Elem()
+	for i := 0; i < s.NumField(); i++ {
+		f, sf := s.Field(i), s.Type().Field(i)
+		if !sf.IsExported() {
+			continue
+		}
+		n := i + 1
+		switch f.Interface().(type) {
+		case string:
+			f.SetString(fmt.Sprintf("%s-%d", sf.Name, n))
+		case int:
+			f.SetInt(int64(n))
+		case uint32, uint64:
+			f.SetUint(uint64(n))
+		case int64: // a time on the wire
+			f.SetInt(time.Date(2026, 12, n, 8, 0, 0, n, time.UTC).UnixNano())
+		case bool:
+			f.SetBool(true)
+		case time.Time:
+			f.Set(reflect.ValueOf(time.Date(2026, 12, n, 8, 0, 0, n, time.UTC)))
+		case map[string]string:
+			f.Set(reflect.ValueOf(map[string]string{sf.Name: fmt.Sprint(n)}))
+		case json.RawMessage:
+			f.Set(reflect.ValueOf(json.RawMessage(fmt.Sprintf(`{"field":%d}`, n))))
+		case []byte:
+			f.SetBytes([]byte(fmt.Sprintf(`{"field":%d}`, n)))
+		default:
+			t.Fatalf("fillFields: no value for %s %s: teach fillFields its type", sf.Name, sf.Type)
+		}
+	}
+}
+
+// TestEventRoundTrip: every field of the event crosses to the module
+// process and back unchanged, and so does every field of a delivery that
+// belongs to the event.
+func TestEventRoundTrip(t *testing.T) {
+	var ev Event
+	fillFields(t, &ev)
+	deadline := time.Date(2027, 1, 1, 0, 0, 0, 5, time.UTC)
+	back, gotDeadline := EventOf(DeliveryOf(ev, deadline))
+	if !reflect.DeepEqual(back, ev) {
+		t.Errorf("event changed crossing the boundary:\n sent %+v\n  got %+v", ev, back)
+	}
+	if !gotDeadline.Equal(deadline) {
+		t.Errorf("deadline %v crossed as %v", deadline, gotDeadline)
+	}
+
+	// The other way: a delivery field the conversions do not carry is one
+	// the module never sees. Those that belong to the crossing are set by
+	// the caller.
+	var d pb.Delivery
+	fillFields(t, &d)
+	d.Seq, d.Pattern, d.Handling, d.Traceparent, d.Tracestate = 0, 0, 0, "", ""
+	pe, dl := EventOf(&d)
+	again := DeliveryOf(pe, dl)
+	if !reflect.DeepEqual(fields(again), fields(&d)) {
+		t.Errorf("delivery changed crossing the boundary:\n sent %+v\n  got %+v", fields(&d), fields(again))
+	}
+}
+
+// TestRequestRoundTrip: the same for a tool call; the tool crosses as its
+// index and comes back as the name the module declared at that index.
+func TestRequestRoundTrip(t *testing.T) {
+	var r Request
+	fillFields(t, &r)
+	back := RequestOf(ToolRequestOf(r, 3), r.Tool)
+	if !reflect.DeepEqual(back, r) {
+		t.Errorf("request changed crossing the boundary:\n sent %+v\n  got %+v", r, back)
+	}
+	var tr pb.ToolRequest
+	fillFields(t, &tr)
+	tr.Handling, tr.Traceparent, tr.Tracestate = 0, "", ""
+	again := ToolRequestOf(RequestOf(&tr, "tool"), tr.Tool)
+	if !reflect.DeepEqual(fields(again), fields(&tr)) {
+		t.Errorf("tool request changed crossing the boundary:\n sent %+v\n  got %+v", fields(&tr), fields(again))
+	}
+}
+
+// TestZeroTimes: a zero time (an unreadable dead-letter time, no deadline)
+// crosses as zero, not as a date before 1678.
+func TestZeroTimes(t *testing.T) {
+	d := DeliveryOf(Event{ID: "e"}, time.Time{})
+	if d.TimeUnixNano != 0 || d.DeadTimeUnixNano != 0 || d.DeadlineUnixNano != 0 {
+		t.Fatalf("zero times on the wire: %d %d %d", d.TimeUnixNano, d.DeadTimeUnixNano, d.DeadlineUnixNano)
+	}
+	ev, deadline := EventOf(d)
+	if !ev.Time.IsZero() || !ev.DeadTime.IsZero() || !deadline.IsZero() {
+		t.Fatalf("zero times back: %v %v %v", ev.Time, ev.DeadTime, deadline)
+	}
+	r := RequestOf(ToolRequestOf(Request{ID: "r"}, 0), "t")
+	if !r.Time.IsZero() || !r.Deadline.IsZero() {
+		t.Fatalf("zero request times back: %v %v", r.Time, r.Deadline)
+	}
+}
+
+// fields is the exported fields of a protobuf message, by name.
+func fields(m any) map[string]any {
+	out := map[string]any{}
+	s := reflect.ValueOf(m).Elem()
+	for i := 0; i < s.NumField(); i++ {
+		if sf := s.Type().Field(i); sf.IsExported() {
+			out[sf.Name] = s.Field(i).Interface()
+		}
+	}
+	return out
+}
