@@ -13,7 +13,6 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshkit/mesh/internal/deadletters"
-	"github.com/meshkit/mesh/internal/execute"
 	"github.com/meshkit/mesh/internal/filter"
 	"github.com/meshkit/mesh/internal/setup"
 	"github.com/meshkit/mesh/internal/wire"
@@ -400,9 +399,7 @@ func (m *Module) handleQueued(queue string, h sdk.Handler, d amqp.Delivery, deli
 		m.filteredOut(src, d, m.from(d), ev)
 		return false
 	}
-	if !src.quorum && d.Redelivered {
-		// As for the module's classic queue: the last delivery was never
-		// settled, which counts as an attempt.
+	if m.policy(src.quorum).lostAttempt(d.Redelivered) {
 		m.failed(src, d, ev.Type, attempt, errors.New("the consumer stopped before the handler finished"))
 		return false
 	}
@@ -419,8 +416,6 @@ func (m *Module) handleQueued(queue string, h sdk.Handler, d amqp.Delivery, deli
 		if err := d.Ack(false); err != nil {
 			m.log.Warn("ack failed; the message will be delivered again", "queue", queue, "message_id", ev.ID, "err", err)
 		}
-	case execute.Of(err) == execute.Permanent:
-		m.deadLetter(src, d, ev.Type, attempt, wire.DeadReasonPermanent, err)
 	default:
 		m.failed(src, d, ev.Type, attempt, err)
 	}

@@ -2,7 +2,6 @@ package runtime
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -12,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshkit/mesh/internal/deadletters"
+	"github.com/meshkit/mesh/internal/execute"
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/sdk"
 )
@@ -129,27 +129,30 @@ func (m *Module) handleDead(d amqp.Delivery, deliveries <-chan amqp.Delivery) (r
 		if err := d.Ack(false); err != nil {
 			m.log.Warn("ack of a dead letter failed; it will be delivered again", "event_id", ev.ID, "err", err)
 		}
-	case errors.Is(err, sdk.ErrPermanent):
-		m.dropDead(d, ev, err)
 	default:
 		m.deadFailed(d, ev, err)
 	}
 	return false
 }
 
-// deadFailed settles a failed attempt at a dead letter: dropped if it was
-// the last one, otherwise returned to the queue after a back-off (a
-// reject with requeue counts toward the queue's delivery limit).
+// deadFailed settles a handling of a dead letter that did not succeed,
+// by the policy of its (quorum) queue: dropped if the failure is permanent
+// or the attempt the last, otherwise returned to the queue after a
+// back-off (a reject with requeue counts toward the queue's delivery
+// limit).
 func (m *Module) deadFailed(d amqp.Delivery, ev sdk.Event, cause error) {
-	m.node.stats.failed.Add(1)
-	m.from(d).failed.Add(1)
-	if ev.Attempt >= m.cfg.MaxAttempts {
+	o := execute.Of(cause)
+	if o == execute.Failed {
+		m.node.stats.failed.Add(1)
+		m.from(d).failed.Add(1)
+	}
+	v := m.policy(true).decide(o, ev.Attempt)
+	if v.settle == settleDead {
 		m.dropDead(d, ev, cause)
 		return
 	}
-	delay := m.node.backoff(ev.Attempt)
-	m.log.Debug("dead-letter handler failed; will retry", "event_id", ev.ID, "attempt", ev.Attempt, "retry_in", delay, "err", cause)
-	m.later(delay, func() {
+	m.log.Debug("dead-letter handler failed; will retry", "event_id", ev.ID, "attempt", ev.Attempt, "retry_in", v.delay, "err", cause)
+	m.later(v.delay, func() {
 		if err := d.Reject(true); err != nil {
 			m.log.Warn("requeue failed; the dead letter returns when the channel closes", "err", err)
 		}

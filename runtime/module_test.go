@@ -11,6 +11,7 @@ import (
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/runtime"
 	"github.com/meshkit/mesh/sdk"
+	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 // TestBindingsFollowTheModule: a module restarted with a changed pattern
@@ -220,5 +221,51 @@ func TestEmitGrants(t *testing.T) {
 	}}, runtime.ModuleConfig{ToolGrants: []string{"invoice.*"}})
 	if !errors.Is(err, sdk.ErrForbidden) {
 		t.Errorf("serving an ungranted tool: %v", err)
+	}
+}
+
+// TestModuleWhoseQueueIsDeletedAttachesAgain: the attachment's watch. An
+// operator deletes a running module's queue (its consumer is cancelled by
+// the broker): the module declares the queue again, binds it to its
+// patterns and consumes it, on the same session, so what is emitted
+// afterwards reaches its handler.
+func TestModuleWhoseQueueIsDeletedAttachesAgain(t *testing.T) {
+	t.Parallel()
+	url := brokertest.VHost(t)
+	n := testNode(t, url, "anchor", nil)
+	rec := newRecorder(nil)
+	load(t, n, sdk.Module{Name: "phoenix", Setup: func(m sdk.Mesh) error {
+		return m.On("mesh.phoenix.#", rec)
+	}}, runtime.ModuleConfig{})
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const queue = "anchor.phoenix.events"
+	if _, err := ch.QueueDelete(queue, false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	// The queue is back, consumed, once a passive declare (on a channel of
+	// its own: a missing queue closes it) finds a consumer.
+	waitFor(t, 30*time.Second, func() bool {
+		c, err := conn.Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		q, err := c.QueueDeclarePassive(queue, true, false, false, false, nil)
+		return err == nil && q.Consumers > 0
+	})
+	id, err := n.Emit(emitCtx(t), "test", "mesh.phoenix.risen", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev := rec.next(t); ev.ID != id {
+		t.Fatalf("handled %s, want %s", ev.ID, id)
 	}
 }

@@ -1,0 +1,452 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/meshkit/mesh/internal/amqpmsg"
+	"github.com/meshkit/mesh/internal/causation"
+	"github.com/meshkit/mesh/internal/execute"
+	"github.com/meshkit/mesh/internal/filter"
+	"github.com/meshkit/mesh/internal/handlerlog"
+	"github.com/meshkit/mesh/internal/tracecontext"
+	"github.com/meshkit/mesh/internal/wire"
+	"github.com/meshkit/mesh/sdk"
+)
+
+// Delivery: what the module's workers do with each delivery of its own
+// queue (handle; consume.go's handleQueued and deadsub.go's handleDead do
+// the same for consumed queues and dead letters): read it, refuse what
+// breaks the contract, filter, de-duplicate, run the handler under its
+// timeout, and settle it once, as the delivery policy (policy.go) decides.
+
+// handle runs one delivery through validation, the handler and the
+// failure policy. Every path ends in exactly one ack, reject or scheduled
+// retry. It reports whether the handler overran its timeout, in which case
+// the delivery was settled as failed and a new worker started in the
+// calling worker's place.
+func (m *Module) handle(d amqp.Delivery, deliveries <-chan amqp.Delivery, a *acker) (replaced bool) {
+	counts := m.from(d)
+	counts.delivered.Add(1)
+	src := m.own(a)
+	meta, err := wire.DecodeMeta(d.Headers, d.ContentType, d.Body)
+	// The runtime's own headers count only where the runtime put them
+	// (owned.go): the type, the publisher and the attempts made.
+	o, oerr := m.node.originOf(d)
+	eventType := o.eventType
+	if !o.own {
+		meta.Attempt = 0
+	}
+	attempt := m.attempt(d, meta)
+	if err == nil {
+		err = oerr
+	}
+	if err == nil {
+		err = wire.ValidateEventType(eventType)
+	}
+	if err != nil {
+		m.deadLetter(src, d, eventType, attempt, wire.DeadReasonMalformed, err)
+		return false
+	}
+	ev := eventOf(d, meta, eventType, attempt)
+	ev.UserID = o.userID
+	sub, matched := m.subscriptionFor(ev)
+	switch {
+	case !matched:
+		m.deadLetter(src, d, eventType, attempt, wire.DeadReasonNoHandler, fmt.Errorf("no handler of module %s matches %s", m.def.Name, eventType))
+		return false
+	case sub.handler == nil:
+		m.filteredOut(src, d, counts, ev)
+		return false
+	}
+	release := func() {}
+	if sub.dedup {
+		var dup bool
+		release, dup = m.claim(meta.ID)
+		if dup {
+			m.node.stats.duplicates.Add(1)
+			counts.duplicates.Add(1)
+			m.log.Debug("event already handled; acknowledged without handling it again", "event_id", meta.ID, "event_type", eventType)
+			if err := src.ack(d); err != nil {
+				m.log.Warn("ack of a duplicate failed; it will be delivered again", "event_id", meta.ID, "err", err)
+			}
+			return false
+		}
+		defer release()
+	}
+	if m.policy(src.quorum).lostAttempt(d.Redelivered) {
+		m.failed(src, d, eventType, attempt, errors.New("the consumer stopped before the handler finished"))
+		return false
+	}
+	err, overran := m.call(sub.handler, ev, d, m.queue, func() {
+		release() // settled as failed: a redelivery must not wait for the hung handler
+		m.startWorker(deliveries, a)
+		m.failed(src, d, eventType, attempt, fmt.Errorf("handler timed out after %v", m.cfg.HandlerTimeout))
+		// Settled outside any worker: the replacement may be waiting for
+		// a delivery already, with no linger to send a held ack, so the
+		// ack (after a dead letter, or of a classic queue's retried
+		// original) goes now rather than with the next delivery.
+		if err := a.flush(); err != nil {
+			m.log.Warn("ack after a timed-out handler failed; the event will be delivered again", "event_id", ev.ID, "err", err)
+		}
+	})
+	switch {
+	case overran:
+		return true
+	case err == nil:
+		m.node.stats.handled.Add(1)
+		counts.handled.Add(1)
+		// Recorded before the ack: if the ack is lost (the connection
+		// dropped), the redelivery is recognised.
+		if sub.dedup && !m.record(d, ev.ID) {
+			return false // its channel closed unrecorded: the broker delivers it again
+		}
+		if err := src.ack(d); err != nil {
+			m.log.Warn("ack failed; the event will be delivered again (and recognised as handled)", "event_id", ev.ID, "err", err)
+		}
+	default:
+		m.failed(src, d, eventType, attempt, err)
+	}
+	return false
+}
+
+// eventOf is what a handler sees of a delivery.
+func eventOf(d amqp.Delivery, meta wire.Meta, eventType string, attempt int) sdk.Event {
+	return sdk.Event{
+		ID:          meta.ID,
+		Type:        eventType,
+		Source:      meta.Source,
+		Node:        meta.Node,
+		Time:        meta.Time,
+		CausationID: meta.CausationID,
+		Schema:      meta.Schema,
+		Headers:     meta.Extra,
+		Body:        d.Body,
+		Attempt:     attempt,
+		Redelivered: d.Redelivered,
+		UserID:      d.UserId,
+	}
+}
+
+// attempt is the 1-based number of this handling of d.
+func (m *Module) attempt(d amqp.Delivery, meta wire.Meta) int {
+	if m.cfg.QueueType == QueueQuorum {
+		if n, ok := d.Headers["x-delivery-count"].(int64); ok && n >= 0 {
+			return int(n) + 1
+		}
+		return 1
+	}
+	return meta.Attempt + 1
+}
+
+// subscriptionFor is the subscription ev goes to: the first whose pattern
+// matches its type and whose filter, if any, accepts it. matched is false
+// when no pattern matches; a subscription with a nil handler, when some
+// do and their filters reject it.
+func (m *Module) subscriptionFor(ev sdk.Event) (sub subscription, matched bool) {
+	var fe *filter.Event
+	for _, s := range m.subs { // fixed since start: no lock needed
+		if !wire.MatchPattern(s.pattern, ev.Type) {
+			continue
+		}
+		matched = true
+		if s.filter == nil {
+			return s, true
+		}
+		if fe == nil {
+			fe = filterEvent(ev)
+		}
+		if s.filter.Match(fe) {
+			return s, true
+		}
+	}
+	return subscription{}, matched
+}
+
+// filterEvent is what a filter reads of ev.
+func filterEvent(ev sdk.Event) *filter.Event {
+	return &filter.Event{Type: ev.Type, Source: ev.Source, Node: ev.Node, Schema: ev.Schema, User: ev.UserID, Queue: ev.Queue, Headers: ev.Headers, Body: ev.Body}
+}
+
+// filteredOut acknowledges a delivery the module's filters rejected,
+// counting it: it costs no attempt and runs no handler.
+func (m *Module) filteredOut(src source, d amqp.Delivery, counts *originCounts, ev sdk.Event) {
+	m.node.stats.filtered.Add(1)
+	counts.filtered.Add(1)
+	m.log.Debug("event rejected by the handlers' filters; acknowledged without handling", "event_id", ev.ID, "event_type", ev.Type)
+	if err := src.ack(d); err != nil {
+		m.log.Warn("ack of a filtered event failed; it will be delivered again", "event_id", ev.ID, "err", err)
+	}
+}
+
+// claim reports whether the event id was already handled by the module.
+// If not, the caller holds the id until it calls release: a second
+// delivery of the same id meanwhile (a duplicate from a fan-out retry, a
+// resend) waits for the first one's outcome instead of running alongside
+// it.
+func (m *Module) claim(id string) (release func(), dup bool) {
+	for {
+		seen, err := m.dedup.Seen(id)
+		if err != nil {
+			m.log.Warn("could not check whether the event was handled; handling it", "event_id", id, "err", err)
+			return func() {}, false
+		}
+		if seen {
+			return nil, true
+		}
+		m.mu.Lock()
+		busy, held := m.claimed[id]
+		if !held {
+			mine := make(chan struct{})
+			m.claimed[id] = mine
+			m.mu.Unlock()
+			return sync.OnceFunc(func() {
+				m.mu.Lock()
+				delete(m.claimed, id)
+				m.mu.Unlock()
+				close(mine)
+			}), false
+		}
+		m.mu.Unlock()
+		<-busy
+	}
+}
+
+// call runs the handler in the calling worker, with the event as the
+// context's cause (unless its id is no ULID: a dead letter that breaks the
+// contract) and the handler timeout as its deadline, turning a panic
+// into an error. If the deadline passes first, overran runs at once (from
+// another goroutine) to settle the event and replace the worker, and call
+// reports overran=true when the handler finally returns; its result is then
+// ignored. Running inline, rather than on a goroutine per event, spares
+// every event a goroutine start and stack growth.
+func (m *Module) call(h sdk.Handler, ev sdk.Event, d amqp.Delivery, queue string, overran func()) (err error, timedOut bool) {
+	traced, span := m.node.startProcess(m.handleCtx, d, queue, ev.Type, m.def.Name)
+	defer func() {
+		if timedOut {
+			endSpan(span, fmt.Errorf("handler timed out after %v", m.cfg.HandlerTimeout))
+			return
+		}
+		endSpan(span, err)
+	}()
+	traced = handlerlog.Event(traced, m.log, ev.ID, ev.Type, tracecontext.IDs)
+	ctx, cancel := context.WithTimeout(causation.HandlingEvent(traced, ev.ID, ev.Time), m.cfg.HandlerTimeout)
+	defer cancel()
+	var settled atomic.Bool
+	overranDone := make(chan struct{})
+	stopWatch := context.AfterFunc(ctx, func() {
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) && settled.CompareAndSwap(false, true) {
+			defer close(overranDone)
+			overran()
+		}
+	})
+	start := time.Now()
+	err = safeHandle(ctx, h, ev)
+	stopWatch()
+	if !settled.CompareAndSwap(false, true) {
+		// Wait until the replacement worker is counted, so that the
+		// module's worker count never drops to zero in between.
+		<-overranDone
+		m.recordHandler(start, outcomeTimeout)
+		return nil, true
+	}
+	// A handler in a module process reports its deadline from its own
+	// timer, which may fire before ctx's here: past the deadline, the
+	// failure is a timeout either way.
+	late := false
+	if deadline, _ := ctx.Deadline(); err != nil && (errors.Is(ctx.Err(), context.DeadlineExceeded) || !time.Now().Before(deadline)) {
+		err, late = fmt.Errorf("handler timed out after %v: %w", m.cfg.HandlerTimeout, err), true
+	}
+	m.recordHandler(start, outcomeOf(err, late))
+	return err, false
+}
+
+func safeHandle(ctx context.Context, h sdk.Handler, ev sdk.Event) error {
+	err, _ := execute.Safely(func() error { return h.HandleEvent(ctx, ev) })
+	return err
+}
+
+// source is the queue a delivery came from, for settling it: the
+// module's own, or one it consumes (Consume).
+type source struct {
+	queue  string
+	quorum bool   // a failed attempt goes back by reject, which counts attempts
+	acks   *acker // the acker of the delivery's channel; nil: settled one by one
+}
+
+// own is the module's event queue as a source.
+func (m *Module) own(a *acker) source {
+	return source{queue: m.queue, quorum: m.cfg.QueueType == QueueQuorum, acks: a}
+}
+
+// policy is the module's delivery policy for a queue of that type.
+func (m *Module) policy(quorum bool) deliveryPolicy {
+	return deliveryPolicy{maxAttempts: m.cfg.MaxAttempts, quorum: quorum, backoff: m.node.backoff}
+}
+
+// failed settles a handling that did not succeed as the policy decides:
+// a permanent failure or a last attempt is dead-lettered; any other
+// attempt is tried again after a back-off (a requeue, or a copy on a
+// classic queue). A Permanent failure is no failed attempt in the counts.
+// cause is never nil (a nil is OK: acknowledged by the caller).
+func (m *Module) failed(src source, d amqp.Delivery, eventType string, attempt int, cause error) {
+	o := execute.Of(cause)
+	if o == execute.Failed {
+		m.node.stats.failed.Add(1)
+		m.from(d).failed.Add(1)
+	}
+	v := m.policy(src.quorum).decide(o, attempt)
+	if v.settle == settleDead {
+		m.deadLetter(src, d, eventType, attempt, v.reason, cause)
+		return
+	}
+	m.log.Debug("handler failed; will retry", "event_type", eventType, "attempt", attempt, "retry_in", v.delay, "err", cause)
+	m.later(v.delay, func() {
+		if v.settle == settleRequeue {
+			if err := src.reject(d); err != nil {
+				m.log.Warn("requeue failed; the event returns when the channel closes", "err", err)
+			}
+			return
+		}
+		m.requeueClassic(src, d, eventType, attempt)
+	})
+}
+
+// requeueClassic puts a copy of d at the back of its classic queue with the
+// attempts made so far, then acknowledges d. Until the copy is confirmed d
+// stays unacknowledged, so nothing is lost if either step fails. The copy
+// is the node's: published as its broker user (the broker checks it),
+// with the type in x-mesh-routing-key and the original publisher's user
+// in x-mesh-user-id, which the node honours on its own copies only
+// (owned.go).
+func (m *Module) requeueClassic(src source, d amqp.Delivery, eventType string, attempts int) {
+	o, _ := m.node.originOf(d)
+	msg := amqpmsg.Republishing(d, amqpmsg.Bookkeeping)
+	msg.UserId = m.node.userID
+	msg.Headers[wire.HeaderAttempt] = int64(attempts)
+	msg.Headers[wire.HeaderRoutingKey] = eventType
+	msg.Headers[wire.HeaderUserID] = o.userID
+	s, ok := m.liveSession(d)
+	if !ok {
+		return // the delivery's channel is gone: the broker delivers it again
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := s.pub.publish(ctx, "", src.queue, msg); err != nil {
+		m.log.Warn("requeue failed; the event will be delivered again", "err", err)
+		_ = src.reject(d)
+		return
+	}
+	if err := src.ack(d); err != nil {
+		m.log.Warn("ack after requeue failed; the event may be handled twice", "err", err)
+	}
+	// Settled outside any worker (a scheduled retry): sent now, not
+	// with the next delivery.
+	if src.acks != nil {
+		if err := src.acks.flush(); err != nil {
+			m.log.Warn("ack after requeue failed; the event may be handled twice", "err", err)
+		}
+	}
+}
+
+// deadLetter publishes d to the dead-letter exchange with its original
+// routing key, id, headers and body plus why, where and after how many
+// attempts, waits for the confirm, then acknowledges d. The dead letter is
+// the node's: published as its broker user (the broker checks it, so the
+// dead letter says which node's user made it), with the event type as its
+// routing key, only the runtime headers the node sets (none carried over
+// from d, which may have come with forged ones), and the original
+// publisher's user in x-mesh-user-id.
+func (m *Module) deadLetter(src source, d amqp.Delivery, eventType string, attempts int, reason string, cause error) {
+	o, _ := m.node.originOf(d)
+	msg := amqpmsg.Republishing(d, amqpmsg.Bookkeeping)
+	msg.UserId = m.node.userID
+	msg.Headers[wire.HeaderUserID] = o.userID
+	msg.Headers[wire.HeaderDeadQueue] = src.queue
+	msg.Headers[wire.HeaderDeadAttempts] = int64(attempts)
+	msg.Headers[wire.HeaderDeadReason] = reason
+	msg.Headers[wire.HeaderDeadError] = truncateText(cause.Error(), 4096)
+	msg.Headers[wire.HeaderDeadTime] = time.Now().UTC().Format(time.RFC3339Nano)
+	key := eventType
+	if len(key) > wire.MaxNameBytes {
+		key = d.RoutingKey // an x-mesh-routing-key too long for a type; the broker's own key always fits
+	}
+	s, ok := m.liveSession(d)
+	if !ok {
+		return // the delivery's channel is gone: the broker delivers it again
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := s.pub.publish(ctx, wire.ExchangeDead, key, msg); err != nil {
+		delay := m.node.backoff(attempts)
+		m.log.Error("dead-lettering failed; the event goes back to the queue", "err", err, "retry_in", delay)
+		m.later(delay, func() { _ = src.reject(d) })
+		return
+	}
+	m.node.stats.deadLettered.Add(1)
+	m.from(d).deadLettered.Add(1)
+	m.log.Warn("event dead-lettered", "event_type", eventType, "event_id", d.MessageId, "reason", reason, "attempts", attempts, "err", cause)
+	if err := src.ack(d); err != nil {
+		m.log.Warn("ack after dead-lettering failed; the event may be dead-lettered twice", "err", err)
+	}
+}
+
+// liveSession returns the session to republish d on (to the dead letters,
+// or back to a classic queue), if d's channel is still open: a delivery
+// whose channel closed is back in its queue and must not be copied.
+func (m *Module) liveSession(d amqp.Delivery) (*session, bool) {
+	if ch, ok := d.Acknowledger.(*amqp.Channel); ok && ch.IsClosed() {
+		return nil, false
+	}
+	s := m.node.session()
+	return s, s != nil
+}
+
+// record records id as handled, trying again with back-off while it
+// cannot (a full disk): the delivery d is acknowledged only once its id is
+// recorded, so a record that failed never leaves an acked event that a
+// redelivery would run again. It gives up, unrecorded and unacked, when
+// d's channel closes (the broker delivers it again).
+func (m *Module) record(d amqp.Delivery, id string) bool {
+	for attempt := 1; ; attempt++ {
+		err := m.dedup.Record(id)
+		if hook := m.node.hook().record; hook != nil {
+			err = hook(id, err)
+		}
+		if err == nil {
+			return true
+		}
+		if ch, ok := d.Acknowledger.(*amqp.Channel); ok && ch.IsClosed() {
+			return false
+		}
+		delay := expBackoff(100*time.Millisecond, 5*time.Second, attempt)
+		m.log.Error("could not record the event as handled (is the disk full?); its ack waits until it is recorded", "event_id", id, "err", err, "attempt", attempt, "retry_in", delay)
+		time.Sleep(delay)
+	}
+}
+
+// later runs f after delay unless the module stops first.
+func (m *Module) later(delay time.Duration, f func()) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.stopped {
+		return // the event returns to the queue when the channel closes
+	}
+	var t *time.Timer
+	t = time.AfterFunc(delay, func() {
+		m.mu.Lock()
+		_, live := m.retries[t]
+		delete(m.retries, t)
+		m.mu.Unlock()
+		if live {
+			f()
+		}
+	})
+	m.retries[t] = struct{}{}
+}
