@@ -4,7 +4,6 @@ import (
 	"time"
 
 	"github.com/meshkit/mesh/internal/execute"
-	"github.com/meshkit/mesh/internal/wire"
 )
 
 // settlement is what becomes of a delivery once a handling of it is over.
@@ -49,16 +48,14 @@ type deliveryPolicy struct {
 // decide is the verdict on the attempt-th handling (1-based) that came to
 // o: OK is acknowledged; Permanent dead-lettered at once; Failed tried
 // again after the back-off while attempts remain, then dead-lettered as
-// past the delivery limit.
+// past the delivery limit (execute.Decide, which meshtest settles by too);
+// the queue type says how a retry goes back.
 func (p deliveryPolicy) decide(o execute.Outcome, attempt int) verdict {
-	switch o {
-	case execute.OK:
+	switch v, reason := execute.Decide(o, attempt, p.maxAttempts); v {
+	case execute.Ack:
 		return verdict{settle: settleAck}
-	case execute.Permanent:
-		return verdict{settle: settleDead, reason: wire.DeadReasonPermanent}
-	}
-	if attempt >= p.maxAttempts {
-		return verdict{settle: settleDead, reason: wire.DeadReasonDeliveryLimit}
+	case execute.GiveUp:
+		return verdict{settle: settleDead, reason: reason}
 	}
 	v := verdict{settle: settleCopy, delay: p.backoff(attempt)}
 	if p.quorum {

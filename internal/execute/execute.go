@@ -51,6 +51,38 @@ func Safely(f func() error) (err error, panicked bool) {
 	return f(), false
 }
 
+// Verdict is what becomes of a delivery once its handling came to an
+// outcome.
+type Verdict int
+
+// The verdicts.
+const (
+	// Ack acknowledges it: handled.
+	Ack Verdict = iota
+	// Retry tries it again after a back-off (Backoff).
+	Retry
+	// GiveUp dead-letters it (a dead letter itself is dropped), for the
+	// reason Decide gives.
+	GiveUp
+)
+
+// Decide is the failure policy every host settles by: the verdict on the
+// attempt-th handling (1-based) of a delivery that came to o, with the
+// reason when it gives up. OK is acknowledged; Permanent given up at once
+// (wire.DeadReasonPermanent); Failed retried while attempts remain, then
+// given up as past the limit (wire.DeadReasonDeliveryLimit).
+func Decide(o Outcome, attempt, maxAttempts int) (Verdict, string) {
+	switch {
+	case o == OK:
+		return Ack, ""
+	case o == Permanent:
+		return GiveUp, wire.DeadReasonPermanent
+	case attempt >= maxAttempts:
+		return GiveUp, wire.DeadReasonDeliveryLimit
+	}
+	return Retry, ""
+}
+
 // Backoff is the delay before attempt+1 of a failed handler: exponential
 // from lo, doubling, capped at hi. With jitter (rand.Int64N), up to a fifth
 // of it is taken off at random, so that the retries of a burst spread (a

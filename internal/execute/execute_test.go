@@ -48,3 +48,27 @@ func TestBackoff(t *testing.T) {
 		}
 	}
 }
+
+// TestDecide: the failure policy as a table, at the first, the last and
+// past the last attempt.
+func TestDecide(t *testing.T) {
+	for _, c := range []struct {
+		o       Outcome
+		attempt int
+		want    Verdict
+		reason  string
+	}{
+		{OK, 1, Ack, ""},
+		{OK, 9, Ack, ""},
+		{Permanent, 1, GiveUp, wire.DeadReasonPermanent},
+		{Permanent, 3, GiveUp, wire.DeadReasonPermanent},
+		{Failed, 1, Retry, ""},
+		{Failed, 2, Retry, ""},
+		{Failed, 3, GiveUp, wire.DeadReasonDeliveryLimit},
+		{Failed, 4, GiveUp, wire.DeadReasonDeliveryLimit},
+	} {
+		if v, reason := Decide(c.o, c.attempt, 3); v != c.want || reason != c.reason {
+			t.Errorf("Decide(%v, %d, 3) = %v %q, want %v %q", c.o, c.attempt, v, reason, c.want, c.reason)
+		}
+	}
+}

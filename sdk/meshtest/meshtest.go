@@ -773,8 +773,9 @@ func (mod *module) handle(d *delivery) handled {
 // m.mu is held.
 func (mod *module) settle(d *delivery, h handled) {
 	m := mod.mesh
+	verdict, reason := execute.Decide(execute.Of(h.err), d.attempt, mod.cfg.MaxAttempts)
 	switch {
-	case d.dead && h.err != nil && (execute.Of(h.err) == execute.Permanent || d.attempt >= mod.cfg.MaxAttempts):
+	case d.dead && verdict == execute.GiveUp:
 		// A dead letter is never dead-lettered again.
 		mod.log.Error("dead letter dropped by the module's DeadLetters handler", "event_id", h.ev.ID, "attempt", d.attempt, "err", h.err)
 	case h.skipped:
@@ -788,11 +789,9 @@ func (mod *module) settle(d *delivery, h handled) {
 		if h.dedup {
 			mod.handled[h.ev.ID] = true
 		}
-	case execute.Of(h.err) == execute.Permanent:
-		m.deadLetter(mod, d, h.ev, wire.DeadReasonPermanent, d.attempt, h.err.Error())
-	case d.attempt >= mod.cfg.MaxAttempts:
-		m.deadLetter(mod, d, h.ev, wire.DeadReasonDeliveryLimit, d.attempt, h.err.Error())
-	default:
+	case verdict == execute.GiveUp:
+		m.deadLetter(mod, d, h.ev, reason, d.attempt, h.err.Error())
+	default: // execute.Retry
 		m.retries = append(m.retries, &delivery{module: mod, dead: d.dead, queue: d.queue, ev: d.ev, attempt: d.attempt + 1, due: m.now.Add(m.backoff(d.attempt)), expires: d.expires})
 	}
 }
