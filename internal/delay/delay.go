@@ -1,0 +1,158 @@
+// Package delay is the shape of the mesh's delay cascade (ADR 32): the
+// levels of quorum queues with fixed TTLs that a delayed message waits in,
+// the routing key that carries its delay as binary digits, and the bound
+// and resolution of a delay. It declares nothing: the runtime and meshctl
+// declare what Levels describes.
+//
+// A message published to ExchangeIn with RoutingKey(s) waits, for each bit
+// n set in s, 2^n seconds in level n's queue, and reaches QueueDue s
+// seconds (and a few milliseconds a level) after it was published; never
+// before.
+package delay
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Levels is how many levels the cascade has: level n waits 2^n seconds.
+const Levels = 28
+
+// Max is the longest delay: 2^Levels − 1 seconds, about 8.5 years.
+const Max = (1<<Levels - 1) * time.Second
+
+// The cascade's names.
+const (
+	// ExchangeIn is the fanout exchange a delayed message is published to:
+	// bound to the top level and to what records schedules.
+	ExchangeIn = "mesh.delay"
+	// ExchangeDue is where level 0 dead-letters, and where a message with
+	// no bit set goes at once.
+	ExchangeDue = "mesh.delay.due"
+	// QueueDue holds what came due, for the nodes' movers.
+	QueueDue = "mesh.delay.due"
+	// dueWord ends every routing key: the destination travels in a header.
+	dueWord = "due"
+)
+
+// ErrTooLong is a delay longer than Max.
+var ErrTooLong = errors.New("delay: longer than the longest delay")
+
+// Seconds is d in whole seconds, rounded up (a delayed event is never
+// early); 0 for d ≤ 0. A d past Max is refused, naming the bound.
+func Seconds(d time.Duration) (uint32, error) {
+	if d <= 0 {
+		return 0, nil
+	}
+	if d > Max {
+		return 0, fmt.Errorf("%w: %v is more than %v (2^%d−1 s)", ErrTooLong, d, Max, Levels)
+	}
+	s := d / time.Second
+	if d%time.Second != 0 {
+		s++
+	}
+	return uint32(s), nil
+}
+
+// RoutingKey is the key that makes a message wait s seconds: the bits of
+// s from the top level's down, one word each, then a fixed word.
+func RoutingKey(s uint32) string {
+	var b strings.Builder
+	b.Grow(2*Levels + len(dueWord))
+	for n := Levels - 1; n >= 0; n-- {
+		b.WriteByte('0' + byte(s>>n&1))
+		b.WriteByte('.')
+	}
+	b.WriteString(dueWord)
+	return b.String()
+}
+
+// ParseRoutingKey is the delay RoutingKey made key for, in seconds.
+func ParseRoutingKey(key string) (uint32, error) {
+	words := strings.Split(key, ".")
+	if len(words) != Levels+1 || words[Levels] != dueWord {
+		return 0, fmt.Errorf("delay: %q is no delay routing key (%d bits, then %q)", truncate(key), Levels, dueWord)
+	}
+	var s uint32
+	for _, w := range words[:Levels] {
+		switch w {
+		case "0":
+			s <<= 1
+		case "1":
+			s = s<<1 | 1
+		default:
+			return 0, fmt.Errorf("delay: %q is no delay routing key: %q is no bit", truncate(key), w)
+		}
+	}
+	return s, nil
+}
+
+// Level is one level of the cascade: its exchange and queue (both named
+// Name), the time a message waits in it, where it goes next, and the
+// binding patterns that send a message into the queue (its bit is 1) or
+// past it to the next level (0).
+type Level struct {
+	N        int
+	Name     string
+	TTL      time.Duration
+	Next     string // the exchange its queue dead-letters to, and its 0 bit goes to
+	WaitKey  string // binds the queue to the exchange
+	SkipKey  string // binds the next exchange to this one
+	QueueArg map[string]any
+}
+
+// AllLevels returns the cascade's levels, from the top (the one ExchangeIn
+// is bound to) down to level 0.
+func AllLevels() []Level {
+	out := make([]Level, 0, Levels)
+	for n := Levels - 1; n >= 0; n-- {
+		out = append(out, LevelOf(n))
+	}
+	return out
+}
+
+// LevelOf is level n (0 ≤ n < Levels).
+func LevelOf(n int) Level {
+	next := ExchangeDue
+	if n > 0 {
+		next = levelName(n - 1)
+	}
+	prefix := strings.Repeat("*.", Levels-1-n)
+	ttl := time.Duration(1<<n) * time.Second
+	return Level{
+		N: n, Name: levelName(n), TTL: ttl, Next: next,
+		WaitKey: prefix + "1.#", SkipKey: prefix + "0.#",
+		QueueArg: map[string]any{
+			"x-queue-type":           "quorum",
+			"x-message-ttl":          ttl.Milliseconds(),
+			"x-dead-letter-exchange": next,
+			// at-least-once dead-lettering needs reject-publish, or the
+			// broker falls back to at-most-once and only logs it
+			// (rabbitmq-3.10-facts §3).
+			"x-dead-letter-strategy": "at-least-once",
+			"x-overflow":             "reject-publish",
+		},
+	}
+}
+
+// Top is the name of the top level, which ExchangeIn is bound to.
+func Top() string { return levelName(Levels - 1) }
+
+func levelName(n int) string { return "mesh.delay." + pad(n) }
+
+func pad(n int) string {
+	if n < 10 {
+		return "0" + strconv.Itoa(n)
+	}
+	return strconv.Itoa(n)
+}
+
+func truncate(s string) string {
+	if len(s) > 80 {
+		return s[:80] + "…"
+	}
+	return s
+}

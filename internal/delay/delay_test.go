@@ -1,0 +1,122 @@
+package delay
+
+import (
+	"errors"
+	"math/bits"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestSeconds(t *testing.T) {
+	for _, c := range []struct {
+		d    time.Duration
+		want uint32
+	}{
+		{-time.Second, 0}, {0, 0}, {time.Nanosecond, 1}, {time.Second, 1},
+		{time.Second + time.Millisecond, 2}, {90 * time.Minute, 5400}, {Max, 1<<Levels - 1},
+	} {
+		if got, err := Seconds(c.d); err != nil || got != c.want {
+			t.Errorf("Seconds(%v) = %d, %v; want %d", c.d, got, err, c.want)
+		}
+	}
+	_, err := Seconds(Max + time.Nanosecond)
+	if !errors.Is(err, ErrTooLong) || !strings.Contains(err.Error(), Max.String()) {
+		t.Errorf("past Max: %v, want ErrTooLong naming %v", err, Max)
+	}
+}
+
+func TestRoutingKey(t *testing.T) {
+	if got, want := RoutingKey(5), strings.Repeat("0.", Levels-3)+"1.0.1.due"; got != want {
+		t.Fatalf("RoutingKey(5) = %q, want %q", got, want)
+	}
+	for _, s := range []uint32{0, 1, 2, 3, 1000, 86400, 1<<Levels - 1} {
+		key := RoutingKey(s)
+		if len(key) > 255 {
+			t.Fatalf("key of %d is %d bytes", s, len(key))
+		}
+		if got, err := ParseRoutingKey(key); err != nil || got != s {
+			t.Errorf("ParseRoutingKey(RoutingKey(%d)) = %d, %v", s, got, err)
+		}
+	}
+	for _, bad := range []string{"", "due", "module.a.x", strings.Repeat("0.", Levels) + "x", strings.Repeat("2.", Levels) + "due", strings.Repeat("0.", Levels+1) + "due"} {
+		if _, err := ParseRoutingKey(bad); err == nil {
+			t.Errorf("ParseRoutingKey(%q) accepted", bad)
+		}
+	}
+}
+
+// TestLevelsRoute walks the bindings as a topic exchange would: a key of s
+// seconds waits in exactly the levels of s's set bits, whose TTLs add up
+// to s, and reaches ExchangeDue.
+func TestLevelsRoute(t *testing.T) {
+	levels := AllLevels()
+	if len(levels) != Levels || levels[0].Name != Top() || levels[Levels-1].Next != ExchangeDue {
+		t.Fatalf("levels: %d, top %s, last next %s", len(levels), levels[0].Name, levels[Levels-1].Next)
+	}
+	for _, s := range []uint32{0, 1, 6, 7, 3600, 1<<Levels - 1} {
+		key := RoutingKey(s)
+		var waited time.Duration
+		waits := 0
+		for i, l := range levels {
+			if i > 0 && levels[i-1].Next != l.Name {
+				t.Fatalf("level %s follows %s, whose next is %s", l.Name, levels[i-1].Name, levels[i-1].Next)
+			}
+			wait, skip := topicMatch(l.WaitKey, key), topicMatch(l.SkipKey, key)
+			if wait == skip {
+				t.Fatalf("%d s at %s: wait %v skip %v (exactly one must match)", s, l.Name, wait, skip)
+			}
+			if wait {
+				waited += l.TTL
+				waits++
+				if l.QueueArg["x-message-ttl"] != l.TTL.Milliseconds() || l.QueueArg["x-dead-letter-exchange"] != l.Next {
+					t.Fatalf("%s: args %v", l.Name, l.QueueArg)
+				}
+			}
+		}
+		if waited != time.Duration(s)*time.Second || waits != bits.OnesCount32(s) {
+			t.Errorf("%d s waited %v in %d levels", s, waited, waits)
+		}
+	}
+}
+
+// topicMatch is RabbitMQ's topic matching for the patterns the cascade
+// uses: "*" one word, "#" zero or more.
+func topicMatch(pattern, key string) bool {
+	var match func(p, k []string) bool
+	match = func(p, k []string) bool {
+		switch {
+		case len(p) == 0:
+			return len(k) == 0
+		case p[0] == "#":
+			for i := 0; i <= len(k); i++ {
+				if match(p[1:], k[i:]) {
+					return true
+				}
+			}
+			return false
+		case len(k) == 0:
+			return false
+		case p[0] == "*" || p[0] == k[0]:
+			return match(p[1:], k[1:])
+		}
+		return false
+	}
+	return match(strings.Split(pattern, "."), strings.Split(key, "."))
+}
+
+func FuzzParseRoutingKey(f *testing.F) {
+	f.Add(RoutingKey(0))
+	f.Add(RoutingKey(12345))
+	f.Add("1.0.due")
+	f.Add("")
+	f.Fuzz(func(t *testing.T, key string) {
+		s, err := ParseRoutingKey(key)
+		if err != nil {
+			return
+		}
+		if RoutingKey(s) != key {
+			t.Fatalf("accepted %q as %d, whose key is %q", key, s, RoutingKey(s))
+		}
+	})
+}
