@@ -53,7 +53,9 @@ func TestCascadeOnTheBroker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	start := time.Now()
 	declare(t, ch)
+	t.Logf("the cascade declared in %v", time.Since(start).Round(time.Millisecond))
 	if err := ch.Confirm(false); err != nil {
 		t.Fatal(err)
 	}
