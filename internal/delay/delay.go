@@ -95,13 +95,13 @@ func ParseRoutingKey(key string) (uint32, error) {
 // binding patterns that send a message into the queue (its bit is 1) or
 // past it to the next level (0).
 type Level struct {
-	N        int
-	Name     string
-	TTL      time.Duration
-	Next     string // the exchange its queue dead-letters to, and its 0 bit goes to
-	WaitKey  string // binds the queue to the exchange
-	SkipKey  string // binds the next exchange to this one
-	QueueArg map[string]any
+	N        int            // its bit: a message waits here if bit N of its delay is set
+	Name     string         // its exchange's and its queue's
+	TTL      time.Duration  // 2^N seconds, the queue's x-message-ttl
+	Next     string         // the exchange its queue dead-letters to, and its 0 bit goes to
+	WaitKey  string         // binds the queue to the exchange
+	SkipKey  string         // binds the next exchange to this one
+	QueueArg map[string]any // the queue's arguments (amqp.Table)
 }
 
 // AllLevels returns the cascade's levels, from the top (the one ExchangeIn
