@@ -10,6 +10,7 @@ import (
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/runtime"
 	"github.com/meshkit/mesh/sdk"
+	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 // TestMembership: two nodes hear each other's heartbeats, with their
@@ -79,7 +80,20 @@ func TestMembership(t *testing.T) {
 	proxy.Up()
 	waitFor(t, 15*time.Second, func() bool { p, ok := heardOf(a, "beta"); return ok && !p.Unreachable })
 
-	if _, err := b.Emit(emitCtx(t), "beta", "node.beta.left", map[string]any{}); err != nil {
+	// Beta leaves as meshd makes a node leave, with its heartbeats
+	// stopped first: its last heartbeat, confirmed before Close returns,
+	// is in alpha's queue before the departure, so no heartbeat after it
+	// can make alpha hear of beta again. (With beta still beating, alpha
+	// would rightly hear of it again at its next heartbeat: the test
+	// then raced that heartbeat.)
+	if err := b.Close(emitCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	left, _ := json.Marshal(map[string]any{})
+	if err := raw.Publish(wire.ExchangeEvents, "node.beta.left", false, false, amqp.Publishing{
+		MessageId: "01J0000000000000000000LEFT", ContentType: "application/json", Body: left,
+		Headers: amqp.Table{wire.HeaderSource: "beta"},
+	}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 15*time.Second, func() bool { _, ok := heardOf(a, "beta"); return !ok })
