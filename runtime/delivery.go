@@ -206,12 +206,21 @@ func (m *Module) claim(id string) (release func(), dup bool) {
 			mine := make(chan struct{})
 			m.claimed[id] = mine
 			m.mu.Unlock()
-			return sync.OnceFunc(func() {
+			release := sync.OnceFunc(func() {
 				m.mu.Lock()
 				delete(m.claimed, id)
 				m.mu.Unlock()
 				close(mine)
-			}), false
+			})
+			// Another handling of id may have recorded it and let go
+			// between the check above and this claim: then it is handled
+			// (a record always comes before its release, so this check,
+			// after the claim, sees it).
+			if seen, err := m.dedup.Seen(id); err == nil && seen {
+				release()
+				return nil, true
+			}
+			return release, false
 		}
 		m.mu.Unlock()
 		<-busy
