@@ -192,38 +192,34 @@ func (m *Module) filteredOut(src source, d amqp.Delivery, counts *originCounts, 
 // it.
 func (m *Module) claim(id string) (release func(), dup bool) {
 	for {
+		m.mu.Lock()
+		if busy, held := m.claimed[id]; held {
+			m.mu.Unlock()
+			<-busy
+			continue
+		}
+		mine := make(chan struct{})
+		m.claimed[id] = mine
+		m.mu.Unlock()
+		release = sync.OnceFunc(func() {
+			m.mu.Lock()
+			delete(m.claimed, id)
+			m.mu.Unlock()
+			close(mine)
+		})
+		// Checked under the claim: a handling of id records it before it
+		// lets go of its claim, so one that ended before this claim is
+		// seen here.
 		seen, err := m.dedup.Seen(id)
 		if err != nil {
 			m.log.Warn("could not check whether the event was handled; handling it", "event_id", id, "err", err)
-			return func() {}, false
-		}
-		if seen {
-			return nil, true
-		}
-		m.mu.Lock()
-		busy, held := m.claimed[id]
-		if !held {
-			mine := make(chan struct{})
-			m.claimed[id] = mine
-			m.mu.Unlock()
-			release := sync.OnceFunc(func() {
-				m.mu.Lock()
-				delete(m.claimed, id)
-				m.mu.Unlock()
-				close(mine)
-			})
-			// Another handling of id may have recorded it and let go
-			// between the check above and this claim: then it is handled
-			// (a record always comes before its release, so this check,
-			// after the claim, sees it).
-			if seen, err := m.dedup.Seen(id); err == nil && seen {
-				release()
-				return nil, true
-			}
 			return release, false
 		}
-		m.mu.Unlock()
-		<-busy
+		if seen {
+			release()
+			return nil, true
+		}
+		return release, false
 	}
 }
 
