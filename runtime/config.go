@@ -153,6 +153,26 @@ type Config struct {
 	// Off by default (meshd turns it on: DefaultHeartbeatInterval).
 	// Ephemeral nodes take no part.
 	HeartbeatInterval time.Duration
+	// Delays declares the delay cascade on the broker (ADR 32: 28 levels
+	// of quorum queues, internal/delay) on every connect and runs the
+	// node's mover, which publishes what comes due. A delayed emit
+	// (sdk.After, sdk.At) needs it on the emitting node; any node of the
+	// mesh with it on delivers what comes due, and with none on, what
+	// comes due waits in mesh.delay.due. Off by default (meshd turns it
+	// on unless its config says delays: false): declaring the cascade
+	// takes about half a second. Ephemeral nodes (meshctl) may schedule
+	// but run no mover.
+	Delays bool
+	// DelayPublishers are broker users besides the node's own whose
+	// schedules the node's mover delivers: the operator's, for meshctl
+	// emit --after --node with a user of its own. A mover publishes as its
+	// node's user, so each one added may have the node publish, when due,
+	// any event type (ADR 32).
+	DelayPublishers []string
+	// DelayNode is the node whose mover delivers what this node schedules
+	// (the last word of the delay's routing key); default the node itself.
+	// meshctl, an ephemeral node with no mover, sets it.
+	DelayNode string
 	// MeterProvider receives the node's metrics (OpenTelemetry): counters
 	// of what it published, spooled, handled, retried, dead-lettered and
 	// suppressed (per module where it applies), gauges of its connection,

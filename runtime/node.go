@@ -197,6 +197,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	if s != nil {
 		n.log.Info("node connected", "broker", s.broker)
 		n.followPeers(s)
+		n.startMover(s)
 	}
 	if n.membership() {
 		go n.beat()
@@ -356,6 +357,14 @@ func (n *Node) emit(ctx context.Context, source, eventType string, raw []byte, o
 		return "", fmt.Errorf("emit %s: %w", eventType, err)
 	}
 	now := time.Now().UTC()
+	if err := o.CheckDue(now); err != nil {
+		return "", fmt.Errorf("emit %s: %w", eventType, err)
+	}
+	due := o.Due(now)
+	delayed := due.After(now)
+	if delayed && !n.cfg.Delays {
+		return "", fmt.Errorf("emit %s: %w: a delayed emit needs delays on this node (delays: true in its config), which declares the delay cascade", eventType, wire.ErrInvalid)
+	}
 	if id == "" {
 		id = newID(now)
 	}
@@ -386,9 +395,20 @@ func (n *Node) emit(ctx context.Context, source, eventType string, raw []byte, o
 	if o.HasPriority {
 		msg.Priority = o.Priority
 	}
+	if delayed {
+		delayedPublishing(&msg, eventType, due) // a mover publishes it when due (delays.go)
+	} else {
+		due = time.Time{}
+	}
 	ctx, span := n.startPublish(ctx, eventType, id)
 	injectTrace(ctx, headers)
-	err := n.publishEvent(ctx, eventType, msg)
+	var err error
+	if o.AtMostOnce {
+		msg.DeliveryMode = amqp.Transient
+		err = n.publishAtMostOnce(eventType, msg)
+	} else {
+		err = n.publishEvent(ctx, eventType, due, msg)
+	}
 	endSpan(span, err)
 	if err != nil {
 		return "", fmt.Errorf("emit %s: %w", eventType, err)

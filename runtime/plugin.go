@@ -993,9 +993,11 @@ func (h *hostServer) Emit(ctx context.Context, b *pb.EmitBatch) (*pb.EmitResults
 			defer wg.Done()
 			o := wire.EmitOptions{Schema: e.Schema, CausationID: e.CausationId, TTL: time.Duration(e.TtlMillis) * time.Millisecond,
 				Priority: uint8(min(e.Priority, 255)), HasPriority: e.HasPriority,
-				FullType: e.FullType, // still subject to the module's grants
-				FreshID:  e.Id == "",
+				FullType:   e.FullType, // still subject to the module's grants
+				FreshID:    e.Id == "",
+				AtMostOnce: e.AtMostOnce,
 			}
+			o.After, o.At = plugin.TimingFrom(e.AfterMillis, e.AtUnixMillis)
 			hctx, err := h.pm.inHandling(ctx, e.Handling, e.CausationId, e.Id != "")
 			id := ""
 			if err == nil {

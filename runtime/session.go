@@ -183,6 +183,9 @@ func (n *Node) connectTo(ctx context.Context, url string) (*session, error) {
 	ch, err := s.pubConn.Channel()
 	if err == nil {
 		err = declareTopology(ch)
+		if err == nil && n.cfg.Delays {
+			err = declareDelays(ch, n.declaredDueQueue())
+		}
 		ch.Close()
 	}
 	if err != nil {
@@ -377,6 +380,7 @@ func (n *Node) supervise(s *session) {
 		}
 		n.resume(s)
 		n.followPeers(s)
+		n.startMover(s)
 		if h := n.hook().resumed; h != nil {
 			h()
 		}

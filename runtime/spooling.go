@@ -13,6 +13,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/meshkit/mesh/internal/delay"
 	"github.com/meshkit/mesh/internal/spool"
 	"github.com/meshkit/mesh/internal/wire"
 )
@@ -31,13 +32,14 @@ const (
 	gateHold = 100 * time.Millisecond
 )
 
-// publishEvent sends an emitted event. While the node is connected and
+// publishEvent sends an emitted event of type key, due at due (zero: now;
+// else it goes through the delay cascade: route). While the node is connected and
 // its spool is empty it goes straight to the broker and returns once
 // confirmed. Otherwise, or when the connection drops before the confirm,
 // it is appended to the spool and returns once that is on disk: the event
 // is then resent, in order, after the reconnect. So an emit never
 // succeeds for an event that is neither confirmed nor on local disk.
-func (n *Node) publishEvent(ctx context.Context, key string, msg amqp.Publishing) error {
+func (n *Node) publishEvent(ctx context.Context, key string, due time.Time, msg amqp.Publishing) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, n.cfg.EmitTimeout)
@@ -50,7 +52,8 @@ func (n *Node) publishEvent(ctx context.Context, key string, msg amqp.Publishing
 		}
 		err = errBlocked
 		if !s.isBlocked() {
-			err = n.publishConfirmed(ctx, s, wire.ExchangeEvents, key, msg)
+			exchange, rk := n.route(key, due, time.Now())
+			err = n.publishConfirmed(ctx, s, exchange, rk, msg)
 		}
 		if errors.Is(err, errBlocked) {
 			n.stats.backPressure.Add(1)
@@ -59,22 +62,71 @@ func (n *Node) publishEvent(ctx context.Context, key string, msg amqp.Publishing
 		return err
 	}
 	if s := n.session(); s != nil && !n.spooling.Load() && !s.isBlocked() {
-		err := n.publishConfirmed(ctx, s, wire.ExchangeEvents, key, msg)
+		exchange, rk := n.route(key, due, time.Now())
+		err := n.publishConfirmed(ctx, s, exchange, rk, msg)
 		if errors.Is(err, errBlocked) {
 			// The broker blocked publishing before it confirmed: kept on
 			// disk, the event goes again after the alarm (a copy that did
 			// arrive is absorbed by the consumers' de-duplication).
-			return n.spoolEvent(key, msg)
+			return n.spoolEvent(key, due, msg)
 		}
 		if !errors.Is(err, wire.ErrConnectionLost) {
 			if err == nil {
-				n.stats.emitted.Add(1)
+				n.countEmitted(due)
 			}
 			return err
 		}
 		n.log.Debug("connection lost before the confirm; spooling the event", "event_id", msg.MessageId)
 	}
-	return n.spoolEvent(key, msg)
+	return n.spoolEvent(key, due, msg)
+}
+
+// publishAtMostOnce sends an event emitted at most once (sdk.AtMostOnce):
+// on the current session, without waiting for its confirm, never spooled.
+// With no session, or while the broker blocks publishing, it fails at
+// once: the event is not sent.
+func (n *Node) publishAtMostOnce(key string, msg amqp.Publishing) error {
+	s := n.session()
+	switch {
+	case s == nil:
+		return fmt.Errorf("%w: not connected, and an event emitted at most once is not spooled", wire.ErrConnectionLost)
+	case s.isBlocked():
+		n.stats.backPressure.Add(1)
+		return fmt.Errorf("%w: %w; an event emitted at most once is not spooled", wire.ErrBackPressure, errBlocked)
+	}
+	// Not mandatory: mesh.events' alternate exchange keeps what no queue
+	// takes, and no return is waited for.
+	if err := s.pub.ch.Publish(wire.ExchangeEvents, key, false, false, msg); err != nil {
+		return fmt.Errorf("publish to %s with key %q: %w", wire.ExchangeEvents, key, errors.Join(s.pub.closedErr(), err))
+	}
+	n.stats.atMostOnce.Add(1)
+	return nil
+}
+
+// countEmitted counts an event the broker confirmed when first sent, as
+// scheduled if it was due later.
+func (n *Node) countEmitted(due time.Time) {
+	n.stats.emitted.Add(1)
+	if !due.IsZero() {
+		n.stats.scheduled.Add(1)
+	}
+}
+
+// route is where an event of type eventType due at due goes when sent at
+// now: to mesh.events with its type when it is not delayed (due is zero),
+// else into the delay cascade with the seconds left, rounded up (0 once
+// due has passed, as for a spooled event resent late: the cascade hands it
+// straight to the mover), to come due in the queue of the node that
+// delivers it (dueNode).
+func (n *Node) route(eventType string, due, now time.Time) (exchange, key string) {
+	if due.IsZero() {
+		return wire.ExchangeEvents, eventType
+	}
+	secs, err := delay.Seconds(due.Sub(now))
+	if err != nil { // checked at emit (EmitOptions.CheckDue); a clock set back since
+		secs, _ = delay.Seconds(delay.Max)
+	}
+	return delay.ExchangeIn, delay.RoutingKey(secs, n.dueNode())
 }
 
 // publishConfirmed publishes msg on s and waits for its confirm. A
@@ -119,6 +171,7 @@ func (n *Node) logRefused(key string, attempt int, delay time.Duration) {
 // counting while the event waits.
 type spooledEvent struct {
 	Key      string            `json:"k"`
+	Due      time.Time         `json:"d,omitzero"` // a delayed event's due time (route)
 	ID       string            `json:"id"`
 	Headers  map[string]string `json:"h"`
 	Time     time.Time         `json:"t"`
@@ -129,8 +182,8 @@ type spooledEvent struct {
 
 // spoolEvent appends an event to the spool, durably, and wakes the
 // resend.
-func (n *Node) spoolEvent(key string, msg amqp.Publishing) error {
-	rec := spooledEvent{Key: key, ID: msg.MessageId, Headers: make(map[string]string, len(msg.Headers)),
+func (n *Node) spoolEvent(key string, due time.Time, msg amqp.Publishing) error {
+	rec := spooledEvent{Key: key, Due: due, ID: msg.MessageId, Headers: make(map[string]string, len(msg.Headers)),
 		Time: msg.Timestamp, Priority: msg.Priority, Body: msg.Body}
 	for k, v := range msg.Headers {
 		str, ok := v.(string)
@@ -385,10 +438,13 @@ func (n *Node) keepUnrouted(s *session, key string, msg amqp.Publishing) error {
 // event confirmed behind a refused one is not sent twice.
 func (n *Node) resend(s *session, recs []spool.Record) (done []uint64, refused []stuckEvent, late bool) {
 	type sent struct {
-		seq uint64
-		dc  *amqp.DeferredConfirmation
-		key string
-		msg amqp.Publishing
+		seq      uint64
+		dc       *amqp.DeferredConfirmation
+		exchange string // mesh.events, or the delay cascade for a delayed event
+		key      string // the event type
+		rk       string // the routing key it was published with (the type, or a delay's)
+		msg      amqp.Publishing
+		due      time.Time
 	}
 	var batch []sent
 	for _, r := range recs {
@@ -421,11 +477,12 @@ func (n *Node) resend(s *session, recs []spool.Record) (done []uint64, refused [
 			}
 			msg.Expiration = strconv.FormatInt(max(left.Milliseconds(), 1), 10)
 		}
-		dc, err := s.pub.ch.PublishWithDeferredConfirm(wire.ExchangeEvents, ev.Key, true, false, msg)
+		exchange, key := n.route(ev.Key, ev.Due, time.Now())
+		dc, err := s.pub.ch.PublishWithDeferredConfirm(exchange, key, true, false, msg)
 		if err != nil {
 			break // the channel is gone: the rest waits for the next session
 		}
-		batch = append(batch, sent{seq: r.Seq, dc: dc, key: ev.Key, msg: msg})
+		batch = append(batch, sent{seq: r.Seq, dc: dc, exchange: exchange, key: ev.Key, rk: key, msg: msg, due: ev.Due})
 	}
 	blocked := s.whenBlocked()
 	if hook := n.hook().drainWaits; hook != nil && len(batch) > 0 {
@@ -455,13 +512,13 @@ func (n *Node) resend(s *session, recs []spool.Record) (done []uint64, refused [
 			if s.pub.ch.IsClosed() {
 				return done, refused, false
 			}
-			s.pub.confirmed(false, wire.ExchangeEvents, b.key, b.msg)
+			s.pub.confirmed(false, b.exchange, b.rk, b.msg)
 			n.stats.refused.Add(1)
 			refused = append(refused, stuckEvent{seq: b.seq, key: b.key, msg: b.msg,
 				why: fmt.Errorf("%w (is a queue bound to it at its length limit, with overflow reject-publish?)", wire.ErrRefused)})
 			continue
 		}
-		s.pub.confirmed(true, wire.ExchangeEvents, b.key, b.msg)
+		s.pub.confirmed(true, b.exchange, b.rk, b.msg)
 		if s.pub.wasReturned(b.msg.MessageId) {
 			if err := n.keepUnrouted(s, b.key, b.msg); err != nil {
 				if s.isLost() || n.isClosing() {
@@ -472,6 +529,9 @@ func (n *Node) resend(s *session, recs []spool.Record) (done []uint64, refused [
 			}
 		} else {
 			n.stats.resent.Add(1)
+			if !b.due.IsZero() {
+				n.stats.scheduled.Add(1)
+			}
 		}
 		done = append(done, b.seq)
 	}
@@ -481,6 +541,7 @@ func (n *Node) resend(s *session, recs []spool.Record) (done []uint64, refused [
 // counters are the node's running totals; Stats reads them.
 type counters struct {
 	emitted, spooled, resent, refused, expired, backPressure atomic.Uint64
+	scheduled, atMostOnce, delivered                         atomic.Uint64
 	spoolDeadLettered, spoolUnrouted                         atomic.Uint64
 	blocks, serverChecks                                     atomic.Uint64
 	disconnects, reconnects, refusingChannels                atomic.Uint64
@@ -508,6 +569,16 @@ type Stats struct {
 	RefusingChannels uint64
 	// Emitted counts events confirmed by the broker when first sent.
 	Emitted uint64
+	// Scheduled counts delayed events (sdk.After, sdk.At) the broker
+	// confirmed into the delay cascade, sent first or resent from the
+	// spool; they are in Emitted or Resent too.
+	Scheduled uint64
+	// AtMostOnce counts events emitted at most once (sdk.AtMostOnce):
+	// handed to the connection, never confirmed; not in Emitted.
+	AtMostOnce uint64
+	// DelaysDelivered counts delayed events this node's mover published
+	// when due (its lateness is the metric mesh.delays.lateness).
+	DelaysDelivered uint64
 	// Spooled counts events written to the spool; Resent those sent from
 	// it and confirmed; Expired those whose TTL passed in it.
 	Spooled, Resent, Expired uint64
@@ -549,6 +620,9 @@ func (n *Node) Stats() Stats {
 		Reconnects:        n.stats.reconnects.Load(),
 		RefusingChannels:  n.stats.refusingChannels.Load(),
 		Emitted:           n.stats.emitted.Load(),
+		Scheduled:         n.stats.scheduled.Load(),
+		AtMostOnce:        n.stats.atMostOnce.Load(),
+		DelaysDelivered:   n.stats.delivered.Load(),
 		Spooled:           n.stats.spooled.Load(),
 		Resent:            n.stats.resent.Load(),
 		Expired:           n.stats.expired.Load(),

@@ -94,6 +94,7 @@ func (m *Module) from(d amqp.Delivery) *originCounts {
 type telemetry struct {
 	handlerDuration metric.Float64Histogram // by module and outcome
 	callDuration    metric.Float64Histogram // by tool and outcome
+	delayLateness   metric.Float64Histogram // how late the mover published what came due
 	registration    metric.Registration
 }
 
@@ -117,6 +118,11 @@ func (n *Node) startTelemetry() error {
 		metric.WithDescription("How long tool calls made from this node took, by tool and outcome."), buckets)
 	add(err)
 
+	t.delayLateness, err = meter.Float64Histogram("mesh.delays.lateness", metric.WithUnit("s"),
+		metric.WithDescription("How long after its due time (x-due) this node's mover published a delayed event to mesh.events: the delay's rounding up to the second, its time in the cascade's levels, and the mover's own."),
+		metric.WithExplicitBucketBoundaries(.005, .01, .025, .05, .1, .25, .5, 1, 1.5, 2, 5, 10, 30, 60, 300))
+	add(err)
+
 	counter := func(name, desc string) metric.Int64ObservableCounter {
 		c, err := meter.Int64ObservableCounter(name, metric.WithDescription(desc))
 		add(err)
@@ -134,6 +140,9 @@ func (n *Node) startTelemetry() error {
 		reconnects  = counter("mesh.reconnects", "Broker sessions regained after a loss.")
 		disconnects = counter("mesh.disconnects", "Broker sessions lost.")
 		confirmed   = counter("mesh.publish.confirmed", "Events the broker confirmed when first sent.")
+		scheduled   = counter("mesh.delays.scheduled", "Delayed events (sdk.After, sdk.At) the broker confirmed into the delay cascade.")
+		delays      = counter("mesh.delays.delivered", "Delayed events this node's mover published to mesh.events when due.")
+		atMostOnce  = counter("mesh.publish.at_most_once", "Events emitted at most once (sdk.AtMostOnce): handed to the connection, never confirmed, not in mesh.publish.confirmed.")
 		refused     = counter("mesh.publish.refused", "Negative confirms from the broker (each retried).")
 		backPress   = counter("mesh.emit.back_pressure", "Emits refused because the spool was full, or blocked with no spool.")
 		spooled     = counter("mesh.spool.appended", "Events written to the local spool.")
@@ -171,6 +180,9 @@ func (n *Node) startTelemetry() error {
 		o.ObserveInt64(reconnects, int64(st.Reconnects))
 		o.ObserveInt64(disconnects, int64(st.Disconnects))
 		o.ObserveInt64(confirmed, int64(st.Emitted))
+		o.ObserveInt64(scheduled, int64(st.Scheduled))
+		o.ObserveInt64(delays, int64(st.DelaysDelivered))
+		o.ObserveInt64(atMostOnce, int64(st.AtMostOnce))
 		o.ObserveInt64(refused, int64(st.Refused))
 		o.ObserveInt64(backPress, int64(st.BackPressure))
 		o.ObserveInt64(spooled, int64(st.Spooled))
@@ -200,7 +212,7 @@ func (n *Node) startTelemetry() error {
 			})
 		}
 		return nil
-	}, connected, blocked, blocks, reconnects, disconnects, confirmed, refused, backPress, spooled, resent, expired, spoolDead, returned,
+	}, connected, blocked, blocks, reconnects, disconnects, confirmed, scheduled, delays, atMostOnce, refused, backPress, spooled, resent, expired, spoolDead, returned,
 		spoolEvents, spoolBytes, checks, emitted, delivered, handled, failed, deadLet, duplicates, filtered, restarts, queuesDown)
 	if err != nil {
 		return fmt.Errorf("node %s: metrics: %w", n.cfg.Node, err)

@@ -112,6 +112,9 @@ func NodeObjects(cfg Config, mcs map[string]ModuleConfig) ([]BrokerObject, error
 		}
 		objs = append(objs, queue, dead)
 	}
+	if cfg.Delays {
+		objs = append(objs, dueQueueObject(cfg.Node))
+	}
 	return objs, nil
 }
 

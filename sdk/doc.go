@@ -16,6 +16,14 @@
 //
 //	id, err := mesh.Emit(ctx, "site.created", Site{ID: 42})
 //
+// An emit can wait: After(d) or At(t) has the broker hold the event,
+// durably, and the node deliver it when it is due, to the queues bound then
+// (never early; resolution one second; up to about 8.5 years). AtMostOnce
+// trades the guarantee for cost: not persistent, not confirmed, not
+// spooled.
+//
+//	mesh.Emit(ctx, "reminder.due", r, sdk.After(24*time.Hour))
+//
 // # Handling
 //
 // A module consumes with AMQP topic patterns ("module.umami.#",

@@ -8,7 +8,8 @@ import (
 )
 
 // EmitOption is a per-emit setting: WithSchema, WithTTL, WithPriority,
-// AsFullType, WithFreshID. A nil EmitOption is ignored.
+// AsFullType, WithFreshID, After, At, AtMostOnce. A nil EmitOption is
+// ignored.
 type EmitOption interface {
 	isEmitOption()
 }
@@ -81,6 +82,62 @@ func AsFullType() EmitOption {
 func WithFreshID() EmitOption {
 	return emitOption(func(o *wire.EmitOptions) error {
 		o.FreshID = true
+		return nil
+	})
+}
+
+// After delays the event by d: Emit returns once the broker holds it,
+// durably, and it reaches the mesh d later, rounded up to the second (a
+// delayed event is never early; it is late by a few milliseconds per power
+// of two in d, and by the time the node takes to publish it). It keeps
+// its id, type, source, headers and body, and gains the header x-due (when
+// it was due, RFC 3339) that a handler sees in Event.Headers.
+//
+// A delayed event goes to the queues bound to its type when it comes due,
+// not to those bound when it was emitted: it is an emit at a later time.
+// A module loaded in between gets it; one unloaded in between does not.
+//
+// d ≤ 0 is a plain emit. A delay past 2^28−1 seconds (about 8.5 years)
+// is refused with ErrInvalid, naming the bound; so are After with At and
+// with AtMostOnce. The node emitting it needs delays on (its config's
+// delays, on by default under meshd); a delayed emit on a node without
+// them fails with ErrInvalid.
+func After(d time.Duration) EmitOption {
+	return emitOption(func(o *wire.EmitOptions) error {
+		if d < 0 {
+			return fmt.Errorf("%w: delay %v is negative", ErrInvalid, d)
+		}
+		o.After = d
+		return nil
+	})
+}
+
+// At delays the event until t: After(time.Until(t)) as the emitting host
+// reads its clock (meshtest's fake clock in tests). A t already passed is
+// a plain emit.
+func At(t time.Time) EmitOption {
+	return emitOption(func(o *wire.EmitOptions) error {
+		if t.IsZero() {
+			return fmt.Errorf("%w: At needs a time (it is zero)", ErrInvalid)
+		}
+		o.At = t
+		return nil
+	})
+}
+
+// AtMostOnce emits the event at most once, for what is worth less than its
+// cost (telemetry, progress): not persistent, without waiting for the
+// broker's confirm, never spooled. Emit returns once the event is handed
+// to the connection; its id is the event's. It is lost if the connection
+// drops before the broker routed it, if the broker restarts before a
+// consumer takes it (classic queues), and while the broker is unreachable
+// or blocks publishing (Emit then fails with ErrTransient at once, as it
+// does when the node's connection is down); a quorum queue still writes
+// it to disk. Every other emit is at least once: confirmed, persistent,
+// spooled while the broker is away.
+func AtMostOnce() EmitOption {
+	return emitOption(func(o *wire.EmitOptions) error {
+		o.AtMostOnce = true
 		return nil
 	})
 }

@@ -45,6 +45,10 @@ func app() *cli.App {
 				Flags: []cli.Flag{
 					&cli.StringFlag{Name: "schema", Usage: "the body's schema `VERSION` (x-schema)"},
 					&cli.StringFlag{Name: "causation", Usage: "the causing event's `ID` (x-causation-id)"},
+					&cli.DurationFlag{Name: "after", Usage: "deliver it this `DURATION` from now (rounded up to the second; at most 2^28-1 s), by --via's mover"},
+					&cli.TimestampFlag{Name: "at", Layout: time.RFC3339, Usage: "deliver it at this `TIME` (RFC 3339), by --via's mover"},
+					&cli.StringFlag{Name: "via", Usage: "the `NODE` whose mover delivers a delayed event when due (it must run with delays on, and deliver for your broker user: its own, or one of its delay_publishers)"},
+					&cli.BoolFlag{Name: "at-most-once", Usage: "publish it not persistent and unconfirmed (lost if the broker restarts before it is consumed)"},
 				},
 				Action: emit,
 			},
@@ -84,6 +88,12 @@ func app() *cli.App {
 // connect opens a node for meshctl: it declares the topology (idempotent)
 // and logs only warnings.
 func connect(ctx context.Context, c *cli.Context) (*runtime.Node, error) {
+	return connectFor(ctx, c, "")
+}
+
+// connectFor is connect for an emit whose delay node via's mover
+// delivers; "" for none (the delay cascade is then not declared).
+func connectFor(ctx context.Context, c *cli.Context, via string) (*runtime.Node, error) {
 	name := c.String("node")
 	if name == "" {
 		host, _ := os.Hostname()
@@ -95,6 +105,8 @@ func connect(ctx context.Context, c *cli.Context) (*runtime.Node, error) {
 		AMQPURLs:  brokerURLs(c),
 		TLS:       tlsSettings(c),
 		Logger:    slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Delays:    via != "",
+		DelayNode: via,
 	})
 }
 
@@ -107,16 +119,38 @@ func emit(c *cli.Context) error {
 	if s := c.String("schema"); s != "" {
 		opts = append(opts, sdk.WithSchema(s))
 	}
+	via := c.String("via")
+	delayed := c.IsSet("after") || c.IsSet("at")
+	switch {
+	case c.IsSet("after") && c.IsSet("at"):
+		return usagef("emit takes --after or --at, not both")
+	case delayed && via == "":
+		return usagef("a delayed emit (--after, --at) needs --via NODE: the node whose mover delivers it when due")
+	case !delayed && via != "":
+		return usagef("--via names the node that delivers a delayed emit: give --after or --at too")
+	case c.IsSet("after"):
+		opts = append(opts, sdk.After(c.Duration("after")))
+	case c.IsSet("at"):
+		opts = append(opts, sdk.At(*c.Timestamp("at")))
+	}
+	if c.Bool("at-most-once") {
+		opts = append(opts, sdk.AtMostOnce())
+	}
 	ctx, cancel := context.WithTimeout(c.Context, 30*time.Second)
 	defer cancel()
 	if s := c.String("causation"); s != "" {
 		ctx = causation.With(ctx, s)
 	}
-	node, err := connect(ctx, c)
+	node, err := connectFor(ctx, c, via)
 	if err != nil {
 		return err
 	}
 	defer node.Close(context.Background())
+	if delayed {
+		if err := node.CheckDueQueue(ctx, via); err != nil {
+			return err
+		}
+	}
 	id, err := node.Emit(ctx, "meshctl", typ, json.RawMessage(body), opts...)
 	if err != nil {
 		return err

@@ -17,8 +17,10 @@ import (
 	"time"
 
 	"github.com/oklog/ulid/v2"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/runtime"
 	"github.com/meshkit/mesh/sdk"
 )
@@ -306,6 +308,67 @@ func TestNodes(t *testing.T) {
 	} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("graph lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// TestEmitDelayedAndAtMostOnce runs the meshctl binary's emit with --after
+// --via (the node's mover delivers it when due, never before, with x-due)
+// and with --at-most-once (not persistent), and refuses a delayed emit
+// without --via, with --after and --at, or via a node without a due queue.
+func TestEmitDelayedAndAtMostOnce(t *testing.T) {
+	url := brokertest.VHost(t)
+	bin := build(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	node, err := runtime.New(ctx, runtime.Config{Node: "clock", AMQPURL: url, StateDir: t.TempDir(), Delays: true,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close(context.Background())
+	tap := brokertest.Tap(t, url, wire.ExchangeEvents, "mesh.ops.#")
+	emit := func(args ...string) (string, error) {
+		out, err := exec.CommandContext(ctx, bin, append([]string{"--amqp-url", url, "emit"}, args...)...).CombinedOutput()
+		return strings.TrimSpace(string(out)), err
+	}
+	start := time.Now()
+	id, err := emit("--after", "1s", "--via", "clock", "mesh.ops.later", `{"n":1}`)
+	if err != nil {
+		t.Fatalf("emit --after: %v: %s", err, id)
+	}
+	select {
+	case d := <-tap:
+		if d.MessageId != id || d.RoutingKey != "mesh.ops.later" || d.Headers[wire.HeaderDue] == nil || time.Since(start) < time.Second {
+			t.Errorf("delivered %q %s headers %v after %v; want %s with x-due, no sooner than 1s", d.MessageId, d.RoutingKey, d.Headers, time.Since(start), id)
+		}
+	case <-ctx.Done():
+		t.Fatal("the delayed emit never came due")
+	}
+	id, err = emit("--at-most-once", "mesh.ops.lossy", `{}`)
+	if err != nil {
+		t.Fatalf("emit --at-most-once: %v: %s", err, id)
+	}
+	select {
+	case d := <-tap:
+		if d.MessageId != id || d.DeliveryMode != amqp.Transient {
+			t.Errorf("at most once: got %q mode %d, want %s transient", d.MessageId, d.DeliveryMode, id)
+		}
+	case <-ctx.Done():
+		t.Fatal("the emit at most once never came")
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--after", "1s", "mesh.ops.x", "{}"}, "needs --via"},
+		{[]string{"--after", "1s", "--at", "2030-01-01T00:00:00Z", "--via", "clock", "mesh.ops.x", "{}"}, "not both"},
+		{[]string{"--via", "clock", "mesh.ops.x", "{}"}, "give --after or --at"},
+		{[]string{"--after", "1s", "--via", "ghost", "mesh.ops.x", "{}"}, "no due queue"},
+		{[]string{"--after", "80000h", "--via", "clock", "mesh.ops.x", "{}"}, "over the longest"},
+	} {
+		if out, err := emit(c.args...); err == nil || !strings.Contains(out, c.want) {
+			t.Errorf("emit %v: %v, %q; want a failure saying %q", c.args, err, out, c.want)
 		}
 	}
 }

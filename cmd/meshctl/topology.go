@@ -78,7 +78,11 @@ func nodeObjects(c *cli.Context) (nodeconfig.File, []runtime.BrokerObject, error
 	if err != nil {
 		return f, nil, err
 	}
-	return f, append(runtime.MeshObjects(), objs...), nil
+	mesh := runtime.MeshObjects()
+	if f.Runtime().Delays {
+		mesh = append(mesh, runtime.DelayObjects()...)
+	}
+	return f, append(mesh, objs...), nil
 }
 
 // bindingText is a binding as the commands print it.

@@ -118,7 +118,9 @@ modules:
 	}
 	for _, want := range []string{"exchange  mesh.events", "alternate-exchange=mesh.events.unrouted", "queue     n1.shop.events",
 		"x-delivery-limit=", "x-queue-type=quorum", "n1.mail.events", "x-queue-type=classic", "mesh.node.n1.lock",
-		`mesh.events.dead "#"`, "the patterns the module subscribes (no binding record here)"} {
+		`mesh.events.dead "#"`, "the patterns the module subscribes (no binding record here)",
+		"exchange  mesh.delay ", "queue     mesh.delay.27", "x-message-ttl=134217728000", "x-dead-letter-strategy=at-least-once",
+		"queue     mesh.node.n1.due", `mesh.delay.due "#.n1"`} {
 		if !strings.Contains(out, want) {
 			t.Errorf("print lacks %q:\n%s", want, out)
 		}
@@ -126,7 +128,7 @@ modules:
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	n, err := runtime.New(ctx, runtime.Config{Node: "n1", AMQPURL: url, StateDir: state, Logger: slog.New(slog.DiscardHandler)})
+	n, err := runtime.New(ctx, runtime.Config{Node: "n1", AMQPURL: url, StateDir: state, Delays: true, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +153,8 @@ modules:
 	}
 	for _, want := range []string{"ok        queue mesh.node.n1.lock: held by a running node",
 		`ok        binding mesh.events "mesh.topo.#" -> n1.shop.events`, `ok        binding mesh.events "mesh.topo.#" -> n1.mail.events`,
-		`ok        binding mesh.events.dead "#" -> mesh.dead-letters`, `ok        binding mesh.events.unrouted "" -> mesh.unrouted`} {
+		`ok        binding mesh.events.dead "#" -> mesh.dead-letters`, `ok        binding mesh.events.unrouted "" -> mesh.unrouted`,
+		`ok        queue mesh.delay.00`, `ok        binding mesh.delay.27 "1.#" -> mesh.delay.27`, `ok        binding mesh.delay.due "#.n1" -> mesh.node.n1.due`} {
 		if !strings.Contains(out, want) {
 			t.Errorf("check lacks %q:\n%s", want, out)
 		}
@@ -195,13 +198,17 @@ modules:
 	if err := ch.QueueUnbind("mesh.dead-letters", "#", "mesh.events.dead", nil); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := ch.QueueDelete("mesh.delay.05", false, false, false); err != nil {
+		t.Fatal(err)
+	}
 	out, err = run("topology", "check", "--config", cfg)
-	if err == nil || !strings.Contains(err.Error(), "5 differences") {
+	if err == nil || !strings.Contains(err.Error(), "6 differences") {
 		t.Errorf("check of a broken topology: %v\n%s", err, out)
 	}
 	for _, want := range []string{"MISSING   exchange mesh.rpc", "DIFFERS   queue n1.shop.dead: PRECONDITION_FAILED",
 		`MISSING   binding mesh.events "mesh.topo.#" -> n1.shop.events`, `EXTRA     binding mesh.events "stray.#" -> n1.mail.events`,
-		`ok        binding mesh.events "mesh.topo.#" -> n1.mail.events`, `MISSING   binding mesh.events.dead "#" -> mesh.dead-letters`} {
+		`ok        binding mesh.events "mesh.topo.#" -> n1.mail.events`, `MISSING   binding mesh.events.dead "#" -> mesh.dead-letters`,
+		"MISSING   queue mesh.delay.05"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("check lacks %q:\n%s", want, out)
 		}

@@ -12,7 +12,7 @@ import (
 )
 
 // declare builds the cascade Levels describes on ch, with ExchangeDue
-// bound to QueueDue, as the runtime will.
+// bound to DueQueue("n1"), as the runtime does.
 func declare(t *testing.T, ch *amqp.Channel) {
 	t.Helper()
 	must := func(what string, err error) {
@@ -21,9 +21,9 @@ func declare(t *testing.T, ch *amqp.Channel) {
 		}
 	}
 	must("due exchange", ch.ExchangeDeclare(ExchangeDue, "topic", true, false, false, false, nil))
-	_, err := ch.QueueDeclare(QueueDue, true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
+	_, err := ch.QueueDeclare(DueQueue("n1"), true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
 	must("due queue", err)
-	must("due binding", ch.QueueBind(QueueDue, "#", ExchangeDue, false, nil))
+	must("due binding", ch.QueueBind(DueQueue("n1"), DueBinding("n1"), ExchangeDue, false, nil))
 	levels := AllLevels()
 	for _, l := range levels {
 		must(l.Name, ch.ExchangeDeclare(l.Name, "topic", true, false, false, false, nil))
@@ -38,7 +38,7 @@ func declare(t *testing.T, ch *amqp.Channel) {
 
 // TestCascadeOnTheBroker: on RabbitMQ itself, the 28 quorum levels
 // accept their arguments (the top one's TTL is 2^27 s), and a message
-// delayed s seconds arrives in QueueDue no sooner than s seconds after its
+// delayed s seconds arrives in its node's DueQueue no sooner than s seconds after its
 // publish, persistent, with its id, headers and body, having waited in
 // one level per set bit (one x-death entry each). Only a lower bound is
 // asserted: how late is for the benchmark.
@@ -65,7 +65,7 @@ func TestCascadeOnTheBroker(t *testing.T) {
 	for _, s := range delays {
 		id := fmt.Sprintf("delay-%d", s)
 		sent[id] = time.Now()
-		if err := ch.Publish(Top(), RoutingKey(s), false, false, amqp.Publishing{
+		if err := ch.Publish(Top(), RoutingKey(s, "n1"), false, false, amqp.Publishing{
 			MessageId: id, DeliveryMode: amqp.Persistent, ContentType: "application/json",
 			Headers: amqp.Table{"x-mesh-routing-key": "module.a.x"}, Body: []byte(`{"s":1}`),
 		}); err != nil {
@@ -75,7 +75,7 @@ func TestCascadeOnTheBroker(t *testing.T) {
 			t.Fatalf("delay %d s nacked", s)
 		}
 	}
-	deliveries, err := ch.Consume(QueueDue, "", false, false, false, false, nil)
+	deliveries, err := ch.Consume(DueQueue("n1"), "", false, false, false, false, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,8 +84,8 @@ func TestCascadeOnTheBroker(t *testing.T) {
 		select {
 		case d := <-deliveries:
 			waited := time.Since(sent[d.MessageId])
-			s, err := ParseRoutingKey(d.RoutingKey)
-			if err != nil {
+			s, node, err := ParseRoutingKey(d.RoutingKey)
+			if err != nil || node != "n1" {
 				t.Fatalf("due with key %q: %v", d.RoutingKey, err)
 			}
 			if waited < time.Duration(s)*time.Second {

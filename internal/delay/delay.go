@@ -1,13 +1,13 @@
 // Package delay is the shape of the mesh's delay cascade (ADR 32): the
 // levels of quorum queues with fixed TTLs that a delayed message waits in,
-// the routing key that carries its delay as binary digits, and the bound
-// and resolution of a delay. It declares nothing: the runtime and meshctl
-// declare what Levels describes.
+// the routing key that carries its delay as binary digits and the node
+// that scheduled it, and the bound and resolution of a delay. It declares
+// nothing: the runtime and meshctl declare what Levels describes.
 //
-// A message published to ExchangeIn with RoutingKey(s) waits, for each bit
-// n set in s, 2^n seconds in level n's queue, and reaches QueueDue s
-// seconds (and a few milliseconds a level) after it was published; never
-// before.
+// A message published to ExchangeIn with RoutingKey(s, node) waits, for
+// each bit n set in s, 2^n seconds in level n's queue, and reaches
+// DueQueue(node) s seconds (and a few milliseconds a level) after it was
+// published; never before.
 package delay
 
 import (
@@ -30,13 +30,18 @@ const (
 	// bound to the top level and to what records schedules.
 	ExchangeIn = "mesh.delay"
 	// ExchangeDue is where level 0 dead-letters, and where a message with
-	// no bit set goes at once.
+	// no bit set goes at once: a topic exchange that routes each message
+	// by its last word, the node that scheduled it, to that node's
+	// DueQueue.
 	ExchangeDue = "mesh.delay.due"
-	// QueueDue holds what came due, for the nodes' movers.
-	QueueDue = "mesh.delay.due"
-	// dueWord ends every routing key: the destination travels in a header.
-	dueWord = "due"
 )
+
+// DueQueue is the queue of what node scheduled and came due, which its
+// mover consumes.
+func DueQueue(node string) string { return "mesh.node." + node + ".due" }
+
+// DueBinding binds DueQueue(node) to ExchangeDue.
+func DueBinding(node string) string { return "#." + node }
 
 // ErrTooLong is a delay longer than Max.
 var ErrTooLong = errors.New("delay: longer than the longest delay")
@@ -57,26 +62,26 @@ func Seconds(d time.Duration) (uint32, error) {
 	return uint32(s), nil
 }
 
-// RoutingKey is the key that makes a message wait s seconds: the bits of
-// s from the top level's down, one word each, then a fixed word.
-func RoutingKey(s uint32) string {
+// RoutingKey is the key that makes a message wait s seconds and come due
+// in DueQueue(node): the bits of s from the top level's down, one word
+// each, then the node's name (one word, as the runtime checks node names).
+func RoutingKey(s uint32, node string) string {
 	var b strings.Builder
-	b.Grow(2*Levels + len(dueWord))
+	b.Grow(2*Levels + len(node))
 	for n := Levels - 1; n >= 0; n-- {
 		b.WriteByte('0' + byte(s>>n&1))
 		b.WriteByte('.')
 	}
-	b.WriteString(dueWord)
+	b.WriteString(node)
 	return b.String()
 }
 
-// ParseRoutingKey is the delay RoutingKey made key for, in seconds.
-func ParseRoutingKey(key string) (uint32, error) {
+// ParseRoutingKey is the delay and the node RoutingKey made key for.
+func ParseRoutingKey(key string) (s uint32, node string, err error) {
 	words := strings.Split(key, ".")
-	if len(words) != Levels+1 || words[Levels] != dueWord {
-		return 0, fmt.Errorf("delay: %q is no delay routing key (%d bits, then %q)", truncate(key), Levels, dueWord)
+	if len(words) != Levels+1 || words[Levels] == "" {
+		return 0, "", fmt.Errorf("delay: %q is no delay routing key (%d bits, then a node's name)", truncate(key), Levels)
 	}
-	var s uint32
 	for _, w := range words[:Levels] {
 		switch w {
 		case "0":
@@ -84,10 +89,10 @@ func ParseRoutingKey(key string) (uint32, error) {
 		case "1":
 			s = s<<1 | 1
 		default:
-			return 0, fmt.Errorf("delay: %q is no delay routing key: %q is no bit", truncate(key), w)
+			return 0, "", fmt.Errorf("delay: %q is no delay routing key: %q is no bit", truncate(key), w)
 		}
 	}
-	return s, nil
+	return s, words[Levels], nil
 }
 
 // Level is one level of the cascade: its exchange and queue (both named

@@ -27,20 +27,23 @@ func TestSeconds(t *testing.T) {
 }
 
 func TestRoutingKey(t *testing.T) {
-	if got, want := RoutingKey(5), strings.Repeat("0.", Levels-3)+"1.0.1.due"; got != want {
+	if got, want := RoutingKey(5, "n1"), strings.Repeat("0.", Levels-3)+"1.0.1.n1"; got != want {
 		t.Fatalf("RoutingKey(5) = %q, want %q", got, want)
 	}
 	for _, s := range []uint32{0, 1, 2, 3, 1000, 86400, 1<<Levels - 1} {
-		key := RoutingKey(s)
+		key := RoutingKey(s, "edge-1")
 		if len(key) > 255 {
 			t.Fatalf("key of %d is %d bytes", s, len(key))
 		}
-		if got, err := ParseRoutingKey(key); err != nil || got != s {
-			t.Errorf("ParseRoutingKey(RoutingKey(%d)) = %d, %v", s, got, err)
+		if got, node, err := ParseRoutingKey(key); err != nil || got != s || node != "edge-1" {
+			t.Errorf("ParseRoutingKey(RoutingKey(%d)) = %d, %q, %v", s, got, node, err)
+		}
+		if !topicMatch(DueBinding("edge-1"), key) || topicMatch(DueBinding("edge"), key) {
+			t.Errorf("%q: the due binding of its node must match it, and another node's not", key)
 		}
 	}
-	for _, bad := range []string{"", "due", "module.a.x", strings.Repeat("0.", Levels) + "x", strings.Repeat("2.", Levels) + "due", strings.Repeat("0.", Levels+1) + "due"} {
-		if _, err := ParseRoutingKey(bad); err == nil {
+	for _, bad := range []string{"", "due", "module.a.x", strings.Repeat("0.", Levels), strings.Repeat("2.", Levels) + "n", strings.Repeat("0.", Levels+1) + "n"} {
+		if _, _, err := ParseRoutingKey(bad); err == nil {
 			t.Errorf("ParseRoutingKey(%q) accepted", bad)
 		}
 	}
@@ -55,7 +58,7 @@ func TestLevelsRoute(t *testing.T) {
 		t.Fatalf("levels: %d, top %s, last next %s", len(levels), levels[0].Name, levels[Levels-1].Next)
 	}
 	for _, s := range []uint32{0, 1, 6, 7, 3600, 1<<Levels - 1} {
-		key := RoutingKey(s)
+		key := RoutingKey(s, "n")
 		var waited time.Duration
 		waits := 0
 		for i, l := range levels {
@@ -106,17 +109,17 @@ func topicMatch(pattern, key string) bool {
 }
 
 func FuzzParseRoutingKey(f *testing.F) {
-	f.Add(RoutingKey(0))
-	f.Add(RoutingKey(12345))
+	f.Add(RoutingKey(0, "n1"))
+	f.Add(RoutingKey(12345, "edge"))
 	f.Add("1.0.due")
 	f.Add("")
 	f.Fuzz(func(t *testing.T, key string) {
-		s, err := ParseRoutingKey(key)
+		s, node, err := ParseRoutingKey(key)
 		if err != nil {
 			return
 		}
-		if RoutingKey(s) != key {
-			t.Fatalf("accepted %q as %d, whose key is %q", key, s, RoutingKey(s))
+		if RoutingKey(s, node) != key || node == "" || strings.Contains(node, ".") {
+			t.Fatalf("accepted %q as %d for node %q, whose key is %q", key, s, node, RoutingKey(s, node))
 		}
 	})
 }

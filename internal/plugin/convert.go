@@ -2,9 +2,11 @@ package plugin
 
 import (
 	"encoding/json"
+	"math"
 	"time"
 
 	"github.com/meshkit/mesh/internal/plugin/pb"
+	"github.com/meshkit/mesh/internal/wire"
 )
 
 // Event has exactly the fields of sdk.Event, in order and type, so each
@@ -110,4 +112,41 @@ func timeOf(n int64) time.Time {
 		return time.Time{}
 	}
 	return time.Unix(0, n).UTC()
+}
+
+// TimingOf is an emit's delay on the wire: sdk.After in milliseconds and
+// sdk.At in Unix milliseconds, each rounded up, so that what the host
+// schedules is never earlier than what the module asked (0: not set).
+func TimingOf(o wire.EmitOptions) (afterMillis, atUnixMillis int64) {
+	if o.After > 0 {
+		afterMillis = int64((o.After + time.Millisecond - 1) / time.Millisecond)
+	}
+	if !o.At.IsZero() {
+		ns := o.At.UnixNano()
+		atUnixMillis = ns / 1e6
+		if ns%1e6 > 0 {
+			atUnixMillis++
+		}
+		if atUnixMillis == 0 {
+			atUnixMillis = 1 // 1970 itself: passed, but not "none"
+		}
+	}
+	return afterMillis, atUnixMillis
+}
+
+// TimingFrom is TimingOf's values back as the emit's options; a negative
+// after is kept, for EmitOptions.Check to refuse.
+func TimingFrom(afterMillis, atUnixMillis int64) (after time.Duration, at time.Time) {
+	switch {
+	case afterMillis < 0:
+		after = -1
+	case afterMillis > int64(math.MaxInt64/time.Millisecond):
+		after = math.MaxInt64 // past delay.Max: refused
+	default:
+		after = time.Duration(afterMillis) * time.Millisecond
+	}
+	if atUnixMillis != 0 {
+		at = time.UnixMilli(atUnixMillis).UTC()
+	}
+	return after, at
 }

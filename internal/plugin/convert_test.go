@@ -3,11 +3,13 @@ package plugin
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"reflect"
 	"testing"
 	"time"
 
 	"github.com/meshkit/mesh/internal/plugin/pb"
+	"github.com/meshkit/mesh/internal/wire"
 )
 
 // fillFields sets every exported field of the struct v points to a value that
@@ -120,4 +122,32 @@ func fields(m any) map[string]any {
 		}
 	}
 	return out
+}
+
+// TestTimingCrossesRoundedUp: an emit's delay reaches the host never
+// earlier than the module asked (rounded up to the millisecond), a zero
+// one as none, a negative one kept for the host to refuse, and one too
+// large for a Duration as one past the bound.
+func TestTimingCrossesRoundedUp(t *testing.T) {
+	at := time.Date(2030, 1, 1, 0, 0, 0, 1, time.UTC) // 1 ns past a millisecond
+	after, atMs := TimingOf(wire.EmitOptions{After: 1500*time.Microsecond + 1, At: at})
+	if after != 2 || atMs != at.UnixMilli()+1 {
+		t.Errorf("TimingOf = %d, %d; want 2 ms and the next millisecond", after, atMs)
+	}
+	gotAfter, gotAt := TimingFrom(after, atMs)
+	if gotAfter < 1500*time.Microsecond || gotAt.Before(at) {
+		t.Errorf("TimingFrom = %v, %v: earlier than asked", gotAfter, gotAt)
+	}
+	if a, b := TimingOf(wire.EmitOptions{}); a != 0 || b != 0 {
+		t.Errorf("no timing crossed as %d, %d", a, b)
+	}
+	if a, b := TimingFrom(0, 0); a != 0 || !b.IsZero() {
+		t.Errorf("no timing arrived as %v, %v", a, b)
+	}
+	if a, _ := TimingFrom(-5, 0); a >= 0 {
+		t.Errorf("a negative delay arrived as %v", a)
+	}
+	if a, _ := TimingFrom(math.MaxInt64, 0); a <= 9*365*24*time.Hour {
+		t.Errorf("a huge delay arrived as %v", a)
+	}
 }

@@ -85,6 +85,12 @@ const (
 	HeaderDeadTime = "x-mesh-dead-time"
 )
 
+// HeaderDue marks a delayed event (sdk.After, sdk.At): when it was due,
+// RFC 3339 UTC, set by the emitting node. Handlers see it in
+// Event.Headers. Like x-replay-id it informs and decides nothing: the
+// delay cascade's routing key, not this header, is what delays an event.
+const HeaderDue = "x-due"
+
 // HeaderReplayID marks an event replayed from the audit log: its value is
 // the replay's id. Handlers see it in Event.Headers, so a consumer can
 // tell a replay from the first delivery.

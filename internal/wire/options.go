@@ -6,6 +6,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/meshkit/mesh/internal/delay"
 	"github.com/meshkit/mesh/internal/filter"
 )
 
@@ -23,6 +24,29 @@ type EmitOptions struct {
 	// FreshID asks for a new random id even inside a handler, where the id
 	// is otherwise derived from the handled event (see causation.Scope).
 	FreshID bool
+	// After and At delay the event (sdk.After, sdk.At): it is published
+	// into the delay cascade (internal/delay) and reaches mesh.events
+	// when due. At most one of them is set; a zero value is none.
+	After time.Duration
+	At    time.Time
+	// AtMostOnce publishes the event not persistent and without waiting
+	// for the broker's confirm or spooling it (sdk.AtMostOnce).
+	AtMostOnce bool
+}
+
+// Delayed reports whether the emit asks for a delay.
+func (o EmitOptions) Delayed() bool { return o.After > 0 || !o.At.IsZero() }
+
+// Due is when a delayed emit made at now comes due: now for one that is
+// not delayed (or whose time has come).
+func (o EmitOptions) Due(now time.Time) time.Time {
+	switch {
+	case o.After > 0:
+		return now.Add(o.After)
+	case !o.At.IsZero() && o.At.After(now):
+		return o.At
+	}
+	return now
 }
 
 // Bounds of what a module sets in an event's headers, so that an event
@@ -76,6 +100,35 @@ func (o EmitOptions) Check() error {
 	if o.TTL < 0 {
 		return fmt.Errorf("%w: time to live %v is negative", ErrInvalid, o.TTL)
 	}
+	return o.checkTiming()
+}
+
+// checkTiming refuses what no combination of sdk options may ask: a
+// negative delay, both After and At, a delay past delay.Max, or a delayed
+// emit at most once (the delay cascade keeps what waits durably; an event
+// that may be lost needs no schedule).
+func (o EmitOptions) checkTiming() error {
+	switch {
+	case o.After < 0:
+		return fmt.Errorf("%w: delay %v is negative", ErrInvalid, o.After)
+	case o.After > 0 && !o.At.IsZero():
+		return fmt.Errorf("%w: both After and At: give one", ErrInvalid)
+	case o.AtMostOnce && o.Delayed():
+		return fmt.Errorf("%w: a delayed emit is at least once (it waits durably on the broker); drop AtMostOnce or the delay", ErrInvalid)
+	case o.After > delay.Max:
+		return fmt.Errorf("%w: delay %v is over the longest, %v (2^%d−1 s, about 8.5 years)", ErrInvalid, o.After, delay.Max, delay.Levels)
+	}
+	return nil
+}
+
+// CheckDue refuses a delayed emit made at now that would come due past
+// delay.Max (an At too far ahead); it is Check's for what only the time of
+// the emit decides.
+func (o EmitOptions) CheckDue(now time.Time) error {
+	if d := o.Due(now).Sub(now); d > delay.Max {
+		return fmt.Errorf("%w: At %s is %v ahead, over the longest delay, %v (2^%d−1 s, about 8.5 years)",
+			ErrInvalid, o.At.UTC().Format(time.RFC3339), d.Round(time.Second), delay.Max, delay.Levels)
+	}
 	return nil
 }
 
@@ -101,6 +154,9 @@ func ApplyEmitOptions[T any](opts []T) (EmitOptions, error) {
 		if err := a.ApplyEmit(&o); err != nil {
 			return o, fmt.Errorf("emit option: %w", err)
 		}
+	}
+	if err := o.checkTiming(); err != nil {
+		return o, fmt.Errorf("emit options: %w", err)
 	}
 	return o, nil
 }

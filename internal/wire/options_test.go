@@ -4,6 +4,9 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/meshkit/mesh/internal/delay"
 )
 
 // TestHeaderBounds: a schema or a causation id out of bounds is refused,
@@ -24,5 +27,42 @@ func TestHeaderBounds(t *testing.T) {
 	ok := EmitOptions{Schema: strings.Repeat("v", MaxSchemaBytes), CausationID: strings.Repeat("c", MaxCausationBytes)}
 	if err := ok.Check(); err != nil {
 		t.Errorf("at the bounds: %v", err)
+	}
+}
+
+// TestEmitTiming: Check refuses the timings no sdk option combination
+// makes (as they arrive from a module process); Due and CheckDue read an
+// emit's time against the emit's own clock.
+func TestEmitTiming(t *testing.T) {
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	for name, o := range map[string]EmitOptions{
+		"negative":        {After: -time.Second},
+		"both":            {After: time.Second, At: now.Add(time.Hour)},
+		"at most once":    {After: time.Second, AtMostOnce: true},
+		"past the bound":  {After: delay.Max + time.Second},
+		"at most once At": {At: now.Add(time.Hour), AtMostOnce: true},
+	} {
+		if err := o.Check(); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%s: Check = %v, want ErrInvalid", name, err)
+		}
+	}
+	for _, c := range []struct {
+		o    EmitOptions
+		want time.Time
+	}{
+		{EmitOptions{}, now},
+		{EmitOptions{After: time.Minute}, now.Add(time.Minute)},
+		{EmitOptions{At: now.Add(time.Hour)}, now.Add(time.Hour)},
+		{EmitOptions{At: now.Add(-time.Hour)}, now}, // passed: now
+	} {
+		if got := c.o.Due(now); !got.Equal(c.want) {
+			t.Errorf("Due of %+v = %v, want %v", c.o, got, c.want)
+		}
+	}
+	if err := (EmitOptions{At: now.Add(delay.Max + time.Hour)}).CheckDue(now); !errors.Is(err, ErrInvalid) {
+		t.Errorf("an At past the bound: %v", err)
+	}
+	if err := (EmitOptions{At: now.Add(delay.Max)}).CheckDue(now); err != nil {
+		t.Errorf("an At at the bound: %v", err)
 	}
 }

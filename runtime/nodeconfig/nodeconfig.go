@@ -74,6 +74,9 @@ type File struct {
 	// its modules (node.NODE.heartbeat), and checks that the others do
 	// (default 10s; -1s turns membership off).
 	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"`
+	// Delays declares the delay cascade and runs the node's mover, for
+	// delayed emits (sdk.After, sdk.At); default true.
+	Delays *bool `yaml:"delays"`
 	// Defaults apply to every module unless it says otherwise.
 	Defaults Module   `yaml:"defaults"`
 	Modules  []Module `yaml:"modules"`
@@ -218,6 +221,7 @@ func (f File) Runtime() runtime.Config {
 		ReconnectMin: f.ReconnectMin, ReconnectMax: f.ReconnectMax, LockWait: f.LockWait,
 		DedupRetention: f.DedupRetention, DedupMaxEntries: f.DedupMaxEntries,
 		HeartbeatInterval: f.heartbeatInterval(),
+		Delays:            f.Delays == nil || *f.Delays,
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/meshkit/mesh/internal/delay"
 	"github.com/meshkit/mesh/internal/wire"
 )
 
@@ -59,6 +60,15 @@ type TopicPermission struct {
 //     keeper queues: a node never consumes them (meshctl does, as the
 //     operator, OperatorPermissions), so it cannot take the mesh's dead
 //     letters or unrouted events;
+//   - with delays on (the default), the delay cascade (delayObjects), which
+//     it declares, binds (write on each level's queue and exchange, and on
+//     the exchange each dead-letters to; read on the exchanges it binds
+//     from) and publishes to (mesh.delay), and its own due queue
+//     mesh.node.<node>.due, which it declares, binds and consumes. The
+//     levels' queues have the names of their exchanges, so read on them
+//     is read on the queues too: a node could take what waits there (what
+//     it takes it cannot have delivered by another node's mover, which
+//     publishes only its own user's schedules);
 //   - on mesh.events it may publish only node.<node>. keys, the reports of
 //     peers it finds unreachable, its modules' module.<module>. keys, and
 //     the full types their emit_grants allow; on mesh.rpc it may publish
@@ -107,9 +117,13 @@ func (f File) Permissions(user string, consumed []string) Permissions {
 	if len(tools) > 0 {
 		from = append(from, q(wire.ExchangeRPC))
 	}
-	p.Configure = anyOf(slices.Concat(meshExchanges(), keeperQueues(), []string{q(wire.NodeLockQueue(f.Node))}, own, []string{serverNamed}))
-	p.Write = anyOf(slices.Concat(meshExchanges(), keeperQueues(), own, []string{serverNamed, defaultExchange}))
-	p.Read = anyOf(slices.Concat(from, own, []string{serverNamed}, reads))
+	var delays []string // the delay cascade and the node's due queue
+	if f.Runtime().Delays {
+		delays = []string{delayObjects, q(delay.DueQueue(f.Node))}
+	}
+	p.Configure = anyOf(slices.Concat(meshExchanges(), keeperQueues(), []string{q(wire.NodeLockQueue(f.Node))}, own, delays, []string{serverNamed}))
+	p.Write = anyOf(slices.Concat(meshExchanges(), keeperQueues(), own, delays, []string{serverNamed, defaultExchange}))
+	p.Read = anyOf(slices.Concat(from, own, delays, []string{serverNamed}, reads))
 
 	// Its own node.<node>. events, and the reports of peers it finds
 	// unreachable (membership).
@@ -139,9 +153,12 @@ func (f File) Permissions(user string, consumed []string) Permissions {
 // and unrouted (ls, show, replay, purge). Each connects as an ephemeral
 // node, or browses a keeper queue on a plain connection:
 //   - configure: the mesh's exchanges and keeper queues (meshctl declares
-//     the topology as any node does), and server-named queues (amq.gen-*:
-//     its reply queues and tail's queue). No node's or module's queue: the
-//     operator's user cannot declare, and so delete, them;
+//     the topology as any node does), the delay cascade (emit --after
+//     declares it, as a node with delays on does, and publishes to
+//     mesh.delay, for which it needs write and, to bind its levels, read
+//     too), and server-named queues (amq.gen-*: its reply queues and
+//     tail's queue). No node's or module's queue: the operator's user
+//     cannot declare, and so delete, them;
 //   - write: mesh.events (emit, replays) and mesh.rpc (call, and the audit
 //     and dispatcher commands, which call tools), mesh.events.unrouted
 //     (the alternate exchange of mesh.events), the keeper queues and
@@ -166,11 +183,11 @@ func OperatorPermissions(user, vhost string) Permissions {
 	return Permissions{
 		User:      user,
 		VHost:     vhost,
-		Configure: anyOf(slices.Concat(meshExchanges(), keeperQueues(), []string{serverNamed})),
+		Configure: anyOf(slices.Concat(meshExchanges(), keeperQueues(), []string{delayObjects, serverNamed})),
 		Write: anyOf(slices.Concat([]string{q(wire.ExchangeEvents), q(wire.ExchangeRPC), q(wire.ExchangeUnrouted)}, keeperQueues(),
-			[]string{serverNamed, defaultExchange})),
+			[]string{delayObjects, serverNamed, defaultExchange})),
 		Read: anyOf(slices.Concat([]string{q(wire.ExchangeEvents), q(wire.ExchangeDead), q(wire.ExchangeUnrouted)}, keeperQueues(),
-			[]string{serverNamed})),
+			[]string{delayObjects, serverNamed})),
 		Topics: []TopicPermission{
 			{Exchange: wire.ExchangeEvents, Write: ".*", Read: ".*"},
 			{Exchange: wire.ExchangeRPC, Write: ".*", Read: nothing},
@@ -191,6 +208,11 @@ const (
 	// nothing matches no name: a topic permission that allows no key.
 	nothing = `^$`
 )
+
+// delayObjects matches the names of the delay cascade's exchanges and
+// level queues (internal/delay): mesh.delay, mesh.delay.00 to
+// mesh.delay.27 and mesh.delay.due.
+const delayObjects = `mesh\.delay(?:\.[0-9]{2}|\.due)?`
 
 // meshExchanges are the mesh's exchanges, as regular expressions. Every
 // node declares them, and write on mesh.events.unrouted too, though nothing

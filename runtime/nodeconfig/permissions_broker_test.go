@@ -22,7 +22,8 @@ import (
 // TestLeastPrivilegeOnTheBroker: a node whose broker user has exactly the
 // permissions nodeconfig computes for it runs its modules: it declares the
 // topology and its queues, consumes, emits, serves and calls a tool,
-// retries on a classic queue and dead-letters, and tails (a server-named
+// retries on a classic queue and dead-letters, emits a delayed event that
+// its mover delivers, and tails (a server-named
 // queue it binds, as its membership queue). The same user is refused by
 // RabbitMQ (403) when it publishes another module's or node's events,
 // declares another node's queue, binds another tool's serve queue, or
@@ -107,6 +108,20 @@ func TestLeastPrivilegeOnTheBroker(t *testing.T) {
 	if _, err := n.Emit(ctx, "n1", "node.n1.joined", 1); err != nil {
 		t.Errorf("emit node.n1.joined: %v", err)
 	}
+	// A delayed emit: into the cascade, out of the node's due queue by its
+	// mover, to shop.
+	later, err := mail.Mesh().Emit(ctx, "sent", 3, sdk.After(time.Second))
+	if err != nil {
+		t.Fatalf("a delayed emit: %v", err)
+	}
+	select {
+	case ev := <-got:
+		if ev.ID != later {
+			t.Errorf("shop got %s, want the delayed %s", ev.ID, later)
+		}
+	case <-ctx.Done():
+		t.Fatal("shop never got the delayed module.mail.sent")
+	}
 	// Tail: a server-named queue, declared, bound (write on it) and
 	// consumed.
 	tailed, tailErr := make(chan string, 1), make(chan error, 1)
@@ -166,7 +181,11 @@ func TestLeastPrivilegeOnTheBroker(t *testing.T) {
 		_, err := ch.QueueDeclare("n2.shop.events", true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
 		return err
 	})
-	for _, queue := range []string{wire.QueueDead, wire.QueueUnrouted, "n2.shop.events"} {
+	refused("declare mesh.node.n2.due", func(ch *amqp.Channel) error {
+		_, err := ch.QueueDeclare("mesh.node.n2.due", true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
+		return err
+	})
+	for _, queue := range []string{wire.QueueDead, wire.QueueUnrouted, "n2.shop.events", "mesh.node.n2.due"} {
 		refused("consume "+queue, func(ch *amqp.Channel) error {
 			_, err := ch.Consume(queue, "", false, false, false, false, nil)
 			return err

@@ -123,6 +123,9 @@ func Settings() []Setting {
 		{Key: "heartbeat_interval", Scope: ScopeNode, Default: d(runtime.DefaultHeartbeatInterval), Bounds: "a negative value turns membership off",
 			Doc:   "How often the node sends node.NODE.heartbeat with its modules, which meshctl nodes and meshctl graph read. A peer silent for 3 of its intervals is reported once as node.PEER.unreachable.",
 			Valid: []string{"2s", "-1s"}},
+		{Key: "delays", Scope: ScopeNode, Default: "true", Bounds: "true or false",
+			Doc:   "Declares the delay cascade on the broker (mesh.delay and 28 quorum queues mesh.delay.27 … mesh.delay.00, ADR 32) and runs the node's mover, which publishes delayed events (sdk.After, sdk.At) when they come due. A delayed emit needs it on the emitting node; any node with it on delivers what comes due.",
+			Valid: []string{"false"}},
 
 		{Key: "name", Scope: ScopeEntry, Bounds: "one word (as node), no /, not meshctl, unique in the file; required",
 			Doc: "The name the module's binary reports. A binary that reports another name is refused.", Valid: []string{"billing"}, Invalid: []string{`"a b"`, `"a/b"`, "meshctl"}},

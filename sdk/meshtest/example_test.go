@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/meshkit/mesh/sdk"
 	"github.com/meshkit/mesh/sdk/meshtest"
@@ -74,4 +75,32 @@ func ExampleMesh_Stub() {
 	// Output:
 	// {"cents":1200} {"cents":1000}
 	// permanent: call tax.quote: tool error no_region (permanent): unknown region
+}
+
+// A delayed emit is one option: sdk.After (or sdk.At). In a test it waits
+// on the mesh's clock, so Advance decides when it comes due.
+func ExampleMesh_Delayed() {
+	reminders := sdk.Module{Name: "reminders", Emits: []string{"due"}, Setup: func(m sdk.Mesh) error {
+		return m.On("module.shop.order.placed", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			_, err := m.Emit(ctx, "due", ev.Body, sdk.After(24*time.Hour))
+			return err
+		}))
+	}}
+	mt := meshtest.New(meshtest.Config{})
+	defer mt.Close()
+	if err := mt.Load(reminders, meshtest.ModuleConfig{}); err != nil {
+		fmt.Println(err)
+		return
+	}
+	mt.Emit(context.Background(), "shop", "module.shop.order.placed", map[string]int{"order": 7})
+	mt.Settle()
+	for _, ev := range mt.Delayed() {
+		fmt.Println("waiting:", ev.Type, "due", ev.Headers["x-due"])
+	}
+	mt.Advance(24 * time.Hour)
+	mt.Settle()
+	fmt.Println("waiting after a day:", len(mt.Delayed()))
+	// Output:
+	// waiting: module.reminders.due due 2026-01-02T00:00:00Z
+	// waiting after a day: 0
 }

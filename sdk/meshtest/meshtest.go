@@ -18,6 +18,7 @@ import (
 
 	"github.com/meshkit/mesh/internal/asyncemit"
 	"github.com/meshkit/mesh/internal/causation"
+	"github.com/meshkit/mesh/internal/delay"
 	"github.com/meshkit/mesh/internal/execute"
 	"github.com/meshkit/mesh/internal/filter"
 	"github.com/meshkit/mesh/internal/handlerlog"
@@ -154,6 +155,7 @@ type Mesh struct {
 	modules   []*module
 	pending   []*delivery // ready to run, in order
 	retries   []*delivery // waiting for their retry time
+	delayed   []delayed   // emitted with sdk.After or sdk.At, not due yet, in emit order
 	emitted   []sdk.Event
 	dead      []DeadLetter
 	filtered  []Filtered
@@ -383,8 +385,8 @@ func (m *Mesh) Now() time.Time {
 	return m.now
 }
 
-// Advance moves the clock forward by d (retries that come due run at the
-// next Settle).
+// Advance moves the clock forward by d (retries and delayed events that
+// come due run at the next Settle).
 func (m *Mesh) Advance(d time.Duration) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -432,6 +434,13 @@ func (m *Mesh) Call(ctx context.Context, source, tool string, req, resp any) err
 // emitted is handled, and every retry runs, the clock jumping ahead to
 // each retry's time, until nothing is left to run. Handlers run one at a
 // time, in the order their events reached the modules' queues.
+//
+// A delayed event (sdk.After, sdk.At) waits on the clock: Settle does not
+// jump to it, so a test sees what happens before it is due. Once the clock
+// reaches its delay rounded up to the second, as on a node (by Advance, or
+// a retry's jump), it goes to the modules subscribed then, at once if a
+// Settle is running, else at the next. Delayed lists what waits.
+// AtMostOnce is a plain emit here: nothing is lost.
 func (m *Mesh) Settle() {
 	m.mu.Lock()
 	if m.settling {
@@ -446,6 +455,7 @@ func (m *Mesh) Settle() {
 		m.mu.Unlock()
 	}()
 	for {
+		m.comeDue()
 		if !m.runnable() && len(m.retries) > 0 {
 			next := m.retries[0]
 			for _, r := range m.retries[1:] {
@@ -456,6 +466,7 @@ func (m *Mesh) Settle() {
 			if next.due.After(m.now) {
 				m.now = next.due
 			}
+			m.comeDue()
 			m.promote()
 		}
 		if !m.runnable() {
@@ -668,8 +679,15 @@ func (m *Mesh) publish(ctx context.Context, source, eventType string, raw []byte
 	if err := wire.CheckCausation(o.CausationID); err != nil {
 		return "", fmt.Errorf("emit %s: %w", eventType, err)
 	}
+	if err := o.CheckDue(m.now); err != nil {
+		return "", fmt.Errorf("emit %s: %w", eventType, err)
+	}
 	ev := sdk.Event{ID: id, Type: eventType, Source: source, Node: m.cfg.Node, Time: m.now,
 		CausationID: o.CausationID, Schema: o.Schema, Headers: map[string]string{}, Body: json.RawMessage(slices.Clone(raw))}
+	due := o.Due(m.now)
+	if due.After(m.now) {
+		ev.Headers[wire.HeaderDue] = due.UTC().Format(time.RFC3339Nano)
+	}
 	m.emitted = append(m.emitted, ev)
 	if tid := trace.SpanContextFromContext(ctx).TraceID(); tid.IsValid() {
 		if m.traces == nil {
@@ -677,12 +695,61 @@ func (m *Mesh) publish(ctx context.Context, source, eventType string, raw []byte
 		}
 		m.traces[id] = tid
 	}
+	if due.After(m.now) {
+		// As a node's cascade delivers it: the delay rounded up to the
+		// second, routed to the modules subscribed then, its TTL counting
+		// from then.
+		secs, _ := delay.Seconds(due.Sub(m.now)) // bounded by CheckDue
+		m.delayed = append(m.delayed, delayed{ev: ev, at: m.now.Add(time.Duration(secs) * time.Second), ttl: o.TTL})
+		return id, nil
+	}
 	var expires time.Time
 	if o.TTL > 0 {
 		expires = m.now.Add(o.TTL)
 	}
 	m.route(ev, expires)
 	return id, nil
+}
+
+// delayed is an event waiting on the mesh's clock until at.
+type delayed struct {
+	ev  sdk.Event
+	at  time.Time
+	ttl time.Duration
+}
+
+// Delayed returns the events emitted with sdk.After or sdk.At that are not
+// due yet on the mesh's clock, in the order they come due; each has the
+// header x-due, when it is due.
+func (m *Mesh) Delayed() []sdk.Event {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	waiting := slices.Clone(m.delayed)
+	slices.SortStableFunc(waiting, func(a, b delayed) int { return a.at.Compare(b.at) })
+	out := make([]sdk.Event, len(waiting))
+	for i, d := range waiting {
+		out[i] = d.ev
+	}
+	return out
+}
+
+// comeDue routes the delayed events due by now, in due order. m.mu is
+// held.
+func (m *Mesh) comeDue() {
+	slices.SortStableFunc(m.delayed, func(a, b delayed) int { return a.at.Compare(b.at) })
+	n := 0
+	for _, d := range m.delayed {
+		if d.at.After(m.now) {
+			break
+		}
+		var expires time.Time
+		if d.ttl > 0 {
+			expires = m.now.Add(d.ttl)
+		}
+		m.route(d.ev, expires)
+		n++
+	}
+	m.delayed = m.delayed[n:]
 }
 
 // route queues ev for every module one of whose patterns matches it.

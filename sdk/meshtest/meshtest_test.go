@@ -261,3 +261,80 @@ func TestStubRules(t *testing.T) {
 		t.Errorf("answer %q, %v; want the later stub's", got, err)
 	}
 }
+
+// TestDelayedEventsWaitOnTheClock: a delayed event waits on the mesh's
+// clock (Settle does not jump to it), is delivered once the clock reaches
+// its delay rounded up to the second, to the modules subscribed then, with
+// its id and x-due; At works on the mesh's clock; what the cascade cannot
+// carry is refused as a node refuses it.
+func TestDelayedEventsWaitOnTheClock(t *testing.T) {
+	mt := meshtest.New(meshtest.Config{})
+	defer mt.Close()
+	start := mt.Now()
+	var got []sdk.Event
+	var at []time.Duration
+	err := mt.Load(sdk.Module{Name: "early", Setup: func(m sdk.Mesh) error {
+		return m.On("mesh.x.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			got, at = append(got, ev), append(at, mt.Now().Sub(start))
+			return nil
+		}))
+	}}, meshtest.ModuleConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	later, err := mt.Emit(ctx, "test", "mesh.x.later", 1, sdk.After(1500*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mt.Emit(ctx, "test", "mesh.x.at", 2, sdk.At(start.Add(time.Hour))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mt.Emit(ctx, "test", "mesh.x.now", 3); err != nil {
+		t.Fatal(err)
+	}
+	mt.Settle()
+	if len(got) != 1 || got[0].Type != "mesh.x.now" {
+		t.Fatalf("before anything is due: handled %+v, want only mesh.x.now", got)
+	}
+	if waiting := mt.Delayed(); len(waiting) != 2 || waiting[0].ID != later || waiting[1].Type != "mesh.x.at" {
+		t.Errorf("waiting %+v, want mesh.x.later then mesh.x.at", waiting)
+	}
+	mt.Advance(1500 * time.Millisecond) // due, but the cascade's resolution is a second
+	mt.Settle()
+	if len(got) != 1 {
+		t.Errorf("handled %d events at 1.5s, want the delayed one still waiting until 2s", len(got))
+	}
+	mt.Advance(500 * time.Millisecond)
+	mt.Settle()
+	if len(got) != 2 || got[1].ID != later || at[1] != 2*time.Second || got[1].Headers["x-due"] != start.Add(1500*time.Millisecond).Format(time.RFC3339Nano) {
+		t.Fatalf("handled %+v at %v, want mesh.x.later at 2s with x-due 1.5s after the start", got, at)
+	}
+	// A module loaded before it is due gets it; the clock moves to 1h.
+	var late []string
+	err = mt.Load(sdk.Module{Name: "late", Setup: func(m sdk.Mesh) error {
+		return m.On("mesh.x.at", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			late = append(late, ev.Type)
+			return nil
+		}))
+	}}, meshtest.ModuleConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mt.Advance(time.Hour)
+	mt.Settle()
+	if len(got) != 3 || len(late) != 1 || len(mt.Delayed()) != 0 {
+		t.Errorf("after 1h: early handled %d, late %v, still waiting %d; want 3, [mesh.x.at], 0", len(got), late, len(mt.Delayed()))
+	}
+	for name, opts := range map[string][]sdk.EmitOption{
+		"too long":       {sdk.After(9 * 365 * 24 * time.Hour)},
+		"At too far":     {sdk.At(mt.Now().Add(9 * 365 * 24 * time.Hour))},
+		"at most once":   {sdk.After(time.Second), sdk.AtMostOnce()},
+		"After and At":   {sdk.After(time.Second), sdk.At(mt.Now().Add(time.Minute))},
+		"negative delay": {sdk.After(-time.Second)},
+	} {
+		if _, err := mt.Emit(ctx, "test", "mesh.x.y", 1, opts...); !errors.Is(err, sdk.ErrInvalid) {
+			t.Errorf("%s: %v, want ErrInvalid", name, err)
+		}
+	}
+}

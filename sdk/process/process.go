@@ -506,7 +506,8 @@ func (pm *pluginMesh) Emit(ctx context.Context, name string, body any, opts ...s
 	}
 	e := &pb.Emit{Name: name, Body: raw, Schema: o.Schema, CausationId: o.CausationID,
 		TtlMillis: o.TTL.Milliseconds(), Priority: uint32(o.Priority), HasPriority: o.HasPriority, FullType: o.FullType,
-		Handling: handlingOf(ctx)}
+		Handling: handlingOf(ctx), AtMostOnce: o.AtMostOnce}
+	e.AfterMillis, e.AtUnixMillis = plugin.TimingOf(o)
 	if !o.FreshID {
 		full := name
 		if !o.FullType {

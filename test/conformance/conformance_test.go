@@ -27,55 +27,59 @@ func TestMain(m *testing.M) {
 type scenario struct {
 	name string
 	run  func(t *testing.T, h Host)
+	// delays runs the scenario's node with delays on (declaring the delay
+	// cascade costs about half a second, so only where a scenario needs it).
+	delays bool
 }
 
 // scenarios lists the contract's rules (the sdk package doc, "What a
 // module can rely on").
 var scenarios = []scenario{
-	{"EmitNamingAndBodies", emitNamingAndBodies},
-	{"EmitAsyncFromOneGoroutine", emitAsync},
-	{"SetupPhase", setupPhase},
-	{"HandlerSuccessIsHandledOnce", handlerSuccess},
-	{"RetriesCountAttempts", retriesCountAttempts},
-	{"PermanentDeadLettersAtOnce", permanentDeadLetters},
-	{"AttemptLimitDeadLetters", attemptLimit},
-	{"DeadLettersReachTheirHandler", deadLettersHandler},
-	{"ConsumeAnExistingQueue", consumeQueue},
-	{"HoldAConsumedQueue", holdQueue},
-	{"PanicIsAFailedAttempt", panicIsFailure},
-	{"HandlerTimeoutCancelsCtx", handlerTimeout_},
-	{"OneAtATimeInQueueOrder", queueOrder},
-	{"ConcurrencyRunsHandlersTogether", concurrencyTogether},
-	{"DuplicatesAreAbsorbed", duplicates},
-	{"CausationAndDerivedIDs", causationAndDerivedIDs},
-	{"RetriedEmitIsAbsorbed", retriedEmitAbsorbed},
-	{"RetryWithOtherBodyIsNotLost", retryWithOtherBody},
-	{"FreshIDOnRequest", freshID},
-	{"ToolOutcomes", toolOutcomes},
-	{"RetriedCallRunsToolOnce", retriedCallRunsToolOnce},
-	{"CallDefaultDeadlineIsTheNodes", callDefaultDeadline},
-	{"RunCtxEndsAtStop", runCtxEndsAtStop},
-	{"FiltersAreTheHosts", filters},
-	{"TypedHandlersAndTools", typedHandlers},
-	{"HandlerContextCarriesLoggerTraceDeadline", handlerContext},
-	{"RunCtxEndsAfterHandlersDrain", runCtxAfterDrain},
-	{"FailingRunIsNotSilent", failingRun},
+	{name: "EmitNamingAndBodies", run: emitNamingAndBodies},
+	{name: "EmitAsyncFromOneGoroutine", run: emitAsync},
+	{name: "SetupPhase", run: setupPhase},
+	{name: "HandlerSuccessIsHandledOnce", run: handlerSuccess},
+	{name: "RetriesCountAttempts", run: retriesCountAttempts},
+	{name: "PermanentDeadLettersAtOnce", run: permanentDeadLetters},
+	{name: "AttemptLimitDeadLetters", run: attemptLimit},
+	{name: "DeadLettersReachTheirHandler", run: deadLettersHandler},
+	{name: "ConsumeAnExistingQueue", run: consumeQueue},
+	{name: "HoldAConsumedQueue", run: holdQueue},
+	{name: "PanicIsAFailedAttempt", run: panicIsFailure},
+	{name: "HandlerTimeoutCancelsCtx", run: handlerTimeout_},
+	{name: "OneAtATimeInQueueOrder", run: queueOrder},
+	{name: "ConcurrencyRunsHandlersTogether", run: concurrencyTogether},
+	{name: "DuplicatesAreAbsorbed", run: duplicates},
+	{name: "CausationAndDerivedIDs", run: causationAndDerivedIDs},
+	{name: "RetriedEmitIsAbsorbed", run: retriedEmitAbsorbed},
+	{name: "RetryWithOtherBodyIsNotLost", run: retryWithOtherBody},
+	{name: "FreshIDOnRequest", run: freshID},
+	{name: "ToolOutcomes", run: toolOutcomes},
+	{name: "RetriedCallRunsToolOnce", run: retriedCallRunsToolOnce},
+	{name: "CallDefaultDeadlineIsTheNodes", run: callDefaultDeadline},
+	{name: "RunCtxEndsAtStop", run: runCtxEndsAtStop},
+	{name: "FiltersAreTheHosts", run: filters},
+	{name: "TypedHandlersAndTools", run: typedHandlers},
+	{name: "HandlerContextCarriesLoggerTraceDeadline", run: handlerContext},
+	{name: "RunCtxEndsAfterHandlersDrain", run: runCtxAfterDrain},
+	{name: "FailingRunIsNotSilent", run: failingRun},
+	{name: "DelayedAndAtMostOnceEmits", run: delayedEmits, delays: true},
 }
 
 // TestConformance runs every scenario on every host.
 func TestConformance(t *testing.T) {
 	hosts := []struct {
 		name string
-		new  func(t *testing.T) Host
+		new  func(t *testing.T, delays bool) Host
 	}{
-		{"meshtest", newMemHost},
-		{"inprocess", func(t *testing.T) Host { return newBrokerHost(t, "") }},
-		{"process", func(t *testing.T) Host {
+		{"meshtest", func(t *testing.T, _ bool) Host { return newMemHost(t) }},
+		{"inprocess", func(t *testing.T, delays bool) Host { return newBrokerHost(t, "", delays) }},
+		{"process", func(t *testing.T, delays bool) Host {
 			bin, err := buildModule()
 			if err != nil {
 				t.Fatal(err)
 			}
-			return newBrokerHost(t, bin)
+			return newBrokerHost(t, bin, delays)
 		}},
 	}
 	for _, host := range hosts {
@@ -86,7 +90,7 @@ func TestConformance(t *testing.T) {
 					if host.name != "meshtest" {
 						t.Parallel()
 					}
-					sc.run(t, host.new(t))
+					sc.run(t, host.new(t, sc.delays))
 				})
 			}
 		})
@@ -782,4 +786,35 @@ func failingRun(t *testing.T, h Host) {
 	if report := h.Failed(t, "failer"); !strings.Contains(report, "run broke") {
 		t.Errorf("the host's report %q does not say what Run returned", report)
 	}
+}
+
+// An emit with sdk.After keeps its id and type and reaches its consumers
+// once due, with x-due its time plus the delay (meshtest: once the clock
+// got there, never at a Settle before); one with sdk.AtMostOnce is
+// delivered like any other.
+func delayedEmits(t *testing.T, h Host) {
+	w := h.Load(t, "watcher", ModuleConfig{})
+	r := h.Load(t, "relay", ModuleConfig{})
+	h.Emit(t, "mesh.relay.later", body(1, conformance.Steer{After: 1000}))
+	relayed := r.WaitKind(t, "relayed", 1)
+	if relayed[0].Err != "" {
+		t.Fatalf("the delayed emit failed: %s", relayed[0].Err)
+	}
+	h.Settle()
+	if n := countType(w.Records(t), "module.relay.relayed"); n != 0 && h.Clocked() {
+		t.Fatalf("the watcher saw the delayed event before the clock reached it (%d)", n)
+	}
+	h.Advance(time.Second)
+	seen := w.Wait(t, "the delayed event", func(rs []conformance.Record) bool { return countType(rs, "module.relay.relayed") == 1 })
+	for _, s := range seen {
+		if s.Type == "module.relay.relayed" && (s.ID != relayed[0].ID || s.Waited != time.Second || s.Source != "relay") {
+			t.Errorf("the delayed event as seen: %+v; want id %s, due 1s after its time", s, relayed[0].ID)
+		}
+	}
+	h.Emit(t, "mesh.relay.lossy", body(2, conformance.Steer{AtMostOnce: true}))
+	w.Wait(t, "the event emitted at most once", func(rs []conformance.Record) bool {
+		return slices.ContainsFunc(rs, func(r conformance.Record) bool {
+			return r.Type == "module.relay.relayed" && r.Waited == 0 && strings.Contains(string(r.Body), `"n":2`)
+		})
+	})
 }

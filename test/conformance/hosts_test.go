@@ -89,6 +89,11 @@ type Host interface {
 	// Settle lets everything pending run (meshtest), or does nothing
 	// (a real mesh runs by itself).
 	Settle()
+	// Advance lets d pass: meshtest's clock moves by d (what comes due
+	// runs at the next Settle); a real mesh's time passes by itself.
+	Advance(d time.Duration)
+	// Clocked says whether time passes only by Advance (meshtest).
+	Clocked() bool
 }
 
 // Log reads what one module recorded.
@@ -341,6 +346,13 @@ func (h *memHost) Stop(t *testing.T, name string) { h.mesh.Close() }
 
 func (h *memHost) Settle() { h.mesh.Settle() }
 
+func (h *memHost) Advance(d time.Duration) {
+	h.mesh.Settle()
+	h.mesh.Advance(d)
+}
+
+func (h *memHost) Clocked() bool { return true }
+
 // ---- the runtime on RabbitMQ, in-process or as module processes ----
 
 type brokerHost struct {
@@ -358,12 +370,12 @@ type brokerHost struct {
 	rawConn *amqp.Connection
 }
 
-func newBrokerHost(t *testing.T, process string) Host {
+func newBrokerHost(t *testing.T, process string, delays bool) Host {
 	url := brokertest.VHost(t)
 	dir := t.TempDir()
 	logs := &logBuffer{}
 	cfg := runtime.Config{Node: "conf", AMQPURL: url, StateDir: t.TempDir(), RetryMin: retryMin, RetryMax: retryMax,
-		CallTimeout: callTimeout, Logger: logs.logger(),
+		CallTimeout: callTimeout, Logger: logs.logger(), Delays: delays,
 		Module: runtime.ModuleConfig{MaxAttempts: maxAttempts, HandlerTimeout: handlerTimeout}}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -586,6 +598,10 @@ func (h *brokerHost) Stop(t *testing.T, name string) {
 }
 
 func (h *brokerHost) Settle() {}
+
+func (h *brokerHost) Advance(time.Duration) {}
+
+func (h *brokerHost) Clocked() bool { return false }
 
 // buildModule builds the conformance module binary once per test run.
 var buildModule = sync.OnceValues(func() (string, error) {

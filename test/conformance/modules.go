@@ -44,6 +44,9 @@ type Record struct {
 	Err         string          `json:"err,omitempty"`
 	// Queue is the consumed queue a message came from.
 	Queue string `json:"queue,omitempty"`
+	// Waited is how long after the event's time (Event.Time) a delayed
+	// event was due (its x-due header); 0 for one that was not delayed.
+	Waited time.Duration `json:"waited,omitempty"`
 	// Trace is the trace id of the span a handler's ctx carries.
 	Trace string `json:"trace,omitempty"`
 	// Deadline is how long a handler's ctx had left when it began, or
@@ -137,6 +140,10 @@ type Steer struct {
 	Vary bool `json:"vary,omitempty"`
 	// Fresh emits with sdk.WithFreshID.
 	Fresh bool `json:"fresh,omitempty"`
+	// After delays what the relay emits by that many milliseconds
+	// (sdk.After); AtMostOnce emits it at most once.
+	After      int  `json:"after,omitempty"`
+	AtMostOnce bool `json:"at_most_once,omitempty"`
 	// Code makes a tool answer with a ToolError of that code.
 	Code string `json:"code,omitempty"`
 	// Together waits (until the ctx ends) for that many handler calls
@@ -203,8 +210,12 @@ func act(ctx context.Context, s Steer, attempt int) error {
 // undertaker, taker, runner, filterer, typed.
 func Module(name string, probe *Probe) (sdk.Module, error) {
 	seen := func(kind string, ev sdk.Event) {
-		probe.Add(Record{Kind: kind, ID: ev.ID, Type: ev.Type, Source: ev.Source, Node: ev.Node, CausationID: ev.CausationID,
-			Attempt: ev.Attempt, Redelivered: ev.Redelivered, Body: ev.Body})
+		r := Record{Kind: kind, ID: ev.ID, Type: ev.Type, Source: ev.Source, Node: ev.Node, CausationID: ev.CausationID,
+			Attempt: ev.Attempt, Redelivered: ev.Redelivered, Body: ev.Body}
+		if due, err := time.Parse(time.RFC3339Nano, ev.Headers["x-due"]); err == nil {
+			r.Waited = due.Sub(ev.Time)
+		}
+		probe.Add(r)
 	}
 	switch name {
 	case "watcher":
@@ -333,6 +344,12 @@ func Module(name string, probe *Probe) (sdk.Module, error) {
 				var opts []sdk.EmitOption
 				if s.Fresh {
 					opts = append(opts, sdk.WithFreshID())
+				}
+				if s.After > 0 {
+					opts = append(opts, sdk.After(time.Duration(s.After)*time.Millisecond))
+				}
+				if s.AtMostOnce {
+					opts = append(opts, sdk.AtMostOnce())
 				}
 				id, err := self.Emit(ctx, "relayed", body, opts...)
 				probe.Add(Record{Kind: "relayed", ID: id, Attempt: ev.Attempt, CausationID: ev.ID, Err: errText(err)})

@@ -1237,7 +1237,12 @@ type Emit struct {
 	// The handling it was emitted in (Delivery.handling or
 	// ToolRequest.handling), 0 outside one: the host derives the id from
 	// that handling when id is not empty.
-	Handling      uint64 `protobuf:"varint,10,opt,name=handling,proto3" json:"handling,omitempty"`
+	Handling uint64 `protobuf:"varint,10,opt,name=handling,proto3" json:"handling,omitempty"`
+	// sdk.After, in milliseconds (0: none), and sdk.At, in Unix
+	// milliseconds (0: none): the host checks and schedules them.
+	AfterMillis   int64 `protobuf:"varint,11,opt,name=after_millis,json=afterMillis,proto3" json:"after_millis,omitempty"`
+	AtUnixMillis  int64 `protobuf:"varint,12,opt,name=at_unix_millis,json=atUnixMillis,proto3" json:"at_unix_millis,omitempty"`
+	AtMostOnce    bool  `protobuf:"varint,13,opt,name=at_most_once,json=atMostOnce,proto3" json:"at_most_once,omitempty"` // sdk.AtMostOnce
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1340,6 +1345,27 @@ func (x *Emit) GetHandling() uint64 {
 		return x.Handling
 	}
 	return 0
+}
+
+func (x *Emit) GetAfterMillis() int64 {
+	if x != nil {
+		return x.AfterMillis
+	}
+	return 0
+}
+
+func (x *Emit) GetAtUnixMillis() int64 {
+	if x != nil {
+		return x.AtUnixMillis
+	}
+	return 0
+}
+
+func (x *Emit) GetAtMostOnce() bool {
+	if x != nil {
+		return x.AtMostOnce
+	}
+	return false
 }
 
 type EmitBatch struct {
@@ -1765,7 +1791,7 @@ const file_module_proto_rawDesc = "" +
 	"\x06FAILED\x10\x01\x12\r\n" +
 	"\tPERMANENT\x10\x02\"C\n" +
 	"\fOutcomeBatch\x123\n" +
-	"\boutcomes\x18\x01 \x03(\v2\x17.mesh.plugin.v1.OutcomeR\boutcomes\"\x90\x02\n" +
+	"\boutcomes\x18\x01 \x03(\v2\x17.mesh.plugin.v1.OutcomeR\boutcomes\"\xfb\x02\n" +
 	"\x04Emit\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04body\x18\x02 \x01(\fR\x04body\x12\x16\n" +
@@ -1778,7 +1804,11 @@ const file_module_proto_rawDesc = "" +
 	"\tfull_type\x18\b \x01(\bR\bfullType\x12\x0e\n" +
 	"\x02id\x18\t \x01(\tR\x02id\x12\x1a\n" +
 	"\bhandling\x18\n" +
-	" \x01(\x04R\bhandling\"7\n" +
+	" \x01(\x04R\bhandling\x12!\n" +
+	"\fafter_millis\x18\v \x01(\x03R\vafterMillis\x12$\n" +
+	"\x0eat_unix_millis\x18\f \x01(\x03R\fatUnixMillis\x12 \n" +
+	"\fat_most_once\x18\r \x01(\bR\n" +
+	"atMostOnce\"7\n" +
 	"\tEmitBatch\x12*\n" +
 	"\x05emits\x18\x01 \x03(\v2\x14.mesh.plugin.v1.EmitR\x05emits\"l\n" +
 	"\n" +

@@ -1,0 +1,349 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/meshkit/mesh/internal/amqpmsg"
+	"github.com/meshkit/mesh/internal/delay"
+	"github.com/meshkit/mesh/internal/wire"
+)
+
+// Delayed events (sdk.After, sdk.At; ADR 32). A node with Config.Delays
+// declares the delay cascade that internal/delay describes on every
+// connect, with a due queue of its own, mesh.node.<node>.due, and runs a
+// mover: a consumer of that queue that publishes each message to
+// mesh.events as the event it carries, confirmed, and only then
+// acknowledges it. A mover that dies before its ack leaves the message in
+// the queue for the node's next session (at least once: the event keeps
+// its id, so the consumers' de-duplication absorbs a second copy).
+//
+// What a node schedules comes due in its own queue (the routing key's last
+// word is the node's name) and is published by the node itself, as its own
+// broker user: the same credential, with the same topic permissions, as
+// the emit would have had undelayed. A mover publishing for others would
+// be a confused deputy, publishing as itself what a node with narrower
+// permissions asked. So the mover honours the destination
+// (x-mesh-routing-key) only on a message whose user-id, verified by the
+// broker, is its own user or one of Config.DelayPublishers (the operator's,
+// for meshctl emit --after). Anything else in its queue, or a message
+// without a destination that is an event type, is dead-lettered as
+// malformed to mesh.events.dead. While a node is down, what it scheduled
+// and came due waits for it in its queue, as its spool would.
+//
+// The event's time to live (sdk.WithTTL) travels in x-mesh-ttl while it
+// waits, since a per-message TTL in a level queue would end its wait
+// early, and counts from when it comes due.
+
+// headerDelayTTL carries a delayed event's time to live (ms) through the
+// cascade; the mover makes it the expiration again.
+const headerDelayTTL = "x-mesh-ttl"
+
+// moverPrefetch bounds the due messages a mover holds, each published
+// concurrently (their confirms pipeline on the session's channel).
+const moverPrefetch = 128
+
+// DelayObjects are the mesh-wide broker objects of the delay cascade, as
+// a node with delays on declares them (meshctl topology prints and checks
+// them for such a node): the entry exchange, each level's exchange and queue, and the
+// exchange of what came due, which routes it to the due queue of the node
+// that scheduled it (NodeObjects) and keeps what no node's queue takes in
+// mesh.events.unrouted.
+func DelayObjects() []BrokerObject {
+	objs := []BrokerObject{
+		{Kind: "exchange", Name: delay.ExchangeIn, Type: amqp.ExchangeFanout, Durable: true,
+			Binds: "to " + delay.Top() + ": where a delayed event is published"},
+	}
+	for _, l := range delay.AllLevels() {
+		objs = append(objs,
+			BrokerObject{Kind: "exchange", Name: l.Name, Type: amqp.ExchangeTopic, Durable: true,
+				Binds: fmt.Sprintf("to queue %s with %q and to exchange %s with %q", l.Name, l.WaitKey, l.Next, l.SkipKey)},
+			BrokerObject{Kind: "queue", Name: l.Name, Type: QueueQuorum, Durable: true, Args: amqp.Table(l.QueueArg),
+				Binds:    fmt.Sprintf("%s with %q (waits %v, then dead-letters to %s)", l.Name, l.WaitKey, l.TTL, l.Next),
+				Bindings: []Binding{{l.Name, l.WaitKey}}, BindingsKnown: true})
+	}
+	return append(objs, BrokerObject{Kind: "exchange", Name: delay.ExchangeDue, Type: amqp.ExchangeTopic, Durable: true,
+		Args:  amqp.Table{"alternate-exchange": wire.ExchangeUnrouted},
+		Binds: "to each node's mesh.node.NODE.due with \"#.NODE\"; what none takes goes to " + wire.ExchangeUnrouted})
+}
+
+// dueQueueObject is the due queue of node, where what it scheduled comes
+// due.
+func dueQueueObject(node string) BrokerObject {
+	return BrokerObject{Kind: "queue", Name: delay.DueQueue(node), Type: QueueQuorum, Durable: true, Args: keeperQueueArgs(),
+		Binds:    delay.ExchangeDue + fmt.Sprintf(" with %q: what the node scheduled, when due; its mover consumes it", delay.DueBinding(node)),
+		Bindings: []Binding{{delay.ExchangeDue, delay.DueBinding(node)}}, BindingsKnown: true}
+}
+
+// declareDelays declares the delay cascade (DelayObjects) and its
+// bindings, exchanges before what binds to them, and node's due queue
+// unless node is "" (an ephemeral node, which schedules for another).
+func declareDelays(ch *amqp.Channel, node string) error {
+	objs := DelayObjects()
+	if node != "" {
+		objs = append(objs, dueQueueObject(node))
+	}
+	for _, o := range objs {
+		if o.Kind == "exchange" {
+			if err := ch.ExchangeDeclare(o.Name, o.Type, o.Durable, o.AutoDelete, false, false, o.Args); err != nil {
+				return fmt.Errorf("declare exchange %s: %w", o.Name, err)
+			}
+		}
+	}
+	for _, o := range objs {
+		if o.Kind != "queue" {
+			continue
+		}
+		if _, err := ch.QueueDeclare(o.Name, o.Durable, o.AutoDelete, o.Exclusive, false, o.Args); err != nil {
+			return fmt.Errorf("declare queue %s (if it exists with other arguments, delete it: ADR 32): %w", o.Name, err)
+		}
+		for _, b := range o.Bindings {
+			if err := ch.QueueBind(o.Name, b.Key, b.Exchange, false, nil); err != nil {
+				return fmt.Errorf("bind queue %s to %s: %w", o.Name, b.Exchange, err)
+			}
+		}
+	}
+	if err := ch.ExchangeBind(delay.Top(), "", delay.ExchangeIn, false, nil); err != nil {
+		return fmt.Errorf("bind exchange %s to %s: %w", delay.Top(), delay.ExchangeIn, err)
+	}
+	for _, l := range delay.AllLevels() {
+		if err := ch.ExchangeBind(l.Next, l.SkipKey, l.Name, false, nil); err != nil {
+			return fmt.Errorf("bind exchange %s to %s: %w", l.Next, l.Name, err)
+		}
+	}
+	return nil
+}
+
+// delayedPublishing makes msg, an event of eventType due at due, one that
+// waits in the cascade: its destination and due time in headers, its time
+// to live kept for when it comes due.
+func delayedPublishing(msg *amqp.Publishing, eventType string, due time.Time) {
+	msg.Headers[wire.HeaderRoutingKey] = eventType
+	msg.Headers[wire.HeaderDue] = due.UTC().Format(time.RFC3339Nano)
+	if msg.Expiration != "" {
+		msg.Headers[headerDelayTTL] = msg.Expiration
+		msg.Expiration = ""
+	}
+}
+
+// startMover runs the node's mover on s, if the node has delays on and is
+// no ephemeral client.
+func (n *Node) startMover(s *session) {
+	if n.cfg.Delays && !n.cfg.Ephemeral {
+		go n.runMover(s)
+	}
+}
+
+// dueNode is the node whose mover delivers what this node schedules: its
+// own (Config.DelayNode for an ephemeral node).
+func (n *Node) dueNode() string {
+	if n.cfg.DelayNode != "" {
+		return n.cfg.DelayNode
+	}
+	return n.cfg.Node
+}
+
+// declaredDueQueue is the node whose due queue this node declares: its own,
+// or none for an ephemeral node.
+func (n *Node) declaredDueQueue() string {
+	if n.cfg.Ephemeral {
+		return ""
+	}
+	return n.cfg.Node
+}
+
+// CheckDueQueue tells whether node has a due queue on the broker, so that
+// what this node schedules for it (Config.DelayNode) is delivered: a node
+// that never ran with delays on has none, and what came due for it would
+// go to mesh.events.unrouted.
+func (n *Node) CheckDueQueue(ctx context.Context, node string) error {
+	if err := wire.ValidateWord("node", node); err != nil {
+		return err
+	}
+	s, err := n.awaitSession(ctx)
+	if err != nil {
+		return err
+	}
+	ch, err := s.pubConn.Channel()
+	if err != nil {
+		return fmt.Errorf("check the due queue of node %s: %w", node, err)
+	}
+	defer ch.Close()
+	if _, err := ch.QueueDeclarePassive(delay.DueQueue(node), true, false, false, false, nil); err != nil {
+		if isAMQPCode(err, amqp.NotFound) {
+			return fmt.Errorf("%w: node %s has no due queue (%s): it has not run with delays on, so nothing would deliver a delayed event for it",
+				wire.ErrInvalid, node, delay.DueQueue(node))
+		}
+		return fmt.Errorf("check the due queue of node %s: %w", node, err)
+	}
+	return nil
+}
+
+// runMover moves what comes due on s until s is lost or the node closes,
+// consuming the node's due queue again after a pause if the broker cancels
+// the consumer (the queue deleted: it is declared again first).
+func (n *Node) runMover(s *session) {
+	for pause, again := time.Second, false; ; again = true {
+		err := n.moveDue(s, again)
+		if s.isLost() || n.isClosing() {
+			return
+		}
+		n.log.Warn("delays: the mover stopped consuming its due queue; consuming again", "queue", delay.DueQueue(n.cfg.Node), "err", err, "retry_in", pause)
+		select {
+		case <-time.After(pause):
+		case <-s.lost:
+			return
+		case <-n.closing:
+			return
+		}
+		pause = min(2*pause, 30*time.Second)
+	}
+}
+
+// moveDue consumes the node's due queue on a channel of its own and moves each
+// message, up to moverPrefetch at once, until the consumer ends. Consuming
+// again, it declares the cascade first (the session's connect did the
+// first time).
+func (n *Node) moveDue(s *session, declare bool) error {
+	ch, err := s.subConn.Channel()
+	if err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	defer ch.Close()
+	if declare {
+		if err := declareDelays(ch, n.cfg.Node); err != nil {
+			return err
+		}
+	}
+	if err := ch.Qos(moverPrefetch, 0, false); err != nil {
+		return fmt.Errorf("set prefetch: %w", err)
+	}
+	queue := delay.DueQueue(n.cfg.Node)
+	deliveries, err := ch.Consume(queue, "mover."+n.cfg.Node, false, false, false, false, nil)
+	if err != nil {
+		return fmt.Errorf("consume %s: %w", queue, err)
+	}
+	var wg sync.WaitGroup
+	for d := range deliveries {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n.move(s, d)
+		}()
+	}
+	wg.Wait()
+	return errors.New("the broker ended the consumer")
+}
+
+// move publishes one due message to where it goes, then acknowledges it.
+// A message that breaks the rules above is dead-lettered as malformed; one
+// that cannot be published now goes back to the queue after a pause.
+func (n *Node) move(s *session, d amqp.Delivery) {
+	exchange, key, msg, err := n.dueMessage(d)
+	if err != nil {
+		n.deadLetterDue(s, d, err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(n.life, n.cfg.EmitTimeout)
+	defer cancel()
+	err = n.publishConfirmed(ctx, s, exchange, key, msg)
+	if errors.Is(err, errUnroutable) {
+		err = n.keepUnrouted(s, key, msg) // no alternate exchange on mesh.events
+	}
+	if err != nil {
+		n.log.Warn("delays: a due event could not be published; it goes back to the due queue", "event_id", d.MessageId, "event_type", key, "err", err)
+		select {
+		case <-time.After(time.Second):
+		case <-s.lost:
+			return // its channel is gone: the broker delivers it again
+		case <-n.closing:
+		}
+		_ = d.Nack(false, true)
+		return
+	}
+	if err := d.Ack(false); err != nil {
+		n.log.Warn("delays: ack of a moved event failed; it will be published again (its consumers de-duplicate it)", "event_id", d.MessageId, "err", err)
+		return
+	}
+	n.stats.delivered.Add(1)
+	if due, err := time.Parse(time.RFC3339Nano, headerString(d.Headers, wire.HeaderDue)); err == nil {
+		n.telemetry.delayLateness.Record(context.Background(), time.Since(due).Seconds())
+	}
+}
+
+// dueMessage is the publishing of the event d carries, to mesh.events with
+// its type, as the node's broker user; or why d breaks the rules.
+func (n *Node) dueMessage(d amqp.Delivery) (exchange, key string, msg amqp.Publishing, err error) {
+	switch {
+	case d.UserId == "":
+		return "", "", msg, errors.New("a delayed message without a user-id: the mover publishes only what a publisher the broker verified scheduled")
+	case d.UserId != n.userID && !slices.Contains(n.cfg.DelayPublishers, d.UserId):
+		return "", "", msg, fmt.Errorf("scheduled by broker user %q, for whom node %s does not deliver: its mover publishes what its own user (%q) scheduled, and what the users of delay_publishers did",
+			truncateText(d.UserId, 100), n.cfg.Node, n.userID)
+	}
+	v, ok := d.Headers[wire.HeaderRoutingKey]
+	eventType, isText := v.(string)
+	switch {
+	case !ok:
+		return "", "", msg, fmt.Errorf("a delayed message without %s: it names no event type to deliver", wire.HeaderRoutingKey)
+	case !isText:
+		return "", "", msg, fmt.Errorf("header %s is %T, want a string", wire.HeaderRoutingKey, v)
+	}
+	if err := wire.ValidateEventType(eventType); err != nil {
+		return "", "", msg, fmt.Errorf("header %s: %w", wire.HeaderRoutingKey, err)
+	}
+	msg = amqpmsg.Republishing(d, amqpmsg.Bookkeeping)
+	msg.UserId = n.userID
+	if ttl := headerString(d.Headers, headerDelayTTL); ttl != "" {
+		if ms, err := strconv.ParseInt(ttl, 10, 64); err == nil && ms > 0 {
+			msg.Expiration = ttl
+		}
+	}
+	return wire.ExchangeEvents, eventType, msg, nil
+}
+
+// deadLetterDue puts a due message that breaks the rules in the dead
+// letters (reason malformed, the node's due queue), then acknowledges it;
+// if that fails, it goes back to the queue after a pause.
+func (n *Node) deadLetterDue(s *session, d amqp.Delivery, why error) {
+	msg := amqpmsg.Republishing(d, amqpmsg.Bookkeeping)
+	msg.UserId = n.userID
+	msg.Headers[wire.HeaderUserID] = d.UserId
+	msg.Headers[wire.HeaderDeadQueue] = delay.DueQueue(n.cfg.Node)
+	msg.Headers[wire.HeaderDeadAttempts] = int64(1)
+	msg.Headers[wire.HeaderDeadReason] = wire.DeadReasonMalformed
+	msg.Headers[wire.HeaderDeadError] = truncateText(why.Error(), 4096)
+	msg.Headers[wire.HeaderDeadTime] = time.Now().UTC().Format(time.RFC3339Nano)
+	key := headerString(d.Headers, wire.HeaderRoutingKey)
+	if wire.ValidateEventType(key) != nil {
+		key = d.RoutingKey
+	}
+	ctx, cancel := context.WithTimeout(n.life, n.cfg.EmitTimeout)
+	defer cancel()
+	if err := s.pub.publish(ctx, wire.ExchangeDead, key, msg); err != nil {
+		n.log.Error("delays: a malformed due message could not be dead-lettered; it goes back to the due queue", "message_id", d.MessageId, "err", err)
+		select {
+		case <-time.After(time.Second):
+		case <-s.lost:
+			return
+		case <-n.closing:
+		}
+		_ = d.Nack(false, true)
+		return
+	}
+	n.log.Warn("delays: a malformed due message was dead-lettered", "message_id", d.MessageId, "err", why)
+	_ = d.Ack(false)
+}
+
+// headerString is h[name] if it is a string, else "".
+func headerString(h amqp.Table, name string) string {
+	s, _ := h[name].(string)
+	return s
+}

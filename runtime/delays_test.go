@@ -1,0 +1,257 @@
+package runtime_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/internal/delay"
+	"github.com/meshkit/mesh/internal/wire"
+	"github.com/meshkit/mesh/runtime"
+	"github.com/meshkit/mesh/sdk"
+)
+
+func withDelays(c *runtime.Config) { c.Delays = true }
+
+// receive waits for the next delivery on a tap.
+func receive(t *testing.T, tap <-chan amqp.Delivery, what string) amqp.Delivery {
+	t.Helper()
+	select {
+	case d := <-tap:
+		return d
+	case <-time.After(30 * time.Second):
+		t.Fatalf("timed out waiting for %s", what)
+		return amqp.Delivery{}
+	}
+}
+
+// TestDelayedEmitOnTheWire: a module's emit with sdk.After is scheduled,
+// as raw amqp091-go sees it, persistent into mesh.delay with the delay's
+// bits as its routing key and its type and due time in headers; it reaches
+// mesh.events no earlier than its delay, with its id, type, headers and
+// time to live, as the node's user, and goes to the queues bound to its
+// type when it comes due, not to those bound when it was emitted.
+func TestDelayedEmitOnTheWire(t *testing.T) {
+	t.Parallel()
+	url := brokertest.VHost(t)
+	n := testNode(t, url, "clock", withDelays)
+	rec := newRecorder(nil)
+	load(t, n, sdk.Module{Name: "reminders", Emits: []string{"due"}, Setup: func(m sdk.Mesh) error {
+		return m.On("module.reminders.due", rec)
+	}}, runtime.ModuleConfig{})
+	var mm sdk.Mesh
+	load(t, n, sdk.Module{Name: "sender", Emits: []string{"note"}, Setup: func(m sdk.Mesh) error { mm = m; return nil }}, runtime.ModuleConfig{})
+
+	scheduled := brokertest.Tap(t, url, delay.ExchangeIn, "")
+	ch := rawConn(t, url)
+	before := watchQueue(t, ch, "module.sender.note") // bound at the emit, unbound before it is due
+	start := time.Now()
+	id, err := mm.Emit(emitCtx(t), "note", map[string]int{"n": 1}, sdk.After(1500*time.Millisecond), sdk.WithTTL(time.Minute), sdk.WithSchema("v2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueUnbind(before, "module.sender.note", wire.ExchangeEvents, nil); err != nil {
+		t.Fatal(err)
+	}
+	after := brokertest.Tap(t, url, wire.ExchangeEvents, "module.sender.note") // bound after the emit
+
+	s := receive(t, scheduled, "the scheduled copy")
+	secs, node, err := delay.ParseRoutingKey(s.RoutingKey)
+	switch {
+	case err != nil:
+		t.Errorf("scheduled with routing key %q: %v", s.RoutingKey, err)
+	case secs != 2 || node != "clock":
+		t.Errorf("scheduled for %d s in the due queue of %q, want 2 (1.5 s rounded up) in clock's", secs, node)
+	}
+	if s.Exchange != delay.ExchangeIn || s.DeliveryMode != amqp.Persistent || s.MessageId != id || s.UserId == "" {
+		t.Errorf("scheduled copy: exchange %q, delivery mode %d, id %q (want %q), user-id %q", s.Exchange, s.DeliveryMode, s.MessageId, id, s.UserId)
+	}
+	if s.Headers[wire.HeaderRoutingKey] != "module.sender.note" || s.Headers[wire.HeaderDue] == nil || s.Expiration != "" {
+		t.Errorf("scheduled copy: headers %v, expiration %q (the TTL must not run while it waits)", s.Headers, s.Expiration)
+	}
+
+	d := receive(t, after, "the due event on mesh.events")
+	if waited := time.Since(start); waited < 1500*time.Millisecond {
+		t.Errorf("delivered %v after the emit, before its delay of 1.5s", waited)
+	}
+	due, err := time.Parse(time.RFC3339Nano, d.Headers[wire.HeaderDue].(string))
+	if err != nil || due.Before(start.Add(1500*time.Millisecond)) || due.After(time.Now()) {
+		t.Errorf("x-due %v (%v): want the emit's time plus 1.5s", d.Headers[wire.HeaderDue], err)
+	}
+	if d.MessageId != id || d.RoutingKey != "module.sender.note" || d.Headers[wire.HeaderEventID] != id || d.Headers[wire.HeaderSchema] != "v2" ||
+		d.Headers[wire.HeaderSource] != "sender" || d.DeliveryMode != amqp.Persistent || d.Expiration != "60000" || d.UserId != s.UserId {
+		t.Errorf("due event: id %q key %q headers %v mode %d expiration %q user %q", d.MessageId, d.RoutingKey, d.Headers, d.DeliveryMode, d.Expiration, d.UserId)
+	}
+	for _, h := range []string{"x-death", wire.HeaderRoutingKey, "x-mesh-ttl"} {
+		if _, ok := d.Headers[h]; ok {
+			t.Errorf("due event carries %s: %v", h, d.Headers[h])
+		}
+	}
+	if got := queueDepth(t, ch, before); got != 0 {
+		t.Errorf("the queue unbound before it was due got %d copies", got)
+	}
+	if st := n.Stats(); st.Scheduled != 1 || st.DelaysDelivered != 1 {
+		t.Errorf("stats: scheduled %d, delivered %d; want 1, 1", st.Scheduled, st.DelaysDelivered)
+	}
+
+	// sdk.At, and a module's handler sees it as the same event.
+	due2 := time.Now().Add(time.Second)
+	id2, err := n.Emit(emitCtx(t), "reminders", "module.reminders.due", map[string]string{"to": "ada"}, sdk.At(due2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := rec.next(t)
+	if ev.ID != id2 || time.Now().Before(due2) || ev.Headers[wire.HeaderDue] == "" || ev.Source != "reminders" {
+		t.Errorf("handler got %+v; want id %s, no earlier than %v, with x-due", ev, id2, due2)
+	}
+}
+
+// TestDelayedEmitRefusals: what the delay cascade cannot carry is refused
+// with ErrInvalid, naming the bound or the fix, and nothing is scheduled.
+func TestDelayedEmitRefusals(t *testing.T) {
+	t.Parallel()
+	url := brokertest.VHost(t)
+	n := testNode(t, url, "bounds", withDelays)
+	plain := testNode(t, url, "plain", nil)
+	ctx := emitCtx(t)
+	for _, c := range []struct {
+		name string
+		node *runtime.Node
+		opts []sdk.EmitOption
+		want string
+	}{
+		{"past the longest delay", n, []sdk.EmitOption{sdk.After(delay.Max + time.Second)}, "over the longest"},
+		{"At past the longest delay", n, []sdk.EmitOption{sdk.At(time.Now().Add(delay.Max + time.Hour))}, "over the longest delay"},
+		{"a negative delay", n, []sdk.EmitOption{sdk.After(-time.Second)}, "negative"},
+		{"After and At", n, []sdk.EmitOption{sdk.After(time.Second), sdk.At(time.Now().Add(time.Hour))}, "give one"},
+		{"delayed at most once", n, []sdk.EmitOption{sdk.After(time.Second), sdk.AtMostOnce()}, "drop AtMostOnce"},
+		{"the zero time", n, []sdk.EmitOption{sdk.At(time.Time{})}, "needs a time"},
+		{"a node without delays", plain, []sdk.EmitOption{sdk.After(time.Second)}, "delays: true"},
+	} {
+		_, err := c.node.Emit(ctx, "test", "mesh.bounds.x", 1, c.opts...)
+		if !errors.Is(err, sdk.ErrInvalid) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v; want ErrInvalid saying %q", c.name, err, c.want)
+		}
+	}
+	if st := n.Stats(); st.Scheduled != 0 || st.Emitted != 0 {
+		t.Errorf("refused emits were sent: %+v", st)
+	}
+	// An At already passed, and After(0), are plain emits.
+	tap := brokertest.Tap(t, url, wire.ExchangeEvents, "mesh.bounds.x")
+	for _, o := range []sdk.EmitOption{sdk.At(time.Now().Add(-time.Hour)), sdk.After(0)} {
+		if _, err := plain.Emit(ctx, "test", "mesh.bounds.x", 1, o); err != nil {
+			t.Fatal(err)
+		}
+		if d := receive(t, tap, "a plain emit"); d.Headers[wire.HeaderDue] != nil {
+			t.Errorf("a plain emit carries x-due %v", d.Headers[wire.HeaderDue])
+		}
+	}
+}
+
+// TestAtMostOnceEmit: sdk.AtMostOnce publishes the event not persistent
+// and unconfirmed (counted apart from the confirmed), and with the broker
+// away fails at once with ErrTransient instead of spooling it.
+func TestAtMostOnceEmit(t *testing.T) {
+	t.Parallel()
+	url := brokertest.VHost(t)
+	proxy := brokertest.NewProxy(t)
+	n := testNode(t, strings.Replace(url, brokertest.Host(), proxy.Addr(), 1), "lossy", nil)
+	tap := brokertest.Tap(t, url, wire.ExchangeEvents, "mesh.lossy.#")
+	id, err := n.Emit(emitCtx(t), "test", "mesh.lossy.tick", 1, sdk.AtMostOnce())
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := receive(t, tap, "the event emitted at most once")
+	if d.MessageId != id || d.DeliveryMode != amqp.Transient {
+		t.Errorf("got id %q delivery mode %d; want %q, transient (%d)", d.MessageId, d.DeliveryMode, id, amqp.Transient)
+	}
+	if st := n.Stats(); st.AtMostOnce != 1 || st.Emitted != 0 {
+		t.Errorf("stats: at most once %d, emitted (confirmed) %d; want 1, 0", st.AtMostOnce, st.Emitted)
+	}
+	proxy.Down()
+	proxy.Cut()
+	waitFor(t, 10*time.Second, func() bool { return !n.Connected() })
+	if _, err := n.Emit(emitCtx(t), "test", "mesh.lossy.tick", 2, sdk.AtMostOnce()); !errors.Is(err, sdk.ErrTransient) {
+		t.Errorf("at most once with the broker away: %v, want ErrTransient", err)
+	}
+	if st := n.Stats(); st.Spooled != 0 || st.SpoolEvents != 0 || st.AtMostOnce != 1 {
+		t.Errorf("with the broker away: spooled %d, at most once %d; want 0, 1", st.Spooled, st.AtMostOnce)
+	}
+}
+
+// TestMoverIsNoConfusedDeputy: a node's mover publishes, as its own broker
+// user, only what that user scheduled. Another user with write on
+// mesh.delay who routes a message into the node's due queue, naming a type
+// the node may emit, gets it dead-lettered as malformed, never published;
+// so does a message of the node's own user that names no valid type. A
+// message routed to a node without a due queue is kept in
+// mesh.events.unrouted, not lost.
+func TestMoverIsNoConfusedDeputy(t *testing.T) {
+	t.Parallel()
+	url := brokertest.VHost(t)
+	testNode(t, url, "deputy", withDelays)
+	vhost := url[strings.LastIndex(url, "/")+1:]
+	user, password := brokertest.User(t)
+	brokertest.Ctl(t, "set_permissions", "-p", vhost, user, "^$", "^mesh\\.delay$", "^$")
+	forgedURL := strings.Replace(url, "guest:guest", user+":"+password, 1)
+	published := brokertest.Tap(t, url, wire.ExchangeEvents, "#")
+	ch := rawConn(t, url)
+
+	conn, err := amqp.Dial(forgedURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	attacker, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	forge := func(ch *amqp.Channel, userID, id string, headers amqp.Table, node string, secs uint32) {
+		t.Helper()
+		if err := ch.Confirm(false); err != nil {
+			t.Fatal(err)
+		}
+		dc, err := ch.PublishWithDeferredConfirm(delay.ExchangeIn, delay.RoutingKey(secs, node), false, false, amqp.Publishing{
+			MessageId: id, UserId: userID, Headers: headers, DeliveryMode: amqp.Persistent, Body: []byte(`{}`)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := dc.WaitContext(emitCtx(t)); err != nil || !ok {
+			t.Fatalf("publish %s: acked %v, %v", id, ok, err)
+		}
+	}
+	forge(attacker, user, "forged-by-another", amqp.Table{wire.HeaderRoutingKey: "node.deputy.left", wire.HeaderEventID: "forged-by-another"}, "deputy", 0)
+	forge(attacker, "", "forged-without-user", amqp.Table{wire.HeaderRoutingKey: "node.deputy.left"}, "deputy", 0)
+	forge(ch, "guest", "no-type", amqp.Table{wire.HeaderRoutingKey: "not a type"}, "deputy", 0)
+	forge(ch, "guest", "no-such-node", amqp.Table{wire.HeaderRoutingKey: "node.deputy.left"}, "ghost", 0)
+	forge(ch, "guest", "no-such-node-later", amqp.Table{wire.HeaderRoutingKey: "node.deputy.left"}, "ghost", 1) // dead-lettered by level 0
+
+	dead := map[string]amqp.Delivery{}
+	for range 3 {
+		d := nextDead(t, ch)
+		dead[d.MessageId] = d
+	}
+	for _, id := range []string{"forged-by-another", "forged-without-user", "no-type"} {
+		d, ok := dead[id]
+		if !ok || d.Headers[wire.HeaderDeadReason] != wire.DeadReasonMalformed || d.Headers[wire.HeaderDeadQueue] != delay.DueQueue("deputy") {
+			t.Errorf("%s: dead letter %v (%v); want malformed, from %s", id, d.Headers, ok, delay.DueQueue("deputy"))
+		}
+	}
+	if why, _ := dead["forged-by-another"].Headers[wire.HeaderDeadError].(string); !strings.Contains(why, user) {
+		t.Errorf("the dead letter of another user's schedule says %q, want its user named", why)
+	}
+	for _, want := range []string{"no-such-node", "no-such-node-later"} {
+		if unrouted := nextFrom(t, ch, wire.QueueUnrouted); unrouted.MessageId != want {
+			t.Errorf("mesh.events.unrouted holds %q, want %s, for a node without a due queue", unrouted.MessageId, want)
+		}
+	}
+	// What the node's own user schedules is still delivered, after them.
+	forge(ch, "guest", "fine", amqp.Table{wire.HeaderRoutingKey: "node.deputy.fine", wire.HeaderEventID: "fine"}, "deputy", 0)
+	if d := receive(t, published, "the node's own schedule"); d.MessageId != "fine" {
+		t.Errorf("published %q (%s) before the node's own schedule; the forged ones must never be", d.MessageId, d.RoutingKey)
+	}
+}
