@@ -52,22 +52,34 @@ const moverPrefetch = 128
 
 // DelayObjects are the mesh-wide broker objects of the delay cascade, as
 // a node with delays on declares them (meshctl topology prints and checks
-// them for such a node): the entry exchange, each level's exchange and queue, and the
+// them for such a node): the entry exchange, each level's queue and the
+// exchange it dead-letters to (internal/delay: each routes by the bits
+// left, straight to the queue of the next level to wait in), and the
 // exchange of what came due, which routes it to the due queue of the node
 // that scheduled it (NodeObjects) and keeps what no node's queue takes in
 // mesh.events.unrouted.
 func DelayObjects() []BrokerObject {
-	objs := []BrokerObject{
-		{Kind: "exchange", Name: delay.ExchangeIn, Type: amqp.ExchangeFanout, Durable: true,
-			Binds: "to " + delay.Top() + ": where a delayed event is published"},
+	var objs []BrokerObject
+	for _, x := range delay.Exchanges() {
+		what := "where a delayed event is published; routes it by its delay's bits"
+		if x.Name != delay.ExchangeIn {
+			what = fmt.Sprintf("where queue %s dead-letters; routes by the bits below %d", x.Name, x.Below)
+		}
+		objs = append(objs, BrokerObject{Kind: "exchange", Name: x.Name, Type: amqp.ExchangeTopic, Durable: true,
+			Binds: fmt.Sprintf("%s: to %d level queues and %s", what, len(x.Bindings)-1, delay.ExchangeDue)})
+	}
+	bindings := map[string][]Binding{} // a level queue's bindings, from every exchange above it
+	for _, x := range delay.Exchanges() {
+		for _, b := range x.Bindings {
+			if b.Queue != "" {
+				bindings[b.Queue] = append(bindings[b.Queue], Binding{x.Name, b.Key})
+			}
+		}
 	}
 	for _, l := range delay.AllLevels() {
-		objs = append(objs,
-			BrokerObject{Kind: "exchange", Name: l.Name, Type: amqp.ExchangeTopic, Durable: true,
-				Binds: fmt.Sprintf("to queue %s with %q and to exchange %s with %q", l.Name, l.WaitKey, l.Next, l.SkipKey)},
-			BrokerObject{Kind: "queue", Name: l.Name, Type: QueueQuorum, Durable: true, Args: amqp.Table(l.QueueArg),
-				Binds:    fmt.Sprintf("%s with %q (waits %v, then dead-letters to %s)", l.Name, l.WaitKey, l.TTL, l.Next),
-				Bindings: []Binding{{l.Name, l.WaitKey}}, BindingsKnown: true})
+		objs = append(objs, BrokerObject{Kind: "queue", Name: l.Name, Type: QueueQuorum, Durable: true, Args: amqp.Table(l.QueueArg),
+			Binds:    fmt.Sprintf("the exchanges above it, where bit %d is the highest set (waits %v, then dead-letters to exchange %s)", l.N, l.TTL, l.Name),
+			Bindings: bindings[l.Name], BindingsKnown: true})
 	}
 	return append(objs, BrokerObject{Kind: "exchange", Name: delay.ExchangeDue, Type: amqp.ExchangeTopic, Durable: true,
 		Args:  amqp.Table{"alternate-exchange": wire.ExchangeUnrouted},
@@ -110,12 +122,13 @@ func declareDelays(ch *amqp.Channel, node string) error {
 			}
 		}
 	}
-	if err := ch.ExchangeBind(delay.Top(), "", delay.ExchangeIn, false, nil); err != nil {
-		return fmt.Errorf("bind exchange %s to %s: %w", delay.Top(), delay.ExchangeIn, err)
-	}
-	for _, l := range delay.AllLevels() {
-		if err := ch.ExchangeBind(l.Next, l.SkipKey, l.Name, false, nil); err != nil {
-			return fmt.Errorf("bind exchange %s to %s: %w", l.Next, l.Name, err)
+	for _, x := range delay.Exchanges() {
+		for _, b := range x.Bindings {
+			if b.Exchange != "" {
+				if err := ch.ExchangeBind(b.Exchange, b.Key, x.Name, false, nil); err != nil {
+					return fmt.Errorf("bind exchange %s to %s: %w", b.Exchange, x.Name, err)
+				}
+			}
 		}
 	}
 	return nil

@@ -46,7 +46,7 @@ func TestDelayedEmitOnTheWire(t *testing.T) {
 	var mm sdk.Mesh
 	load(t, n, sdk.Module{Name: "sender", Emits: []string{"note"}, Setup: func(m sdk.Mesh) error { mm = m; return nil }}, runtime.ModuleConfig{})
 
-	scheduled := brokertest.Tap(t, url, delay.ExchangeIn, "")
+	scheduled := brokertest.Tap(t, url, delay.ExchangeIn, "#")
 	ch := rawConn(t, url)
 	before := watchQueue(t, ch, "module.sender.note") // bound at the emit, unbound before it is due
 	start := time.Now()

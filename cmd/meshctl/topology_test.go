@@ -154,7 +154,7 @@ modules:
 	for _, want := range []string{"ok        queue mesh.node.n1.lock: held by a running node",
 		`ok        binding mesh.events "mesh.topo.#" -> n1.shop.events`, `ok        binding mesh.events "mesh.topo.#" -> n1.mail.events`,
 		`ok        binding mesh.events.dead "#" -> mesh.dead-letters`, `ok        binding mesh.events.unrouted "" -> mesh.unrouted`,
-		`ok        queue mesh.delay.00`, `ok        binding mesh.delay.27 "1.#" -> mesh.delay.27`, `ok        binding mesh.delay.due "#.n1" -> mesh.node.n1.due`} {
+		`ok        queue mesh.delay.00`, `ok        binding mesh.delay "1.#" -> mesh.delay.27`, `ok        binding mesh.delay.01 "*.*.*.*.*.*.*.*.*.*.*.*.*.*.*.*.*.*.*.*.*.*.*.*.*.*.*.1.#" -> mesh.delay.00`, `ok        binding mesh.delay.due "#.n1" -> mesh.node.n1.due`} {
 		if !strings.Contains(out, want) {
 			t.Errorf("check lacks %q:\n%s", want, out)
 		}

@@ -24,15 +24,21 @@ func declare(t *testing.T, ch *amqp.Channel) {
 	_, err := ch.QueueDeclare(DueQueue("n1"), true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
 	must("due queue", err)
 	must("due binding", ch.QueueBind(DueQueue("n1"), DueBinding("n1"), ExchangeDue, false, nil))
-	levels := AllLevels()
-	for _, l := range levels {
-		must(l.Name, ch.ExchangeDeclare(l.Name, "topic", true, false, false, false, nil))
+	for _, x := range Exchanges() {
+		must(x.Name, ch.ExchangeDeclare(x.Name, "topic", true, false, false, false, nil))
 	}
-	for _, l := range levels {
+	for _, l := range AllLevels() {
 		_, err := ch.QueueDeclare(l.Name, true, false, false, false, amqp.Table(l.QueueArg))
 		must(l.Name+" queue", err)
-		must(l.Name+" wait", ch.QueueBind(l.Name, l.WaitKey, l.Name, false, nil))
-		must(l.Name+" skip", ch.ExchangeBind(l.Next, l.SkipKey, l.Name, false, nil))
+	}
+	for _, x := range Exchanges() {
+		for _, b := range x.Bindings {
+			if b.Queue != "" {
+				must(x.Name+" to "+b.Queue, ch.QueueBind(b.Queue, b.Key, x.Name, false, nil))
+			} else {
+				must(x.Name+" to "+b.Exchange, ch.ExchangeBind(b.Exchange, b.Key, x.Name, false, nil))
+			}
+		}
 	}
 }
 
@@ -65,7 +71,7 @@ func TestCascadeOnTheBroker(t *testing.T) {
 	for _, s := range delays {
 		id := fmt.Sprintf("delay-%d", s)
 		sent[id] = time.Now()
-		if err := ch.Publish(Top(), RoutingKey(s, "n1"), false, false, amqp.Publishing{
+		if err := ch.Publish(ExchangeIn, RoutingKey(s, "n1"), false, false, amqp.Publishing{
 			MessageId: id, DeliveryMode: amqp.Persistent, ContentType: "application/json",
 			Headers: amqp.Table{"x-mesh-routing-key": "module.a.x"}, Body: []byte(`{"s":1}`),
 		}); err != nil {

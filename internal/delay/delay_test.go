@@ -50,32 +50,48 @@ func TestRoutingKey(t *testing.T) {
 }
 
 // TestLevelsRoute walks the bindings as a topic exchange would: a key of s
-// seconds waits in exactly the levels of s's set bits, whose TTLs add up
-// to s, and reaches ExchangeDue.
+// seconds, from ExchangeIn, matches exactly one binding at each exchange,
+// waits in exactly the levels of s's set bits, whose TTLs add up to s, each
+// dead-lettering to its own exchange, and reaches ExchangeDue.
 func TestLevelsRoute(t *testing.T) {
-	levels := AllLevels()
-	if len(levels) != Levels || levels[0].Name != Top() || levels[Levels-1].Next != ExchangeDue {
-		t.Fatalf("levels: %d, top %s, last next %s", len(levels), levels[0].Name, levels[Levels-1].Next)
+	exchanges := map[string]Exchange{}
+	for _, x := range Exchanges() {
+		exchanges[x.Name] = x
 	}
-	for _, s := range []uint32{0, 1, 6, 7, 3600, 1<<Levels - 1} {
+	levels := map[string]Level{}
+	for _, l := range AllLevels() {
+		levels[l.Name] = l
+		if l.QueueArg["x-message-ttl"] != l.TTL.Milliseconds() || l.QueueArg["x-dead-letter-exchange"] != l.Name {
+			t.Fatalf("%s: args %v", l.Name, l.QueueArg)
+		}
+	}
+	if len(exchanges) != Levels+1 || len(levels) != Levels {
+		t.Fatalf("%d exchanges and %d levels", len(exchanges), len(levels))
+	}
+	for _, s := range []uint32{0, 1, 2, 6, 7, 3600, 1 << (Levels - 1), 1<<Levels - 1} {
 		key := RoutingKey(s, "n")
 		var waited time.Duration
-		waits := 0
-		for i, l := range levels {
-			if i > 0 && levels[i-1].Next != l.Name {
-				t.Fatalf("level %s follows %s, whose next is %s", l.Name, levels[i-1].Name, levels[i-1].Next)
+		waits, at := 0, ExchangeIn
+		for hops := 0; ; hops++ {
+			if hops > Levels {
+				t.Fatalf("%d s: more hops than levels", s)
 			}
-			wait, skip := topicMatch(l.WaitKey, key), topicMatch(l.SkipKey, key)
-			if wait == skip {
-				t.Fatalf("%d s at %s: wait %v skip %v (exactly one must match)", s, l.Name, wait, skip)
-			}
-			if wait {
-				waited += l.TTL
-				waits++
-				if l.QueueArg["x-message-ttl"] != l.TTL.Milliseconds() || l.QueueArg["x-dead-letter-exchange"] != l.Next {
-					t.Fatalf("%s: args %v", l.Name, l.QueueArg)
+			var matched []Binding
+			for _, b := range exchanges[at].Bindings {
+				if topicMatch(b.Key, key) {
+					matched = append(matched, b)
 				}
 			}
+			if len(matched) != 1 {
+				t.Fatalf("%d s at %s: %d bindings match, want exactly one: %v", s, at, len(matched), matched)
+			}
+			if matched[0].Exchange == ExchangeDue {
+				break
+			}
+			l := levels[matched[0].Queue]
+			waited += l.TTL
+			waits++
+			at = l.Name // it dead-letters to its own exchange
 		}
 		if waited != time.Duration(s)*time.Second || waits != bits.OnesCount32(s) {
 			t.Errorf("%d s waited %v in %d levels", s, waited, waits)
