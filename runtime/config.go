@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/meshkit/mesh/internal/delay"
 	"github.com/meshkit/mesh/internal/wire"
 )
 
@@ -47,6 +48,10 @@ const (
 	DefaultConsumerTimeout = 30 * time.Minute
 	DefaultSpoolMaxBytes   = 256 << 20
 	DefaultEmitTimeout     = 30 * time.Second
+	// DefaultRetryScheduleFrom is Config.RetryScheduleFrom's default: a
+	// retry back-off of 10 s or more waits in the delay cascade (a
+	// publish and a hop a set bit of it), a shorter one as a timer.
+	DefaultRetryScheduleFrom = 10 * time.Second
 	// DefaultHeartbeatInterval is meshd's Config.HeartbeatInterval.
 	DefaultHeartbeatInterval = 10 * time.Second
 	DefaultReconnectMin      = 100 * time.Millisecond
@@ -153,6 +158,11 @@ type Config struct {
 	// Off by default (meshd turns it on: DefaultHeartbeatInterval).
 	// Ephemeral nodes take no part.
 	HeartbeatInterval time.Duration
+	// RetryScheduleFrom is the shortest retry back-off (ModuleConfig.Retry)
+	// that goes through the delay cascade instead of being held; default
+	// DefaultRetryScheduleFrom. Shorter ones are held, as the node's own
+	// back-off always is, and count against ConsumerTimeout.
+	RetryScheduleFrom time.Duration
 	// Delays declares the delay cascade on the broker (ADR 32: 28 levels
 	// of quorum queues, internal/delay) on every connect and runs the
 	// node's mover, which publishes what comes due. A delayed emit
@@ -221,6 +231,17 @@ type ModuleConfig struct {
 	// failed attempt. Default 30s. Plus the node's RetryMax it must stay
 	// below the node's ConsumerTimeout.
 	HandlerTimeout time.Duration
+	// Retry, if not empty, is the module's back-off before each retry of
+	// a failed event, in order (the last repeats while attempts remain),
+	// instead of the node's exponential RetryMin..RetryMax; MaxAttempts
+	// then defaults to len(Retry)+1. A back-off of Config.RetryScheduleFrom
+	// or more, on a node with delays on, does not hold the delivery: the
+	// failed one is acknowledged once a copy carrying its attempts
+	// (x-mesh-attempt) is scheduled back to the module's queue through the
+	// delay cascade, so a retry may wait hours or days, past the broker's
+	// consumer_timeout (ADR 32). Each back-off is between 0 and the longest
+	// delay.
+	Retry []time.Duration
 	// AllowDuplicates turns off de-duplication for the whole module: every
 	// delivery reaches its handler, even one whose id it already handled.
 	// Use it for handlers that are idempotent by themselves.
@@ -349,6 +370,9 @@ func (c *Config) withDefaults() {
 	if c.ConsumerTimeout == 0 {
 		c.ConsumerTimeout = DefaultConsumerTimeout
 	}
+	if c.RetryScheduleFrom == 0 {
+		c.RetryScheduleFrom = DefaultRetryScheduleFrom
+	}
 	if c.ConsumerCheckInterval == 0 {
 		c.ConsumerCheckInterval = DefaultConsumerCheckInterval
 	}
@@ -377,6 +401,12 @@ func (m ModuleConfig) over(d ModuleConfig) ModuleConfig {
 	}
 	if m.Concurrency == 0 {
 		m.Concurrency = d.Concurrency
+	}
+	if m.Retry == nil {
+		m.Retry = d.Retry
+	}
+	if m.MaxAttempts == 0 && len(m.Retry) > 0 {
+		m.MaxAttempts = len(m.Retry) + 1
 	}
 	if m.MaxAttempts == 0 {
 		m.MaxAttempts = d.MaxAttempts
@@ -482,13 +512,34 @@ func (c Config) CheckConsumerTimeout(m ModuleConfig, consumesEvents bool) error 
 	if consumesEvents {
 		runs = (m.Prefetch + m.Concurrency - 1) / m.Concurrency
 	}
-	if held := time.Duration(runs)*m.HandlerTimeout + c.RetryMax; held >= c.ConsumerTimeout {
-		return fmt.Errorf("handler_timeout: %v for each of the %d handler runs a delivery can wait through (prefetch %d / concurrency %d), plus retry_max %v, "+
-			"holds it for %v, not below the broker's consumer_timeout %v; lower handler_timeout, prefetch or retry_max, raise concurrency, "+
-			"or raise consumer_timeout here and on the broker (rabbitmq.conf consumer_timeout)",
-			m.HandlerTimeout, runs, m.Prefetch, m.Concurrency, c.RetryMax, held, c.ConsumerTimeout)
+	backoff, what := c.RetryMax, "retry_max"
+	if len(m.Retry) > 0 {
+		backoff, what = c.heldRetry(m.Retry), "the longest held retry back-off"
+	}
+	if held := time.Duration(runs)*m.HandlerTimeout + backoff; held >= c.ConsumerTimeout {
+		return fmt.Errorf("handler_timeout: %v for each of the %d handler runs a delivery can wait through (prefetch %d / concurrency %d), plus %s %v, "+
+			"holds it for %v, not below the broker's consumer_timeout %v; lower handler_timeout, prefetch or the back-off, raise concurrency, "+
+			"let retries of %v or more wait in the delay cascade (delays: true), or raise consumer_timeout here and on the broker (rabbitmq.conf consumer_timeout)",
+			m.HandlerTimeout, runs, m.Prefetch, m.Concurrency, what, backoff, held, c.ConsumerTimeout, c.RetryScheduleFrom)
 	}
 	return nil
+}
+
+// scheduled reports whether a retry back-off of d goes through the delay
+// cascade rather than being held.
+func (c Config) scheduled(d time.Duration) bool {
+	return c.Delays && d >= c.RetryScheduleFrom
+}
+
+// heldRetry is the longest back-off of retry that is held.
+func (c Config) heldRetry(retry []time.Duration) time.Duration {
+	var longest time.Duration
+	for _, d := range retry {
+		if !c.scheduled(d) {
+			longest = max(longest, d)
+		}
+	}
+	return longest
 }
 
 func (m ModuleConfig) validate() error {
@@ -509,6 +560,11 @@ func (m ModuleConfig) validate() error {
 	}
 	if m.HandlerTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("handler_timeout: %v is not positive", m.HandlerTimeout))
+	}
+	for i, r := range m.Retry {
+		if r < 0 || r > delay.Max {
+			errs = append(errs, fmt.Errorf("retry[%d]: %v is not within 0..%v (the longest delay)", i, r, delay.Max))
+		}
 	}
 	if m.MaxPriority < 0 || m.MaxPriority > 9 {
 		errs = append(errs, fmt.Errorf("max_priority: %d is not within 0..9", m.MaxPriority))

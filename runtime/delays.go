@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -45,6 +46,13 @@ import (
 // headerDelayTTL carries a delayed event's time to live (ms) through the
 // cascade; the mover makes it the expiration again.
 const headerDelayTTL = "x-mesh-ttl"
+
+// headerDelayQueue names, on a retry scheduled through the cascade
+// (ModuleConfig.Retry), the module queue the mover puts it back in: one of
+// the node's own event queues, through the default exchange, with the
+// event's type, attempts and original publisher in the runtime's headers
+// (owned.go honours them on the node's own copies).
+const headerDelayQueue = "x-mesh-delay-queue"
 
 // moverPrefetch bounds the due messages a mover holds, each published
 // concurrently (their confirms pipeline on the session's channel).
@@ -268,7 +276,9 @@ func (n *Node) move(s *session, d amqp.Delivery) {
 	defer cancel()
 	err = n.publishConfirmed(ctx, s, exchange, key, msg)
 	if errors.Is(err, errUnroutable) {
-		err = n.keepUnrouted(s, key, msg) // no alternate exchange on mesh.events
+		// No alternate exchange on mesh.events, or a retry's module queue
+		// that is gone: kept with its type in mesh.unrouted.
+		err = n.keepUnrouted(s, headerString(d.Headers, wire.HeaderRoutingKey), msg)
 	}
 	if err != nil {
 		n.log.Warn("delays: a due event could not be published; it goes back to the due queue", "event_id", d.MessageId, "event_type", key, "err", err)
@@ -319,7 +329,25 @@ func (n *Node) dueMessage(d amqp.Delivery) (exchange, key string, msg amqp.Publi
 			msg.Expiration = ttl
 		}
 	}
-	return wire.ExchangeEvents, eventType, msg, nil
+	queue, isRetry := d.Headers[headerDelayQueue]
+	if !isRetry {
+		return wire.ExchangeEvents, eventType, msg, nil
+	}
+	// A retry back to one of the node's module queues.
+	q, _ := queue.(string)
+	attempts, _ := d.Headers[wire.HeaderAttempt].(int64)
+	user, _ := d.Headers[wire.HeaderUserID].(string)
+	switch {
+	case !strings.HasPrefix(q, n.cfg.Node+".") || !strings.HasSuffix(q, ".events") || wire.ValidateQueueName(q) != nil:
+		return "", "", msg, fmt.Errorf("header %s %q names no event queue of node %s", headerDelayQueue, truncateText(fmt.Sprint(queue), 300), n.cfg.Node)
+	case attempts < 1 || attempts >= 1<<31:
+		return "", "", msg, fmt.Errorf("a retry whose header %s is %v, not a count of attempts", wire.HeaderAttempt, d.Headers[wire.HeaderAttempt])
+	}
+	msg.Headers[wire.HeaderRoutingKey] = eventType
+	msg.Headers[wire.HeaderAttempt] = attempts
+	msg.Headers[wire.HeaderUserID] = user
+	delete(msg.Headers, wire.HeaderDue) // a retry, not a delayed event
+	return "", q, msg, nil
 }
 
 // deadLetterDue puts a due message that breaks the rules in the dead

@@ -1,7 +1,9 @@
 package runtime_test
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -253,5 +255,99 @@ func TestMoverIsNoConfusedDeputy(t *testing.T) {
 	forge(ch, "guest", "fine", amqp.Table{wire.HeaderRoutingKey: "node.deputy.fine", wire.HeaderEventID: "fine"}, "deputy", 0)
 	if d := receive(t, published, "the node's own schedule"); d.MessageId != "fine" {
 		t.Errorf("published %q (%s) before the node's own schedule; the forged ones must never be", d.MessageId, d.RoutingKey)
+	}
+}
+
+// TestRetryWaitsInTheCascade: a module whose retry back-offs reach
+// RetryScheduleFrom has each failed delivery acknowledged once a copy,
+// carrying the attempts made, is scheduled back to its queue through the
+// delay cascade (seen on the wire: x-mesh-delay-queue, x-mesh-attempt, the
+// delay's bits), so the retry is a fresh delivery from the node's mover,
+// not a held one; attempts count across copies, and at the limit the
+// event is dead-lettered with the last error.
+func TestRetryWaitsInTheCascade(t *testing.T) {
+	t.Parallel()
+	url := brokertest.VHost(t)
+	n := testNode(t, url, "clock", func(c *runtime.Config) { c.Delays, c.RetryScheduleFrom = true, time.Second })
+	scheduled := brokertest.Tap(t, url, delay.ExchangeIn, "#")
+	type try struct {
+		attempt     int
+		redelivered bool
+		at          time.Time
+	}
+	tries := make(chan try, 10)
+	load(t, n, sdk.Module{Name: "patient", Setup: func(m sdk.Mesh) error {
+		return m.On("mesh.pay.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			tries <- try{ev.Attempt, ev.Redelivered, time.Now()}
+			if ev.Type == "mesh.pay.doomed" || ev.Attempt < 3 {
+				return fmt.Errorf("declined on attempt %d", ev.Attempt)
+			}
+			return nil
+		}))
+	}}, runtime.ModuleConfig{Retry: []time.Duration{time.Second, 2 * time.Second}})
+	id, err := n.Emit(emitCtx(t), "test", "mesh.pay.charge", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []try
+	for range 3 {
+		select {
+		case tr := <-tries:
+			got = append(got, tr)
+		case <-time.After(30 * time.Second):
+			t.Fatalf("attempts so far %+v", got)
+		}
+	}
+	for i, tr := range got {
+		if tr.attempt != i+1 || tr.redelivered {
+			t.Errorf("try %d: attempt %d, redelivered %v; want attempt %d, a fresh delivery", i+1, tr.attempt, tr.redelivered, i+1)
+		}
+	}
+	if d := got[1].at.Sub(got[0].at); d < time.Second {
+		t.Errorf("attempt 2 came %v after attempt 1, before its back-off of 1s", d)
+	}
+	if d := got[2].at.Sub(got[1].at); d < 2*time.Second {
+		t.Errorf("attempt 3 came %v after attempt 2, before its back-off of 2s", d)
+	}
+	for want := 1; want <= 2; want++ {
+		s := receive(t, scheduled, "a scheduled retry")
+		secs, node, _ := delay.ParseRoutingKey(s.RoutingKey)
+		if s.MessageId != id || s.Headers["x-mesh-delay-queue"] != "clock.patient.events" || s.Headers[wire.HeaderAttempt] != int64(want) ||
+			secs != uint32(want) || node != "clock" || s.Headers[wire.HeaderRoutingKey] != "mesh.pay.charge" {
+			t.Errorf("scheduled retry %d: id %s key %s headers %v", want, s.MessageId, s.RoutingKey, s.Headers)
+		}
+	}
+	if st := n.Stats(); st.RetriesScheduled != 2 || st.Handled != 1 {
+		t.Errorf("stats: retries scheduled %d, handled %d; want 2, 1", st.RetriesScheduled, st.Handled)
+	}
+
+	// At the limit (3 attempts: len(Retry)+1), dead-lettered with the last error.
+	doomed, err := n.Emit(emitCtx(t), "test", "mesh.pay.doomed", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := nextFrom(t, rawConn(t, url), wire.QueueDead)
+	if dead.MessageId != doomed || dead.Headers[wire.HeaderDeadReason] != wire.DeadReasonDeliveryLimit ||
+		dead.Headers[wire.HeaderDeadAttempts] != int64(3) || dead.Headers[wire.HeaderDeadError] != "declined on attempt 3" {
+		t.Errorf("dead letter %s: %v", dead.MessageId, dead.Headers)
+	}
+}
+
+// TestRetriesInTheCascadeAreNotHeld: the load-time check against the
+// broker's consumer_timeout counts only the back-offs that are held: a
+// retry of an hour passes on a node with delays on, and is refused, naming
+// the way out, on one without.
+func TestRetriesInTheCascadeAreNotHeld(t *testing.T) {
+	long := runtime.ModuleConfig{Retry: []time.Duration{10 * time.Second, time.Hour, 6 * time.Hour}}
+	if err := (runtime.Config{Delays: true}).CheckConsumerTimeout(long, true); err != nil {
+		t.Errorf("retries of hours in the cascade: %v", err)
+	}
+	err := (runtime.Config{}).CheckConsumerTimeout(long, true)
+	if err == nil || !strings.Contains(err.Error(), "delays: true") {
+		t.Errorf("retries of hours held: %v, want a refusal naming delays: true", err)
+	}
+	short := runtime.ModuleConfig{Retry: []time.Duration{5 * time.Second, 29 * time.Minute}, HandlerTimeout: time.Minute, Prefetch: 1}
+	if err := (runtime.Config{Delays: true}).CheckConsumerTimeout(short, true); err != nil {
+		t.Errorf("a held 5s and a scheduled 29m: %v", err)
 	}
 }

@@ -135,12 +135,14 @@ func eventOf(d amqp.Delivery, meta wire.Meta, eventType string, attempt int) sdk
 }
 
 // attempt is the 1-based number of this handling of d.
+// The attempts a copy of the node's own carries (meta.Attempt: a classic
+// queue's retry, or a retry scheduled through the delay cascade) count
+// first; a quorum queue adds those it counted itself.
 func (m *Module) attempt(d amqp.Delivery, meta wire.Meta) int {
 	if m.cfg.QueueType == QueueQuorum {
 		if n, ok := d.Headers["x-delivery-count"].(int64); ok && n >= 0 {
-			return int(n) + 1
+			return meta.Attempt + int(n) + 1
 		}
-		return 1
 	}
 	return meta.Attempt + 1
 }
@@ -292,7 +294,26 @@ func (m *Module) own(a *acker) source {
 
 // policy is the module's delivery policy for a queue of that type.
 func (m *Module) policy(quorum bool) deliveryPolicy {
-	return deliveryPolicy{maxAttempts: m.cfg.MaxAttempts, quorum: quorum, backoff: m.node.backoff}
+	return deliveryPolicy{maxAttempts: m.cfg.MaxAttempts, quorum: quorum, backoff: m.backoff}
+}
+
+// ownPolicy is the policy of the module's own event queue, whose long
+// retries may wait in the delay cascade.
+func (m *Module) ownPolicy(quorum bool) deliveryPolicy {
+	p := m.policy(quorum)
+	if len(m.cfg.Retry) > 0 {
+		p.schedule = m.node.cfg.scheduled
+	}
+	return p
+}
+
+// backoff is the delay before attempt+1: the module's Retry, the last
+// repeated, or the node's exponential back-off.
+func (m *Module) backoff(attempt int) time.Duration {
+	if r := m.cfg.Retry; len(r) > 0 {
+		return r[min(max(attempt, 1), len(r))-1]
+	}
+	return m.node.backoff(attempt)
 }
 
 // failed settles a handling that did not succeed as the policy decides:
@@ -306,9 +327,18 @@ func (m *Module) failed(src source, d amqp.Delivery, eventType string, attempt i
 		m.node.stats.failed.Add(1)
 		m.from(d).failed.Add(1)
 	}
-	v := m.policy(src.quorum).decide(o, attempt)
-	if v.settle == settleDead {
+	p := m.policy(src.quorum)
+	if src.queue == m.queue {
+		p = m.ownPolicy(src.quorum)
+	}
+	v := p.decide(o, attempt)
+	switch v.settle {
+	case settleDead:
 		m.deadLetter(src, d, eventType, attempt, v.reason, cause)
+		return
+	case settleSchedule:
+		m.log.Debug("handler failed; its retry is scheduled", "event_type", eventType, "attempt", attempt, "retry_in", v.delay, "err", cause)
+		m.scheduleRetry(src, d, eventType, attempt, v.delay)
 		return
 	}
 	m.log.Debug("handler failed; will retry", "event_type", eventType, "attempt", attempt, "retry_in", v.delay, "err", cause)
@@ -321,6 +351,45 @@ func (m *Module) failed(src source, d amqp.Delivery, eventType string, attempt i
 		}
 		m.requeueClassic(src, d, eventType, attempt)
 	})
+}
+
+// scheduleRetry acknowledges d once a copy of it, carrying the attempts
+// made, is confirmed into the delay cascade, due back in the module's
+// queue after delay (the node's mover puts it there: delays.go). Until the
+// copy is confirmed d stays unacknowledged; if the copy cannot be made, d
+// goes back to its queue as a held retry would, after the delay's first
+// step. The copy is the node's, as requeueClassic's is.
+func (m *Module) scheduleRetry(src source, d amqp.Delivery, eventType string, attempts int, delay time.Duration) {
+	o, _ := m.node.originOf(d)
+	msg := amqpmsg.Republishing(d, amqpmsg.Bookkeeping)
+	msg.UserId = m.node.userID
+	msg.Expiration = "" // an event's TTL does not end its retry's wait
+	msg.Headers[wire.HeaderAttempt] = int64(attempts)
+	msg.Headers[wire.HeaderUserID] = o.userID
+	msg.Headers[headerDelayQueue] = src.queue
+	delayedPublishing(&msg, eventType, time.Now().Add(delay))
+	s, ok := m.liveSession(d)
+	if !ok {
+		return // the delivery's channel is gone: the broker delivers it again
+	}
+	exchange, key := m.node.route(eventType, time.Now().Add(delay), time.Now())
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := m.node.publishConfirmed(ctx, s, exchange, key, msg); err != nil {
+		retryIn := m.node.backoff(attempts)
+		m.log.Warn("scheduling a retry failed; the event goes back to its queue", "event_id", d.MessageId, "err", err, "retry_in", retryIn)
+		m.later(retryIn, func() { _ = src.reject(d) })
+		return
+	}
+	m.node.stats.retriesScheduled.Add(1)
+	if err := src.ack(d); err != nil {
+		m.log.Warn("ack after scheduling a retry failed; the event may be handled an extra time", "err", err)
+	}
+	if src.acks != nil {
+		if err := src.acks.flush(); err != nil {
+			m.log.Warn("ack after scheduling a retry failed; the event may be handled an extra time", "err", err)
+		}
+	}
 }
 
 // requeueClassic puts a copy of d at the back of its classic queue with the

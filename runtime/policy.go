@@ -21,6 +21,11 @@ const (
 	// classic queue counts nothing), and acknowledges it once the copy is
 	// confirmed.
 	settleCopy
+	// settleSchedule acknowledges it once a copy carrying the attempts
+	// made (x-mesh-attempt) is scheduled back to its queue through the
+	// delay cascade, due after the verdict's delay: a long back-off
+	// (ModuleConfig.Retry) holds no delivery (ADR 32).
+	settleSchedule
 	// settleDead gives up on it: dead-lettered with the verdict's reason
 	// (a dead letter itself, under a DeadLetters handler, is dropped:
 	// mesh.dead-letters keeps its copy).
@@ -43,13 +48,17 @@ type deliveryPolicy struct {
 	maxAttempts int                             // attempts before giving up on a failing event
 	quorum      bool                            // the queue counts attempts itself
 	backoff     func(attempt int) time.Duration // the delay before attempt+1
+	// schedule reports whether a back-off goes through the delay cascade
+	// (settleSchedule); nil: none does.
+	schedule func(delay time.Duration) bool
 }
 
 // decide is the verdict on the attempt-th handling (1-based) that came to
 // o: OK is acknowledged; Permanent dead-lettered at once; Failed tried
 // again after the back-off while attempts remain, then dead-lettered as
 // past the delivery limit (execute.Decide, which meshtest settles by too);
-// the queue type says how a retry goes back.
+// the queue type, and the length of the back-off, say how a retry goes
+// back.
 func (p deliveryPolicy) decide(o execute.Outcome, attempt int) verdict {
 	switch v, reason := execute.Decide(o, attempt, p.maxAttempts); v {
 	case execute.Ack:
@@ -58,7 +67,10 @@ func (p deliveryPolicy) decide(o execute.Outcome, attempt int) verdict {
 		return verdict{settle: settleDead, reason: reason}
 	}
 	v := verdict{settle: settleCopy, delay: p.backoff(attempt)}
-	if p.quorum {
+	switch {
+	case p.schedule != nil && p.schedule(v.delay):
+		v.settle = settleSchedule
+	case p.quorum:
 		v.settle = settleRequeue
 	}
 	return v

@@ -38,6 +38,24 @@ func TestDeliveryPolicy(t *testing.T) {
 			t.Errorf("%s: %+v, want %+v", c.name, got, c.want)
 		}
 	}
+	// A back-off long enough waits in the delay cascade, on both queue
+	// types; a shorter one is held; the last attempt is dead-lettered
+	// still.
+	long := deliveryPolicy{maxAttempts: 3, quorum: true, backoff: backoff, schedule: func(d time.Duration) bool { return d >= 2*time.Second }}
+	for attempt, want := range map[int]verdict{
+		1: {settle: settleRequeue, delay: time.Second},
+		2: {settle: settleSchedule, delay: 2 * time.Second},
+		3: {settle: settleDead, reason: wire.DeadReasonDeliveryLimit},
+	} {
+		if got := long.decide(execute.Failed, attempt); got != want {
+			t.Errorf("scheduled from 2s, attempt %d: %+v, want %+v", attempt, got, want)
+		}
+		long.quorum = !long.quorum
+		if got := long.decide(execute.Failed, attempt); attempt == 2 && got != want {
+			t.Errorf("scheduled from 2s, classic, attempt %d: %+v, want %+v", attempt, got, want)
+		}
+		long.quorum = !long.quorum
+	}
 	// One attempt allowed: a failure is dead-lettered at once, never
 	// retried.
 	one := deliveryPolicy{maxAttempts: 1, backoff: backoff}

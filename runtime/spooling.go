@@ -541,7 +541,7 @@ func (n *Node) resend(s *session, recs []spool.Record) (done []uint64, refused [
 // counters are the node's running totals; Stats reads them.
 type counters struct {
 	emitted, spooled, resent, refused, expired, backPressure atomic.Uint64
-	scheduled, atMostOnce, delivered                         atomic.Uint64
+	scheduled, atMostOnce, delivered, retriesScheduled       atomic.Uint64
 	spoolDeadLettered, spoolUnrouted                         atomic.Uint64
 	blocks, serverChecks                                     atomic.Uint64
 	disconnects, reconnects, refusingChannels                atomic.Uint64
@@ -577,8 +577,12 @@ type Stats struct {
 	// handed to the connection, never confirmed; not in Emitted.
 	AtMostOnce uint64
 	// DelaysDelivered counts delayed events this node's mover published
-	// when due (its lateness is the metric mesh.delays.lateness).
+	// when due (its lateness is the metric mesh.delays.lateness), and the
+	// retries it put back in module queues.
 	DelaysDelivered uint64
+	// RetriesScheduled counts failed events acknowledged once their retry
+	// was confirmed into the delay cascade (ModuleConfig.Retry).
+	RetriesScheduled uint64
 	// Spooled counts events written to the spool; Resent those sent from
 	// it and confirmed; Expired those whose TTL passed in it.
 	Spooled, Resent, Expired uint64
@@ -623,6 +627,7 @@ func (n *Node) Stats() Stats {
 		Scheduled:         n.stats.scheduled.Load(),
 		AtMostOnce:        n.stats.atMostOnce.Load(),
 		DelaysDelivered:   n.stats.delivered.Load(),
+		RetriesScheduled:  n.stats.retriesScheduled.Load(),
 		Spooled:           n.stats.spooled.Load(),
 		Resent:            n.stats.resent.Load(),
 		Expired:           n.stats.expired.Load(),

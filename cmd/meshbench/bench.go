@@ -144,6 +144,11 @@ func run(o options) error {
 			return fmt.Errorf("audit: %w", err)
 		}
 	}
+	if o.only == "" || o.only == "delays" {
+		if err := benchDelays(url, o); err != nil {
+			return fmt.Errorf("delays: %w", err)
+		}
+	}
 	return nil
 }
 

@@ -103,7 +103,11 @@ type Module struct {
 	Concurrency    int           `yaml:"concurrency"`
 	MaxAttempts    int           `yaml:"max_attempts"`
 	HandlerTimeout time.Duration `yaml:"handler_timeout"`
-	MaxPriority    int           `yaml:"max_priority"`
+	// Retry is the back-off before each retry of a failed event, in order
+	// ([10s, 1m, 1h]); the long ones wait in the delay cascade without
+	// holding the delivery (runtime.ModuleConfig.Retry).
+	Retry       []time.Duration `yaml:"retry"`
+	MaxPriority int             `yaml:"max_priority"`
 	// EmitGrants are patterns of full event types under mesh. or node. the
 	// module may emit (sdk.AsFullType).
 	EmitGrants []string `yaml:"emit_grants"`
@@ -252,7 +256,7 @@ func (m Module) ModuleConfig() runtime.ModuleConfig {
 func (m Module) runtime() runtime.ModuleConfig {
 	return runtime.ModuleConfig{
 		QueueType: m.QueueType, Prefetch: m.Prefetch, Concurrency: m.Concurrency, MaxAttempts: m.MaxAttempts,
-		HandlerTimeout: m.HandlerTimeout, MaxPriority: m.MaxPriority, EmitGrants: m.EmitGrants,
+		HandlerTimeout: m.HandlerTimeout, Retry: m.Retry, MaxPriority: m.MaxPriority, EmitGrants: m.EmitGrants,
 		AllowDuplicates: m.AllowDuplicates, AllowUndeclaredEmits: m.AllowUndeclaredEmits,
 		CallGrants: m.Calls, ConsumeGrants: m.Consumes, DeadLetterGrants: m.DeadLetters, Callers: m.Callers,
 	}
@@ -318,7 +322,8 @@ func (f File) Validate() error {
 		if m.Kind == "dispatcher" {
 			errs = append(errs, f.checkTriggerTimeouts(field, m)...)
 		}
-		cfg := runtime.Config{Node: "x", Module: m.ModuleConfig(), RetryMin: f.RetryMin, RetryMax: f.RetryMax, ConsumerTimeout: f.ConsumerTimeout}
+		cfg := runtime.Config{Node: "x", Module: m.ModuleConfig(), RetryMin: f.RetryMin, RetryMax: f.RetryMax, ConsumerTimeout: f.ConsumerTimeout,
+			Delays: f.Runtime().Delays}
 		if err := cfg.Validate(); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", field, err))
 		} else if err := f.Runtime().CheckConsumerTimeout(m.ModuleConfig(), m.Kind != "agent"); err != nil {

@@ -247,6 +247,26 @@ func TestFailoverLeaderKilled(t *testing.T) {
 	})
 }
 
+// TestDelayedEventsThroughLeaderKill: the broker node that leads the
+// delay level holding most of 400 waiting events (mesh.delay.02, 4 s) is
+// SIGKILLed while they wait; a new leader takes over, and every event is
+// delivered, none before its delay.
+func TestDelayedEventsThroughLeaderKill(t *testing.T) {
+	cm := newClusterMesh(t)
+	restoreCluster(t)
+	t.Cleanup(func() { // before the cluster is restored
+		if t.Failed() {
+			out, err := cluster.CtlAny("list_queues", "-p", cm.vhost, "name", "messages", "messages_ready", "messages_unacknowledged", "leader", "online")
+			t.Logf("queues when it failed (%v):\n%s", err, out)
+		}
+	})
+	delayedThrough(t, cm.urls[0], func(c *runtime.Config) { c.AMQPURLs = cm.urls[1:] }, 400, func(*runtime.Node) {
+		leader := cm.leaderOf(t, "mesh.delay.02")
+		t.Logf("killing %s, the leader of mesh.delay.02; the node is connected to node %d", cluster.NodeName(leader), cm.connectedTo())
+		killNode(t, leader)
+	})
+}
+
 // TestFailoverNodeStopped: the broker node the mesh node is connected to
 // stops gracefully (stop_app) during the stream; the mesh node moves to
 // the next address.

@@ -66,6 +66,28 @@ func TestBrokerAppRestart(t *testing.T) {
 	})
 }
 
+// TestDelayedEventsThroughBrokerAppRestart: the broker application stops
+// for 3 s and starts again while 400 delayed events wait in the delay
+// cascade (quorum queues, at-least-once dead-lettering): every one is
+// delivered, none before its delay.
+func TestDelayedEventsThroughBrokerAppRestart(t *testing.T) {
+	url := brokertest.VHost(t)
+	ensureBrokerRuns(t)
+	delayedThrough(t, url, nil, 400, func(*runtime.Node) {
+		rabbitmqctl(t, "stop_app")
+		time.Sleep(3 * time.Second)
+		rabbitmqctl(t, "start_app")
+		waitBroker(t)
+	})
+}
+
+// TestDelayedBurst: 10,000 delayed events across delays of 1 to 8 s,
+// scheduled from 8 goroutines at once: every one delivered, none before
+// its delay; the summary gives the lateness.
+func TestDelayedBurst(t *testing.T) {
+	delayedThrough(t, brokertest.VHost(t), nil, 10_000, func(*runtime.Node) {})
+}
+
 // TestConnectionsClosedRepeatedly: the broker closes every connection of
 // the test's virtual host five times, 700 ms apart, during a stream.
 func TestConnectionsClosedRepeatedly(t *testing.T) {

@@ -1,0 +1,97 @@
+//go:build fault || failover
+
+package fault
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/meshkit/mesh/runtime"
+	"github.com/meshkit/mesh/sdk"
+)
+
+// delayedThrough schedules events with delays of 1 to 8 s on a node with
+// delays on, runs fault while they wait, and checks that every scheduled
+// event is handled, none before its delay, and prints the summary with
+// how late they came.
+func delayedThrough(t *testing.T, url string, tweak func(*runtime.Config), events int, fault func(n *runtime.Node)) {
+	n := newNode(t, url, "delays", func(c *runtime.Config) {
+		c.Delays = true
+		if tweak != nil {
+			tweak(c)
+		}
+	})
+	handled := newIDSet()
+	var mu sync.Mutex
+	early, late := 0, []time.Duration{}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sink := sdk.Module{Name: "sink", Emits: []string{"later"}, Setup: func(m sdk.Mesh) error {
+		return m.On("module.sink.later", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			now := time.Now()
+			due, err := time.Parse(time.RFC3339Nano, ev.Headers["x-due"])
+			if err != nil {
+				return sdk.Permanent(fmt.Errorf("a delayed event without x-due: %w", err))
+			}
+			mu.Lock()
+			if handled.count(ev.ID) == 0 {
+				if now.Before(due) {
+					early++
+				}
+				late = append(late, now.Sub(due))
+			}
+			handled.add(ev.ID)
+			mu.Unlock()
+			return nil
+		}))
+	}}
+	m, err := n.Load(ctx, sink, runtime.ModuleConfig{Prefetch: 64, Concurrency: 4, MaxAttempts: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	scheduled := newIDSet()
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Go(func() {
+			for i := w; i < events; i += 8 {
+				d := time.Duration(1+i%8) * time.Second
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				id, err := m.Mesh().Emit(ctx, "later", map[string]int{"i": i}, sdk.After(d), sdk.WithFreshID())
+				cancel()
+				if err != nil {
+					t.Errorf("a delayed emit: %v", err)
+					return
+				}
+				scheduled.add(id)
+			}
+		})
+	}
+	wg.Wait()
+	fault(n)
+	if !waitFor(3*time.Minute, func() bool { return handled.len() >= scheduled.len() }) {
+		t.Errorf("handled %d of %d scheduled events within 3 min", handled.len(), scheduled.len())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if early > 0 {
+		t.Errorf("%d events were handled before their delay", early)
+	}
+	sort.Slice(late, func(i, j int) bool { return late[i] < late[j] })
+	pct := func(p float64) time.Duration {
+		if len(late) == 0 {
+			return 0
+		}
+		return late[int(p*float64(len(late)-1))].Round(time.Millisecond)
+	}
+	st := n.Stats()
+	summary{
+		emitted: events, confirmed: scheduled.len(), handled: handled.len(), duplicates: int(st.Duplicates),
+		deadLettered: int(st.DeadLettered), lost: scheduled.missingFrom(handled),
+		extra: fmt.Sprintf("scheduled=%d delivered by the mover=%d spooled=%d reconnects=%d early=%d lateness p50=%v p99=%v max=%v",
+			st.Scheduled, st.DelaysDelivered, st.Spooled, st.Reconnects, early, pct(0.5), pct(0.99), pct(1)),
+	}.report(t)
+}
