@@ -256,6 +256,13 @@ func TestMoverIsNoConfusedDeputy(t *testing.T) {
 	if d := receive(t, published, "the node's own schedule"); d.MessageId != "fine" {
 		t.Errorf("published %q (%s) before the node's own schedule; the forged ones must never be", d.MessageId, d.RoutingKey)
 	}
+	// A node that trusts the other user (delay_publishers) delivers its
+	// schedule, as its own user.
+	testNode(t, url, "trusting", func(c *runtime.Config) { withDelays(c); c.DelayPublishers = []string{user} })
+	forge(attacker, user, "trusted", amqp.Table{wire.HeaderRoutingKey: "node.trusting.ops", wire.HeaderEventID: "trusted"}, "trusting", 0)
+	if d := receive(t, published, "the trusted user's schedule"); d.MessageId != "trusted" || d.UserId != "guest" {
+		t.Errorf("published %q as %q; want the trusted schedule, as the node's user", d.MessageId, d.UserId)
+	}
 }
 
 // TestRetryWaitsInTheCascade: a module whose retry back-offs reach

@@ -71,6 +71,7 @@ func app() *cli.App {
 				Action: tail,
 			},
 			dlqCommand(),
+			delayedCommand(),
 			unroutedCommand(),
 			auditCommand(),
 			dispatcherCommand(),

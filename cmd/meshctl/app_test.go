@@ -372,3 +372,54 @@ func TestEmitDelayedAndAtMostOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestDelayedCount: meshctl delayed count tells how many events wait in
+// each delay level and what came due for a node's mover, read from the
+// broker; before any node with delays on ran, it says so and fails.
+func TestDelayedCount(t *testing.T) {
+	url := brokertest.VHost(t)
+	run := func(args ...string) (string, error) {
+		a := app()
+		var out bytes.Buffer
+		a.Writer, a.ErrWriter = &out, &out
+		err := a.Run(append([]string{"meshctl", "--amqp-url", url, "delayed", "count"}, args...))
+		return out.String(), err
+	}
+	if out, err := run(); err == nil || !strings.Contains(err.Error(), "no node with delays on") {
+		t.Errorf("count before the cascade exists: %v\n%s", err, out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	node, err := runtime.New(ctx, runtime.Config{Node: "clock", AMQPURL: url, StateDir: t.TempDir(), Delays: true,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close(context.Background())
+	for _, d := range []time.Duration{time.Hour, time.Hour, 3 * time.Hour} {
+		if _, err := node.Emit(ctx, "test", "mesh.ops.later", 1, sdk.After(d)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err := run("--due-of", "clock")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 3600 s waits first in level 11 (2048 s), 10800 s in level 13 (8192 s).
+	for _, want := range []string{"waiting in the delay cascade: 3", "mesh.delay.11         2", "mesh.delay.13         1", "due for node clock, not yet delivered: 0"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("count lacks %q:\n%s", want, out)
+		}
+	}
+	out, err = run("--json")
+	var got struct {
+		Waiting int
+		Levels  []struct{ Queue string }
+	}
+	if err != nil || json.Unmarshal([]byte(out), &got) != nil || got.Waiting != 3 || len(got.Levels) != 2 {
+		t.Errorf("count --json: %v %+v\n%s", err, got, out)
+	}
+	if out, err := run("--due-of", "ghost"); err == nil || !strings.Contains(err.Error(), "node ghost") {
+		t.Errorf("count of a node without a due queue: %v\n%s", err, out)
+	}
+}

@@ -77,6 +77,10 @@ type File struct {
 	// Delays declares the delay cascade and runs the node's mover, for
 	// delayed emits (sdk.After, sdk.At); default true.
 	Delays *bool `yaml:"delays"`
+	// DelayPublishers are broker users besides the node's own whose
+	// schedules its mover delivers (meshctl emit --after --via NODE as the
+	// operator's user).
+	DelayPublishers []string `yaml:"delay_publishers"`
 	// Defaults apply to every module unless it says otherwise.
 	Defaults Module   `yaml:"defaults"`
 	Modules  []Module `yaml:"modules"`
@@ -226,6 +230,7 @@ func (f File) Runtime() runtime.Config {
 		DedupRetention: f.DedupRetention, DedupMaxEntries: f.DedupMaxEntries,
 		HeartbeatInterval: f.heartbeatInterval(),
 		Delays:            f.Delays == nil || *f.Delays,
+		DelayPublishers:   f.DelayPublishers,
 	}
 }
 

@@ -126,6 +126,9 @@ func Settings() []Setting {
 		{Key: "delays", Scope: ScopeNode, Default: "true", Bounds: "true or false",
 			Doc:   "Declares the delay cascade on the broker (mesh.delay and 28 quorum queues mesh.delay.27 … mesh.delay.00, ADR 32) and runs the node's mover, which publishes delayed events (sdk.After, sdk.At) when they come due. A delayed emit needs it on the emitting node; any node with it on delivers what comes due.",
 			Valid: []string{"false"}},
+		{Key: "delay_publishers", Scope: ScopeNode, DefaultInWords: true, Default: "none: the node's own broker user only", Bounds: "broker user names",
+			Doc:   "Broker users besides the node's own whose delayed events (meshctl emit --after --via NODE) its mover delivers when due, as the node's user: each one may have the node publish any event type then. Anything else in the node's due queue is dead-lettered as malformed.",
+			Valid: []string{"[ops]"}},
 
 		{Key: "name", Scope: ScopeEntry, Bounds: "one word (as node), no /, not meshctl, unique in the file; required",
 			Doc: "The name the module's binary reports. A binary that reports another name is refused.", Valid: []string{"billing"}, Invalid: []string{`"a b"`, `"a/b"`, "meshctl"}},
