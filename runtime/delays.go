@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,7 +15,9 @@ import (
 
 	"github.com/meshkit/mesh/internal/amqpmsg"
 	"github.com/meshkit/mesh/internal/delay"
+	"github.com/meshkit/mesh/internal/schedbook"
 	"github.com/meshkit/mesh/internal/wire"
+	"github.com/meshkit/mesh/sdk"
 )
 
 // Delayed events (sdk.After, sdk.At; ADR 32). A node with Config.Delays
@@ -154,6 +157,102 @@ func delayedPublishing(msg *amqp.Publishing, eventType string, due time.Time) {
 	}
 }
 
+// The book (internal/schedbook): what the node scheduled and has not
+// delivered yet, for meshctl delayed ls and cancel, which reach it through
+// the node's delays module (tools delays.<node>.ls and .cancel, callers:
+// meshctl). It is written after the broker confirmed a schedule (or the
+// spool took it) and crossed out when the mover delivered or dropped it;
+// a node whose book fails to write logs it and goes on: the event waits
+// on the broker all the same.
+
+// openBook opens the node's book in its state dir.
+func (n *Node) openBook() error {
+	path := filepath.Join(n.cfg.StateDir, "delays.db")
+	b, remade, err := schedbook.Open(path)
+	if err != nil {
+		return fmt.Errorf("node %s: open the book of scheduled events: %w", n.cfg.Node, err)
+	}
+	if remade {
+		n.log.Warn("delays: the book of scheduled events did not open and was made again (the old one is kept beside it); "+
+			"what it listed is still delivered, but not listed nor cancellable", "path", path)
+	}
+	n.book = b
+	return nil
+}
+
+// writeDown enters e in the node's book, if it keeps one.
+func (n *Node) writeDown(e schedbook.Entry) {
+	if n.book == nil {
+		return
+	}
+	if err := n.book.Put(e); err != nil {
+		n.log.Warn("delays: a schedule could not be written in the node's book; it is delivered when due but not listed nor cancellable", "event_id", e.ID, "err", err)
+	}
+}
+
+// DelayedList is the answer of the tool delays.<node>.ls.
+type DelayedList struct {
+	// Total is how many entries the filter selects; Entries the first
+	// of them (the limit), soonest due first.
+	Total   int               `json:"total"`
+	Entries []schedbook.Entry `json:"entries"`
+}
+
+// DelayedListRequest is the request of the tool delays.<node>.ls: a type
+// pattern and a source to select by ("": any), and how many to return
+// (0: 1000).
+type DelayedListRequest struct {
+	Type   string `json:"type,omitempty"`
+	Source string `json:"source,omitempty"`
+	Limit  int    `json:"limit,omitempty"`
+}
+
+// DelayedCancelRequest is the request of the tool delays.<node>.cancel.
+type DelayedCancelRequest struct {
+	ID string `json:"id"`
+}
+
+// DelaysModule is the name of the module a node with delays on runs
+// in-process to answer for its book: it serves DelayedTool(node, "ls")
+// and DelayedTool(node, "cancel") to meshctl alone.
+const DelaysModule = "mesh-delays"
+
+// DelayedTool is the key of the tool of node's delays module that does
+// what ("ls", "cancel").
+func DelayedTool(node, what string) string { return "delays." + node + "." + what }
+
+// delaysModule is the module that answers for the node's book.
+func (n *Node) delaysModule() sdk.Module {
+	return sdk.Module{Name: DelaysModule, Callers: map[string][]string{"delays.#": {"meshctl"}}, Setup: func(m sdk.Mesh) error {
+		if err := m.Serve(DelayedTool(n.cfg.Node, "ls"), sdk.TypedTool(func(ctx context.Context, _ sdk.Request, r DelayedListRequest) (DelayedList, error) {
+			if r.Type != "" {
+				if err := wire.ValidateSubscription(r.Type); err != nil {
+					return DelayedList{}, sdk.Permanent(err)
+				}
+			}
+			limit := r.Limit
+			if limit <= 0 || limit > 100_000 {
+				limit = 1000
+			}
+			entries, total, err := n.book.List(schedbook.Filter{Type: r.Type, Source: r.Source}, limit)
+			return DelayedList{Total: total, Entries: entries}, err
+		})); err != nil {
+			return err
+		}
+		return m.Serve(DelayedTool(n.cfg.Node, "cancel"), sdk.TypedTool(func(ctx context.Context, _ sdk.Request, r DelayedCancelRequest) (schedbook.Entry, error) {
+			e, err := n.book.Cancel(r.ID)
+			if errors.Is(err, schedbook.ErrNotFound) {
+				return e, &sdk.ToolError{Code: "not_found", Permanent: true,
+					Message: fmt.Sprintf("node %s holds no delayed event %s: delivered already, scheduled by another node, or never", n.cfg.Node, truncateText(r.ID, 100))}
+			}
+			if err == nil {
+				n.log.Info("delays: a delayed event is cancelled; its mover drops it when due", "event_id", e.ID, "event_type", e.Type, "due", e.Due)
+			}
+			return e, err
+		}))
+	}}
+}
+
 // startMover runs the node's mover on s, if the node has delays on and is
 // no ephemeral client.
 func (n *Node) startMover(s *session) {
@@ -272,6 +371,18 @@ func (n *Node) move(s *session, d amqp.Delivery) {
 		n.deadLetterDue(s, d, err)
 		return
 	}
+	entry := schedbook.Key(d.MessageId, headerString(d.Headers, headerDelayQueue))
+	if n.book != nil {
+		if e, err := n.book.Get(entry); err == nil && e.Cancelled {
+			if err := d.Ack(false); err != nil {
+				return // delivered again, and dropped again
+			}
+			_ = n.book.Delete(entry)
+			n.stats.delaysCancelled.Add(1)
+			n.log.Info("delays: a cancelled event came due and is dropped", "event_id", e.ID, "event_type", e.Type)
+			return
+		}
+	}
 	ctx, cancel := context.WithTimeout(n.life, n.cfg.EmitTimeout)
 	defer cancel()
 	err = n.publishConfirmed(ctx, s, exchange, key, msg)
@@ -295,7 +406,12 @@ func (n *Node) move(s *session, d amqp.Delivery) {
 		n.log.Warn("delays: ack of a moved event failed; it will be published again (its consumers de-duplicate it)", "event_id", d.MessageId, "err", err)
 		return
 	}
-	n.stats.delivered.Add(1)
+	if n.book != nil {
+		if err := n.book.Delete(entry); err != nil {
+			n.log.Warn("delays: a delivered event could not be crossed out of the node's book; it stays listed", "event_id", d.MessageId, "err", err)
+		}
+	}
+	n.stats.delivered.Add(1) // after the book: whoever sees it counted sees it crossed out
 	if due, err := time.Parse(time.RFC3339Nano, headerString(d.Headers, wire.HeaderDue)); err == nil {
 		n.telemetry.delayLateness.Record(context.Background(), time.Since(due).Seconds())
 	}

@@ -96,6 +96,7 @@ func TestDelayedEmitOnTheWire(t *testing.T) {
 	if got := queueDepth(t, ch, before); got != 0 {
 		t.Errorf("the queue unbound before it was due got %d copies", got)
 	}
+	waitFor(t, 10*time.Second, func() bool { return n.Stats().DelaysDelivered == 1 }) // counted after the mover's ack
 	if st := n.Stats(); st.Scheduled != 1 || st.DelaysDelivered != 1 {
 		t.Errorf("stats: scheduled %d, delivered %d; want 1, 1", st.Scheduled, st.DelaysDelivered)
 	}
@@ -324,6 +325,7 @@ func TestRetryWaitsInTheCascade(t *testing.T) {
 			t.Errorf("scheduled retry %d: id %s key %s headers %v", want, s.MessageId, s.RoutingKey, s.Headers)
 		}
 	}
+	waitFor(t, 10*time.Second, func() bool { return n.Stats().Handled == 1 }) // the handler returns after it sent its try
 	if st := n.Stats(); st.RetriesScheduled != 2 || st.Handled != 1 {
 		t.Errorf("stats: retries scheduled %d, handled %d; want 2, 1", st.RetriesScheduled, st.Handled)
 	}
@@ -356,5 +358,66 @@ func TestRetriesInTheCascadeAreNotHeld(t *testing.T) {
 	short := runtime.ModuleConfig{Retry: []time.Duration{5 * time.Second, 29 * time.Minute}, HandlerTimeout: time.Minute, Prefetch: 1}
 	if err := (runtime.Config{Delays: true}).CheckConsumerTimeout(short, true); err != nil {
 		t.Errorf("a held 5s and a scheduled 29m: %v", err)
+	}
+}
+
+// TestDelayedListAndCancel: a node lists what it scheduled and has not
+// delivered, soonest due first, by type and source, over its delays
+// module's tool (meshctl alone may call it); an event cancelled before it
+// is due is dropped by the mover, never published, while the others are
+// delivered and leave the list; a cancellation of a delivered event says
+// it is not there.
+func TestDelayedListAndCancel(t *testing.T) {
+	t.Parallel()
+	url := brokertest.VHost(t)
+	n := testNode(t, url, "clock", withDelays)
+	published := brokertest.Tap(t, url, wire.ExchangeEvents, "mesh.shop.#")
+	ctx := emitCtx(t)
+	doomed, err := n.Emit(ctx, "shop", "mesh.shop.reminder", 1, sdk.After(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept, err := n.Emit(ctx, "shop", "mesh.shop.reminder", 2, sdk.After(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.Emit(ctx, "billing", "mesh.shop.invoice", 3, sdk.After(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	var all runtime.DelayedList
+	if err := n.Call(ctx, "meshctl", runtime.DelayedTool("clock", "ls"), runtime.DelayedListRequest{}, &all); err != nil {
+		t.Fatal(err)
+	}
+	if all.Total != 3 || len(all.Entries) != 3 || all.Entries[0].ID != doomed || all.Entries[1].ID != kept || all.Entries[2].Type != "mesh.shop.invoice" {
+		t.Fatalf("ls: %+v", all)
+	}
+	var reminders runtime.DelayedList
+	if err := n.Call(ctx, "meshctl", runtime.DelayedTool("clock", "ls"), runtime.DelayedListRequest{Type: "mesh.shop.reminder", Source: "shop", Limit: 1}, &reminders); err != nil {
+		t.Fatal(err)
+	}
+	if reminders.Total != 2 || len(reminders.Entries) != 1 || reminders.Entries[0].ID != doomed {
+		t.Errorf("ls of shop's reminders, limit 1: %+v", reminders)
+	}
+	var te *sdk.ToolError
+	if err := n.Call(ctx, "intruder", runtime.DelayedTool("clock", "cancel"), runtime.DelayedCancelRequest{ID: doomed}, nil); !errors.As(err, &te) || te.Code != "forbidden" {
+		t.Errorf("a cancel by another caller: %v, want forbidden", err)
+	}
+	if err := n.Call(ctx, "meshctl", runtime.DelayedTool("clock", "cancel"), runtime.DelayedCancelRequest{ID: doomed}, nil); err != nil {
+		t.Fatalf("cancel: %v", err)
+	}
+	// The kept one, due after the cancelled one, is published first.
+	if d := receive(t, published, "the event not cancelled"); d.MessageId != kept {
+		t.Errorf("published %s first; want %s, the cancelled %s never", d.MessageId, kept, doomed)
+	}
+	waitFor(t, 10*time.Second, func() bool { st := n.Stats(); return st.DelaysCancelled == 1 && st.DelaysDelivered == 1 })
+	var left runtime.DelayedList
+	if err := n.Call(ctx, "meshctl", runtime.DelayedTool("clock", "ls"), runtime.DelayedListRequest{}, &left); err != nil {
+		t.Fatal(err)
+	}
+	if left.Total != 1 || left.Entries[0].Type != "mesh.shop.invoice" {
+		t.Errorf("ls after the two came due: %+v", left)
+	}
+	if err := n.Call(ctx, "meshctl", runtime.DelayedTool("clock", "cancel"), runtime.DelayedCancelRequest{ID: kept}, nil); !errors.As(err, &te) || te.Code != "not_found" {
+		t.Errorf("a cancel after delivery: %v, want not_found", err)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/meshkit/mesh/internal/execute"
 	"github.com/meshkit/mesh/internal/filter"
 	"github.com/meshkit/mesh/internal/handlerlog"
+	"github.com/meshkit/mesh/internal/schedbook"
 	"github.com/meshkit/mesh/internal/tracecontext"
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/sdk"
@@ -382,6 +383,9 @@ func (m *Module) scheduleRetry(src source, d amqp.Delivery, eventType string, at
 		return
 	}
 	m.node.stats.retriesScheduled.Add(1)
+	source, _ := d.Headers[wire.HeaderSource].(string)
+	m.node.writeDown(schedbook.Entry{ID: d.MessageId, Type: eventType, Source: source, Due: time.Now().Add(delay), Scheduled: time.Now(),
+		Queue: src.queue, Attempts: attempts})
 	if err := src.ack(d); err != nil {
 		m.log.Warn("ack after scheduling a retry failed; the event may be handled an extra time", "err", err)
 	}

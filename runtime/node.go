@@ -23,6 +23,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/meshkit/mesh/internal/causation"
+	"github.com/meshkit/mesh/internal/schedbook"
 	"github.com/meshkit/mesh/internal/spool"
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/sdk"
@@ -52,9 +53,10 @@ type Node struct {
 	current   atomic.Pointer[session] // sess, for lock-free reads on the emit path
 	sessReady chan struct{}           // closed while sess is set
 
-	spool     *spool.Spool // nil on an ephemeral node
-	spoolGate sync.RWMutex // appends hold it shared; the drain takes it to end spooling
-	spooling  atomic.Bool  // emits go to the spool: it holds events not resent yet
+	spool     *spool.Spool    // nil on an ephemeral node
+	book      *schedbook.Book // what it scheduled and has not delivered; nil without delays or when ephemeral
+	spoolGate sync.RWMutex    // appends hold it shared; the drain takes it to end spooling
+	spooling  atomic.Bool     // emits go to the spool: it holds events not resent yet
 	drainKick chan struct{}
 	drained   chan struct{} // closed when the drain loop ends
 
@@ -162,6 +164,14 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		n.spool = sp
 		n.spooling.Store(sp.Len() > 0)
 	}
+	if cfg.Delays && !cfg.Ephemeral {
+		if err := n.openBook(); err != nil {
+			n.endLife()
+			n.stopTelemetry()
+			n.spool.Close()
+			return nil, err
+		}
+	}
 	crashed := !cfg.Ephemeral && n.markRunning()
 	s, err := n.connect(ctx)
 	if errors.Is(err, ErrNodeTaken) && crashed {
@@ -178,6 +188,9 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		n.stopTelemetry()
 		if n.spool != nil {
 			n.spool.Close()
+		}
+		if n.book != nil {
+			n.book.Close()
 		}
 		if !crashed && !cfg.Ephemeral {
 			n.unmarkRunning() // this run never ran: the next one is no restart after a crash
@@ -201,6 +214,15 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	if n.membership() {
 		go n.beat()
+	}
+	if n.book != nil {
+		// Its tools answer from a local file at once: a short handler
+		// timeout, within even a short consumer_timeout.
+		quick := ModuleConfig{Prefetch: 8, HandlerTimeout: min(5*time.Second, n.cfg.ConsumerTimeout/2)}
+		if _, err := n.Load(ctx, n.delaysModule(), quick); err != nil {
+			_ = n.Close(context.Background())
+			return nil, fmt.Errorf("node %s: load the delays module: %w", cfg.Node, err)
+		}
 	}
 	return n, nil
 }
@@ -311,6 +333,9 @@ func (n *Node) Close(ctx context.Context) error {
 		errs = append(errs, n.spool.Close())
 		n.unmarkRunning()
 	}
+	if n.book != nil {
+		errs = append(errs, n.book.Close())
+	}
 	return errors.Join(ignoreClosed(errs)...)
 }
 
@@ -412,6 +437,9 @@ func (n *Node) emit(ctx context.Context, source, eventType string, raw []byte, o
 	endSpan(span, err)
 	if err != nil {
 		return "", fmt.Errorf("emit %s: %w", eventType, err)
+	}
+	if delayed {
+		n.writeDown(schedbook.Entry{ID: id, Type: eventType, Source: source, Due: due, Scheduled: now})
 	}
 	return id, nil
 }

@@ -542,6 +542,7 @@ func (n *Node) resend(s *session, recs []spool.Record) (done []uint64, refused [
 type counters struct {
 	emitted, spooled, resent, refused, expired, backPressure atomic.Uint64
 	scheduled, atMostOnce, delivered, retriesScheduled       atomic.Uint64
+	delaysCancelled                                          atomic.Uint64
 	spoolDeadLettered, spoolUnrouted                         atomic.Uint64
 	blocks, serverChecks                                     atomic.Uint64
 	disconnects, reconnects, refusingChannels                atomic.Uint64
@@ -583,6 +584,9 @@ type Stats struct {
 	// RetriesScheduled counts failed events acknowledged once their retry
 	// was confirmed into the delay cascade (ModuleConfig.Retry).
 	RetriesScheduled uint64
+	// DelaysCancelled counts delayed events that came due cancelled
+	// (meshctl delayed cancel) and were dropped.
+	DelaysCancelled uint64
 	// Spooled counts events written to the spool; Resent those sent from
 	// it and confirmed; Expired those whose TTL passed in it.
 	Spooled, Resent, Expired uint64
@@ -628,6 +632,7 @@ func (n *Node) Stats() Stats {
 		AtMostOnce:        n.stats.atMostOnce.Load(),
 		DelaysDelivered:   n.stats.delivered.Load(),
 		RetriesScheduled:  n.stats.retriesScheduled.Load(),
+		DelaysCancelled:   n.stats.delaysCancelled.Load(),
 		Spooled:           n.stats.spooled.Load(),
 		Resent:            n.stats.resent.Load(),
 		Expired:           n.stats.expired.Load(),

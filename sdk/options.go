@@ -101,7 +101,8 @@ func WithFreshID() EmitOption {
 // is refused with ErrInvalid, naming the bound; so are After with At and
 // with AtMostOnce. The node emitting it needs delays on (its config's
 // delays, on by default under meshd); a delayed emit on a node without
-// them fails with ErrInvalid.
+// them fails with ErrInvalid. Until it is due, the emitting node lists it
+// and can cancel it by its id (meshctl delayed ls|cancel --via NODE).
 func After(d time.Duration) EmitOption {
 	return emitOption(func(o *wire.EmitOptions) error {
 		if d < 0 {

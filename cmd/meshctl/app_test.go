@@ -379,11 +379,7 @@ func TestEmitDelayedAndAtMostOnce(t *testing.T) {
 func TestDelayedCount(t *testing.T) {
 	url := brokertest.VHost(t)
 	run := func(args ...string) (string, error) {
-		a := app()
-		var out bytes.Buffer
-		a.Writer, a.ErrWriter = &out, &out
-		err := a.Run(append([]string{"meshctl", "--amqp-url", url, "delayed", "count"}, args...))
-		return out.String(), err
+		return runMeshctl(url, append([]string{"delayed", "count"}, args...)...)
 	}
 	if out, err := run(); err == nil || !strings.Contains(err.Error(), "no node with delays on") {
 		t.Errorf("count before the cascade exists: %v\n%s", err, out)
@@ -422,4 +418,57 @@ func TestDelayedCount(t *testing.T) {
 	if out, err := run("--due-of", "ghost"); err == nil || !strings.Contains(err.Error(), "node ghost") {
 		t.Errorf("count of a node without a due queue: %v\n%s", err, out)
 	}
+}
+
+// TestDelayedLsAndCancel: meshctl delayed ls lists what a node scheduled
+// and has not delivered, and delayed cancel has its mover drop one; a
+// node without delays, or an id it does not hold, fails with the reason.
+func TestDelayedLsAndCancel(t *testing.T) {
+	url := brokertest.VHost(t)
+	run := func(args ...string) (string, error) { return runMeshctl(url, append([]string{"delayed"}, args...)...) }
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	node, err := runtime.New(ctx, runtime.Config{Node: "clock", AMQPURL: url, StateDir: t.TempDir(), Delays: true,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close(context.Background())
+	later, err := node.Emit(ctx, "shop", "mesh.shop.reminder", 1, sdk.After(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := node.Emit(ctx, "billing", "mesh.shop.invoice", 2, sdk.After(2*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	out, err := run("ls", "--via", "clock")
+	if err != nil || !strings.Contains(out, later) || !strings.Contains(out, "mesh.shop.invoice") || strings.Index(out, later) > strings.Index(out, "mesh.shop.invoice") {
+		t.Errorf("ls: %v\n%s", err, out)
+	}
+	out, err = run("ls", "--via", "clock", "--source", "billing", "--json")
+	if err != nil || strings.Count(out, "\n") != 1 || !strings.Contains(out, `"type":"mesh.shop.invoice"`) {
+		t.Errorf("ls --source billing --json: %v\n%s", err, out)
+	}
+	if out, err := run("cancel", "--via", "clock", later); err != nil || !strings.Contains(out, "cancelled "+later) {
+		t.Errorf("cancel: %v\n%s", err, out)
+	}
+	if out, err := run("ls", "--via", "clock", "--type", "mesh.shop.reminder"); err != nil || !strings.Contains(out, "cancelled") {
+		t.Errorf("ls after cancel: %v\n%s", err, out)
+	}
+	if out, err := run("cancel", "--via", "clock", "01NOSUCHEVENT0000000000000"); err == nil || !strings.Contains(err.Error(), "holds no delayed event") {
+		t.Errorf("cancel of an unknown id: %v\n%s", err, out)
+	}
+	if out, err := run("ls", "--via", "ghost"); err == nil || !strings.Contains(err.Error(), "runs without delays") {
+		t.Errorf("ls of a node without delays: %v\n%s", err, out)
+	}
+}
+
+// runMeshctl runs meshctl's app in-process against url with args, and
+// returns what it printed, stdout and stderr together.
+func runMeshctl(url string, args ...string) (string, error) {
+	a := app()
+	var out bytes.Buffer
+	a.Writer, a.ErrWriter = &out, &out
+	err := a.Run(append([]string{"meshctl", "--amqp-url", url}, args...))
+	return out.String(), err
 }

@@ -1,15 +1,21 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/urfave/cli/v2"
 
 	"github.com/meshkit/mesh/internal/delay"
 	"github.com/meshkit/mesh/internal/wire"
+	"github.com/meshkit/mesh/runtime"
+	"github.com/meshkit/mesh/sdk"
 )
 
 // delayedCommand is `meshctl delayed`: what waits in the delay cascade
@@ -19,6 +25,25 @@ func delayedCommand() *cli.Command {
 		Name:  "delayed",
 		Usage: "see what waits in the delay cascade (delayed events and retries, sdk.After, sdk.At)",
 		Subcommands: []*cli.Command{{
+			Name:  "ls",
+			Usage: "list what the node --via scheduled and has not delivered yet (delayed events and retries), soonest due first",
+			Flags: []cli.Flag{
+				&cli.StringFlag{Name: "via", Required: true, Usage: "the `NODE` whose schedules to list (each node lists what it scheduled)"},
+				&cli.StringFlag{Name: "type", Usage: "only events whose type matches the AMQP topic `PATTERN`"},
+				&cli.StringFlag{Name: "source", Usage: "only events emitted by `SOURCE` (a module, meshctl)"},
+				&cli.IntFlag{Name: "limit", Value: 1000, Usage: "list at most `N`"},
+				&cli.BoolFlag{Name: "json", Usage: "print one JSON object per line"},
+			},
+			Action: delayedLs,
+		}, {
+			Name:      "cancel",
+			Usage:     "cancel a delayed event the node --via scheduled, before it is due: its mover drops it then; exits 1 if the node does not hold it (delivered already, or scheduled elsewhere)",
+			ArgsUsage: "ID",
+			Flags: []cli.Flag{
+				&cli.StringFlag{Name: "via", Required: true, Usage: "the `NODE` that scheduled it"},
+			},
+			Action: delayedCancel,
+		}, {
 			Name: "count",
 			Usage: "count the events waiting in each delay level, by how long that level holds them, and those due and not yet " +
 				"delivered in the due queue of each --due-of node; exits 1 if the cascade is not declared",
@@ -126,4 +151,90 @@ func left(s int64) string {
 		return fmt.Sprintf("%d days", s/86400)
 	}
 	return fmt.Sprintf("%d years", s/(365*86400))
+}
+
+// delayedLs asks the node's delays module for its book.
+func delayedLs(c *cli.Context) error {
+	if c.NArg() > 0 {
+		return usagef("delayed ls takes no arguments, got %q", c.Args().Slice())
+	}
+	var list runtime.DelayedList
+	req := runtime.DelayedListRequest{Type: c.String("type"), Source: c.String("source"), Limit: c.Int("limit")}
+	if err := callDelays(c, "ls", req, &list); err != nil {
+		return err
+	}
+	if c.Bool("json") {
+		enc := json.NewEncoder(jsonWriter{c.App.Writer})
+		for _, e := range list.Entries {
+			if err := enc.Encode(e); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	w := tabwriter.NewWriter(c.App.Writer, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "ID\tDUE\tIN\tTYPE\tSOURCE\tRETRY OF")
+	now := time.Now()
+	for _, e := range list.Entries {
+		retry := ""
+		if e.Queue != "" {
+			retry = fmt.Sprintf("%s, after %d attempts", e.Queue, e.Attempts)
+		}
+		if e.Cancelled {
+			retry = strings.TrimPrefix(retry+"; cancelled", "; ")
+		}
+		// The entries come from the node's book: its ids, types and
+		// sources are escaped as any broker text is.
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", escape(e.ID), e.Due.UTC().Format(time.RFC3339), e.Due.Sub(now).Round(time.Second),
+			escape(e.Type), escape(e.Source), escape(retry))
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	if list.Total > len(list.Entries) {
+		fmt.Fprintf(c.App.ErrWriter, "meshctl: %d of %d listed (--limit)\n", len(list.Entries), list.Total)
+	}
+	return nil
+}
+
+// delayedCancel asks the node's delays module to cancel one event.
+func delayedCancel(c *cli.Context) error {
+	if c.NArg() != 1 {
+		return usagef("delayed cancel wants one ID, got %d arguments", c.NArg())
+	}
+	var e schedbookEntry
+	if err := callDelays(c, "cancel", runtime.DelayedCancelRequest{ID: c.Args().Get(0)}, &e); err != nil {
+		return err
+	}
+	via := c.String("via")
+	fmt.Fprintf(c.App.Writer, "cancelled %s (%s, due %s): node %s drops it when it comes due\n",
+		escape(e.ID), escape(e.Type), e.Due.UTC().Format(time.RFC3339), via)
+	return nil
+}
+
+// schedbookEntry is the part of a book entry cancel prints.
+type schedbookEntry struct {
+	ID, Type string
+	Due      time.Time
+}
+
+// callDelays calls the tool what of the delays module of the node --via,
+// as meshctl; a node that answers none is named with the likely reason.
+func callDelays(c *cli.Context, what string, req, resp any) error {
+	via := c.String("via")
+	if err := wire.ValidateWord("node", via); err != nil {
+		return usagef("--via: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(c.Context, 30*time.Second)
+	defer cancel()
+	node, err := connect(ctx, c)
+	if err != nil {
+		return err
+	}
+	defer node.Close(context.Background())
+	err = node.Call(ctx, "meshctl", runtime.DelayedTool(via, what), req, resp)
+	if errors.Is(err, sdk.ErrNoServer) {
+		return fmt.Errorf("node %s answers no %s: it does not run, or runs without delays: %w", via, runtime.DelayedTool(via, "*"), err)
+	}
+	return err
 }

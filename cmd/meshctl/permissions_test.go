@@ -458,7 +458,7 @@ func TestTopologyPermissionsFor(t *testing.T) {
 		os.Unsetenv(v)
 	}
 	cfg := filepath.Join(t.TempDir(), "mesh.yaml")
-	if err := os.WriteFile(cfg, []byte("node: n1\namqp_url: amqp://mesh-n1:secret@127.0.0.1:5672/prod\nmodules:\n  - name: shop\n    path: /bin/true\n"), 0o600); err != nil {
+	if err := os.WriteFile(cfg, []byte("node: n1\namqp_url: amqp://mesh-n1:secret@127.0.0.1:5672/prod\ndelays: false\nmodules:\n  - name: shop\n    path: /bin/true\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	run := func(args ...string) (string, error) {

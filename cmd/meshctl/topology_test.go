@@ -48,11 +48,11 @@ modules:
 	out := run("topology", "permissions", "--config", cfg)
 	for _, want := range []string{
 		"rabbitmqctl set_permissions -p 'prod' 'mesh-n1' '^(?:mesh\\.events|",
-		`n1\.(?:shop)\.(?:events|dead)`, `serve\.(?:shop\.[^.]+)`,
+		`n1\.(?:shop)\.(?:events|dead)`, `serve\.(?:shop\.[^.]+|delays\.n1\.[^.]+)`, // its tools, and its delays module's
 		"rabbitmqctl set_topic_permissions -p 'prod' 'mesh-n1' 'mesh.events' '^(?:node\\.n1\\..*|node\\.[^.]+\\.unreachable|module\\.(?:shop)\\..*)$' '.*'",
 		// It may publish requests only of the tools it may call, and read
 		// the queues it may consume.
-		"rabbitmqctl set_topic_permissions -p 'prod' 'mesh-n1' 'mesh.rpc' '^(?:tax\\.rate)$' '^(?:shop\\.[^.]+)$'",
+		"rabbitmqctl set_topic_permissions -p 'prod' 'mesh-n1' 'mesh.rpc' '^(?:tax\\.rate)$' '^(?:shop\\.[^.]+|delays\\.n1\\.[^.]+)$'",
 		`shop\.incoming`,
 	} {
 		if !strings.Contains(out, want) {

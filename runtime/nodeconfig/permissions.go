@@ -9,6 +9,7 @@ import (
 
 	"github.com/meshkit/mesh/internal/delay"
 	"github.com/meshkit/mesh/internal/wire"
+	"github.com/meshkit/mesh/runtime"
 )
 
 // Permissions are the RabbitMQ permissions a node (File.Permissions) or
@@ -64,7 +65,9 @@ type TopicPermission struct {
 //     it declares, binds (write on each level's queue and exchange, and on
 //     the exchange each dead-letters to; read on the exchanges it binds
 //     from) and publishes to (mesh.delay), and its own due queue
-//     mesh.node.<node>.due, which it declares, binds and consumes. The
+//     mesh.node.<node>.due, which it declares, binds and consumes, and
+//     the serve queues of its delays module's tools (delays.<node>.ls and
+//     .cancel, which only meshctl may call). The
 //     levels' queues have the names of their exchanges, so read on them
 //     is read on the queues too: a node could take what waits there (what
 //     it takes it cannot have delivered by another node's mover, which
@@ -101,6 +104,10 @@ func (f File) Permissions(user string, consumed []string) Permissions {
 	}
 	node := regexp.QuoteMeta(f.Node)
 	q := regexp.QuoteMeta
+	delays := f.Runtime().Delays
+	if delays { // its delays module serves delays.<node>.ls and .cancel
+		tools = append(tools, PatternRegexp(runtime.DelayedTool(f.Node, "*")))
+	}
 	var own []string // the node's queues, which it declares, binds and consumes
 	if len(modules) > 0 {
 		own = append(own, node+`\.(?:`+strings.Join(modules, "|")+`)\.(?:events|dead)`)
@@ -117,13 +124,13 @@ func (f File) Permissions(user string, consumed []string) Permissions {
 	if len(tools) > 0 {
 		from = append(from, q(wire.ExchangeRPC))
 	}
-	var delays []string // the delay cascade and the node's due queue
-	if f.Runtime().Delays {
-		delays = []string{delayObjects, q(delay.DueQueue(f.Node))}
+	var cascade []string // the delay cascade and the node's due queue
+	if delays {
+		cascade = []string{delayObjects, q(delay.DueQueue(f.Node))}
 	}
-	p.Configure = anyOf(slices.Concat(meshExchanges(), keeperQueues(), []string{q(wire.NodeLockQueue(f.Node))}, own, delays, []string{serverNamed}))
-	p.Write = anyOf(slices.Concat(meshExchanges(), keeperQueues(), own, delays, []string{serverNamed, defaultExchange}))
-	p.Read = anyOf(slices.Concat(from, own, delays, []string{serverNamed}, reads))
+	p.Configure = anyOf(slices.Concat(meshExchanges(), keeperQueues(), []string{q(wire.NodeLockQueue(f.Node))}, own, cascade, []string{serverNamed}))
+	p.Write = anyOf(slices.Concat(meshExchanges(), keeperQueues(), own, cascade, []string{serverNamed, defaultExchange}))
+	p.Read = anyOf(slices.Concat(from, own, cascade, []string{serverNamed}, reads))
 
 	// Its own node.<node>. events, and the reports of peers it finds
 	// unreachable (membership).

@@ -23,6 +23,7 @@ import (
 	"github.com/meshkit/mesh/internal/testdir"
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/runtime"
+	"github.com/meshkit/mesh/sdk"
 )
 
 // streamThrough runs a stream of emits and handles on one node while
@@ -349,4 +350,96 @@ func TestQueueAtLengthLimit(t *testing.T) {
 		extra: fmt.Sprintf("negative confirms=%d (%d while full), in the capped queue=%d, emits that failed=%d",
 			st.Refused, refusedWhileFull, drained.len(), emitErrs.Load()),
 	}.report(t)
+}
+
+// TestRetryLongerThanConsumerTimeout: on a broker whose consumer_timeout
+// is 2 s, a delivery held past it closes its channel (checked first with
+// raw amqp091-go, so the test can fail: RabbitMQ 3.10 checks once a
+// minute), while a module whose retry back-off of 70 s, past a check,
+// waits in the delay cascade gets its second attempt as a fresh delivery,
+// handled, its channel never closed by the broker.
+func TestRetryLongerThanConsumerTimeout(t *testing.T) {
+	url := brokertest.VHost(t)
+	out, err := exec.Command("rabbitmqctl", "eval", "application:get_env(rabbit, consumer_timeout).").CombinedOutput()
+	if err != nil {
+		t.Fatalf("read consumer_timeout: %v: %s", err, out)
+	}
+	before := strings.TrimSpace(string(out))
+	t.Cleanup(func() {
+		restore := "application:unset_env(rabbit, consumer_timeout)."
+		if v, ok := strings.CutPrefix(before, "{ok,"); ok {
+			restore = "application:set_env(rabbit, consumer_timeout, " + strings.TrimSuffix(v, "}") + ")."
+		}
+		rabbitmqctl(t, "eval", restore)
+	})
+	rabbitmqctl(t, "eval", "application:set_env(rabbit, consumer_timeout, 2000).")
+
+	// The control: a delivery held past 2 s closes its channel with 406.
+	ch := rawChannel(t, url)
+	if _, err := ch.QueueDeclare("held", true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Publish("", "held", false, false, amqp.Publishing{Body: []byte("{}")}); err != nil {
+		t.Fatal(err)
+	}
+	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	if _, err := ch.Consume("held", "", false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	select {
+	case e := <-closed:
+		if e == nil || e.Code != amqp.PreconditionFailed {
+			t.Fatalf("the held delivery's channel closed with %v, want 406 (delivery acknowledgement timed out)", e)
+		}
+		t.Logf("the broker closed the channel holding a delivery after %v", time.Since(start).Round(100*time.Millisecond))
+	case <-time.After(3 * time.Minute):
+		t.Fatal("the broker never enforced its consumer_timeout of 2 s: this test proves nothing")
+	}
+
+	short := runtime.ModuleConfig{HandlerTimeout: 500 * time.Millisecond, Prefetch: 1}
+	n := newNode(t, url, "patient", func(c *runtime.Config) {
+		c.Delays, c.RetryScheduleFrom, c.ConsumerTimeout, c.Module = true, time.Second, 2*time.Second, short
+	})
+	type try struct {
+		attempt     int
+		redelivered bool
+		at          time.Time
+	}
+	tries := make(chan try, 10)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	m, err := n.Load(ctx, sdk.Module{Name: "pay", Emits: []string{"charge"}, Setup: func(m sdk.Mesh) error {
+		return m.On("module.pay.charge", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			tries <- try{ev.Attempt, ev.Redelivered, time.Now()}
+			if ev.Attempt == 1 {
+				return errors.New("the bank is closed")
+			}
+			return nil
+		}))
+	}}, runtime.ModuleConfig{Retry: []time.Duration{70 * time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Mesh().Emit(ctx, "charge", 1); err != nil {
+		t.Fatal(err)
+	}
+	var got []try
+	for len(got) < 2 {
+		select {
+		case tr := <-tries:
+			got = append(got, tr)
+		case <-time.After(3 * time.Minute):
+			t.Fatalf("attempts %+v", got)
+		}
+	}
+	if got[1].attempt != 2 || got[1].redelivered || got[1].at.Sub(got[0].at) < 70*time.Second {
+		t.Errorf("the retry: %+v after %+v; want attempt 2, a fresh delivery, 70 s or more later", got[1], got[0])
+	}
+	st := n.Stats()
+	if st.RetriesScheduled != 1 || st.ConsumersLost != 0 || st.Disconnects != 0 {
+		t.Errorf("stats: retries scheduled %d, consumers lost %d, disconnects %d; want 1, 0, 0", st.RetriesScheduled, st.ConsumersLost, st.Disconnects)
+	}
+	fmt.Printf("summary %s: emitted=1 confirmed=1 handled=1 duplicates_suppressed=%d dead_lettered=%d lost=0 (a retry of 70 s past a consumer_timeout of 2 s, through the delay cascade)\n",
+		t.Name(), st.Duplicates, st.DeadLettered)
 }
