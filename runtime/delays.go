@@ -385,7 +385,19 @@ func (n *Node) move(s *session, d amqp.Delivery) {
 	}
 	ctx, cancel := context.WithTimeout(n.life, n.cfg.EmitTimeout)
 	defer cancel()
-	err = n.publishConfirmed(ctx, s, exchange, key, msg)
+	if d.UserId != n.userID {
+		// Another user's schedule (delay_publishers) may name a type the
+		// node's own user may not publish (topic permissions): the broker
+		// would close the channel it is published on, so it goes on a
+		// channel of its own, and a refusal is a dead letter, not a loop.
+		err = publishAlone(ctx, s, exchange, key, msg)
+		if isAMQPCode(err, amqp.AccessRefused) {
+			n.deadLetterDue(s, d, fmt.Errorf("scheduled by broker user %q, but node %s's own user may not publish it: %w", truncateText(d.UserId, 100), n.cfg.Node, err))
+			return
+		}
+	} else {
+		err = n.publishConfirmed(ctx, s, exchange, key, msg)
+	}
 	if errors.Is(err, errUnroutable) {
 		// No alternate exchange on mesh.events, or a retry's module queue
 		// that is gone: kept with its type in mesh.unrouted.
@@ -414,6 +426,47 @@ func (n *Node) move(s *session, d amqp.Delivery) {
 	n.stats.delivered.Add(1) // after the book: whoever sees it counted sees it crossed out
 	if due, err := time.Parse(time.RFC3339Nano, headerString(d.Headers, wire.HeaderDue)); err == nil {
 		n.telemetry.delayLateness.Record(context.Background(), time.Since(due).Seconds())
+	}
+}
+
+// publishAlone publishes msg on a channel of its own on s, not mandatory
+// (mesh.events keeps what no queue takes), and waits for its confirm; the
+// broker's refusal to let the node's user publish it closes only that
+// channel, and comes back as the amqp.Error.
+func publishAlone(ctx context.Context, s *session, exchange, key string, msg amqp.Publishing) error {
+	ch, err := s.pubConn.Channel()
+	if err != nil {
+		return fmt.Errorf("open a channel: %w", err)
+	}
+	defer ch.Close()
+	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	if err := ch.Confirm(false); err != nil {
+		return err
+	}
+	dc, err := ch.PublishWithDeferredConfirm(exchange, key, false, false, msg)
+	if err != nil {
+		return err
+	}
+	select {
+	case <-dc.Done():
+		if dc.Acked() {
+			return nil
+		}
+		select {
+		case e := <-closed: // a close is why it was not confirmed: it follows at once
+			if e != nil {
+				return e
+			}
+		case <-time.After(time.Second):
+		}
+		return wire.ErrRefused
+	case e := <-closed:
+		if e != nil {
+			return e
+		}
+		return wire.ErrConnectionLost
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 

@@ -388,6 +388,9 @@ func TestDelayedListAndCancel(t *testing.T) {
 	if err := n.Call(ctx, "meshctl", runtime.DelayedTool("clock", "ls"), runtime.DelayedListRequest{}, &all); err != nil {
 		t.Fatal(err)
 	}
+	if got := n.Stats().DelaysWaiting; got != 3 {
+		t.Errorf("stats: %d waiting, want 3", got)
+	}
 	if all.Total != 3 || len(all.Entries) != 3 || all.Entries[0].ID != doomed || all.Entries[1].ID != kept || all.Entries[2].Type != "mesh.shop.invoice" {
 		t.Fatalf("ls: %+v", all)
 	}

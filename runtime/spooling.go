@@ -587,6 +587,9 @@ type Stats struct {
 	// DelaysCancelled counts delayed events that came due cancelled
 	// (meshctl delayed cancel) and were dropped.
 	DelaysCancelled uint64
+	// DelaysWaiting is what the node's book holds now: what it scheduled
+	// (delayed events and retries) and has not delivered yet.
+	DelaysWaiting int
 	// Spooled counts events written to the spool; Resent those sent from
 	// it and confirmed; Expired those whose TTL passed in it.
 	Spooled, Resent, Expired uint64
@@ -649,6 +652,9 @@ func (n *Node) Stats() Stats {
 	}
 	if n.spool != nil {
 		st.SpoolEvents, st.SpoolBytes = n.spool.Len(), n.spool.Bytes()
+	}
+	if n.book != nil {
+		st.DelaysWaiting = n.book.Len()
 	}
 	return st
 }

@@ -142,6 +142,8 @@ func (n *Node) startTelemetry() error {
 		confirmed   = counter("mesh.publish.confirmed", "Events the broker confirmed when first sent.")
 		scheduled   = counter("mesh.delays.scheduled", "Delayed events (sdk.After, sdk.At) the broker confirmed into the delay cascade.")
 		delays      = counter("mesh.delays.delivered", "Delayed events this node's mover published to mesh.events when due.")
+		waiting     = gauge("mesh.delays.waiting", "Delayed events and retries this node scheduled and has not delivered yet (its book).")
+		cancelled   = counter("mesh.delays.cancelled", "Delayed events that came due cancelled (meshctl delayed cancel) and were dropped.")
 		atMostOnce  = counter("mesh.publish.at_most_once", "Events emitted at most once (sdk.AtMostOnce): handed to the connection, never confirmed, not in mesh.publish.confirmed.")
 		refused     = counter("mesh.publish.refused", "Negative confirms from the broker (each retried).")
 		backPress   = counter("mesh.emit.back_pressure", "Emits refused because the spool was full, or blocked with no spool.")
@@ -183,6 +185,8 @@ func (n *Node) startTelemetry() error {
 		o.ObserveInt64(scheduled, int64(st.Scheduled))
 		o.ObserveInt64(delays, int64(st.DelaysDelivered))
 		o.ObserveInt64(atMostOnce, int64(st.AtMostOnce))
+		o.ObserveInt64(waiting, int64(st.DelaysWaiting))
+		o.ObserveInt64(cancelled, int64(st.DelaysCancelled))
 		o.ObserveInt64(refused, int64(st.Refused))
 		o.ObserveInt64(backPress, int64(st.BackPressure))
 		o.ObserveInt64(spooled, int64(st.Spooled))
@@ -212,7 +216,7 @@ func (n *Node) startTelemetry() error {
 			})
 		}
 		return nil
-	}, connected, blocked, blocks, reconnects, disconnects, confirmed, scheduled, delays, atMostOnce, refused, backPress, spooled, resent, expired, spoolDead, returned,
+	}, connected, blocked, blocks, reconnects, disconnects, confirmed, scheduled, delays, atMostOnce, waiting, cancelled, refused, backPress, spooled, resent, expired, spoolDead, returned,
 		spoolEvents, spoolBytes, checks, emitted, delivered, handled, failed, deadLet, duplicates, filtered, restarts, queuesDown)
 	if err != nil {
 		return fmt.Errorf("node %s: metrics: %w", n.cfg.Node, err)

@@ -158,6 +158,17 @@ func (b *Book) Cancel(id string) (Entry, error) {
 	return e, err
 }
 
+// Len is how many entries the book holds (it walks the book's pages:
+// for metrics, not for every emit).
+func (b *Book) Len() int {
+	n := 0
+	_ = b.db.View(func(tx *bolt.Tx) error {
+		n = tx.Bucket(bucket).Stats().KeyN
+		return nil
+	})
+	return n
+}
+
 // Filter selects entries: Type an AMQP topic pattern of their type ("" or
 // "#": any), Source their source ("": any).
 type Filter struct {

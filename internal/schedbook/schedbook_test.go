@@ -64,8 +64,8 @@ func TestBook(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, total, _ := b.List(Filter{}, 0); total != 3 {
-		t.Errorf("after reopening: %d entries, want 3", total)
+	if _, total, _ := b.List(Filter{}, 0); total != 3 || b.Len() != 3 {
+		t.Errorf("after reopening: %d entries (Len %d), want 3", total, b.Len())
 	}
 	b.Close()
 

@@ -13,6 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/internal/delay"
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/runtime"
 	"github.com/meshkit/mesh/runtime/nodeconfig"
@@ -35,7 +36,7 @@ func TestLeastPrivilegeOnTheBroker(t *testing.T) {
 	vhost := url[strings.LastIndex(url, "/")+1:]
 	user, password := brokertest.User(t)
 	nodeURL := fmt.Sprintf("amqp://%s:%s@%s/%s", user, password, brokertest.Host(), vhost)
-	f := nodeconfig.File{Node: "n1", AMQPURL: nodeURL, Modules: []nodeconfig.Module{
+	f := nodeconfig.File{Node: "n1", AMQPURL: nodeURL, DelayPublishers: []string{"guest"}, Modules: []nodeconfig.Module{
 		{Name: "shop", Tools: []string{"shop.*"}, QueueType: "classic", MaxAttempts: 2},
 		{Name: "mail", DeadLetters: []string{"#"}, Calls: []string{"shop.*"}},
 	}}
@@ -121,6 +122,41 @@ func TestLeastPrivilegeOnTheBroker(t *testing.T) {
 		}
 	case <-ctx.Done():
 		t.Fatal("shop never got the delayed module.mail.sent")
+	}
+	// A schedule of the operator's user (delay_publishers) for a type n1's
+	// user may not publish: n1's mover dead-letters it, and its session
+	// goes on (the broker closed only the channel it tried on).
+	op, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer op.Close()
+	opCh, err := op.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := opCh.Publish(delay.ExchangeIn, delay.RoutingKey(0, "n1"), false, false, amqp.Publishing{MessageId: "ops-deploy", UserId: "guest",
+		Headers: amqp.Table{wire.HeaderRoutingKey: "mesh.ops.deploy"}, DeliveryMode: amqp.Persistent, Body: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(time.Minute); ; {
+		d, ok, err := opCh.Get(wire.QueueDead, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok && d.MessageId == "ops-deploy" {
+			if why, _ := d.Headers[wire.HeaderDeadError].(string); !strings.Contains(why, "may not publish") {
+				t.Errorf("the refused schedule's dead letter says %q", why)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the schedule n1 may not publish was never dead-lettered")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if st := n.Stats(); st.Disconnects != 0 {
+		t.Errorf("the node lost its session %d times over a schedule it may not publish", st.Disconnects)
 	}
 	// Tail: a server-named queue, declared, bound (write on it) and
 	// consumed.
