@@ -380,11 +380,15 @@ func (m *Module) handleQueued(queue string, h sdk.Handler, d amqp.Delivery, deli
 	// The runtime's own headers count only where the runtime put them
 	// (owned.go), as on the module's own queue.
 	o, oerr := m.node.originOf(d)
+	// The attempts a copy of the node's own carries (a classic retry, or a
+	// retry scheduled through the delay cascade) count first; a quorum
+	// queue adds those it counted.
 	attempt := 1
-	if n, ok := d.Headers["x-delivery-count"].(int64); ok && n >= 0 {
-		src.quorum, attempt = true, int(n)+1
-	} else if n, ok := d.Headers[wire.HeaderAttempt].(int64); ok && n > 0 && n < 1<<31 && o.own {
+	if n, ok := d.Headers[wire.HeaderAttempt].(int64); ok && n > 0 && n < 1<<31 && o.own {
 		attempt = int(n) + 1
+	}
+	if n, ok := d.Headers["x-delivery-count"].(int64); ok && n >= 0 {
+		src.quorum, attempt = true, attempt+int(n)
 	}
 	ev := queuedEventOf(d, queue, attempt, o)
 	if oerr != nil {

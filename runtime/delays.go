@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -51,10 +50,11 @@ import (
 const headerDelayTTL = "x-mesh-ttl"
 
 // headerDelayQueue names, on a retry scheduled through the cascade
-// (ModuleConfig.Retry), the module queue the mover puts it back in: one of
-// the node's own event queues, through the default exchange, with the
-// event's type, attempts and original publisher in the runtime's headers
-// (owned.go honours them on the node's own copies).
+// (ModuleConfig.Retry), the queue the mover puts it back in (a module's
+// event queue, or a queue it consumes), through the default exchange, with
+// the event's type, attempts and original publisher in the runtime's
+// headers (owned.go honours them on the node's own copies). The mover
+// honours it only on a copy of its own user.
 const headerDelayQueue = "x-mesh-delay-queue"
 
 // moverPrefetch bounds the due messages a mover holds, each published
@@ -488,8 +488,14 @@ func (n *Node) dueMessage(d amqp.Delivery) (exchange, key string, msg amqp.Publi
 	case !isText:
 		return "", "", msg, fmt.Errorf("header %s is %T, want a string", wire.HeaderRoutingKey, v)
 	}
-	if err := wire.ValidateEventType(eventType); err != nil {
-		return "", "", msg, fmt.Errorf("header %s: %w", wire.HeaderRoutingKey, err)
+	queue, isRetry := d.Headers[headerDelayQueue]
+	switch {
+	case !isRetry: // an event for mesh.events
+		if err := wire.ValidateEventType(eventType); err != nil {
+			return "", "", msg, fmt.Errorf("header %s: %w", wire.HeaderRoutingKey, err)
+		}
+	case len(eventType) > wire.MaxNameBytes: // a retry's routing key, of an event or a consumed queue's message
+		return "", "", msg, fmt.Errorf("header %s of %d bytes is longer than a routing key", wire.HeaderRoutingKey, len(eventType))
 	}
 	msg = amqpmsg.Republishing(d, amqpmsg.Bookkeeping)
 	msg.UserId = n.userID
@@ -498,17 +504,19 @@ func (n *Node) dueMessage(d amqp.Delivery) (exchange, key string, msg amqp.Publi
 			msg.Expiration = ttl
 		}
 	}
-	queue, isRetry := d.Headers[headerDelayQueue]
 	if !isRetry {
 		return wire.ExchangeEvents, eventType, msg, nil
 	}
-	// A retry back to one of the node's module queues.
+	// A retry back to the queue a module of the node took it from: its own
+	// event queue, or one it consumes. Only the node's own copies.
 	q, _ := queue.(string)
 	attempts, _ := d.Headers[wire.HeaderAttempt].(int64)
 	user, _ := d.Headers[wire.HeaderUserID].(string)
 	switch {
-	case !strings.HasPrefix(q, n.cfg.Node+".") || !strings.HasSuffix(q, ".events") || wire.ValidateQueueName(q) != nil:
-		return "", "", msg, fmt.Errorf("header %s %q names no event queue of node %s", headerDelayQueue, truncateText(fmt.Sprint(queue), 300), n.cfg.Node)
+	case d.UserId != n.userID:
+		return "", "", msg, fmt.Errorf("a retry (header %s) scheduled by broker user %q: node %s's mover puts back only the retries of its own user", headerDelayQueue, truncateText(d.UserId, 100), n.cfg.Node)
+	case q == "" || wire.ValidateQueueName(q) != nil:
+		return "", "", msg, fmt.Errorf("header %s %q names no queue", headerDelayQueue, truncateText(fmt.Sprint(queue), 300))
 	case attempts < 1 || attempts >= 1<<31:
 		return "", "", msg, fmt.Errorf("a retry whose header %s is %v, not a count of attempts", wire.HeaderAttempt, d.Headers[wire.HeaderAttempt])
 	}

@@ -264,6 +264,12 @@ func TestMoverIsNoConfusedDeputy(t *testing.T) {
 	if d := receive(t, published, "the trusted user's schedule"); d.MessageId != "trusted" || d.UserId != "guest" {
 		t.Errorf("published %q as %q; want the trusted schedule, as the node's user", d.MessageId, d.UserId)
 	}
+	// Even a trusted user may not have the node put a "retry" into a queue.
+	forge(attacker, user, "forged-retry", amqp.Table{wire.HeaderRoutingKey: "node.trusting.ops", "x-mesh-delay-queue": "mesh.dead-letters",
+		wire.HeaderAttempt: int64(1)}, "trusting", 0)
+	if d := nextDead(t, ch); d.MessageId != "forged-retry" || d.Headers[wire.HeaderDeadReason] != wire.DeadReasonMalformed {
+		t.Errorf("dead letter %s %v; want the forged retry, malformed", d.MessageId, d.Headers)
+	}
 }
 
 // TestRetryWaitsInTheCascade: a module whose retry back-offs reach
@@ -423,4 +429,68 @@ func TestDelayedListAndCancel(t *testing.T) {
 	if err := n.Call(ctx, "meshctl", runtime.DelayedTool("clock", "cancel"), runtime.DelayedCancelRequest{ID: kept}, nil); !errors.As(err, &te) || te.Code != "not_found" {
 		t.Errorf("a cancel after delivery: %v, want not_found", err)
 	}
+}
+
+// TestConsumedQueueRetryWaitsInTheCascade: a message of a queue a module
+// consumes (a dispatcher's trigger) follows the module's retry policy too:
+// a long back-off is a copy scheduled back into that queue, the failed
+// delivery acknowledged, the attempts counted across copies, on a quorum
+// queue and a classic one.
+func TestConsumedQueueRetryWaitsInTheCascade(t *testing.T) {
+	t.Parallel()
+	url := brokertest.VHost(t)
+	ch := rawConn(t, url)
+	queues := map[string]amqp.Table{"jobs.quorum": {"x-queue-type": "quorum"}, "jobs.classic": nil}
+	for q, args := range queues {
+		if _, err := ch.QueueDeclare(q, true, false, false, false, args); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n := testNode(t, url, "clock", func(c *runtime.Config) { c.Delays, c.RetryScheduleFrom = true, time.Second })
+	scheduled := brokertest.Tap(t, url, delay.ExchangeIn, "#")
+	type try struct {
+		queue       string
+		attempt     int
+		redelivered bool
+	}
+	tries := make(chan try, 10)
+	load(t, n, sdk.Module{Name: "dispatch", Setup: func(m sdk.Mesh) error {
+		h := sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			tries <- try{ev.Queue, ev.Attempt, ev.Redelivered}
+			if ev.Attempt == 1 {
+				return errors.New("the tool is overloaded")
+			}
+			return nil
+		})
+		return errors.Join(m.Consume("jobs.quorum", 4, h), m.Consume("jobs.classic", 4, h))
+	}}, runtime.ModuleConfig{Retry: []time.Duration{time.Second}, ConsumeGrants: []string{"jobs.*"}})
+	for q := range queues {
+		if err := ch.Publish("", q, false, false, amqp.Publishing{MessageId: "job-" + q, DeliveryMode: amqp.Persistent, Body: []byte(`{}`)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := map[string][]try{}
+	for range 4 {
+		select {
+		case tr := <-tries:
+			got[tr.queue] = append(got[tr.queue], tr)
+		case <-time.After(30 * time.Second):
+			t.Fatalf("tries so far %+v", got)
+		}
+	}
+	for q := range queues {
+		if tr := got[q]; len(tr) != 2 || tr[0].attempt != 1 || tr[1].attempt != 2 || tr[1].redelivered {
+			t.Errorf("%s: tries %+v; want attempts 1 and 2, the second a fresh delivery", q, tr)
+		}
+	}
+	seen := map[string]bool{}
+	for range 2 {
+		s := receive(t, scheduled, "a scheduled retry of a consumed queue's message")
+		q, _ := s.Headers["x-mesh-delay-queue"].(string)
+		seen[q] = s.MessageId == "job-"+q && s.Headers[wire.HeaderAttempt] == int64(1)
+	}
+	if !seen["jobs.quorum"] || !seen["jobs.classic"] {
+		t.Errorf("scheduled retries: %v", seen)
+	}
+	waitFor(t, 10*time.Second, func() bool { return queueDepth(t, ch, "jobs.quorum") == 0 && queueDepth(t, ch, "jobs.classic") == 0 })
 }

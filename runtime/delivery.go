@@ -298,9 +298,11 @@ func (m *Module) policy(quorum bool) deliveryPolicy {
 	return deliveryPolicy{maxAttempts: m.cfg.MaxAttempts, quorum: quorum, backoff: m.backoff}
 }
 
-// ownPolicy is the policy of the module's own event queue, whose long
-// retries may wait in the delay cascade.
-func (m *Module) ownPolicy(quorum bool) deliveryPolicy {
+// retryPolicy is the policy of the queues the module's handlers take
+// events and messages from (its own queue, the queues it consumes), whose
+// long retries may wait in the delay cascade: a dispatcher's triggers, on
+// either, retry their tool calls so.
+func (m *Module) retryPolicy(quorum bool) deliveryPolicy {
 	p := m.policy(quorum)
 	if len(m.cfg.Retry) > 0 {
 		p.schedule = m.node.cfg.scheduled
@@ -328,11 +330,7 @@ func (m *Module) failed(src source, d amqp.Delivery, eventType string, attempt i
 		m.node.stats.failed.Add(1)
 		m.from(d).failed.Add(1)
 	}
-	p := m.policy(src.quorum)
-	if src.queue == m.queue {
-		p = m.ownPolicy(src.quorum)
-	}
-	v := p.decide(o, attempt)
+	v := m.retryPolicy(src.quorum).decide(o, attempt)
 	switch v.settle {
 	case settleDead:
 		m.deadLetter(src, d, eventType, attempt, v.reason, cause)

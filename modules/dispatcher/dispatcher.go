@@ -18,6 +18,11 @@
 //	its own deadline (x-deadline) has passed   dead-letter as expired, without calling the tool
 //	                                             (for a queue, the node does it before the trigger sees it)
 //
+// The back-off of a retry is the node's, or the module entry's retry:
+// ([1m, 10m, 1h]), whose steps of 10 s or more wait in the delay cascade
+// without holding the message (ADR 32), on a queue trigger as on a
+// pattern one.
+//
 // Never more than max_concurrent_runs calls of a trigger run at once.
 // dispatcher.pause and dispatcher.resume (`meshctl dispatcher pause|resume
 // TRIGGER`) stop and start a queue trigger at run time: its queue keeps its
