@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -188,6 +189,26 @@ func (n *Node) writeDown(e schedbook.Entry) {
 	if err := n.book.Put(e); err != nil {
 		n.log.Warn("delays: a schedule could not be written in the node's book; it is delivered when due but not listed nor cancellable", "event_id", e.ID, "err", err)
 	}
+	n.record(wire.NodeDelayScheduled, e)
+}
+
+// record tells the mesh, and so the audit log, what became of a schedule
+// (wire.NodeDelayScheduled, wire.NodeDelayCancelled): an event of the
+// node's, caused by the scheduled one, its body the book's entry, emitted
+// at most once (no confirm waited for, no spool: the record of a schedule
+// is a report; the schedule itself is at least once, and its delivery is
+// in the audit log as the event, with x-due).
+func (n *Node) record(what string, e schedbook.Entry) {
+	ctx, cancel := context.WithTimeout(n.life, n.cfg.EmitTimeout)
+	defer cancel()
+	eventType := wire.NodeDelayEvent(n.cfg.Node, what)
+	raw, err := json.Marshal(e)
+	if err == nil {
+		_, err = n.emit(ctx, n.cfg.Node, eventType, raw, wire.EmitOptions{AtMostOnce: true, CausationID: e.ID}, "")
+	}
+	if err != nil {
+		n.log.Debug("delays: the record of a schedule was not sent", "event_type", eventType, "event_id", e.ID, "err", err)
+	}
 }
 
 // DelayedList is the answer of the tool delays.<node>.ls.
@@ -247,6 +268,7 @@ func (n *Node) delaysModule() sdk.Module {
 			}
 			if err == nil {
 				n.log.Info("delays: a delayed event is cancelled; its mover drops it when due", "event_id", e.ID, "event_type", e.Type, "due", e.Due)
+				n.record(wire.NodeDelayCancelled, e)
 			}
 			return e, err
 		}))

@@ -2,6 +2,7 @@ package runtime_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -378,6 +379,7 @@ func TestDelayedListAndCancel(t *testing.T) {
 	url := brokertest.VHost(t)
 	n := testNode(t, url, "clock", withDelays)
 	published := brokertest.Tap(t, url, wire.ExchangeEvents, "mesh.shop.#")
+	records := brokertest.Tap(t, url, wire.ExchangeEvents, "node.clock.delay.#")
 	ctx := emitCtx(t)
 	doomed, err := n.Emit(ctx, "shop", "mesh.shop.reminder", 1, sdk.After(time.Second))
 	if err != nil {
@@ -387,7 +389,8 @@ func TestDelayedListAndCancel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := n.Emit(ctx, "billing", "mesh.shop.invoice", 3, sdk.After(time.Hour)); err != nil {
+	invoice, err := n.Emit(ctx, "billing", "mesh.shop.invoice", 3, sdk.After(time.Hour))
+	if err != nil {
 		t.Fatal(err)
 	}
 	var all runtime.DelayedList
@@ -396,6 +399,20 @@ func TestDelayedListAndCancel(t *testing.T) {
 	}
 	if got := n.Stats().DelaysWaiting; got != 3 {
 		t.Errorf("stats: %d waiting, want 3", got)
+	}
+	// The mesh (the audit log) hears of each schedule: a record caused by
+	// the event, its entry as the body.
+	recorded := map[string]bool{}
+	for range 3 {
+		r := receive(t, records, "the record of a schedule")
+		var e struct{ ID, Type string }
+		if err := json.Unmarshal(r.Body, &e); err != nil || r.RoutingKey != "node.clock.delay.scheduled" || r.Headers[wire.HeaderCausationID] != e.ID {
+			t.Errorf("record %s %v %s (%v)", r.RoutingKey, r.Headers, r.Body, err)
+		}
+		recorded[e.ID] = true
+	}
+	if !recorded[doomed] || !recorded[kept] || !recorded[invoice] {
+		t.Errorf("records of %v; want %s, %s and %s", recorded, doomed, kept, invoice)
 	}
 	if all.Total != 3 || len(all.Entries) != 3 || all.Entries[0].ID != doomed || all.Entries[1].ID != kept || all.Entries[2].Type != "mesh.shop.invoice" {
 		t.Fatalf("ls: %+v", all)
@@ -413,6 +430,9 @@ func TestDelayedListAndCancel(t *testing.T) {
 	}
 	if err := n.Call(ctx, "meshctl", runtime.DelayedTool("clock", "cancel"), runtime.DelayedCancelRequest{ID: doomed}, nil); err != nil {
 		t.Fatalf("cancel: %v", err)
+	}
+	if r := receive(t, records, "the record of the cancellation"); r.RoutingKey != "node.clock.delay.cancelled" || r.Headers[wire.HeaderCausationID] != doomed {
+		t.Errorf("the cancellation's record: %s %v", r.RoutingKey, r.Headers)
 	}
 	// The kept one, due after the cancelled one, is published first.
 	if d := receive(t, published, "the event not cancelled"); d.MessageId != kept {

@@ -91,6 +91,18 @@ const (
 // delay cascade's routing key, not this header, is what delays an event.
 const HeaderDue = "x-due"
 
+// The records a node emits of its schedules (ADR 32), as
+// node.<node>.delay.<what>: one that it scheduled an event or a retry
+// (caused by that event, its book entry as the body), one that it was
+// cancelled.
+const (
+	NodeDelayScheduled = "scheduled"
+	NodeDelayCancelled = "cancelled"
+)
+
+// NodeDelayEvent is the type of node's record what of a schedule.
+func NodeDelayEvent(node, what string) string { return "node." + node + ".delay." + what }
+
 // HeaderReplayID marks an event replayed from the audit log: its value is
 // the replay's id. Handlers see it in Event.Headers, so a consumer can
 // tell a replay from the first delivery.
