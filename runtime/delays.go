@@ -234,8 +234,9 @@ type DelayedCancelRequest struct {
 }
 
 // DelaysModule is the name of the module a node with delays on runs
-// in-process to answer for its book: it serves DelayedTool(node, "ls")
-// and DelayedTool(node, "cancel") to meshctl alone.
+// in-process to answer for its book: it serves DelayedTool(node, "ls"),
+// "cancel" and "note" (an entry for what meshctl scheduled for the node)
+// to meshctl alone.
 const DelaysModule = "mesh-delays"
 
 // DelayedTool is the key of the tool of node's delays module that does
@@ -257,6 +258,25 @@ func (n *Node) delaysModule() sdk.Module {
 			}
 			entries, total, err := n.book.List(schedbook.Filter{Type: r.Type, Source: r.Source}, limit)
 			return DelayedList{Total: total, Entries: entries}, err
+		})); err != nil {
+			return err
+		}
+		if err := m.Serve(DelayedTool(n.cfg.Node, "note"), sdk.TypedTool(func(ctx context.Context, _ sdk.Request, e schedbook.Entry) (bool, error) {
+			// What meshctl scheduled for this node's mover (emit --after
+			// --via): entered in the book so that it is listed and
+			// cancellable, unless it is as good as due (its delivery may
+			// be under way: an entry then would never be crossed out).
+			switch {
+			case e.ID == "" || len(e.ID) > wire.MaxCausationBytes:
+				return false, sdk.Permanent(fmt.Errorf("%w: an entry needs an id of at most %d bytes", sdk.ErrInvalid, wire.MaxCausationBytes))
+			case wire.ValidateEventType(e.Type) != nil || e.Queue != "":
+				return false, sdk.Permanent(fmt.Errorf("%w: an entry names an event type, and no queue", sdk.ErrInvalid))
+			case time.Until(e.Due) < time.Second:
+				return false, nil
+			}
+			e.Cancelled = false
+			n.writeDown(e)
+			return true, nil
 		})); err != nil {
 			return err
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/meshkit/mesh/internal/brokertest"
 	"github.com/meshkit/mesh/internal/delay"
+	"github.com/meshkit/mesh/internal/schedbook"
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/runtime"
 	"github.com/meshkit/mesh/sdk"
@@ -427,6 +428,14 @@ func TestDelayedListAndCancel(t *testing.T) {
 	var te *sdk.ToolError
 	if err := n.Call(ctx, "intruder", runtime.DelayedTool("clock", "cancel"), runtime.DelayedCancelRequest{ID: doomed}, nil); !errors.As(err, &te) || te.Code != "forbidden" {
 		t.Errorf("a cancel by another caller: %v, want forbidden", err)
+	}
+	fake := schedbook.Entry{ID: "01FAKE", Type: "mesh.shop.refund", Due: time.Now().Add(time.Hour)}
+	if err := n.Call(ctx, "intruder", runtime.DelayedTool("clock", "note"), fake, nil); !errors.As(err, &te) || te.Code != "forbidden" {
+		t.Errorf("a note by another caller: %v, want forbidden", err)
+	}
+	fake.Type = "not a type"
+	if err := n.Call(ctx, "meshctl", runtime.DelayedTool("clock", "note"), fake, nil); !errors.As(err, &te) || !te.Permanent {
+		t.Errorf("a note of no event type: %v, want a permanent refusal", err)
 	}
 	if err := n.Call(ctx, "meshctl", runtime.DelayedTool("clock", "cancel"), runtime.DelayedCancelRequest{ID: doomed}, nil); err != nil {
 		t.Fatalf("cancel: %v", err)

@@ -18,6 +18,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/meshkit/mesh/internal/causation"
+	"github.com/meshkit/mesh/internal/schedbook"
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/runtime"
 	"github.com/meshkit/mesh/sdk"
@@ -152,11 +153,24 @@ func emit(c *cli.Context) error {
 			return err
 		}
 	}
+	scheduled := time.Now()
 	id, err := node.Emit(ctx, "meshctl", typ, json.RawMessage(body), opts...)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintln(c.App.Writer, id)
+	if delayed {
+		due := scheduled.Add(c.Duration("after"))
+		if c.IsSet("at") {
+			due = *c.Timestamp("at")
+		}
+		// Entered in the node's book, so that delayed ls lists it and
+		// delayed cancel can drop it; the schedule stands either way.
+		e := schedbook.Entry{ID: id, Type: typ, Source: "meshctl", Due: due, Scheduled: scheduled}
+		if err := node.Call(ctx, "meshctl", runtime.DelayedTool(via, "note"), e, nil); err != nil {
+			fmt.Fprintf(c.App.ErrWriter, "meshctl: scheduled, but node %s did not enter it in its book (it is delivered, not listed): %v\n", via, err)
+		}
+	}
 	return nil
 }
 

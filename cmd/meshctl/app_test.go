@@ -441,9 +441,19 @@ func TestDelayedLsAndCancel(t *testing.T) {
 	if _, err := node.Emit(ctx, "billing", "mesh.shop.invoice", 2, sdk.After(2*time.Hour)); err != nil {
 		t.Fatal(err)
 	}
+	// What meshctl schedules for the node is in its book too.
+	fromOps, err := runMeshctl(url, "emit", "--after", "3h", "--via", "clock", "mesh.ops.later", "{}")
+	fromOps = strings.TrimSpace(fromOps)
+	if err != nil || strings.Contains(fromOps, "did not enter") {
+		t.Fatalf("emit --after --via clock: %v: %s", err, fromOps)
+	}
 	out, err := run("ls", "--via", "clock")
-	if err != nil || !strings.Contains(out, later) || !strings.Contains(out, "mesh.shop.invoice") || strings.Index(out, later) > strings.Index(out, "mesh.shop.invoice") {
-		t.Errorf("ls: %v\n%s", err, out)
+	if err != nil || !strings.Contains(out, later) || !strings.Contains(out, "mesh.shop.invoice") || strings.Index(out, later) > strings.Index(out, "mesh.shop.invoice") ||
+		!strings.Contains(out, fromOps) || strings.Index(out, fromOps) < strings.Index(out, "mesh.shop.invoice") {
+		t.Errorf("ls (want %s, then the invoice, then meshctl's %s): %v\n%s", later, fromOps, err, out)
+	}
+	if out, err := run("cancel", "--via", "clock", fromOps); err != nil || !strings.Contains(out, "cancelled "+fromOps) {
+		t.Errorf("cancel of meshctl's schedule: %v\n%s", err, out)
 	}
 	out, err = run("ls", "--via", "clock", "--source", "billing", "--json")
 	if err != nil || strings.Count(out, "\n") != 1 || !strings.Contains(out, `"type":"mesh.shop.invoice"`) {
