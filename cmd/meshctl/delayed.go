@@ -173,12 +173,12 @@ func delayedLs(c *cli.Context) error {
 		return nil
 	}
 	w := tabwriter.NewWriter(c.App.Writer, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "ID\tDUE\tIN\tTYPE\tSOURCE\tRETRY OF")
+	fmt.Fprintln(w, "ID\tDUE\tIN\tTYPE\tSOURCE\tNOTE")
 	now := time.Now()
 	for _, e := range list.Entries {
 		retry := ""
 		if e.Queue != "" {
-			retry = fmt.Sprintf("%s, after %d attempts", e.Queue, e.Attempts)
+			retry = fmt.Sprintf("a retry into %s, after %d attempts", e.Queue, e.Attempts)
 		}
 		if e.Cancelled {
 			retry = strings.TrimPrefix(retry+"; cancelled", "; ")
