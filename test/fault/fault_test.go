@@ -74,11 +74,12 @@ func TestBrokerAppRestart(t *testing.T) {
 func TestDelayedEventsThroughBrokerAppRestart(t *testing.T) {
 	url := brokertest.VHost(t)
 	ensureBrokerRuns(t)
-	delayedThrough(t, url, nil, 400, func(*runtime.Node) {
+	delayedThrough(t, url, nil, 400, func(*runtime.Node) func() {
 		rabbitmqctl(t, "stop_app")
 		time.Sleep(3 * time.Second)
 		rabbitmqctl(t, "start_app")
 		waitBroker(t)
+		return nil
 	})
 }
 
@@ -86,7 +87,7 @@ func TestDelayedEventsThroughBrokerAppRestart(t *testing.T) {
 // scheduled from 8 goroutines at once: every one delivered, none before
 // its delay; the summary gives the lateness.
 func TestDelayedBurst(t *testing.T) {
-	delayedThrough(t, brokertest.VHost(t), nil, 10_000, func(*runtime.Node) {})
+	delayedThrough(t, brokertest.VHost(t), nil, 10_000, func(*runtime.Node) func() { return nil })
 }
 
 // TestConnectionsClosedRepeatedly: the broker closes every connection of
