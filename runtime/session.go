@@ -426,22 +426,9 @@ func (n *Node) watchRefusals(s *session) {
 // s, and reports whether the broker confirmed it. The message then exists
 // twice at most: its consumers' de-duplication absorbs the second copy.
 func acceptedOnAFreshChannel(s *session, exchange, key string, msg amqp.Publishing) bool {
-	ch, err := s.pubConn.Channel()
-	if err != nil {
-		return false
-	}
-	defer ch.Close()
-	if err := ch.Confirm(false); err != nil {
-		return false
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	dc, err := ch.PublishWithDeferredConfirm(exchange, key, true, false, msg)
-	if err != nil {
-		return false
-	}
-	acked, err := dc.WaitContext(ctx)
-	return err == nil && acked
+	return publishAlone(ctx, s, exchange, key, msg) == nil
 }
 
 // reconnect tries to connect until it succeeds, the node closes, or the

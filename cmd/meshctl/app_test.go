@@ -321,12 +321,7 @@ func TestEmitDelayedAndAtMostOnce(t *testing.T) {
 	bin := build(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	node, err := runtime.New(ctx, runtime.Config{Node: "clock", AMQPURL: url, StateDir: t.TempDir(), Delays: true,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer node.Close(context.Background())
+	clockNode(ctx, t, url) // its mover delivers what meshctl schedules --via clock
 	tap := brokertest.Tap(t, url, wire.ExchangeEvents, "mesh.ops.#")
 	emit := func(args ...string) (string, error) {
 		out, err := exec.CommandContext(ctx, bin, append([]string{"--amqp-url", url, "emit"}, args...)...).CombinedOutput()
@@ -386,12 +381,7 @@ func TestDelayedCount(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	node, err := runtime.New(ctx, runtime.Config{Node: "clock", AMQPURL: url, StateDir: t.TempDir(), Delays: true,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer node.Close(context.Background())
+	node := clockNode(ctx, t, url)
 	for _, d := range []time.Duration{time.Hour, time.Hour, 3 * time.Hour} {
 		if _, err := node.Emit(ctx, "test", "mesh.ops.later", 1, sdk.After(d)); err != nil {
 			t.Fatal(err)
@@ -428,12 +418,7 @@ func TestDelayedLsAndCancel(t *testing.T) {
 	run := func(args ...string) (string, error) { return runMeshctl(url, append([]string{"delayed"}, args...)...) }
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	node, err := runtime.New(ctx, runtime.Config{Node: "clock", AMQPURL: url, StateDir: t.TempDir(), Delays: true,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer node.Close(context.Background())
+	node := clockNode(ctx, t, url)
 	later, err := node.Emit(ctx, "shop", "mesh.shop.reminder", 1, sdk.After(time.Hour))
 	if err != nil {
 		t.Fatal(err)
@@ -481,4 +466,17 @@ func runMeshctl(url string, args ...string) (string, error) {
 	a.Writer, a.ErrWriter = &out, &out
 	err := a.Run(append([]string{"meshctl", "--amqp-url", url}, args...))
 	return out.String(), err
+}
+
+// clockNode starts a node "clock" with delays on, on url, closed when t
+// ends.
+func clockNode(ctx context.Context, t *testing.T, url string) *runtime.Node {
+	t.Helper()
+	node, err := runtime.New(ctx, runtime.Config{Node: "clock", AMQPURL: url, StateDir: t.TempDir(), Delays: true,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { node.Close(context.Background()) })
+	return node
 }

@@ -139,21 +139,23 @@ func TestLeastPrivilegeOnTheBroker(t *testing.T) {
 		Headers: amqp.Table{wire.HeaderRoutingKey: "mesh.ops.deploy"}, DeliveryMode: amqp.Persistent, Body: []byte(`{}`)}); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(time.Minute); ; {
-		d, ok, err := opCh.Get(wire.QueueDead, true)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ok && d.MessageId == "ops-deploy" {
+	kept, err := opCh.Consume(wire.QueueDead, "", true, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for waiting := true; waiting; {
+		select {
+		case d := <-kept:
+			if d.MessageId != "ops-deploy" {
+				continue
+			}
 			if why, _ := d.Headers[wire.HeaderDeadError].(string); !strings.Contains(why, "may not publish") {
 				t.Errorf("the refused schedule's dead letter says %q", why)
 			}
-			break
-		}
-		if time.Now().After(deadline) {
+			waiting = false
+		case <-ctx.Done():
 			t.Fatal("the schedule n1 may not publish was never dead-lettered")
 		}
-		time.Sleep(50 * time.Millisecond)
 	}
 	if st := n.Stats(); st.Disconnects != 0 {
 		t.Errorf("the node lost its session %d times over a schedule it may not publish", st.Disconnects)

@@ -67,16 +67,19 @@ func TestBrokerAppRestart(t *testing.T) {
 	})
 }
 
-// TestDelayedEventsThroughBrokerAppRestart: the broker application stops
-// for 3 s and starts again while 400 delayed events wait in the delay
+// TestDelayedEventsThroughBrokerAppRestart: the broker application stops,
+// until the node sees it gone, and starts again while 400 delayed events wait in the delay
 // cascade (quorum queues, at-least-once dead-lettering): every one is
 // delivered, none before its delay.
 func TestDelayedEventsThroughBrokerAppRestart(t *testing.T) {
 	url := brokertest.VHost(t)
 	ensureBrokerRuns(t)
-	delayedThrough(t, url, nil, 400, func(*runtime.Node) func() {
+	delayedThrough(t, url, nil, 400, func(n *runtime.Node) func() {
 		rabbitmqctl(t, "stop_app")
-		time.Sleep(3 * time.Second)
+		// The outage lasts until the node has seen it.
+		if !waitFor(time.Minute, func() bool { return !n.Connected() }) {
+			t.Error("the node never saw the broker stop")
+		}
 		rabbitmqctl(t, "start_app")
 		waitBroker(t)
 		return nil
