@@ -27,6 +27,7 @@
 // dispatcher.pause and dispatcher.resume (`meshctl dispatcher pause|resume
 // TRIGGER`) stop and start a queue trigger at run time: its queue keeps its
 // messages meanwhile, and a paused trigger stays paused across restarts.
+// dispatcher.triggers lists the triggers with their state.
 // Every firing is recorded durably (Store, pure-Go SQLite): trigger,
 // message id, routing key, redelivered, attempt, outcome, detail, time;
 // the tool dispatcher.fires and `meshctl dispatcher fires TRIGGER` read
@@ -60,9 +61,10 @@ import (
 
 // Tool keys the dispatcher serves.
 const (
-	ToolFires  = "dispatcher.fires"
-	ToolPause  = "dispatcher.pause"
-	ToolResume = "dispatcher.resume"
+	ToolFires    = "dispatcher.fires"
+	ToolPause    = "dispatcher.pause"
+	ToolResume   = "dispatcher.resume"
+	ToolTriggers = "dispatcher.triggers"
 )
 
 // Dispatcher runs the triggers of a Config.
@@ -107,6 +109,7 @@ func (d *Dispatcher) Module() sdk.Module {
 			m.Serve(ToolFires, sdk.ToolHandlerFunc(d.listFires)),
 			m.Serve(ToolPause, d.pauser(m, true)),
 			m.Serve(ToolResume, d.pauser(m, false)),
+			m.Serve(ToolTriggers, sdk.ToolHandlerFunc(d.listTriggers)),
 		}
 		for _, t := range d.cfg.Triggers {
 			if !t.enabled() {
@@ -326,6 +329,41 @@ func (d *Dispatcher) listFires(ctx context.Context, req sdk.Request) (any, error
 		list = []Fire{}
 	}
 	return FiresResponse{Fires: list, Next: next}, nil
+}
+
+// TriggerState is a trigger as dispatcher.triggers tells of it: its
+// config and whether it consumes now.
+type TriggerState struct {
+	Name              string `json:"name"`
+	Queue             string `json:"queue,omitempty"`
+	Pattern           string `json:"pattern,omitempty"`
+	Tool              string `json:"tool"`
+	MaxConcurrentRuns int    `json:"max_concurrent_runs"`
+	// Enabled is false for a trigger the config disables; Paused is true
+	// for a queue trigger paused at run time (dispatcher.pause).
+	Enabled bool `json:"enabled"`
+	Paused  bool `json:"paused"`
+	// CanPause says dispatcher.pause applies: an enabled queue trigger.
+	CanPause bool `json:"can_pause"`
+}
+
+// TriggersResponse is dispatcher.triggers' response, in config order.
+type TriggersResponse struct {
+	Triggers []TriggerState `json:"triggers"`
+}
+
+func (d *Dispatcher) listTriggers(ctx context.Context, _ sdk.Request) (any, error) {
+	paused, err := d.fires.paused(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := TriggersResponse{Triggers: []TriggerState{}}
+	for _, t := range d.cfg.Triggers {
+		out.Triggers = append(out.Triggers, TriggerState{Name: t.Name, Queue: t.Queue, Pattern: t.Pattern, Tool: t.Tool,
+			MaxConcurrentRuns: t.MaxConcurrentRuns, Enabled: t.enabled(), Paused: t.Queue != "" && paused[t.Name],
+			CanPause: t.Queue != "" && t.enabled()})
+	}
+	return out, nil
 }
 
 func (d *Dispatcher) hasTrigger(name string) bool {

@@ -446,8 +446,25 @@ func TestPauseResume(t *testing.T) {
 		err := w.node.Call(w.ctx, "meshctl", tool, dispatcher.PauseRequest{Trigger: trigger}, &r)
 		return r, err
 	}
+	triggers := func() map[string]dispatcher.TriggerState {
+		var r dispatcher.TriggersResponse
+		if err := w.node.Call(w.ctx, "meshctl", dispatcher.ToolTriggers, nil, &r); err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]dispatcher.TriggerState{}
+		for _, s := range r.Triggers {
+			out[s.Name] = s
+		}
+		return out
+	}
+	if s := triggers(); len(s) != 2 || s["orders"].Paused || !s["orders"].CanPause || s["events"].CanPause || s["orders"].Queue != "legacy.orders" {
+		t.Fatalf("triggers before the pause: %+v", s)
+	}
 	if r, err := call(dispatcher.ToolPause, "orders"); err != nil || !r.Paused {
 		t.Fatalf("pause: %+v, %v", r, err)
+	}
+	if s := triggers(); !s["orders"].Paused || s["events"].Paused {
+		t.Fatalf("triggers after the pause: %+v", s)
 	}
 	if c := w.consumers(t, "legacy.orders"); c != 0 {
 		t.Fatalf("a paused trigger's queue has %d consumers", c)
@@ -465,6 +482,9 @@ func TestPauseResume(t *testing.T) {
 	}
 	if r, err := call(dispatcher.ToolResume, "orders"); err != nil || r.Paused {
 		t.Fatalf("resume: %+v, %v", r, err)
+	}
+	if s := triggers(); s["orders"].Paused {
+		t.Fatalf("triggers after the resume: %+v", s)
 	}
 	fired.wait(t, w.ctx, 3)
 	if n := len(w.fires(t, "orders")); n != 3 {
