@@ -156,7 +156,10 @@ type Config struct {
 	// often, and checks that the others still send theirs; one silent for
 	// 3 of its own intervals is reported once as node.<peer>.unreachable.
 	// Off by default (meshd turns it on: DefaultHeartbeatInterval).
-	// Ephemeral nodes take no part.
+	// Ephemeral nodes take no part. It is also how often a node with a
+	// MeterProvider reads its modules' queues from the broker, for the
+	// metrics mesh.queue.depth and mesh.queue.consumers
+	// (DefaultHeartbeatInterval when it is 0 or less).
 	HeartbeatInterval time.Duration
 	// RetryScheduleFrom is the shortest retry back-off (ModuleConfig.Retry)
 	// that goes through the delay cascade instead of being held; default

@@ -395,6 +395,9 @@ func (m *Module) handleQueued(queue string, h sdk.Handler, d amqp.Delivery, deli
 		m.deadLetter(src, d, ev.Type, attempt, wire.DeadReasonMalformed, oerr)
 		return false
 	}
+	if attempt == 1 {
+		m.recordTimeInQueue(ev.Time, d.Headers)
+	}
 	if deadline, expired := wire.Expired(ev.Headers[wire.HeaderDeadline], time.Now()); expired {
 		m.deadLetter(src, d, ev.Type, attempt, wire.DeadReasonExpired, fmt.Errorf("its deadline %s passed before a handler took it", deadline.Format(time.RFC3339Nano)))
 		return false

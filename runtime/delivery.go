@@ -57,6 +57,9 @@ func (m *Module) handle(d amqp.Delivery, deliveries <-chan amqp.Delivery, a *ack
 	}
 	ev := eventOf(d, meta, eventType, attempt)
 	ev.UserID = o.userID
+	if attempt == 1 {
+		m.recordTimeInQueue(ev.Time, d.Headers)
+	}
 	sub, matched := m.subscriptionFor(ev)
 	switch {
 	case !matched:

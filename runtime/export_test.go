@@ -34,11 +34,14 @@ type TestHooks struct {
 	// neither handled nor settled, as if the broker had checked it out to
 	// the consumer and never delivered it.
 	Unseen func(queue string) bool
+	// LookedAt: the node looked at its modules' queues, for the metrics
+	// mesh.queue.depth and mesh.queue.consumers.
+	LookedAt func()
 }
 
 // SetTestHooks makes the node call h's functions (those set).
 func (n *Node) SetTestHooks(h TestHooks) {
-	n.hooks.Store(&hooks{resumed: h.Resumed, setUp: h.SetUp, relaunched: h.Relaunched, stopWaiting: h.StopWaiting, exited: h.Exited, awaiting: h.Awaiting, reconsume: h.Reconsume, drainWaits: h.DrainWaits, refused: h.Refused, record: h.Record, unseen: h.Unseen})
+	n.hooks.Store(&hooks{resumed: h.Resumed, setUp: h.SetUp, relaunched: h.Relaunched, stopWaiting: h.StopWaiting, exited: h.Exited, awaiting: h.Awaiting, reconsume: h.Reconsume, drainWaits: h.DrainWaits, refused: h.Refused, record: h.Record, unseen: h.Unseen, lookedAt: h.LookedAt})
 }
 
 // ErrDescribesAnother is errDescribesAnother, for tests.

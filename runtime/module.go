@@ -58,6 +58,7 @@ type Module struct {
 	counts         moduleCounts              // its running totals, for metrics
 	attrs          attribute.Set             // module=<name>, for its metrics
 	outcomeOpts    map[string]metric.RecordOption
+	queueTimeOpt   metric.RecordOption     // module=<name>, for its time in queue (made once: a set costs allocations)
 	attachable     bool                    // Setup has returned and the record of handled ids is open
 	attachedOn     atomic.Pointer[session] // the session its consumers and servers were last attached on (Ready reads it without the lock)
 	dedup          *dedup.Set              // ids of events handled; nil if the module allows duplicates
@@ -153,6 +154,7 @@ func (n *Node) Load(ctx context.Context, def sdk.Module, mc ModuleConfig) (*Modu
 		answers:        newAnswerCache(n.cfg.DedupRetention, answerCacheBytes),
 		attrs:          attribute.NewSet(attribute.String("module", def.Name)),
 		outcomeOpts:    outcomeOptions(def.Name),
+		queueTimeOpt:   metric.WithAttributeSet(attribute.NewSet(attribute.String("module", def.Name))),
 		setup:          setup.New(def.Name, mc.ToolGrants),
 	}
 	m.setup.GrantConsumes(mc.ConsumeGrants)

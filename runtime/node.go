@@ -60,6 +60,8 @@ type Node struct {
 	drainKick chan struct{}
 	drained   chan struct{} // closed when the drain loop ends
 
+	depthsDone chan struct{} // closed when watchQueueDepths ends (at once without a MeterProvider)
+
 	mu      sync.Mutex
 	modules map[string]*Module
 	plugins []*PluginModule
@@ -108,6 +110,7 @@ type hooks struct {
 	refused     func(module string)              // a module stopped for good: its process came back as another module
 	record      func(id string, err error) error // the outcome of recording a handled id, as the test would have it
 	unseen      func(queue string) bool          // true: a worker drops the delivery it got from queue, neither handled nor settled
+	lookedAt    func()                           // the node looked at its modules' queues (watchQueueDepths)
 }
 
 // noHooks is what hook returns when no test set any: one value, so that
@@ -145,6 +148,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		sessReady:  make(chan struct{}),
 		drainKick:  make(chan struct{}, 1),
 		drained:    make(chan struct{}),
+		depthsDone: make(chan struct{}),
 		closing:    make(chan struct{}),
 		supervised: make(chan struct{}),
 		done:       make(chan struct{}),
@@ -214,6 +218,11 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	if n.membership() {
 		go n.beat()
+	}
+	if cfg.MeterProvider != nil {
+		go n.watchQueueDepths()
+	} else {
+		close(n.depthsDone)
 	}
 	if n.book != nil {
 		// Its tools answer from a local file at once: a short handler
@@ -329,6 +338,7 @@ func (n *Node) Close(ctx context.Context) error {
 	if s != nil {
 		s.close(true)
 	}
+	<-n.depthsDone // after the close: a look the broker does not answer ends with it
 	if n.spool != nil {
 		errs = append(errs, n.spool.Close())
 		n.unmarkRunning()

@@ -20,8 +20,10 @@ import (
 // The node's metrics, with OpenTelemetry (Config.MeterProvider; meshd
 // exports them for Prometheus at /metrics). Counters the node keeps anyway
 // (Stats, and each module's) are read by one callback when metrics are
-// collected, so they cost the event path nothing; only the two latency
-// histograms are recorded as events are handled and calls answered.
+// collected, so they cost the event path nothing; only the latency
+// histograms are recorded as events are delivered and handled and calls
+// answered. The depth of the modules' queues is read from the broker in
+// the background (queuedepth.go) and observed from what it last read.
 
 // meterName is the instrumentation scope of the node's metrics.
 const meterName = "github.com/meshkit/mesh/runtime"
@@ -37,6 +39,9 @@ const (
 // moduleCounts are one module's running totals, for its metrics.
 type moduleCounts struct {
 	emitted, restarts atomic.Uint64
+	// queue is its queue as the node last read it from the broker
+	// (queuedepth.go); nil while unknown.
+	queue atomic.Pointer[queueStat]
 	// origins holds an *originCounts by the x-source of the events the
 	// module took, at most maxOrigins of them; originMu serializes adding.
 	origins  sync.Map
@@ -95,6 +100,7 @@ type telemetry struct {
 	handlerDuration metric.Float64Histogram // by module and outcome
 	callDuration    metric.Float64Histogram // by tool and outcome
 	delayLateness   metric.Float64Histogram // how late the mover published what came due
+	timeInQueue     metric.Float64Histogram // by module: from an event's emit (or due) time to its delivery
 	registration    metric.Registration
 }
 
@@ -121,6 +127,10 @@ func (n *Node) startTelemetry() error {
 	t.delayLateness, err = meter.Float64Histogram("mesh.delays.lateness", metric.WithUnit("s"),
 		metric.WithDescription("How long after its due time (x-due) this node's mover published a delayed event to mesh.events: the delay's rounding up to the second, its time in the cascade's levels, and the mover's own."),
 		metric.WithExplicitBucketBoundaries(.005, .01, .025, .05, .1, .25, .5, 1, 1.5, 2, 5, 10, 30, 60, 300))
+	add(err)
+	t.timeInQueue, err = meter.Float64Histogram("mesh.delivery.time_in_queue", metric.WithUnit("s"),
+		metric.WithDescription("How long events waited before a module took them, by module: from the event's emit time (x-time), or its due time (x-due) for a delayed one, to its first delivery. Retries are not counted (their wait is their back-off)."),
+		metric.WithExplicitBucketBoundaries(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600))
 	add(err)
 
 	counter := func(name, desc string) metric.Int64ObservableCounter {
@@ -164,6 +174,8 @@ func (n *Node) startTelemetry() error {
 		filtered    = counter("mesh.events.filtered", "Deliveries no filter of a module's handlers accepted (sdk.Filter), acknowledged without handling, by module and origin.")
 		restarts    = counter("mesh.module.restarts", "Times a module process was started again after it went away, by module.")
 		queuesDown  = gauge("mesh.module.queues_down", "Consumed queues a module cannot consume now (deleted, say), by module; each is tried again.")
+		depth       = gauge("mesh.queue.depth", "Events ready in a module's queue (<node>.<module>.events), not counting those delivered and not yet acknowledged, by module; as the broker said at the node's last look (every heartbeat interval).")
+		consumers   = gauge("mesh.queue.consumers", "Consumers of a module's queue, on every node, by module; as the broker said at the node's last look.")
 	)
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("node %s: metrics: %w", n.cfg.Node, err)
@@ -203,6 +215,10 @@ func (n *Node) startTelemetry() error {
 			o.ObserveInt64(emitted, int64(m.counts.emitted.Load()), attrs)
 			o.ObserveInt64(restarts, int64(m.counts.restarts.Load()), attrs)
 			o.ObserveInt64(queuesDown, int64(len(m.QueuesDown())), attrs)
+			if q := m.counts.queue.Load(); q != nil { // unknown: not observed
+				o.ObserveInt64(depth, q.messages, attrs)
+				o.ObserveInt64(consumers, q.consumers, attrs)
+			}
 			m.counts.origins.Range(func(_, v any) bool {
 				c := v.(*originCounts)
 				attrs := metric.WithAttributeSet(c.attrs)
@@ -217,7 +233,7 @@ func (n *Node) startTelemetry() error {
 		}
 		return nil
 	}, connected, blocked, blocks, reconnects, disconnects, confirmed, scheduled, delays, atMostOnce, waiting, cancelled, refused, backPress, spooled, resent, expired, spoolDead, returned,
-		spoolEvents, spoolBytes, checks, emitted, delivered, handled, failed, deadLet, duplicates, filtered, restarts, queuesDown)
+		spoolEvents, spoolBytes, checks, emitted, delivered, handled, failed, deadLet, duplicates, filtered, restarts, queuesDown, depth, consumers)
 	if err != nil {
 		return fmt.Errorf("node %s: metrics: %w", n.cfg.Node, err)
 	}
@@ -244,6 +260,32 @@ func outcomeOptions(module string) map[string]metric.RecordOption {
 // recordHandler records one handler run of m.
 func (m *Module) recordHandler(start time.Time, outcome string) {
 	m.node.telemetry.handlerDuration.Record(context.Background(), time.Since(start).Seconds(), m.outcomeOpts[outcome])
+}
+
+// maxClockSkew is how far in the future an event's time may be, from
+// another node's clock, and still be recorded as no time in the queue;
+// one further ahead says nothing of the queue, and is not recorded.
+const maxClockSkew = time.Minute
+
+// recordTimeInQueue records how long a delivery of m waited: from emitted,
+// the event's time, or from its due time (x-due, a delayed event's) when
+// later, until now. It records nothing for an unknown time (zero) or one
+// more than maxClockSkew ahead; a time less ahead (another node's clock)
+// counts as no wait.
+func (m *Module) recordTimeInQueue(emitted time.Time, headers amqp.Table) {
+	if emitted.IsZero() {
+		return
+	}
+	if due, ok := headers[wire.HeaderDue].(string); ok {
+		if t, err := time.Parse(time.RFC3339Nano, due); err == nil && t.After(emitted) {
+			emitted = t
+		}
+	}
+	waited := time.Since(emitted)
+	if waited < -maxClockSkew {
+		return
+	}
+	m.node.telemetry.timeInQueue.Record(context.Background(), max(waited, 0).Seconds(), m.queueTimeOpt)
 }
 
 // maxCallOpts bounds the tool and outcome pairs whose record options a

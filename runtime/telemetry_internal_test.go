@@ -8,7 +8,10 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/meshkit/mesh/sdk"
 )
@@ -27,6 +30,78 @@ func BenchmarkRecordHandler(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		m.recordHandler(start, outcomeOK)
+	}
+}
+
+// BenchmarkRecordTimeInQueue is what the time in queue adds to each
+// first delivery with meshd's meter provider: the clock read, a header
+// looked up (x-due, absent) and one histogram record with a precomputed
+// attribute set.
+func BenchmarkRecordTimeInQueue(b *testing.B) {
+	n := &Node{cfg: Config{Node: "bench", MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))}}
+	if err := n.startTelemetry(); err != nil {
+		b.Fatal(err)
+	}
+	m := &Module{node: n, queueTimeOpt: metric.WithAttributeSet(attribute.NewSet(attribute.String("module", "bench")))}
+	emitted := time.Now().Add(-time.Second).UTC()
+	headers := amqp.Table{"x-event-id": "01J", "x-source": "a", "x-node": "n", "x-time": emitted.Format(time.RFC3339Nano)}
+	b.ReportAllocs()
+	for b.Loop() {
+		m.recordTimeInQueue(emitted, headers)
+	}
+}
+
+// TestTimeInQueue: a delivery's time in the queue runs from its event's
+// time, or from its due time when that is later (a delayed event); an
+// unknown time, or one further ahead than clocks differ, is not recorded,
+// and one a little ahead counts as no wait.
+func TestTimeInQueue(t *testing.T) {
+	now := time.Now().UTC()
+	rfc := func(t time.Time) string { return t.Format(time.RFC3339Nano) }
+	for _, c := range []struct {
+		name     string
+		emitted  time.Time
+		headers  amqp.Table
+		recorded bool
+		min      float64 // seconds; at most a minute more
+	}{
+		{"unknown", time.Time{}, nil, false, 0},
+		{"an hour ahead", now.Add(time.Hour), nil, false, 0},
+		{"a second ahead", now.Add(time.Second), nil, true, 0},
+		{"waited 5s", now.Add(-5 * time.Second), nil, true, 5},
+		{"delayed, due 2s ago", now.Add(-time.Hour), amqp.Table{"x-due": rfc(now.Add(-2 * time.Second))}, true, 2},
+		{"due before its time", now.Add(-5 * time.Second), amqp.Table{"x-due": rfc(now.Add(-time.Hour))}, true, 5},
+		{"a due time that is no time", now.Add(-5 * time.Second), amqp.Table{"x-due": "soon"}, true, 5},
+	} {
+		reader := sdkmetric.NewManualReader()
+		n := &Node{cfg: Config{Node: "clock", MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}}
+		if err := n.startTelemetry(); err != nil {
+			t.Fatal(err)
+		}
+		m := &Module{node: n, queueTimeOpt: metric.WithAttributeSet(attribute.NewSet(attribute.String("module", "clock")))}
+		m.recordTimeInQueue(c.emitted, c.headers)
+		var rm metricdata.ResourceMetrics
+		if err := reader.Collect(context.Background(), &rm); err != nil {
+			t.Fatal(err)
+		}
+		var points []metricdata.HistogramDataPoint[float64]
+		for _, sm := range rm.ScopeMetrics {
+			for _, mt := range sm.Metrics {
+				if h, ok := mt.Data.(metricdata.Histogram[float64]); ok && mt.Name == "mesh.delivery.time_in_queue" {
+					points = append(points, h.DataPoints...)
+				}
+			}
+		}
+		switch {
+		case !c.recorded:
+			if len(points) != 0 {
+				t.Errorf("%s: recorded %v, want nothing", c.name, points)
+			}
+		case len(points) != 1 || points[0].Count != 1:
+			t.Errorf("%s: recorded %v, want one", c.name, points)
+		case points[0].Sum < c.min || points[0].Sum > c.min+60:
+			t.Errorf("%s: %vs in the queue, want %vs or a little more", c.name, points[0].Sum, c.min)
+		}
 	}
 }
 

@@ -121,7 +121,7 @@ func Settings() []Setting {
 		{Key: "dedup_max_entries", Scope: ScopeNode, Default: n(runtime.DefaultDedupMaxEntries), Bounds: "0 or more",
 			Doc: "How many handled ids each module remembers, oldest forgotten first (about 80 MB per module when full).", Valid: []string{"1"}, Invalid: []string{"-1"}},
 		{Key: "heartbeat_interval", Scope: ScopeNode, Default: d(runtime.DefaultHeartbeatInterval), Bounds: "a negative value turns membership off",
-			Doc:   "How often the node sends node.NODE.heartbeat with its modules, which meshctl nodes and meshctl graph read. A peer silent for 3 of its intervals is reported once as node.PEER.unreachable.",
+			Doc:   "How often the node sends node.NODE.heartbeat with its modules, which meshctl nodes and meshctl graph read. A peer silent for 3 of its intervals is reported once as node.PEER.unreachable. It is also how often the node reads the depth and consumers of its modules' queues from the broker, for the metrics mesh_queue_depth and mesh_queue_consumers (every 10s while membership is off).",
 			Valid: []string{"2s", "-1s"}},
 		{Key: "delays", Scope: ScopeNode, Default: "true", Bounds: "true or false",
 			Doc:   "Declares the delay cascade on the broker (mesh.delay and 28 quorum queues mesh.delay.27 … mesh.delay.00, ADR 32) and runs the node's mover, which publishes delayed events (sdk.After, sdk.At) when they come due. A delayed emit needs it on the emitting node; any node with it on delivers what comes due.",
