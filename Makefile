@@ -4,6 +4,7 @@ export PATH := $(PATH):/usr/local/go/bin
 
 GO     ?= go
 ENSURE := scripts/ensure-rabbitmq.sh
+BROWSER := scripts/ensure-chromium.sh
 
 .DEFAULT_GOAL := help
 .PHONY: help build test soak bench demo lint fuzz generate clean
@@ -25,8 +26,9 @@ build: ## Build all packages, the binaries bin/meshd and bin/meshctl, the shippe
 	$(GO) build -o bin/modules/ ./examples/modules/...
 	$(GO) build -o bin/ordersource ./examples/ordersource
 
-test: ## Run the whole test suite (race detector) against a local RabbitMQ, then the fault tests, the failover tests and a two-minute soak one at a time
+test: ## Run the whole test suite (race detector) against a local RabbitMQ and, for the console, Debian's headless Chromium (both installed where missing), then the fault tests, the failover tests and a two-minute soak one at a time
 	$(ENSURE)
+	$(BROWSER)
 	$(GO) test -race -count=1 -timeout 20m ./...
 	@echo "fault tests (they stop and cut the broker, so they run alone, after the rest):"
 	$(GO) test -race -count=1 -p 1 -v -timeout 20m -tags fault ./test/fault

@@ -150,12 +150,22 @@ func brokerSession(c *cli.Context) (context.Context, *amqp.Connection, func(), e
 // addresses (brokerURLs) answered: the first that does.
 func brokerSessionAt(c *cli.Context) (context.Context, *amqp.Connection, string, func(), error) {
 	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
-	props := amqp.NewConnectionProperties()
-	props.SetClientConnectionName("meshctl " + c.Command.FullName())
-	tc, err := tlsSettings(c).ClientConfig()
+	conn, url, err := dialBroker(c, "meshctl "+c.Command.FullName())
 	if err != nil {
 		stop()
 		return nil, nil, "", nil, err
+	}
+	return ctx, conn, url, func() { _ = conn.Close(); stop() }, nil
+}
+
+// dialBroker connects to the first of the broker's addresses that
+// answers, naming the connection name; it says which answered.
+func dialBroker(c *cli.Context, name string) (*amqp.Connection, string, error) {
+	props := amqp.NewConnectionProperties()
+	props.SetClientConnectionName(name)
+	tc, err := tlsSettings(c).ClientConfig()
+	if err != nil {
+		return nil, "", err
 	}
 	var errs []error
 	for _, url := range brokerURLs(c) {
@@ -167,13 +177,12 @@ func brokerSessionAt(c *cli.Context) (context.Context, *amqp.Connection, string,
 			TLSClientConfig: tc.Clone(), // used for amqps:// only; amqp091-go sets its ServerName from this URL
 		})
 		if err == nil {
-			return ctx, conn, url, func() { _ = conn.Close(); stop() }, nil
+			return conn, url, nil
 		}
 		// amqp091-go errors do not carry the URL, so err is safe to show.
 		errs = append(errs, fmt.Errorf("connect to broker %s: %w%s", redactURL(url), err, runtime.TLSHint(err)))
 	}
-	stop()
-	return nil, nil, "", nil, errors.Join(errs...)
+	return nil, "", errors.Join(errs...)
 }
 
 // brokerURLs are the broker's addresses: --amqp-url, then --amqp-urls,

@@ -114,3 +114,105 @@ func unwrapURLError(err error) error {
 	}
 	return err
 }
+
+// get reads path (already escaped) of the management API into v.
+func (a *managementAPI) get(ctx context.Context, path string, v any) error {
+	u := *a.base
+	u.Path, u.RawPath = "", ""
+	full := u.String() + path
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, full, nil)
+	if err != nil {
+		return err
+	}
+	req.SetBasicAuth(a.user, a.pass)
+	resp, err := a.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("%w at %s: %v", errNoManagementAPI, a.base, unwrapURLError(err))
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return fmt.Errorf("%w at %s: %v", errNoManagementAPI, a.base, err)
+	}
+	switch {
+	case resp.StatusCode == http.StatusUnauthorized:
+		return fmt.Errorf("%w at %s: user %q is refused (it needs the management, monitoring or administrator tag)", errNoManagementAPI, a.base, a.user)
+	case resp.StatusCode != http.StatusOK:
+		return fmt.Errorf("%w at %s: %s", errNoManagementAPI, a.base, resp.Status)
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		return fmt.Errorf("%w at %s: %s: %v", errNoManagementAPI, a.base, path, err)
+	}
+	return nil
+}
+
+// rateOf is a management API rate: {"rate": 1.5}.
+type rateOf struct {
+	Rate float64 `json:"rate"`
+}
+
+// apiQueue is a queue as the management API lists it.
+type apiQueue struct {
+	Name                 string `json:"name"`
+	Type                 string `json:"type"`
+	Ready                int    `json:"messages_ready"`
+	Unacked              int    `json:"messages_unacknowledged"`
+	Consumers            int    `json:"consumers"`
+	HeadMessageTimestamp *int64 `json:"head_message_timestamp"`
+	MessageStats         struct {
+		Publish    rateOf `json:"publish_details"`
+		DeliverGet rateOf `json:"deliver_get_details"`
+		Ack        rateOf `json:"ack_details"`
+		Redeliver  rateOf `json:"redeliver_details"`
+	} `json:"message_stats"`
+}
+
+// queues lists the virtual host's queues.
+func (a *managementAPI) queues(ctx context.Context) ([]apiQueue, error) {
+	var qs []apiQueue
+	err := a.get(ctx, "/api/queues/"+neturl.PathEscape(a.vhost), &qs)
+	return qs, err
+}
+
+// exchangeIn is the rate of messages published into exchange.
+func (a *managementAPI) exchangeIn(ctx context.Context, exchange string) (float64, error) {
+	var ex struct {
+		MessageStats struct {
+			PublishIn rateOf `json:"publish_in_details"`
+		} `json:"message_stats"`
+	}
+	err := a.get(ctx, "/api/exchanges/"+neturl.PathEscape(a.vhost)+"/"+neturl.PathEscape(exchange), &ex)
+	return ex.MessageStats.PublishIn.Rate, err
+}
+
+// alarms are the resource alarms in force on the broker's nodes, and the
+// broker's version.
+func (a *managementAPI) alarms(ctx context.Context) (alarms []string, version string, err error) {
+	var nodes []struct {
+		Name      string `json:"name"`
+		MemAlarm  bool   `json:"mem_alarm"`
+		DiskAlarm bool   `json:"disk_free_alarm"`
+		Running   bool   `json:"running"`
+	}
+	if err := a.get(ctx, "/api/nodes", &nodes); err != nil {
+		return nil, "", err
+	}
+	for _, n := range nodes {
+		if n.MemAlarm {
+			alarms = append(alarms, "memory on "+n.Name)
+		}
+		if n.DiskAlarm {
+			alarms = append(alarms, "disk on "+n.Name)
+		}
+		if !n.Running {
+			alarms = append(alarms, "node "+n.Name+" down")
+		}
+	}
+	var ov struct {
+		Version string `json:"rabbitmq_version"`
+	}
+	if err := a.get(ctx, "/api/overview", &ov); err == nil {
+		version = ov.Version
+	}
+	return alarms, version, nil
+}

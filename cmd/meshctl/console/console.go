@@ -1,0 +1,418 @@
+// Package console is meshctl's web console: the mesh as pages for
+// operators and auditors, served by `meshctl console` with the clients and
+// broker permissions meshctl already uses.
+//
+// The pages (each a URL that can be shared and reloaded) are the overview
+// (nodes and modules, the broker's connection and alarms, queues with
+// their depth and the age of their oldest message, rates, what is
+// unhealthy first), the event graph, the audit log (search with every
+// filter of `meshctl audit query`, an event with its fates, its causal
+// chain as a tree and as a sequence diagram, export), the dead letters and
+// unrouted events grouped by queue, reason and error (replay or purge a
+// group or a selection), the dispatcher's triggers (pause, resume,
+// firings) and a live view of events matching a pattern (server-sent
+// events).
+//
+// Everything the console shows comes from the mesh, whose content is
+// anyone's who can publish: pages are rendered with html/template, which
+// escapes it, and no page runs script from an asset it did not embed
+// (Content-Security-Policy: script-src 'self').
+//
+// Safety: Config.Token, when set, is required of every request (a login
+// page sets it as an HttpOnly, SameSite=Strict cookie); meshctl sets one
+// whenever the console listens on more than loopback. Requests whose Host
+// header is not the console's own are refused (DNS rebinding). Actions
+// (replay, purge, pause, resume) are POSTs that must carry the page's
+// CSRF token in the X-Mesh-CSRF header, are refused altogether with
+// Config.ReadOnly, and are logged, and recorded on the mesh, with who
+// asked.
+//
+//	srv, err := console.New(console.Config{Mesh: m, Addr: "127.0.0.1:8080"})
+//	if err != nil { ... }
+//	http.ListenAndServe("127.0.0.1:8080", srv)
+package console
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/meshkit/mesh/auditlogger"
+	"github.com/meshkit/mesh/auditlogger/store"
+	"github.com/meshkit/mesh/internal/deadletters"
+	"github.com/meshkit/mesh/modules/dispatcher"
+	"github.com/meshkit/mesh/runtime"
+)
+
+// Mesh is what the console asks of the mesh. meshctl implements it with a
+// node of its own (the audit logger's and dispatcher's tools over
+// mesh.rpc, heartbeats, a tail), a connection to the broker (the keeper
+// queues) and the broker's management API (queues, alarms).
+type Mesh interface {
+	// Nodes are the nodes heard from, by name.
+	Nodes() []Node
+	// Graph is the event graph the nodes' heartbeats declare.
+	Graph() Graph
+	// Broker is the broker's state now.
+	Broker(ctx context.Context) Broker
+
+	// AuditQuery, AuditGet and AuditTrace ask the audit logger
+	// (audit.query, audit.get, audit.trace).
+	AuditQuery(ctx context.Context, req auditlogger.QueryRequest) (auditlogger.QueryResponse, error)
+	AuditGet(ctx context.Context, id string) (store.Event, error)
+	AuditTrace(ctx context.Context, id string, depth int) (store.Trace, error)
+
+	// Kept lists at most limit messages of a keeper queue (wire.QueueDead
+	// or wire.QueueUnrouted) that f selects; Replay and Purge act on them,
+	// reporting progress.
+	Kept(ctx context.Context, queue string, f deadletters.Filter, limit int) ([]deadletters.Message, error)
+	Replay(ctx context.Context, queue string, f deadletters.Filter, progress func(done, total int)) (deadletters.Result, error)
+	Purge(ctx context.Context, queue string, f deadletters.Filter, progress func(done, total int)) (deadletters.Result, error)
+
+	// Triggers, Fires and Pause ask the dispatcher (dispatcher.triggers,
+	// dispatcher.fires, dispatcher.pause and dispatcher.resume).
+	Triggers(ctx context.Context) ([]dispatcher.TriggerState, error)
+	Fires(ctx context.Context, req dispatcher.FiresRequest) (dispatcher.FiresResponse, error)
+	Pause(ctx context.Context, trigger string, pause bool) (dispatcher.PauseResponse, error)
+
+	// Tail calls fn with every event matching pattern until ctx is done
+	// (runtime.Node.Tail); ready is called once it listens.
+	Tail(ctx context.Context, pattern string, ready func(), fn func(runtime.TailedEvent) error) error
+
+	// Record puts an action taken from the console on the mesh, for the
+	// audit log.
+	Record(ctx context.Context, a Action) error
+}
+
+// Node is a node as its heartbeats tell of it.
+type Node struct {
+	runtime.Heartbeat
+	// LastSeen is when its last heartbeat arrived.
+	LastSeen time.Time
+}
+
+// Graph is the event graph: modules, events, patterns no declared event
+// matches, tools and queues, and the edges between them.
+type Graph struct {
+	Vertices []Vertex
+	Edges    []Edge
+}
+
+// Vertex is a vertex of the graph. Kind is "module", "event", "pattern",
+// "tool" or "queue"; Link, if not empty, is the console page it opens
+// (the audit log of an event type or a module).
+type Vertex struct {
+	ID, Kind, Label, Link string
+}
+
+// Edge is an edge of the graph, from one vertex id to another. Label says
+// which pattern it is ("calls", "serves", a subscription's pattern);
+// Dashed marks a pattern no declared event matches.
+type Edge struct {
+	From, To, Label string
+	Dashed          bool
+}
+
+// Broker is the broker's state as the console shows it.
+type Broker struct {
+	// Connected says the console's node is connected; URL is the broker it
+	// is connected to, without credentials.
+	Connected bool
+	URL       string
+	// Management is why the management API could not be read, or "": the
+	// alarms, queues and rates come from it.
+	Management string
+	// Version is the broker's RabbitMQ version, when known.
+	Version string
+	// Alarms are the broker's resource alarms in force ("memory on
+	// rabbit@host").
+	Alarms []string
+	// Queues are the mesh's queues (and every other queue of the virtual
+	// host), by name.
+	Queues []Queue
+	// Rates are messages per second over the management API's last
+	// sample.
+	Rates Rates
+}
+
+// Queue is a queue as the management API tells of it.
+type Queue struct {
+	Name, Type     string
+	Ready, Unacked int
+	Consumers      int
+	// Oldest is the age of the message at its head (time in queue), when
+	// the broker knows it (a classic queue whose head has a timestamp); 0
+	// otherwise.
+	Oldest time.Duration
+	// In and Out are publishes and deliveries per second; Redelivered the
+	// redeliveries per second (handlers failing, or consumers lost).
+	In, Out, Redelivered float64
+}
+
+// Rates are the mesh's rates in messages per second: emitted (into
+// mesh.events), handled (acknowledged from module queues), failed
+// (redelivered) and dead-lettered (into mesh.events.dead).
+type Rates struct {
+	Emitted, Handled, Failed, DeadLettered float64
+}
+
+// Action is one action taken from the console, as logged and recorded.
+type Action struct {
+	// Action is "replay", "purge", "pause" or "resume"; Target what it
+	// acted on (a keeper queue with the ids, a trigger).
+	Action string `json:"action"`
+	Target string `json:"target"`
+	IDs    int    `json:"ids,omitempty"`
+	// Who is the operator (the OS user and the broker user meshctl runs
+	// as); From the client's address; Auth how it proved itself ("token"
+	// or "loopback").
+	Who  string `json:"who"`
+	From string `json:"from"`
+	Auth string `json:"auth"`
+	// Result says what came of it.
+	Result string    `json:"result"`
+	Time   time.Time `json:"time"`
+}
+
+// Config configures a console.
+type Config struct {
+	// Mesh is the mesh the console shows. Required.
+	Mesh Mesh
+	// Addr is the address the console listens on (host:port); requests
+	// whose Host header names another host are refused. Required.
+	Addr string
+	// Token, when set, is required of every request (as the login page's
+	// cookie, or an Authorization: Bearer header).
+	Token string
+	// ReadOnly refuses every action.
+	ReadOnly bool
+	// Who is the operator, as actions are logged ("alice as broker user
+	// ops").
+	Who string
+	// Logger logs the actions; default slog.Default().
+	Logger *slog.Logger
+	// Now is the clock; default time.Now.
+	Now func() time.Time
+}
+
+// ErrConfig is what New returns for a Config it cannot use.
+var ErrConfig = errors.New("console: bad config")
+
+// Server is the console, an http.Handler.
+type Server struct {
+	cfg   Config
+	csrf  string
+	mux   *http.ServeMux
+	pages *pages
+	jobs  *jobs
+	hosts map[string]bool // Host headers that name this console
+}
+
+// New checks cfg and builds the console.
+func New(cfg Config) (*Server, error) {
+	if cfg.Mesh == nil {
+		return nil, fmt.Errorf("%w: Mesh is required", ErrConfig)
+	}
+	host, port, err := net.SplitHostPort(cfg.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("%w: Addr %q: want HOST:PORT: %v", ErrConfig, cfg.Addr, err)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	pg, err := loadPages()
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, csrf: randomToken(), pages: pg, jobs: newJobs(), hosts: hostsOf(host, port)}
+	s.routes()
+	return s, nil
+}
+
+// hostsOf is the Host headers that name a console listening on host:port:
+// the address itself, and for loopback or every interface the names of
+// loopback; for every interface, any host (it is reached by many names,
+// and a token guards it).
+func hostsOf(host, port string) map[string]bool {
+	h := map[string]bool{net.JoinHostPort(host, port): true}
+	if ip := net.ParseIP(host); host == "localhost" || (ip != nil && (ip.IsLoopback() || ip.IsUnspecified())) || host == "" {
+		for _, n := range []string{"127.0.0.1", "localhost", "::1"} {
+			h[net.JoinHostPort(n, port)] = true
+		}
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		h["*"] = true
+	}
+	return h
+}
+
+// IsLoopback says whether addr's host is a loopback address or
+// "localhost": a console there is reached from this machine only.
+func IsLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// randomToken is 32 random bytes in hex.
+func randomToken() string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b) // never fails (crypto/rand)
+	return hex.EncodeToString(b)
+}
+
+// NewToken returns a new random token for Config.Token.
+func NewToken() string { return randomToken() }
+
+// cookieName is the login cookie's name.
+const cookieName = "mesh_console"
+
+// ServeHTTP checks the Host header and the token, then serves the page.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h := w.Header()
+	h.Set("Content-Security-Policy", "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; frame-ancestors 'none'; form-action 'self'")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Referrer-Policy", "no-referrer")
+	h.Set("X-Frame-Options", "DENY")
+	if !s.hosts["*"] && !s.hosts[r.Host] {
+		http.Error(w, "this console answers to its own address only (Host "+r.Host+" refused)", http.StatusMisdirectedRequest)
+		return
+	}
+	if s.cfg.Token != "" && !strings.HasPrefix(r.URL.Path, "/assets/") && r.URL.Path != "/login" && !s.authorized(r) {
+		if r.Method == http.MethodGet && !strings.HasPrefix(r.URL.Path, "/api/") {
+			http.Redirect(w, r, "/login?next="+urlQueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
+			return
+		}
+		http.Error(w, "a token is required: log in at /login", http.StatusUnauthorized)
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
+
+// authorized says whether r carries the token.
+func (s *Server) authorized(r *http.Request) bool {
+	if c, err := r.Cookie(cookieName); err == nil && s.tokenIs(c.Value) {
+		return true
+	}
+	if v, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && s.tokenIs(v) {
+		return true
+	}
+	return false
+}
+
+func (s *Server) tokenIs(v string) bool {
+	return subtle.ConstantTimeCompare([]byte(v), []byte(s.cfg.Token)) == 1
+}
+
+// authOf says how r proved itself, for the action log.
+func (s *Server) authOf(r *http.Request) string {
+	if s.cfg.Token != "" {
+		return "token"
+	}
+	return "loopback"
+}
+
+// checkAction refuses an action in read-only mode and one without the
+// page's CSRF token (or from another origin), writing the refusal; it
+// says whether the action may go on.
+func (s *Server) checkAction(w http.ResponseWriter, r *http.Request) bool {
+	if s.cfg.ReadOnly {
+		writeJSONError(w, http.StatusForbidden, "this console is read-only (meshctl console --read-only): no action is taken")
+		return false
+	}
+	if subtle.ConstantTimeCompare([]byte(r.Header.Get("X-Mesh-CSRF")), []byte(s.csrf)) != 1 {
+		writeJSONError(w, http.StatusForbidden, "the request lacks this console's CSRF token (X-Mesh-CSRF): reload the page")
+		return false
+	}
+	if o := r.Header.Get("Origin"); o != "" && o != "http://"+r.Host && o != "https://"+r.Host {
+		writeJSONError(w, http.StatusForbidden, "the request comes from another origin ("+o+")")
+		return false
+	}
+	return true
+}
+
+// record logs an action with who took it, and puts it on the mesh.
+func (s *Server) record(r *http.Request, a Action) {
+	a.Who, a.From, a.Auth, a.Time = s.cfg.Who, r.RemoteAddr, s.authOf(r), s.cfg.Now().UTC()
+	s.cfg.Logger.Info("console action", "action", a.Action, "target", a.Target, "ids", a.IDs, "who", a.Who, "from", a.From, "auth", a.Auth, "result", a.Result)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.cfg.Mesh.Record(ctx, a); err != nil {
+		s.cfg.Logger.Warn("console action not recorded on the mesh", "action", a.Action, "err", err)
+	}
+}
+
+// jobs are the replays and purges running or done, by id.
+type jobs struct {
+	mu   sync.Mutex
+	byID map[string]*job
+	seq  int
+}
+
+// job is one replay or purge, as its page polls it.
+type job struct {
+	ID       string   `json:"id"`
+	Action   string   `json:"action"`
+	Done     int      `json:"done"`
+	Total    int      `json:"total"`
+	Finished bool     `json:"finished"`
+	Summary  string   `json:"summary,omitempty"`
+	Left     []string `json:"left,omitempty"`
+	Error    string   `json:"error,omitempty"`
+}
+
+func newJobs() *jobs { return &jobs{byID: map[string]*job{}} }
+
+// maxJobs bounds the jobs remembered: the oldest finished go first.
+const maxJobs = 100
+
+func (j *jobs) start(action string) *job {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.seq++
+	jb := &job{ID: fmt.Sprintf("%d-%s", j.seq, randomToken()[:8]), Action: action}
+	if len(j.byID) >= maxJobs {
+		for id, old := range j.byID {
+			if old.Finished {
+				delete(j.byID, id)
+				break
+			}
+		}
+	}
+	j.byID[jb.ID] = jb
+	return jb
+}
+
+func (j *jobs) update(jb *job, f func(*job)) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	f(jb)
+}
+
+func (j *jobs) get(id string) (job, bool) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	jb, ok := j.byID[id]
+	if !ok {
+		return job{}, false
+	}
+	return *jb, true
+}

@@ -1,0 +1,275 @@
+package console
+
+import (
+	"fmt"
+	"sort"
+	"time"
+	"unicode/utf8"
+
+	"github.com/meshkit/mesh/auditlogger/store"
+)
+
+// The pictures are drawn here, in Go, as SVG the templates write out
+// (html/template escapes every label): no script draws them, so they show
+// the same with script off, and tests read them from the page.
+
+// svgGraph is the event graph laid out: modules in the left column, what
+// they emit, subscribe, call, serve and consume in the right, and an edge
+// for each declaration, styled by which pattern it is.
+type svgGraph struct {
+	Width, Height int
+	Boxes         []svgBox
+	Paths         []svgPath
+}
+
+// svgBox is a vertex drawn.
+type svgBox struct {
+	X, Y, W, H  int
+	Kind        string // the vertex kind, its CSS class
+	Label, Full string // Label fits the box; Full is the whole label
+	Link        string
+	ID          string
+}
+
+// svgPath is an edge drawn.
+type svgPath struct {
+	D     string // the path
+	Class string // emits, subscribes, calls, serves, consumes, dead, unmatched
+	Title string // what it is, in words
+	LX    int    // where its label goes
+	LY    int
+	Label string
+}
+
+const (
+	rowHeight  = 34
+	boxHeight  = 24
+	leftX      = 20
+	leftWidth  = 240
+	rightX     = 560
+	rightWidth = 300
+	topMargin  = 20
+)
+
+// layoutGraph lays g out in two columns, in the order of its vertices.
+func layoutGraph(g Graph) svgGraph {
+	var out svgGraph
+	at := map[string]svgBox{}
+	left, right := 0, 0
+	for _, v := range g.Vertices {
+		b := svgBox{H: boxHeight, Kind: v.Kind, Full: v.Label, Link: v.Link, ID: v.ID}
+		if v.Kind == "module" {
+			b.X, b.Y, b.W = leftX, topMargin+left*rowHeight, leftWidth
+			left++
+		} else {
+			b.X, b.Y, b.W = rightX, topMargin+right*rowHeight, rightWidth
+			right++
+		}
+		b.Label = fit(v.Label, (b.W-16)/7)
+		at[v.ID] = b
+		out.Boxes = append(out.Boxes, b)
+	}
+	for _, e := range g.Edges {
+		from, ok1 := at[e.From]
+		to, ok2 := at[e.To]
+		if !ok1 || !ok2 {
+			continue
+		}
+		p := svgPath{Class: edgeClass(e, from, to)}
+		// From the side of one box that faces the other, to the other's.
+		x1, x2 := from.X+from.W, to.X
+		if from.X > to.X {
+			x1, x2 = from.X, to.X+to.W
+		}
+		y1, y2 := from.Y+from.H/2, to.Y+to.H/2
+		if from.X == to.X { // same column: a loop out to the side
+			x1, x2 = from.X+from.W, to.X+to.W
+			p.D = fmt.Sprintf("M%d,%d C%d,%d %d,%d %d,%d", x1, y1, x1+60, y1, x2+60, y2, x2, y2)
+		} else {
+			mid := (x1 + x2) / 2
+			p.D = fmt.Sprintf("M%d,%d C%d,%d %d,%d %d,%d", x1, y1, mid, y1, mid, y2, x2, y2)
+		}
+		p.LX, p.LY = (x1+x2)/2, (y1+y2)/2-3
+		if e.Label != "" && p.Class == "subscribes" {
+			p.Label = fit(e.Label, 28)
+		}
+		p.Title = fmt.Sprintf("%s %s %s", from.Full, verbOf(p.Class), to.Full)
+		if e.Label != "" {
+			p.Title += " (" + e.Label + ")"
+		}
+		out.Paths = append(out.Paths, p)
+	}
+	out.Width = rightX + rightWidth + 20
+	out.Height = topMargin*2 + max(left, right, 1)*rowHeight
+	return out
+}
+
+// edgeClass says which pattern an edge is.
+func edgeClass(e Edge, from, to svgBox) string {
+	switch {
+	case e.Dashed:
+		return "unmatched"
+	case from.Kind == "module" && to.Kind == "event":
+		return "emits"
+	case from.Kind == "event" && to.Kind == "module":
+		return "subscribes"
+	case from.Kind == "module" && to.Kind == "tool":
+		return "calls"
+	case from.Kind == "tool":
+		return "serves"
+	case e.Label == "dead letters":
+		return "dead"
+	case from.Kind == "queue":
+		return "consumes"
+	}
+	return "other"
+}
+
+func verbOf(class string) string {
+	switch class {
+	case "emits":
+		return "emits"
+	case "subscribes":
+		return "is consumed by"
+	case "calls":
+		return "calls"
+	case "serves":
+		return "is served by"
+	case "consumes", "dead":
+		return "is consumed by"
+	case "unmatched":
+		return "(no declared event matches) is subscribed by"
+	}
+	return "→"
+}
+
+// fit cuts s to n runes, with an ellipsis.
+func fit(s string, n int) string {
+	if utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	r := []rune(s)
+	return string(r[:max(n-1, 1)]) + "…"
+}
+
+// svgTimeline is a trace drawn as a sequence diagram: a lane per source
+// (module), time going down, an event a dot on its source's lane, an
+// arrow from each cause to its effect.
+type svgTimeline struct {
+	Width, Height int
+	Lanes         []svgLane
+	Marks         []svgMark
+	Arrows        []svgArrow
+}
+
+type svgLane struct {
+	X     int
+	Label string
+}
+
+type svgMark struct {
+	X, Y   int
+	Label  string // the type and the time since the first event
+	Full   string
+	Link   string
+	Focus  bool
+	Failed bool // dead-lettered somewhere
+}
+
+type svgArrow struct {
+	X1, Y1, X2, Y2 int
+}
+
+const (
+	laneWidth   = 190
+	laneTop     = 50
+	markSpacing = 38
+)
+
+// layoutTimeline draws the trace tr (of the event focus).
+func layoutTimeline(tr store.Trace, focus string) svgTimeline {
+	var evs []store.Event
+	seen := map[string]bool{}
+	add := func(ev store.Event) {
+		if !seen[ev.ID] {
+			seen[ev.ID] = true
+			evs = append(evs, ev)
+		}
+	}
+	for _, c := range tr.Causes {
+		add(c)
+	}
+	var walk func(c *store.Caused)
+	walk = func(c *store.Caused) {
+		add(c.Event)
+		for _, k := range c.Caused {
+			walk(k)
+		}
+	}
+	if tr.Root != nil {
+		walk(tr.Root)
+	}
+	sort.SliceStable(evs, func(i, j int) bool {
+		a, b := whenOf(evs[i]), whenOf(evs[j])
+		if !a.Equal(b) {
+			return a.Before(b)
+		}
+		return evs[i].Seq < evs[j].Seq
+	})
+	var out svgTimeline
+	lane := map[string]int{}
+	for _, ev := range evs {
+		src := laneOf(ev)
+		if _, ok := lane[src]; !ok {
+			lane[src] = len(out.Lanes)
+			out.Lanes = append(out.Lanes, svgLane{X: 40 + len(out.Lanes)*laneWidth + laneWidth/2, Label: fit(src, 24)})
+		}
+	}
+	pos := map[string]svgMark{}
+	var t0 time.Time
+	if len(evs) > 0 {
+		t0 = whenOf(evs[0])
+	}
+	for i, ev := range evs {
+		m := svgMark{X: out.Lanes[lane[laneOf(ev)]].X, Y: laneTop + 20 + i*markSpacing, Full: ev.Type + " " + ev.ID,
+			Link: eventLink(ev.ID), Focus: ev.ID == focus}
+		m.Label = fit(ev.Type, 34) + "  +" + whenOf(ev).Sub(t0).Round(time.Millisecond).String()
+		for _, f := range ev.Fates {
+			if f.Kind == store.FateDead {
+				m.Failed = true
+			}
+		}
+		pos[ev.ID] = m
+		out.Marks = append(out.Marks, m)
+	}
+	for _, ev := range evs {
+		if c, ok := pos[ev.CausationID]; ok {
+			e := pos[ev.ID]
+			out.Arrows = append(out.Arrows, svgArrow{X1: c.X, Y1: c.Y, X2: e.X, Y2: e.Y})
+		}
+	}
+	out.Width = 40 + max(len(out.Lanes), 1)*laneWidth + 260
+	out.Height = laneTop + 40 + max(len(evs), 1)*markSpacing
+	return out
+}
+
+// laneOf is the lane an event is drawn on: its source, or its node for an
+// event without one.
+func laneOf(ev store.Event) string {
+	switch {
+	case ev.Source != "":
+		return ev.Source
+	case ev.Node != "":
+		return "node " + ev.Node
+	}
+	return "(outside)"
+}
+
+// whenOf is when an event was emitted, or when it arrived when its emit
+// time is unknown.
+func whenOf(ev store.Event) time.Time {
+	if !ev.Time.IsZero() {
+		return ev.Time
+	}
+	return ev.Arrived
+}
