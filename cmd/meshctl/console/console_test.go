@@ -1,0 +1,393 @@
+package console
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/meshkit/mesh/auditlogger"
+	"github.com/meshkit/mesh/auditlogger/store"
+	"github.com/meshkit/mesh/internal/deadletters"
+	"github.com/meshkit/mesh/internal/wire"
+	"github.com/meshkit/mesh/modules/dispatcher"
+	"github.com/meshkit/mesh/runtime"
+	"github.com/meshkit/mesh/sdk"
+)
+
+// These are the server's own tests, against a fake mesh: the guards, the
+// grouping, the filters, the escaping. The browser tests in cmd/meshctl
+// (TestConsole, TestConsoleGuards) prove the console on a real broker.
+
+// fakeMesh records what the console asked of it.
+type fakeMesh struct {
+	mu       sync.Mutex
+	events   map[string]store.Event
+	kept     []deadletters.Message
+	queries  []auditlogger.QueryRequest
+	replayed []deadletters.Filter
+	paused   []string
+	actions  []Action
+}
+
+var _ Mesh = (*fakeMesh)(nil)
+
+func (f *fakeMesh) Nodes() []Node { return nil }
+func (f *fakeMesh) Graph() Graph  { return Graph{} }
+func (f *fakeMesh) Broker(context.Context) Broker {
+	return Broker{Connected: true, URL: "amqp://127.0.0.1:5672/"}
+}
+func (f *fakeMesh) AuditQuery(_ context.Context, req auditlogger.QueryRequest) (auditlogger.QueryResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.queries = append(f.queries, req)
+	var out auditlogger.QueryResponse
+	for _, ev := range f.events {
+		out.Events = append(out.Events, ev)
+	}
+	return out, nil
+}
+func (f *fakeMesh) AuditGet(_ context.Context, id string) (store.Event, error) {
+	if ev, ok := f.events[id]; ok {
+		return ev, nil
+	}
+	return store.Event{}, &sdk.ToolError{Code: "not_found", Message: "no event " + id, Permanent: true}
+}
+func (f *fakeMesh) AuditTrace(_ context.Context, id string, _ int) (store.Trace, error) {
+	ev, err := f.AuditGet(context.Background(), id)
+	return store.Trace{Root: &store.Caused{Event: ev}}, err
+}
+func (f *fakeMesh) Kept(_ context.Context, _ string, flt deadletters.Filter, limit int) ([]deadletters.Message, error) {
+	var out []deadletters.Message
+	for _, m := range f.kept {
+		if len(flt.IDs) == 0 || flt.IDs[0] == m.ID {
+			out = append(out, m)
+		}
+	}
+	return out, nil
+}
+func (f *fakeMesh) Replay(_ context.Context, _ string, flt deadletters.Filter, progress func(int, int)) (deadletters.Result, error) {
+	f.mu.Lock()
+	f.replayed = append(f.replayed, flt)
+	f.mu.Unlock()
+	progress(len(flt.IDs), len(flt.IDs))
+	return deadletters.Result{Matched: len(flt.IDs), Done: len(flt.IDs)}, nil
+}
+func (f *fakeMesh) Purge(context.Context, string, deadletters.Filter, func(int, int)) (deadletters.Result, error) {
+	return deadletters.Result{}, errors.New("not in this test")
+}
+func (f *fakeMesh) Triggers(context.Context) ([]dispatcher.TriggerState, error) { return nil, nil }
+func (f *fakeMesh) Fires(context.Context, dispatcher.FiresRequest) (dispatcher.FiresResponse, error) {
+	return dispatcher.FiresResponse{}, nil
+}
+func (f *fakeMesh) Pause(_ context.Context, trigger string, pause bool) (dispatcher.PauseResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.paused = append(f.paused, trigger)
+	return dispatcher.PauseResponse{Trigger: trigger, Paused: pause}, nil
+}
+func (f *fakeMesh) Tail(ctx context.Context, _ string, ready func(), _ func(runtime.TailedEvent) error) error {
+	ready()
+	<-ctx.Done()
+	return nil
+}
+func (f *fakeMesh) Record(_ context.Context, a Action) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.actions = append(f.actions, a)
+	return nil
+}
+
+// serve starts a console on f; Host headers are those of cfg.Addr.
+func serve(t *testing.T, f *fakeMesh, cfg Config) (*Server, *httptest.Server) {
+	t.Helper()
+	cfg.Mesh = f
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	cfg.Who = "tester"
+	ts := httptest.NewServer(nil)
+	cfg.Addr = ts.Listener.Addr().String()
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts.Config.Handler = s
+	t.Cleanup(ts.Close)
+	return s, ts
+}
+
+var noRedirect = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+
+func do(t *testing.T, method, u string, body string, h map[string]string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, u, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range h {
+		req.Header.Set(k, v)
+	}
+	resp, err := noRedirect.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, string(b)
+}
+
+func TestNewRefusesABadConfig(t *testing.T) {
+	for _, cfg := range []Config{{Addr: "127.0.0.1:1"}, {Mesh: &fakeMesh{}, Addr: "no port"}} {
+		if _, err := New(cfg); !errors.Is(err, ErrConfig) {
+			t.Errorf("New(%+v): %v, want ErrConfig", cfg, err)
+		}
+	}
+}
+
+func TestHostHeaderIsChecked(t *testing.T) {
+	_, ts := serve(t, &fakeMesh{}, Config{})
+	for host, want := range map[string]int{"evil.example": http.StatusMisdirectedRequest, ts.Listener.Addr().String(): http.StatusOK} {
+		req, _ := http.NewRequest(http.MethodGet, ts.URL+"/", nil)
+		req.Host = host
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("Host %s: %d, want %d", host, resp.StatusCode, want)
+		}
+	}
+}
+
+func TestTokenIsRequired(t *testing.T) {
+	_, ts := serve(t, &fakeMesh{}, Config{Token: "0123456789abcdef-token"})
+	resp, _ := do(t, http.MethodGet, ts.URL+"/audit?type=x", "", nil)
+	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/login?next="+url.QueryEscape("/audit?type=x") {
+		t.Errorf("a page without the token: %d to %q", resp.StatusCode, resp.Header.Get("Location"))
+	}
+	if resp, _ := do(t, http.MethodGet, ts.URL+"/assets/style.css", "", nil); resp.StatusCode != http.StatusOK {
+		t.Errorf("the assets without the token: %d, want 200 (the login page needs them)", resp.StatusCode)
+	}
+	if resp, _ := do(t, http.MethodGet, ts.URL+"/", "", map[string]string{"Authorization": "Bearer wrong"}); resp.StatusCode != http.StatusSeeOther {
+		t.Errorf("a wrong bearer token: %d", resp.StatusCode)
+	}
+	if resp, _ := do(t, http.MethodGet, ts.URL+"/", "", map[string]string{"Authorization": "Bearer 0123456789abcdef-token"}); resp.StatusCode != http.StatusOK {
+		t.Errorf("the bearer token: %d", resp.StatusCode)
+	}
+	form := "application/x-www-form-urlencoded"
+	resp, _ = do(t, http.MethodPost, ts.URL+"/login", "token=nope", map[string]string{"Content-Type": form})
+	if resp.StatusCode != http.StatusUnauthorized || len(resp.Cookies()) != 0 {
+		t.Errorf("a wrong login: %d, cookies %v", resp.StatusCode, resp.Cookies())
+	}
+	for next, want := range map[string]string{"/audit?type=x": "/audit?type=x", "//evil.example/": "/", "https://evil.example/": "/", "/\\evil": "/", "": "/"} {
+		resp, _ = do(t, http.MethodPost, ts.URL+"/login", url.Values{"token": {"0123456789abcdef-token"}, "next": {next}}.Encode(), map[string]string{"Content-Type": form})
+		if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != want {
+			t.Errorf("login with next %q: %d to %q, want %q", next, resp.StatusCode, resp.Header.Get("Location"), want)
+		}
+		if c := resp.Cookies(); len(c) != 1 || !c[0].HttpOnly || c[0].SameSite != http.SameSiteStrictMode {
+			t.Errorf("the login cookie: %+v", c)
+		}
+	}
+}
+
+// csrfOf reads the CSRF token from a page.
+func csrfOf(t *testing.T, ts *httptest.Server) string {
+	t.Helper()
+	_, body := do(t, http.MethodGet, ts.URL+"/", "", nil)
+	_, rest, ok := strings.Cut(body, `<meta name="mesh-csrf" content="`)
+	if !ok {
+		t.Fatal("no CSRF token on the page")
+	}
+	tok, _, _ := strings.Cut(rest, `"`)
+	return tok
+}
+
+func TestActionsNeedTheCSRFTokenAndTheirOrigin(t *testing.T) {
+	f := &fakeMesh{}
+	_, ts := serve(t, f, Config{})
+	csrf := csrfOf(t, ts)
+	for _, h := range []map[string]string{{}, {"X-Mesh-CSRF": "guess"}, {"X-Mesh-CSRF": csrf, "Origin": "http://evil.example"}} {
+		if resp, body := do(t, http.MethodPost, ts.URL+"/api/dispatcher/pause", `{"trigger":"orders"}`, h); resp.StatusCode != http.StatusForbidden {
+			t.Errorf("a pause with %v: %d %s", h, resp.StatusCode, body)
+		}
+	}
+	if len(f.paused) != 0 {
+		t.Fatalf("refused pauses reached the mesh: %v", f.paused)
+	}
+	resp, body := do(t, http.MethodPost, ts.URL+"/api/dispatcher/pause", `{"trigger":"orders"}`, map[string]string{"X-Mesh-CSRF": csrf, "Origin": ts.URL})
+	if resp.StatusCode != http.StatusOK || len(f.paused) != 1 {
+		t.Fatalf("a pause with the token: %d %s, paused %v", resp.StatusCode, body, f.paused)
+	}
+	if len(f.actions) != 1 || f.actions[0].Action != "pause" || f.actions[0].Who != "tester" || f.actions[0].Auth != "loopback" || f.actions[0].Result != "paused" {
+		t.Errorf("the action recorded: %+v", f.actions)
+	}
+	// A GET never acts.
+	if resp, _ := do(t, http.MethodGet, ts.URL+"/api/dispatcher/pause", "", nil); resp.StatusCode == http.StatusOK {
+		t.Errorf("GET of an action: %d", resp.StatusCode)
+	}
+}
+
+func TestReadOnlyRefusesEveryAction(t *testing.T) {
+	f := &fakeMesh{kept: []deadletters.Message{{ID: "a", Queue: "n.m.events"}}}
+	_, ts := serve(t, f, Config{ReadOnly: true})
+	csrf := csrfOf(t, ts)
+	for _, p := range []string{"/api/dlq/replay", "/api/dlq/purge", "/api/unrouted/replay", "/api/unrouted/purge", "/api/dispatcher/pause", "/api/dispatcher/resume"} {
+		body := `{"ids":["a"]}`
+		if strings.Contains(p, "dispatcher") {
+			body = `{"trigger":"orders"}`
+		}
+		if resp, b := do(t, http.MethodPost, ts.URL+p, body, map[string]string{"X-Mesh-CSRF": csrf}); resp.StatusCode != http.StatusForbidden || !strings.Contains(b, "read-only") {
+			t.Errorf("%s: %d %s", p, resp.StatusCode, b)
+		}
+	}
+	if len(f.paused)+len(f.replayed)+len(f.actions) != 0 {
+		t.Errorf("a read-only console acted: %v %v %v", f.paused, f.replayed, f.actions)
+	}
+	if _, body := do(t, http.MethodGet, ts.URL+"/", "", nil); !strings.Contains(body, `class="read-only"`) {
+		t.Error("the page does not say it is read-only")
+	}
+}
+
+func TestDeadLettersAreGroupedAndAGroupReplayed(t *testing.T) {
+	now := time.Now().UTC()
+	f := &fakeMesh{kept: []deadletters.Message{
+		{ID: "a", Queue: "n.ledger.events", Reason: "rejected", Error: "closed", Time: now.Add(-time.Hour)},
+		{ID: "b", Queue: "n.ledger.events", Reason: "rejected", Error: "closed", Time: now},
+		{ID: "c", Queue: "n.ledger.events", Reason: "delivery_limit", Time: now.Add(-time.Minute)},
+	}}
+	g := groupsOf(deadKeeper, f.kept)
+	if len(g) != 2 || g[0].Count != 2 || g[0].Error != "closed" || !g[0].First.Equal(now.Add(-time.Hour)) || !g[0].Last.Equal(now) || g[1].Count != 1 {
+		t.Fatalf("groups: %+v", g)
+	}
+	_, ts := serve(t, f, Config{})
+	if _, body := do(t, http.MethodGet, ts.URL+"/dlq/group/"+g[0].Key, "", nil); !strings.Contains(body, `value="a"`) || !strings.Contains(body, `value="b"`) || strings.Contains(body, `value="c"`) {
+		t.Errorf("the group's page lists other messages: %s", body)
+	}
+	if resp, _ := do(t, http.MethodGet, ts.URL+"/dlq/group/nope", "", nil); resp.StatusCode != http.StatusNotFound {
+		t.Errorf("an unknown group: %d", resp.StatusCode)
+	}
+	csrf := map[string]string{"X-Mesh-CSRF": csrfOf(t, ts)}
+	for _, bad := range []string{`{"ids":[]}`, `not json`, `{"ids":["a"],"all":true}`} {
+		if resp, b := do(t, http.MethodPost, ts.URL+"/api/dlq/replay", bad, csrf); resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("replay %s: %d %s", bad, resp.StatusCode, b)
+		}
+	}
+	resp, body := do(t, http.MethodPost, ts.URL+"/api/dlq/replay", `{"ids":["a","b"]}`, csrf)
+	if resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("replay: %d %s", resp.StatusCode, body)
+	}
+	var started struct{ Job string }
+	if err := json.Unmarshal([]byte(body), &started); err != nil {
+		t.Fatal(err)
+	}
+	var jb job
+	for !jb.Finished { // the fake replays at once; the job says so when its goroutine ends
+		_, b := do(t, http.MethodGet, ts.URL+"/api/jobs/"+started.Job, "", nil)
+		if err := json.Unmarshal([]byte(b), &jb); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if jb.Summary != "replayed 2 of 2 dead letters" || jb.Done != 2 {
+		t.Errorf("the job: %+v", jb)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.replayed) != 1 || strings.Join(f.replayed[0].IDs, ",") != "a,b" {
+		t.Errorf("replayed %v, want exactly the ids a and b", f.replayed)
+	}
+	if len(f.actions) != 1 || f.actions[0].Target != wire.QueueDead || f.actions[0].IDs != 2 {
+		t.Errorf("the action recorded: %+v", f.actions)
+	}
+}
+
+func TestPagesEscapeWhatTheMeshSays(t *testing.T) {
+	evil := `<script>alert(1)</script>`
+	f := &fakeMesh{events: map[string]store.Event{"x": {ID: "x", Type: "mesh.evil." + evil, Source: evil, Headers: map[string]string{evil: evil},
+		Body: []byte(`{"html":"` + strings.ReplaceAll(evil, `/`, `\/`) + `"}`)}}}
+	_, ts := serve(t, f, Config{})
+	for _, p := range []string{"/audit/event/x", "/audit/trace/x", "/audit?type=%23"} {
+		resp, body := do(t, http.MethodGet, ts.URL+p, "", nil)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: %d", p, resp.StatusCode)
+		}
+		if strings.Contains(body, "<script>alert") {
+			t.Errorf("%s has the event's script unescaped", p)
+		}
+		if !strings.Contains(body, "&lt;script&gt;alert(1)&lt;/script&gt;") {
+			t.Errorf("%s does not show the text escaped", p)
+		}
+		if !strings.Contains(resp.Header.Get("Content-Security-Policy"), "script-src 'self'") {
+			t.Errorf("%s: no Content-Security-Policy", p)
+		}
+	}
+	if resp, _ := do(t, http.MethodGet, ts.URL+"/audit/event/missing", "", nil); resp.StatusCode != http.StatusNotFound {
+		t.Errorf("an event the audit log does not hold: %d", resp.StatusCode)
+	}
+}
+
+func TestAuditFilterOfTheQuery(t *testing.T) {
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	q := url.Values{"type": {"module.a.#", "", "mesh.b.c"}, "source": {"s"}, "node": {"n"}, "user": {"u"}, "id": {"i"}, "causation": {"c"},
+		"header": {"x-schema=2"}, "body": {"order.id=42"}, "from": {"1h"}, "to": {"2026-12-01T11:30:00Z"}, "malformed": {"1"}, "dead": {"on"}}
+	f, err := auditFilterOf(q, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(f.Types, " ") != "module.a.# mesh.b.c" || f.Sources[0] != "s" || f.Nodes[0] != "n" || f.UserIDs[0] != "u" || f.IDs[0] != "i" || f.CausationIDs[0] != "c" ||
+		f.Headers["x-schema"] != "2" || f.Body["order.id"] != "42" || !f.From.Equal(now.Add(-time.Hour)) || f.To.Format(time.RFC3339) != "2026-12-01T11:30:00Z" ||
+		f.Malformed == nil || !*f.Malformed || f.Dead == nil || !*f.Dead {
+		t.Errorf("filter: %+v", f)
+	}
+	for _, bad := range []url.Values{{"header": {"novalue"}}, {"body": {"=1"}}, {"from": {"yesterday"}}} {
+		if _, err := auditFilterOf(bad, now); err == nil {
+			t.Errorf("%v: no error", bad)
+		}
+	}
+	_, ts := serve(t, &fakeMesh{}, Config{})
+	if resp, body := do(t, http.MethodGet, ts.URL+"/audit?from=yesterday", "", nil); resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, "neither RFC 3339 nor a duration") {
+		t.Errorf("a bad from: %d", resp.StatusCode)
+	}
+}
+
+func TestTimelineIsInTimeOrder(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	ev := func(id, src, cause string, at time.Duration) store.Event {
+		return store.Event{ID: id, Type: "module." + src + ".x", Source: src, CausationID: cause, Time: t0.Add(at)}
+	}
+	tr := store.Trace{
+		Causes: []store.Event{ev("b", "two", "a", time.Second), ev("a", "one", "", 0)},
+		Root: &store.Caused{Event: ev("c", "three", "b", 2*time.Second), Caused: []*store.Caused{
+			{Event: ev("e", "one", "c", 4*time.Second)}, {Event: ev("d", "two", "c", 3*time.Second)},
+		}},
+	}
+	tl := layoutTimeline(tr, "c")
+	var order, lanes []string
+	for _, m := range tl.Marks {
+		order = append(order, strings.Fields(m.Full)[1])
+	}
+	for _, l := range tl.Lanes {
+		lanes = append(lanes, l.Label)
+	}
+	if strings.Join(order, "") != "abcde" || strings.Join(lanes, " ") != "one two three" || len(tl.Arrows) != 4 || !tl.Marks[2].Focus {
+		t.Errorf("timeline: order %v, lanes %v, %d arrows, marks %+v", order, lanes, len(tl.Arrows), tl.Marks)
+	}
+	if tl.Marks[4].X != tl.Marks[0].X {
+		t.Error("one module's events are on different lanes")
+	}
+}
+
+func TestIsLoopback(t *testing.T) {
+	for addr, want := range map[string]bool{"127.0.0.1:8080": true, "[::1]:80": true, "localhost:1": true, "0.0.0.0:8080": false, ":8080": false, "10.0.0.1:80": false, "bad": false} {
+		if got := IsLoopback(addr); got != want {
+			t.Errorf("IsLoopback(%q) = %v", addr, got)
+		}
+	}
+}
