@@ -1,13 +1,16 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/csv"
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -42,14 +45,14 @@ func auditCommand() *cli.Command {
 			{
 				Name:   "count",
 				Usage:  "count the events a filter selects",
-				Flags:  append(auditFilterFlags(), timeout),
+				Flags:  append(auditFilterFlags(), &cli.BoolFlag{Name: "json", Usage: "print one JSON object: {\"count\":N}"}, timeout),
 				Action: auditCount,
 			},
 			{
 				Name:      "get",
-				Usage:     "print one event, with its headers and body",
+				Usage:     "print one event: its fields, what became of it, its headers and its body",
 				ArgsUsage: "ID",
-				Flags:     []cli.Flag{timeout},
+				Flags:     []cli.Flag{&cli.BoolFlag{Name: "json", Usage: "print the event as one JSON object, as the audit logger answers it"}, timeout},
 				Action:    auditGet,
 			},
 			{
@@ -259,6 +262,11 @@ func auditCount(c *cli.Context) error {
 	if err := auditCall(c, auditlogger.ToolCount, f, &n); err != nil {
 		return err
 	}
+	if c.Bool("json") {
+		return json.NewEncoder(jsonWriter{c.App.Writer}).Encode(struct {
+			Count int64 `json:"count"`
+		}{n})
+	}
 	_, err = fmt.Fprintln(c.App.Writer, n)
 	return err
 }
@@ -267,11 +275,70 @@ func auditGet(c *cli.Context) error {
 	if c.NArg() != 1 {
 		return usagef("get wants one ID, got %d arguments", c.NArg())
 	}
-	var ev json.RawMessage
-	if err := auditCall(c, auditlogger.ToolGet, c.Args().First(), &ev); err != nil {
+	var raw json.RawMessage
+	if err := auditCall(c, auditlogger.ToolGet, c.Args().First(), &raw); err != nil {
 		return err
 	}
-	_, err := fmt.Fprintf(c.App.Writer, "%s\n", escapeJSON(ev))
+	if c.Bool("json") {
+		// The answer as it came (a newer logger's fields kept), on one line.
+		var line bytes.Buffer
+		if err := json.Compact(&line, raw); err != nil {
+			return fmt.Errorf("the audit logger's answer is not JSON: %w", err)
+		}
+		_, err := fmt.Fprintf(c.App.Writer, "%s\n", escapeJSON(line.Bytes()))
+		return err
+	}
+	var ev store.Event
+	if err := json.Unmarshal(raw, &ev); err != nil {
+		return fmt.Errorf("the audit logger's answer is no event: %w", err)
+	}
+	return printAuditEvent(c.App.Writer, ev)
+}
+
+// printAuditEvent prints ev over several lines, a key and its value on
+// each: its fields, what became of it (as a trace marks it), its headers
+// one per line, its body indented when it is JSON. Every value came from
+// the wire or a module and goes through escape, escapeLines or
+// escapeJSON.
+func printAuditEvent(w io.Writer, ev store.Event) error {
+	var b strings.Builder
+	line := func(key, value string) {
+		fmt.Fprintf(&b, "%-10s %s\n", key, indentLines(value, 11))
+	}
+	line("seq", strconv.FormatInt(ev.Seq, 10))
+	line("id", escape(dash(ev.ID)))
+	line("type", escape(dash(ev.Type)))
+	line("source", escape(dash(ev.Source)))
+	line("node", escape(dash(ev.Node)))
+	line("user", escape(dash(ev.UserID)))
+	line("time", timeText(ev.Time))
+	line("causation", escape(dash(ev.CausationID)))
+	line("schema", escape(dash(ev.Schema)))
+	arrived := timeText(ev.Arrived)
+	if ev.Redelivered {
+		arrived += " (redelivered)"
+	}
+	line("arrived", arrived)
+	if ev.Malformed != "" {
+		line("malformed", escapeLines(ev.Malformed))
+	}
+	line("fates", dash(strings.Join(fateParts(ev.Fates), "\n")))
+	b.WriteString("headers\n")
+	keys := slices.Sorted(maps.Keys(ev.Headers))
+	for _, k := range keys {
+		fmt.Fprintf(&b, "  %s: %s\n", escape(k), indentLines(escapeLines(ev.Headers[k]), 4))
+	}
+	b.WriteString("body\n")
+	var pretty bytes.Buffer
+	switch {
+	case len(ev.Body) == 0:
+		b.WriteString("  (empty)\n")
+	case json.Indent(&pretty, ev.Body, "  ", "  ") == nil:
+		b.WriteString("  " + string(escapeJSON(pretty.Bytes())) + "\n")
+	default:
+		fmt.Fprintf(&b, "  (not JSON, %s)\n  %s\n", countOf(len(ev.Body), "byte", "bytes"), indentLines(escapeLines(string(ev.Body)), 2))
+	}
+	_, err := io.WriteString(w, b.String())
 	return err
 }
 
@@ -293,19 +360,29 @@ func auditTrace(c *cli.Context) error {
 // a line of a trace.
 func fatesText(fates []store.Fate) string {
 	var s string
+	for _, p := range fateParts(fates) {
+		s += "  " + p
+	}
+	return s
+}
+
+// fateParts are the pieces of fatesText: one per dead letter, then how
+// often the event was replayed; none for an event nothing befell.
+func fateParts(fates []store.Fate) []string {
+	var parts []string
 	replays := 0
 	for _, f := range fates {
 		switch f.Kind {
 		case store.FateDead:
-			s += fmt.Sprintf("  ✗ dead-lettered by %s (%s after %s: %s)", escape(f.Queue), escape(f.Reason), countOf(f.Attempts, "attempt", "attempts"), escape(f.Error))
+			parts = append(parts, fmt.Sprintf("✗ dead-lettered by %s (%s after %s: %s)", escape(f.Queue), escape(f.Reason), countOf(f.Attempts, "attempt", "attempts"), escape(f.Error)))
 		case store.FateReplayed:
 			replays++
 		}
 	}
 	if replays > 0 {
-		s += fmt.Sprintf("  ↻ replayed %d times", replays)
+		parts = append(parts, fmt.Sprintf("↻ replayed %d times", replays))
 	}
-	return s
+	return parts
 }
 
 // drawTrace draws the causes above the event, oldest first, and what it

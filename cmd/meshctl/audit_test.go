@@ -94,8 +94,20 @@ func TestAudit(t *testing.T) {
 	if got := strings.TrimSpace(run("audit", "count", "--type", "mesh.order.#", "--type", "module.shop.#")); got != "2" {
 		t.Errorf("count %q, want 2", got)
 	}
-	if got := run("audit", "get", order); !strings.Contains(got, `"order":7`) {
-		t.Errorf("get: %s", got)
+	if got := strings.TrimSpace(run("audit", "count", "--type", "mesh.order.#", "--json")); got != `{"count":1}` {
+		t.Errorf("count --json %q, want {\"count\":1}", got)
+	}
+	got := run("audit", "get", order)
+	for _, want := range []string{"id         " + order + "\n", "type       mesh.order.placed\n", "source     web\n", "node       anchor\n",
+		"user       guest\n", "fates      -\n", "  x-source: web\n", "body\n  {\n    \"order\": 7\n  }\n"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("get lacks %q:\n%s", want, got)
+		}
+	}
+	got = run("audit", "get", order, "--json") // the flag after the ID, as people type it
+	var one store.Event
+	if err := json.Unmarshal([]byte(got), &one); err != nil || one.ID != order || string(one.Body) != `{"order":7}` || strings.Count(got, "\n") != 1 {
+		t.Errorf("get --json: %s (%v)", got, err)
 	}
 	paged := run("audit", "query", "--limit", "1", "--type", "mesh.order.#", "--type", "module.shop.#")
 	if !strings.Contains(paged, "more: --after ") {
@@ -137,4 +149,115 @@ func mustOpen(t *testing.T, path string) *os.File {
 	}
 	t.Cleanup(func() { f.Close() })
 	return f
+}
+
+// TestPrintAuditEvent: `audit get` prints an event a field a line, what
+// became of it as a trace marks it, a header a line and the body indented
+// when it is JSON; what came from the wire is escaped, so no control,
+// bidi or separator character reaches the terminal as it is.
+func TestPrintAuditEvent(t *testing.T) {
+	at := time.Date(2026, 3, 1, 9, 30, 0, 0, time.UTC)
+	for _, c := range []struct {
+		name string
+		ev   store.Event
+		want string
+	}{{
+		name: "plain",
+		ev: store.Event{Seq: 7, ID: "01JORDER", Type: "mesh.order.placed", Source: "web", Node: "anchor", UserID: "guest", Time: at,
+			CausationID: "01JCAUSE", Schema: "2", Headers: map[string]string{"x-source": "web", "x-event-id": "01JORDER"},
+			Body: []byte(`{"order":7,"items":[1,2]}`), Arrived: at.Add(time.Second), Redelivered: true,
+			Fates: []store.Fate{{Kind: store.FateDead, Queue: "anchor.shop.events", Reason: "rejected", Attempts: 3, Error: "boom"},
+				{Kind: store.FateReplayed, Queue: "mesh.events"}, {Kind: store.FateReplayed, Queue: "mesh.events"}}},
+		want: `seq        7
+id         01JORDER
+type       mesh.order.placed
+source     web
+node       anchor
+user       guest
+time       2026-03-01T09:30:00.000Z
+causation  01JCAUSE
+schema     2
+arrived    2026-03-01T09:30:01.000Z (redelivered)
+fates      ✗ dead-lettered by anchor.shop.events (rejected after 3 attempts: boom)
+           ↻ replayed 2 times
+headers
+  x-event-id: 01JORDER
+  x-source: web
+body
+  {
+    "order": 7,
+    "items": [
+      1,
+      2
+    ]
+  }
+`,
+	}, {
+		name: "bare",
+		ev:   store.Event{Seq: 1, ID: "01JBARE", Type: "mesh.x", Malformed: "no x-time header"},
+		want: `seq        1
+id         01JBARE
+type       mesh.x
+source     -
+node       -
+user       -
+time       -
+causation  -
+schema     -
+arrived    -
+malformed  no x-time header
+fates      -
+headers
+body
+  (empty)
+`,
+	}, {
+		name: "not JSON",
+		ev:   store.Event{Seq: 2, ID: "01JTEXT", Type: "mesh.x", Body: []byte("two\nlines")},
+		want: `seq        2
+id         01JTEXT
+type       mesh.x
+source     -
+node       -
+user       -
+time       -
+causation  -
+schema     -
+arrived    -
+fates      -
+headers
+body
+  (not JSON, 9 bytes)
+  two
+  lines
+`,
+	}} {
+		var b strings.Builder
+		if err := printAuditEvent(&b, c.ev); err != nil {
+			t.Fatal(err)
+		}
+		if b.String() != c.want {
+			t.Errorf("%s:\n got\n%s\n want\n%s", c.name, b.String(), c.want)
+		}
+	}
+
+	const nasty = "\x1b]52;c;cm0gLXJmIH4=\x07\rok \u202eexe.txt \u009b2J \u2028 \xff"
+	hostile := store.Event{Seq: 3, ID: "01J" + nasty, Type: "mesh." + nasty, Source: nasty, Node: nasty, UserID: nasty, CausationID: nasty,
+		Schema: nasty, Malformed: nasty, Headers: map[string]string{"x-" + nasty: nasty},
+		Body:  []byte(`{"v":"` + "\u202e\u0085\x7f" + `"}`),
+		Fates: []store.Fate{{Kind: store.FateDead, Queue: nasty, Reason: nasty, Error: nasty}}}
+	var b strings.Builder
+	if err := printAuditEvent(&b, hostile); err != nil {
+		t.Fatal(err)
+	}
+	checkTerminalSafe(t, "a hostile event", b.String(), true, false)
+	if !strings.Contains(b.String(), `"v": "\u202e\u0085\u007f"`) {
+		t.Errorf("the JSON body is not escaped JSON:\n%s", b.String())
+	}
+	hostile.Body = []byte(nasty)
+	b.Reset()
+	if err := printAuditEvent(&b, hostile); err != nil {
+		t.Fatal(err)
+	}
+	checkTerminalSafe(t, "a hostile event with a body not JSON", b.String(), true, false)
 }
