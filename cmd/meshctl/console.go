@@ -79,22 +79,21 @@ func serveConsole(c *cli.Context) error {
 	}
 	defer m.close()
 	logger := slog.New(slog.NewTextHandler(c.App.ErrWriter, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	srv, err := console.New(console.Config{Mesh: m, Addr: addr, Token: token, ReadOnly: c.Bool("read-only"), Who: m.who, Logger: logger})
-	if err != nil {
-		return err
-	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("console: %w", err)
 	}
-	// The address may have been :0; the console answers to the one bound.
-	if bound := ln.Addr().String(); bound != addr {
-		if srv, err = console.New(console.Config{Mesh: m, Addr: bound, Token: token, ReadOnly: c.Bool("read-only"), Who: m.who, Logger: logger}); err != nil {
-			ln.Close()
-			return err
-		}
+	// The console answers to the address bound (the port of :0 too).
+	srv, err := console.New(console.Config{Mesh: m, Addr: ln.Addr().String(), Token: token, ReadOnly: c.Bool("read-only"), Who: m.who, Logger: logger})
+	if err != nil {
+		ln.Close()
+		return err
 	}
-	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
+	// Requests end with the console: the live pages' streams too.
+	base, cancelBase := context.WithCancel(context.Background())
+	defer cancelBase()
+	defer srv.Close()
+	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return base }}
 	mode := ""
 	if c.Bool("read-only") {
 		mode = " (read-only)"
@@ -110,6 +109,7 @@ func serveConsole(c *cli.Context) error {
 		return err
 	case <-ctx.Done():
 	}
+	cancelBase()
 	shut, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_ = hs.Shutdown(shut)

@@ -215,6 +215,12 @@ type Server struct {
 	pages *pages
 	jobs  *jobs
 	hosts map[string]bool // Host headers that name this console
+
+	// work is the context of the replays and purges, which outlive their
+	// requests; Close cancels it and waits for them.
+	work     context.Context
+	stopWork context.CancelFunc
+	working  sync.WaitGroup
 }
 
 // New checks cfg and builds the console.
@@ -237,8 +243,16 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, csrf: randomToken(), pages: pg, jobs: newJobs(), hosts: hostsOf(host, port)}
+	s.work, s.stopWork = context.WithCancel(context.Background())
 	s.routes()
 	return s, nil
+}
+
+// Close stops the replays and purges still running (what they had not
+// moved stays in its keeper queue) and waits for them.
+func (s *Server) Close() {
+	s.stopWork()
+	s.working.Wait()
 }
 
 // hostsOf is the Host headers that name a console listening on host:port:

@@ -191,8 +191,10 @@ func (s *Server) keptAct(w http.ResponseWriter, r *http.Request, k keeper, actio
 	a := Action{Action: action, Target: k.Queue, IDs: len(ids)}
 	// The work outlives the request: it goes on when the page is left,
 	// bounded by the same time as a long replay from the command line.
+	s.working.Add(1)
 	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+		defer s.working.Done()
+		ctx, cancel := context.WithTimeout(s.work, 30*time.Minute)
 		defer cancel()
 		progress := func(done, total int) { s.jobs.update(jb, func(j *job) { j.Done, j.Total = done, total }) }
 		var res deadletters.Result
