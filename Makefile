@@ -7,7 +7,7 @@ ENSURE := scripts/ensure-rabbitmq.sh
 BROWSER := scripts/ensure-chromium.sh
 
 .DEFAULT_GOAL := help
-.PHONY: help build test soak bench demo lint fuzz generate clean
+.PHONY: help build test soak bench demo screenshots lint fuzz generate clean
 
 help: ## List targets with their descriptions
 	@grep -E '^[a-zA-Z_-]+:.*?## .*$$' $(MAKEFILE_LIST) | \
@@ -47,6 +47,9 @@ bench: ## Run throughput/latency benchmarks beside a raw amqp091-go baseline
 
 demo: ## Run meshd with the example modules as module processes, shown live by meshctl tail, then call a tool
 	scripts/demo.sh
+
+screenshots: ## Take the console guide's pictures (docs/images/console-*.png): the demo mesh in a virtual host of its own, fed, and meshctl console on it in headless Chromium
+	scripts/screenshots.sh
 
 lint: ## Fail on unformatted files (gofmt -l), on packages and exported names without a doc comment (cmd/doclint), then go vet
 	@files="$$(gofmt -l .)"; \

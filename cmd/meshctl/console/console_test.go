@@ -267,6 +267,12 @@ func TestDeadLettersAreGroupedAndAGroupReplayed(t *testing.T) {
 	if len(g) != 2 || g[0].Count != 2 || g[0].Error != "closed" || !g[0].First.Equal(now.Add(-time.Hour)) || !g[0].Last.Equal(now) || g[1].Count != 1 {
 		t.Fatalf("groups: %+v", g)
 	}
+	u := groupsOf(unroutedKeeper, []deadletters.Message{
+		{ID: "x", Type: "mesh.a.b", Source: "s1"}, {ID: "y", Type: "mesh.a.b", Source: "s2"}, {ID: "z", Type: "mesh.a.b", Source: "s1", Queue: "ignored"},
+	})
+	if len(u) != 2 || u[0].Type != "mesh.a.b" || strings.Join(u[0].IDs, ",") != "x,z" || strings.Join(u[1].IDs, ",") != "y" {
+		t.Errorf("unrouted groups (by type and source): %+v", u)
+	}
 	_, ts := serve(t, f, Config{})
 	if _, body := do(t, http.MethodGet, ts.URL+"/dlq/group/"+g[0].Key, "", nil); !strings.Contains(body, `value="a"`) || !strings.Contains(body, `value="b"`) || strings.Contains(body, `value="c"`) {
 		t.Errorf("the group's page lists other messages: %s", body)
