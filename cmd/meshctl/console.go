@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -334,6 +335,10 @@ func (m *consoleMesh) Replay(ctx context.Context, queue string, f deadletters.Fi
 		res, err = deadletters.Replay(ctx, conn, queue, f, deadletters.WithProgress(progress))
 		return err
 	})
+	if len(res.Sent) > 0 {
+		_, rerr := recordReplayed(ctx, m.node, res.Sent)
+		err = errors.Join(err, rerr)
+	}
 	return res, err
 }
 

@@ -533,7 +533,9 @@ func TestConsole(t *testing.T) {
 			b.run(t, chromedp.Reload(), chromedp.WaitVisible("#problems", chromedp.ByQuery))
 			return strings.Contains(b.text(t, "#problems"), "dead letters wait in mesh.dead-letters")
 		})
-		if s := b.text(t, "#queues"); !strings.Contains(s, "anchor.ledger.events") {
+		var queues string // idle ones are folded away: textContent has them too
+		b.eval(t, `document.querySelector("#queues").textContent`, &queues)
+		if s := queues; !strings.Contains(s, "anchor.ledger.events") {
 			t.Errorf("the overview's queues: %q", s)
 		}
 		// The graph draws the chain's modules and events, linked to the
@@ -739,6 +741,21 @@ func TestConsole(t *testing.T) {
 			if !got[id] {
 				t.Errorf("%s not handled", id)
 			}
+		}
+		// The audit log says each was replayed, and where to.
+		for _, id := range dead {
+			waitFor(t, ctx, "the replayed fate of "+id, func() bool {
+				ev, err := w.log.Store().Get(ctx, id)
+				if err != nil {
+					return false
+				}
+				for _, f := range ev.Fates {
+					if f.Kind == store.FateReplayed && f.Queue == "anchor.ledger.events" {
+						return true
+					}
+				}
+				return false
+			})
 		}
 		// On the broker: the dead letters are gone and the ledger's queue
 		// holds nothing (handled and acked).

@@ -17,9 +17,11 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/oklog/ulid/v2"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/urfave/cli/v2"
 
+	"github.com/meshkit/mesh/auditlogger"
 	"github.com/meshkit/mesh/internal/deadletters"
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/runtime"
@@ -267,6 +269,18 @@ func keeperReplay(c *cli.Context, k keeper) error {
 	defer done()
 	limit := c.Int("limit")
 	res, err := deadletters.Replay(ctx, conn, k.queue, f, append(actOptions(c), deadletters.WithLimit(limit))...)
+	if len(res.Sent) > 0 {
+		// Best effort: the replay stands whether or not an audit logger
+		// hears of it.
+		if node, nerr := connect(ctx, c); nerr != nil {
+			fmt.Fprintf(c.App.ErrWriter, "meshctl: the audit log is not told of this replay: %v\n", nerr)
+		} else {
+			if _, rerr := recordReplayed(ctx, node, res.Sent); rerr != nil {
+				fmt.Fprintf(c.App.ErrWriter, "meshctl: %v\n", rerr)
+			}
+			_ = node.Close(context.Background())
+		}
+	}
 	printLeft(c.App.ErrWriter, res)
 	if limit > 0 && res.Matched == limit {
 		fmt.Fprintf(c.App.ErrWriter, "stopped at --limit %d: more may match; run the replay again for the rest\n", limit)
@@ -691,4 +705,31 @@ func printKeptJSON(w io.Writer, msgs []deadletters.Message) error {
 		}
 	}
 	return nil
+}
+
+// recordReplayed tells the audit logger what a replay of dead letters or
+// unrouted events sent (audit.replayed, as meshctl audit replay does), so
+// that each event's fates say it was replayed and where to. It names the
+// replay with a new id, which it returns.
+func recordReplayed(ctx context.Context, node *runtime.Node, sent []deadletters.Sent) (string, error) {
+	id := ulid.Make().String()
+	byDest := map[string][]auditlogger.ReplayedEvent{}
+	var dests []string
+	for _, s := range sent {
+		if _, ok := byDest[s.Destination]; !ok {
+			dests = append(dests, s.Destination)
+		}
+		byDest[s.Destination] = append(byDest[s.Destination], auditlogger.ReplayedEvent{ID: s.ID, Time: s.Time})
+	}
+	for _, d := range dests {
+		for evs := byDest[d]; len(evs) > 0; {
+			n := min(len(evs), auditlogger.MaxReplayedPerCall)
+			req := auditlogger.ReplayedRequest{ReplayID: id, Destination: d, Sent: evs[:n]}
+			if err := node.Call(ctx, "meshctl", auditlogger.ToolReplayed, req, nil); err != nil {
+				return id, fmt.Errorf("tell the audit logger of replay %s (its events' fates do not say it): %w", id, err)
+			}
+			evs = evs[n:]
+		}
+	}
+	return id, nil
 }

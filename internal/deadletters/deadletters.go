@@ -80,6 +80,17 @@ type Result struct {
 	// a lower bound: a copy that arrives after the idle timeout is not
 	// counted. Always 0 on a dry run.
 	CameBack int
+	// Sent lists the messages Replay sent, in order, each with where it
+	// went (a queue, or mesh.events) and when: what the audit logger is
+	// told of (audit.replayed), so that an event's fates say it was
+	// replayed. Nil for Purge and on a dry run.
+	Sent []Sent
+}
+
+// Sent is one message a replay sent.
+type Sent struct {
+	ID, Destination string
+	Time            time.Time
 }
 
 // Left is a matched message that stayed in the keeper queue.
@@ -332,6 +343,11 @@ func Replay(ctx context.Context, conn *amqp.Connection, queue string, f Filter, 
 				return res, fmt.Errorf("remove replayed %s from %s (it was replayed and is still kept): %w", h.m.ID, queue, err)
 			}
 			res.Done++
+			dest := key
+			if exchange != "" {
+				dest = exchange
+			}
+			res.Sent = append(res.Sent, Sent{ID: h.m.ID, Destination: dest, Time: time.Now().UTC()})
 			switch {
 			case exchange == "":
 				res.Queues[key]++

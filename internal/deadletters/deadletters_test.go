@@ -159,6 +159,9 @@ func TestReplayOnlyToQueueThatGaveUp(t *testing.T) {
 	if res.Matched != 1 || res.Done != 1 || len(res.Left) != 0 || res.Queues[billing] != 1 || len(res.Queues) != 1 || res.DryRun {
 		t.Errorf("result %+v", res)
 	}
+	if len(res.Sent) != 1 || res.Sent[0].ID != e.id || res.Sent[0].Destination != billing || res.Sent[0].Time.IsZero() {
+		t.Errorf("sent %+v, want %s to %s", res.Sent, e.id, billing)
+	}
 	if !slices.Equal(progress, [][2]int{{0, 1}, {1, 1}}) {
 		t.Errorf("progress %v", progress)
 	}

@@ -18,7 +18,8 @@ type overviewView struct {
 	Problems []problem
 	Nodes    []nodeView
 	Broker   Broker
-	Queues   []queueView
+	Queues   []queueView // holding messages, moving them, or unhealthy
+	Idle     []queueView // the rest
 }
 
 // problem is one thing unhealthy, with the page that tells more.
@@ -99,13 +100,14 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 		case strings.HasSuffix(q.Name, ".events") && q.Consumers == 0 && q.Ready > 0:
 			qv.Problem = "no consumer"
 			v.Problems = append(v.Problems, problem{Text: fmt.Sprintf("%s has %d messages and no consumer", q.Name, q.Ready)})
-		case q.Redelivered > 0:
+		case q.Redelivered > 0 && q.Name != wire.QueueDead && q.Name != wire.QueueUnrouted: // browsing a keeper queue redelivers it
 			qv.Problem = fmt.Sprintf("redelivering %.1f/s", q.Redelivered)
 			v.Problems = append(v.Problems, problem{Text: fmt.Sprintf("%s redelivers %.1f messages/s (handlers failing)", q.Name, q.Redelivered)})
 		}
 		v.Queues = append(v.Queues, qv)
 	}
-	// What is unhealthy first, then the deepest.
+	// What is unhealthy first, then the deepest; the idle ones (nothing
+	// in them, nothing amiss) folded away below.
 	sort.SliceStable(v.Queues, func(i, j int) bool {
 		a, b := v.Queues[i], v.Queues[j]
 		if (a.Problem != "") != (b.Problem != "") {
@@ -113,6 +115,15 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 		}
 		return a.Ready+a.Unacked > b.Ready+b.Unacked
 	})
+	busy := v.Queues[:0:0]
+	for _, q := range v.Queues {
+		if q.Problem != "" || q.Ready+q.Unacked > 0 || q.In > 0 || q.Out > 0 {
+			busy = append(busy, q)
+		} else {
+			v.Idle = append(v.Idle, q)
+		}
+	}
+	v.Queues = busy
 	s.render(w, "overview", view{Title: "Overview", Nav: "overview", Data: v})
 }
 

@@ -51,12 +51,45 @@ const (
 	topMargin  = 20
 )
 
-// layoutGraph lays g out in two columns, in the order of its vertices.
+// layoutGraph lays g out in two columns: the modules in the order of its
+// vertices, and the rest each beside the modules it connects (by the mean
+// of their rows), which uncrosses most edges.
 func layoutGraph(g Graph) svgGraph {
 	var out svgGraph
 	at := map[string]svgBox{}
 	left, right := 0, 0
+	row := map[string]int{}
 	for _, v := range g.Vertices {
+		if v.Kind == "module" {
+			row[v.ID] = len(row)
+		}
+	}
+	sum, n := map[string]float64{}, map[string]int{}
+	for _, e := range g.Edges {
+		for _, pair := range [][2]string{{e.From, e.To}, {e.To, e.From}} {
+			if r, ok := row[pair[1]]; ok {
+				if _, isModule := row[pair[0]]; !isModule {
+					sum[pair[0]] += float64(r)
+					n[pair[0]]++
+				}
+			}
+		}
+	}
+	mean := func(id string) float64 {
+		if n[id] == 0 {
+			return float64(len(row))
+		}
+		return sum[id] / float64(n[id])
+	}
+	vertices := append([]Vertex(nil), g.Vertices...)
+	sort.SliceStable(vertices, func(i, j int) bool {
+		a, b := vertices[i], vertices[j]
+		if (a.Kind == "module") != (b.Kind == "module") {
+			return a.Kind == "module"
+		}
+		return a.Kind != "module" && mean(a.ID) < mean(b.ID)
+	})
+	for _, v := range vertices {
 		b := svgBox{H: boxHeight, Kind: v.Kind, Full: v.Label, Link: v.Link, ID: v.ID}
 		if v.Kind == "module" {
 			b.X, b.Y, b.W = leftX, topMargin+left*rowHeight, leftWidth
@@ -90,8 +123,14 @@ func layoutGraph(g Graph) svgGraph {
 			p.D = fmt.Sprintf("M%d,%d C%d,%d %d,%d %d,%d", x1, y1, mid, y1, mid, y2, x2, y2)
 		}
 		p.LX, p.LY = (x1+x2)/2, (y1+y2)/2-3
-		if e.Label != "" && p.Class == "subscribes" {
+		// A subscription's pattern is said on its edge when it is not
+		// the event's type itself (a wildcard, "#").
+		if e.Label != "" && p.Class == "subscribes" && e.Label != from.Full {
 			p.Label = fit(e.Label, 28)
+			// Beside the module it subscribes (edges of subscriptions
+			// run right to left), where the labels of one
+			// event's many subscribers do not pile up.
+			p.LX, p.LY = x2+70, y2-4
 		}
 		p.Title = fmt.Sprintf("%s %s %s", from.Full, verbOf(p.Class), to.Full)
 		if e.Label != "" {
