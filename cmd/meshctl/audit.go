@@ -20,6 +20,7 @@ import (
 
 	"github.com/meshkit/mesh/auditlogger"
 	"github.com/meshkit/mesh/auditlogger/store"
+	"github.com/meshkit/mesh/cmd/meshctl/console"
 	"github.com/meshkit/mesh/runtime"
 )
 
@@ -128,7 +129,7 @@ func auditFilterOf(c *cli.Context) (store.Filter, error) {
 		flag string
 		to   *time.Time
 	}{{"from", &f.From}, {"to", &f.To}} {
-		if *b.to, err = timeOf(c.String(b.flag), time.Now()); err != nil {
+		if *b.to, err = console.ParseTime(c.String(b.flag), time.Now()); err != nil {
 			return f, usagef("--%s: %w", b.flag, err)
 		}
 	}
@@ -140,21 +141,6 @@ func auditFilterOf(c *cli.Context) (store.Filter, error) {
 		f.Dead = &yes
 	}
 	return f, nil
-}
-
-// timeOf reads RFC 3339, or a duration before now ("90m"); "" is zero.
-func timeOf(s string, now time.Time) (time.Time, error) {
-	if s == "" {
-		return time.Time{}, nil
-	}
-	if d, err := time.ParseDuration(s); err == nil {
-		return now.Add(-d), nil
-	}
-	t, err := time.Parse(time.RFC3339Nano, s)
-	if err != nil {
-		return t, fmt.Errorf("%q is neither RFC 3339 nor a duration", s)
-	}
-	return t, nil
 }
 
 // auditCaller calls the audit logger's tools from one short-lived node.

@@ -42,7 +42,7 @@ func auditFilterOf(q url.Values, now time.Time) (store.Filter, error) {
 		name string
 		to   *time.Time
 	}{{"from", &f.From}, {"to", &f.To}} {
-		if *t.to, err = timeOf(q.Get(t.name), now); err != nil {
+		if *t.to, err = ParseTime(q.Get(t.name), now); err != nil {
 			return f, fmt.Errorf("%s: %w", t.name, err)
 		}
 	}
@@ -69,8 +69,10 @@ func nonEmpty(vs []string) []string {
 	return out
 }
 
-// timeOf reads RFC 3339, or a duration before now ("90m"); "" is zero.
-func timeOf(s string, now time.Time) (time.Time, error) {
+// ParseTime reads a time as the audit filters take it (the console's
+// from and to, meshctl audit's --from and --to): RFC 3339, or a duration
+// before now ("90m"); "" is the zero time.
+func ParseTime(s string, now time.Time) (time.Time, error) {
 	if s == "" {
 		return time.Time{}, nil
 	}
