@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/base64"
 	"encoding/csv"
 	"encoding/json"
 	"fmt"
@@ -446,10 +445,10 @@ func auditExport(c *cli.Context) error {
 		write, flush = func(ev store.Event) error { return enc.Encode(ev) }, func() error { return nil }
 	case "csv":
 		w := csv.NewWriter(out)
-		if err := w.Write(csvHeader); err != nil {
+		if err := w.Write(store.CSVHeader); err != nil {
 			return err
 		}
-		write = func(ev store.Event) error { return w.Write(csvRecord(ev)) }
+		write = func(ev store.Event) error { return w.Write(ev.CSVRecord()) }
 		flush = func() error { w.Flush(); return w.Error() }
 	default:
 		return fmt.Errorf("export: --format %q is not jsonl or csv", c.String("format"))
@@ -478,27 +477,4 @@ func auditExport(c *cli.Context) error {
 		}
 		req.Page.After = page.Next
 	}
-}
-
-var csvHeader = []string{"seq", "id", "type", "source", "node", "time", "causation_id", "schema", "user_id",
-	"arrived", "redelivered", "malformed", "headers", "body", "body_base64"}
-
-// csvRecord is one event as CSV: headers as a JSON object, the body as
-// JSON when it is, in base64 otherwise.
-func csvRecord(ev store.Event) []string {
-	headers, _ := json.Marshal(ev.Headers) // a map of strings always marshals
-	body, body64 := "", ""
-	if json.Valid(ev.Body) {
-		body = string(ev.Body)
-	} else if ev.Body != nil {
-		body64 = base64.StdEncoding.EncodeToString(ev.Body)
-	}
-	rfc := func(t time.Time) string {
-		if t.IsZero() {
-			return ""
-		}
-		return t.UTC().Format(time.RFC3339Nano)
-	}
-	return []string{strconv.FormatInt(ev.Seq, 10), ev.ID, ev.Type, ev.Source, ev.Node, rfc(ev.Time), ev.CausationID, ev.Schema, ev.UserID,
-		rfc(ev.Arrived), strconv.FormatBool(ev.Redelivered), ev.Malformed, string(headers), body, body64}
 }

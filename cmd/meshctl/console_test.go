@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/csv"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -623,6 +624,16 @@ func TestConsole(t *testing.T) {
 		resp.Body.Close()
 		if lines := strings.Split(strings.TrimSpace(string(body)), "\n"); len(lines) != 1 || !strings.Contains(lines[0], archived) {
 			t.Errorf("export %s: %q", href, body)
+		}
+		b.run(t, chromedp.AttributeValue("#export-csv", "href", &href, nil, chromedp.ByQuery))
+		resp, err = http.Get(c.base + href)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows, err := csv.NewReader(resp.Body).ReadAll()
+		resp.Body.Close()
+		if err != nil || len(rows) != 2 || rows[0][1] != "id" || rows[1][1] != archived {
+			t.Errorf("CSV export %s: %v %v", href, rows, err)
 		}
 		if errs := b.takeErrors(); len(errs) > 0 {
 			t.Errorf("errors: %v", errs)

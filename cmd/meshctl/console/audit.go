@@ -1,6 +1,7 @@
 package console
 
 import (
+	"encoding/csv"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -152,17 +153,48 @@ func cloneValues(q url.Values) url.Values {
 }
 
 // auditExport writes every event the filter selects, oldest first, as
-// JSON Lines, a page at a time as the audit logger answers.
+// JSON Lines (format=jsonl, the default) or CSV (format=csv, the columns
+// of meshctl audit export --format csv), a page at a time as the audit
+// logger answers.
 func (s *Server) auditExport(w http.ResponseWriter, r *http.Request) {
 	f, err := auditFilterOf(r.URL.Query(), s.cfg.Now())
 	if err != nil {
 		writeJSONError(w, http.StatusBadRequest, err.Error())
 		return
 	}
+	format := r.URL.Query().Get("format")
+	if format == "" {
+		format = "jsonl"
+	}
+	var write func(store.Event) error
+	var fail func(error)
+	done := func() {}
+	name := "audit-" + s.cfg.Now().UTC().Format("20060102T150405Z")
+	switch format {
+	case "jsonl":
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		enc := json.NewEncoder(w)
+		write = func(ev store.Event) error { return enc.Encode(ev) }
+		fail = func(err error) { _ = enc.Encode(map[string]string{"export_error": err.Error()}) }
+	case "csv":
+		w.Header().Set("Content-Type", "text/csv; charset=utf-8")
+		cw := csv.NewWriter(w)
+		_ = cw.Write(store.CSVHeader) // buffered: sent with the first page, or lost with an error before it
+		write = func(ev store.Event) error {
+			if err := cw.Write(ev.CSVRecord()); err != nil {
+				return err
+			}
+			cw.Flush()
+			return cw.Error()
+		}
+		fail = func(err error) { _ = cw.Write([]string{"export_error", err.Error()}); cw.Flush() }
+		done = cw.Flush
+	default:
+		writeJSONError(w, http.StatusBadRequest, fmt.Sprintf("format %q: want jsonl or csv", format))
+		return
+	}
+	w.Header().Set("Content-Disposition", `attachment; filename="`+name+"."+format+`"`)
 	req := auditlogger.QueryRequest{Filter: f, Page: store.Page{Limit: maxPageLimit}}
-	w.Header().Set("Content-Type", "application/x-ndjson")
-	w.Header().Set("Content-Disposition", `attachment; filename="audit-`+s.cfg.Now().UTC().Format("20060102T150405Z")+`.jsonl"`)
-	enc := json.NewEncoder(w)
 	wrote := false
 	for {
 		ctx, cancel := ask(r)
@@ -170,20 +202,23 @@ func (s *Server) auditExport(w http.ResponseWriter, r *http.Request) {
 		cancel()
 		if err != nil {
 			if !wrote {
+				w.Header().Set("Content-Disposition", "")
 				writeJSONError(w, http.StatusBadGateway, err.Error())
+				return
 			}
 			// Past the first page the status is sent: the export ends
-			// short, and a line says why.
-			_ = enc.Encode(map[string]string{"export_error": err.Error()})
+			// short, and a last line says why.
+			fail(err)
 			return
 		}
 		for _, ev := range page.Events {
-			if err := enc.Encode(ev); err != nil {
+			if err := write(ev); err != nil {
 				return
 			}
 			wrote = true
 		}
 		if page.Next == 0 {
+			done()
 			return
 		}
 		req.Page.After = page.Next

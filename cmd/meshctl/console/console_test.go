@@ -397,3 +397,19 @@ func TestIsLoopback(t *testing.T) {
 		}
 	}
 }
+
+func TestExportFormats(t *testing.T) {
+	_, ts := serve(t, &fakeMesh{}, Config{})
+	resp, body := do(t, http.MethodGet, ts.URL+"/audit/export?format=csv", "", nil)
+	if resp.StatusCode != http.StatusOK || strings.TrimSpace(body) != strings.Join(store.CSVHeader, ",") {
+		t.Errorf("an empty CSV export: %d %q, want the header row alone", resp.StatusCode, body)
+	}
+	if resp, _ := do(t, http.MethodGet, ts.URL+"/audit/export?format=xml", "", nil); resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("format xml: %d", resp.StatusCode)
+	}
+	f := &fakeMesh{events: map[string]store.Event{"x": {ID: "x", Type: "mesh.a.b", Body: []byte(`{"a":1}`)}}}
+	_, ts = serve(t, f, Config{})
+	if _, body := do(t, http.MethodGet, ts.URL+"/audit/export", "", nil); !strings.Contains(body, `"id":"x"`) || !strings.Contains(body, `"body":{"a":1}`) {
+		t.Errorf("a JSON Lines export: %q", body)
+	}
+}
