@@ -42,6 +42,8 @@ func consoleCommand() *cli.Command {
 			&cli.StringFlag{Name: "token-file", EnvVars: []string{"MESH_CONSOLE_TOKEN_FILE"},
 				Usage: "require the token in `FILE` (its first line), on loopback too"},
 			&cli.BoolFlag{Name: "read-only", Usage: "refuse every action (replay, purge, pause, resume): the pages only show"},
+			&cli.StringFlag{Name: "public-url", EnvVars: []string{"MESH_CONSOLE_PUBLIC_URL"},
+				Usage: "the console's `URL` as browsers reach it through a proxy (https://console.example): it answers to that host, and takes actions from that origin"},
 			&cli.StringFlag{Name: "management-url", EnvVars: []string{"MESH_MANAGEMENT_URL"},
 				Usage: "the broker's management API, http(s)://HOST:PORT, for queues, rates and alarms (default: the AMQP host, port 15672; the AMQP URL's user)"},
 		},
@@ -85,7 +87,13 @@ func serveConsole(c *cli.Context) error {
 		return fmt.Errorf("console: %w", err)
 	}
 	// The console answers to the address bound (the port of :0 too).
-	srv, err := console.New(console.Config{Mesh: m, Addr: ln.Addr().String(), Token: token, ReadOnly: c.Bool("read-only"), Who: m.who, Logger: logger})
+	var names []string // the address asked for, when it is a name (console.example:8080)
+	if h, _, _ := net.SplitHostPort(addr); h != "" && net.ParseIP(h) == nil {
+		_, port, _ := net.SplitHostPort(ln.Addr().String())
+		names = append(names, net.JoinHostPort(h, port))
+	}
+	srv, err := console.New(console.Config{Mesh: m, Addr: ln.Addr().String(), Names: names, PublicURL: c.String("public-url"),
+		Token: token, ReadOnly: c.Bool("read-only"), Who: m.who, Logger: logger})
 	if err != nil {
 		ln.Close()
 		return err
@@ -336,7 +344,10 @@ func (m *consoleMesh) Replay(ctx context.Context, queue string, f deadletters.Fi
 		return err
 	})
 	if len(res.Sent) > 0 {
-		_, rerr := recordReplayed(ctx, m.node, res.Sent)
+		// What was sent is told even when the replay was stopped.
+		tell, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		_, rerr := recordReplayed(tell, m.node, res.Sent)
 		err = errors.Join(err, rerr)
 	}
 	return res, err

@@ -215,7 +215,16 @@ func TestReplaySameEventOfTwoQueues(t *testing.T) {
 	if err != nil || len(msgs) != 2 {
 		t.Fatalf("show: %d messages, %v", len(msgs), err)
 	}
-	res, err := deadletters.Replay(ctx, m.conn, wire.QueueDead, deadletters.Filter{IDs: []string{e.id}})
+	// One queue's copy alone, as the console replays a group.
+	res, err := deadletters.Replay(ctx, m.conn, wire.QueueDead, deadletters.Filter{IDs: []string{e.id}, Queue: mailer})
+	if err != nil || res.Done != 1 || res.Queues[mailer] != 1 || len(res.Queues) != 1 {
+		t.Fatalf("replay of %s's copy: %+v, %v", mailer, res, err)
+	}
+	if d, ok := m.get(mailer, 5*time.Second); !ok || d.MessageId != e.id {
+		t.Fatalf("%s got %v %v", mailer, d.MessageId, ok)
+	}
+	m.deadLetter(e, mailer, 3, wire.DeadReasonDeliveryLimit, "b", time.Now())
+	res, err = deadletters.Replay(ctx, m.conn, wire.QueueDead, deadletters.Filter{IDs: []string{e.id}})
 	if err != nil || res.Done != 2 || res.Queues[billing] != 1 || res.Queues[mailer] != 1 {
 		t.Fatalf("replay: %+v, %v", res, err)
 	}

@@ -30,6 +30,11 @@ type Filter struct {
 	// IDs, when not empty, keeps messages whose id (message id or
 	// x-event-id) is one of these.
 	IDs []string
+	// Queue, when set, keeps the dead letters of that queue alone (the
+	// queue that gave up on each): one event two modules dead-lettered
+	// is two dead letters, and a console's group is one queue's. It
+	// matches no unrouted event.
+	Queue string
 }
 
 // Validate checks the filter; its errors wrap ErrBadFilter and name the
@@ -69,13 +74,16 @@ func (f Filter) Validate() error {
 
 // IsZero reports whether the filter selects every message.
 func (f Filter) IsZero() bool {
-	return f.Module == "" && f.Node == "" && f.Type == "" && f.OlderThan == 0 && f.NewerThan == 0 && len(f.IDs) == 0
+	return f.Module == "" && f.Node == "" && f.Type == "" && f.OlderThan == 0 && f.NewerThan == 0 && len(f.IDs) == 0 && f.Queue == ""
 }
 
 // match reports whether m, read from the dead letters' queue when dead,
 // passes the filter at now.
 func (f Filter) match(m Message, dead bool, now time.Time) bool {
 	if len(f.IDs) > 0 && !f.hasID(m) {
+		return false
+	}
+	if f.Queue != "" && (!dead || m.Queue != f.Queue) {
 		return false
 	}
 	if f.Module != "" && m.moduleFor(dead) != f.Module {

@@ -190,7 +190,7 @@ func with(h, more amqp.Table) amqp.Table {
 
 func TestFilterMatch(t *testing.T) {
 	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-	dl := Message{ID: "A", Type: "module.shop.order.created", Source: "shop", SourceNode: "n0", Node: "n1", Module: "billing",
+	dl := Message{ID: "A", Type: "module.shop.order.created", Source: "shop", SourceNode: "n0", Node: "n1", Module: "billing", Queue: "n1.billing.events",
 		Time: now.Add(-time.Hour), Headers: amqp.Table{wire.HeaderEventID: "EV"}}
 	for _, tc := range []struct {
 		f          Filter
@@ -213,6 +213,9 @@ func TestFilterMatch(t *testing.T) {
 		{Filter{IDs: []string{"B", "A"}}, true, true},
 		{Filter{IDs: []string{"EV"}}, true, true},
 		{Filter{IDs: []string{"B"}}, true, false},
+		{Filter{IDs: []string{"A"}, Queue: "n1.billing.events"}, true, true},
+		{Filter{IDs: []string{"A"}, Queue: "n2.mailer.events"}, true, false}, // the same event dead-lettered by another queue
+		{Filter{Queue: "n1.billing.events"}, false, false},                  // an unrouted event has no such queue
 	} {
 		if got := tc.f.match(dl, tc.dead, now); got != tc.want {
 			t.Errorf("%+v (dead=%v) matched %v, want %v", tc.f, tc.dead, got, tc.want)

@@ -109,9 +109,8 @@ func (s *Server) auditSearch(w http.ResponseWriter, r *http.Request) {
 	d := auditSearchView{Q: q, Asked: len(q) > 0}
 	f, err := auditFilterOf(q, s.cfg.Now())
 	if err != nil {
-		w.WriteHeader(http.StatusBadRequest)
 		v.Err, v.Data = err.Error(), d
-		s.render(w, "audit", v)
+		s.renderStatus(w, http.StatusBadRequest, "audit", v)
 		return
 	}
 	limit, _ := strconv.Atoi(q.Get("limit"))
@@ -122,8 +121,9 @@ func (s *Server) auditSearch(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := ask(r)
 	defer cancel()
 	page, err := s.cfg.Mesh.AuditQuery(ctx, auditlogger.QueryRequest{Filter: f, Page: store.Page{After: after, Limit: limit}})
+	status := http.StatusOK
 	if err != nil {
-		v.Err = err.Error()
+		v.Err, d.Asked, status = err.Error(), false, http.StatusBadGateway // no "no event matches": nothing was asked
 	}
 	d.Rows = rowsOf(page.Events)
 	if page.Next != 0 {
@@ -141,7 +141,7 @@ func (s *Server) auditSearch(w http.ResponseWriter, r *http.Request) {
 	eq.Del("limit")
 	d.Export = "/audit/export?" + eq.Encode()
 	v.Data = d
-	s.render(w, "audit", v)
+	s.renderStatus(w, status, "audit", v)
 }
 
 func cloneValues(q url.Values) url.Values {
@@ -202,7 +202,7 @@ func (s *Server) auditExport(w http.ResponseWriter, r *http.Request) {
 		cancel()
 		if err != nil {
 			if !wrote {
-				w.Header().Set("Content-Disposition", "")
+				w.Header().Del("Content-Disposition")
 				writeJSONError(w, http.StatusBadGateway, err.Error())
 				return
 			}

@@ -42,6 +42,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -195,6 +196,13 @@ type Config struct {
 	Token string
 	// ReadOnly refuses every action.
 	ReadOnly bool
+	// PublicURL, when set, is the console's address as browsers reach it
+	// through a proxy (https://console.example): its host is a Host the
+	// console answers to, and its origin one actions may come from.
+	PublicURL string
+	// Names are more HOST:PORT names the console answers to (the address
+	// it was asked to listen on, when that is a name).
+	Names []string
 	// Who is the operator, as actions are logged ("alice as broker user
 	// ops").
 	Who string
@@ -214,7 +222,11 @@ type Server struct {
 	mux   *http.ServeMux
 	pages *pages
 	jobs  *jobs
-	hosts map[string]bool // Host headers that name this console
+	hosts map[string]bool // Host headers that name this console, lower case
+	// origin is PublicURL's origin, which actions may come from besides
+	// the Host's own.
+	origin  string
+	streams chan struct{} // a token per live stream open
 
 	// work is the context of the replays and purges, which outlive their
 	// requests; Close cancels it and waits for them.
@@ -242,7 +254,18 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, csrf: randomToken(), pages: pg, jobs: newJobs(), hosts: hostsOf(host, port)}
+	s := &Server{cfg: cfg, csrf: randomToken(), pages: pg, jobs: newJobs(), hosts: hostsOf(host, port), streams: make(chan struct{}, maxStreams)}
+	for _, n := range cfg.Names {
+		s.hosts[strings.ToLower(n)] = true
+	}
+	if cfg.PublicURL != "" {
+		u, err := url.Parse(cfg.PublicURL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, fmt.Errorf("%w: PublicURL %q: want http(s)://HOST[:PORT]", ErrConfig, cfg.PublicURL)
+		}
+		s.hosts[strings.ToLower(u.Host)] = true
+		s.origin = strings.ToLower(u.Scheme + "://" + u.Host)
+	}
 	s.work, s.stopWork = context.WithCancel(context.Background())
 	s.routes()
 	return s, nil
@@ -306,7 +329,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Referrer-Policy", "no-referrer")
 	h.Set("X-Frame-Options", "DENY")
-	if !s.hosts["*"] && !s.hosts[r.Host] {
+	if !s.hosts["*"] && !s.hosts[strings.ToLower(r.Host)] {
 		http.Error(w, "this console answers to its own address only (Host "+r.Host+" refused)", http.StatusMisdirectedRequest)
 		return
 	}
@@ -356,7 +379,7 @@ func (s *Server) checkAction(w http.ResponseWriter, r *http.Request) bool {
 		writeJSONError(w, http.StatusForbidden, "the request lacks this console's CSRF token (X-Mesh-CSRF): reload the page")
 		return false
 	}
-	if o := r.Header.Get("Origin"); o != "" && o != "http://"+r.Host && o != "https://"+r.Host {
+	if o := strings.ToLower(r.Header.Get("Origin")); o != "" && o != "http://"+strings.ToLower(r.Host) && o != "https://"+strings.ToLower(r.Host) && o != s.origin {
 		writeJSONError(w, http.StatusForbidden, "the request comes from another origin ("+o+")")
 		return false
 	}
@@ -390,6 +413,7 @@ type job struct {
 	Finished bool     `json:"finished"`
 	Summary  string   `json:"summary,omitempty"`
 	Left     []string `json:"left,omitempty"`
+	Missing  int      `json:"missing,omitempty"` // ids asked for and not found
 	Error    string   `json:"error,omitempty"`
 }
 

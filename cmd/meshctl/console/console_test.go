@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -34,6 +35,7 @@ type fakeMesh struct {
 	kept     []deadletters.Message
 	queries  []auditlogger.QueryRequest
 	replayed []deadletters.Filter
+	sent     []string // id@queue of each message replayed
 	paused   []string
 	actions  []Action
 }
@@ -74,12 +76,23 @@ func (f *fakeMesh) Kept(_ context.Context, _ string, flt deadletters.Filter, lim
 	}
 	return out, nil
 }
+
+// Replay "replays" the kept messages the filter's ids and queue select,
+// as deadletters.Replay would, and says how many.
 func (f *fakeMesh) Replay(_ context.Context, _ string, flt deadletters.Filter, progress func(int, int)) (deadletters.Result, error) {
 	f.mu.Lock()
+	defer f.mu.Unlock()
 	f.replayed = append(f.replayed, flt)
-	f.mu.Unlock()
-	progress(len(flt.IDs), len(flt.IDs))
-	return deadletters.Result{Matched: len(flt.IDs), Done: len(flt.IDs)}, nil
+	var res deadletters.Result
+	for _, m := range f.kept {
+		if slices.Contains(flt.IDs, m.ID) && (flt.Queue == "" || flt.Queue == m.Queue) {
+			res.Matched++
+			res.Done++
+			f.sent = append(f.sent, m.ID+"@"+m.Queue)
+		}
+	}
+	progress(res.Done, res.Matched)
+	return res, nil
 }
 func (f *fakeMesh) Purge(context.Context, string, deadletters.Filter, func(int, int)) (deadletters.Result, error) {
 	return deadletters.Result{}, errors.New("not in this test")
@@ -120,6 +133,7 @@ func serve(t *testing.T, f *fakeMesh, cfg Config) (*Server, *httptest.Server) {
 	}
 	ts.Config.Handler = s
 	t.Cleanup(ts.Close)
+	t.Cleanup(s.Close) // after the server: the jobs it started end first
 	return s, ts
 }
 
@@ -187,7 +201,8 @@ func TestTokenIsRequired(t *testing.T) {
 	if resp.StatusCode != http.StatusUnauthorized || len(resp.Cookies()) != 0 {
 		t.Errorf("a wrong login: %d, cookies %v", resp.StatusCode, resp.Cookies())
 	}
-	for next, want := range map[string]string{"/audit?type=x": "/audit?type=x", "//evil.example/": "/", "https://evil.example/": "/", "/\\evil": "/", "": "/"} {
+	for next, want := range map[string]string{"/audit?type=x": "/audit?type=x", "//evil.example/": "/", "https://evil.example/": "/", "/\\evil": "/", "": "/",
+		"/\t/evil.example": "/", "/\n/evil.example": "/"} {
 		resp, _ = do(t, http.MethodPost, ts.URL+"/login", url.Values{"token": {"0123456789abcdef-token"}, "next": {next}}.Encode(), map[string]string{"Content-Type": form})
 		if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != want {
 			t.Errorf("login with next %q: %d to %q, want %q", next, resp.StatusCode, resp.Header.Get("Location"), want)
@@ -262,9 +277,10 @@ func TestDeadLettersAreGroupedAndAGroupReplayed(t *testing.T) {
 		{ID: "a", Queue: "n.ledger.events", Reason: "rejected", Error: "closed", Time: now.Add(-time.Hour)},
 		{ID: "b", Queue: "n.ledger.events", Reason: "rejected", Error: "closed", Time: now},
 		{ID: "c", Queue: "n.ledger.events", Reason: "delivery_limit", Time: now.Add(-time.Minute)},
+		{ID: "a", Queue: "n.mailer.events", Reason: "rejected", Error: "smtp", Time: now.Add(-2 * time.Hour)}, // the same event, another queue
 	}}
 	g := groupsOf(deadKeeper, f.kept)
-	if len(g) != 2 || g[0].Count != 2 || g[0].Error != "closed" || !g[0].First.Equal(now.Add(-time.Hour)) || !g[0].Last.Equal(now) || g[1].Count != 1 {
+	if len(g) != 3 || g[0].Count != 2 || g[0].Error != "closed" || !g[0].First.Equal(now.Add(-time.Hour)) || !g[0].Last.Equal(now) || g[1].Count != 1 {
 		t.Fatalf("groups: %+v", g)
 	}
 	u := groupsOf(unroutedKeeper, []deadletters.Message{
@@ -281,12 +297,12 @@ func TestDeadLettersAreGroupedAndAGroupReplayed(t *testing.T) {
 		t.Errorf("an unknown group: %d", resp.StatusCode)
 	}
 	csrf := map[string]string{"X-Mesh-CSRF": csrfOf(t, ts)}
-	for _, bad := range []string{`{"ids":[]}`, `not json`, `{"ids":["a"],"all":true}`} {
+	for _, bad := range []string{`{"ids":[]}`, `not json`, `{"ids":["a"],"all":true}`, `{"ids":["a"]}`} { // the last: no queue
 		if resp, b := do(t, http.MethodPost, ts.URL+"/api/dlq/replay", bad, csrf); resp.StatusCode != http.StatusBadRequest {
 			t.Errorf("replay %s: %d %s", bad, resp.StatusCode, b)
 		}
 	}
-	resp, body := do(t, http.MethodPost, ts.URL+"/api/dlq/replay", `{"ids":["a","b"]}`, csrf)
+	resp, body := do(t, http.MethodPost, ts.URL+"/api/dlq/replay", `{"ids":["a","b","b","gone"],"queue":"n.ledger.events"}`, csrf)
 	if resp.StatusCode != http.StatusAccepted {
 		t.Fatalf("replay: %d %s", resp.StatusCode, body)
 	}
@@ -301,15 +317,18 @@ func TestDeadLettersAreGroupedAndAGroupReplayed(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if jb.Summary != "replayed 2 of 2 dead letters" || jb.Done != 2 {
+	if !strings.HasPrefix(jb.Summary, "replayed 2 of 2 dead letters; 1 of the 3 asked for not found") || jb.Done != 2 || jb.Missing != 1 {
 		t.Errorf("the job: %+v", jb)
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if len(f.replayed) != 1 || strings.Join(f.replayed[0].IDs, ",") != "a,b" {
-		t.Errorf("replayed %v, want exactly the ids a and b", f.replayed)
+	if len(f.replayed) != 1 || strings.Join(f.replayed[0].IDs, ",") != "a,b,gone" || f.replayed[0].Queue != "n.ledger.events" {
+		t.Errorf("replayed %+v, want the ids a, b and gone (each once) of n.ledger.events", f.replayed)
 	}
-	if len(f.actions) != 1 || f.actions[0].Target != wire.QueueDead || f.actions[0].IDs != 2 {
+	if strings.Join(f.sent, " ") != "a@n.ledger.events b@n.ledger.events" {
+		t.Errorf("sent %v: the mailer's copy of a is another group's", f.sent)
+	}
+	if len(f.actions) != 1 || f.actions[0].Target != wire.QueueDead || f.actions[0].IDs != 3 {
 		t.Errorf("the action recorded: %+v", f.actions)
 	}
 }
@@ -411,5 +430,64 @@ func TestExportFormats(t *testing.T) {
 	_, ts = serve(t, f, Config{})
 	if _, body := do(t, http.MethodGet, ts.URL+"/audit/export", "", nil); !strings.Contains(body, `"id":"x"`) || !strings.Contains(body, `"body":{"a":1}`) {
 		t.Errorf("a JSON Lines export: %q", body)
+	}
+}
+
+func TestHostsOfAProxiedConsole(t *testing.T) {
+	_, ts := serve(t, &fakeMesh{}, Config{PublicURL: "https://Console.Example", Names: []string{"mesh-ops:8080"}})
+	for host, want := range map[string]int{"console.example": http.StatusOK, "CONSOLE.EXAMPLE": http.StatusOK, "mesh-ops:8080": http.StatusOK,
+		strings.ToUpper(ts.Listener.Addr().String()): http.StatusOK, "console.example:444": http.StatusMisdirectedRequest, "evil.example": http.StatusMisdirectedRequest} {
+		req, _ := http.NewRequest(http.MethodGet, ts.URL+"/", nil)
+		req.Host = host
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("Host %s: %d, want %d", host, resp.StatusCode, want)
+		}
+	}
+	// An action from the public origin passes, though the proxy rewrote
+	// the Host; another origin does not.
+	csrf := csrfOf(t, ts)
+	for origin, want := range map[string]int{"https://console.example": http.StatusOK, "https://evil.example": http.StatusForbidden} {
+		if resp, b := do(t, http.MethodPost, ts.URL+"/api/dispatcher/pause", `{"trigger":"x"}`, map[string]string{"X-Mesh-CSRF": csrf, "Origin": origin}); resp.StatusCode != want {
+			t.Errorf("Origin %s: %d %s, want %d", origin, resp.StatusCode, b, want)
+		}
+	}
+	if _, err := New(Config{Mesh: &fakeMesh{}, Addr: "127.0.0.1:1", PublicURL: "ftp://x"}); !errors.Is(err, ErrConfig) {
+		t.Errorf("PublicURL ftp://x: %v", err)
+	}
+}
+
+func TestLiveStreamsAreBounded(t *testing.T) {
+	_, ts := serve(t, &fakeMesh{}, Config{})
+	var open []*http.Response
+	defer func() {
+		for _, r := range open {
+			r.Body.Close()
+		}
+	}()
+	for range maxStreams {
+		resp, err := http.Get(ts.URL + "/api/live?pattern=%23")
+		if err != nil {
+			t.Fatal(err)
+		}
+		open = append(open, resp)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("stream %d: %d", len(open), resp.StatusCode)
+		}
+	}
+	resp, err := http.Get(ts.URL + "/api/live?pattern=%23")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("stream %d: %d, want 503", maxStreams+1, resp.StatusCode)
+	}
+	if resp, _ := do(t, http.MethodGet, ts.URL+"/api/live?pattern=a..b", "", nil); resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("a bad pattern: %d", resp.StatusCode)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -102,7 +103,8 @@ func (s *Server) keptGroups(w http.ResponseWriter, r *http.Request, k keeper) {
 	v := view{Title: k.Title, Nav: k.Path}
 	msgs, err := s.keptList(r, k)
 	if err != nil {
-		v.Err = err.Error()
+		s.fail(w, http.StatusBadGateway, k.Title, err.Error())
+		return
 	}
 	v.Data = keptView{Keeper: k, Groups: groupsOf(k, msgs), Total: len(msgs), Limited: len(msgs) == keptLimit}
 	s.render(w, "kept", v)
@@ -160,6 +162,9 @@ func (s *Server) keptMessage(w http.ResponseWriter, r *http.Request, k keeper) {
 // on a whole queue by implication.
 type keptRequest struct {
 	IDs []string `json:"ids"`
+	// Queue is, for dead letters, the queue that gave up on them (the
+	// group's): an event another queue dead-lettered too is left alone.
+	Queue string `json:"queue,omitempty"`
 }
 
 // maxActIDs bounds the ids of one action.
@@ -172,16 +177,20 @@ func (s *Server) keptAct(w http.ResponseWriter, r *http.Request, k keeper, actio
 		return
 	}
 	var req keptRequest
-	if err := readJSON(r, &req); err != nil {
+	if err := readJSON(w, r, &req); err != nil {
 		writeJSONError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	ids := nonEmpty(req.IDs)
+	ids := slices.Compact(slices.Sorted(slices.Values(nonEmpty(req.IDs))))
 	if len(ids) == 0 || len(ids) > maxActIDs {
 		writeJSONError(w, http.StatusBadRequest, fmt.Sprintf("want between 1 and %d ids of %s", maxActIDs, k.Few))
 		return
 	}
-	f := deadletters.Filter{IDs: ids}
+	if k.Dead && req.Queue == "" {
+		writeJSONError(w, http.StatusBadRequest, "want the queue that gave up on the dead letters (queue)")
+		return
+	}
+	f := deadletters.Filter{IDs: ids, Queue: req.Queue}
 	if err := f.Validate(); err != nil {
 		writeJSONError(w, http.StatusBadRequest, err.Error())
 		return
@@ -205,8 +214,19 @@ func (s *Server) keptAct(w http.ResponseWriter, r *http.Request, k keeper, actio
 			res, err = s.cfg.Mesh.Purge(ctx, k.Queue, f, progress)
 		}
 		summary := summaryOf(k, action, res)
+		if missing := len(ids) - res.Matched; missing > 0 {
+			summary += fmt.Sprintf("; %d of the %d asked for not found (replayed, purged or taken since the page was drawn)", missing, len(ids))
+		}
+		a.Result = summary
+		if err != nil {
+			a.Result += "; failed: " + err.Error()
+		}
+		// Recorded before the job says it is finished: what the page
+		// shows done is in the log.
+		s.record(r, a)
 		s.jobs.update(jb, func(j *job) {
 			j.Finished, j.Summary, j.Done = true, summary, res.Matched
+			j.Missing = len(ids) - res.Matched
 			for _, l := range res.Left {
 				j.Left = append(j.Left, l.ID+": "+l.Err.Error())
 			}
@@ -214,11 +234,6 @@ func (s *Server) keptAct(w http.ResponseWriter, r *http.Request, k keeper, actio
 				j.Error = err.Error()
 			}
 		})
-		a.Result = summary
-		if err != nil {
-			a.Result += "; failed: " + err.Error()
-		}
-		s.record(r, a)
 	}()
 	writeJSON(w, http.StatusAccepted, map[string]string{"job": jb.ID})
 }

@@ -105,6 +105,11 @@ type view struct {
 // render writes the page name with data; an error in rendering is a 500
 // (the page is built in memory first, so nothing half-written is sent).
 func (s *Server) render(w http.ResponseWriter, name string, v view) {
+	s.renderStatus(w, http.StatusOK, name, v)
+}
+
+// renderStatus is render with another status than 200.
+func (s *Server) renderStatus(w http.ResponseWriter, status int, name string, v view) {
 	v.CSRF, v.ReadOnly = s.csrf, s.cfg.ReadOnly
 	t, ok := s.pages.byName[name]
 	if !ok {
@@ -118,13 +123,13 @@ func (s *Server) render(w http.ResponseWriter, name string, v view) {
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
 	_, _ = w.Write(b.Bytes())
 }
 
-// notFound renders the error page with status 404.
+// fail renders the error page with status.
 func (s *Server) fail(w http.ResponseWriter, status int, title, msg string) {
-	w.WriteHeader(status)
-	s.render(w, "error", view{Title: title, Err: msg})
+	s.renderStatus(w, status, "error", view{Title: title, Err: msg})
 }
 
 func timeText(t time.Time) string {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"time"
@@ -59,34 +60,46 @@ func (s *Server) loginPage(w http.ResponseWriter, r *http.Request) {
 
 // login checks the token of the login form and sets it as a cookie.
 func (s *Server) login(w http.ResponseWriter, r *http.Request) {
-	next := safeNext(r.FormValue("next"))
+	r.Body = http.MaxBytesReader(w, r.Body, 4<<10) // a token and a path: no uploads, no megabytes
+	if err := r.ParseForm(); err != nil {
+		http.Error(w, "a login is a small form: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	next := safeNext(r.PostForm.Get("next"))
 	if s.cfg.Token == "" {
 		http.Redirect(w, r, next, http.StatusSeeOther)
 		return
 	}
-	if !s.tokenIs(strings.TrimSpace(r.FormValue("token"))) {
+	if !s.tokenIs(strings.TrimSpace(r.PostForm.Get("token"))) {
 		s.cfg.Logger.Warn("console login refused", "from", r.RemoteAddr)
-		w.WriteHeader(http.StatusUnauthorized)
-		s.render(w, "login", view{Title: "Log in", Err: "that is not the console's token", Data: map[string]string{"Next": next}})
+		s.renderStatus(w, http.StatusUnauthorized, "login", view{Title: "Log in", Err: "that is not the console's token", Data: map[string]string{"Next": next}})
 		return
 	}
 	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: s.cfg.Token, Path: "/", HttpOnly: true,
-		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
+		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil || strings.HasPrefix(s.origin, "https://")})
 	http.Redirect(w, r, next, http.StatusSeeOther)
 }
 
 // safeNext is a local path to go to after logging in: "/" unless next is
 // one ("/audit?type=x"), never another site ("//evil", "https://...").
 func safeNext(next string) string {
-	if !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") || strings.HasPrefix(next, "/\\") {
+	if !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") || strings.ContainsAny(next, "\\") {
+		return "/"
+	}
+	for _, r := range next {
+		if r < 0x20 || r == 0x7f { // browsers drop tabs and newlines: "/\t/evil" would be "//evil"
+			return "/"
+		}
+	}
+	if u, err := url.Parse(next); err != nil || u.Scheme != "" || u.Host != "" {
 		return "/"
 	}
 	return next
 }
 
 // readJSON decodes a small JSON request body into v.
-func readJSON(r *http.Request, v any) error {
-	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, 4<<20))
+func readJSON(w http.ResponseWriter, r *http.Request, v any) error {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4<<20))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		return fmt.Errorf("the request is not the JSON expected: %w", err)
@@ -158,7 +171,7 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request, pause bool) {
 		return
 	}
 	var req pauseRequest
-	if err := readJSON(r, &req); err != nil || req.Trigger == "" {
+	if err := readJSON(w, r, &req); err != nil || req.Trigger == "" {
 		writeJSONError(w, http.StatusBadRequest, "want {\"trigger\": NAME}")
 		return
 	}
@@ -205,6 +218,14 @@ type liveEvent struct {
 // liveBodyMax is how much of a body the live page gets.
 const liveBodyMax = 2048
 
+// maxStreams bounds the live pages open at once (each is a tail: a
+// channel and a queue); streamWriteTimeout is how long one may take to
+// read an event before its stream is ended.
+const (
+	maxStreams         = 32
+	streamWriteTimeout = 10 * time.Second
+)
+
 // liveEvents streams the events matching ?pattern as server-sent events:
 // "ready" once it listens, then one "event" per event. It ends when the
 // page goes (or the console stops).
@@ -214,11 +235,19 @@ func (s *Server) liveEvents(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusBadRequest, err.Error())
 		return
 	}
+	select {
+	case s.streams <- struct{}{}:
+		defer func() { <-s.streams }()
+	default:
+		writeJSONError(w, http.StatusServiceUnavailable, fmt.Sprintf("%d live pages are open already: close one", maxStreams))
+		return
+	}
 	fl, ok := w.(http.Flusher)
 	if !ok {
 		writeJSONError(w, http.StatusInternalServerError, "streaming unsupported")
 		return
 	}
+	rc := http.NewResponseController(w)
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusOK)
@@ -228,6 +257,9 @@ func (s *Server) liveEvents(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return err
 		}
+		// A page that stops reading ends its stream, instead of the
+		// tail's deliveries piling up in meshctl's memory behind it.
+		_ = rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
 		if _, err := fmt.Fprintf(w, "event: %s\ndata: %s\n\n", kind, b); err != nil {
 			return err
 		}

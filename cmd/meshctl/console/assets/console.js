@@ -84,9 +84,12 @@
       bar.max = p.ids.length; bar.value = 0;
       ptext.textContent = "starting…";
       try {
-        const { job } = await post("/api/" + kept + "/" + p.action, { ids: p.ids });
+        const body = { ids: p.ids };
+        if (actions.dataset.queue) body.queue = actions.dataset.queue;
+        const { job } = await post("/api/" + kept + "/" + p.action, body);
         for (;;) {
           const resp = await fetch("/api/jobs/" + encodeURIComponent(job), { credentials: "same-origin" });
+          if (!resp.ok) throw new Error("the console lost track of the job (" + resp.status + "); reload to see what is left");
           const j = await resp.json();
           bar.max = Math.max(j.total, 1); bar.value = j.done;
           ptext.textContent = j.done + " of " + j.total;
@@ -94,7 +97,7 @@
             let text = j.summary;
             if (j.left && j.left.length) text += " — left: " + j.left.join("; ");
             if (j.error) text += " — " + j.error;
-            show(result, text, !!j.error || (j.left && j.left.length > 0));
+            show(result, text, !!j.error || (j.left && j.left.length > 0) || j.missing > 0);
             result.dataset.finished = "true";
             break;
           }
@@ -134,6 +137,7 @@
     const maxRows = 500;
     let paused = false;
     let held = [];
+    let dropped = 0;
     function cell(tr, text) {
       const td = document.createElement("td");
       td.textContent = text || "";
@@ -163,8 +167,10 @@
     src.addEventListener("event", (m) => {
       const ev = JSON.parse(m.data);
       if (paused) {
+        // At most maxRows are kept while paused: the page shows no more.
         held.push(ev);
-        waiting.textContent = held.length + " waiting";
+        if (held.length > maxRows) { held.shift(); dropped++; }
+        waiting.textContent = held.length + " waiting" + (dropped ? " (" + dropped + " older ones dropped)" : "");
         return;
       }
       addRow(ev);
@@ -178,6 +184,7 @@
       if (!paused) {
         held.forEach(addRow);
         held = [];
+        dropped = 0;
         waiting.textContent = "";
       }
     });
