@@ -215,7 +215,7 @@ func TestFilterMatch(t *testing.T) {
 		{Filter{IDs: []string{"B"}}, true, false},
 		{Filter{IDs: []string{"A"}, Queue: "n1.billing.events"}, true, true},
 		{Filter{IDs: []string{"A"}, Queue: "n2.mailer.events"}, true, false}, // the same event dead-lettered by another queue
-		{Filter{Queue: "n1.billing.events"}, false, false},                  // an unrouted event has no such queue
+		{Filter{Queue: "n1.billing.events"}, false, false},                   // an unrouted event has no such queue
 	} {
 		if got := tc.f.match(dl, tc.dead, now); got != tc.want {
 			t.Errorf("%+v (dead=%v) matched %v, want %v", tc.f, tc.dead, got, tc.want)
