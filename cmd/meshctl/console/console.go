@@ -414,27 +414,41 @@ type job struct {
 	Summary  string   `json:"summary,omitempty"`
 	Left     []string `json:"left,omitempty"`
 	Missing  int      `json:"missing,omitempty"` // ids asked for and not found
+	seq      int      // its order of start
 	Error    string   `json:"error,omitempty"`
 }
 
 func newJobs() *jobs { return &jobs{byID: map[string]*job{}} }
 
 // maxJobs bounds the jobs remembered: the oldest finished go first.
-const maxJobs = 100
+// maxRunning bounds the replays and purges at once (each holds a broker
+// connection and what it matched).
+const (
+	maxJobs    = 100
+	maxRunning = 4
+)
 
+// start records a new job, or returns nil when maxRunning run already.
 func (j *jobs) start(action string) *job {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	j.seq++
-	jb := &job{ID: fmt.Sprintf("%d-%s", j.seq, randomToken()[:8]), Action: action}
-	if len(j.byID) >= maxJobs {
-		for id, old := range j.byID {
-			if old.Finished {
-				delete(j.byID, id)
-				break
-			}
+	running := 0
+	var oldest *job
+	for _, jb := range j.byID {
+		if !jb.Finished {
+			running++
+		} else if oldest == nil || jb.seq < oldest.seq {
+			oldest = jb
 		}
 	}
+	if running >= maxRunning {
+		return nil
+	}
+	if len(j.byID) >= maxJobs && oldest != nil {
+		delete(j.byID, oldest.ID)
+	}
+	j.seq++
+	jb := &job{ID: fmt.Sprintf("%d-%s", j.seq, randomToken()[:8]), Action: action, seq: j.seq}
 	j.byID[jb.ID] = jb
 	return jb
 }

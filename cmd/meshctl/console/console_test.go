@@ -35,7 +35,8 @@ type fakeMesh struct {
 	kept     []deadletters.Message
 	queries  []auditlogger.QueryRequest
 	replayed []deadletters.Filter
-	sent     []string // id@queue of each message replayed
+	sent     []string      // id@queue of each message replayed
+	block    chan struct{} // if not nil, a replay waits for it to close
 	paused   []string
 	actions  []Action
 }
@@ -80,6 +81,9 @@ func (f *fakeMesh) Kept(_ context.Context, _ string, flt deadletters.Filter, lim
 // Replay "replays" the kept messages the filter's ids and queue select,
 // as deadletters.Replay would, and says how many.
 func (f *fakeMesh) Replay(_ context.Context, _ string, flt deadletters.Filter, progress func(int, int)) (deadletters.Result, error) {
+	if f.block != nil {
+		<-f.block
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.replayed = append(f.replayed, flt)
@@ -489,5 +493,36 @@ func TestLiveStreamsAreBounded(t *testing.T) {
 	}
 	if resp, _ := do(t, http.MethodGet, ts.URL+"/api/live?pattern=a..b", "", nil); resp.StatusCode != http.StatusBadRequest {
 		t.Errorf("a bad pattern: %d", resp.StatusCode)
+	}
+}
+
+func TestRunningJobsAreBounded(t *testing.T) {
+	f := &fakeMesh{block: make(chan struct{}), kept: []deadletters.Message{{ID: "a", Queue: "q"}}}
+	_, ts := serve(t, f, Config{})
+	csrf := map[string]string{"X-Mesh-CSRF": csrfOf(t, ts)}
+	var jobs []string
+	for range maxRunning {
+		resp, body := do(t, http.MethodPost, ts.URL+"/api/dlq/replay", `{"ids":["a"],"queue":"q"}`, csrf)
+		if resp.StatusCode != http.StatusAccepted {
+			t.Fatalf("replay %d: %d %s", len(jobs)+1, resp.StatusCode, body)
+		}
+		var started struct{ Job string }
+		_ = json.Unmarshal([]byte(body), &started)
+		jobs = append(jobs, started.Job)
+	}
+	if resp, body := do(t, http.MethodPost, ts.URL+"/api/dlq/replay", `{"ids":["a"],"queue":"q"}`, csrf); resp.StatusCode != http.StatusTooManyRequests {
+		t.Errorf("replay %d: %d %s, want 429", maxRunning+1, resp.StatusCode, body)
+	}
+	close(f.block)
+	for _, id := range jobs {
+		for done := false; !done; { // each ends once the fake lets it
+			_, b := do(t, http.MethodGet, ts.URL+"/api/jobs/"+id, "", nil)
+			var jb job
+			_ = json.Unmarshal([]byte(b), &jb)
+			done = jb.Finished
+		}
+	}
+	if resp, _ := do(t, http.MethodPost, ts.URL+"/api/dlq/replay", `{"ids":["a"],"queue":"q"}`, csrf); resp.StatusCode != http.StatusAccepted {
+		t.Errorf("a replay after the others ended: %d", resp.StatusCode)
 	}
 }

@@ -196,6 +196,10 @@ func (s *Server) keptAct(w http.ResponseWriter, r *http.Request, k keeper, actio
 		return
 	}
 	jb := s.jobs.start(action)
+	if jb == nil {
+		writeJSONError(w, http.StatusTooManyRequests, fmt.Sprintf("%d replays or purges are running: wait for one to end", maxRunning))
+		return
+	}
 	s.jobs.update(jb, func(j *job) { j.Total = len(ids) })
 	a := Action{Action: action, Target: k.Queue, IDs: len(ids)}
 	// The work outlives the request: it goes on when the page is left,
