@@ -12,6 +12,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/meshkit/mesh/internal/cloudevents"
 	"github.com/meshkit/mesh/internal/deadletters"
 	"github.com/meshkit/mesh/internal/filter"
 	"github.com/meshkit/mesh/internal/setup"
@@ -391,6 +392,9 @@ func (m *Module) handleQueued(queue string, h sdk.Handler, d amqp.Delivery, deli
 		src.quorum, attempt = true, attempt+int(n)
 	}
 	ev := queuedEventOf(d, queue, attempt, o)
+	if oerr == nil {
+		oerr = fromCloudEvent(&ev, d)
+	}
 	if oerr != nil {
 		m.deadLetter(src, d, ev.Type, attempt, wire.DeadReasonMalformed, oerr)
 		return false
@@ -444,6 +448,32 @@ func (m *Module) queueFilter(queue string) *filter.Filter {
 // as it can be, every header as text; its type and publisher as o says
 // (originOf: the routing key and user-id, unless the node put it back
 // for a retry or meshctl replayed it straight to the queue).
+// fromCloudEvent reads a CloudEvent (binary or structured mode) into ev:
+// its id, source, type, time, dataschema (as Schema), data (as Body) and
+// data content type. A message with mesh's identity (x-event-id) is
+// mesh's, whatever else it carries (ADR 34); one that says it is a
+// CloudEvent and breaks the specification is an error, to dead-letter as
+// malformed.
+func fromCloudEvent(ev *sdk.Event, d amqp.Delivery) error {
+	if _, mesh := d.Headers[wire.HeaderEventID]; mesh {
+		return nil
+	}
+	ce, ok, err := cloudevents.Read(d.Headers, d.ContentType, d.Body)
+	if err != nil || !ok {
+		return err
+	}
+	ev.ID, ev.Source, ev.Type, ev.Schema, ev.Body = ce.ID, ce.Source, ce.Type, ce.DataSchema, ce.Data
+	if !ce.Time.IsZero() {
+		ev.Time = ce.Time
+	}
+	if ce.DataContentType != "" {
+		ev.Headers["content-type"] = ce.DataContentType
+	} else {
+		delete(ev.Headers, "content-type") // application/cloudevents+json was the envelope's
+	}
+	return nil
+}
+
 func queuedEventOf(d amqp.Delivery, queue string, attempt int, o origin) sdk.Event {
 	text := func(k string) string { return deadletters.HeaderText(d.Headers[k]) }
 	ev := sdk.Event{

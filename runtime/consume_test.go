@@ -3,6 +3,7 @@ package runtime_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -307,4 +308,62 @@ func TestDeletedConsumedQueueStopsOnlyItsConsumer(t *testing.T) {
 		t.Errorf("the queue consumed again handed %+v", ev)
 	}
 	waitFor(t, 15*time.Second, func() bool { return n.Ready() == nil })
+}
+
+// TestConsumeCloudEvents: a CloudEvents producer's messages, in each
+// binary binding's headers and in structured mode, reach a Consume handler
+// with the event's id, source, type, time, dataschema and data; a message
+// that says it is a CloudEvent and is not a valid one is dead-lettered as
+// malformed, saying why; a mesh event keeps mesh's reading.
+func TestConsumeCloudEvents(t *testing.T) {
+	t.Parallel()
+	url := brokertest.VHost(t)
+	n := testNode(t, url, "anchor", nil)
+	ch := rawConn(t, url)
+	if _, err := ch.QueueDeclare("ce.orders", true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
+		t.Fatal(err)
+	}
+	rec := newRecorder(nil)
+	load(t, n, sdk.Module{Name: "taker", Setup: func(m sdk.Mesh) error { return m.Consume("ce.orders", 1, rec) }}, runtime.ModuleConfig{})
+	when := time.Date(2026, 12, 1, 9, 30, 0, 0, time.UTC)
+	publish := func(p amqp.Publishing) {
+		t.Helper()
+		p.DeliveryMode = amqp.Persistent
+		if err := ch.Publish("", "ce.orders", false, false, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, prefix := range []string{"cloudEvents_", "cloudEvents:", "ce-"} {
+		publish(amqp.Publishing{ContentType: "application/json", Body: []byte(`{"order":7}`), Headers: amqp.Table{
+			prefix + "specversion": "1.0", prefix + "id": "order-" + prefix, prefix + "source": "/shop", prefix + "type": "com.example.order.created",
+			prefix + "time": when.Format(time.RFC3339), prefix + "dataschema": "2"}})
+		ev := rec.next(t)
+		if ev.ID != "order-"+prefix || ev.Source != "/shop" || ev.Type != "com.example.order.created" || !ev.Time.Equal(when) ||
+			ev.Schema != "2" || string(ev.Body) != `{"order":7}` || ev.Headers["content-type"] != "application/json" || ev.Queue != "ce.orders" {
+			t.Errorf("binary, %s: %+v", prefix, ev)
+		}
+	}
+	publish(amqp.Publishing{ContentType: "application/cloudevents+json", Body: []byte(
+		`{"specversion":"1.0","id":"order-s","source":"/shop","type":"com.example.order.paid","datacontenttype":"application/json","data":{"paid":true}}`)})
+	if ev := rec.next(t); ev.ID != "order-s" || ev.Type != "com.example.order.paid" || string(ev.Body) != `{"paid":true}` || ev.Headers["content-type"] != "application/json" {
+		t.Errorf("structured: %+v", ev)
+	}
+	// Mixed bindings: dead-lettered as malformed, never handed over.
+	publish(amqp.Publishing{Body: []byte(`{}`), Headers: amqp.Table{"ce-specversion": "1.0", "ce-id": "m", "ce-source": "s", "ce-type": "t", "cloudEvents_subject": "x"}})
+	d := nextDead(t, ch)
+	if d.Headers["x-mesh-dead-reason"] != wire.DeadReasonMalformed || !strings.Contains(fmt.Sprint(d.Headers["x-mesh-dead-error"]), "mixes") {
+		t.Errorf("a mixed CloudEvent's dead letter: %v", d.Headers)
+	}
+	// A message with mesh's identity is mesh's, CloudEvents headers or not.
+	publish(amqp.Publishing{MessageId: "mesh-1", Body: []byte(`{}`), Headers: amqp.Table{wire.HeaderEventID: "mesh-1",
+		"ce-specversion": "1.0", "ce-id": "other", "ce-source": "s", "ce-type": "t"}})
+	if ev := rec.next(t); ev.ID != "mesh-1" || ev.Type != "ce.orders" {
+		t.Errorf("a mesh message with ce- headers: %+v", ev)
+	}
+	// A plain message after it is still read as it is: the handler's next
+	// event is that one, so the malformed one was not handed over.
+	publish(amqp.Publishing{MessageId: "plain-1", Body: []byte("plain")})
+	if ev := rec.next(t); ev.ID != "plain-1" || string(ev.Body) != "plain" {
+		t.Errorf("after the malformed one, the handler got %+v", ev)
+	}
 }

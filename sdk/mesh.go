@@ -93,7 +93,12 @@ type Mesh interface {
 	// handler calls run at once. A message reaches h as an Event read as
 	// far as it can be: ID is its message id (or x-event-id), Type its
 	// routing key, Queue the queue, Headers every header as text, Body the
-	// bytes as they came (not necessarily JSON). Outcomes are an event
+	// bytes as they came (not necessarily JSON). A CloudEvent (binary
+	// mode: cloudEvents_, cloudEvents: or ce- headers, one binding per
+	// message; or structured mode, application/cloudevents+json) is read
+	// as one: ID, Source, Type, Time and Schema are its id, source, type,
+	// time and dataschema, Body its data; one that breaks the
+	// specification is dead-lettered as malformed. Outcomes are an event
 	// handler's: nil acknowledges; an error is retried with back-off up
 	// to the attempt limit, then, like a Permanent error at once,
 	// dead-lettered to mesh.events.dead with the queue's name. A message

@@ -7,7 +7,11 @@
 // trigger's constant inputs, plus
 //
 //	"message": the body when it is JSON, else {"raw_body_b64": "..."}
-//	"meta":    {"message_id", "routing_key", "redelivered", "queue", "trigger", "attempt"}
+//	"meta":    {"message_id", "routing_key", "source", "redelivered", "queue", "trigger", "attempt"}
+//
+// A CloudEvent (binary or structured mode, ADR 34) is read as one: its id
+// is the message id, its type the routing key, its source the source, its
+// data the message.
 //
 // and the outcome decides what the broker does with it:
 //
@@ -140,8 +144,12 @@ type Request map[string]json.RawMessage
 
 // Meta is a message's metadata in a request.
 type Meta struct {
-	MessageID   string `json:"message_id,omitempty"`
-	RoutingKey  string `json:"routing_key"`
+	MessageID string `json:"message_id,omitempty"`
+	// RoutingKey is the event's type: the key it was routed by, or a
+	// CloudEvent's type (ADR 34).
+	RoutingKey string `json:"routing_key"`
+	// Source is the event's emitter: x-source, or a CloudEvent's source.
+	Source      string `json:"source,omitempty"`
 	Redelivered bool   `json:"redelivered"`
 	Queue       string `json:"queue,omitempty"`
 	Trigger     string `json:"trigger"`
@@ -160,7 +168,7 @@ func request(t Trigger, ev sdk.Event) (Request, error) {
 		raw, _ := json.Marshal(map[string]string{"raw_body_b64": base64.StdEncoding.EncodeToString(ev.Body)})
 		req["message"] = raw
 	}
-	meta, err := json.Marshal(Meta{MessageID: ev.ID, RoutingKey: ev.Type, Redelivered: ev.Redelivered, Queue: ev.Queue, Trigger: t.Name, Attempt: ev.Attempt})
+	meta, err := json.Marshal(Meta{MessageID: ev.ID, RoutingKey: ev.Type, Source: ev.Source, Redelivered: ev.Redelivered, Queue: ev.Queue, Trigger: t.Name, Attempt: ev.Attempt})
 	if err != nil {
 		return nil, err
 	}
