@@ -66,7 +66,7 @@ func auditCommand() *cli.Command {
 				Name:  "export",
 				Usage: "write the events a filter selects, oldest first, as JSON Lines or CSV, streamed a page at a time",
 				Flags: append(auditFilterFlags(),
-					&cli.StringFlag{Name: "format", Value: "jsonl", Usage: "`jsonl` or `csv`"},
+					&cli.StringFlag{Name: "format", Value: "jsonl", Usage: "`jsonl`, csv or cloudevents (one CloudEvents 1.0 JSON object a line, structured mode)"},
 					&cli.StringFlag{Name: "out", Usage: "write to `FILE` instead of standard output"},
 					timeout),
 				Action: auditExport,
@@ -443,6 +443,9 @@ func auditExport(c *cli.Context) error {
 	case "jsonl":
 		enc := json.NewEncoder(jsonWriter{out})
 		write, flush = func(ev store.Event) error { return enc.Encode(ev) }, func() error { return nil }
+	case "cloudevents":
+		enc := json.NewEncoder(jsonWriter{out})
+		write, flush = func(ev store.Event) error { return enc.Encode(ev.CloudEvent()) }, func() error { return nil }
 	case "csv":
 		w := csv.NewWriter(out)
 		if err := w.Write(store.CSVHeader); err != nil {
@@ -451,7 +454,7 @@ func auditExport(c *cli.Context) error {
 		write = func(ev store.Event) error { return w.Write(ev.CSVRecord()) }
 		flush = func() error { w.Flush(); return w.Error() }
 	default:
-		return fmt.Errorf("export: --format %q is not jsonl or csv", c.String("format"))
+		return usagef("export: --format %q is not jsonl, csv or cloudevents", c.String("format"))
 	}
 	a, err := newAuditCaller(c)
 	if err != nil {

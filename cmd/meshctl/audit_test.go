@@ -131,6 +131,11 @@ func TestAudit(t *testing.T) {
 	if err != nil || len(rows) != 2 || rows[0][1] != "id" || rows[1][1] != order || rows[1][13] != `{"order":7}` || !strings.Contains(rows[1][12], `"x-source":"web"`) {
 		t.Errorf("export csv: %v, %v", rows, err)
 	}
+	var ce map[string]any
+	if err := json.Unmarshal([]byte(run("audit", "export", "--format", "cloudevents", "--id", order)), &ce); err != nil ||
+		ce["specversion"] != "1.0" || ce["id"] != order || ce["type"] != "mesh.order.placed" || ce["source"] != "mesh://anchor/web" || ce["data"] == nil {
+		t.Errorf("export cloudevents: %v, %v", ce, err)
+	}
 	var st store.Stats
 	if err := json.Unmarshal([]byte(run("audit", "stats", "--json")), &st); err != nil || st.Events < 2 {
 		t.Errorf("stats %+v, %v", st, err)
