@@ -462,6 +462,10 @@ func fromCloudEvent(ev *sdk.Event, d amqp.Delivery) error {
 	if err != nil || !ok {
 		return err
 	}
+	if len(ce.Type) > wire.MaxNameBytes {
+		// Its type is the key it would be dead-lettered or retried with.
+		return fmt.Errorf("%w: type of %d bytes is over %d, the longest routing key", cloudevents.ErrMalformed, len(ce.Type), wire.MaxNameBytes)
+	}
 	ev.ID, ev.Source, ev.Type, ev.Schema, ev.Body = ce.ID, ce.Source, ce.Type, ce.DataSchema, ce.Data
 	if !ce.Time.IsZero() {
 		ev.Time = ce.Time

@@ -323,8 +323,15 @@ func TestConsumeCloudEvents(t *testing.T) {
 	if _, err := ch.QueueDeclare("ce.orders", true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
 		t.Fatal(err)
 	}
-	rec := newRecorder(nil)
+	rec := newRecorder(func(ev sdk.Event) error {
+		if strings.Contains(string(ev.Body), "refuse") {
+			return sdk.Permanent(errors.New("refused"))
+		}
+		return nil
+	})
 	load(t, n, sdk.Module{Name: "taker", Setup: func(m sdk.Mesh) error { return m.Consume("ce.orders", 1, rec) }}, runtime.ModuleConfig{})
+	undertaker := newRecorder(nil)
+	load(t, n, sdk.Module{Name: "undertaker", DeadLetters: undertaker}, runtime.ModuleConfig{})
 	when := time.Date(2026, 12, 1, 9, 30, 0, 0, time.UTC)
 	publish := func(p amqp.Publishing) {
 		t.Helper()
@@ -353,6 +360,32 @@ func TestConsumeCloudEvents(t *testing.T) {
 	d := nextDead(t, ch)
 	if d.Headers["x-mesh-dead-reason"] != wire.DeadReasonMalformed || !strings.Contains(fmt.Sprint(d.Headers["x-mesh-dead-error"]), "mixes") {
 		t.Errorf("a mixed CloudEvent's dead letter: %v", d.Headers)
+	}
+	// A CloudEvent the handler refuses is a dead letter a DeadLetters
+	// handler reads as the same CloudEvent.
+	publish(amqp.Publishing{ContentType: "application/cloudevents+json", Body: []byte(
+		`{"specversion":"1.0","id":"order-r","source":"/shop","type":"com.example.order.bad","data":{"refuse":1}}`)})
+	if ev := rec.next(t); ev.ID != "order-r" {
+		t.Fatalf("the refused one: %+v", ev)
+	}
+	for {
+		dl := undertaker.next(t)
+		if dl.DeadReason == wire.DeadReasonMalformed {
+			continue // the mixed one, before it
+		}
+		if dl.ID != "order-r" || dl.Source != "/shop" || dl.Type != "com.example.order.bad" || string(dl.Body) != `{"refuse":1}` || dl.DeadQueue != "ce.orders" {
+			t.Errorf("the dead letter of a refused CloudEvent: %+v", dl)
+		}
+		break
+	}
+	// A type longer than a routing key may be is refused as malformed:
+	// it could not be dead-lettered or retried by it.
+	publish(amqp.Publishing{Body: []byte(`{}`), Headers: amqp.Table{"ce-specversion": "1.0", "ce-id": "long", "ce-source": "s", "ce-type": strings.Repeat("t", 300)}})
+	for {
+		d := nextDead(t, ch)
+		if d.Headers["x-mesh-dead-reason"] == wire.DeadReasonMalformed && strings.Contains(fmt.Sprint(d.Headers["x-mesh-dead-error"]), "longest routing key") {
+			break
+		}
 	}
 	// A message with mesh's identity is mesh's, CloudEvents headers or not.
 	publish(amqp.Publishing{MessageId: "mesh-1", Body: []byte(`{}`), Headers: amqp.Table{wire.HeaderEventID: "mesh-1",

@@ -10,6 +10,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/meshkit/mesh/internal/cloudevents"
 	"github.com/meshkit/mesh/internal/deadletters"
 	"github.com/meshkit/mesh/internal/execute"
 	"github.com/meshkit/mesh/internal/wire"
@@ -212,6 +213,20 @@ func deadEventOf(d amqp.Delivery) sdk.Event {
 	}
 	if d.ContentType != "" {
 		ev.Headers["content-type"] = d.ContentType
+	}
+	// A CloudEvent from a queue a module consumed is read as one, as
+	// Consume read it (ADR 34).
+	if ce, ok, cerr := cloudevents.Read(d.Headers, d.ContentType, d.Body); ok && cerr == nil {
+		ev.ID, ev.Source, ev.Schema, ev.Body = ce.ID, ce.Source, ce.DataSchema, ce.Data
+		if !ce.Time.IsZero() {
+			ev.Time = ce.Time
+		}
+		if ce.DataContentType != "" {
+			ev.Headers["content-type"] = ce.DataContentType
+		} else {
+			delete(ev.Headers, "content-type")
+		}
+		return ev
 	}
 	if ev.DeadReason == "" {
 		ev.DeadReason = wire.DeadReasonMalformed

@@ -226,7 +226,9 @@ type Module struct {
 	// without a grant, every one): each event any module's queue gave up
 	// on (from mesh.events.dead),
 	// with the Dead fields of Event saying where, why and after how many
-	// attempts, including events that break the wire contract. They come
+	// attempts, including events that break the wire contract (a
+	// CloudEvent a Consume handler gave up on is read as Consume read it).
+	// They come
 	// on the module's own queue <node>.<module>.dead. A failing handler is
 	// retried like an event handler, but a dead letter is never
 	// dead-lettered again: past the attempt limit, or on a Permanent

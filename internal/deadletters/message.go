@@ -1,12 +1,14 @@
 package deadletters
 
 import (
+	"cmp"
 	"fmt"
 	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/meshkit/mesh/internal/cloudevents"
 	"github.com/meshkit/mesh/internal/wire"
 )
 
@@ -138,6 +140,14 @@ func messageOf(d amqp.Delivery, dead bool) Message {
 	}
 	if m.ID == "" {
 		m.ID = text(h[wire.HeaderEventID])
+	}
+	if m.ID == "" || m.Source == "" {
+		// A CloudEvent a module consumed and gave up on: its id and
+		// source, as Consume read them (ADR 34).
+		if ce, ok, err := cloudevents.Read(h, d.ContentType, d.Body); ok && err == nil {
+			m.ID = cmp.Or(m.ID, ce.ID)
+			m.Source = cmp.Or(m.Source, ce.Source)
+		}
 	}
 	death, byBroker := latestDeath(h)
 	// direct: the message (the one that died, for a broker-made dead

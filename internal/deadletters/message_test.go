@@ -379,3 +379,18 @@ func FuzzMessageOf(f *testing.F) {
 		}
 	})
 }
+
+// TestMessageOfACloudEvent: a CloudEvent a module consumed and gave up on
+// is listed by its CloudEvents id and source, as Consume read them.
+func TestMessageOfACloudEvent(t *testing.T) {
+	d := amqp.Delivery{RoutingKey: "com.example.order", Headers: amqp.Table{wire.HeaderDeadQueue: "n1.taker.events", wire.HeaderDeadReason: "permanent",
+		"ce-specversion": "1.0", "ce-id": "order-9", "ce-source": "/shop", "ce-type": "com.example.order"}, Body: []byte(`{}`)}
+	m := messageOf(d, true)
+	if m.ID != "order-9" || m.Source != "/shop" || m.Queue != "n1.taker.events" || !(Filter{IDs: []string{"order-9"}}).match(m, true, time.Now()) {
+		t.Errorf("%+v", m)
+	}
+	d = amqp.Delivery{ContentType: "application/cloudevents+json", Body: []byte(`{"specversion":"1.0","id":"s-1","source":"/s","type":"t"}`)}
+	if m := messageOf(d, false); m.ID != "s-1" || m.Source != "/s" {
+		t.Errorf("structured: %+v", m)
+	}
+}
