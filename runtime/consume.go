@@ -466,7 +466,15 @@ func fromCloudEvent(ev *sdk.Event, d amqp.Delivery) error {
 		// Its type is the key it would be dead-lettered or retried with.
 		return fmt.Errorf("%w: type of %d bytes is over %d, the longest routing key", cloudevents.ErrMalformed, len(ce.Type), wire.MaxNameBytes)
 	}
-	ev.ID, ev.Source, ev.Type, ev.Schema, ev.Body = ce.ID, ce.Source, ce.Type, ce.DataSchema, ce.Data
+	ev.Type = ce.Type
+	setCloudEvent(ev, ce)
+	return nil
+}
+
+// setCloudEvent sets ev's id, source, schema, body, time and content type
+// from ce (its type is the caller's: a dead letter keeps its key).
+func setCloudEvent(ev *sdk.Event, ce cloudevents.Event) {
+	ev.ID, ev.Source, ev.Schema, ev.Body = ce.ID, ce.Source, ce.DataSchema, ce.Data
 	if !ce.Time.IsZero() {
 		ev.Time = ce.Time
 	}
@@ -475,7 +483,6 @@ func fromCloudEvent(ev *sdk.Event, d amqp.Delivery) error {
 	} else {
 		delete(ev.Headers, "content-type") // application/cloudevents+json was the envelope's
 	}
-	return nil
 }
 
 func queuedEventOf(d amqp.Delivery, queue string, attempt int, o origin) sdk.Event {

@@ -217,15 +217,7 @@ func deadEventOf(d amqp.Delivery) sdk.Event {
 	// A CloudEvent from a queue a module consumed is read as one, as
 	// Consume read it (ADR 34).
 	if ce, ok, cerr := cloudevents.Read(d.Headers, d.ContentType, d.Body); ok && cerr == nil {
-		ev.ID, ev.Source, ev.Schema, ev.Body = ce.ID, ce.Source, ce.DataSchema, ce.Data
-		if !ce.Time.IsZero() {
-			ev.Time = ce.Time
-		}
-		if ce.DataContentType != "" {
-			ev.Headers["content-type"] = ce.DataContentType
-		} else {
-			delete(ev.Headers, "content-type")
-		}
+		setCloudEvent(&ev, ce)
 		return ev
 	}
 	if ev.DeadReason == "" {

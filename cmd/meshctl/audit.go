@@ -165,9 +165,14 @@ func (a *auditCaller) call(tool string, req, resp any) error {
 	ctx, cancel := context.WithTimeout(a.c.Context, a.c.Duration("timeout"))
 	defer cancel()
 	if err := a.node.Call(ctx, "meshctl", tool, req, resp); err != nil {
-		return fmt.Errorf("ask the audit logger (is an audit-logger module running, with tools: [\"audit.*\"]?): %w", err)
+		return auditErr(err)
 	}
 	return nil
+}
+
+// auditErr says where to look when the audit logger does not answer.
+func auditErr(err error) error {
+	return fmt.Errorf("ask the audit logger (is an audit-logger module running, with tools: [\"audit.*\"]?): %w", err)
 }
 
 // auditCall connects, calls one tool and disconnects.

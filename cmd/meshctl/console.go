@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -176,9 +175,9 @@ func (m *consoleMesh) listen(ctx context.Context) {
 	backoff := time.Second
 	for ctx.Err() == nil {
 		err := m.node.Tail(ctx, "node.*.heartbeat", func() { backoff = time.Second }, func(ev runtime.TailedEvent) error {
-			var hb runtime.Heartbeat
-			if ev.Err != nil || json.Unmarshal(ev.Event.Body, &hb) != nil || hb.Node == "" {
-				return nil // not a heartbeat of this runtime
+			hb, ok := heartbeatOf(ev)
+			if !ok {
+				return nil
 			}
 			m.mu.Lock()
 			m.heard[hb.Node] = console.Node{Heartbeat: hb, LastSeen: time.Now()}
@@ -229,11 +228,7 @@ func (m *consoleMesh) Graph() console.Graph {
 	modules := map[string]string{} // vertex id -> module name, for its link
 	for _, hb := range beats {
 		for _, mod := range hb.Modules {
-			label := hb.Node + "/" + mod.Name
-			if mod.Kind != "" {
-				label += " (" + mod.Kind + ")"
-			}
-			modules[label] = mod.Name
+			modules[moduleLabel(hb.Node, mod)] = mod.Name
 		}
 	}
 	var g console.Graph
@@ -291,11 +286,6 @@ func (m *consoleMesh) Broker(ctx context.Context) console.Broker {
 	b.Rates.Emitted, _ = m.api.exchangeIn(ctx, wire.ExchangeEvents)
 	b.Rates.DeadLettered, _ = m.api.exchangeIn(ctx, wire.ExchangeDead)
 	return b
-}
-
-// auditErr says where to look when the audit logger does not answer.
-func auditErr(err error) error {
-	return fmt.Errorf("ask the audit logger (is an audit-logger module running, with tools: [\"audit.*\"]?): %w", err)
 }
 
 func (m *consoleMesh) AuditQuery(ctx context.Context, req auditlogger.QueryRequest) (auditlogger.QueryResponse, error) {
@@ -359,11 +349,6 @@ func (m *consoleMesh) Purge(ctx context.Context, queue string, f deadletters.Fil
 		return err
 	})
 	return res, err
-}
-
-// dispatcherErr says where to look when the dispatcher does not answer.
-func dispatcherErr(err error) error {
-	return fmt.Errorf("ask the dispatcher (is a dispatcher module running, with tools: [\"dispatcher.*\"]?): %w", err)
 }
 
 func (m *consoleMesh) Triggers(ctx context.Context) ([]dispatcher.TriggerState, error) {

@@ -59,7 +59,7 @@ func dispatcherPause(c *cli.Context, tool string) error {
 	defer node.Close(context.Background())
 	var r dispatcher.PauseResponse
 	if err := node.Call(ctx, "meshctl", tool, dispatcher.PauseRequest{Trigger: c.Args().First()}, &r); err != nil {
-		return fmt.Errorf("ask the dispatcher (is a dispatcher module running, with tools: [\"dispatcher.*\"]?): %w", err)
+		return dispatcherErr(err)
 	}
 	state := "consuming"
 	if r.Paused {
@@ -93,7 +93,7 @@ func dispatcherFires(c *cli.Context) error {
 		err := node.Call(callCtx, "meshctl", dispatcher.ToolFires, req, &page)
 		cancel()
 		if err != nil {
-			return fmt.Errorf("ask the dispatcher (is a dispatcher module running, with tools: [\"dispatcher.*\"]?): %w", err)
+			return dispatcherErr(err)
 		}
 		for _, f := range page.Fires {
 			if c.Bool("json") {
@@ -123,4 +123,9 @@ func dispatcherFires(c *cli.Context) error {
 		}
 		req.After = page.Next
 	}
+}
+
+// dispatcherErr says where to look when the dispatcher does not answer.
+func dispatcherErr(err error) error {
+	return fmt.Errorf("ask the dispatcher (is a dispatcher module running, with tools: [\"dispatcher.*\"]?): %w", err)
 }

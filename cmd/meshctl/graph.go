@@ -130,6 +130,15 @@ func (d *drawing) vertex(kind, label string) string {
 	}
 }
 
+// moduleLabel is a module's vertex label: node/name, with its kind.
+func moduleLabel(node string, m runtime.ModuleSummary) string {
+	label := node + "/" + m.Name
+	if m.Kind != "" {
+		label += " (" + m.Kind + ")"
+	}
+	return label
+}
+
 // meshGraph draws the mesh the heartbeats declare: a module's emits
 // (module → event), the events its patterns match (event → module; a
 // pattern no declared event matches is drawn dashed), the tools it calls
@@ -148,11 +157,7 @@ func meshGraph(beats []runtime.Heartbeat) *drawing {
 	events = slices.Compact(events)
 	for _, hb := range beats {
 		for _, m := range hb.Modules {
-			label := hb.Node + "/" + m.Name
-			if m.Kind != "" {
-				label += " (" + m.Kind + ")"
-			}
-			mod := d.vertex(vModule, label)
+			mod := d.vertex(vModule, moduleLabel(hb.Node, m))
 			for _, e := range m.Emits {
 				d.edges = append(d.edges, edge{from: mod, to: d.vertex(vEvent, e)})
 			}

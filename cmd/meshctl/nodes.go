@@ -46,14 +46,23 @@ func listenHeartbeats(c *cli.Context) (map[string]heardNode, error) {
 	listen, cancel := context.WithCancel(ctx)
 	defer cancel()
 	err = node.Tail(listen, "node.*.heartbeat", func() { time.AfterFunc(c.Duration("wait"), cancel) }, func(ev runtime.TailedEvent) error {
-		var hb runtime.Heartbeat
-		if ev.Err != nil || json.Unmarshal(ev.Event.Body, &hb) != nil || hb.Node == "" {
-			return nil // not a heartbeat of this runtime
+		hb, ok := heartbeatOf(ev)
+		if !ok {
+			return nil
 		}
 		heard[hb.Node] = heardNode{Heartbeat: hb, LastSeen: time.Now().UTC()}
 		return nil
 	})
 	return heard, err
+}
+
+// heartbeatOf reads a tailed node.*.heartbeat event; ok is false for one
+// that is not a heartbeat of this runtime.
+func heartbeatOf(ev runtime.TailedEvent) (hb runtime.Heartbeat, ok bool) {
+	if ev.Err != nil || json.Unmarshal(ev.Event.Body, &hb) != nil || hb.Node == "" {
+		return hb, false
+	}
+	return hb, true
 }
 
 // waitFlag is how long nodes and graph listen for heartbeats.

@@ -72,7 +72,12 @@ func malformed(format string, args ...any) error {
 // specversion attribute, not structured mode); err is set for one that
 // says it is and breaks the specification (wrapping ErrMalformed).
 func Read(headers map[string]any, contentType string, body []byte) (ev Event, ok bool, err error) {
-	media, _, _ := mime.ParseMediaType(contentType)
+	// Parsed only when it can be one of CloudEvents' (the consume path
+	// reads every message's content type; most are application/json).
+	media := ""
+	if strings.Contains(strings.ToLower(contentType), "cloudevents") {
+		media, _, _ = mime.ParseMediaType(contentType)
+	}
 	switch strings.ToLower(media) {
 	case ContentTypeStructured:
 		ev, err = structured(body)

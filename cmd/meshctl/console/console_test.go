@@ -169,9 +169,11 @@ func TestNewRefusesABadConfig(t *testing.T) {
 	}
 }
 
-func TestHostHeaderIsChecked(t *testing.T) {
-	_, ts := serve(t, &fakeMesh{}, Config{})
-	for host, want := range map[string]int{"evil.example": http.StatusMisdirectedRequest, ts.Listener.Addr().String(): http.StatusOK} {
+// checkHosts asks for the overview with each Host header and checks the
+// status it gets.
+func checkHosts(t *testing.T, ts *httptest.Server, want map[string]int) {
+	t.Helper()
+	for host, status := range want {
 		req, _ := http.NewRequest(http.MethodGet, ts.URL+"/", nil)
 		req.Host = host
 		resp, err := http.DefaultClient.Do(req)
@@ -179,10 +181,15 @@ func TestHostHeaderIsChecked(t *testing.T) {
 			t.Fatal(err)
 		}
 		resp.Body.Close()
-		if resp.StatusCode != want {
-			t.Errorf("Host %s: %d, want %d", host, resp.StatusCode, want)
+		if resp.StatusCode != status {
+			t.Errorf("Host %s: %d, want %d", host, resp.StatusCode, status)
 		}
 	}
+}
+
+func TestHostHeaderIsChecked(t *testing.T) {
+	_, ts := serve(t, &fakeMesh{}, Config{})
+	checkHosts(t, ts, map[string]int{"evil.example": http.StatusMisdirectedRequest, ts.Listener.Addr().String(): http.StatusOK})
 }
 
 func TestTokenIsRequired(t *testing.T) {
@@ -439,19 +446,8 @@ func TestExportFormats(t *testing.T) {
 
 func TestHostsOfAProxiedConsole(t *testing.T) {
 	_, ts := serve(t, &fakeMesh{}, Config{PublicURL: "https://Console.Example", Names: []string{"mesh-ops:8080"}})
-	for host, want := range map[string]int{"console.example": http.StatusOK, "CONSOLE.EXAMPLE": http.StatusOK, "mesh-ops:8080": http.StatusOK,
-		strings.ToUpper(ts.Listener.Addr().String()): http.StatusOK, "console.example:444": http.StatusMisdirectedRequest, "evil.example": http.StatusMisdirectedRequest} {
-		req, _ := http.NewRequest(http.MethodGet, ts.URL+"/", nil)
-		req.Host = host
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != want {
-			t.Errorf("Host %s: %d, want %d", host, resp.StatusCode, want)
-		}
-	}
+	checkHosts(t, ts, map[string]int{"console.example": http.StatusOK, "CONSOLE.EXAMPLE": http.StatusOK, "mesh-ops:8080": http.StatusOK,
+		strings.ToUpper(ts.Listener.Addr().String()): http.StatusOK, "console.example:444": http.StatusMisdirectedRequest, "evil.example": http.StatusMisdirectedRequest})
 	// An action from the public origin passes, though the proxy rewrote
 	// the Host; another origin does not.
 	csrf := csrfOf(t, ts)
