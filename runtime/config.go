@@ -253,6 +253,11 @@ type ModuleConfig struct {
 	// sdk.Module.Emits does not list. By default such an emit is refused
 	// with sdk.ErrForbidden: Emits is what the mesh's graph shows.
 	AllowUndeclaredEmits bool
+	// SkipBodyValidation keeps the x-schema of the module's declared
+	// schemas (sdk.Module.Schemas) but does not validate its emitted
+	// bodies against them: for a module whose emits are too many, or
+	// too large, to pay the validation (make bench measures it).
+	SkipBodyValidation bool
 	// MaxPriority declares the queue with x-max-priority so it honours
 	// event priorities (1 to 9). Classic queues only; 0 means none.
 	MaxPriority int
@@ -440,6 +445,7 @@ func (m ModuleConfig) over(d ModuleConfig) ModuleConfig {
 	}
 	m.AllowDuplicates = m.AllowDuplicates || d.AllowDuplicates
 	m.AllowUndeclaredEmits = m.AllowUndeclaredEmits || d.AllowUndeclaredEmits
+	m.SkipBodyValidation = m.SkipBodyValidation || d.SkipBodyValidation
 	return m
 }
 

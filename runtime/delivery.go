@@ -69,6 +69,10 @@ func (m *Module) handle(d amqp.Delivery, deliveries <-chan amqp.Delivery, a *ack
 		m.filteredOut(src, d, counts, ev)
 		return false
 	}
+	if err := m.contracts.Read(sub.pattern, ev.Schema); err != nil {
+		m.deadLetter(src, d, eventType, attempt, wire.DeadReasonSchema, err)
+		return false
+	}
 	release := func() {}
 	if sub.dedup {
 		var dup bool

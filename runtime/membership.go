@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"bytes"
 	"context"
 	"debug/buildinfo"
 	"encoding/json"
@@ -13,6 +14,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/meshkit/mesh/internal/schema"
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/sdk"
 )
@@ -63,6 +65,33 @@ type ModuleSummary struct {
 	Tools       []string `json:"tools,omitempty"`
 	Consumes    []string `json:"consumes,omitempty"`
 	DeadLetters bool     `json:"dead_letters,omitempty"`
+	// Schemas are the versions of its bodies' schemas it declares
+	// (sdk.Module.Schemas), each by digest: the documents travel in the
+	// node's schemas announcement (SchemasAnnouncement), which the audit
+	// log keeps. Reads are the versions the handler of each pattern reads
+	// (sdk.Module.Reads).
+	Schemas []schema.Declared   `json:"schemas,omitempty"`
+	Reads   map[string][]string `json:"reads,omitempty"`
+}
+
+// SchemasEvent is the event name (node.<node>.schemas) a node emits its
+// modules' schema documents on, once each time a module that declares
+// some starts: the audit log is where meshctl schema finds a document by
+// digest, including versions no live module declares any longer.
+func SchemasEvent(node string) string { return "node." + node + ".schemas" }
+
+// SchemasAnnouncement is the body of node.<node>.schemas: one module's
+// declared schemas, with their documents.
+type SchemasAnnouncement struct {
+	Node    string            `json:"node"`
+	Module  string            `json:"module"`
+	Schemas []AnnouncedSchema `json:"schemas"`
+}
+
+// AnnouncedSchema is one declared version with its document.
+type AnnouncedSchema struct {
+	schema.Declared
+	Schema json.RawMessage `json:"schema"`
 }
 
 // Peer is another node as this one last heard of it.
@@ -201,7 +230,8 @@ func runtimeVersion() string {
 
 // summary is what membership tells of m.
 func (m *Module) summary() ModuleSummary {
-	sum := ModuleSummary{Name: m.def.Name, Kind: string(m.def.Kind), Calls: slices.Clone(m.def.Calls), DeadLetters: m.def.DeadLetters != nil}
+	sum := ModuleSummary{Name: m.def.Name, Kind: string(m.def.Kind), Calls: slices.Clone(m.def.Calls), DeadLetters: m.def.DeadLetters != nil,
+		Schemas: m.contracts.Declared(), Reads: m.contracts.Reads()}
 	for _, e := range m.def.Emits {
 		sum.Emits = append(sum.Emits, wire.ModuleEventType(m.def.Name, e))
 	}
@@ -307,7 +337,9 @@ func (n *Node) watchPeers(s *session) error {
 		"x-max-length": int64(10_000), // a stalled watcher drops the oldest
 	})
 	if err == nil {
-		for _, key := range []string{"node.*.heartbeat", "node.*.left"} {
+		// node.*.schemas is bound so that an announcement is routed
+		// wherever a node runs (the audit logger keeps it; heard skips it).
+		for _, key := range []string{"node.*.heartbeat", "node.*.left", "node.*.schemas"} {
 			if err = ch.QueueBind(q.Name, key, wire.ExchangeEvents, false, nil); err != nil {
 				break
 			}
@@ -347,8 +379,11 @@ func (n *Node) heard(d amqp.Delivery) {
 	peer := words[1]
 	n.members.mu.Lock()
 	defer n.members.mu.Unlock()
-	if words[2] == "left" {
+	switch words[2] {
+	case "left":
 		delete(n.members.known, peer)
+		return
+	case "schemas":
 		return
 	}
 	var hb Heartbeat
@@ -364,4 +399,30 @@ func (n *Node) heard(d amqp.Delivery) {
 		n.log.Info("a peer node sends heartbeats again", "peer", peer)
 	}
 	p.Heartbeat, p.LastSeen, p.Unreachable = hb, time.Now(), false
+}
+
+// announceSchemas emits m's declared schemas with their documents
+// (SchemasAnnouncement) on node.<node>.schemas, without holding up the
+// module: spooled while the broker is away, given up with the node.
+func (n *Node) announceSchemas(m *Module) {
+	decls := m.contracts.Declared()
+	if len(decls) == 0 {
+		return
+	}
+	a := SchemasAnnouncement{Node: n.cfg.Node, Module: m.def.Name}
+	for _, d := range decls {
+		doc, _ := m.contracts.Doc(d.Digest)
+		var compact bytes.Buffer
+		if json.Compact(&compact, doc) != nil {
+			continue // compiled, so JSON: not reached
+		}
+		a.Schemas = append(a.Schemas, AnnouncedSchema{Declared: d, Schema: compact.Bytes()})
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(n.life, n.cfg.EmitTimeout)
+		defer cancel()
+		if _, err := n.Emit(ctx, n.cfg.Node, SchemasEvent(n.cfg.Node), a); err != nil && n.life.Err() == nil {
+			m.log.Warn("the module's schemas were not announced: meshctl schema finds their documents only in a later announcement", "err", err)
+		}
+	}()
 }

@@ -52,6 +52,9 @@ func (m *Module) emit(ctx context.Context, name string, body any, o wire.EmitOpt
 		return "", fmt.Errorf("emit: %w", err)
 	}
 	raw, err := m.node.encodeBody(body)
+	if err == nil {
+		o.Schema, err = m.contracts.Emit(eventType, raw, o.Schema)
+	}
 	if err != nil {
 		return "", fmt.Errorf("emit %s: %w", eventType, err)
 	}

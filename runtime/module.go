@@ -22,6 +22,7 @@ import (
 	"github.com/meshkit/mesh/internal/execute"
 	"github.com/meshkit/mesh/internal/filter"
 	"github.com/meshkit/mesh/internal/handlerlog"
+	"github.com/meshkit/mesh/internal/schema"
 	"github.com/meshkit/mesh/internal/setup"
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/sdk"
@@ -36,6 +37,9 @@ type Module struct {
 	log   *slog.Logger
 	mesh  *moduleMesh
 	setup *setup.Recorder // what Setup subscribes and serves
+	// contracts are the module's declared schemas, compiled at load
+	// (nil: it declares none): emits and deliveries are checked on them.
+	contracts *schema.Contracts
 
 	mu   sync.Mutex
 	subs []subscription // fixed once started
@@ -132,6 +136,10 @@ func (n *Node) Load(ctx context.Context, def sdk.Module, mc ModuleConfig) (*Modu
 	if err := mc.validate(); err != nil {
 		return nil, fmt.Errorf("load module %s: %w", def.Name, err)
 	}
+	contracts, err := contractsOf(def, mc)
+	if err != nil {
+		return nil, fmt.Errorf("load module %s: %w", def.Name, err)
+	}
 	if err := n.cfg.CheckConsumerTimeout(mc, false); err != nil { // the runs waited through: once Setup said (start)
 		return nil, fmt.Errorf("load module %s: %w", def.Name, err)
 	}
@@ -156,6 +164,7 @@ func (n *Node) Load(ctx context.Context, def sdk.Module, mc ModuleConfig) (*Modu
 		outcomeOpts:    outcomeOptions(def.Name),
 		queueTimeOpt:   metric.WithAttributeSet(attribute.NewSet(attribute.String("module", def.Name))),
 		setup:          setup.New(def.Name, mc.ToolGrants),
+		contracts:      contracts,
 	}
 	m.setup.GrantConsumes(mc.ConsumeGrants)
 	m.mesh = &moduleMesh{module: m, async: asyncemit.New()}
@@ -205,6 +214,13 @@ func (m *Module) start(ctx context.Context) error {
 	}
 	fixedSubs, fixedTools := m.setup.Fix()
 	m.queues = m.setup.Consumed()
+	var patterns []string
+	for _, e := range fixedSubs {
+		patterns = append(patterns, e.Key)
+	}
+	if err := m.contracts.CheckPatterns(patterns); err != nil {
+		return err
+	}
 	if len(fixedSubs) > 0 {
 		if err := m.node.cfg.CheckConsumerTimeout(m.cfg, true); err != nil {
 			return err
@@ -236,6 +252,7 @@ func (m *Module) start(ctx context.Context) error {
 	if err := m.attachFirst(ctx, subs, tools); err != nil {
 		return err
 	}
+	m.node.announceSchemas(m)
 	runCtx, cancel := context.WithCancel(context.Background())
 	m.mu.Lock()
 	m.runCancel = cancel
@@ -411,4 +428,13 @@ func truncateText(s string, n int) string {
 // capped at RetryMax, with up to 20% jitter so retries of a burst spread.
 func (n *Node) backoff(attempt int) time.Duration {
 	return execute.Backoff(attempt, n.cfg.RetryMin, n.cfg.RetryMax, rand.Int64N)
+}
+
+// contractsOf compiles the schemas def declares (ADR 34).
+func contractsOf(def sdk.Module, mc ModuleConfig) (*schema.Contracts, error) {
+	decls := make([]schema.Decl, len(def.Schemas))
+	for i, s := range def.Schemas {
+		decls[i] = schema.Decl{Event: s.Event, Version: s.Version, JSON: s.JSON}
+	}
+	return schema.New(def.Name, def.Emits, decls, def.Reads, !mc.SkipBodyValidation)
 }

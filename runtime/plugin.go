@@ -25,6 +25,7 @@ import (
 	"github.com/meshkit/mesh/internal/causation"
 	"github.com/meshkit/mesh/internal/plugin"
 	"github.com/meshkit/mesh/internal/plugin/pb"
+	"github.com/meshkit/mesh/internal/schema"
 	"github.com/meshkit/mesh/internal/tracecontext"
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/sdk"
@@ -236,7 +237,13 @@ func (n *Node) LoadPlugin(ctx context.Context, path string, args []string, mc Mo
 	if proc.desc.DeadLetters {
 		dead = pm.forward(uint32(len(patterns)))
 	}
+	schemas, reads, err := declarationsOf(proc.desc)
+	if err != nil {
+		proc.client.Kill()
+		return nil, fmt.Errorf("start module %s: %w", path, err)
+	}
 	def := sdk.Module{Name: proc.desc.Name, Kind: proc.desc.Kind, Emits: proc.desc.Emits, Calls: proc.desc.Calls, DeadLetters: dead,
+		Schemas: schemas, Reads: reads,
 		Callers: callersOfDescription(proc.desc), Setup: func(m sdk.Mesh) error {
 			// The handlers' options as the process described them, given
 			// to this node's own On, Consume and Serve: the filters are
@@ -1055,4 +1062,27 @@ func errorKind(err error) pb.ErrorKind {
 		return pb.ErrorKind_TOOL
 	}
 	return plugin.KindOf(err)
+}
+
+// declarationsOf is the schemas and reads a module process described
+// (sdk.Module.Schemas, Reads); the node compiles and bounds them at load.
+func declarationsOf(desc *pb.Description) ([]sdk.Schema, map[string][]string, error) {
+	if len(desc.Schemas) > schema.MaxDecls {
+		return nil, nil, fmt.Errorf("%w: the module process declared %d schemas, at most %d", sdk.ErrInvalid, len(desc.Schemas), schema.MaxDecls)
+	}
+	var schemas []sdk.Schema
+	for _, s := range desc.Schemas {
+		schemas = append(schemas, sdk.Schema{Event: s.Event, Version: s.Version, JSON: s.Json})
+	}
+	var reads map[string][]string
+	for _, r := range desc.Reads {
+		if reads == nil {
+			reads = map[string][]string{}
+		}
+		if _, dup := reads[r.Pattern]; dup {
+			return nil, nil, fmt.Errorf("%w: the module process declared the reads of %q twice", sdk.ErrInvalid, truncateText(r.Pattern, 300))
+		}
+		reads[r.Pattern] = r.Versions
+	}
+	return schemas, reads, nil
 }

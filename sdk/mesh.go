@@ -207,6 +207,25 @@ type Module struct {
 	// unless its config allows undeclared emits (allow_undeclared_emits).
 	// The mesh's event graph is drawn from it.
 	Emits []string
+	// Schemas declares the JSON Schemas of the bodies the module emits,
+	// for events of Emits: one or more versions per event, oldest first.
+	// The last listed is the version it emits now: the host validates each
+	// body of that event against it before publishing (an emit that
+	// breaks it fails with ErrInvalid naming the JSON pointer and the
+	// keyword, unless the module's config says skip_body_validation) and
+	// sets x-schema to its Version. The earlier ones say what it emitted
+	// before, for meshctl schema check. The mesh knows every declared
+	// version (heartbeats carry their digests). Package sdk/schema makes
+	// one from a Go type or a file. A schema refers only to itself: a $ref
+	// to a file or a URL is refused at load.
+	Schemas []Schema
+	// Reads declares, for a pattern the module subscribes to with On, the
+	// versions (x-schema) its handler reads: an event of another version
+	// is never handed to it, it is dead-lettered with reason "schema". ""
+	// stands for an event without x-schema, "*" for any version. A pattern
+	// with no entry reads any version; an entry for a pattern the module
+	// does not subscribe is refused at load.
+	Reads map[string][]string
 	// Calls lists the tool keys the module calls, for the graph. What it
 	// may call is its node config's to grant (calls:).
 	Calls []string
@@ -247,6 +266,18 @@ type Module struct {
 	// module process exits, and meshd starts it again with back-off, as
 	// after a crash. Either way the log says what Run returned.
 	Run func(ctx context.Context, m Mesh) error
+}
+
+// Schema is one version of the JSON Schema of an emitted event's body
+// (Module.Schemas).
+type Schema struct {
+	// Event is the event's name, as in Module.Emits ("site.created").
+	Event string
+	// Version is the version, the event's x-schema ("1", "2024-06").
+	Version string
+	// JSON is the schema, a JSON Schema document (draft 2020-12 unless
+	// its $schema names another).
+	JSON []byte
 }
 
 // Logger is the logger of the handling ctx is in. In the ctx a handler

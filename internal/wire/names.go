@@ -113,6 +113,7 @@ const (
 	DeadReasonPermanent     = "permanent"      // the handler said the error is permanent
 	DeadReasonDeliveryLimit = "delivery_limit" // every attempt failed
 	DeadReasonMalformed     = "malformed"      // the message breaks the contract
+	DeadReasonSchema        = "schema"         // its x-schema is not a version its handler reads (sdk.Module.Reads)
 	DeadReasonNoHandler     = "no_handler"     // no subscribed pattern matches it (a binding left from an earlier run)
 	DeadReasonExpired       = "expired"        // its x-deadline passed before a handler took it (a consumed queue's message)
 	DeadReasonRefused       = "refused"        // the broker refused a spooled event until emit_timeout (no queue gave up: x-mesh-dead-queue is absent)

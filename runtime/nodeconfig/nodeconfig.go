@@ -137,6 +137,9 @@ type Module struct {
 	// AllowUndeclaredEmits lets the module emit event names it does not
 	// declare (by default refused).
 	AllowUndeclaredEmits bool `yaml:"allow_undeclared_emits"`
+	// SkipBodyValidation does not validate the module's emitted bodies
+	// against its declared schemas (x-schema is still set from them).
+	SkipBodyValidation bool `yaml:"skip_body_validation"`
 	// Config is the module's own settings (the dispatcher's triggers, the
 	// agent's tools), handed to the module process as JSON
 	// (sdk/process.Settings). Not taken from defaults.
@@ -263,7 +266,8 @@ func (m Module) runtime() runtime.ModuleConfig {
 		QueueType: m.QueueType, Prefetch: m.Prefetch, Concurrency: m.Concurrency, MaxAttempts: m.MaxAttempts,
 		HandlerTimeout: m.HandlerTimeout, Retry: m.Retry, MaxPriority: m.MaxPriority, EmitGrants: m.EmitGrants,
 		AllowDuplicates: m.AllowDuplicates, AllowUndeclaredEmits: m.AllowUndeclaredEmits,
-		CallGrants: m.Calls, ConsumeGrants: m.Consumes, DeadLetterGrants: m.DeadLetters, Callers: m.Callers,
+		SkipBodyValidation: m.SkipBodyValidation,
+		CallGrants:         m.Calls, ConsumeGrants: m.Consumes, DeadLetterGrants: m.DeadLetters, Callers: m.Callers,
 	}
 }
 

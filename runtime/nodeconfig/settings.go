@@ -176,6 +176,8 @@ func Settings() []Setting {
 			Doc: "Turns off de-duplication by event id: every delivery reaches the handler."},
 		{Key: "allow_undeclared_emits", Scope: ScopeModule, Default: "false",
 			Doc: "Lets the module emit event names its Emits does not declare (refused by default: Emits is what the mesh's graph shows)."},
+		{Key: "skip_body_validation", Scope: ScopeModule, Default: "false",
+			Doc: "Does not validate the module's emitted bodies against the schemas it declares (sdk.Module.Schemas); x-schema is still set from them. For emits too many or too large to pay the validation."},
 
 		{Scope: ScopeProcess, Env: "MESH_CONFIG", Flag: "config",
 			Doc: "The node's configuration file (mesh.yaml). Without it, the node runs from the environment and flags alone, with no modules."},

@@ -172,6 +172,12 @@ func (s *moduleServer) Describe(context.Context, *pb.Empty) (*pb.Description, er
 		s.mesh.inSetup.Store(false)
 		subs, tools := s.mesh.rec.Fix()
 		s.desc = &pb.Description{Name: s.module.Name, Kind: string(s.module.Kind), Emits: s.module.Emits, Calls: s.module.Calls}
+		for _, sc := range s.module.Schemas {
+			s.desc.Schemas = append(s.desc.Schemas, &pb.SchemaDecl{Event: sc.Event, Version: sc.Version, Json: sc.JSON})
+		}
+		for _, p := range slices.Sorted(maps.Keys(s.module.Reads)) {
+			s.desc.Reads = append(s.desc.Reads, &pb.Reads{Pattern: p, Versions: s.module.Reads[p]})
+		}
 		for _, tool := range slices.Sorted(maps.Keys(s.module.Callers)) {
 			s.desc.Callers = append(s.desc.Callers, &pb.ToolCallers{Tool: tool, Callers: s.module.Callers[tool]})
 		}

@@ -488,3 +488,72 @@ func peakRSS(t *testing.T) int64 {
 	t.Skip("no VmHWM")
 	return 0
 }
+
+// TestSchemasAreTheHosts: the schemas a module process declares are
+// compiled by meshd, which loads nothing for them: one whose $ref names a
+// file meshd can read, too many, too large, one for an event it does not
+// declare, reads for a pattern it does not subscribe each fail the load
+// with the rule named; an emit past the sdk that breaks its declared
+// schema, or asks for a version it does not declare, is refused and
+// reaches no queue.
+func TestSchemasAreTheHosts(t *testing.T) {
+	w := newWorld(t)
+	secret := filepath.Join(w.dir, "secret.json")
+	if err := os.WriteFile(secret, []byte(`{"type": "string"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	decl := func(event string, schema string) []map[string]any {
+		return []map[string]any{{"event": event, "version": "1", "json": json.RawMessage(schema)}}
+	}
+	for i, c := range []struct {
+		set  map[string]any
+		says string
+	}{
+		{map[string]any{"schemas": decl("order", `{"$ref": "file://`+secret+`"}`)}, "may refer only to itself"},
+		{map[string]any{"schemas": decl("order", `{"properties": {"a": {"$ref": "`+secret+`"}}}`)}, "may refer only to itself"},
+		{map[string]any{"size": 300}, "at most 256"},
+		{map[string]any{"big_schema": 300 << 10}, "bytes, at most"},
+		{map[string]any{"schemas": decl("refund", `true`)}, "is not in the module's Emits"},
+		{map[string]any{"schemas": decl("order", `true`), "pattern": "module.honest.#", "reads": []string{"1"}}, "does not subscribe"},
+	} {
+		name := fmt.Sprintf("schemas%d", i)
+		c.set["attack"] = "schemas"
+		_, _, err := w.load(name, c.set, runtime.ModuleConfig{})
+		if !errors.Is(err, sdk.ErrInvalid) || !strings.Contains(err.Error(), c.says) {
+			t.Errorf("%s: %v, want ErrInvalid saying %q", name, err, c.says)
+			continue
+		}
+		if len(err.Error()) > 2000 {
+			t.Errorf("%s: the refusal is %d bytes long: it repeats what the module sent", name, len(err.Error()))
+		}
+		if strings.Contains(err.Error(), `"type": "string"`) || strings.Contains(err.Error(), `"type":"string"`) {
+			t.Errorf("%s: the refusal shows the file's content: %v", name, err)
+		}
+	}
+
+	order := decl("order", `{"type": "object", "required": ["price"], "properties": {"price": {"type": "number", "minimum": 0}}}`)
+	for i, c := range []struct {
+		body, version, says string
+	}{
+		{`{"price": -1}`, "", "/price: minimum:"},
+		{`{"cost": 1}`, "", "/: required:"},
+		{`{"price": 1}`, "9", `x-schema "9" asked for`},
+	} {
+		name := fmt.Sprintf("emitter%d", i)
+		_, report, err := w.load(name, map[string]any{"attack": "schemas", "schemas": order, "body": json.RawMessage(c.body), "version": c.version}, runtime.ModuleConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := step(waitReport(t, report, "done"), "emit against its schema")
+		id, msg, _ := strings.Cut(l.Got, "|")
+		if id != "" || !strings.Contains(msg, c.says) {
+			t.Errorf("%s: the emit got %+v, want refused saying %q", name, l, c.says)
+		}
+		for _, d := range w.untilMarker() {
+			if d.RoutingKey == "module."+name+".order" {
+				t.Errorf("%s: the refused emit reached the wire: %s", name, d.Body)
+			}
+		}
+	}
+	w.honestStillServed()
+}

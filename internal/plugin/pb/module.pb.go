@@ -161,7 +161,7 @@ func (x Outcome_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Outcome_Kind.Descriptor instead.
 func (Outcome_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{11, 0}
+	return file_module_proto_rawDescGZIP(), []int{13, 0}
 }
 
 type HoldRequest struct {
@@ -331,8 +331,13 @@ type Description struct {
 	// Indexes into tools of the tools served with sdk.AllowDuplicates: a
 	// repeated request runs the tool again.
 	ToolsDuplicatesAllowed []uint32 `protobuf:"varint,12,rep,packed,name=tools_duplicates_allowed,json=toolsDuplicatesAllowed,proto3" json:"tools_duplicates_allowed,omitempty"`
-	unknownFields          protoimpl.UnknownFields
-	sizeCache              protoimpl.SizeCache
+	// sdk.Module.Schemas, in order (oldest first per event): the host
+	// compiles them and validates the process's emits against them.
+	Schemas []*SchemaDecl `protobuf:"bytes,13,rep,name=schemas,proto3" json:"schemas,omitempty"`
+	// sdk.Module.Reads: the versions the handler of each pattern reads.
+	Reads         []*Reads `protobuf:"bytes,14,rep,name=reads,proto3" json:"reads,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Description) Reset() {
@@ -449,6 +454,132 @@ func (x *Description) GetToolsDuplicatesAllowed() []uint32 {
 	return nil
 }
 
+func (x *Description) GetSchemas() []*SchemaDecl {
+	if x != nil {
+		return x.Schemas
+	}
+	return nil
+}
+
+func (x *Description) GetReads() []*Reads {
+	if x != nil {
+		return x.Reads
+	}
+	return nil
+}
+
+type SchemaDecl struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Event         string                 `protobuf:"bytes,1,opt,name=event,proto3" json:"event,omitempty"` // relative, as in emits
+	Version       string                 `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
+	Json          []byte                 `protobuf:"bytes,3,opt,name=json,proto3" json:"json,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SchemaDecl) Reset() {
+	*x = SchemaDecl{}
+	mi := &file_module_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SchemaDecl) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SchemaDecl) ProtoMessage() {}
+
+func (x *SchemaDecl) ProtoReflect() protoreflect.Message {
+	mi := &file_module_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SchemaDecl.ProtoReflect.Descriptor instead.
+func (*SchemaDecl) Descriptor() ([]byte, []int) {
+	return file_module_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *SchemaDecl) GetEvent() string {
+	if x != nil {
+		return x.Event
+	}
+	return ""
+}
+
+func (x *SchemaDecl) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *SchemaDecl) GetJson() []byte {
+	if x != nil {
+		return x.Json
+	}
+	return nil
+}
+
+type Reads struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Pattern       string                 `protobuf:"bytes,1,opt,name=pattern,proto3" json:"pattern,omitempty"`
+	Versions      []string               `protobuf:"bytes,2,rep,name=versions,proto3" json:"versions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Reads) Reset() {
+	*x = Reads{}
+	mi := &file_module_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Reads) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Reads) ProtoMessage() {}
+
+func (x *Reads) ProtoReflect() protoreflect.Message {
+	mi := &file_module_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Reads.ProtoReflect.Descriptor instead.
+func (*Reads) Descriptor() ([]byte, []int) {
+	return file_module_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *Reads) GetPattern() string {
+	if x != nil {
+		return x.Pattern
+	}
+	return ""
+}
+
+func (x *Reads) GetVersions() []string {
+	if x != nil {
+		return x.Versions
+	}
+	return nil
+}
+
 type ToolCallers struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Tool          string                 `protobuf:"bytes,1,opt,name=tool,proto3" json:"tool,omitempty"` // a tool key pattern
@@ -459,7 +590,7 @@ type ToolCallers struct {
 
 func (x *ToolCallers) Reset() {
 	*x = ToolCallers{}
-	mi := &file_module_proto_msgTypes[4]
+	mi := &file_module_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -471,7 +602,7 @@ func (x *ToolCallers) String() string {
 func (*ToolCallers) ProtoMessage() {}
 
 func (x *ToolCallers) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[4]
+	mi := &file_module_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -484,7 +615,7 @@ func (x *ToolCallers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolCallers.ProtoReflect.Descriptor instead.
 func (*ToolCallers) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{4}
+	return file_module_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ToolCallers) GetTool() string {
@@ -514,7 +645,7 @@ type Consume struct {
 
 func (x *Consume) Reset() {
 	*x = Consume{}
-	mi := &file_module_proto_msgTypes[5]
+	mi := &file_module_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -526,7 +657,7 @@ func (x *Consume) String() string {
 func (*Consume) ProtoMessage() {}
 
 func (x *Consume) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[5]
+	mi := &file_module_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -539,7 +670,7 @@ func (x *Consume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Consume.ProtoReflect.Descriptor instead.
 func (*Consume) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{5}
+	return file_module_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Consume) GetQueue() string {
@@ -597,7 +728,7 @@ type ToolRequest struct {
 
 func (x *ToolRequest) Reset() {
 	*x = ToolRequest{}
-	mi := &file_module_proto_msgTypes[6]
+	mi := &file_module_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -609,7 +740,7 @@ func (x *ToolRequest) String() string {
 func (*ToolRequest) ProtoMessage() {}
 
 func (x *ToolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[6]
+	mi := &file_module_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -622,7 +753,7 @@ func (x *ToolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolRequest.ProtoReflect.Descriptor instead.
 func (*ToolRequest) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{6}
+	return file_module_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ToolRequest) GetTool() uint32 {
@@ -722,7 +853,7 @@ type ToolAnswer struct {
 
 func (x *ToolAnswer) Reset() {
 	*x = ToolAnswer{}
-	mi := &file_module_proto_msgTypes[7]
+	mi := &file_module_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -734,7 +865,7 @@ func (x *ToolAnswer) String() string {
 func (*ToolAnswer) ProtoMessage() {}
 
 func (x *ToolAnswer) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[7]
+	mi := &file_module_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -747,7 +878,7 @@ func (x *ToolAnswer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolAnswer.ProtoReflect.Descriptor instead.
 func (*ToolAnswer) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{7}
+	return file_module_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ToolAnswer) GetBody() []byte {
@@ -796,7 +927,7 @@ type StartRequest struct {
 
 func (x *StartRequest) Reset() {
 	*x = StartRequest{}
-	mi := &file_module_proto_msgTypes[8]
+	mi := &file_module_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -808,7 +939,7 @@ func (x *StartRequest) String() string {
 func (*StartRequest) ProtoMessage() {}
 
 func (x *StartRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[8]
+	mi := &file_module_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -821,7 +952,7 @@ func (x *StartRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRequest.ProtoReflect.Descriptor instead.
 func (*StartRequest) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{8}
+	return file_module_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *StartRequest) GetHostBrokerId() uint32 {
@@ -877,7 +1008,7 @@ type Delivery struct {
 
 func (x *Delivery) Reset() {
 	*x = Delivery{}
-	mi := &file_module_proto_msgTypes[9]
+	mi := &file_module_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -889,7 +1020,7 @@ func (x *Delivery) String() string {
 func (*Delivery) ProtoMessage() {}
 
 func (x *Delivery) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[9]
+	mi := &file_module_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -902,7 +1033,7 @@ func (x *Delivery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Delivery.ProtoReflect.Descriptor instead.
 func (*Delivery) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{9}
+	return file_module_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Delivery) GetSeq() uint64 {
@@ -1082,7 +1213,7 @@ type DeliveryBatch struct {
 
 func (x *DeliveryBatch) Reset() {
 	*x = DeliveryBatch{}
-	mi := &file_module_proto_msgTypes[10]
+	mi := &file_module_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1094,7 +1225,7 @@ func (x *DeliveryBatch) String() string {
 func (*DeliveryBatch) ProtoMessage() {}
 
 func (x *DeliveryBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[10]
+	mi := &file_module_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1107,7 +1238,7 @@ func (x *DeliveryBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeliveryBatch.ProtoReflect.Descriptor instead.
 func (*DeliveryBatch) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{10}
+	return file_module_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DeliveryBatch) GetDeliveries() []*Delivery {
@@ -1128,7 +1259,7 @@ type Outcome struct {
 
 func (x *Outcome) Reset() {
 	*x = Outcome{}
-	mi := &file_module_proto_msgTypes[11]
+	mi := &file_module_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1140,7 +1271,7 @@ func (x *Outcome) String() string {
 func (*Outcome) ProtoMessage() {}
 
 func (x *Outcome) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[11]
+	mi := &file_module_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1153,7 +1284,7 @@ func (x *Outcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Outcome.ProtoReflect.Descriptor instead.
 func (*Outcome) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{11}
+	return file_module_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Outcome) GetSeq() uint64 {
@@ -1186,7 +1317,7 @@ type OutcomeBatch struct {
 
 func (x *OutcomeBatch) Reset() {
 	*x = OutcomeBatch{}
-	mi := &file_module_proto_msgTypes[12]
+	mi := &file_module_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1198,7 +1329,7 @@ func (x *OutcomeBatch) String() string {
 func (*OutcomeBatch) ProtoMessage() {}
 
 func (x *OutcomeBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[12]
+	mi := &file_module_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1211,7 +1342,7 @@ func (x *OutcomeBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutcomeBatch.ProtoReflect.Descriptor instead.
 func (*OutcomeBatch) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{12}
+	return file_module_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *OutcomeBatch) GetOutcomes() []*Outcome {
@@ -1249,7 +1380,7 @@ type Emit struct {
 
 func (x *Emit) Reset() {
 	*x = Emit{}
-	mi := &file_module_proto_msgTypes[13]
+	mi := &file_module_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1261,7 +1392,7 @@ func (x *Emit) String() string {
 func (*Emit) ProtoMessage() {}
 
 func (x *Emit) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[13]
+	mi := &file_module_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1274,7 +1405,7 @@ func (x *Emit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Emit.ProtoReflect.Descriptor instead.
 func (*Emit) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{13}
+	return file_module_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Emit) GetName() string {
@@ -1377,7 +1508,7 @@ type EmitBatch struct {
 
 func (x *EmitBatch) Reset() {
 	*x = EmitBatch{}
-	mi := &file_module_proto_msgTypes[14]
+	mi := &file_module_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1389,7 +1520,7 @@ func (x *EmitBatch) String() string {
 func (*EmitBatch) ProtoMessage() {}
 
 func (x *EmitBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[14]
+	mi := &file_module_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1402,7 +1533,7 @@ func (x *EmitBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EmitBatch.ProtoReflect.Descriptor instead.
 func (*EmitBatch) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{14}
+	return file_module_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *EmitBatch) GetEmits() []*Emit {
@@ -1423,7 +1554,7 @@ type EmitResult struct {
 
 func (x *EmitResult) Reset() {
 	*x = EmitResult{}
-	mi := &file_module_proto_msgTypes[15]
+	mi := &file_module_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1435,7 +1566,7 @@ func (x *EmitResult) String() string {
 func (*EmitResult) ProtoMessage() {}
 
 func (x *EmitResult) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[15]
+	mi := &file_module_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1448,7 +1579,7 @@ func (x *EmitResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EmitResult.ProtoReflect.Descriptor instead.
 func (*EmitResult) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{15}
+	return file_module_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *EmitResult) GetId() string {
@@ -1481,7 +1612,7 @@ type EmitResults struct {
 
 func (x *EmitResults) Reset() {
 	*x = EmitResults{}
-	mi := &file_module_proto_msgTypes[16]
+	mi := &file_module_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1493,7 +1624,7 @@ func (x *EmitResults) String() string {
 func (*EmitResults) ProtoMessage() {}
 
 func (x *EmitResults) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[16]
+	mi := &file_module_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1506,7 +1637,7 @@ func (x *EmitResults) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EmitResults.ProtoReflect.Descriptor instead.
 func (*EmitResults) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{16}
+	return file_module_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *EmitResults) GetResults() []*EmitResult {
@@ -1532,7 +1663,7 @@ type CallRequest struct {
 
 func (x *CallRequest) Reset() {
 	*x = CallRequest{}
-	mi := &file_module_proto_msgTypes[17]
+	mi := &file_module_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1544,7 +1675,7 @@ func (x *CallRequest) String() string {
 func (*CallRequest) ProtoMessage() {}
 
 func (x *CallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[17]
+	mi := &file_module_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1557,7 +1688,7 @@ func (x *CallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallRequest.ProtoReflect.Descriptor instead.
 func (*CallRequest) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{17}
+	return file_module_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CallRequest) GetTool() string {
@@ -1615,7 +1746,7 @@ type CallResponse struct {
 
 func (x *CallResponse) Reset() {
 	*x = CallResponse{}
-	mi := &file_module_proto_msgTypes[18]
+	mi := &file_module_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1627,7 +1758,7 @@ func (x *CallResponse) String() string {
 func (*CallResponse) ProtoMessage() {}
 
 func (x *CallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[18]
+	mi := &file_module_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1640,7 +1771,7 @@ func (x *CallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallResponse.ProtoReflect.Descriptor instead.
 func (*CallResponse) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{18}
+	return file_module_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CallResponse) GetBody() []byte {
@@ -1690,7 +1821,7 @@ const file_module_proto_rawDesc = "" +
 	"\n" +
 	"error_kind\x18\x01 \x01(\x0e2\x19.mesh.plugin.v1.ErrorKindR\terrorKind\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\"\a\n" +
-	"\x05Empty\"\xa5\x03\n" +
+	"\x05Empty\"\x88\x04\n" +
 	"\vDescription\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05emits\x18\x02 \x03(\tR\x05emits\x12\x1a\n" +
@@ -1704,7 +1835,17 @@ const file_module_proto_rawDesc = "" +
 	"\acallers\x18\n" +
 	" \x03(\v2\x1b.mesh.plugin.v1.ToolCallersR\acallers\x12\x18\n" +
 	"\afilters\x18\v \x03(\tR\afilters\x128\n" +
-	"\x18tools_duplicates_allowed\x18\f \x03(\rR\x16toolsDuplicatesAllowed\";\n" +
+	"\x18tools_duplicates_allowed\x18\f \x03(\rR\x16toolsDuplicatesAllowed\x124\n" +
+	"\aschemas\x18\r \x03(\v2\x1a.mesh.plugin.v1.SchemaDeclR\aschemas\x12+\n" +
+	"\x05reads\x18\x0e \x03(\v2\x15.mesh.plugin.v1.ReadsR\x05reads\"P\n" +
+	"\n" +
+	"SchemaDecl\x12\x14\n" +
+	"\x05event\x18\x01 \x01(\tR\x05event\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\tR\aversion\x12\x12\n" +
+	"\x04json\x18\x03 \x01(\fR\x04json\"=\n" +
+	"\x05Reads\x12\x18\n" +
+	"\apattern\x18\x01 \x01(\tR\apattern\x12\x1a\n" +
+	"\bversions\x18\x02 \x03(\tR\bversions\";\n" +
 	"\vToolCallers\x12\x12\n" +
 	"\x04tool\x18\x01 \x01(\tR\x04tool\x12\x18\n" +
 	"\acallers\x18\x02 \x03(\tR\acallers\"\x85\x01\n" +
@@ -1876,7 +2017,7 @@ func file_module_proto_rawDescGZIP() []byte {
 }
 
 var file_module_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_module_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_module_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_module_proto_goTypes = []any{
 	(ErrorKind)(0),        // 0: mesh.plugin.v1.ErrorKind
 	(Outcome_Kind)(0),     // 1: mesh.plugin.v1.Outcome.Kind
@@ -1884,56 +2025,60 @@ var file_module_proto_goTypes = []any{
 	(*HoldResponse)(nil),  // 3: mesh.plugin.v1.HoldResponse
 	(*Empty)(nil),         // 4: mesh.plugin.v1.Empty
 	(*Description)(nil),   // 5: mesh.plugin.v1.Description
-	(*ToolCallers)(nil),   // 6: mesh.plugin.v1.ToolCallers
-	(*Consume)(nil),       // 7: mesh.plugin.v1.Consume
-	(*ToolRequest)(nil),   // 8: mesh.plugin.v1.ToolRequest
-	(*ToolAnswer)(nil),    // 9: mesh.plugin.v1.ToolAnswer
-	(*StartRequest)(nil),  // 10: mesh.plugin.v1.StartRequest
-	(*Delivery)(nil),      // 11: mesh.plugin.v1.Delivery
-	(*DeliveryBatch)(nil), // 12: mesh.plugin.v1.DeliveryBatch
-	(*Outcome)(nil),       // 13: mesh.plugin.v1.Outcome
-	(*OutcomeBatch)(nil),  // 14: mesh.plugin.v1.OutcomeBatch
-	(*Emit)(nil),          // 15: mesh.plugin.v1.Emit
-	(*EmitBatch)(nil),     // 16: mesh.plugin.v1.EmitBatch
-	(*EmitResult)(nil),    // 17: mesh.plugin.v1.EmitResult
-	(*EmitResults)(nil),   // 18: mesh.plugin.v1.EmitResults
-	(*CallRequest)(nil),   // 19: mesh.plugin.v1.CallRequest
-	(*CallResponse)(nil),  // 20: mesh.plugin.v1.CallResponse
-	nil,                   // 21: mesh.plugin.v1.ToolRequest.HeadersEntry
-	nil,                   // 22: mesh.plugin.v1.Delivery.HeadersEntry
+	(*SchemaDecl)(nil),    // 6: mesh.plugin.v1.SchemaDecl
+	(*Reads)(nil),         // 7: mesh.plugin.v1.Reads
+	(*ToolCallers)(nil),   // 8: mesh.plugin.v1.ToolCallers
+	(*Consume)(nil),       // 9: mesh.plugin.v1.Consume
+	(*ToolRequest)(nil),   // 10: mesh.plugin.v1.ToolRequest
+	(*ToolAnswer)(nil),    // 11: mesh.plugin.v1.ToolAnswer
+	(*StartRequest)(nil),  // 12: mesh.plugin.v1.StartRequest
+	(*Delivery)(nil),      // 13: mesh.plugin.v1.Delivery
+	(*DeliveryBatch)(nil), // 14: mesh.plugin.v1.DeliveryBatch
+	(*Outcome)(nil),       // 15: mesh.plugin.v1.Outcome
+	(*OutcomeBatch)(nil),  // 16: mesh.plugin.v1.OutcomeBatch
+	(*Emit)(nil),          // 17: mesh.plugin.v1.Emit
+	(*EmitBatch)(nil),     // 18: mesh.plugin.v1.EmitBatch
+	(*EmitResult)(nil),    // 19: mesh.plugin.v1.EmitResult
+	(*EmitResults)(nil),   // 20: mesh.plugin.v1.EmitResults
+	(*CallRequest)(nil),   // 21: mesh.plugin.v1.CallRequest
+	(*CallResponse)(nil),  // 22: mesh.plugin.v1.CallResponse
+	nil,                   // 23: mesh.plugin.v1.ToolRequest.HeadersEntry
+	nil,                   // 24: mesh.plugin.v1.Delivery.HeadersEntry
 }
 var file_module_proto_depIdxs = []int32{
 	0,  // 0: mesh.plugin.v1.HoldResponse.error_kind:type_name -> mesh.plugin.v1.ErrorKind
-	7,  // 1: mesh.plugin.v1.Description.consumes:type_name -> mesh.plugin.v1.Consume
-	6,  // 2: mesh.plugin.v1.Description.callers:type_name -> mesh.plugin.v1.ToolCallers
-	21, // 3: mesh.plugin.v1.ToolRequest.headers:type_name -> mesh.plugin.v1.ToolRequest.HeadersEntry
-	22, // 4: mesh.plugin.v1.Delivery.headers:type_name -> mesh.plugin.v1.Delivery.HeadersEntry
-	11, // 5: mesh.plugin.v1.DeliveryBatch.deliveries:type_name -> mesh.plugin.v1.Delivery
-	1,  // 6: mesh.plugin.v1.Outcome.kind:type_name -> mesh.plugin.v1.Outcome.Kind
-	13, // 7: mesh.plugin.v1.OutcomeBatch.outcomes:type_name -> mesh.plugin.v1.Outcome
-	15, // 8: mesh.plugin.v1.EmitBatch.emits:type_name -> mesh.plugin.v1.Emit
-	0,  // 9: mesh.plugin.v1.EmitResult.error_kind:type_name -> mesh.plugin.v1.ErrorKind
-	17, // 10: mesh.plugin.v1.EmitResults.results:type_name -> mesh.plugin.v1.EmitResult
-	0,  // 11: mesh.plugin.v1.CallResponse.error_kind:type_name -> mesh.plugin.v1.ErrorKind
-	4,  // 12: mesh.plugin.v1.Module.Describe:input_type -> mesh.plugin.v1.Empty
-	10, // 13: mesh.plugin.v1.Module.Start:input_type -> mesh.plugin.v1.StartRequest
-	12, // 14: mesh.plugin.v1.Module.Deliver:input_type -> mesh.plugin.v1.DeliveryBatch
-	8,  // 15: mesh.plugin.v1.Module.Answer:input_type -> mesh.plugin.v1.ToolRequest
-	16, // 16: mesh.plugin.v1.Host.Emit:input_type -> mesh.plugin.v1.EmitBatch
-	19, // 17: mesh.plugin.v1.Host.Call:input_type -> mesh.plugin.v1.CallRequest
-	2,  // 18: mesh.plugin.v1.Host.Hold:input_type -> mesh.plugin.v1.HoldRequest
-	5,  // 19: mesh.plugin.v1.Module.Describe:output_type -> mesh.plugin.v1.Description
-	4,  // 20: mesh.plugin.v1.Module.Start:output_type -> mesh.plugin.v1.Empty
-	14, // 21: mesh.plugin.v1.Module.Deliver:output_type -> mesh.plugin.v1.OutcomeBatch
-	9,  // 22: mesh.plugin.v1.Module.Answer:output_type -> mesh.plugin.v1.ToolAnswer
-	18, // 23: mesh.plugin.v1.Host.Emit:output_type -> mesh.plugin.v1.EmitResults
-	20, // 24: mesh.plugin.v1.Host.Call:output_type -> mesh.plugin.v1.CallResponse
-	3,  // 25: mesh.plugin.v1.Host.Hold:output_type -> mesh.plugin.v1.HoldResponse
-	19, // [19:26] is the sub-list for method output_type
-	12, // [12:19] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	9,  // 1: mesh.plugin.v1.Description.consumes:type_name -> mesh.plugin.v1.Consume
+	8,  // 2: mesh.plugin.v1.Description.callers:type_name -> mesh.plugin.v1.ToolCallers
+	6,  // 3: mesh.plugin.v1.Description.schemas:type_name -> mesh.plugin.v1.SchemaDecl
+	7,  // 4: mesh.plugin.v1.Description.reads:type_name -> mesh.plugin.v1.Reads
+	23, // 5: mesh.plugin.v1.ToolRequest.headers:type_name -> mesh.plugin.v1.ToolRequest.HeadersEntry
+	24, // 6: mesh.plugin.v1.Delivery.headers:type_name -> mesh.plugin.v1.Delivery.HeadersEntry
+	13, // 7: mesh.plugin.v1.DeliveryBatch.deliveries:type_name -> mesh.plugin.v1.Delivery
+	1,  // 8: mesh.plugin.v1.Outcome.kind:type_name -> mesh.plugin.v1.Outcome.Kind
+	15, // 9: mesh.plugin.v1.OutcomeBatch.outcomes:type_name -> mesh.plugin.v1.Outcome
+	17, // 10: mesh.plugin.v1.EmitBatch.emits:type_name -> mesh.plugin.v1.Emit
+	0,  // 11: mesh.plugin.v1.EmitResult.error_kind:type_name -> mesh.plugin.v1.ErrorKind
+	19, // 12: mesh.plugin.v1.EmitResults.results:type_name -> mesh.plugin.v1.EmitResult
+	0,  // 13: mesh.plugin.v1.CallResponse.error_kind:type_name -> mesh.plugin.v1.ErrorKind
+	4,  // 14: mesh.plugin.v1.Module.Describe:input_type -> mesh.plugin.v1.Empty
+	12, // 15: mesh.plugin.v1.Module.Start:input_type -> mesh.plugin.v1.StartRequest
+	14, // 16: mesh.plugin.v1.Module.Deliver:input_type -> mesh.plugin.v1.DeliveryBatch
+	10, // 17: mesh.plugin.v1.Module.Answer:input_type -> mesh.plugin.v1.ToolRequest
+	18, // 18: mesh.plugin.v1.Host.Emit:input_type -> mesh.plugin.v1.EmitBatch
+	21, // 19: mesh.plugin.v1.Host.Call:input_type -> mesh.plugin.v1.CallRequest
+	2,  // 20: mesh.plugin.v1.Host.Hold:input_type -> mesh.plugin.v1.HoldRequest
+	5,  // 21: mesh.plugin.v1.Module.Describe:output_type -> mesh.plugin.v1.Description
+	4,  // 22: mesh.plugin.v1.Module.Start:output_type -> mesh.plugin.v1.Empty
+	16, // 23: mesh.plugin.v1.Module.Deliver:output_type -> mesh.plugin.v1.OutcomeBatch
+	11, // 24: mesh.plugin.v1.Module.Answer:output_type -> mesh.plugin.v1.ToolAnswer
+	20, // 25: mesh.plugin.v1.Host.Emit:output_type -> mesh.plugin.v1.EmitResults
+	22, // 26: mesh.plugin.v1.Host.Call:output_type -> mesh.plugin.v1.CallResponse
+	3,  // 27: mesh.plugin.v1.Host.Hold:output_type -> mesh.plugin.v1.HoldResponse
+	21, // [21:28] is the sub-list for method output_type
+	14, // [14:21] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_module_proto_init() }
@@ -1947,7 +2092,7 @@ func file_module_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_module_proto_rawDesc), len(file_module_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   21,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -47,6 +47,22 @@ type settings struct {
 	// for Queue.
 	Filters []string `json:"filters"`
 	Filter  string   `json:"filter"`
+	// Schemas are what the "schemas" attack declares (event, version,
+	// schema), Schema repeated Size times when Size is set; Reads the
+	// versions it says Pattern's handler reads.
+	Schemas []struct {
+		Event   string          `json:"event"`
+		Version string          `json:"version"`
+		JSON    json.RawMessage `json:"json"`
+	} `json:"schemas"`
+	Reads []string `json:"reads"`
+	// BigSchema is the size of a schema it declares (too large to pass
+	// in its settings).
+	BigSchema int `json:"big_schema"`
+	// Body and Version are what it emits as "order" once started (its
+	// declared schema's version, or another).
+	Body    json.RawMessage `json:"body"`
+	Version string          `json:"version"`
 }
 
 var (
@@ -114,6 +130,23 @@ func (s *server) Describe(context.Context, *pb.Empty) (*pb.Description, error) {
 		d.DeadLetters = true
 	case "bigerror":
 		d.Patterns = []string{cfg.Pattern}
+	case "schemas":
+		// Schemas the host compiles: one that refers to a file meshd
+		// can read, too many, too large, for an event it does not
+		// declare; reads for a pattern it does not subscribe.
+		d.Emits = []string{"order"}
+		for _, sc := range cfg.Schemas {
+			d.Schemas = append(d.Schemas, &pb.SchemaDecl{Event: sc.Event, Version: sc.Version, Json: sc.JSON})
+		}
+		for i := range cfg.Size {
+			d.Schemas = append(d.Schemas, &pb.SchemaDecl{Event: "order", Version: fmt.Sprint(i), Json: []byte(`true`)})
+		}
+		if cfg.BigSchema > 0 {
+			d.Schemas = append(d.Schemas, &pb.SchemaDecl{Event: "order", Version: "big", Json: []byte(`{"description": "` + strings.Repeat("x", cfg.BigSchema) + `"}`)})
+		}
+		if cfg.Reads != nil {
+			d.Reads = []*pb.Reads{{Pattern: cfg.Pattern, Versions: cfg.Reads}}
+		}
 	case "filters":
 		// Filters for the node to evaluate, not as any sdk would make
 		// them: too large, too deep, too many for its patterns.
@@ -237,6 +270,15 @@ func (s *server) attack() {
 		report("big emit", fmt.Sprint(len(res.GetResults())), err)
 	case "sockets":
 		s.trySockets(ctx)
+	case "schemas":
+		// An emit past the sdk: a body breaking its declared schema, or
+		// asking for a version it does not declare.
+		res, err := s.host.Emit(ctx, &pb.EmitBatch{Emits: []*pb.Emit{{Name: "order", Body: cfg.Body, Schema: cfg.Version}}})
+		got := ""
+		if err == nil && len(res.Results) == 1 {
+			got = res.Results[0].Id + "|" + res.Results[0].Error
+		}
+		report("emit against its schema", got, err)
 	}
 	report("done", "", nil)
 }
