@@ -144,6 +144,11 @@ func run(o options) error {
 			return fmt.Errorf("audit: %w", err)
 		}
 	}
+	if o.only == "" || o.only == "schemas" {
+		if err := benchSchemas(url, o); err != nil {
+			return fmt.Errorf("schemas: %w", err)
+		}
+	}
 	if o.only == "" || o.only == "delays" {
 		if err := benchDelays(url, o); err != nil {
 			return fmt.Errorf("delays: %w", err)
@@ -338,6 +343,12 @@ var meshRuns atomic.Int64
 func newMesh(url, qt string, s *sink) (side, error) { return newMeshWith(url, qt, s, nil) }
 
 func newMeshWith(url, qt string, s *sink, tp trace.TracerProvider) (side, error) {
+	return newMeshOf(url, qt, s, tp, nil, runtime.ModuleConfig{})
+}
+
+// newMeshOf is the mesh side with a tracer provider, the module's
+// declared schemas and its config (its queue type is qt).
+func newMeshOf(url, qt string, s *sink, tp trace.TracerProvider, schemas []sdk.Schema, mc runtime.ModuleConfig) (side, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	state, err := os.MkdirTemp("", "meshbench-")
@@ -358,11 +369,15 @@ func newMeshWith(url, qt string, s *sink, tp trace.TracerProvider) (side, error)
 	// A fresh module (and queue) per round, so no round sees another's
 	// events.
 	name := fmt.Sprintf("bench%d", meshRuns.Add(1))
-	mod, err := node.Load(ctx, sdk.Module{Name: name, Emits: []string{"measured"}, Setup: func(m sdk.Mesh) error {
+	for i := range schemas {
+		schemas[i].Event = "measured"
+	}
+	mc.QueueType = qt
+	mod, err := node.Load(ctx, sdk.Module{Name: name, Emits: []string{"measured"}, Schemas: schemas, Setup: func(m sdk.Mesh) error {
 		return m.On("module."+name+".#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
 			return s.handle(ev.Body)
 		}))
-	}}, runtime.ModuleConfig{QueueType: qt})
+	}}, mc)
 	if err != nil {
 		node.Close(ctx)
 		return nil, err

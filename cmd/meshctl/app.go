@@ -79,6 +79,7 @@ func app() *cli.App {
 			topologyCommand(),
 			nodesCommand(),
 			graphCommand(),
+			schemaCommand(),
 			consoleCommand(),
 			newCommand(),
 			completionCommand(),

@@ -17,6 +17,9 @@ const (
 	// exitUsage: the command was not run: an unknown command or flag, a
 	// flag's bad value, or the wrong number of arguments.
 	exitUsage = 2
+	// exitUndecided: meshctl schema check could not decide (a keyword
+	// its checker does not decide, a document not found).
+	exitUndecided = 2
 )
 
 // errUsage is what errors in how meshctl was called match (errors.Is).
@@ -42,6 +45,8 @@ func exitCode(err error) int {
 		return exitOK
 	case errors.Is(err, errUsage):
 		return exitUsage
+	case errors.Is(err, errUndecided):
+		return exitUndecided
 	case errors.As(err, &ec):
 		return exitUsage // urfave/cli's own: "No help topic for ..."
 	}

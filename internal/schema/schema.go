@@ -185,5 +185,6 @@ func violationOf(e *jsonschema.ValidationError) Violation {
 	if _, ok := e.ErrorKind.(*kind.FalseSchema); ok {
 		kw = "false"
 	}
-	return Violation{Pointer: p.String(), Keyword: kw, Message: e.ErrorKind.LocalizedString(printer)}
+	msg := strings.TrimPrefix(e.ErrorKind.LocalizedString(printer), kw+": ") // some of the library's messages name it already
+	return Violation{Pointer: p.String(), Keyword: kw, Message: msg}
 }

@@ -54,7 +54,7 @@ func TestValidate(t *testing.T) {
 		{"not JSON", `{"id":`, "not JSON"},
 	} {
 		err := c.Validate([]byte(tc.body))
-		if !errors.Is(err, ErrBody) || !strings.Contains(err.Error(), tc.want) {
+		if !errors.Is(err, ErrBody) || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), tc.name+": "+tc.name) {
 			t.Errorf("%s: got %v, want ErrBody naming %q", tc.name, err, tc.want)
 		}
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/meshkit/mesh/internal/execute"
 	"github.com/meshkit/mesh/internal/filter"
 	"github.com/meshkit/mesh/internal/handlerlog"
+	"github.com/meshkit/mesh/internal/schema"
 	"github.com/meshkit/mesh/internal/setup"
 	"github.com/meshkit/mesh/internal/tracecontext"
 	"github.com/meshkit/mesh/internal/wire"
@@ -108,6 +109,10 @@ type ModuleConfig struct {
 	// sdk.Module.Emits does not list (allow_undeclared_emits); by default
 	// such an emit fails with sdk.ErrForbidden, as on a node.
 	AllowUndeclaredEmits bool
+	// SkipBodyValidation keeps the x-schema of the module's declared
+	// schemas (sdk.Module.Schemas) but does not validate its emitted
+	// bodies against them (skip_body_validation), as on a node.
+	SkipBodyValidation bool
 }
 
 // DeadLetter is an event a module gave up on.
@@ -119,10 +124,13 @@ type DeadLetter struct {
 	// consumes (sdk.Mesh.Consume) the message came from.
 	Module, Queue string
 	// Reason is "permanent" (the handler said so), "delivery_limit"
-	// (every attempt failed) or "expired" (the event's time to live, see
-	// sdk.WithTTL, ran out on the mesh's clock before a handler took it).
+	// (every attempt failed), "expired" (the event's time to live, see
+	// sdk.WithTTL, ran out on the mesh's clock before a handler took it)
+	// or "schema" (its x-schema is not a version the handler reads, see
+	// sdk.Module.Reads: the handler did not run).
 	Reason string
-	// Attempts is how many times the handler was tried.
+	// Attempts is how many times the handler was tried (for "schema",
+	// the delivery's attempt, as a node counts it: 1).
 	Attempts int
 	// Err is the last error, as text.
 	Err string
@@ -220,21 +228,24 @@ func New(cfg Config) *Mesh {
 }
 
 type module struct {
-	mesh    *Mesh
-	async   *asyncemit.Window // its EmitAsync calls under way
-	def     sdk.Module
-	cfg     ModuleConfig
-	log     *slog.Logger
-	setup   *setup.Recorder
-	started bool
-	subs    []subscription  // fixed when started
-	queues  []setup.Entry   // existing queues it consumes (Consume), fixed when started
-	held    map[string]bool // consumed queues held (Hold): their messages wait
-	tools   []tool          // fixed when started
-	handled map[string]bool // event ids handled, for de-duplication
-	answers map[string]*answer
-	runDone chan struct{} // closed when Run returned (at once without one)
-	runErr  error         // why Run failed while the module ran: it handles nothing more
+	mesh  *Mesh
+	async *asyncemit.Window // its EmitAsync calls under way
+	def   sdk.Module
+	cfg   ModuleConfig
+	log   *slog.Logger
+	setup *setup.Recorder
+	// contracts are its declared schemas, compiled at Load (nil: it
+	// declares none): its emits and deliveries are checked on them.
+	contracts *schema.Contracts
+	started   bool
+	subs      []subscription  // fixed when started
+	queues    []setup.Entry   // existing queues it consumes (Consume), fixed when started
+	held      map[string]bool // consumed queues held (Hold): their messages wait
+	tools     []tool          // fixed when started
+	handled   map[string]bool // event ids handled, for de-duplication
+	answers   map[string]*answer
+	runDone   chan struct{} // closed when Run returned (at once without one)
+	runErr    error         // why Run failed while the module ran: it handles nothing more
 }
 
 type subscription struct {
@@ -266,10 +277,16 @@ type delivery struct {
 
 // Load runs the module's Setup, starts it consuming and starts its Run,
 // whose context ends at Close. Load refuses what a node refuses: a bad
-// name or kind, and Setup's error.
+// name or kind, a bad declared schema (sdk.Module.Schemas) or reads
+// (sdk.Module.Reads, also for a pattern Setup did not subscribe), and
+// Setup's error.
 func (m *Mesh) Load(def sdk.Module, mc ModuleConfig) error {
 	if err := wire.ValidateModule(def.Name, string(def.Kind), def.Emits, def.Calls); err != nil {
 		return err
+	}
+	contracts, err := contractsOf(def, mc)
+	if err != nil {
+		return fmt.Errorf("load module %s: %w", def.Name, err)
 	}
 	if mc.MaxAttempts == 0 {
 		mc.MaxAttempts = m.cfg.MaxAttempts
@@ -284,7 +301,7 @@ func (m *Mesh) Load(def sdk.Module, mc ModuleConfig) error {
 		mc.HandlerTimeout = m.cfg.HandlerTimeout
 	}
 	mod := &module{mesh: m, async: asyncemit.New(), def: def, cfg: mc, log: m.cfg.Logger.With("module", def.Name), setup: setup.New(def.Name, mc.ToolGrants),
-		handled: make(map[string]bool), answers: make(map[string]*answer), held: make(map[string]bool), runDone: make(chan struct{})}
+		contracts: contracts, handled: make(map[string]bool), answers: make(map[string]*answer), held: make(map[string]bool), runDone: make(chan struct{})}
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
@@ -301,6 +318,13 @@ func (m *Mesh) Load(def sdk.Module, mc ModuleConfig) error {
 		}
 	}
 	subs, tools := mod.setup.Fix()
+	patterns := make([]string, len(subs))
+	for i, s := range subs {
+		patterns[i] = s.Key
+	}
+	if err := contracts.CheckPatterns(patterns); err != nil {
+		return fmt.Errorf("load module %s: %w", def.Name, err)
+	}
 	m.mu.Lock()
 	for _, s := range subs {
 		mod.subs = append(mod.subs, subscription{pattern: s.Key, handler: s.Handler.(sdk.Handler), opts: s.Options})
@@ -780,7 +804,10 @@ type handled struct {
 	// filtered: no filter of the patterns that match it accepted it:
 	// acknowledged without running.
 	filtered bool
-	err      error
+	// unread: its x-schema is not a version the handler reads
+	// (sdk.Module.Reads): dead-lettered without running.
+	unread error
+	err    error
 }
 
 // handle runs one delivery's handler, unless the module already handled
@@ -824,6 +851,11 @@ func (mod *module) handle(d *delivery) handled {
 	if h.filtered {
 		return h
 	}
+	if !d.dead && d.queue == "" {
+		if h.unread = mod.contracts.Read(sub.pattern, d.ev.Schema); h.unread != nil {
+			return h
+		}
+	}
 	if h.dedup && seen {
 		h.skipped = true
 		return h
@@ -852,6 +884,8 @@ func (mod *module) settle(d *delivery, h handled) {
 		m.deadLetter(mod, d, h.ev, wire.DeadReasonExpired, d.attempt, "its deadline "+h.ev.Headers[wire.HeaderDeadline]+" passed before a handler took it")
 	case h.expired:
 		m.deadLetter(mod, d, h.ev, "expired", d.attempt-1, "time to live ran out in the queue")
+	case h.unread != nil:
+		m.deadLetter(mod, d, h.ev, wire.DeadReasonSchema, d.attempt, h.unread.Error())
 	case h.err == nil:
 		if h.dedup {
 			mod.handled[h.ev.ID] = true
@@ -1056,6 +1090,9 @@ func (mm moduleMesh) Emit(ctx context.Context, name string, body any, opts ...sd
 		return "", fmt.Errorf("emit: %w", err)
 	}
 	raw, err := wire.EncodeBody(body, mod.mesh.cfg.MaxBodyBytes)
+	if err == nil {
+		o.Schema, err = mod.contracts.Emit(eventType, raw, o.Schema)
+	}
 	if err != nil {
 		return "", fmt.Errorf("emit %s: %w", eventType, err)
 	}
@@ -1103,3 +1140,13 @@ func (mm moduleMesh) Serve(key string, h sdk.ToolHandler, opts ...sdk.HandlerOpt
 }
 
 func (mm moduleMesh) Logger() *slog.Logger { return mm.mod.log }
+
+// contractsOf compiles the schemas def declares, as a node does
+// (runtime's contractsOf).
+func contractsOf(def sdk.Module, mc ModuleConfig) (*schema.Contracts, error) {
+	decls := make([]schema.Decl, len(def.Schemas))
+	for i, s := range def.Schemas {
+		decls[i] = schema.Decl{Event: s.Event, Version: s.Version, JSON: s.JSON}
+	}
+	return schema.New(def.Name, def.Emits, decls, def.Reads, !mc.SkipBodyValidation)
+}

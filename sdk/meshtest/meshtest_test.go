@@ -3,6 +3,8 @@ package meshtest_test
 import (
 	"context"
 	"errors"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -336,5 +338,186 @@ func TestDelayedEventsWaitOnTheClock(t *testing.T) {
 		if _, err := mt.Emit(ctx, "test", "mesh.x.y", 1, opts...); !errors.Is(err, sdk.ErrInvalid) {
 			t.Errorf("%s: %v, want ErrInvalid", name, err)
 		}
+	}
+}
+
+// orderSchemaV1 and orderSchemaV2 are two versions of a body's schema.
+var (
+	orderSchemaV1 = []byte(`{"type": "object", "required": ["total"]}`)
+	orderSchemaV2 = []byte(`{
+		"type": "object",
+		"properties": {
+			"total": {"type": "number", "minimum": 0},
+			"currency": {"enum": ["EUR", "USD"]},
+			"sku": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]+$"}
+		},
+		"required": ["total", "currency"],
+		"additionalProperties": false
+	}`)
+)
+
+// schemaEmitter emits, in Run, each body of emits (with its options) as
+// order.placed, declared in versions 1 and 2, and records each outcome.
+func schemaEmitter(emits []schemaEmit, got []error) sdk.Module {
+	return sdk.Module{Name: "shop", Emits: []string{"order.placed"},
+		Schemas: []sdk.Schema{{Event: "order.placed", Version: "1", JSON: orderSchemaV1}, {Event: "order.placed", Version: "2", JSON: orderSchemaV2}},
+		Run: func(ctx context.Context, m sdk.Mesh) error {
+			for i, e := range emits {
+				_, got[i] = m.Emit(ctx, "order.placed", e.body, e.opts...)
+			}
+			return nil
+		}}
+}
+
+type schemaEmit struct {
+	body any
+	opts []sdk.EmitOption
+	want string // what the refusal says, or "" for none
+}
+
+// TestSchemasCheckEmits: an emit of a declared event is validated against
+// its current version, refused with ErrInvalid naming the JSON pointer and
+// the keyword, and carries that version as x-schema; an emit asking for
+// another version is refused. With SkipBodyValidation, bodies are not
+// validated but still carry x-schema.
+func TestSchemasCheckEmits(t *testing.T) {
+	good := map[string]any{"total": 12.5, "currency": "EUR", "sku": "ABC-12"}
+	emits := []schemaEmit{
+		{body: good},
+		{body: good, opts: []sdk.EmitOption{sdk.WithSchema("2")}},
+		{body: map[string]any{"total": "ten", "currency": "EUR"}, want: "/total: type:"},
+		{body: map[string]any{"total": 1}, want: "/: required:"},
+		{body: map[string]any{"total": -1, "currency": "EUR"}, want: "/total: minimum:"},
+		{body: map[string]any{"total": 1, "currency": "GBP"}, want: "/currency: enum:"},
+		{body: map[string]any{"total": 1, "currency": "EUR", "colour": "red"}, want: "/: additionalProperties:"},
+		{body: map[string]any{"total": 1, "currency": "EUR", "sku": "abc"}, want: "/sku: pattern:"},
+		{body: good, opts: []sdk.EmitOption{sdk.WithSchema("1")}, want: `x-schema "1" asked for`},
+	}
+	for _, skip := range []bool{false, true} {
+		mt := meshtest.New(meshtest.Config{})
+		got := make([]error, len(emits))
+		if err := mt.Load(schemaEmitter(emits, got), meshtest.ModuleConfig{SkipBodyValidation: skip}); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if err := mt.WaitRun(ctx, "shop"); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+		accepted := 0
+		for i, e := range emits {
+			want := e.want
+			if skip && !strings.Contains(want, "x-schema") {
+				want = "" // not validated
+			}
+			switch err := got[i]; {
+			case want == "" && err != nil:
+				t.Errorf("skip %v: emit %d (%v) refused: %v", skip, i, e.body, err)
+			case want == "":
+				accepted++
+			case !errors.Is(err, sdk.ErrInvalid) || !strings.Contains(err.Error(), want):
+				t.Errorf("skip %v: emit %d (%v): %v, want ErrInvalid saying %q", skip, i, e.body, err, want)
+			}
+		}
+		emitted := mt.Emitted()
+		if len(emitted) != accepted {
+			t.Errorf("skip %v: %d events emitted, want %d", skip, len(emitted), accepted)
+		}
+		for _, ev := range emitted {
+			if ev.Schema != "2" || ev.Type != "module.shop.order.placed" {
+				t.Errorf("skip %v: emitted %s with x-schema %q, want 2", skip, ev.Type, ev.Schema)
+			}
+		}
+		mt.Close()
+	}
+}
+
+// TestSchemaReadsDeadLetterOtherVersions: an event whose x-schema is not
+// a version its handler reads is dead-lettered with reason "schema",
+// without the handler running, and reaches DeadLetters handlers so; a
+// pattern without reads takes any version; "" reads an event without
+// x-schema.
+func TestSchemaReadsDeadLetterOtherVersions(t *testing.T) {
+	mt := meshtest.New(meshtest.Config{})
+	defer mt.Close()
+	var handled []string
+	var dead []sdk.Event
+	h := func(ev sdk.Event) error { handled = append(handled, ev.Type+"@"+ev.Schema); return nil }
+	err := mt.Load(sdk.Module{Name: "books",
+		Reads: map[string][]string{"mesh.order.#": {"1", ""}, "mesh.any.#": {"*"}},
+		Setup: func(m sdk.Mesh) error {
+			hf := sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error { return h(ev) })
+			return errors.Join(m.On("mesh.order.#", hf), m.On("mesh.any.#", hf), m.On("mesh.free.#", hf))
+		},
+		DeadLetters: sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error { dead = append(dead, ev); return nil }),
+	}, meshtest.ModuleConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, e := range []struct {
+		typ, version string
+	}{{"mesh.order.placed", "1"}, {"mesh.order.placed", ""}, {"mesh.order.placed", "2"}, {"mesh.any.x", "7"}, {"mesh.free.x", "3"}} {
+		var opts []sdk.EmitOption
+		if e.version != "" {
+			opts = append(opts, sdk.WithSchema(e.version))
+		}
+		if _, err := mt.Emit(ctx, "test", e.typ, map[string]int{"n": 1}, opts...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mt.Settle()
+	want := []string{"mesh.order.placed@1", "mesh.order.placed@", "mesh.any.x@7", "mesh.free.x@3"}
+	if !slices.Equal(handled, want) {
+		t.Errorf("handled %v, want %v", handled, want)
+	}
+	dl := mt.DeadLetters()
+	if len(dl) != 1 || dl[0].Reason != "schema" || dl[0].Event.Schema != "2" || dl[0].Attempts != 1 || dl[0].Module != "books" ||
+		!strings.Contains(dl[0].Err, `reads versions ["1" ""], the event has 2`) {
+		t.Fatalf("dead letters %+v, want the version 2 event, reason schema", dl)
+	}
+	if len(dead) != 1 || dead[0].ID != dl[0].Event.ID || dead[0].DeadReason != "schema" || dead[0].DeadQueue != "test.books.events" || dead[0].DeadError != dl[0].Err {
+		t.Errorf("the DeadLetters handler got %+v", dead)
+	}
+}
+
+// TestSchemaDeclarationsRefusedAtLoad: a module whose declarations a node
+// refuses is refused at Load with ErrInvalid, saying why.
+func TestSchemaDeclarationsRefusedAtLoad(t *testing.T) {
+	on := func(patterns ...string) func(sdk.Mesh) error {
+		return func(m sdk.Mesh) error {
+			for _, p := range patterns {
+				if err := m.On(p, sdk.HandlerFunc(func(context.Context, sdk.Event) error { return nil })); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+	}
+	v := func(event, version, doc string) sdk.Schema {
+		return sdk.Schema{Event: event, Version: version, JSON: []byte(doc)}
+	}
+	for name, c := range map[string]struct {
+		def  sdk.Module
+		says string
+	}{
+		"undeclared event": {sdk.Module{Emits: []string{"a"}, Schemas: []sdk.Schema{v("b", "1", `{}`)}}, `event "b" is not in the module's Emits`},
+		"not JSON":         {sdk.Module{Emits: []string{"a"}, Schemas: []sdk.Schema{v("a", "1", `{`)}}, "not JSON"},
+		"not a schema":     {sdk.Module{Emits: []string{"a"}, Schemas: []sdk.Schema{v("a", "1", `{"type": 12}`)}}, "invalid schema"},
+		"remote ref":       {sdk.Module{Emits: []string{"a"}, Schemas: []sdk.Schema{v("a", "1", `{"$ref": "https://example.org/s.json"}`)}}, "may refer only to itself"},
+		"twice":            {sdk.Module{Emits: []string{"a"}, Schemas: []sdk.Schema{v("a", "1", `{}`), v("a", "1", `{}`)}}, "declared twice"},
+		"empty version":    {sdk.Module{Emits: []string{"a"}, Schemas: []sdk.Schema{v("a", "", `{}`)}}, "schema version is empty"},
+		"reads nothing":    {sdk.Module{Reads: map[string][]string{"mesh.x.#": {}}, Setup: on("mesh.x.#")}, "lists no version"},
+		"reads bad":        {sdk.Module{Reads: map[string][]string{"mesh..x": {"1"}}, Setup: on("mesh.x.#")}, "reads:"},
+		"reads unsubscribed": {sdk.Module{Reads: map[string][]string{"mesh.y.#": {"1"}}, Setup: on("mesh.x.#")},
+			`the module does not subscribe "mesh.y.#"`},
+	} {
+		mt := meshtest.New(meshtest.Config{})
+		c.def.Name = "decl"
+		err := mt.Load(c.def, meshtest.ModuleConfig{})
+		if !errors.Is(err, sdk.ErrInvalid) || !strings.Contains(err.Error(), c.says) || !strings.HasPrefix(err.Error(), "load module decl: ") {
+			t.Errorf("%s: %v, want ErrInvalid saying %q", name, err, c.says)
+		}
+		mt.Close()
 	}
 }

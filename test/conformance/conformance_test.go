@@ -64,6 +64,8 @@ var scenarios = []scenario{
 	{name: "RunCtxEndsAfterHandlersDrain", run: runCtxAfterDrain},
 	{name: "FailingRunIsNotSilent", run: failingRun},
 	{name: "DelayedAndAtMostOnceEmits", run: delayedEmits, delays: true},
+	{name: "SchemasCheckEmitsAndReads", run: schemasCheck},
+	{name: "SchemasSkipBodyValidationKeepsXSchema", run: schemasSkipValidation},
 }
 
 // TestConformance runs every scenario on every host.
@@ -817,4 +819,96 @@ func delayedEmits(t *testing.T, h Host) {
 			return r.Type == "module.relay.relayed" && r.Waited == 0 && strings.Contains(string(r.Body), `"n":2`)
 		})
 	})
+}
+
+// priceRefusals are what the refusal of each of the pricer's emits that
+// breaks its declared schema says: the JSON pointer and the keyword.
+var priceRefusals = map[string]string{
+	"type":          "/price: type:",
+	"required":      "/: required: missing property 'currency'",
+	"minimum":       "/price: minimum:",
+	"enum":          "/currency: enum:",
+	"additional":    "/: additionalProperties: additional properties 'colour' not allowed",
+	"pattern":       "/sku: pattern:",
+	"other_version": `x-schema "1" asked for, but the module declares version 2 of module.pricer.price`,
+}
+
+// A module's declared schemas are the host's to check: an emit whose body
+// breaks the current version is refused with ErrInvalid naming the JSON
+// pointer and the keyword, as is one asking (WithSchema) for another
+// version; a conforming one carries the version as x-schema. A handler
+// that reads only other versions never gets it: it is dead-lettered with
+// reason "schema", saying which versions the handler reads.
+func schemasCheck(t *testing.T, h Host) {
+	u := h.Load(t, "undertaker", ModuleConfig{})
+	watch := h.Load(t, "pricewatch", ModuleConfig{})
+	old := h.Load(t, "oldreader", ModuleConfig{})
+	p := h.Load(t, "pricer", ModuleConfig{})
+	ok := map[string]string{} // id → the emit's name
+	for _, e := range conformance.PriceEmits {
+		r := p.WaitKind(t, "price_"+e.Name, 1)[0]
+		want, refused := priceRefusals[e.Name]
+		switch {
+		case !refused && (r.Err != "" || r.ID == ""):
+			t.Errorf("the conforming emit %s was refused: %+v", e.Name, r)
+		case !refused:
+			ok[r.ID] = e.Name
+		case !is(r, "invalid") || !strings.Contains(r.Err, want) || r.ID != "":
+			t.Errorf("emit %s: %+v, want ErrInvalid saying %q", e.Name, r, want)
+		}
+	}
+	for _, r := range watch.WaitKind(t, "priced", len(ok)) {
+		if ok[r.ID] == "" || r.Schema != "2" || r.Type != "module.pricer.price" || r.Source != "pricer" {
+			t.Errorf("seen %+v, want one of the conforming emits %v with x-schema 2", r, ok)
+		}
+	}
+	dead := u.Wait(t, "the dead letters of the old reader", func(rs []conformance.Record) bool {
+		n := 0
+		for _, r := range rs {
+			if ok[r.ID] != "" {
+				n++
+			}
+		}
+		return n >= len(ok)
+	})
+	for _, r := range dead {
+		if ok[r.ID] == "" || r.DeadReason != "schema" || r.DeadQueue != "conf.oldreader.events" || r.DeadAttempts != 1 ||
+			!strings.Contains(r.DeadError, `reads versions ["1"], the event has 2`) || !r.DeadTime || r.Type != "module.pricer.price" {
+			t.Errorf("dead letter as handled %+v, want a conforming emit refused by the old reader with reason schema", r)
+		}
+	}
+	for _, d := range h.Dead(t, len(ok)) {
+		if ok[d.ID] == "" || d.Reason != "schema" || d.Queue != "conf.oldreader.events" || d.Attempts != 1 || d.Type != "module.pricer.price" {
+			t.Errorf("dead letter %+v, want a conforming emit refused by the old reader with reason schema", d)
+		}
+	}
+	if rs := old.Of(t, "old_read"); len(rs) != 0 {
+		t.Errorf("the handler that reads version 1 got %+v", rs)
+	}
+}
+
+// skip_body_validation keeps x-schema but validates no body: every emit
+// goes out as version 2, the one asking for another version is refused.
+func schemasSkipValidation(t *testing.T, h Host) {
+	watch := h.Load(t, "pricewatch", ModuleConfig{})
+	p := h.Load(t, "pricer", ModuleConfig{SkipBodyValidation: true})
+	ok := map[string]bool{}
+	for _, e := range conformance.PriceEmits {
+		r := p.WaitKind(t, "price_"+e.Name, 1)[0]
+		if e.Name == "other_version" {
+			if !is(r, "invalid") || !strings.Contains(r.Err, priceRefusals[e.Name]) {
+				t.Errorf("emit %s: %+v, want ErrInvalid saying %q", e.Name, r, priceRefusals[e.Name])
+			}
+			continue
+		}
+		if r.Err != "" || r.ID == "" {
+			t.Errorf("emit %s with validation skipped: %+v", e.Name, r)
+		}
+		ok[r.ID] = true
+	}
+	for _, r := range watch.WaitKind(t, "priced", len(ok)) {
+		if !ok[r.ID] || r.Schema != "2" {
+			t.Errorf("seen %+v, want an emit of the pricer with x-schema 2", r)
+		}
+	}
 }

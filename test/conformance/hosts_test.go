@@ -43,6 +43,9 @@ type ModuleConfig struct {
 	HandlerTimeout  time.Duration
 	AllowDuplicates bool
 	ToolGrants      []string // nil: no limit
+	// SkipBodyValidation keeps x-schema but validates no emitted body
+	// (skip_body_validation).
+	SkipBodyValidation bool
 }
 
 // Dead is a dead letter as a scenario sees it.
@@ -293,7 +296,7 @@ func (h *memHost) Load(t *testing.T, name string, mc ModuleConfig) *Log {
 		t.Fatal(err)
 	}
 	if err := h.mesh.Load(def, meshtest.ModuleConfig{Concurrency: mc.Concurrency, MaxAttempts: mc.MaxAttempts, HandlerTimeout: mc.HandlerTimeout,
-		AllowDuplicates: mc.AllowDuplicates, ToolGrants: mc.ToolGrants}); err != nil {
+		AllowDuplicates: mc.AllowDuplicates, ToolGrants: mc.ToolGrants, SkipBodyValidation: mc.SkipBodyValidation}); err != nil {
 		t.Fatalf("load %s: %v", name, err)
 	}
 	return &Log{host: h, path: path}
@@ -407,7 +410,8 @@ func newBrokerHost(t *testing.T, process string, delays bool) Host {
 func (h *brokerHost) Load(t *testing.T, name string, mc ModuleConfig) *Log {
 	t.Helper()
 	path := filepath.Join(h.dir, name+".log")
-	rc := runtime.ModuleConfig{Concurrency: mc.Concurrency, MaxAttempts: mc.MaxAttempts, HandlerTimeout: mc.HandlerTimeout, AllowDuplicates: mc.AllowDuplicates, ToolGrants: mc.ToolGrants}
+	rc := runtime.ModuleConfig{Concurrency: mc.Concurrency, MaxAttempts: mc.MaxAttempts, HandlerTimeout: mc.HandlerTimeout, AllowDuplicates: mc.AllowDuplicates,
+		ToolGrants: mc.ToolGrants, SkipBodyValidation: mc.SkipBodyValidation}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var stop func(context.Context) error

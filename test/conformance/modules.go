@@ -44,6 +44,8 @@ type Record struct {
 	Err         string          `json:"err,omitempty"`
 	// Queue is the consumed queue a message came from.
 	Queue string `json:"queue,omitempty"`
+	// Schema is the event's x-schema (Event.Schema).
+	Schema string `json:"schema,omitempty"`
 	// Waited is how long after the event's time (Event.Time) a delayed
 	// event was due (its x-due header); 0 for one that was not delayed.
 	Waited time.Duration `json:"waited,omitempty"`
@@ -207,7 +209,8 @@ func act(ctx context.Context, s Steer, attempt int) error {
 
 // Module returns the conformance module of that name, reporting to probe.
 // The names: watcher, worker, setup, namer, streamer, relay, tools, caller,
-// undertaker, taker, runner, filterer, typed.
+// undertaker, taker, runner, filterer, drainer, failer, ctxprobe, typed,
+// pricer, pricewatch, oldreader.
 func Module(name string, probe *Probe) (sdk.Module, error) {
 	seen := func(kind string, ev sdk.Event) {
 		r := Record{Kind: kind, ID: ev.ID, Type: ev.Type, Source: ev.Source, Node: ev.Node, CausationID: ev.CausationID,
@@ -596,8 +599,85 @@ func Module(name string, probe *Probe) (sdk.Module, error) {
 				})),
 			)
 		}}, nil
+
+	case "pricer":
+		// Emits, in Run, each of PriceEmits as "price", whose schema it
+		// declares in versions 1 and 2 (PriceSchemaV1, PriceSchemaV2), and
+		// records each outcome as "price_" and its name.
+		return sdk.Module{Name: name, Emits: []string{"price"},
+			Schemas: []sdk.Schema{{Event: "price", Version: "1", JSON: PriceSchemaV1}, {Event: "price", Version: "2", JSON: PriceSchemaV2}},
+			Run: func(ctx context.Context, m sdk.Mesh) error {
+				for _, e := range PriceEmits {
+					var opts []sdk.EmitOption
+					if e.Schema != "" {
+						opts = append(opts, sdk.WithSchema(e.Schema))
+					}
+					id, err := m.Emit(ctx, "price", e.Body, opts...)
+					probe.Add(Record{Kind: "price_" + e.Name, ID: id, Err: errText(err), Is: Classify(err)})
+				}
+				return nil
+			}}, nil
+
+	case "pricewatch":
+		// Records every event of the pricer ("priced"), whatever its
+		// version: it declares no reads.
+		return sdk.Module{Name: name, Setup: func(m sdk.Mesh) error {
+			return m.On("module.pricer.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+				probe.Add(Record{Kind: "priced", ID: ev.ID, Type: ev.Type, Source: ev.Source, Schema: ev.Schema, Body: ev.Body})
+				return nil
+			}))
+		}}, nil
+
+	case "oldreader":
+		// Reads only version 1 of the pricer's events; records any its
+		// handler gets ("old_read").
+		return sdk.Module{Name: name, Reads: map[string][]string{"module.pricer.#": {"1"}}, Setup: func(m sdk.Mesh) error {
+			return m.On("module.pricer.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+				probe.Add(Record{Kind: "old_read", ID: ev.ID, Type: ev.Type, Schema: ev.Schema})
+				return nil
+			}))
+		}}, nil
 	}
 	return sdk.Module{}, fmt.Errorf("no conformance module %q", name)
+}
+
+// The pricer's declared schemas of "price": version 2 is the one it
+// emits now.
+var (
+	PriceSchemaV1 = []byte(`{"type": "object", "required": ["price"]}`)
+	PriceSchemaV2 = []byte(`{
+		"type": "object",
+		"properties": {
+			"price": {"type": "number", "minimum": 0},
+			"currency": {"enum": ["EUR", "USD"]},
+			"sku": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]+$"}
+		},
+		"required": ["price", "currency"],
+		"additionalProperties": false
+	}`)
+)
+
+// PriceEmit is one emit the pricer makes: Body, with sdk.WithSchema(Schema)
+// unless Schema is "".
+type PriceEmit struct {
+	Name   string
+	Body   any
+	Schema string
+}
+
+// PriceEmits are the pricer's emits, in order: two that conform to
+// version 2, one breaking each rule family of it, and a conforming one
+// asking for version 1.
+var PriceEmits = []PriceEmit{
+	{Name: "ok", Body: map[string]any{"price": 9.5, "currency": "EUR", "sku": "ABC-1"}},
+	{Name: "ok_same_version", Body: map[string]any{"price": 3, "currency": "USD"}, Schema: "2"},
+	{Name: "type", Body: map[string]any{"price": "ten", "currency": "EUR"}},
+	{Name: "required", Body: map[string]any{"price": 1}},
+	{Name: "minimum", Body: map[string]any{"price": -1, "currency": "EUR"}},
+	{Name: "enum", Body: map[string]any{"price": 1, "currency": "GBP"}},
+	{Name: "additional", Body: map[string]any{"price": 1, "currency": "EUR", "colour": "red"}},
+	{Name: "pattern", Body: map[string]any{"price": 1, "currency": "EUR", "sku": "abc"}},
+	{Name: "other_version", Body: map[string]any{"price": 2, "currency": "EUR"}, Schema: "1"},
 }
 
 // ctxRecord is what ctx carries: its trace, its deadline and its logger.
