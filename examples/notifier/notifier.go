@@ -2,7 +2,9 @@
 // for every site umami creates it asks billing for a first invoice
 // (invoice.create, if billing runs) and emits
 // module.notifier.notification.sent, which carries the site event's id as
-// its causation id without the module doing anything for it.
+// its causation id without the module doing anything for it. It declares
+// the schema of what it emits (version 1, from Sent) and the version of
+// site.created it reads (1: another is dead-lettered with reason "schema").
 package notifier
 
 import (
@@ -12,9 +14,15 @@ import (
 	"io"
 
 	"github.com/meshkit/mesh/sdk"
+	"github.com/meshkit/mesh/sdk/schema"
 )
 
-// Sent is the body of a notification.sent event.
+// sites is the pattern the notifier subscribes, and the key of what it
+// reads of it in Reads: the same string.
+const sites = "module.umami.site.created"
+
+// Sent is the body of a notification.sent event, version 1 of its
+// schema.
 type Sent struct {
 	To      string `json:"to"`
 	Subject string `json:"subject"`
@@ -25,12 +33,15 @@ type Sent struct {
 func Module(out io.Writer) sdk.Module {
 	var mesh sdk.Mesh
 	return sdk.Module{
-		Name:  "notifier",
-		Emits: []string{"notification.sent"},
+		Name:    "notifier",
+		Emits:   []string{"notification.sent"},
+		Schemas: []sdk.Schema{schema.Of[Sent]("notification.sent", "1")},
+		// The handler reads the site.created umami emits, version 1.
+		Reads: map[string][]string{sites: {"1"}},
 		Calls: []string{"invoice.create"},
 		Setup: func(m sdk.Mesh) error {
 			mesh = m
-			return m.On("module.umami.site.created", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			return m.On(sites, sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
 				var site struct {
 					ID   int    `json:"id"`
 					Name string `json:"name"`

@@ -7,6 +7,7 @@ import (
 
 	"github.com/meshkit/mesh/examples/billing"
 	"github.com/meshkit/mesh/examples/notifier"
+	"github.com/meshkit/mesh/sdk"
 	"github.com/meshkit/mesh/sdk/meshtest"
 )
 
@@ -34,7 +35,7 @@ func TestNotifiesWithTheFirstInvoice(t *testing.T) {
 	mt := meshtest.New(meshtest.Config{})
 	defer mt.Close()
 	load(t, mt, true)
-	site, err := mt.Emit(context.Background(), "umami", "module.umami.site.created", map[string]any{"id": 1, "name": "example.org"})
+	site, err := mt.Emit(context.Background(), "umami", "module.umami.site.created", map[string]any{"id": 1, "name": "example.org"}, sdk.WithSchema("1"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +76,7 @@ func TestNotifiesWithoutBilling(t *testing.T) {
 	mt := meshtest.New(meshtest.Config{})
 	defer mt.Close()
 	load(t, mt, false)
-	if _, err := mt.Emit(context.Background(), "umami", "module.umami.site.created", map[string]any{"id": 1, "name": "example.org"}); err != nil {
+	if _, err := mt.Emit(context.Background(), "umami", "module.umami.site.created", map[string]any{"id": 1, "name": "example.org"}, sdk.WithSchema("1")); err != nil {
 		t.Fatal(err)
 	}
 	mt.Settle()
@@ -90,11 +91,30 @@ func TestUnreadableSiteIsDeadLettered(t *testing.T) {
 	mt := meshtest.New(meshtest.Config{})
 	defer mt.Close()
 	load(t, mt, false)
-	if _, err := mt.Emit(context.Background(), "umami", "module.umami.site.created", "not a site"); err != nil {
+	if _, err := mt.Emit(context.Background(), "umami", "module.umami.site.created", "not a site", sdk.WithSchema("1")); err != nil {
 		t.Fatal(err)
 	}
 	mt.Settle()
 	if dl := mt.DeadLetters(); len(dl) != 1 || dl[0].Reason != "permanent" || dl[0].Attempts != 1 {
 		t.Errorf("dead letters %+v, want one, permanent, after 1 attempt", dl)
+	}
+}
+
+// TestReadsVersionOne: the notifier reads version 1 of site.created
+// (Reads); a site of another version is dead-lettered with reason
+// "schema", its handler never run, and nothing is notified.
+func TestReadsVersionOne(t *testing.T) {
+	mt := meshtest.New(meshtest.Config{})
+	defer mt.Close()
+	load(t, mt, false)
+	if _, err := mt.Emit(context.Background(), "umami", "module.umami.site.created", map[string]any{"id": 1, "site": "example.org"}, sdk.WithSchema("2")); err != nil {
+		t.Fatal(err)
+	}
+	mt.Settle()
+	if dl := mt.DeadLetters(); len(dl) != 1 || dl[0].Reason != "schema" || dl[0].Module != "notifier" {
+		t.Errorf("dead letters %+v, want one, for schema, from the notifier", dl)
+	}
+	if evs := mt.Emitted(); len(evs) != 1 {
+		t.Errorf("emitted %+v, want only the site", evs)
 	}
 }

@@ -1,5 +1,6 @@
 // Package umami is an example module that only emits: it announces a new
-// site every interval as module.umami.site.created.
+// site every interval as module.umami.site.created, whose body's schema it
+// declares (version 1, from Site).
 package umami
 
 import (
@@ -8,9 +9,10 @@ import (
 	"time"
 
 	"github.com/meshkit/mesh/sdk"
+	"github.com/meshkit/mesh/sdk/schema"
 )
 
-// Site is the body of a site.created event.
+// Site is the body of a site.created event, version 1 of its schema.
 type Site struct {
 	ID   int    `json:"id"`
 	Name string `json:"name"`
@@ -21,6 +23,9 @@ func Module(interval time.Duration) sdk.Module {
 	return sdk.Module{
 		Name:  "umami",
 		Emits: []string{"site.created"},
+		// The host validates each site.created against it, and sets the
+		// event's x-schema to "1".
+		Schemas: []sdk.Schema{schema.Of[Site]("site.created", "1")},
 		Run: func(ctx context.Context, m sdk.Mesh) error {
 			t := time.NewTicker(interval)
 			defer t.Stop()
@@ -31,7 +36,7 @@ func Module(interval time.Duration) sdk.Module {
 				case <-t.C:
 				}
 				site := Site{ID: i, Name: fmt.Sprintf("site-%d.example", i)}
-				if _, err := m.Emit(ctx, "site.created", site, sdk.WithSchema("1")); err != nil {
+				if _, err := m.Emit(ctx, "site.created", site); err != nil {
 					if ctx.Err() != nil {
 						return nil
 					}

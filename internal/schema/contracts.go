@@ -56,7 +56,7 @@ type Contracts struct {
 // events in emits (oldest first per event; the last is the current one),
 // and reads, the versions the handler of each pattern reads. validate
 // false keeps x-schema from the declarations but does not validate
-// bodies (a module config's validate_bodies: false). New returns nil for
+// bodies (a module config's skip_body_validation). New returns nil for
 // a module that declares nothing.
 func New(module string, emits []string, decls []Decl, reads map[string][]string, validate bool) (*Contracts, error) {
 	if len(decls) == 0 && len(reads) == 0 {
