@@ -146,6 +146,9 @@ func (l *Logger) Module() sdk.Module {
 		// writes into it: by default only the operator (meshctl) may call
 		// its tools; a node config may grant more (callers:).
 		Callers: map[string][]string{"audit.*": {OperatorCaller}},
+		// It stores a body of any version as it came: no new version of a
+		// schema breaks it (meshctl schema check says so).
+		Reads: map[string][]string{"#": {"*"}},
 		// Dead letters come on <node>.audit-logger.dead: the logger
 		// records each as a fate of its event, and stores the event too
 		// (one that breaks the contract reaches the logger only so).

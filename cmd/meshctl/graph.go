@@ -140,7 +140,7 @@ func moduleLabel(node string, m runtime.ModuleSummary) string {
 }
 
 // meshGraph draws the mesh the heartbeats declare: a module's emits
-// (module → event), the events its patterns match (event → module; a
+// (module → event, labelled with the schema versions declared for it), the events its patterns match (event → module; a
 // pattern no declared event matches is drawn dashed), the tools it calls
 // and serves (module → tool → module), the queues it consumes (queue →
 // module), and mesh.dead-letters for a module that takes dead letters.
@@ -185,6 +185,22 @@ func meshGraph(beats []runtime.Heartbeat) *drawing {
 			if m.DeadLetters {
 				d.edges = append(d.edges, edge{from: d.vertex(vQueue, wire.QueueDead), to: mod, label: "dead letters"})
 			}
+		}
+	}
+	// An event's declared schema versions, in its label (ids stay).
+	versions := map[string][]string{}
+	for _, hb := range beats {
+		for _, m := range hb.Modules {
+			for _, s := range m.Schemas {
+				if !slices.Contains(versions[s.Type], s.Version) {
+					versions[s.Type] = append(versions[s.Type], s.Version)
+				}
+			}
+		}
+	}
+	for i, v := range d.vertices {
+		if vs := versions[v.label]; v.kind == vEvent && len(vs) > 0 {
+			d.vertices[i].label += " (schema " + strings.Join(vs, ", ") + ")"
 		}
 	}
 	return d

@@ -182,6 +182,9 @@ func TestGraphOfTheExamples(t *testing.T) {
 			t.Errorf("the graph lacks %q:\n%s", w, out.String())
 		}
 	}
+	if !strings.Contains(out.String(), `event_module_umami_site_created(["module.umami.site.created (schema 1)"])`) {
+		t.Errorf("the graph does not label site.created with its schema's version:\n%s", out.String())
+	}
 	if got := strings.Count(out.String(), "-->"); got != len(want) {
 		t.Errorf("the graph has %d edges, the declarations %d:\n%s", got, len(want), out.String())
 	}

@@ -94,9 +94,10 @@ type schemaConsumer struct {
 	Node    string `json:"node"`
 	Module  string `json:"module"`
 	Pattern string `json:"pattern"`
-	// Reads are the versions its handler reads; ["*"] when it declares
-	// none (it reads any).
-	Reads []string `json:"reads"`
+	// Reads are the versions its handler declares it reads ("*": any);
+	// none when it declares nothing, which schema check takes as reading
+	// what is emitted now.
+	Reads []string `json:"reads,omitempty"`
 }
 
 // schemaType is an emitted type with its versions and its consumers.
@@ -168,11 +169,7 @@ func schemaTypes(beats []runtime.Heartbeat) []*schemaType {
 					if !wire.MatchPattern(p, t) {
 						continue
 					}
-					reads := m.Reads[p]
-					if reads == nil {
-						reads = []string{schema.AnyVersion}
-					}
-					st.Consumers = append(st.Consumers, schemaConsumer{Node: hb.Node, Module: m.Name, Pattern: p, Reads: reads})
+					st.Consumers = append(st.Consumers, schemaConsumer{Node: hb.Node, Module: m.Name, Pattern: p, Reads: m.Reads[p]})
 				}
 			}
 		}
@@ -215,7 +212,7 @@ func schemaLs(c *cli.Context) error {
 	for _, st := range types {
 		var readers []string
 		for _, r := range st.Consumers {
-			readers = append(readers, fmt.Sprintf("%s/%s %s", r.Node, r.Module, strings.Join(r.Reads, ",")))
+			readers = append(readers, fmt.Sprintf("%s/%s %s", r.Node, r.Module, readsText(r.Reads)))
 		}
 		if len(st.Versions) == 0 {
 			fmt.Fprintf(tw, "%s\t-\t\t%s\t%s\t\n", escape(st.Type), escape(strings.Join(st.Emitters, " ")), escape(strings.Join(readers, "; ")))
@@ -623,8 +620,9 @@ func checkCandidate(cand candidate, rule schema.Rule, types []*schemaType, docs 
 		res.Verdict = schema.VerdictUnknown
 	}
 	// The live consumers: one that does not list the new version
-	// dead-letters it; one that reads any reads it with what it reads
-	// now (the current version's schema).
+	// dead-letters it; one that declares any ("*") takes any; one that
+	// declares nothing reads it with what it reads now (the current
+	// version's schema).
 	var currentDoc []byte
 	if cur := st.current(); cur != nil && cur.Version != cand.Version {
 		currentDoc = docs[cur.Digest]
@@ -632,14 +630,14 @@ func checkCandidate(cand candidate, rule schema.Rule, types []*schemaType, docs 
 	for _, r := range st.Consumers {
 		cc := consumerCheck{schemaConsumer: r, Verdict: schema.VerdictCompatible}
 		switch {
-		case slices.Contains(r.Reads, cand.Version):
-		case !slices.Contains(r.Reads, schema.AnyVersion):
+		case slices.Contains(r.Reads, cand.Version), slices.Contains(r.Reads, schema.AnyVersion):
+		case r.Reads != nil:
 			cc.Verdict = schema.VerdictIncompatible
 			cc.Problem = fmt.Sprintf("it reads versions %s: version %s would be dead-lettered (reason schema)", strings.Join(quoteAll(r.Reads), ", "), cand.Version)
 		case st.current() == nil || st.current().Version == cand.Version:
 		case currentDoc == nil:
 			cc.Verdict = schema.VerdictUnknown
-			cc.Problem = fmt.Sprintf("it reads any version, and the document of the current version %s is not in the audit log", st.current().Version)
+			cc.Problem = fmt.Sprintf("it declares no version it reads, and the document of the current version %s is not in the audit log", st.current().Version)
 		default:
 			v, findings, err := schema.CanRead(currentDoc, cand.JSON)
 			if err != nil {
@@ -651,7 +649,7 @@ func checkCandidate(cand candidate, rule schema.Rule, types []*schemaType, docs 
 				for _, f := range findings {
 					ps = append(ps, f.Pointer+": "+f.Problem)
 				}
-				cc.Problem = fmt.Sprintf("it reads any version, as version %s, which does not read version %s: %s", st.current().Version, cand.Version, strings.Join(ps, "; "))
+				cc.Problem = fmt.Sprintf("it declares no version it reads, so it reads as version %s, which does not read version %s: %s", st.current().Version, cand.Version, strings.Join(ps, "; "))
 			}
 		}
 		if cc.Verdict == schema.VerdictIncompatible || (cc.Verdict == schema.VerdictUnknown && res.Verdict == schema.VerdictCompatible) {
@@ -720,7 +718,7 @@ func printChecks(w io.Writer, rule schema.Rule, results []schemaCheckResult) {
 			fmt.Fprintf(w, "  version %s: its document is not in the audit log: not checked\n", escape(v))
 		}
 		for _, cc := range r.Consumers {
-			line := fmt.Sprintf("  consumer %s/%s (%s) reads %s: %s", cc.Node, cc.Module, cc.Pattern, strings.Join(quoteAll(cc.Reads), ","), cc.Verdict)
+			line := fmt.Sprintf("  consumer %s/%s (%s) reads %s: %s", cc.Node, cc.Module, cc.Pattern, readsText(cc.Reads), cc.Verdict)
 			if cc.Problem != "" {
 				line += ": " + cc.Problem
 			}
@@ -733,4 +731,12 @@ func printChecks(w io.Writer, rule schema.Rule, results []schemaCheckResult) {
 			}
 		}
 	}
+}
+
+// readsText is a consumer's declared reads for people.
+func readsText(reads []string) string {
+	if reads == nil {
+		return "(undeclared)"
+	}
+	return strings.Join(quoteAll(reads), ",")
 }
