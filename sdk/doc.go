@@ -89,6 +89,15 @@
 // (mesh.events.filtered). Under meshd the node evaluates the filters of a
 // module process, so such an event never reaches the process.
 //
+// Schemas. An emit of an event the module declares a schema for
+// (Module.Schemas) is validated against the version it emits now before
+// it is published: a body that breaks it fails with ErrInvalid naming the
+// JSON pointer and the keyword, and is not sent; x-schema is that
+// version's (WithSchema naming another is refused). The host validates,
+// so a module process cannot send past it. An event of a version the
+// handler of its pattern does not read (Module.Reads) is dead-lettered at
+// once with the reason "schema", never handed to the handler.
+//
 // Outcomes. A handler returning nil acknowledges the event. A handler
 // returning an error, panicking, or running past the handler timeout
 // (default 30s; its ctx ends then with context.DeadlineExceeded) fails

@@ -58,7 +58,8 @@ type Event struct {
 	// struck), "malformed" (the message breaks the wire contract: the
 	// other fields are then read as far as they can be, Body is the bytes
 	// as they arrived and may not be JSON, and Headers holds every header
-	// as text) or "no_handler".
+	// as text), "no_handler", or "schema" (its x-schema is not a version
+	// the handler reads, Module.Reads: the handler did not run).
 	DeadReason string
 	// DeadError is the last error, as text.
 	DeadError string
