@@ -20,8 +20,8 @@ import (
 // its settings as a node would hand them), asks for its declarations and
 // stops it, without attaching it to any mesh: what meshctl schema check
 // reads of a module about to be deployed. The sdk.Module it returns holds
-// the declarations only (Name, Kind, Emits, Calls, Schemas, Reads, and
-// the patterns it subscribes as patterns); it has no handlers.
+// the declarations only (Name, Kind, Emits, Calls, Schemas, Reads), no
+// handlers; patterns are the patterns its Setup subscribed.
 func Describe(ctx context.Context, path string, args []string, settings []byte, log *slog.Logger) (def sdk.Module, patterns []string, err error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)

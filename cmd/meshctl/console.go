@@ -238,7 +238,7 @@ func (m *consoleMesh) Graph() console.Graph {
 		case vModule:
 			cv.Link = "/audit?source=" + neturl.QueryEscape(modules[v.label])
 		case vEvent:
-			cv.Link = "/audit?type=" + neturl.QueryEscape(v.label)
+			cv.Link = "/audit?type=" + neturl.QueryEscape(v.name)
 		case vQueue:
 			if v.label == wire.QueueDead {
 				cv.Link = "/dlq"

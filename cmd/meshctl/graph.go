@@ -92,7 +92,9 @@ const (
 	vQueue   = "queue"
 )
 
-type vertex struct{ id, kind, label string }
+// vertex is one vertex: label is what is drawn, name what it stands for
+// (an event's label adds its schema versions to its type).
+type vertex struct{ id, kind, label, name string }
 
 type edge struct {
 	from, to, label string
@@ -120,7 +122,7 @@ func (d *drawing) vertex(kind, label string) string {
 		l, taken := d.labels[id]
 		if !taken {
 			d.labels[id] = label
-			d.vertices = append(d.vertices, vertex{id: id, kind: kind, label: label})
+			d.vertices = append(d.vertices, vertex{id: id, kind: kind, label: label, name: label})
 			return id
 		}
 		if l == label {

@@ -182,6 +182,11 @@ func TestGraphOfTheExamples(t *testing.T) {
 			t.Errorf("the graph lacks %q:\n%s", w, out.String())
 		}
 	}
+	for _, v := range meshGraph([]runtime.Heartbeat{hb}).vertices {
+		if v.kind == vEvent && v.name == "module.umami.site.created" && v.label != v.name+" (schema 1)" {
+			t.Errorf("site.created is drawn as %q", v.label) // the console links its name, draws its label
+		}
+	}
 	if !strings.Contains(out.String(), `event_module_umami_site_created(["module.umami.site.created (schema 1)"])`) {
 		t.Errorf("the graph does not label site.created with its schema's version:\n%s", out.String())
 	}
