@@ -71,6 +71,7 @@ func schemaCommand() *cli.Command {
 					&cli.StringFlag{Name: "rule", Value: string(schema.RuleBackward), Usage: "none, backward, forward, full, or their _transitive variants (Confluent's definitions)"},
 					&cli.IntFlag{Name: "sample", Usage: "also validate the oldest N bodies of the type the audit log holds (at most 1000) against the new schema"},
 					&cli.StringFlag{Name: "settings", Usage: "a module binary's settings (JSON), as its node config's config: would hand them"},
+					&cli.BoolFlag{Name: "offline", Usage: "check a module binary against the earlier versions it declares itself, without the mesh (no consumers, no audit log)"},
 					asJSON, timeout,
 				},
 				Action: schemaCheck,
@@ -449,9 +450,9 @@ type sampleError struct {
 type candidate struct {
 	Type, Version string
 	JSON          []byte
-	// Earlier are versions the candidate's own module declares before
-	// it (a binary's history), by version.
-	Earlier map[string][]byte
+	// Earlier are the versions the candidate's own module declares
+	// before it (a binary's history), oldest first.
+	Earlier []schema.Earlier
 }
 
 func schemaCheck(c *cli.Context) error {
@@ -462,17 +463,22 @@ func schemaCheck(c *cli.Context) error {
 	if err != nil {
 		return usagef("--rule: %v", err)
 	}
+	if c.Bool("offline") && c.Int("sample") > 0 {
+		return usagef("--sample reads the audit log: not with --offline")
+	}
 	cands, err := candidates(c, c.Args().First())
 	if err != nil {
 		return err
 	}
-	types, err := liveSchemaTypes(c)
-	if err != nil {
-		return err
-	}
-	docs, err := schemaDocs(c)
-	if err != nil {
-		return err
+	var types []*schemaType
+	docs := map[string][]byte{}
+	if !c.Bool("offline") {
+		if types, err = liveSchemaTypes(c); err != nil {
+			return err
+		}
+		if docs, err = schemaDocs(c); err != nil {
+			return err
+		}
 	}
 	var results []schemaCheckResult
 	for _, cand := range cands {
@@ -553,11 +559,11 @@ func candidates(c *cli.Context, path string) ([]candidate, error) {
 		}
 		cand := byType[t]
 		if cand == nil {
-			cand = &candidate{Type: t, Earlier: map[string][]byte{}}
+			cand = &candidate{Type: t}
 			byType[t] = cand
 			order = append(order, t)
 		} else {
-			cand.Earlier[cand.Version] = cand.JSON
+			cand.Earlier = append(cand.Earlier, schema.Earlier{Version: cand.Version, JSON: cand.JSON})
 		}
 		cand.Version, cand.JSON = s.Version, s.JSON
 	}
@@ -580,8 +586,13 @@ func checkCandidate(cand candidate, rule schema.Rule, types []*schemaType, docs 
 		st = &schemaType{Type: cand.Type} // a new type: nothing to break
 	}
 	newDigest := schema.Digest(cand.JSON)
-	var earlier []schema.Earlier
+	// The module's own history first, then what the mesh declares beyond
+	// it, so that the last earlier version is the latest live one.
+	earlier := slices.Clone(cand.Earlier)
 	seen := map[string]bool{}
+	for _, e := range earlier {
+		seen[e.Version] = true
+	}
 	for _, v := range st.Versions {
 		if v.Version == cand.Version {
 			if v.Digest != newDigest {
@@ -599,18 +610,10 @@ func checkCandidate(cand candidate, rule schema.Rule, types []*schemaType, docs 
 		seen[v.Version] = true
 		doc, ok := docs[v.Digest]
 		if !ok {
-			doc, ok = cand.Earlier[v.Version]
-		}
-		if !ok {
 			res.Missing = append(res.Missing, v.Version)
 			continue
 		}
 		earlier = append(earlier, schema.Earlier{Version: v.Version, JSON: doc})
-	}
-	for v, doc := range cand.Earlier { // a binary's history the mesh no longer declares
-		if !seen[v] && v != cand.Version && st.version(v) == nil {
-			earlier = append([]schema.Earlier{{Version: v, JSON: doc}}, earlier...)
-		}
 	}
 	if res.Rule, err = schema.Check(rule, cand.JSON, earlier); err != nil {
 		return res, fmt.Errorf("%s version %s: %w", cand.Type, cand.Version, err)

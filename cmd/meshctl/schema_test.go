@@ -147,3 +147,41 @@ func TestSchemaCheckOnTheExamples(t *testing.T) {
 	}
 	run(2, "check", "--type", "module.umami.site.created", file("x.json", `{}`)) // no --version: a usage error
 }
+
+// TestSchemaCheckOffline: a module binary is checked against the earlier
+// versions it declares itself, with no broker at all: its compatible
+// event passes, its retyped one fails the rule (exit 1), and no rule
+// passes both.
+func TestSchemaCheckOffline(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "shop")
+	if out, err := exec.Command("go", "build", "-o", bin, "./testdata/schemamodule").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	const nowhere = "amqp://guest:guest@127.0.0.1:1/" // nothing listens: offline touches no broker
+	out, err := runMeshctl(nowhere, "schema", "check", "--offline", "--json", bin)
+	if exitCode(err) != exitFailed {
+		t.Fatalf("exit %d (%v), want 1\n%s", exitCode(err), err, out)
+	}
+	var res struct {
+		Results []schemaCheckResult `json:"results"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	verdicts := map[string]string{}
+	for _, r := range res.Results {
+		verdicts[r.Type+"@"+r.Version] = string(r.Verdict)
+		if len(r.Rule.Against) != 1 || r.Rule.Against[0].Version != "1" {
+			t.Errorf("%s checked against %+v, want version 1", r.Type, r.Rule.Against)
+		}
+	}
+	if verdicts["module.shop.order.placed@2"] != "incompatible" || verdicts["module.shop.order.shipped@2"] != "compatible" {
+		t.Errorf("verdicts %v", verdicts)
+	}
+	if out, err := runMeshctl(nowhere, "schema", "check", "--offline", "--rule", "none", bin); err != nil {
+		t.Errorf("rule none: %v\n%s", err, out)
+	}
+	if _, err := runMeshctl(nowhere, "schema", "check", "--offline", "--sample", "3", bin); exitCode(err) != exitUsage {
+		t.Errorf("--offline --sample: %v, want a usage error", err)
+	}
+}
