@@ -740,10 +740,12 @@ func handlerContext(t *testing.T, h Host) {
 	if tool.Trace != ctid || !tool.OwnLogger || tool.Deadline <= 0 || tool.Deadline > callTimeout {
 		t.Errorf("the tool handler's ctx: %+v, want trace %s, a logger, a deadline within %v", tool, ctid, callTimeout)
 	}
-	// What the module logged through sdk.Logger(ctx), tagged.
+	// What the module logged through sdk.Logger(ctx), tagged: a module
+	// process's log lines come on their own pipe, after its records.
 	line := func(msg string, with ...string) {
 		t.Helper()
-		for _, l := range strings.Split(h.Logs(), "\n") {
+		logs, _ := h.WaitLogs(20*time.Second, func(logs string) bool { return strings.Contains(logs, msg) })
+		for _, l := range strings.Split(logs, "\n") {
 			if !strings.Contains(l, msg) {
 				continue
 			}

@@ -69,6 +69,10 @@ type Host interface {
 	// Logs is what the host (the node, the test mesh) logged so far, as
 	// text lines.
 	Logs() string
+	// WaitLogs waits, up to d, until what the host logged satisfies cond
+	// (a module process's lines reach the host on their own pipe, after
+	// what the module recorded), and returns it.
+	WaitLogs(d time.Duration, cond func(string) bool) (string, bool)
 	// Failed waits until the host shows the named module's Run failed,
 	// and returns what it shows: meshtest's WaitRun error; in-process,
 	// the node's readiness; for a module process, the log line of the
@@ -191,6 +195,10 @@ func newMemHost(t *testing.T) Host {
 }
 
 func (h *memHost) Logs() string { return h.logs.String() }
+
+func (h *memHost) WaitLogs(d time.Duration, cond func(string) bool) (string, bool) {
+	return h.logs.waitFor(d, cond)
+}
 
 func (h *memHost) Failed(t *testing.T, name string) string {
 	t.Helper()
@@ -450,6 +458,10 @@ func (h *brokerHost) Emit(t *testing.T, eventType string, body any) string {
 }
 
 func (h *brokerHost) Logs() string { return h.logs.String() }
+
+func (h *brokerHost) WaitLogs(d time.Duration, cond func(string) bool) (string, bool) {
+	return h.logs.waitFor(d, cond)
+}
 
 func (h *brokerHost) Failed(t *testing.T, name string) string {
 	t.Helper()
