@@ -65,13 +65,19 @@ type ModuleSummary struct {
 	Tools       []string `json:"tools,omitempty"`
 	Consumes    []string `json:"consumes,omitempty"`
 	DeadLetters bool     `json:"dead_letters,omitempty"`
-	// Schemas are the versions of its bodies' schemas it declares
-	// (sdk.Module.Schemas), each by digest: the documents travel in the
-	// node's schemas announcement (SchemasAnnouncement), which the audit
-	// log keeps. Reads are the versions the handler of each pattern reads
-	// (sdk.Module.Reads).
+	// Schemas are the versions of its events' body schemas it declares
+	// (sdk.Module.Schemas with Event set), each by digest: the documents
+	// travel in the node's schemas announcement (SchemasAnnouncement),
+	// which the audit log keeps. Reads are the versions the handler of
+	// each pattern reads (sdk.Module.Reads).
 	Schemas []schema.Declared   `json:"schemas,omitempty"`
 	Reads   map[string][]string `json:"reads,omitempty"`
+	// ToolSchemas are the versions of the schemas of the tools it serves
+	// (sdk.Module.Schemas with Tool set), each by the digests of its
+	// request and response schemas, the documents in the announcement
+	// too. They are apart from Schemas, whose every entry is a version of
+	// an event type's.
+	ToolSchemas []schema.Declared `json:"tool_schemas,omitempty"`
 }
 
 // SchemasEvent is the event name (node.<node>.schemas) a node emits its
@@ -81,17 +87,21 @@ type ModuleSummary struct {
 func SchemasEvent(node string) string { return "node." + node + ".schemas" }
 
 // SchemasAnnouncement is the body of node.<node>.schemas: one module's
-// declared schemas, with their documents.
+// declared schemas, with their documents (its events' and its tools',
+// told apart by Declared.Tool).
 type SchemasAnnouncement struct {
 	Node    string            `json:"node"`
 	Module  string            `json:"module"`
 	Schemas []AnnouncedSchema `json:"schemas"`
 }
 
-// AnnouncedSchema is one declared version with its document.
+// AnnouncedSchema is one declared version with its document: an event's
+// body schema, or a tool's request schema (null when it declares none)
+// and its response schema.
 type AnnouncedSchema struct {
 	schema.Declared
-	Schema json.RawMessage `json:"schema"`
+	Schema   json.RawMessage `json:"schema"`
+	Response json.RawMessage `json:"response,omitempty"`
 }
 
 // Peer is another node as this one last heard of it.
@@ -231,7 +241,14 @@ func runtimeVersion() string {
 // summary is what membership tells of m.
 func (m *Module) summary() ModuleSummary {
 	sum := ModuleSummary{Name: m.def.Name, Kind: string(m.def.Kind), Calls: slices.Clone(m.def.Calls), DeadLetters: m.def.DeadLetters != nil,
-		Schemas: m.contracts.Declared(), Reads: m.contracts.Reads()}
+		Reads: m.contracts.Reads()}
+	for _, d := range m.contracts.Declared() {
+		if d.Tool != "" {
+			sum.ToolSchemas = append(sum.ToolSchemas, d)
+		} else {
+			sum.Schemas = append(sum.Schemas, d)
+		}
+	}
 	for _, e := range m.def.Emits {
 		sum.Emits = append(sum.Emits, wire.ModuleEventType(m.def.Name, e))
 	}
@@ -410,13 +427,16 @@ func (n *Node) announceSchemas(m *Module) {
 		return
 	}
 	a := SchemasAnnouncement{Node: n.cfg.Node, Module: m.def.Name}
-	for _, d := range decls {
-		doc, _ := m.contracts.Doc(d.Digest)
-		var compact bytes.Buffer
-		if json.Compact(&compact, doc) != nil {
-			continue // compiled, so JSON: not reached
+	compact := func(digest string) json.RawMessage {
+		doc, ok := m.contracts.Doc(digest)
+		var b bytes.Buffer
+		if !ok || json.Compact(&b, doc) != nil {
+			return nil // none declared (a tool's request or response); compiled, so JSON
 		}
-		a.Schemas = append(a.Schemas, AnnouncedSchema{Declared: d, Schema: compact.Bytes()})
+		return b.Bytes()
+	}
+	for _, d := range decls {
+		a.Schemas = append(a.Schemas, AnnouncedSchema{Declared: d, Schema: compact(d.Digest), Response: compact(d.ResponseDigest)})
 	}
 	go func() {
 		ctx, cancel := context.WithTimeout(n.life, n.cfg.EmitTimeout)

@@ -221,6 +221,13 @@ func (m *Module) start(ctx context.Context) error {
 	if err := m.contracts.CheckPatterns(patterns); err != nil {
 		return err
 	}
+	served := make([]string, len(fixedTools))
+	for i, e := range fixedTools {
+		served[i] = e.Key
+	}
+	if err := m.contracts.CheckTools(served); err != nil {
+		return err
+	}
 	if len(fixedSubs) > 0 {
 		if err := m.node.cfg.CheckConsumerTimeout(m.cfg, true); err != nil {
 			return err
@@ -430,11 +437,12 @@ func (n *Node) backoff(attempt int) time.Duration {
 	return execute.Backoff(attempt, n.cfg.RetryMin, n.cfg.RetryMax, rand.Int64N)
 }
 
-// contractsOf compiles the schemas def declares (ADR 34).
+// contractsOf compiles the schemas def declares, its events' and its
+// tools' (ADR 34).
 func contractsOf(def sdk.Module, mc ModuleConfig) (*schema.Contracts, error) {
 	decls := make([]schema.Decl, len(def.Schemas))
 	for i, s := range def.Schemas {
-		decls[i] = schema.Decl{Event: s.Event, Version: s.Version, JSON: s.JSON}
+		decls[i] = schema.Decl{Event: s.Event, Tool: s.Tool, Version: s.Version, JSON: s.JSON, Response: s.Response}
 	}
 	return schema.New(def.Name, def.Emits, decls, def.Reads, !mc.SkipBodyValidation)
 }

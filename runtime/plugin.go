@@ -1072,7 +1072,7 @@ func declarationsOf(desc *pb.Description) ([]sdk.Schema, map[string][]string, er
 	}
 	var schemas []sdk.Schema
 	for _, s := range desc.Schemas {
-		schemas = append(schemas, sdk.Schema{Event: s.Event, Version: s.Version, JSON: s.Json})
+		schemas = append(schemas, sdk.Schema{Event: s.Event, Tool: s.Tool, Version: s.Version, JSON: s.Json, Response: s.Response})
 	}
 	var reads map[string][]string
 	for _, r := range desc.Reads {

@@ -13,6 +13,7 @@ import (
 	"github.com/meshkit/mesh/internal/causation"
 	"github.com/meshkit/mesh/internal/execute"
 	"github.com/meshkit/mesh/internal/handlerlog"
+	"github.com/meshkit/mesh/internal/schema"
 	"github.com/meshkit/mesh/internal/tracecontext"
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/sdk"
@@ -81,6 +82,8 @@ func (m *Module) serve(ctx context.Context, s *session, tools []tool) error {
 
 // answer runs one request and replies on ch, then acks it. A request past
 // its deadline is acked and dropped without running: its caller is gone.
+// A request or a response that breaks the tool's declared schema (ADR 34)
+// is answered with a permanent invalid_request or invalid_response.
 func (m *Module) answer(ch *amqp.Channel, t tool, d amqp.Delivery) {
 	meta, err := wire.DecodeMeta(d.Headers, d.ContentType, d.Body)
 	if err != nil {
@@ -102,6 +105,15 @@ func (m *Module) answer(ch *amqp.Channel, t tool, d amqp.Delivery) {
 	if err := m.checkCaller(t.key, Caller{Node: meta.Node, Module: meta.Source, User: d.UserId}); err != nil {
 		m.log.Warn("request from a caller the tool does not take refused", "tool", t.key, "request_id", meta.ID, "err", err)
 		m.reply(ch, d, nil, &sdk.ToolError{Code: wire.CodeForbidden, Message: err.Error(), Permanent: true})
+		return
+	}
+	// A request that breaks the tool's declared request schema is refused
+	// before the handler, and before the stored answers: the same request
+	// (a repeat has the same id because it has the same body) is refused
+	// the same way again, so there is nothing to remember.
+	if err := m.contracts.Request(t.key, d.Body); err != nil {
+		m.log.Info("request refused: it does not conform to the tool's schema", "tool", t.key, "request_id", meta.ID, "err", err)
+		m.reply(ch, d, nil, &sdk.ToolError{Code: wire.CodeInvalidRequest, Message: err.Error(), Permanent: true})
 		return
 	}
 	req := sdk.Request{
@@ -156,6 +168,13 @@ func (m *Module) answer(ch *amqp.Channel, t tool, d amqp.Delivery) {
 		te = toolError(err)
 	} else if body, err = m.node.encodeBody(resp); err != nil {
 		te = &sdk.ToolError{Code: wire.CodeInternal, Message: "encode response: " + err.Error(), Permanent: true}
+	} else if err = m.contracts.Response(t.key, body); err != nil {
+		// The handler ran and broke its own contract: the caller is not
+		// sent what it cannot rely on. The refusal is final (stored like a
+		// response): a repeat would not run the handler again.
+		m.log.Warn("response not sent: it does not conform to the tool's schema", "tool", t.key, "request_id", req.ID, "err", err)
+		served = err
+		body, te = nil, &sdk.ToolError{Code: schema.CodeInvalidResponse, Message: err.Error(), Permanent: true}
 	}
 	if keepable(te) {
 		final = &storedAnswer{body: body, te: te} // kept even when the caller is gone: the tool ran

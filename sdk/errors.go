@@ -43,8 +43,10 @@ var (
 //
 // Besides a tool's own codes, the mesh gives these: "rejected" (the
 // handler returned a Permanent error), "failed" (any other error),
-// "internal" (the handler panicked or its response was not JSON) and
-// "invalid_request" (the request broke the wire contract).
+// "internal" (the handler panicked or its response was not JSON),
+// "invalid_request" (the request broke the wire contract, or the tool's
+// declared request schema) and "invalid_response" (the handler's response
+// broke the tool's declared response schema: the handler ran).
 type ToolError struct {
 	// Code is a short machine-readable word ("not_found", "rejected").
 	Code string

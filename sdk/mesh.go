@@ -208,16 +208,25 @@ type Module struct {
 	// The mesh's event graph is drawn from it.
 	Emits []string
 	// Schemas declares the JSON Schemas of the bodies the module emits,
-	// for events of Emits: one or more versions per event, oldest first.
-	// The last listed is the version it emits now: the host validates each
-	// body of that event against it before publishing (an emit that
-	// breaks it fails with ErrInvalid naming the JSON pointer and the
-	// keyword, unless the module's config says skip_body_validation) and
-	// sets x-schema to its Version. The earlier ones say what it emitted
-	// before, for meshctl schema check. The mesh knows every declared
-	// version (heartbeats carry their digests). Package sdk/schema makes
-	// one from a Go type or a file. A schema refers only to itself: a $ref
-	// to a file or a URL is refused at load.
+	// for events of Emits, and of the requests and responses of the
+	// tools it serves: one or more versions per event or tool, oldest
+	// first. The last listed is the version it emits (or serves) now: the
+	// host validates each body of that event against it before publishing
+	// (an emit that breaks it fails with ErrInvalid naming the JSON
+	// pointer and the keyword) and sets x-schema to its Version. For a
+	// tool, the serving host validates each request before the handler
+	// runs (one that breaks it is answered with a permanent ToolError
+	// with Code "invalid_request", naming the pointer and the keyword,
+	// and the handler does not run) and each response the handler
+	// returns (one that breaks it is not sent: the caller gets a
+	// permanent ToolError with Code "invalid_response", and the host logs
+	// a warning). A module's config's skip_body_validation turns all of
+	// it off. The earlier versions say what it emitted or served before,
+	// for meshctl schema check. The mesh knows every declared version
+	// (heartbeats carry their digests). Package sdk/schema makes one from
+	// a Go type or a file. A schema refers only to itself: a $ref to a
+	// file or a URL is refused at load, as is a schema for an event not
+	// in Emits or a tool the module does not Serve.
 	Schemas []Schema
 	// Reads declares, for a pattern the module subscribes to with On, the
 	// versions (x-schema) its handler reads: an event of another version
@@ -268,16 +277,29 @@ type Module struct {
 	Run func(ctx context.Context, m Mesh) error
 }
 
-// Schema is one version of the JSON Schema of an emitted event's body
-// (Module.Schemas).
+// Schema is one version of the JSON Schema of an emitted event's body,
+// or of the request and response of a tool the module serves
+// (Module.Schemas). It sets Event or Tool, never both.
 type Schema struct {
-	// Event is the event's name, as in Module.Emits ("site.created").
+	// Event is the event's name, as in Module.Emits ("site.created"),
+	// for an event's body schema; "" for a tool's.
 	Event string
-	// Version is the version, the event's x-schema ("1", "2024-06").
+	// Tool is the key of a tool the module serves ("invoice.create"),
+	// for the schemas of its request (JSON) and response (Response);
+	// "" for an event's.
+	Tool string
+	// Version is the version: for an event, its x-schema ("1",
+	// "2024-06"); for a tool, the version of its contract.
 	Version string
 	// JSON is the schema, a JSON Schema document (draft 2020-12 unless
-	// its $schema names another).
+	// its $schema names another): of the event's body, or of the tool's
+	// request. A tool's may be empty: its requests are not checked.
 	JSON []byte
+	// Response is a tool's response schema, a JSON Schema document as
+	// JSON is; empty, its responses are not checked (a tool's schema sets
+	// JSON or Response, or both). An event's schema has none: one with a
+	// Response is refused at load.
+	Response []byte
 }
 
 // Logger is the logger of the handling ctx is in. In the ctx a handler

@@ -168,6 +168,9 @@ func TestSchemaCheckOffline(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &res); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
+	if len(res.Results) != 2 {
+		t.Errorf("%d results, want the two events' (not the tool's): %s", len(res.Results), out)
+	}
 	verdicts := map[string]string{}
 	for _, r := range res.Results {
 		verdicts[r.Type+"@"+r.Version] = string(r.Verdict)

@@ -10,7 +10,8 @@
 // (AllowDuplicates aside); evaluates filters (Filtered lists what they
 // rejected); validates each emit of a declared type against its schema
 // (sdk.Module.Schemas) and dead-letters, with reason "schema", an event of
-// a version its handler does not read (sdk.Module.Reads); and serves tools with ErrNoServer, deadlines, *sdk.ToolError
+// a version its handler does not read (sdk.Module.Reads); and serves tools
+// (checking requests and responses against their declared schemas) with ErrNoServer, deadlines, *sdk.ToolError
 // codes and stored answers for repeated request ids. A handler's ctx
 // carries its logger (sdk.Logger) and the event's trace, as on a node.
 // Stub and StubAnswer stand in for a tool another module serves; Calls

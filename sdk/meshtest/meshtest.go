@@ -148,7 +148,8 @@ type Call struct {
 	// Err is the call's error, or nil.
 	Err error
 	// Ran says whether the tool ran: false for a call answered from the
-	// server's stored answer, or that no server took.
+	// server's stored answer, that no server took, or whose request the
+	// tool's declared request schema refused (invalid_request).
 	Ran bool
 }
 
@@ -277,9 +278,9 @@ type delivery struct {
 
 // Load runs the module's Setup, starts it consuming and starts its Run,
 // whose context ends at Close. Load refuses what a node refuses: a bad
-// name or kind, a bad declared schema (sdk.Module.Schemas) or reads
-// (sdk.Module.Reads, also for a pattern Setup did not subscribe), and
-// Setup's error.
+// name or kind, a bad declared schema (sdk.Module.Schemas, also for a
+// tool Setup did not serve) or reads (sdk.Module.Reads, also for a
+// pattern Setup did not subscribe), and Setup's error.
 func (m *Mesh) Load(def sdk.Module, mc ModuleConfig) error {
 	if err := wire.ValidateModule(def.Name, string(def.Kind), def.Emits, def.Calls); err != nil {
 		return err
@@ -323,6 +324,13 @@ func (m *Mesh) Load(def sdk.Module, mc ModuleConfig) error {
 		patterns[i] = s.Key
 	}
 	if err := contracts.CheckPatterns(patterns); err != nil {
+		return fmt.Errorf("load module %s: %w", def.Name, err)
+	}
+	served := make([]string, len(tools))
+	for i, t := range tools {
+		served[i] = t.Key
+	}
+	if err := contracts.CheckTools(served); err != nil {
 		return fmt.Errorf("load module %s: %w", def.Name, err)
 	}
 	m.mu.Lock()
@@ -992,6 +1000,12 @@ func (m *Mesh) call(ctx context.Context, caller, key string, req, resp any) erro
 	m.mu.Lock()
 	a, stored := server.answers[key+"\x00"+id]
 	m.mu.Unlock()
+	if err := server.contracts.Request(key, raw); err != nil {
+		// Refused before the handler and never remembered, as a node
+		// does: the same request is refused the same way again.
+		server.log.Info("request refused: it does not conform to the tool's schema", "tool", key, "request_id", id, "err", err)
+		a, stored = &answer{te: &sdk.ToolError{Code: wire.CodeInvalidRequest, Message: err.Error(), Permanent: true}}, true
+	}
 	if !stored {
 		rec.Ran = true
 		a = server.answer(ctx, t, sdk.Request{ID: id, Tool: key, Caller: caller, Node: m.cfg.Node, Time: now,
@@ -1022,7 +1036,8 @@ func (m *Mesh) call(ctx context.Context, caller, key string, req, resp any) erro
 
 // answer runs one request on the server's handler, as a node's serve
 // does: a ToolError as it is, a Permanent error as "rejected", another
-// error as "failed", a panic or a response that is not JSON as "internal".
+// error as "failed", a panic or a response that is not JSON as "internal",
+// a response its declared schema refuses as "invalid_response".
 func (mod *module) answer(ctx context.Context, t tool, req sdk.Request) *answer {
 	if tid := trace.SpanContextFromContext(ctx).TraceID(); tid.IsValid() {
 		ctx = trace.ContextWithSpanContext(ctx, newSpan(tid)) // the serving span, in the caller's trace
@@ -1041,6 +1056,10 @@ func (mod *module) answer(ctx context.Context, t tool, req sdk.Request) *answer 
 		body, err := wire.EncodeBody(resp, mod.mesh.cfg.MaxBodyBytes)
 		if err != nil {
 			return &answer{te: &sdk.ToolError{Code: wire.CodeInternal, Message: "encode response: " + err.Error(), Permanent: true}}
+		}
+		if err := mod.contracts.Response(req.Tool, body); err != nil {
+			mod.log.Warn("response not sent: it does not conform to the tool's schema", "tool", req.Tool, "request_id", req.ID, "err", err)
+			return &answer{te: &sdk.ToolError{Code: schema.CodeInvalidResponse, Message: err.Error(), Permanent: true}}
 		}
 		return &answer{body: body}
 	}
@@ -1146,7 +1165,7 @@ func (mm moduleMesh) Logger() *slog.Logger { return mm.mod.log }
 func contractsOf(def sdk.Module, mc ModuleConfig) (*schema.Contracts, error) {
 	decls := make([]schema.Decl, len(def.Schemas))
 	for i, s := range def.Schemas {
-		decls[i] = schema.Decl{Event: s.Event, Version: s.Version, JSON: s.JSON}
+		decls[i] = schema.Decl{Event: s.Event, Tool: s.Tool, Version: s.Version, JSON: s.JSON, Response: s.Response}
 	}
 	return schema.New(def.Name, def.Emits, decls, def.Reads, !mc.SkipBodyValidation)
 }

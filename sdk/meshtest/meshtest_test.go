@@ -2,7 +2,10 @@ package meshtest_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -511,12 +514,111 @@ func TestSchemaDeclarationsRefusedAtLoad(t *testing.T) {
 		"reads bad":        {sdk.Module{Reads: map[string][]string{"mesh..x": {"1"}}, Setup: on("mesh.x.#")}, "reads:"},
 		"reads unsubscribed": {sdk.Module{Reads: map[string][]string{"mesh.y.#": {"1"}}, Setup: on("mesh.x.#")},
 			`the module does not subscribe "mesh.y.#"`},
+		"tool not served": {sdk.Module{Schemas: []sdk.Schema{{Tool: "shop.quote", Version: "1", JSON: []byte(`{}`)}}, Setup: on("mesh.x.#")},
+			`the module does not serve the tool "shop.quote"`},
+		"event and tool": {sdk.Module{Emits: []string{"a"}, Schemas: []sdk.Schema{{Event: "a", Tool: "shop.quote", Version: "1", JSON: []byte(`{}`)}}},
+			`names the event "a" and the tool "shop.quote"`},
+		"response on an event": {sdk.Module{Emits: []string{"a"}, Schemas: []sdk.Schema{{Event: "a", Version: "1", JSON: []byte(`{}`), Response: []byte(`{}`)}}},
+			"has a Response schema"},
 	} {
 		mt := meshtest.New(meshtest.Config{})
 		c.def.Name = "decl"
 		err := mt.Load(c.def, meshtest.ModuleConfig{})
 		if !errors.Is(err, sdk.ErrInvalid) || !strings.Contains(err.Error(), c.says) || !strings.HasPrefix(err.Error(), "load module decl: ") {
 			t.Errorf("%s: %v, want ErrInvalid saying %q", name, err, c.says)
+		}
+		mt.Close()
+	}
+}
+
+// TestToolSchemasCheckRequestsAndResponses: a request that breaks the
+// served tool's request schema is answered invalid_request (permanent)
+// without running the handler, and is not remembered; a response that
+// breaks its response schema reaches the caller as invalid_response
+// (permanent), is logged, and is the stored answer of a repeat;
+// skip_body_validation checks neither.
+func TestToolSchemasCheckRequestsAndResponses(t *testing.T) {
+	for _, skip := range []bool{false, true} {
+		var logs strings.Builder
+		mt := meshtest.New(meshtest.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+		runs := 0
+		err := mt.Load(sdk.Module{Name: "shop",
+			Schemas: []sdk.Schema{{Tool: "shop.quote", Version: "1",
+				JSON:     []byte(`{"type": "object", "required": ["qty"], "properties": {"qty": {"type": "integer", "minimum": 1}}}`),
+				Response: []byte(`{"type": "object", "required": ["price"], "properties": {"price": {"type": "number", "minimum": 0}}}`)}},
+			Setup: func(m sdk.Mesh) error {
+				return m.Serve("shop.quote", sdk.ToolHandlerFunc(func(ctx context.Context, req sdk.Request) (any, error) {
+					runs++
+					var in struct{ Qty int }
+					_ = req.Decode(&in)
+					return map[string]int{"price": 10 - in.Qty}, nil
+				}))
+			}}, meshtest.ModuleConfig{SkipBodyValidation: skip})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		var got struct{ Price int }
+		if err := mt.Call(ctx, "test", "shop.quote", map[string]int{"qty": 2}, &got); err != nil || got.Price != 8 {
+			t.Errorf("skip %v: a conforming call: %+v %v", skip, got, err)
+		}
+		code := func(err error) string {
+			var te *sdk.ToolError
+			if !errors.As(err, &te) || !errors.Is(err, sdk.ErrPermanent) {
+				return fmt.Sprint(err)
+			}
+			return te.Code + ": " + te.Message
+		}
+		runs = 0
+		err = mt.Call(ctx, "test", "shop.quote", map[string]int{"qty": 0}, nil)
+		switch {
+		case skip && (err != nil || runs != 1):
+			t.Errorf("validation off: a request breaking the schema: %v, %d runs", err, runs)
+		case !skip && (!strings.HasPrefix(code(err), "invalid_request: request to shop.quote: body does not conform to its schema (version 1): /qty: minimum:") || runs != 0):
+			t.Errorf("a request breaking the schema: %v, %d runs; want invalid_request naming /qty, the handler not run", err, runs)
+		}
+		runs = 0
+		err = mt.Call(ctx, "test", "shop.quote", map[string]int{"qty": 11}, nil)
+		switch {
+		case skip && err != nil:
+			t.Errorf("validation off: a response breaking the schema: %v", err)
+		case !skip && (!strings.HasPrefix(code(err), "invalid_response: response of shop.quote: body does not conform to its schema (version 1): /price: minimum:") || runs != 1):
+			t.Errorf("a response breaking the schema: %v, %d runs; want invalid_response naming /price", err, runs)
+		case !skip && !strings.Contains(logs.String(), "level=WARN msg=\"response not sent: it does not conform to the tool's schema\""):
+			t.Errorf("no warning logged: %s", logs.String())
+		}
+		if !skip {
+			calls := mt.Calls()
+			if c := calls[1]; c.Ran || c.Response != nil {
+				t.Errorf("the refused request's call: %+v, want not run", c)
+			}
+			// Made in a handling that fails once: the retry repeats the
+			// request id. The invalid response is its stored answer; the
+			// refused request is refused again.
+			runs = 0
+			var answers []string
+			err := mt.Load(sdk.Module{Name: "buyer", Calls: []string{"shop.quote"}, Setup: func(m sdk.Mesh) error {
+				return m.On("mesh.buy.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+					var qty int
+					_ = json.Unmarshal(ev.Body, &qty)
+					answers = append(answers, code(m.Call(ctx, "shop.quote", map[string]int{"qty": qty}, nil)))
+					if ev.Attempt == 1 {
+						return errors.New("once more")
+					}
+					return nil
+				}))
+			}}, meshtest.ModuleConfig{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, qty := range []int{11, 0} {
+				mt.Emit(ctx, "outside", "mesh.buy.it", qty)
+				mt.Settle()
+			}
+			if len(answers) != 4 || answers[0] != answers[1] || !strings.HasPrefix(answers[0], "invalid_response:") ||
+				answers[2] != answers[3] || !strings.HasPrefix(answers[2], "invalid_request:") || runs != 1 {
+				t.Errorf("repeated calls: %q, %d runs; want invalid_response twice from one run, invalid_request twice", answers, runs)
+			}
 		}
 		mt.Close()
 	}

@@ -173,7 +173,7 @@ func (s *moduleServer) Describe(context.Context, *pb.Empty) (*pb.Description, er
 		subs, tools := s.mesh.rec.Fix()
 		s.desc = &pb.Description{Name: s.module.Name, Kind: string(s.module.Kind), Emits: s.module.Emits, Calls: s.module.Calls}
 		for _, sc := range s.module.Schemas {
-			s.desc.Schemas = append(s.desc.Schemas, &pb.SchemaDecl{Event: sc.Event, Version: sc.Version, Json: sc.JSON})
+			s.desc.Schemas = append(s.desc.Schemas, &pb.SchemaDecl{Event: sc.Event, Tool: sc.Tool, Version: sc.Version, Json: sc.JSON, Response: sc.Response})
 		}
 		for _, p := range slices.Sorted(maps.Keys(s.module.Reads)) {
 			s.desc.Reads = append(s.desc.Reads, &pb.Reads{Pattern: p, Versions: s.module.Reads[p]})

@@ -94,6 +94,21 @@ func Of[T any](event, version string) sdk.Schema {
 	return sdk.Schema{Event: event, Version: version, JSON: doc}
 }
 
+// ForTool returns version of the schemas of a served tool's request (from
+// Req) and response (from Resp), generated as Of generates an event's. It
+// panics where Of does.
+func ForTool[Req, Resp any](tool, version string) sdk.Schema {
+	req, resp := reflect.TypeFor[Req](), reflect.TypeFor[Resp]()
+	reqDoc, err := generate(req)
+	if err == nil {
+		var respDoc []byte
+		if respDoc, err = generate(resp); err == nil {
+			return sdk.Schema{Tool: tool, Version: version, JSON: reqDoc, Response: respDoc}
+		}
+	}
+	panic(fmt.Sprintf("schema.ForTool[%s, %s](%q, %q): %v", req, resp, tool, version, err))
+}
+
 // File returns version of the schema of event's body read from path in
 // fsys (an embed.FS, os.DirFS(dir), ...), as it is written. It checks that
 // the file is a JSON object or boolean; the host compiles it when the

@@ -399,3 +399,19 @@ func FuzzFile(f *testing.F) {
 		}
 	})
 }
+
+// TestForTool: a tool's declaration holds its request's and its
+// response's schemas, each as Of makes them.
+func TestForTool(t *testing.T) {
+	type quoteRequest struct {
+		Qty int `json:"qty"`
+	}
+	type quote struct {
+		Price float64 `json:"price"`
+	}
+	s := schema.ForTool[quoteRequest, quote]("shop.quote", "1")
+	if s.Tool != "shop.quote" || s.Event != "" || s.Version != "1" ||
+		string(s.JSON) != string(schema.Of[quoteRequest]("x", "1").JSON) || string(s.Response) != string(schema.Of[quote]("x", "1").JSON) {
+		t.Errorf("ForTool: %+v", s)
+	}
+}

@@ -66,6 +66,7 @@ var scenarios = []scenario{
 	{name: "DelayedAndAtMostOnceEmits", run: delayedEmits, delays: true},
 	{name: "SchemasCheckEmitsAndReads", run: schemasCheck},
 	{name: "SchemasSkipBodyValidationKeepsXSchema", run: schemasSkipValidation},
+	{name: "ToolSchemasCheckRequestsAndResponses", run: toolSchemasCheck},
 }
 
 // TestConformance runs every scenario on every host.
@@ -912,5 +913,51 @@ func schemasSkipValidation(t *testing.T, h Host) {
 		if !ok[r.ID] || r.Schema != "2" {
 			t.Errorf("seen %+v, want an emit of the pricer with x-schema 2", r)
 		}
+	}
+}
+
+// A served tool's declared schemas are the serving host's to check: a
+// request that breaks the request schema is answered with a permanent
+// ToolError invalid_request naming the pointer and the keyword, and the
+// handler does not run; a response that breaks the response schema is
+// not sent: the caller gets a permanent invalid_response, and the host
+// logs a warning.
+func toolSchemasCheck(t *testing.T, h Host) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	q := h.Load(t, "quoter", ModuleConfig{})
+	var resp struct{ Total int }
+	if err := h.Call(ctx, "conf.quote", conformance.Steer{N: 3}, &resp); err != nil || resp.Total != 3 {
+		t.Errorf("a conforming call: %+v %v, want the total 3", resp, err)
+	}
+	for _, c := range []struct {
+		name       string
+		req        any
+		code, says string
+	}{
+		{"request minimum", map[string]any{"n": 0}, "invalid_request", "request to conf.quote: body does not conform to its schema (version 1): /n: minimum:"},
+		{"request type", map[string]any{"n": "three"}, "invalid_request", "/n: type:"},
+		{"request required", conformance.Steer{}, "invalid_request", "/: required:"},
+		{"request not an object", []int{1}, "invalid_request", "/: type:"},
+		{"response minimum", conformance.Steer{N: 2, Negative: true}, "invalid_response", "response of conf.quote: body does not conform to its schema (version 1): /total: minimum:"},
+	} {
+		err := h.Call(ctx, "conf.quote", c.req, nil)
+		var te *sdk.ToolError
+		if !errors.As(err, &te) || te.Code != c.code || !te.Permanent || !errors.Is(err, sdk.ErrPermanent) || !strings.Contains(te.Message, c.says) {
+			t.Errorf("%s: %v, want a permanent ToolError %s saying %q", c.name, err, c.code, c.says)
+		}
+	}
+	if err := h.Call(ctx, "conf.quote", conformance.Steer{N: 4}, &resp); err != nil || resp.Total != 4 {
+		t.Errorf("a conforming call after the refusals: %+v %v, want the total 4", resp, err)
+	}
+	var ran []string
+	for _, r := range q.Of(t, "quote_run") {
+		ran = append(ran, r.Value)
+	}
+	if !slices.Equal(ran, []string{"3", "2", "4"}) {
+		t.Errorf("the handler ran for n %q, want 3, 2, 4: only for the requests that conform", ran)
+	}
+	if !strings.Contains(h.Logs(), "response not sent: it does not conform to the tool's schema") {
+		t.Errorf("the host did not log the refused response:\n%s", h.Logs())
 	}
 }

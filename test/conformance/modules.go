@@ -156,6 +156,9 @@ type Steer struct {
 	DeadFail int `json:"dead_fail,omitempty"`
 	// N is a payload number.
 	N int `json:"n,omitempty"`
+	// Negative makes the quoter answer a total below zero, which its
+	// response schema refuses.
+	Negative bool `json:"negative,omitempty"`
 }
 
 // barrier is met once n handler calls are in it at once.
@@ -210,7 +213,7 @@ func act(ctx context.Context, s Steer, attempt int) error {
 // Module returns the conformance module of that name, reporting to probe.
 // The names: watcher, worker, setup, namer, streamer, relay, tools, caller,
 // undertaker, taker, runner, filterer, drainer, failer, ctxprobe, typed,
-// pricer, pricewatch, oldreader.
+// pricer, pricewatch, oldreader, quoter.
 func Module(name string, probe *Probe) (sdk.Module, error) {
 	seen := func(kind string, ev sdk.Event) {
 		r := Record{Kind: kind, ID: ev.ID, Type: ev.Type, Source: ev.Source, Node: ev.Node, CausationID: ev.CausationID,
@@ -637,9 +640,34 @@ func Module(name string, probe *Probe) (sdk.Module, error) {
 				return nil
 			}))
 		}}, nil
+
+	case "quoter":
+		// Serves conf.quote, whose request (QuoteRequestSchema) and
+		// response (QuoteResponseSchema) schemas it declares: it records
+		// each run ("quote_run", Value the request's n) and answers the
+		// total n, or -n when the request asks for Negative.
+		return sdk.Module{Name: name,
+			Schemas: []sdk.Schema{{Tool: "conf.quote", Version: "1", JSON: QuoteRequestSchema, Response: QuoteResponseSchema}},
+			Setup: func(m sdk.Mesh) error {
+				return m.Serve("conf.quote", sdk.ToolHandlerFunc(func(ctx context.Context, req sdk.Request) (any, error) {
+					s := steer(req.Body)
+					probe.Add(Record{Kind: "quote_run", ID: req.ID, Value: fmt.Sprint(s.N)})
+					if s.Negative {
+						return map[string]int{"total": -s.N}, nil
+					}
+					return map[string]int{"total": s.N}, nil
+				}))
+			}}, nil
 	}
 	return sdk.Module{}, fmt.Errorf("no conformance module %q", name)
 }
+
+// The quoter's declared schemas of conf.quote: a request with a whole n of
+// at least 1, a response with a total of at least 0.
+var (
+	QuoteRequestSchema  = []byte(`{"type": "object", "required": ["n"], "properties": {"n": {"type": "integer", "minimum": 1}}}`)
+	QuoteResponseSchema = []byte(`{"type": "object", "required": ["total"], "properties": {"total": {"type": "integer", "minimum": 0}}}`)
+)
 
 // The pricer's declared schemas of "price": version 2 is the one it
 // emits now.

@@ -331,8 +331,9 @@ type Description struct {
 	// Indexes into tools of the tools served with sdk.AllowDuplicates: a
 	// repeated request runs the tool again.
 	ToolsDuplicatesAllowed []uint32 `protobuf:"varint,12,rep,packed,name=tools_duplicates_allowed,json=toolsDuplicatesAllowed,proto3" json:"tools_duplicates_allowed,omitempty"`
-	// sdk.Module.Schemas, in order (oldest first per event): the host
-	// compiles them and validates the process's emits against them.
+	// sdk.Module.Schemas, in order (oldest first per event or tool): the
+	// host compiles them and validates the process's emits, and the
+	// requests and responses of the tools it serves, against them.
 	Schemas []*SchemaDecl `protobuf:"bytes,13,rep,name=schemas,proto3" json:"schemas,omitempty"`
 	// sdk.Module.Reads: the versions the handler of each pattern reads.
 	Reads         []*Reads `protobuf:"bytes,14,rep,name=reads,proto3" json:"reads,omitempty"`
@@ -470,9 +471,11 @@ func (x *Description) GetReads() []*Reads {
 
 type SchemaDecl struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Event         string                 `protobuf:"bytes,1,opt,name=event,proto3" json:"event,omitempty"` // relative, as in emits
+	Event         string                 `protobuf:"bytes,1,opt,name=event,proto3" json:"event,omitempty"` // relative, as in emits; "" for a tool's schema
 	Version       string                 `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
-	Json          []byte                 `protobuf:"bytes,3,opt,name=json,proto3" json:"json,omitempty"`
+	Json          []byte                 `protobuf:"bytes,3,opt,name=json,proto3" json:"json,omitempty"`         // the event's body schema, or the tool's request schema
+	Tool          string                 `protobuf:"bytes,4,opt,name=tool,proto3" json:"tool,omitempty"`         // the key of a tool the process serves; "" for an event's schema
+	Response      []byte                 `protobuf:"bytes,5,opt,name=response,proto3" json:"response,omitempty"` // the tool's response schema
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -524,6 +527,20 @@ func (x *SchemaDecl) GetVersion() string {
 func (x *SchemaDecl) GetJson() []byte {
 	if x != nil {
 		return x.Json
+	}
+	return nil
+}
+
+func (x *SchemaDecl) GetTool() string {
+	if x != nil {
+		return x.Tool
+	}
+	return ""
+}
+
+func (x *SchemaDecl) GetResponse() []byte {
+	if x != nil {
+		return x.Response
 	}
 	return nil
 }
@@ -1837,12 +1854,14 @@ const file_module_proto_rawDesc = "" +
 	"\afilters\x18\v \x03(\tR\afilters\x128\n" +
 	"\x18tools_duplicates_allowed\x18\f \x03(\rR\x16toolsDuplicatesAllowed\x124\n" +
 	"\aschemas\x18\r \x03(\v2\x1a.mesh.plugin.v1.SchemaDeclR\aschemas\x12+\n" +
-	"\x05reads\x18\x0e \x03(\v2\x15.mesh.plugin.v1.ReadsR\x05reads\"P\n" +
+	"\x05reads\x18\x0e \x03(\v2\x15.mesh.plugin.v1.ReadsR\x05reads\"\x80\x01\n" +
 	"\n" +
 	"SchemaDecl\x12\x14\n" +
 	"\x05event\x18\x01 \x01(\tR\x05event\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x12\n" +
-	"\x04json\x18\x03 \x01(\fR\x04json\"=\n" +
+	"\x04json\x18\x03 \x01(\fR\x04json\x12\x12\n" +
+	"\x04tool\x18\x04 \x01(\tR\x04tool\x12\x1a\n" +
+	"\bresponse\x18\x05 \x01(\fR\bresponse\"=\n" +
 	"\x05Reads\x12\x18\n" +
 	"\apattern\x18\x01 \x01(\tR\apattern\x12\x1a\n" +
 	"\bversions\x18\x02 \x03(\tR\bversions\";\n" +
