@@ -25,8 +25,13 @@ import (
 
 // auditCommand asks the audit logger (its tools over mesh.rpc, from any
 // node) what happened on the mesh.
+// auditTimeoutFlag is --timeout of the commands that ask the audit logger.
+func auditTimeoutFlag() *cli.DurationFlag {
+	return &cli.DurationFlag{Name: "timeout", Value: 30 * time.Second, Usage: "how long to wait for the audit logger's answer"}
+}
+
 func auditCommand() *cli.Command {
-	timeout := &cli.DurationFlag{Name: "timeout", Value: 30 * time.Second, Usage: "how long to wait for the audit logger's answer"}
+	timeout := auditTimeoutFlag()
 	asJSON := &cli.BoolFlag{Name: "json", Usage: "print JSON for machines"}
 	return &cli.Command{
 		Name:  "audit",

@@ -12,7 +12,6 @@ import (
 	"sort"
 	"strings"
 	"text/tabwriter"
-	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -32,7 +31,7 @@ var errUndecided = errors.New("undecided")
 // (ADR 34), from the nodes' heartbeats (who declares which version, who
 // reads it) and the audit log (the documents, from node.*.schemas).
 func schemaCommand() *cli.Command {
-	timeout := &cli.DurationFlag{Name: "timeout", Value: 30 * time.Second, Usage: "how long to wait for the audit logger's answer"}
+	timeout := auditTimeoutFlag()
 	asJSON := &cli.BoolFlag{Name: "json", Usage: "print one JSON object"}
 	return &cli.Command{
 		Name:  "schema",
@@ -234,14 +233,20 @@ func schemaLs(c *cli.Context) error {
 	return tw.Flush()
 }
 
-// schemaDocs reads every schema document the audit log holds (the
-// nodes' node.*.schemas announcements), by digest.
-func schemaDocs(c *cli.Context) (map[string][]byte, error) {
+// schemaDocsOf connects to the audit logger and reads its schema
+// documents (schemaDocs).
+func schemaDocsOf(c *cli.Context) (map[string][]byte, error) {
 	a, err := newAuditCaller(c)
 	if err != nil {
 		return nil, err
 	}
 	defer a.close()
+	return schemaDocs(a)
+}
+
+// schemaDocs reads every schema document the audit log holds (the
+// nodes' node.*.schemas announcements), by digest.
+func schemaDocs(a *auditCaller) (map[string][]byte, error) {
 	docs := map[string][]byte{}
 	req := auditlogger.QueryRequest{Filter: store.Filter{Types: []string{"node.*.schemas"}}, Page: store.Page{Limit: 500}}
 	for {
@@ -296,7 +301,7 @@ func schemaShow(c *cli.Context) error {
 	if v == nil {
 		return fmt.Errorf("%s has no declared version %q (versions: %s)", st.Type, c.String("version"), versionList(st))
 	}
-	docs, err := schemaDocs(c)
+	docs, err := schemaDocsOf(c)
 	if err != nil {
 		return err
 	}
@@ -347,7 +352,7 @@ func schemaRef(c *cli.Context, arg string, types *[]*schemaType, docs *map[strin
 		return nil, fmt.Errorf("%s has no declared version %q (versions: %s)", t, v, versionList(st))
 	}
 	if *docs == nil {
-		if *docs, err = schemaDocs(c); err != nil {
+		if *docs, err = schemaDocsOf(c); err != nil {
 			return nil, err
 		}
 	}
@@ -472,11 +477,16 @@ func schemaCheck(c *cli.Context) error {
 	}
 	var types []*schemaType
 	docs := map[string][]byte{}
+	var a *auditCaller // one connection for the documents and the samples
 	if !c.Bool("offline") {
 		if types, err = liveSchemaTypes(c); err != nil {
 			return err
 		}
-		if docs, err = schemaDocs(c); err != nil {
+		if a, err = newAuditCaller(c); err != nil {
+			return err
+		}
+		defer a.close()
+		if docs, err = schemaDocs(a); err != nil {
 			return err
 		}
 	}
@@ -487,7 +497,7 @@ func schemaCheck(c *cli.Context) error {
 			return err
 		}
 		if n := c.Int("sample"); n > 0 {
-			if res.Samples, err = sampleBodies(c, cand, n); err != nil {
+			if res.Samples, err = sampleBodies(a, cand, n); err != nil {
 				return err
 			}
 			if len(res.Samples.Refused) > 0 && rule != schema.RuleNone {
@@ -601,8 +611,6 @@ func checkCandidate(cand candidate, rule schema.Rule, types []*schemaType, docs 
 			if v.Digest != newDigest {
 				res.Verdict = schema.VerdictIncompatible
 				res.Rule = schema.Result{Rule: rule, Verdict: schema.VerdictIncompatible}
-				res.Missing = nil
-				res.Consumers = nil
 				return withProblem(res, fmt.Sprintf("version %s is declared already, by %s, with another schema (digest %s): a changed schema needs a new version", v.Version, strings.Join(v.DeclaredBy, " "), v.Digest[:12])), nil
 			}
 			continue // the same document: it is not earlier than itself
@@ -685,16 +693,11 @@ func quoteAll(vs []string) []string {
 // sampleBodies validates the first n bodies of the type the audit log
 // holds (its oldest, the data a backward rule is about) against the
 // candidate.
-func sampleBodies(c *cli.Context, cand candidate, n int) (*sampleCheck, error) {
+func sampleBodies(a *auditCaller, cand candidate, n int) (*sampleCheck, error) {
 	comp, err := schema.Compile(cand.Version, cand.JSON)
 	if err != nil {
 		return nil, err
 	}
-	a, err := newAuditCaller(c)
-	if err != nil {
-		return nil, err
-	}
-	defer a.close()
 	req := auditlogger.QueryRequest{Filter: store.Filter{Types: []string{cand.Type}}, Page: store.Page{Limit: min(n, store.MaxPage)}}
 	var page auditlogger.QueryResponse
 	if err := a.call(auditlogger.ToolQuery, req, &page); err != nil {
