@@ -111,6 +111,11 @@ func (m *Module) attach(ctx context.Context, s *session, subs []subscription, to
 	if err := m.consumeQueues(ctx, s, m.queues, later); err != nil {
 		return err
 	}
+	if m.def.History != nil {
+		if err := m.readHistory(ctx, s); err != nil {
+			return err
+		}
+	}
 	m.serveTry.Add(1) // a pending serveLater is for an earlier attach
 	if len(tools) > 0 {
 		if err := m.serve(ctx, s, tools); err != nil {

@@ -186,6 +186,11 @@ type Config struct {
 	// (the last word of the delay's routing key); default the node itself.
 	// meshctl, an ephemeral node with no mover, sets it.
 	DelayNode string
+	// History is the stream that keeps the mesh's history, replicated on
+	// the broker, for modules that read it (sdk.Module.History: the audit
+	// logger); every node but an ephemeral one declares it and binds it
+	// to # on mesh.events on connect. Zero: none (ADR 35).
+	History HistoryConfig
 	// MeterProvider receives the node's metrics (OpenTelemetry): counters
 	// of what it published, spooled, handled, retried, dead-lettered and
 	// suppressed (per module where it applies), gauges of its connection,
@@ -287,6 +292,10 @@ type ModuleConfig struct {
 	// empty list refuses a DeadLetters handler. nil places no limit (the
 	// pattern #); meshd's config always sets it (dead_letters:).
 	DeadLetterGrants []string
+	// DenyHistory refuses the module a History handler (sdk.Module.History):
+	// meshd sets it for every module whose entry does not say history:
+	// true. A module compiled into the program may read the history.
+	DenyHistory bool
 	// Callers says who may call the tools the module serves: for a tool
 	// key pattern, the caller patterns allowed (CallerAllowed). A tool
 	// that no entry matches takes the module's own default
@@ -490,6 +499,9 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("tls.cert_file/tls.key_file: give both or neither"))
 	}
 	if err := c.Module.validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.History.validate(); err != nil {
 		errs = append(errs, err)
 	}
 	if err := c.CheckConsumerTimeout(c.Module, true); err != nil {

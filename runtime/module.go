@@ -77,6 +77,9 @@ type Module struct {
 	resumeFailures atomic.Int32       // resumes that failed in a row: their back-off grows
 	runDone        chan struct{}
 	failure        atomic.Pointer[error] // why it stopped by itself (Err)
+	stopping       chan struct{}         // closed when Stop begins
+	historyNext    atomic.Int64          // the offset of the history it reads next (-1: the start), with a History handler
+	historyCh      *amqp.Channel         // the channel it reads the history on, on the current session; mu
 }
 
 type subscription struct {
@@ -159,6 +162,7 @@ func (n *Node) Load(ctx context.Context, def sdk.Module, mc ModuleConfig) (*Modu
 		queueConsumers: make(map[string]*queueConsumer),
 		queuesDown:     make(map[string]string),
 		runDone:        make(chan struct{}),
+		stopping:       make(chan struct{}),
 		answers:        newAnswerCache(n.cfg.DedupRetention, answerCacheBytes),
 		attrs:          attribute.NewSet(attribute.String("module", def.Name)),
 		outcomeOpts:    outcomeOptions(def.Name),
@@ -226,6 +230,9 @@ func (m *Module) start(ctx context.Context) error {
 		served[i] = e.Key
 	}
 	if err := m.contracts.CheckTools(served); err != nil {
+		return err
+	}
+	if err := m.historyFrom(ctx); err != nil {
 		return err
 	}
 	if len(fixedSubs) > 0 {
@@ -345,6 +352,7 @@ func (m *Module) Stop(ctx context.Context) error {
 		return nil
 	}
 	m.stopped = true
+	close(m.stopping)
 	runCancel := m.runCancel
 	m.mu.Unlock()
 

@@ -242,8 +242,14 @@ func (n *Node) LoadPlugin(ctx context.Context, path string, args []string, mc Mo
 		proc.client.Kill()
 		return nil, fmt.Errorf("start module %s: %w", path, err)
 	}
+	var history *sdk.History
+	if proc.desc.History {
+		from := proc.desc.HistoryFrom
+		history = &sdk.History{From: func(context.Context) (int64, error) { return from, nil },
+			Handle: pm.forwardHistory(uint32(len(patterns) + 1 + len(proc.desc.Consumes)))}
+	}
 	def := sdk.Module{Name: proc.desc.Name, Kind: proc.desc.Kind, Emits: proc.desc.Emits, Calls: proc.desc.Calls, DeadLetters: dead,
-		Schemas: schemas, Reads: reads,
+		Schemas: schemas, Reads: reads, History: history,
 		Callers: callersOfDescription(proc.desc), Setup: func(m sdk.Mesh) error {
 			// The handlers' options as the process described them, given
 			// to this node's own On, Consume and Serve: the filters are
@@ -575,6 +581,7 @@ func sameModule(a, b *pb.Description) bool {
 		for _, c := range d.Consumes {
 			c.Held = false
 		}
+		d.HistoryFrom = 0 // where it resumes is its store's to say
 		return d
 	}
 	return proto.Equal(norm(a), norm(b))
@@ -649,6 +656,11 @@ func (pm *PluginModule) relaunch() (*moduleProcess, error) {
 	}
 	if h := pm.node.hook().relaunched; h != nil {
 		h(pm.module.def.Name, next.pid())
+	}
+	if next.desc.History && next.desc.HistoryFrom != pm.module.historyNext.Load() {
+		// The process resumes where its own store says (it may have
+		// lost it): the history is read from there on.
+		pm.module.RewindHistory(next.desc.HistoryFrom)
 	}
 	pm.mu.Lock()
 	if pm.stopping.Load() {
@@ -889,6 +901,64 @@ func (pm *PluginModule) forward(i uint32) sdk.Handler {
 			return ctx.Err()
 		}
 	})
+}
+
+// forwardHistory is the in-process History handler of a module process
+// (delivery index i): each batch crosses as deliveries of one
+// history_batch, which the process hands to its History.Handle in one
+// call; the batch succeeded if every delivery's outcome is OK.
+func (pm *PluginModule) forwardHistory(i uint32) func(context.Context, []sdk.Event) error {
+	return func(ctx context.Context, events []sdk.Event) error {
+		p, err := pm.current(ctx)
+		if err != nil {
+			return err
+		}
+		token, end := pm.handlings.begin(ctx)
+		defer end()
+		deadline, _ := ctx.Deadline()
+		batch := p.seq.Add(1)
+		result := make(chan *pb.Outcome, len(events))
+		ds := make([]*pb.Delivery, len(events))
+		p.mu.Lock()
+		for k, ev := range events {
+			d := plugin.DeliveryOf(plugin.Event(ev), deadline)
+			d.Handling, d.Seq, d.Pattern = token, p.seq.Add(1), i
+			d.HistoryBatch, d.HistoryBatchSize = batch, uint32(len(events))
+			p.pending[d.Seq] = result
+			ds[k] = d
+		}
+		p.mu.Unlock()
+		defer func() {
+			p.mu.Lock()
+			for _, d := range ds {
+				delete(p.pending, d.Seq)
+			}
+			p.mu.Unlock()
+		}()
+		for _, d := range ds {
+			select {
+			case p.sendq <- d:
+			case <-p.exited:
+				return errors.New("module process exited")
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		var failed error
+		for range ds {
+			select {
+			case o := <-result:
+				if o.Kind != pb.Outcome_OK && failed == nil {
+					failed = errors.New(truncateText(o.Error, maxModuleErrorText))
+				}
+			case <-p.exited:
+				return errors.New("module process exited while handling the history")
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return failed
+	}
 }
 
 // answer is the in-process handler of tool i: it runs the call in the

@@ -186,6 +186,9 @@ func (n *Node) connectTo(ctx context.Context, url string) (*session, error) {
 		if err == nil && n.cfg.Delays {
 			err = declareDelays(ch, n.declaredDueQueue())
 		}
+		if err == nil && n.cfg.History.Stream != "" && !n.cfg.Ephemeral {
+			err = declareHistory(ch, n.cfg.History)
+		}
 		ch.Close()
 	}
 	if err != nil {

@@ -115,6 +115,9 @@ func NodeObjects(cfg Config, mcs map[string]ModuleConfig) ([]BrokerObject, error
 	if cfg.Delays {
 		objs = append(objs, dueQueueObject(cfg.Node))
 	}
+	if cfg.History.Stream != "" {
+		objs = append(objs, HistoryObject(cfg.History))
+	}
 	return objs, nil
 }
 

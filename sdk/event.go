@@ -46,6 +46,10 @@ type Event struct {
 	// Queue is the broker queue a Consume handler got the message from;
 	// "" for an event of the mesh.
 	Queue string
+	// Offset is the event's place in the mesh's history, for a
+	// Module.History handler (0 elsewhere): the broker numbers what the
+	// history keeps from 0 up.
+	Offset int64
 
 	// The Dead fields describe a dead letter, as a Module.DeadLetters
 	// handler receives it; they are empty for an event from mesh.events.

@@ -264,6 +264,14 @@ type Module struct {
 	// still keeps it for the operator). The same dead letter may come
 	// twice (a redelivery); the node does not de-duplicate dead letters.
 	DeadLetters Handler
+	// History, if not nil, reads the mesh's history: every event routed
+	// on the mesh, kept replicated on the broker (a stream, when the node
+	// config names one under history:, and only for a module whose entry
+	// grants history: true; otherwise the load fails). Its events come in
+	// the order the broker appended them, a batch at a time, each with
+	// its Offset; the audit logger indexes the history this way, so any
+	// number of loggers on any nodes hold the same record.
+	History *History
 	// Run, if not nil, runs once the module consumes, until ctx is
 	// cancelled when the module is stopped: after the handlers in flight
 	// have finished (or the node's grace ran out), so a handler may use
@@ -275,6 +283,24 @@ type Module struct {
 	// module process exits, and meshd starts it again with back-off, as
 	// after a crash. Either way the log says what Run returned.
 	Run func(ctx context.Context, m Mesh) error
+}
+
+// History is how a module reads the mesh's history (Module.History). The
+// host calls From when the module is loaded (a module process: each time
+// it starts), and Handle with each batch in order, never two at once.
+// Handle returning nil means the batch is done with, for good (the module
+// stored it, and the offset after its last event if it is to resume
+// there); an error, or a panic, hands the same batch again after a
+// back-off, and nothing later is read until it succeeds. A malformed
+// message comes in its place with DeadReason "malformed", as a dead
+// letter of one would.
+type History struct {
+	// From returns the offset of the first event to read: the offset
+	// after the last one the module stored, or a negative number for the
+	// start of the history (as much as the broker still keeps).
+	From func(ctx context.Context) (int64, error)
+	// Handle receives a batch of events in offset order.
+	Handle func(ctx context.Context, events []Event) error
 }
 
 // Schema is one version of the JSON Schema of an emitted event's body,

@@ -88,7 +88,7 @@ func operatorPermissions(c *cli.Context) error {
 			return usagef("--%s is for a node's permissions, not the operator's", flag)
 		}
 	}
-	user, vhost := c.String("user"), "/"
+	user, vhost, history := c.String("user"), "/", ""
 	switch {
 	case c.IsSet("amqp-url") || c.IsSet("amqp-urls"):
 		var urlUser string
@@ -102,6 +102,7 @@ func operatorPermissions(c *cli.Context) error {
 			return err
 		}
 		_, vhost = nodeconfig.BrokerAccount(f.Runtime().Brokers()[0])
+		history = f.History.Stream
 		if user == "" {
 			return usagef("give --user: the operator's broker user (the config's amqp_url names the node's)")
 		}
@@ -109,7 +110,7 @@ func operatorPermissions(c *cli.Context) error {
 	if user == "" {
 		return usagef("give --user, the operator's broker user, or --amqp-url naming it")
 	}
-	p := nodeconfig.OperatorPermissions(user, vhost)
+	p := nodeconfig.OperatorPermissions(user, vhost, history)
 	if c.Bool("json") {
 		return json.NewEncoder(c.App.Writer).Encode(struct {
 			For string `json:"for"`

@@ -29,6 +29,7 @@ type Event struct {
 	Redelivered  bool
 	UserID       string
 	Queue        string
+	Offset       int64
 	DeadQueue    string
 	DeadReason   string
 	DeadError    string
@@ -58,7 +59,7 @@ func DeliveryOf(ev Event, deadline time.Time) *pb.Delivery {
 	return &pb.Delivery{
 		Id: ev.ID, Type: ev.Type, Source: ev.Source, Node: ev.Node, TimeUnixNano: unixNano(ev.Time),
 		CausationId: ev.CausationID, Schema: ev.Schema, Headers: ev.Headers, Body: ev.Body,
-		Attempt: uint32(ev.Attempt), Redelivered: ev.Redelivered, UserId: ev.UserID, Queue: ev.Queue,
+		Attempt: uint32(ev.Attempt), Redelivered: ev.Redelivered, UserId: ev.UserID, Queue: ev.Queue, Offset: ev.Offset,
 		DeadQueue: ev.DeadQueue, DeadReason: ev.DeadReason, DeadError: ev.DeadError,
 		DeadAttempts: uint32(ev.DeadAttempts), DeadTimeUnixNano: unixNano(ev.DeadTime),
 		DeadlineUnixNano: unixNano(deadline),
@@ -71,7 +72,7 @@ func EventOf(d *pb.Delivery) (Event, time.Time) {
 	return Event{
 		ID: d.Id, Type: d.Type, Source: d.Source, Node: d.Node, Time: timeOf(d.TimeUnixNano),
 		CausationID: d.CausationId, Schema: d.Schema, Headers: d.Headers, Body: d.Body,
-		Attempt: int(d.Attempt), Redelivered: d.Redelivered, UserID: d.UserId, Queue: d.Queue,
+		Attempt: int(d.Attempt), Redelivered: d.Redelivered, UserID: d.UserId, Queue: d.Queue, Offset: d.Offset,
 		DeadQueue: d.DeadQueue, DeadReason: d.DeadReason, DeadError: d.DeadError,
 		DeadAttempts: int(d.DeadAttempts), DeadTime: timeOf(d.DeadTimeUnixNano),
 	}, timeOf(d.DeadlineUnixNano)

@@ -26,7 +26,7 @@ import (
 
 // protocolVersion is the version of the pb protocol. It is a string so a
 // test can build a module of another version with -ldflags -X.
-var protocolVersion = "6"
+var protocolVersion = "7"
 
 // ProtocolVersion is the plugin protocol version this build speaks.
 func ProtocolVersion() uint {

@@ -81,6 +81,9 @@ type File struct {
 	// schedules its mover delivers (meshctl emit --after --via NODE as the
 	// operator's user).
 	DelayPublishers []string `yaml:"delay_publishers"`
+	// History names the stream that keeps the mesh's history, replicated
+	// on the broker, for the audit logger (runtime.HistoryConfig; ADR 35).
+	History History `yaml:"history"`
 	// Defaults apply to every module unless it says otherwise.
 	Defaults Module   `yaml:"defaults"`
 	Modules  []Module `yaml:"modules"`
@@ -132,6 +135,9 @@ type Module struct {
 	// "user:ops"). It replaces the module's own default for the tools it
 	// matches; a tool neither names may be called by anyone.
 	Callers map[string][]string `yaml:"callers"`
+	// History grants the module the mesh's history (a History handler:
+	// the audit logger), from the stream under history: (default false).
+	History bool `yaml:"history"`
 	// AllowDuplicates turns off de-duplication by event id for the module.
 	AllowDuplicates bool `yaml:"allow_duplicates"`
 	// AllowUndeclaredEmits lets the module emit event names it does not
@@ -159,6 +165,16 @@ func checkUser(u string) error {
 // module may be named so, so "meshctl" in a tool's callers is the
 // operator.
 const OperatorCaller = "meshctl"
+
+// History is the history's stream (runtime.HistoryConfig): every node of
+// the mesh says the same.
+type History struct {
+	Stream       string        `yaml:"stream"`
+	MaxAge       time.Duration `yaml:"max_age"`
+	MaxBytes     int64         `yaml:"max_bytes"`
+	SegmentBytes int64         `yaml:"segment_bytes"`
+	Replicas     int           `yaml:"replicas"`
+}
 
 // TLS names the PEM files of an amqps:// connection.
 type TLS struct {
@@ -234,6 +250,8 @@ func (f File) Runtime() runtime.Config {
 		HeartbeatInterval: f.heartbeatInterval(),
 		Delays:            f.Delays == nil || *f.Delays,
 		DelayPublishers:   f.DelayPublishers,
+		History: runtime.HistoryConfig{Stream: f.History.Stream, MaxAge: f.History.MaxAge, MaxBytes: f.History.MaxBytes,
+			SegmentBytes: f.History.SegmentBytes, Replicas: f.History.Replicas},
 	}
 }
 
@@ -266,8 +284,8 @@ func (m Module) runtime() runtime.ModuleConfig {
 		QueueType: m.QueueType, Prefetch: m.Prefetch, Concurrency: m.Concurrency, MaxAttempts: m.MaxAttempts,
 		HandlerTimeout: m.HandlerTimeout, Retry: m.Retry, MaxPriority: m.MaxPriority, EmitGrants: m.EmitGrants,
 		AllowDuplicates: m.AllowDuplicates, AllowUndeclaredEmits: m.AllowUndeclaredEmits,
-		SkipBodyValidation: m.SkipBodyValidation,
-		CallGrants:         m.Calls, ConsumeGrants: m.Consumes, DeadLetterGrants: m.DeadLetters, Callers: m.Callers,
+		SkipBodyValidation: m.SkipBodyValidation, DenyHistory: !m.History,
+		CallGrants: m.Calls, ConsumeGrants: m.Consumes, DeadLetterGrants: m.DeadLetters, Callers: m.Callers,
 	}
 }
 
@@ -277,6 +295,9 @@ func (f File) Validate() error {
 	var errs []error
 	if err := f.Runtime().Validate(); err != nil {
 		errs = append(errs, err)
+	}
+	if f.Defaults.History {
+		errs = append(errs, errors.New("defaults.history: the history is granted module by module (history: true in an entry)"))
 	}
 	if f.HTTPAddr != "" {
 		if _, _, err := net.SplitHostPort(f.HTTPAddr); err != nil {

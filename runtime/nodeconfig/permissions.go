@@ -128,8 +128,17 @@ func (f File) Permissions(user string, consumed []string) Permissions {
 	if delays {
 		cascade = []string{delayObjects, q(delay.DueQueue(f.Node))}
 	}
-	p.Configure = anyOf(slices.Concat(meshExchanges(), keeperQueues(), []string{q(wire.NodeLockQueue(f.Node))}, own, cascade, []string{serverNamed}))
-	p.Write = anyOf(slices.Concat(meshExchanges(), keeperQueues(), own, cascade, []string{serverNamed, defaultExchange}))
+	// The history's stream, which every node declares and binds, and
+	// reads if one of its modules is granted it.
+	var history []string
+	if stream := f.History.Stream; stream != "" {
+		history = []string{q(stream)}
+		if slices.ContainsFunc(f.Modules, func(m Module) bool { return m.History }) {
+			reads = append(reads, q(stream))
+		}
+	}
+	p.Configure = anyOf(slices.Concat(meshExchanges(), keeperQueues(), []string{q(wire.NodeLockQueue(f.Node))}, own, cascade, history, []string{serverNamed}))
+	p.Write = anyOf(slices.Concat(meshExchanges(), keeperQueues(), own, cascade, history, []string{serverNamed, defaultExchange}))
 	p.Read = anyOf(slices.Concat(from, own, cascade, []string{serverNamed}, reads))
 
 	// Its own node.<node>. events, and the reports of peers it finds
@@ -182,19 +191,23 @@ func (f File) Permissions(user string, consumed []string) Permissions {
 // topology check and topology print are not among them: check declares a
 // node's own queues, so it runs as the node's user (Permissions) or an
 // administrator.
-func OperatorPermissions(user, vhost string) Permissions {
+func OperatorPermissions(user, vhost, history string) Permissions {
 	if vhost == "" {
 		vhost = "/"
 	}
 	q := regexp.QuoteMeta
+	var stream []string // audit replay --history reads it, and writes its cutoff's marker into it
+	if history != "" {
+		stream = []string{q(history)}
+	}
 	return Permissions{
 		User:      user,
 		VHost:     vhost,
 		Configure: anyOf(slices.Concat(meshExchanges(), keeperQueues(), []string{delayObjects, serverNamed})),
 		Write: anyOf(slices.Concat([]string{q(wire.ExchangeEvents), q(wire.ExchangeRPC), q(wire.ExchangeUnrouted)}, keeperQueues(),
-			[]string{delayObjects, serverNamed, defaultExchange})),
+			[]string{delayObjects, serverNamed, defaultExchange}, stream)),
 		Read: anyOf(slices.Concat([]string{q(wire.ExchangeEvents), q(wire.ExchangeDead), q(wire.ExchangeUnrouted)}, keeperQueues(),
-			[]string{delayObjects, serverNamed})),
+			[]string{delayObjects, serverNamed}, stream)),
 		Topics: []TopicPermission{
 			{Exchange: wire.ExchangeEvents, Write: ".*", Read: ".*"},
 			{Exchange: wire.ExchangeRPC, Write: ".*", Read: nothing},

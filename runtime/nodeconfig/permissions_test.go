@@ -56,7 +56,7 @@ func TestPermissionsNames(t *testing.T) {
 	if bare.VHost != "/" {
 		t.Errorf("vhost %q, want /", bare.VHost)
 	}
-	op := OperatorPermissions("ops", "prod")
+	op := OperatorPermissions("ops", "prod", "")
 	server := "amq.gen-JzTY20BRgKO-HjmUJj0wLg"
 	for _, c := range []struct {
 		what, re string
@@ -131,7 +131,7 @@ func TestPermissionsNames(t *testing.T) {
 			}
 		}
 	}
-	if op.User != "ops" || op.VHost != "prod" || OperatorPermissions("ops", "").VHost != "/" {
+	if op.User != "ops" || op.VHost != "prod" || OperatorPermissions("ops", "", "").VHost != "/" {
 		t.Errorf("operator %q on %q", op.User, op.VHost)
 	}
 }

@@ -166,6 +166,7 @@ type Mesh struct {
 	retries   []*delivery // waiting for their retry time
 	delayed   []delayed   // emitted with sdk.After or sdk.At, not due yet, in emit order
 	emitted   []sdk.Event
+	history   []sdk.Event // every event routed, in order, each with its Offset: the mesh's history (sdk.Module.History)
 	dead      []DeadLetter
 	filtered  []Filtered
 	traces    map[string]trace.TraceID // by event id: the trace an event emitted in one is in
@@ -247,6 +248,9 @@ type module struct {
 	answers   map[string]*answer
 	runDone   chan struct{} // closed when Run returned (at once without one)
 	runErr    error         // why Run failed while the module ran: it handles nothing more
+	// historyNext is the offset of the history its History handler gets
+	// next.
+	historyNext int64
 }
 
 type subscription struct {
@@ -317,6 +321,16 @@ func (m *Mesh) Load(def sdk.Module, mc ModuleConfig) error {
 		if err := def.Setup(&moduleMesh{mod}); err != nil {
 			return fmt.Errorf("load module %s: setup: %w", def.Name, err)
 		}
+	}
+	if h := def.History; h != nil {
+		if h.From == nil || h.Handle == nil {
+			return fmt.Errorf("load module %s: %w: its History needs both From and Handle", def.Name, sdk.ErrInvalid)
+		}
+		from, err := h.From(handlerlog.With(context.Background(), mod.log))
+		if err != nil {
+			return fmt.Errorf("load module %s: ask where it reads the history from: %w", def.Name, err)
+		}
+		mod.historyNext = max(from, 0)
 	}
 	subs, tools := mod.setup.Fix()
 	patterns := make([]string, len(subs))
@@ -480,6 +494,7 @@ func (m *Mesh) Settle() {
 		panic("meshtest: Settle called from a handler")
 	}
 	m.settling = true
+	failed := map[*module]bool{} // History handlers that failed in this Settle: tried again at the next
 	defer func() {
 		m.mu.Lock()
 		m.settling = false
@@ -502,6 +517,9 @@ func (m *Mesh) Settle() {
 			m.promote()
 		}
 		if !m.runnable() {
+			if m.feedHistory(failed) {
+				continue // what its handlers emitted runs next
+			}
 			m.mu.Unlock()
 			return
 		}
@@ -523,6 +541,37 @@ func (m *Mesh) Settle() {
 		}
 		m.promote()
 	}
+}
+
+// feedHistory hands each module with a History handler the history it
+// has not had yet, a batch of up to 256 events at a time, as a node does,
+// and reports whether any took one. A failed batch is handed again at the
+// next Settle (on a node, after a back-off), and nothing after it before.
+// m.mu is held, and released while the handlers run.
+func (m *Mesh) feedHistory(failed map[*module]bool) bool {
+	progressed := false
+	for _, mod := range slices.Clone(m.modules) {
+		if mod.def.History == nil || failed[mod] || mod.runErr != nil || mod.historyNext >= int64(len(m.history)) {
+			continue
+		}
+		batch := slices.Clone(m.history[mod.historyNext:min(mod.historyNext+256, int64(len(m.history)))])
+		for i := range batch {
+			batch[i].Headers = maps.Clone(batch[i].Headers)
+		}
+		m.mu.Unlock()
+		ctx, cancel := context.WithTimeout(handlerlog.With(context.Background(), mod.log), mod.cfg.HandlerTimeout)
+		err, _ := execute.Safely(func() error { return mod.def.History.Handle(ctx, batch) })
+		cancel()
+		m.mu.Lock()
+		if err != nil {
+			mod.log.Error("the module failed a batch of the history; it gets the same batch again at the next Settle", "from", batch[0].Offset, "err", err)
+			failed[mod] = true
+			continue
+		}
+		mod.historyNext += int64(len(batch))
+		progressed = true
+	}
+	return progressed
 }
 
 // take removes from the pending deliveries the next one and, up to its
@@ -787,6 +836,9 @@ func (m *Mesh) comeDue() {
 // route queues ev for every module one of whose patterns matches it.
 // m.mu is held.
 func (m *Mesh) route(ev sdk.Event, expires time.Time) {
+	ev.Offset = int64(len(m.history))
+	m.history = append(m.history, ev)
+	ev.Offset = 0
 	for _, mod := range m.modules {
 		if slices.ContainsFunc(mod.subs, func(s subscription) bool { return wire.MatchPattern(s.pattern, ev.Type) }) {
 			m.pending = append(m.pending, &delivery{module: mod, ev: ev, attempt: 1, expires: expires})

@@ -15,6 +15,7 @@
 package process
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -205,6 +206,20 @@ func (s *moduleServer) Describe(context.Context, *pb.Empty) (*pb.Description, er
 			s.desc.Consumes = append(s.desc.Consumes, &pb.Consume{Queue: e.Key, Prefetch: uint32(e.Prefetch), Held: s.mesh.heldAtStart[e.Key], Exclusive: e.Exclusive,
 				Filter: e.Options.Filter.String()})
 		}
+		// Index len(patterns) + 1 + len(consumes): the history, handed to
+		// History.Handle a batch at a time (handleHistory).
+		s.handlers = append(s.handlers, nil)
+		if h := s.module.History; h != nil && h.From != nil && h.Handle != nil {
+			s.desc.History = true
+			err, _ := execute.Safely(func() error {
+				var err error
+				s.desc.HistoryFrom, err = h.From(handlerlog.With(s.runCtx, s.mesh.Logger()))
+				return err
+			})
+			if err != nil && s.descErr == nil {
+				s.descErr = fmt.Errorf("history: where to read from: %w", err)
+			}
+		}
 		for i, e := range tools {
 			s.tools = append(s.tools, e.Handler.(sdk.ToolHandler))
 			s.desc.Tools = append(s.desc.Tools, e.Key)
@@ -287,6 +302,7 @@ func (s *moduleServer) Deliver(stream pb.Module_DeliverServer) error {
 			}
 		}
 	}()
+	history := map[uint64][]*pb.Delivery{} // batches of the history not all here yet
 	for {
 		b, err := stream.Recv()
 		if err != nil {
@@ -296,6 +312,23 @@ func (s *moduleServer) Deliver(stream pb.Module_DeliverServer) error {
 		// allows, in queue order: each runs on its own goroutine.
 		inflight.Add(int64(len(b.Deliveries)))
 		for _, d := range b.Deliveries {
+			if d.HistoryBatch != 0 {
+				// A batch of the history may come over several messages:
+				// it is handed to History.Handle once all of it is here.
+				batch := append(history[d.HistoryBatch], d)
+				if len(batch) < int(d.HistoryBatchSize) {
+					history[d.HistoryBatch] = batch
+					continue
+				}
+				delete(history, d.HistoryBatch)
+				go func() {
+					for _, o := range s.handleHistory(batch) {
+						inflight.Add(-1)
+						outcomes <- o
+					}
+				}()
+				continue
+			}
 			go func() {
 				o := s.handle(d)
 				inflight.Add(-1)
@@ -327,6 +360,40 @@ func (s *moduleServer) handle(d *pb.Delivery) *pb.Outcome {
 	default:
 		return &pb.Outcome{Seq: d.Seq, Kind: pb.Outcome_FAILED, Error: errorText(err)}
 	}
+}
+
+// handleHistory runs one batch of the history through History.Handle and
+// answers each of its deliveries with the outcome.
+func (s *moduleServer) handleHistory(batch []*pb.Delivery) []*pb.Outcome {
+	slices.SortFunc(batch, func(a, b *pb.Delivery) int { return cmp.Compare(a.Offset, b.Offset) })
+	outcome := &pb.Outcome{Kind: pb.Outcome_OK}
+	if h := s.module.History; h == nil || h.Handle == nil {
+		outcome = &pb.Outcome{Kind: pb.Outcome_PERMANENT, Error: "the module has no History handler"}
+	} else {
+		events := make([]sdk.Event, len(batch))
+		var deadline time.Time
+		for i, d := range batch {
+			pe, dl := plugin.EventOf(d)
+			events[i], deadline = sdk.Event(pe), dl
+		}
+		ctx := tracecontext.Extract(context.Background(), batch[0].Traceparent, batch[0].Tracestate)
+		ctx = handlerlog.With(ctx, s.mesh.Logger())
+		ctx, cancel := withDeadline(withHandling(ctx, batch[0].Handling), deadline)
+		err, _ := execute.Safely(func() error { return h.Handle(ctx, events) })
+		cancel()
+		switch execute.Of(err) {
+		case execute.OK:
+		case execute.Permanent:
+			outcome = &pb.Outcome{Kind: pb.Outcome_PERMANENT, Error: errorText(err)}
+		default:
+			outcome = &pb.Outcome{Kind: pb.Outcome_FAILED, Error: errorText(err)}
+		}
+	}
+	outcomes := make([]*pb.Outcome, len(batch))
+	for i, d := range batch {
+		outcomes[i] = &pb.Outcome{Seq: d.Seq, Kind: outcome.Kind, Error: outcome.Error}
+	}
+	return outcomes
 }
 
 // withDeadline is ctx bounded by the host's deadline; the zero time (the

@@ -336,7 +336,14 @@ type Description struct {
 	// requests and responses of the tools it serves, against them.
 	Schemas []*SchemaDecl `protobuf:"bytes,13,rep,name=schemas,proto3" json:"schemas,omitempty"`
 	// sdk.Module.Reads: the versions the handler of each pattern reads.
-	Reads         []*Reads `protobuf:"bytes,14,rep,name=reads,proto3" json:"reads,omitempty"`
+	Reads []*Reads `protobuf:"bytes,14,rep,name=reads,proto3" json:"reads,omitempty"`
+	// The module has a History handler (sdk.Module.History): the node
+	// delivers the history to it with pattern = len(patterns) + 1 +
+	// len(consumes), a batch at a time (Delivery.history_batch), from
+	// history_from (History.From, asked as the process starts; negative:
+	// the start).
+	History       bool  `protobuf:"varint,15,opt,name=history,proto3" json:"history,omitempty"`
+	HistoryFrom   int64 `protobuf:"varint,16,opt,name=history_from,json=historyFrom,proto3" json:"history_from,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -467,6 +474,20 @@ func (x *Description) GetReads() []*Reads {
 		return x.Reads
 	}
 	return nil
+}
+
+func (x *Description) GetHistory() bool {
+	if x != nil {
+		return x.History
+	}
+	return false
+}
+
+func (x *Description) GetHistoryFrom() int64 {
+	if x != nil {
+		return x.HistoryFrom
+	}
+	return 0
 }
 
 type SchemaDecl struct {
@@ -1017,10 +1038,17 @@ type Delivery struct {
 	Handling uint64 `protobuf:"varint,22,opt,name=handling,proto3" json:"handling,omitempty"`
 	// The W3C trace context of the host's span of this handling (""
 	// untraced): the handler's ctx carries it as a remote span context.
-	Traceparent   string `protobuf:"bytes,23,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
-	Tracestate    string `protobuf:"bytes,24,opt,name=tracestate,proto3" json:"tracestate,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Traceparent string `protobuf:"bytes,23,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	Tracestate  string `protobuf:"bytes,24,opt,name=tracestate,proto3" json:"tracestate,omitempty"`
+	// For the History handler: the event's offset in the history, and the
+	// batch it belongs to (the host's number, nonzero) with its size. The
+	// process calls History.Handle once per batch, with all of its
+	// deliveries in offset order, and answers each with that call's outcome.
+	Offset           int64  `protobuf:"varint,25,opt,name=offset,proto3" json:"offset,omitempty"`
+	HistoryBatch     uint64 `protobuf:"varint,26,opt,name=history_batch,json=historyBatch,proto3" json:"history_batch,omitempty"`
+	HistoryBatchSize uint32 `protobuf:"varint,27,opt,name=history_batch_size,json=historyBatchSize,proto3" json:"history_batch_size,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Delivery) Reset() {
@@ -1219,6 +1247,27 @@ func (x *Delivery) GetTracestate() string {
 		return x.Tracestate
 	}
 	return ""
+}
+
+func (x *Delivery) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *Delivery) GetHistoryBatch() uint64 {
+	if x != nil {
+		return x.HistoryBatch
+	}
+	return 0
+}
+
+func (x *Delivery) GetHistoryBatchSize() uint32 {
+	if x != nil {
+		return x.HistoryBatchSize
+	}
+	return 0
 }
 
 type DeliveryBatch struct {
@@ -1838,7 +1887,7 @@ const file_module_proto_rawDesc = "" +
 	"\n" +
 	"error_kind\x18\x01 \x01(\x0e2\x19.mesh.plugin.v1.ErrorKindR\terrorKind\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\"\a\n" +
-	"\x05Empty\"\x88\x04\n" +
+	"\x05Empty\"\xc5\x04\n" +
 	"\vDescription\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05emits\x18\x02 \x03(\tR\x05emits\x12\x1a\n" +
@@ -1854,7 +1903,9 @@ const file_module_proto_rawDesc = "" +
 	"\afilters\x18\v \x03(\tR\afilters\x128\n" +
 	"\x18tools_duplicates_allowed\x18\f \x03(\rR\x16toolsDuplicatesAllowed\x124\n" +
 	"\aschemas\x18\r \x03(\v2\x1a.mesh.plugin.v1.SchemaDeclR\aschemas\x12+\n" +
-	"\x05reads\x18\x0e \x03(\v2\x15.mesh.plugin.v1.ReadsR\x05reads\"\x80\x01\n" +
+	"\x05reads\x18\x0e \x03(\v2\x15.mesh.plugin.v1.ReadsR\x05reads\x12\x18\n" +
+	"\ahistory\x18\x0f \x01(\bR\ahistory\x12!\n" +
+	"\fhistory_from\x18\x10 \x01(\x03R\vhistoryFrom\"\x80\x01\n" +
 	"\n" +
 	"SchemaDecl\x12\x14\n" +
 	"\x05event\x18\x01 \x01(\tR\x05event\x12\x18\n" +
@@ -1902,7 +1953,7 @@ const file_module_proto_rawDesc = "" +
 	"\tpermanent\x18\x05 \x01(\bR\tpermanent\"b\n" +
 	"\fStartRequest\x12$\n" +
 	"\x0ehost_broker_id\x18\x01 \x01(\rR\fhostBrokerId\x12,\n" +
-	"\x12call_timeout_nanos\x18\x02 \x01(\x03R\x10callTimeoutNanos\"\xa2\x06\n" +
+	"\x12call_timeout_nanos\x18\x02 \x01(\x03R\x10callTimeoutNanos\"\x8d\a\n" +
 	"\bDelivery\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x18\n" +
 	"\apattern\x18\x02 \x01(\rR\apattern\x12\x0e\n" +
@@ -1933,7 +1984,10 @@ const file_module_proto_rawDesc = "" +
 	"\vtraceparent\x18\x17 \x01(\tR\vtraceparent\x12\x1e\n" +
 	"\n" +
 	"tracestate\x18\x18 \x01(\tR\n" +
-	"tracestate\x1a:\n" +
+	"tracestate\x12\x16\n" +
+	"\x06offset\x18\x19 \x01(\x03R\x06offset\x12#\n" +
+	"\rhistory_batch\x18\x1a \x01(\x04R\fhistoryBatch\x12,\n" +
+	"\x12history_batch_size\x18\x1b \x01(\rR\x10historyBatchSize\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"I\n" +
