@@ -31,12 +31,14 @@ package auditlogger
 
 import (
 	"context"
+	"crypto/ed25519"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"maps"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/meshkit/mesh/auditlogger/store"
@@ -60,6 +62,8 @@ const (
 	// ToolReplayed records what a replay sent (meshctl audit replay
 	// calls it), as fates of the events.
 	ToolReplayed = "audit.replayed"
+	// ToolVerify checks the chain and the checkpoints (Verify).
+	ToolVerify = "audit.verify"
 )
 
 // Options set the logger's retention. Zero fields keep everything.
@@ -72,6 +76,21 @@ type Options struct {
 	// PruneEvery is how often retention runs (in the module's Run).
 	// Default 1 minute.
 	PruneEvery time.Duration
+	// History reads the mesh's history (the stream its node config names
+	// under history:, granted by history: true in the logger's entry)
+	// instead of a queue of its own: rows in the stream's order, each with
+	// its offset, and the offset to read next stored with them, so a
+	// restarted logger resumes exactly and a new one builds its index from
+	// the stream (ADR 35). Dead letters still come on its dead-letter
+	// queue, as fates.
+	History bool
+	// KeyFile is the logger's signing key (PKCS #8 PEM, made if missing):
+	// default the database's path with ".key" added. "-" signs nothing.
+	KeyFile string
+	// CheckpointEvery is how often the logger signs its chain's head and
+	// emits the checkpoint (when the head moved). Default 1 minute; a
+	// negative value emits none.
+	CheckpointEvery time.Duration
 }
 
 // Logger is an audit logger with its store open.
@@ -79,6 +98,10 @@ type Logger struct {
 	store *store.Store
 	opts  Options
 	now   func() time.Time
+	key   ed25519.PrivateKey // signs checkpoints; nil: none
+
+	mu             sync.Mutex
+	lastCheckpoint int64 // the head's Seq at the last checkpoint emitted
 }
 
 // Open opens (or creates) the audit database at path.
@@ -89,11 +112,24 @@ func Open(path string, opts Options) (*Logger, error) {
 	if opts.PruneEvery == 0 {
 		opts.PruneEvery = time.Minute
 	}
+	if opts.CheckpointEvery == 0 {
+		opts.CheckpointEvery = time.Minute
+	}
+	var key ed25519.PrivateKey
+	if opts.KeyFile != "-" {
+		if opts.KeyFile == "" {
+			opts.KeyFile = path + ".key"
+		}
+		var err error
+		if key, err = LoadKey(opts.KeyFile); err != nil {
+			return nil, fmt.Errorf("audit logger: %w", err)
+		}
+	}
 	s, err := store.Open(path, store.Options{})
 	if err != nil {
 		return nil, err
 	}
-	return &Logger{store: s, opts: opts, now: time.Now}, nil
+	return &Logger{store: s, opts: opts, now: time.Now, key: key}, nil
 }
 
 // Prune applies the retention once: the oldest events it does not keep
@@ -107,6 +143,15 @@ func (l *Logger) Prune(ctx context.Context) (int64, error) {
 		return 0, nil
 	}
 	return l.store.Prune(ctx, r)
+}
+
+// run keeps the retention and the checkpoints until ctx ends.
+func (l *Logger) run(ctx context.Context, m sdk.Mesh) error {
+	var wg sync.WaitGroup
+	wg.Go(func() { l.checkpoints(ctx, m) })
+	err := l.retain(ctx, m)
+	wg.Wait()
+	return err
 }
 
 // retain runs Prune every PruneEvery until ctx ends.
@@ -139,16 +184,26 @@ func (l *Logger) Store() *store.Store { return l.store }
 
 // Module is the audit logger as an sdk module.
 func (l *Logger) Module() sdk.Module {
+	var history *sdk.History
+	// It stores a body of any version as it came: no new version of a
+	// schema breaks it (meshctl schema check says so).
+	reads := map[string][]string{"#": {"*"}}
+	if l.opts.History {
+		history = &sdk.History{From: l.historyFrom, Handle: l.recordHistory}
+		reads = nil // no On handler: the history is read whole
+	}
 	return sdk.Module{
-		Name: Name,
-		Run:  l.retain,
+		Name:  Name,
+		Emits: []string{CheckpointEvent},
+		Run:   l.run,
+		// With the history, every event comes from the stream, in its
+		// order: no queue of its own.
+		History: history,
 		// The audit log holds every body of the mesh, and audit.replayed
 		// writes into it: by default only the operator (meshctl) may call
 		// its tools; a node config may grant more (callers:).
 		Callers: map[string][]string{"audit.*": {OperatorCaller}},
-		// It stores a body of any version as it came: no new version of a
-		// schema breaks it (meshctl schema check says so).
-		Reads: map[string][]string{"#": {"*"}},
+		Reads:   reads,
 		// Dead letters come on <node>.audit-logger.dead: the logger
 		// records each as a fate of its event, and stores the event too
 		// (one that breaks the contract reaches the logger only so).
@@ -156,8 +211,12 @@ func (l *Logger) Module() sdk.Module {
 		Setup: func(m sdk.Mesh) error {
 			// The store keeps each id once by itself: the node's own
 			// de-duplication would only repeat that work.
-			return errors.Join(
-				m.On("#", sdk.HandlerFunc(l.record), sdk.AllowDuplicates()),
+			var on error
+			if !l.opts.History {
+				on = m.On("#", sdk.HandlerFunc(l.record), sdk.AllowDuplicates())
+			}
+			return errors.Join(on,
+				m.Serve(ToolVerify, sdk.ToolHandlerFunc(l.verify)),
 				m.Serve(ToolQuery, sdk.ToolHandlerFunc(l.query)),
 				m.Serve(ToolCount, sdk.ToolHandlerFunc(l.count)),
 				m.Serve(ToolGet, sdk.ToolHandlerFunc(l.get)),
@@ -183,6 +242,24 @@ func (l *Logger) record(ctx context.Context, ev sdk.Event) error {
 // id it gets one made from its content, so the same message
 // dead-lettered by several queues is one row with several fates.
 func (l *Logger) recordDead(ctx context.Context, ev sdk.Event) error {
+	row := l.flaggedRowOf(ev)
+	fate := store.Fate{EventID: row.ID, Kind: store.FateDead, Queue: ev.DeadQueue, Reason: ev.DeadReason, Error: ev.DeadError,
+		Attempts: ev.DeadAttempts, Time: ev.DeadTime}
+	rows := []store.Event{row}
+	if l.opts.History {
+		rows = nil // the event comes from the history, in the history's order
+	}
+	if _, err := l.store.AddFates(ctx, []store.Fate{fate}, rows...); err != nil {
+		return fmt.Errorf("record the dead letter of %s in the audit log: %w", row.ID, err)
+	}
+	return nil
+}
+
+// flaggedRowOf is rowOf for an event that may break the contract (a dead
+// letter, or a message of the history): such an event is stored flagged
+// with why, with every header as it came, and, without a usable id, one
+// made from its content.
+func (l *Logger) flaggedRowOf(ev sdk.Event) store.Event {
 	row := rowOf(ev, l.now())
 	if ev.DeadReason == malformedReason {
 		row.Malformed = ev.DeadError
@@ -194,12 +271,51 @@ func (l *Logger) recordDead(ctx context.Context, ev sdk.Event) error {
 			row.ID = contentID(ev)
 		}
 	}
-	fate := store.Fate{EventID: row.ID, Kind: store.FateDead, Queue: ev.DeadQueue, Reason: ev.DeadReason, Error: ev.DeadError,
-		Attempts: ev.DeadAttempts, Time: ev.DeadTime}
-	if _, err := l.store.AddFates(ctx, []store.Fate{fate}, row); err != nil {
-		return fmt.Errorf("record the dead letter of %s in the audit log: %w", row.ID, err)
+	return row
+}
+
+// historyFrom is where the logger reads the history from: the offset
+// after the last batch it stored, or the start for a new database.
+func (l *Logger) historyFrom(ctx context.Context) (int64, error) {
+	next, ok, err := l.store.HistoryNext(ctx)
+	if err != nil || !ok {
+		return -1, err
+	}
+	return next, nil
+}
+
+// recordHistory stores a batch of the history in its order, with the
+// offset to read next, in one transaction.
+func (l *Logger) recordHistory(ctx context.Context, evs []sdk.Event) error {
+	if len(evs) == 0 {
+		return nil
+	}
+	rows := make([]store.Event, len(evs))
+	for i, ev := range evs {
+		rows[i] = l.flaggedRowOf(ev)
+		rows[i].Offset = &evs[i].Offset
+	}
+	next := evs[len(evs)-1].Offset + 1
+	if _, err := l.store.AddHistory(ctx, next, rows...); err != nil {
+		return fmt.Errorf("record the history from offset %d in the audit log: %w", evs[0].Offset, err)
 	}
 	return nil
+}
+
+// VerifyRequest is audit.verify's request.
+type VerifyRequest struct {
+	// Trusted lists the key ids whose checkpoints count (empty: any).
+	Trusted []string `json:"trusted,omitempty"`
+}
+
+func (l *Logger) verify(ctx context.Context, req sdk.Request) (any, error) {
+	var r VerifyRequest
+	if len(req.Body) > 0 && string(req.Body) != "null" {
+		if err := req.Decode(&r); err != nil {
+			return nil, badRequest(err)
+		}
+	}
+	return l.Verify(ctx, r.Trusted)
 }
 
 // malformedReason is the dead letters' reason for a message that breaks

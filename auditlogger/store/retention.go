@@ -2,6 +2,8 @@ package store
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
 	"time"
 )
@@ -22,7 +24,8 @@ type Retention struct {
 
 // Prune deletes the oldest events (by arrival) that r does not keep, a
 // chunk per transaction, so that ingestion goes on meanwhile. It returns
-// how many it deleted.
+// how many it deleted. Each transaction records the hash of the newest
+// row it deletes as the chain's anchor, so that what is left verifies.
 func (s *Store) Prune(ctx context.Context, r Retention) (int64, error) {
 	var deleted int64
 	for {
@@ -75,13 +78,24 @@ func (s *Store) usedBytes(ctx context.Context) (int64, error) {
 }
 
 // pruneUpTo deletes the events with seq <= upTo and their fates in one
-// transaction.
+// transaction, and records as the chain's anchor the hash of the newest
+// row it deletes, so that the rows left verify from their first.
 func (s *Store) pruneUpTo(ctx context.Context, upTo int64) (int64, error) {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, err
 	}
 	defer func() { _ = tx.Rollback() }()
+	var anchor []byte
+	err = tx.QueryRowContext(ctx, `SELECT hash FROM events WHERE seq <= ? ORDER BY seq DESC LIMIT 1`, upTo).Scan(&anchor)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return 0, fmt.Errorf("the chain's new anchor: %w", err)
+	}
+	if anchor != nil { // nil: the newest row deleted predates the chain, which keeps its anchor
+		if err := setMeta(tx, metaChainAnchor, anchor); err != nil {
+			return 0, fmt.Errorf("record the chain's anchor: %w", err)
+		}
+	}
 	if _, err := tx.ExecContext(ctx, `DELETE FROM fates WHERE event_id IN (SELECT id FROM events WHERE seq <= ?)`, upTo); err != nil {
 		return 0, err
 	}

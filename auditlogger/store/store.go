@@ -7,6 +7,15 @@
 //	added, err := s.Add(ctx, ev)             // returns once the row is durable
 //	page, err := s.Query(ctx, store.Filter{Types: []string{"module.umami.#"}}, store.Page{Limit: 100})
 //
+// Every row stored is chained: it holds the hash of the row before it
+// (prev) and its own hash over that and its content (ChainHash), so that
+// Verify shows a row changed, inserted, deleted or moved after it was
+// written. AddHistory indexes the mesh's replicated history stream by
+// offset, recording in the same transaction where to read on.
+//
+//	report, err := s.Verify(ctx)             // report.Problem == nil: the chain holds
+//	head, err := s.Head(ctx)                 // record head.Hash elsewhere: a checkpoint
+//
 // It imports neither the sdk nor the runtime: the audit logger module
 // (package auditlogger) feeds it.
 package store
@@ -14,6 +23,7 @@ package store
 import (
 	"context"
 	"database/sql"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -26,8 +36,13 @@ import (
 	"modernc.org/sqlite"
 )
 
-// ErrNotFound is returned by Get for an id the store does not hold.
+// ErrNotFound is returned by Get and HashOf for an id the store does not
+// hold.
 var ErrNotFound = errors.New("no such event in the audit log")
+
+// ErrUnchained is returned by HashOf for a row stored before the store
+// chained its rows: it has no hash.
+var ErrUnchained = errors.New("event stored before the audit log was chained")
 
 // ErrBadFilter is wrapped by the error for a filter the store cannot run:
 // a type pattern with an empty word, a body filter whose path or value is
@@ -72,12 +87,22 @@ type Event struct {
 	// queues that dead-lettered it and the replays that sent it again, in
 	// the order they were recorded.
 	Fates []Fate `json:"fates,omitempty"`
+	// Hash is the row's link in the store's hash chain, in hex (see
+	// ChainHash): set by the store when it reads the row, "" for a row
+	// stored before the store chained its rows. Add ignores it.
+	Hash string `json:"hash,omitempty"`
+	// Offset is the event's offset in the mesh's history stream, for an
+	// event stored from it (AddHistory); nil otherwise. The chain does not
+	// cover it: two loggers that store the same events, one from the
+	// stream and one from a queue, hold the same chain.
+	Offset *int64 `json:"offset,omitempty"`
 }
 
 // eventJSON is Event's JSON shape without its methods.
 type eventJSON Event
 
-// MarshalJSON writes the body as JSON when it is, in base64 otherwise.
+// MarshalJSON writes the body as JSON when it is, in base64 otherwise;
+// the other fields as their tags say.
 func (e Event) MarshalJSON() ([]byte, error) {
 	out := struct {
 		eventJSON
@@ -112,18 +137,27 @@ func (e *Event) UnmarshalJSON(b []byte) error {
 
 // Options tune a Store. Zero fields take the defaults.
 type Options struct {
-	// MaxBatch bounds the events one transaction commits. Default 512.
+	// MaxBatch bounds the events the writer gathers from waiting calls
+	// into one transaction. Default 512. One call's events are never split
+	// across transactions nor interleaved with another's: a call with more
+	// than MaxBatch events is committed whole.
 	MaxBatch int
 }
 
 // Store is an open audit database. It is safe for concurrent use: reads
 // run in parallel (WAL), writes go through one writer that commits what
-// is waiting in one transaction.
+// is waiting in one transaction. One Store at a time may have a database
+// open: its writer keeps the head of the hash chain in memory.
 type Store struct {
 	db       *sql.DB
 	maxBatch int
 	adds     chan addRequest
 	done     chan struct{}
+
+	// head is the hash of the newest chained row (or the anchor, or
+	// Genesis): the prev of the next row stored. Only the writer goroutine
+	// uses it, once Open has loaded it.
+	head []byte
 
 	closeMu sync.RWMutex
 	closed  bool
@@ -132,7 +166,11 @@ type Store struct {
 type addRequest struct {
 	events []Event
 	fates  []Fate
-	result chan addResult
+	// history says the events come from the history stream (AddHistory):
+	// next is then recorded as the position to read on from.
+	history bool
+	next    int64
+	result  chan addResult
 }
 
 type addResult struct {
@@ -156,7 +194,10 @@ CREATE TABLE IF NOT EXISTS events (
 	body_raw     BLOB,
 	arrived_ns   INTEGER NOT NULL,
 	redelivered  INTEGER NOT NULL DEFAULT 0,
-	malformed    TEXT NOT NULL DEFAULT ''
+	malformed    TEXT NOT NULL DEFAULT '',
+	hash          BLOB,
+	prev          BLOB,
+	stream_offset INTEGER
 );
 CREATE INDEX IF NOT EXISTS events_time ON events(time_ns);
 CREATE INDEX IF NOT EXISTS events_source ON events(source);
@@ -172,6 +213,10 @@ CREATE TABLE IF NOT EXISTS fates (
 	replay_id  TEXT NOT NULL DEFAULT '',
 	time_ns    INTEGER NOT NULL DEFAULT 0,
 	UNIQUE (event_id, kind, queue, replay_id, time_ns)
+);
+CREATE TABLE IF NOT EXISTS meta (
+	key   TEXT PRIMARY KEY,
+	value BLOB
 );
 `
 
@@ -198,11 +243,15 @@ func Open(path string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open audit store %s: %w", path, err)
 	}
-	if _, err := db.Exec(schema); err != nil {
+	if err := migrate(db); err != nil {
 		db.Close()
-		return nil, fmt.Errorf("open audit store %s: create schema: %w", path, err)
+		return nil, fmt.Errorf("open audit store %s: %w", path, err)
 	}
 	s := &Store{db: db, maxBatch: opts.MaxBatch, adds: make(chan addRequest, opts.MaxBatch), done: make(chan struct{})}
+	if s.head, err = loadHead(db); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("open audit store %s: %w", path, err)
+	}
 	go s.write()
 	return s, nil
 }
@@ -233,17 +282,30 @@ func (s *Store) Add(ctx context.Context, events ...Event) (int, error) {
 // became of events (each fate once: a redelivered dead letter is not a
 // second one). The fates' events need not be stored.
 func (s *Store) AddFates(ctx context.Context, fates []Fate, events ...Event) (int, error) {
-	for i := range events {
-		if events[i].ID == "" {
-			return 0, fmt.Errorf("add to the audit log: event %d has no id", i)
-		}
+	if err := checkEvents(events); err != nil {
+		return 0, fmt.Errorf("add to the audit log: %w", err)
 	}
 	for i, f := range fates {
 		if f.EventID == "" || (f.Kind != FateDead && f.Kind != FateReplayed) {
 			return 0, fmt.Errorf("add to the audit log: fate %d: no event id, or kind %q is not %s or %s", i, f.Kind, FateDead, FateReplayed)
 		}
 	}
-	req := addRequest{events: events, fates: fates, result: make(chan addResult, 1)}
+	return s.send(ctx, addRequest{events: events, fates: fates})
+}
+
+// checkEvents refuses an event without an id.
+func checkEvents(events []Event) error {
+	for i := range events {
+		if events[i].ID == "" {
+			return fmt.Errorf("event %d has no id", i)
+		}
+	}
+	return nil
+}
+
+// send hands req to the writer and waits for its result.
+func (s *Store) send(ctx context.Context, req addRequest) (int, error) {
+	req.result = make(chan addResult, 1)
 	s.closeMu.RLock()
 	if s.closed {
 		s.closeMu.RUnlock()
@@ -265,7 +327,9 @@ func (s *Store) AddFates(ctx context.Context, fates []Fate, events ...Event) (in
 }
 
 // write commits what Add queued, as many requests as are waiting (up to
-// MaxBatch events) per transaction, until Close.
+// MaxBatch events) per transaction, until Close. A request is never split:
+// it joins a transaction whole, its events in its order, and the requests
+// of a transaction are inserted one after another.
 func (s *Store) write() {
 	defer close(s.done)
 	for req := range s.adds {
@@ -292,9 +356,16 @@ func (s *Store) write() {
 }
 
 // commit inserts the batch in one transaction; added[i] counts the new
-// rows of batch[i].
+// rows of batch[i]. Each new row is chained to the one before it; if the
+// transaction fails, the head of the chain is what it was.
 func (s *Store) commit(batch []addRequest) (added []int, err error) {
 	added = make([]int, len(batch))
+	head := s.head
+	defer func() {
+		if err != nil {
+			s.head = head
+		}
+	}()
 	tx, err := s.db.Begin()
 	if err != nil {
 		return added, fmt.Errorf("add to the audit log: begin: %w", err)
@@ -305,38 +376,44 @@ func (s *Store) commit(batch []addRequest) (added []int, err error) {
 		}
 	}()
 	stmt, err := tx.Prepare(`INSERT INTO events (id, type, source, node, causation_id, schema_ver, time_ns, user_id, headers,
-		body_json, body_raw, arrived_ns, redelivered, malformed) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO NOTHING`)
+		body_json, body_raw, arrived_ns, redelivered, malformed, prev, hash, stream_offset)
+		VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO NOTHING`)
 	if err != nil {
 		return added, fmt.Errorf("add to the audit log: prepare: %w", err)
 	}
 	defer stmt.Close()
 	for i, r := range batch {
 		for _, ev := range r.events {
-			headers, err := json.Marshal(ev.Headers)
-			if err != nil {
-				return added, fmt.Errorf("add %s to the audit log: headers: %w", ev.ID, err)
-			}
-			if ev.Headers == nil {
-				headers = []byte("{}")
-			}
+			headers := canonicalHeaders(ev.Headers)
 			var bodyJSON, bodyRaw any
 			if json.Valid(ev.Body) && utf8.Valid(ev.Body) {
 				bodyJSON = string(ev.Body)
 			} else if ev.Body != nil {
 				bodyRaw = ev.Body
 			}
+			var offset any
+			if ev.Offset != nil {
+				offset = *ev.Offset
+			}
+			hash := chainHash(s.head, ev, headers)
 			res, err := stmt.Exec(ev.ID, ev.Type, ev.Source, ev.Node, ev.CausationID, ev.Schema, unixNano(ev.Time), ev.UserID,
-				string(headers), bodyJSON, bodyRaw, unixNano(ev.Arrived), ev.Redelivered, ev.Malformed)
+				string(headers), bodyJSON, bodyRaw, unixNano(ev.Arrived), ev.Redelivered, ev.Malformed, s.head, hash, offset)
 			if err != nil {
 				return added, fmt.Errorf("add %s to the audit log: %w", ev.ID, err)
 			}
-			if n, _ := res.RowsAffected(); n > 0 {
+			if n, _ := res.RowsAffected(); n > 0 { // a duplicate id is no row, and no link
 				added[i]++
+				s.head = hash
 			}
 		}
 		if len(r.fates) > 0 {
 			if err := insertFates(tx, r.fates); err != nil {
 				return added, err
+			}
+		}
+		if r.history {
+			if err := setMeta(tx, metaHistoryNext, r.next); err != nil {
+				return added, fmt.Errorf("add to the audit log: record the history position %d: %w", r.next, err)
 			}
 		}
 	}
@@ -360,28 +437,40 @@ func fromUnixNano(ns int64) time.Time {
 	return time.Unix(0, ns).UTC()
 }
 
-const columns = `seq, id, type, source, node, causation_id, schema_ver, time_ns, user_id, headers, body_json, body_raw, arrived_ns, redelivered, malformed`
+const columns = `seq, id, type, source, node, causation_id, schema_ver, time_ns, user_id, headers, body_json, body_raw, arrived_ns, redelivered, malformed, hash, stream_offset`
 
 func scanEvent(row interface{ Scan(...any) error }) (Event, error) {
 	var ev Event
 	var timeNS, arrivedNS int64
 	var headers string
 	var bodyJSON sql.NullString
-	var bodyRaw []byte
+	var bodyRaw, hash []byte
+	var offset sql.NullInt64
 	if err := row.Scan(&ev.Seq, &ev.ID, &ev.Type, &ev.Source, &ev.Node, &ev.CausationID, &ev.Schema, &timeNS, &ev.UserID,
-		&headers, &bodyJSON, &bodyRaw, &arrivedNS, &ev.Redelivered, &ev.Malformed); err != nil {
+		&headers, &bodyJSON, &bodyRaw, &arrivedNS, &ev.Redelivered, &ev.Malformed, &hash, &offset); err != nil {
 		return ev, err
 	}
 	ev.Time, ev.Arrived = fromUnixNano(timeNS), fromUnixNano(arrivedNS)
 	if err := json.Unmarshal([]byte(headers), &ev.Headers); err != nil {
 		return ev, fmt.Errorf("event %s: stored headers: %w", ev.ID, err)
 	}
-	if bodyJSON.Valid {
-		ev.Body = []byte(bodyJSON.String)
-	} else {
-		ev.Body = bodyRaw
+	ev.Body = storedBody(bodyJSON, bodyRaw)
+	if hash != nil {
+		ev.Hash = hex.EncodeToString(hash)
+	}
+	if offset.Valid {
+		ev.Offset = &offset.Int64
 	}
 	return ev, nil
+}
+
+// storedBody is the body a row holds: its JSON text when it has one, its
+// raw bytes otherwise.
+func storedBody(bodyJSON sql.NullString, bodyRaw []byte) []byte {
+	if bodyJSON.Valid {
+		return []byte(bodyJSON.String)
+	}
+	return bodyRaw
 }
 
 // Get returns the event with that id, or ErrNotFound.

@@ -83,6 +83,7 @@ func auditCommand() *cli.Command {
 				Flags:  []cli.Flag{asJSON, timeout},
 				Action: auditStats,
 			},
+			auditVerifyCommand(asJSON, timeout),
 		},
 	}
 }
