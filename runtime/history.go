@@ -59,8 +59,12 @@ const DefaultHistoryStream = "mesh.history"
 // streamQueueType is the x-queue-type of a stream.
 const streamQueueType = "stream"
 
-// historyBatch bounds the events of one History.Handle call.
-const historyBatch = 256
+// historyBatch bounds the events of one History.Handle call, and
+// historyLinger how long a batch waits for more after its first event.
+const (
+	historyBatch  = 256
+	historyLinger = 2 * time.Millisecond
+)
 
 // validate checks the history's settings.
 func (h HistoryConfig) validate() error {
@@ -194,7 +198,10 @@ func (m *Module) readHistory(ctx context.Context, s *session) error {
 	if err := m.track(ch); err != nil {
 		return err
 	}
-	prefetch := max(m.cfg.Prefetch, historyBatch) // a stream reader must have one (406 otherwise)
+	// A stream reader must have a prefetch (406 otherwise). Twice a batch:
+	// while the module handles one, the next arrives whole, and each
+	// batch is a full one (one transaction in the audit logger).
+	prefetch := max(m.cfg.Prefetch, 2*historyBatch)
 	if err := ch.Qos(prefetch, 0, false); err != nil {
 		return fmt.Errorf("set prefetch: %w", err)
 	}
@@ -227,8 +234,14 @@ func (m *Module) readHistory(ctx context.Context, s *session) error {
 // back-off; the node acknowledges a batch (one multiple ack: acks only
 // make room in the prefetch) once the module took it.
 func (m *Module) historyLoop(ch *amqp.Channel, deliveries <-chan amqp.Delivery) {
+	linger := time.NewTimer(0)
+	defer linger.Stop()
 	for d := range deliveries {
 		batch := []amqp.Delivery{d}
+		// amqp091-go hands deliveries over one at a time from a goroutine
+		// of its own: a batch takes what comes within historyLinger, not
+		// only what is there this instant (which is one, measured).
+		linger.Reset(historyLinger)
 	fill:
 		for len(batch) < historyBatch {
 			select {
@@ -237,8 +250,14 @@ func (m *Module) historyLoop(ch *amqp.Channel, deliveries <-chan amqp.Delivery) 
 					break fill
 				}
 				batch = append(batch, more)
-			default:
+			case <-linger.C:
 				break fill
+			}
+		}
+		if !linger.Stop() {
+			select {
+			case <-linger.C:
+			default:
 			}
 		}
 		events := make([]sdk.Event, 0, len(batch))

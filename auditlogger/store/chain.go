@@ -80,10 +80,27 @@ func writeChainInput(w io.Writer, prev []byte, ev Event, headers []byte) {
 		w.Write(n[:])
 		io.WriteString(w, s)
 	}
+	num := func(v int64) {
+		binary.BigEndian.PutUint64(n[:], uint64(v))
+		w.Write(n[:])
+	}
 	str(ev.ID)
 	str(ev.Type)
+	// The columns queries select on, each as the store keeps it, so an
+	// edit of one shows though the headers still say the truth.
+	str(ev.Source)
+	str(ev.Node)
+	str(ev.CausationID)
+	str(ev.Schema)
+	num(unixNano(ev.Time))
 	str(ev.UserID)
 	str(ev.Malformed)
+	if ev.Offset != nil {
+		num(1)
+		num(*ev.Offset)
+	} else {
+		num(0)
+	}
 	field(headers)
 	field(ev.Body)
 }
@@ -267,8 +284,11 @@ type Head struct {
 }
 
 // Head returns the newest row of the chain, from one snapshot of the
-// store. Recorded elsewhere, it is a checkpoint: a later Head that does
-// not descend from it shows rows removed from the end or rewritten.
+// store. Recorded elsewhere, it is a checkpoint: while retention has not
+// taken its row, HashOf(its ID) must still return its Hash, and Verify
+// must still reach it; otherwise rows were removed from the end or the log
+// rewritten. Rows is a count, which takes time in proportion to the rows
+// held.
 func (s *Store) Head(ctx context.Context) (Head, error) {
 	var h Head
 	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
@@ -362,7 +382,8 @@ type Report struct {
 // stops at the first problem; an error is for a store it could not read.
 //
 // Verify does not show what the chain alone cannot (see Head): compare
-// its Head with a checkpoint for that.
+// its Head with a checkpoint for that. While it runs, its snapshot keeps
+// the write-ahead log from being checkpointed past it.
 func (s *Store) Verify(ctx context.Context) (Report, error) {
 	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
 	if err != nil {
@@ -377,8 +398,8 @@ func (s *Store) Verify(ctx context.Context) (Report, error) {
 	if v.boundKnown, err = getMeta(ctx, tx, metaUnchainedUpTo, &v.unchainedUpTo); err != nil {
 		return Report{}, fmt.Errorf("verify the audit log: %w", err)
 	}
-	rows, err := tx.QueryContext(ctx, `SELECT seq, id, type, user_id, malformed, headers, body_json, body_raw, hash, prev, stream_offset
-		FROM events ORDER BY seq`)
+	rows, err := tx.QueryContext(ctx, `SELECT seq, id, type, source, node, causation_id, schema_ver, time_ns, user_id, malformed,
+		headers, body_json, body_raw, hash, prev, stream_offset FROM events ORDER BY seq`)
 	if err != nil {
 		return Report{}, fmt.Errorf("verify the audit log: %w", err)
 	}
@@ -406,7 +427,7 @@ func (s *Store) Verify(ctx context.Context) (Report, error) {
 // chainRow is what Verify reads of a row.
 type chainRow struct {
 	seq        int64
-	ev         Event // ID, Type, UserID, Malformed, Headers, Body
+	ev         Event // what ChainHash covers
 	headersOK  bool  // the stored headers are a JSON object of strings
 	hash, prev []byte
 	offset     sql.NullInt64
@@ -417,9 +438,14 @@ func scanChainRow(rows *sql.Rows) (*chainRow, error) {
 	var headers string
 	var bodyJSON sql.NullString
 	var bodyRaw []byte
-	if err := rows.Scan(&r.seq, &r.ev.ID, &r.ev.Type, &r.ev.UserID, &r.ev.Malformed, &headers, &bodyJSON, &bodyRaw,
-		&r.hash, &r.prev, &r.offset); err != nil {
+	var timeNS int64
+	if err := rows.Scan(&r.seq, &r.ev.ID, &r.ev.Type, &r.ev.Source, &r.ev.Node, &r.ev.CausationID, &r.ev.Schema, &timeNS,
+		&r.ev.UserID, &r.ev.Malformed, &headers, &bodyJSON, &bodyRaw, &r.hash, &r.prev, &r.offset); err != nil {
 		return nil, err
+	}
+	r.ev.Time = fromUnixNano(timeNS)
+	if r.offset.Valid {
+		r.ev.Offset = &r.offset.Int64
 	}
 	r.headersOK = json.Unmarshal([]byte(headers), &r.ev.Headers) == nil
 	r.ev.Body = storedBody(bodyJSON, bodyRaw)
@@ -507,7 +533,7 @@ func (v *verifier) step(r, n *chainRow) bool {
 	case !r.headersOK:
 		return at(ProblemChanged, "row seq %d (id %s) is not what was stored: its headers are no longer a JSON object of strings", r.seq, r.ev.ID)
 	default:
-		return at(ProblemChanged, "row seq %d (id %s) is not what was stored: its content (id, type, user id, malformed, headers or body) "+
+		return at(ProblemChanged, "row seq %d (id %s) is not what was stored: its content (id, type, source, node, causation, schema, time, user id, malformed, offset, headers or body) "+
 			"no longer matches its hash, or its hash or link was edited", r.seq, r.ev.ID)
 	}
 }

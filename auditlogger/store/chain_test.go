@@ -142,10 +142,8 @@ func TestChainHashFields(t *testing.T) {
 	same := map[string]func(*Event){
 		"arrival":     func(e *Event) { e.Arrived = t0 },
 		"redelivered": func(e *Event) { e.Redelivered = true },
-		"offset":      func(e *Event) { o := int64(7); e.Offset = &o },
 		"seq":         func(e *Event) { e.Seq = 9 },
 		"hash":        func(e *Event) { e.Hash = "00" },
-		"source":      func(e *Event) { e.Source, e.Node, e.CausationID, e.Schema, e.Time = "s", "n", "c", "2", t0 },
 	}
 	for name, change := range same {
 		ev := base
@@ -158,6 +156,12 @@ func TestChainHashFields(t *testing.T) {
 		"id/type split":       func(e *Event) { e.ID, e.Type = "a", "bc" },
 		"type/user split":     func(e *Event) { e.Type, e.UserID = "cu", "" },
 		"malformed":           func(e *Event) { e.Malformed = "x" },
+		"offset":              func(e *Event) { o := int64(7); e.Offset = &o },
+		"source":              func(e *Event) { e.Source = "s" },
+		"node":                func(e *Event) { e.Node = "n" },
+		"causation":           func(e *Event) { e.CausationID = "c" },
+		"schema":              func(e *Event) { e.Schema = "2" },
+		"time":                func(e *Event) { e.Time = t0 },
 		"header value":        func(e *Event) { e.Headers = map[string]string{"k": "w"} },
 		"header into body":    func(e *Event) { e.Headers, e.Body = nil, []byte(`{"k":"v"}b`) },
 		"body":                func(e *Event) { e.Body = []byte("B") },
@@ -252,7 +256,11 @@ func TestVerifyFindsTampering(t *testing.T) {
 			ProblemReordered, id(5), 3},
 		{"swapped first pair", sqlEdit(`UPDATE events SET seq = -1 WHERE seq = 1`, `UPDATE events SET seq = 1 WHERE seq = 2`, `UPDATE events SET seq = 2 WHERE seq = -1`),
 			ProblemReordered, id(2), 0},
-		{"offset moved back", sqlEdit(`UPDATE events SET stream_offset = 50 WHERE seq = 6`), ProblemReordered, id(6), 5},
+		// The columns queries select on are hashed too, beside the headers.
+		{"source column edited", sqlEdit(`UPDATE events SET source = 'forged' WHERE seq = 6`), ProblemChanged, id(6), 5},
+		{"time column edited", sqlEdit(`UPDATE events SET time_ns = time_ns + 1 WHERE seq = 6`), ProblemChanged, id(6), 5},
+		// The offset is hashed too: an edited one is a changed row.
+		{"offset moved back", sqlEdit(`UPDATE events SET stream_offset = 50 WHERE seq = 6`), ProblemChanged, id(6), 5},
 		{"offset repeated", sqlEdit(`UPDATE events SET stream_offset = 104 WHERE seq = 6`), ProblemChanged, id(6), 5},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -447,7 +455,7 @@ func TestChainIsTheLoggersOwn(t *testing.T) {
 	b, _ := open(t)
 	evs := history(20)
 	for i, ev := range evs {
-		ev.Offset, ev.Arrived = nil, t0.Add(time.Duration(i)*time.Second)
+		ev.Arrived = t0.Add(time.Duration(i) * time.Second)
 		if _, err := a.Add(ctx, ev); err != nil {
 			t.Fatal(err)
 		}

@@ -144,6 +144,11 @@ func run(o options) error {
 			return fmt.Errorf("audit: %w", err)
 		}
 	}
+	if o.only == "" || o.only == "history" {
+		if err := benchHistory(url, o); err != nil {
+			return fmt.Errorf("history: %w", err)
+		}
+	}
 	if o.only == "" || o.only == "schemas" {
 		if err := benchSchemas(url, o); err != nil {
 			return fmt.Errorf("schemas: %w", err)
