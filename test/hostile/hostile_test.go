@@ -59,7 +59,8 @@ type world struct {
 	raw    *amqp.Channel // the spy's, to publish as a raw client
 	conn   *amqp.Connection
 	dir    string
-	loads  int // modules loaded, to name their report sockets
+	url    string // the test's virtual host
+	loads  int    // modules loaded, to name their report sockets
 }
 
 // honestAnswer is what honest.echo and honest.secret answer: who asked,
@@ -117,7 +118,7 @@ func newWorld(t *testing.T) *world {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &world{t: t, ctx: ctx, node: n, honest: honest.Mesh(), spy: spy, raw: ch, conn: conn, dir: dir}
+	return &world{t: t, ctx: ctx, node: n, honest: honest.Mesh(), spy: spy, raw: ch, conn: conn, dir: dir, url: url}
 }
 
 // load starts the evil module with attack and settings, as entry name.
@@ -556,4 +557,32 @@ func TestSchemasAreTheHosts(t *testing.T) {
 		}
 	}
 	w.honestStillServed()
+}
+
+// TestHistoryIsGranted: a module process that describes a History handler
+// past the sdk is refused at load by a node that keeps no history
+// (ErrInvalid), and by one that keeps it when its entry does not grant it
+// (ErrForbidden, as meshd sets for an entry without history: true),
+// before the node attaches it to anything.
+func TestHistoryIsGranted(t *testing.T) {
+	w := newWorld(t)
+	if _, _, err := w.load("history0", map[string]any{"attack": "history"}, runtime.ModuleConfig{}); !errors.Is(err, sdk.ErrInvalid) ||
+		!strings.Contains(err.Error(), "keeps none") {
+		t.Errorf("a History handler on a node without a history: %v, want ErrInvalid", err)
+	}
+	keeper, err := runtime.New(w.ctx, runtime.Config{Node: "keeper", AMQPURL: w.url, StateDir: filepath.Join(w.dir, "keeper"),
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), History: runtime.HistoryConfig{Stream: "mesh.history"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		_ = keeper.Close(ctx)
+	})
+	w.node = keeper
+	if _, _, err := w.load("history1", map[string]any{"attack": "history"}, runtime.ModuleConfig{DenyHistory: true}); !errors.Is(err, sdk.ErrForbidden) ||
+		!strings.Contains(err.Error(), "does not grant it") {
+		t.Errorf("a History handler not granted: %v, want ErrForbidden", err)
+	}
 }

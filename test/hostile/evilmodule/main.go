@@ -128,6 +128,10 @@ func (s *server) Describe(context.Context, *pb.Empty) (*pb.Description, error) {
 		d.Consumes = []*pb.Consume{{Queue: cfg.Queue, Prefetch: 1}}
 	case "deadletters":
 		d.DeadLetters = true
+	case "history":
+		// The mesh's history, past the sdk: every event routed, which
+		// its entry does not grant it.
+		d.History, d.HistoryFrom = true, -1
 	case "bigerror":
 		d.Patterns = []string{cfg.Pattern}
 	case "schemas":
