@@ -543,3 +543,32 @@ func ExampleLogger() {
 	fmt.Print(lines.String())
 	// Output: level=INFO msg=checked module=audit event_type=module.billing.invoice.paid
 }
+
+// A module that reads the mesh's history keeps the offset after the last
+// batch it stored, and says it in From when it is loaded again: it
+// resumes there (the audit logger keeps it in its database, with the
+// rows).
+func ExampleHistory() {
+	var next int64 = -1 // nothing stored yet: the start
+	indexer := sdk.Module{Name: "indexer", History: &sdk.History{
+		From: func(context.Context) (int64, error) { return next, nil },
+		Handle: func(ctx context.Context, events []sdk.Event) error {
+			for _, ev := range events {
+				fmt.Println(ev.Offset, ev.Type)
+			}
+			next = events[len(events)-1].Offset + 1 // stored with the batch
+			return nil
+		},
+	}}
+	mt := meshtest.New(meshtest.Config{})
+	defer mt.Close()
+	_ = mt.Load(indexer, meshtest.ModuleConfig{})
+	_, _ = mt.Emit(context.Background(), "shop", "mesh.order.placed", map[string]int{"order": 7})
+	_, _ = mt.Emit(context.Background(), "shop", "mesh.order.paid", map[string]int{"order": 7})
+	mt.Settle()
+	fmt.Println("next", next)
+	// Output:
+	// 0 mesh.order.placed
+	// 1 mesh.order.paid
+	// next 2
+}

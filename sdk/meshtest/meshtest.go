@@ -487,6 +487,12 @@ func (m *Mesh) Call(ctx context.Context, source, tool string, req, resp any) err
 // a retry's jump), it goes to the modules subscribed then, at once if a
 // Settle is running, else at the next. Delayed lists what waits.
 // AtMostOnce is a plain emit here: nothing is lost.
+//
+// The mesh keeps a history of every event routed, in order, each with its
+// Offset from 0: once the deliveries are done, a module's History handler
+// (sdk.Module.History) gets what it has not had, from where its From said
+// at Load, in batches of up to 256; a batch it fails comes again at the
+// next Settle.
 func (m *Mesh) Settle() {
 	m.mu.Lock()
 	if m.settling {

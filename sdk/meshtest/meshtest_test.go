@@ -623,3 +623,53 @@ func TestToolSchemasCheckRequestsAndResponses(t *testing.T) {
 		mt.Close()
 	}
 }
+
+// TestHistory: a History handler gets every event routed, in order with
+// its offset, from where From says, in Settle; a failed batch comes again
+// at the next Settle, whole, and nothing after it before; what the handler
+// emits is routed (and so in the history too).
+func TestHistory(t *testing.T) {
+	mt := meshtest.New(meshtest.Config{})
+	defer mt.Close()
+	ctx := context.Background()
+	for i := range 3 {
+		if _, err := mt.Emit(ctx, "test", "mesh.x.y", i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got []sdk.Event
+	fail := true
+	err := mt.Load(sdk.Module{Name: "indexer", Emits: []string{"seen"}, History: &sdk.History{
+		From: func(context.Context) (int64, error) { return 1, nil }, // it stored offset 0 before
+		Handle: func(ctx context.Context, evs []sdk.Event) error {
+			if fail {
+				fail = false
+				return errors.New("the store is away")
+			}
+			got = append(got, evs...)
+			return nil
+		},
+	}}, meshtest.ModuleConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mt.Settle()
+	if len(got) != 0 {
+		t.Fatalf("a failed batch was taken as handled: %+v", got)
+	}
+	mt.Settle()
+	if len(got) != 2 || got[0].Offset != 1 || got[1].Offset != 2 || string(got[0].Body) != "1" || got[1].Type != "mesh.x.y" {
+		t.Fatalf("got %+v, want the events at offsets 1 and 2", got)
+	}
+	if _, err := mt.Emit(ctx, "test", "mesh.x.z", 3); err != nil {
+		t.Fatal(err)
+	}
+	mt.Settle()
+	if len(got) != 3 || got[2].Offset != 3 || got[2].Type != "mesh.x.z" {
+		t.Fatalf("got %+v after another emit", got)
+	}
+	if err := mt.Load(sdk.Module{Name: "half", History: &sdk.History{Handle: func(context.Context, []sdk.Event) error { return nil }}},
+		meshtest.ModuleConfig{}); !errors.Is(err, sdk.ErrInvalid) {
+		t.Fatalf("a History without From: %v, want ErrInvalid", err)
+	}
+}
