@@ -9,12 +9,15 @@ import (
 	"text/tabwriter"
 
 	"github.com/oklog/ulid/v2"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/urfave/cli/v2"
 
 	"github.com/meshkit/mesh/auditlogger"
 	"github.com/meshkit/mesh/auditlogger/store"
 	"github.com/meshkit/mesh/internal/replay"
 	"github.com/meshkit/mesh/internal/wire"
+	"github.com/meshkit/mesh/runtime/nodeconfig"
+	"github.com/meshkit/mesh/sdk"
 )
 
 // auditReplayCommand is `meshctl audit replay`.
@@ -25,7 +28,12 @@ func auditReplayCommand(timeout cli.Flag) *cli.Command {
 		Description: "Events stored after the replay starts are never included, so a replay never replays itself. Each goes out with\n" +
 			"its original id, headers and body plus x-replay-id, persistent and confirmed, to mesh.events (every subscriber) or,\n" +
 			"with --target NODE.MODULE, to that module's queue only. Consumers' de-duplication by id still applies. Events that\n" +
-			"break the wire contract are not replayed. The audit logger records each event sent as a fate of the event.",
+			"break the wire contract are not replayed. The audit logger records each event sent as a fate of the event.\n\n" +
+			"With --history the events come from the mesh's history stream (history.stream in --config, or --stream), by emit\n" +
+			"time: the cutoff is a marker the replay writes into the stream, and only what the stream holds before it is sent.\n" +
+			"The stream is read from 5 minutes before --from (its start without --from) to the marker, and filtered by --from,\n" +
+			"--to, --type, --source, --node, --user and --id; earlier replays' copies are skipped. The audit logger, if one\n" +
+			"answers, records what was sent; a dry run does not ask it (and writes its marker all the same).",
 		Flags: append(auditFilterFlags(),
 			&cli.StringFlag{Name: "target", Value: wire.ExchangeEvents, Usage: "`mesh.events`, or NODE.MODULE (its queue NODE.MODULE.events) for one module only"},
 			&cli.Float64Flag{Name: "factor", Usage: "keep the original spacing of the events (their emit times), `F` times faster (1: as recorded)"},
@@ -35,7 +43,10 @@ func auditReplayCommand(timeout cli.Flag) *cli.Command {
 			&cli.BoolFlag{Name: "dry-run", Usage: "list what would be replayed; send nothing"},
 			&cli.BoolFlag{Name: "progress", EnvVars: []string{"MESH_PROGRESS"},
 				Usage: fmt.Sprintf("show a progress bar on stderr even when it is not a terminal (on a terminal it shows past %d events)", progressThreshold)},
-			&cli.IntFlag{Name: "page", Value: store.MaxPage, Usage: "events read from the audit logger at a time (at most 1000)"},
+			&cli.IntFlag{Name: "page", Value: store.MaxPage, Usage: "events read from the audit logger (or the stream, with --history) at a time (at most 1000)"},
+			&cli.BoolFlag{Name: "history", Usage: "read the events from the mesh's history stream (history.stream in the config) by time, instead of the audit logger's index"},
+			&cli.StringFlag{Name: "config", EnvVars: []string{"MESH_CONFIG"}, Usage: "the node's configuration `FILE` (mesh.yaml), for --history: its history.stream"},
+			&cli.StringFlag{Name: "stream", Usage: "with --history, the history stream's `NAME` (default: history.stream in --config)"},
 			&cli.BoolFlag{Name: "json", Usage: "print JSON for machines"},
 			timeout),
 		Action: auditReplay,
@@ -131,7 +142,59 @@ func replayPace(c *cli.Context) (replay.Pace, error) {
 	return p, nil
 }
 
+// historyRefused are the filter flags a replay from the history cannot
+// apply: it reads the stream by time and the event's own fields, with no
+// index of causes, headers or bodies, and no record of dead letters.
+var historyRefused = []string{"causation", "header", "body", "malformed", "dead"}
+
+// historyStream is the stream --history reads: --stream, or
+// history.stream in --config.
+func historyStream(c *cli.Context) (string, error) {
+	if s := c.String("stream"); s != "" {
+		return s, nil
+	}
+	path := c.String("config")
+	if path == "" {
+		return "", usagef("--history reads the mesh's history stream: give --stream NAME, or --config FILE (its history.stream)")
+	}
+	f, err := nodeconfig.Load(path)
+	if err != nil {
+		return "", err
+	}
+	s := f.Runtime().History.Stream
+	if s == "" {
+		return "", usagef("%s keeps no history (no history.stream): give --stream NAME", path)
+	}
+	return s, nil
+}
+
+// historyLog is the history stream as the log a replay reads, recording
+// what it sends to the audit logger a (nil: none) if it answers.
+func historyLog(c *cli.Context, conn *amqp.Connection, cfg replay.HistoryConfig, a *auditCaller) (*replay.HistoryLog, error) {
+	if a != nil {
+		switch err := a.call(auditlogger.ToolStats, nil, &store.Stats{}); {
+		case errors.Is(err, sdk.ErrNoServer):
+			fmt.Fprintln(c.App.ErrWriter, "meshctl: no audit logger answers: what this replay sends is not recorded")
+		case err != nil:
+			return nil, err
+		default:
+			cfg.Record = (&auditLog{call: a.call}).Record
+		}
+	}
+	return replay.NewHistoryLog(conn, cfg)
+}
+
 func auditReplay(c *cli.Context) error {
+	history := c.Bool("history")
+	if history {
+		for _, flag := range historyRefused {
+			if c.IsSet(flag) {
+				return usagef("--%s: a replay from the history (--history) selects by time, type, source, node, user and id only", flag)
+			}
+		}
+	} else if c.IsSet("stream") {
+		return usagef("--stream names the history stream --history reads: give --history too")
+	}
 	f, err := auditFilterOf(c)
 	if err != nil {
 		return err
@@ -152,23 +215,48 @@ func auditReplay(c *cli.Context) error {
 	if n := c.Int("page"); n <= 0 || n > store.MaxPage {
 		return usagef("--page %d: want 1 to %d", n, store.MaxPage)
 	}
-	a, err := newAuditCaller(c)
-	if err != nil {
-		return err
+	o := replay.Options{Queue: queue, Pace: pace, DryRun: c.Bool("dry-run"), Progress: progressOf(c)}
+	if !o.DryRun {
+		o.ID = ulid.Make().String()
 	}
-	defer a.close()
+	var hc replay.HistoryConfig
+	if history {
+		if hc.Stream, err = historyStream(c); err != nil {
+			return err
+		}
+		hc.PageSize, hc.MarkerID = c.Int("page"), o.ID
+		hc.Selection = replay.HistorySelection{From: f.From, To: f.To, Types: f.Types, Sources: f.Sources, Nodes: f.Nodes, UserIDs: f.UserIDs, IDs: f.IDs}
+		if err := hc.Validate(); err != nil {
+			return &usageError{err}
+		}
+	}
+	var a *auditCaller // a dry run from the history needs no audit logger
+	if !history || !o.DryRun {
+		if a, err = newAuditCaller(c); err != nil {
+			return err
+		}
+		defer a.close()
+	}
 	ctx, conn, done, err := brokerSession(c)
 	if err != nil {
 		return err
 	}
 	defer done()
+	var log replay.Log
+	cutoff := func(res replay.Result) string { return fmt.Sprintf("seq %d", res.Cutoff) }
+	if history {
+		if log, err = historyLog(c, conn, hc, a); err != nil {
+			return err
+		}
+		cutoff = func(res replay.Result) string {
+			return fmt.Sprintf("offset %d of stream %s", res.Cutoff, escape(hc.Stream))
+		}
+	} else {
+		log = &auditLog{call: a.call, f: f, page: c.Int("page")}
+	}
 
 	w := c.App.Writer
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	o := replay.Options{Queue: queue, Pace: pace, DryRun: c.Bool("dry-run"), Progress: progressOf(c)}
-	if !o.DryRun {
-		o.ID = ulid.Make().String()
-	}
 	if o.DryRun {
 		if !c.Bool("json") {
 			fmt.Fprintln(tw, "EMITTED\tTYPE\tSOURCE\tID")
@@ -181,7 +269,7 @@ func auditReplay(c *cli.Context) error {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", timeText(ev.Time), escape(ev.Type), escape(ev.Headers[wire.HeaderSource]), escape(ev.ID))
 		}
 	}
-	res, err := replay.Run(ctx, conn, &auditLog{call: a.call, f: f, page: c.Int("page")}, o)
+	res, err := replay.Run(ctx, conn, log, o)
 	_ = tw.Flush()
 	if err != nil {
 		if res.Sent > 0 {
@@ -193,12 +281,16 @@ func auditReplay(c *cli.Context) error {
 		if o.DryRun {
 			return nil
 		}
-		return json.NewEncoder(jsonWriter{w}).Encode(map[string]any{"replay_id": res.ID, "destination": res.Destination, "cutoff": res.Cutoff, "sent": res.Sent})
+		out := map[string]any{"replay_id": res.ID, "destination": res.Destination, "cutoff": res.Cutoff, "sent": res.Sent}
+		if history {
+			out["stream"] = hc.Stream
+		}
+		return json.NewEncoder(jsonWriter{w}).Encode(out)
 	}
 	if o.DryRun {
-		_, err = fmt.Fprintf(w, "would replay %d events to %s (cutoff: seq %d); nothing sent\n", res.Selected, res.Destination, res.Cutoff)
+		_, err = fmt.Fprintf(w, "would replay %d events to %s (cutoff: %s); nothing sent\n", res.Selected, res.Destination, cutoff(res))
 		return err
 	}
-	_, err = fmt.Fprintf(w, "replayed %d events to %s as replay %s (cutoff: seq %d)\n", res.Sent, res.Destination, res.ID, res.Cutoff)
+	_, err = fmt.Fprintf(w, "replayed %d events to %s as replay %s (cutoff: %s)\n", res.Sent, res.Destination, res.ID, cutoff(res))
 	return err
 }

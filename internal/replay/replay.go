@@ -7,8 +7,10 @@
 // original publisher's user rides along in x-mesh-user-id.
 //
 // What is replayed is fixed when the replay starts: Run takes the log's
-// newest Seq as the cutoff and never sends an event stored after it, so a
-// replay never replays what arrived during it (its own sends included).
+// newest Seq as the cutoff (or, reading the mesh's history, the offset of
+// a marker it writes into the stream: HistoryLog) and never sends an
+// event stored after it, so a replay never replays what arrived during it
+// (its own sends included).
 // Consumers' de-duplication by id still applies: a module that handled an
 // event acknowledges its replay without running the handler, unless it
 // allows duplicates.
@@ -62,7 +64,8 @@ type Sent struct {
 
 // Log is the record a replay reads and writes: the audit logger.
 type Log interface {
-	// Cutoff is the Seq of the newest event stored now.
+	// Cutoff is the Seq of the newest event stored now (a HistoryLog's:
+	// the offset of its marker in the stream).
 	Cutoff(ctx context.Context) (int64, error)
 	// Count is how many selected events are stored up to upTo.
 	Count(ctx context.Context, upTo int64) (int64, error)
@@ -123,7 +126,8 @@ type Result struct {
 	ID string
 	// Destination is mesh.events or the queue.
 	Destination string
-	// Cutoff is the Seq past which nothing was replayed.
+	// Cutoff is the Seq (a HistoryLog's: the stream offset) past which
+	// nothing was replayed.
 	Cutoff int64
 	// Selected is how many events the selection held up to the cutoff,
 	// and Sent how many were sent (0 in a dry run).
