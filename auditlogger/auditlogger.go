@@ -242,7 +242,7 @@ func (l *Logger) record(ctx context.Context, ev sdk.Event) error {
 // id it gets one made from its content, so the same message
 // dead-lettered by several queues is one row with several fates.
 func (l *Logger) recordDead(ctx context.Context, ev sdk.Event) error {
-	row := l.flaggedRowOf(ev)
+	row := flaggedRowOf(ev, l.now())
 	fate := store.Fate{EventID: row.ID, Kind: store.FateDead, Queue: ev.DeadQueue, Reason: ev.DeadReason, Error: ev.DeadError,
 		Attempts: ev.DeadAttempts, Time: ev.DeadTime}
 	rows := []store.Event{row}
@@ -259,8 +259,8 @@ func (l *Logger) recordDead(ctx context.Context, ev sdk.Event) error {
 // letter, or a message of the history): such an event is stored flagged
 // with why, with every header as it came, and, without a usable id, one
 // made from its content.
-func (l *Logger) flaggedRowOf(ev sdk.Event) store.Event {
-	row := rowOf(ev, l.now())
+func flaggedRowOf(ev sdk.Event, now time.Time) store.Event {
+	row := rowOf(ev, now)
 	if ev.DeadReason == malformedReason {
 		row.Malformed = ev.DeadError
 		if row.Malformed == "" {
@@ -271,6 +271,16 @@ func (l *Logger) flaggedRowOf(ev sdk.Event) store.Event {
 			row.ID = contentID(ev)
 		}
 	}
+	return row
+}
+
+// HistoryRowOf is the row the logger stores for an event of the history
+// (a History handler's), arrived now: what meshctl audit verify --history
+// compares the logger's rows with.
+func HistoryRowOf(ev sdk.Event, now time.Time) store.Event {
+	row := flaggedRowOf(ev, now)
+	offset := ev.Offset
+	row.Offset = &offset
 	return row
 }
 
@@ -292,8 +302,7 @@ func (l *Logger) recordHistory(ctx context.Context, evs []sdk.Event) error {
 	}
 	rows := make([]store.Event, len(evs))
 	for i, ev := range evs {
-		rows[i] = l.flaggedRowOf(ev)
-		rows[i].Offset = &evs[i].Offset
+		rows[i] = HistoryRowOf(ev, l.now())
 	}
 	next := evs[len(evs)-1].Offset + 1
 	if _, err := l.store.AddHistory(ctx, next, rows...); err != nil {

@@ -243,6 +243,12 @@ type Report struct {
 	// Problem is the first problem, of the chain or of a checkpoint, in
 	// words; "" when the record is untouched as far as both can tell.
 	Problem string `json:"problem,omitempty"`
+	// For a store that indexes the history: FirstOffset is the offset of
+	// the oldest row it keeps from it, Next the offset it reads next. The
+	// stream between them should hold what the rows hold (meshctl audit
+	// verify --history compares them).
+	FirstOffset *int64 `json:"first_offset,omitempty"`
+	Next        *int64 `json:"next,omitempty"`
 }
 
 // CheckpointCheck is one checkpoint and what it says of the store.
@@ -295,6 +301,21 @@ func VerifyStore(ctx context.Context, s *store.Store, chain string, trusted []st
 	}
 	if p := rep.Store.Problem; p != nil {
 		rep.Problem = fmt.Sprintf("row %d (id %s): %s: %s", p.Seq, p.ID, p.Kind, p.Detail)
+	}
+	if next, ok, err := s.HistoryNext(ctx); err != nil {
+		return rep, err
+	} else if ok {
+		rep.Next = &next
+		first, _, err := s.Query(ctx, store.Filter{}, store.Page{})
+		if err != nil {
+			return rep, err
+		}
+		for _, ev := range first {
+			if ev.Offset != nil {
+				rep.FirstOffset = ev.Offset
+				break
+			}
+		}
 	}
 	stats, err := s.Stats(ctx)
 	if err != nil {

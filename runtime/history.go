@@ -314,10 +314,28 @@ func (m *Module) handleHistory(ch *amqp.Channel, events []sdk.Event) bool {
 // offset, or, for a message that breaks the wire contract, what can be
 // read of it with DeadReason "malformed", as a dead letter of it would be.
 func (m *Module) historyEvent(d amqp.Delivery) sdk.Event {
+	return historyEventOf(m.node, d)
+}
+
+// HistoryEvent is what a History handler gets of a delivery d read from
+// the history's stream on a plain connection (meshctl audit verify
+// --history compares the audit logger's rows with it); ok is false for a
+// replay's marker, which a handler never gets. d's headers lose
+// x-stream-offset.
+func HistoryEvent(d amqp.Delivery) (ev sdk.Event, ok bool) {
+	if wire.IsHistoryMarker(d) {
+		return sdk.Event{}, false
+	}
+	return historyEventOf(&Node{}, d), true
+}
+
+// historyEventOf is historyEvent, the runtime's own headers read as node
+// n reads them.
+func historyEventOf(n *Node, d amqp.Delivery) sdk.Event {
 	offset, _ := d.Headers[wire.HeaderStreamOffset].(int64)
 	delete(d.Headers, wire.HeaderStreamOffset) // the stream's, not the event's
 	meta, err := wire.DecodeMeta(d.Headers, d.ContentType, d.Body)
-	o, oerr := m.node.originOf(d)
+	o, oerr := n.originOf(d)
 	if err == nil {
 		err = oerr
 	}

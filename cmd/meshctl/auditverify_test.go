@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/meshkit/mesh/auditlogger"
 	"github.com/meshkit/mesh/auditlogger/store"
 	"github.com/meshkit/mesh/internal/brokertest"
@@ -107,5 +109,109 @@ func TestAuditVerify(t *testing.T) {
 	out, code = run("audit", "verify", "--db", db)
 	if code != 1 || !strings.Contains(out, "FIRST PROBLEM") || !strings.Contains(out, ids[3]) || !strings.Contains(out, store.ProblemDeleted) {
 		t.Fatalf("verify --db of a log with a row deleted: exit %d\n%s", code, out)
+	}
+}
+
+// TestAuditVerifyAgainstTheHistory: `verify --history` compares a logger's
+// index of the mesh's history with the stream it was built from: every
+// event once (a resend counted as one), a malformed message included,
+// exit 0; with a stored body edited in the file, `verify --db --history`
+// names the row that is not what the stream holds, and exits 1.
+func TestAuditVerifyAgainstTheHistory(t *testing.T) {
+	url := brokertest.VHost(t)
+	bin := build(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	node, err := runtime.New(ctx, runtime.Config{Node: "anchor", AMQPURL: url, StateDir: t.TempDir(), HeartbeatInterval: -1,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), History: runtime.HistoryConfig{Stream: "mesh.history"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close(context.Background())
+	db := filepath.Join(t.TempDir(), "audit.db")
+	l, err := auditlogger.Open(db, auditlogger.Options{History: true, CheckpointEvery: -1, KeyFile: "-"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	logger, err := node.Load(ctx, l.Module(), runtime.ModuleConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for i := range 20 {
+		id, err := node.Emit(ctx, "web", "mesh.order.placed", map[string]int{"order": i})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	raw, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	resend := amqp.Publishing{Headers: amqp.Table{"x-event-id": ids[0] + "X", "x-source": "legacy", "x-node": "far", "x-time": time.Now().UTC().Format(time.RFC3339Nano)},
+		ContentType: "application/json", Body: []byte(`{}`)}
+	for range 2 {
+		if err := raw.PublishWithContext(ctx, "mesh.events", "mesh.raw.tick", false, false, resend); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := raw.PublishWithContext(ctx, "mesh.events", "mesh.raw.bad", false, false, amqp.Publishing{Body: []byte("not json")}); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		n, _ := l.Store().Count(ctx, store.Filter{Types: []string{"mesh.#"}})
+		if n == 22 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the logger holds %d of 22 events", n)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	run := func(args ...string) (string, int) {
+		t.Helper()
+		out, err := exec.CommandContext(ctx, bin, append([]string{"--amqp-url", url}, args...)...).CombinedOutput()
+		var exit *exec.ExitError
+		if errors.As(err, &exit) {
+			return string(out), exit.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return string(out), 0
+	}
+	out, code := run("audit", "verify", "--history", "--stream", "mesh.history", "--json")
+	var rep struct {
+		auditlogger.Report
+		Stream struct{ Read, Compared, Resends, Missing, Differ int64 }
+	}
+	if err := json.Unmarshal([]byte(out), &rep); code != 0 || err != nil || rep.Stream.Compared < 22 || rep.Stream.Resends != 1 ||
+		rep.Stream.Missing != 0 || rep.Stream.Differ != 0 {
+		t.Fatalf("verify --history of an index built from the stream: exit %d, %v\n%s", code, err, out)
+	}
+	if err := logger.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	sqldb, err := sql.Open("sqlite", db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sqldb.Exec(`UPDATE events SET body_json = '{"order":999}' WHERE id = ?`, ids[7]); err != nil {
+		t.Fatal(err)
+	}
+	sqldb.Close()
+	out, code = run("audit", "verify", "--db", db, "--history", "--stream", "mesh.history")
+	if code != 1 || !strings.Contains(out, "FIRST DIFFERENCE FROM THE STREAM") || !strings.Contains(out, ids[7]) || !strings.Contains(out, "1 differ") {
+		t.Fatalf("verify --db --history with a body edited: exit %d\n%s", code, out)
+	}
+	if out, code := run("audit", "verify", "--stream", "mesh.history"); code != 2 {
+		t.Fatalf("--stream without --history: exit %d\n%s", code, out)
 	}
 }
