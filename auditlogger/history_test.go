@@ -64,11 +64,13 @@ func hashOf(t *testing.T, path, id string) string {
 
 // TestHistoryLoggersConvergeAndCheckEachOther: a logger reading the
 // history as a module process, SIGKILLed mid-stream, resumes from its
-// stored offset with exactly one row per id (a resend included); a second
-// logger on another node started from nothing converges to the same rows
-// and the same chain; it holds the first one's signed checkpoints and
-// verifies them against its own rows; and rebuilt from the stream after
-// its database is moved aside, it has the same chain again.
+// stored offset with exactly one row per id (a resend included) and a
+// chain that verifies (no torn write); a second logger on another node
+// started from nothing converges to the same rows and the same chain; it
+// holds the first one's signed checkpoints and verifies them against its
+// own rows; with the first one down, it answers the audit tools; and
+// rebuilt from the stream after its database is moved aside, it has the
+// same chain again.
 func TestHistoryLoggersConvergeAndCheckEachOther(t *testing.T) {
 	t.Parallel()
 	bin, err := buildLogger()
@@ -189,13 +191,18 @@ func TestHistoryLoggersConvergeAndCheckEachOther(t *testing.T) {
 		}
 		return ok > 0
 	})
+	// The first logger down: the second answers the audit tools, with
+	// the same history.
+	if err := pm.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := count(); got != want {
+		t.Fatalf("with the first logger down, audit.count answered %d, want %d from the second", got, want)
+	}
 	if err := mB.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
 	lB.Close()
-	if err := pm.Stop(ctx); err != nil {
-		t.Fatal(err)
-	}
 	headA, headB := hashOf(t, dbA, last), hashOf(t, dbB, last)
 	if headA != headB {
 		t.Fatalf("the chains differ at the last event: %s and %s", headA, headB)
