@@ -3,8 +3,10 @@ package auditlogger_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"io"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"syscall"
 	"testing"
@@ -338,5 +340,70 @@ func rehash(t *testing.T, path string) {
 			t.Fatal(err)
 		}
 		prev = h
+	}
+}
+
+// TestHistoryLoggerWithItsDiskWiped: the logger's database is deleted
+// under it and its module process SIGKILLed; started again empty, it says
+// so (History.From: the start), meshd rewinds, and it builds its index
+// from the stream again: every event once, and the same chain as before.
+func TestHistoryLoggerWithItsDiskWiped(t *testing.T) {
+	t.Parallel()
+	bin, err := buildLogger()
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := brokertest.VHost(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	anchor := historyNode(t, ctx, url, "anchor")
+	db := filepath.Join(t.TempDir(), "audit.db")
+	pm, err := anchor.LoadPlugin(ctx, bin, []string{"--db", db, "--history", "--checkpoint-every", "-1s", "--key", "-"},
+		runtime.ModuleConfig{Concurrency: 8, ToolGrants: []string{"audit.*"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pm.Stop(context.Background())
+	mine := store.Filter{Types: []string{"mesh.emitted.#"}}
+	count := func() int64 {
+		var n int64
+		if err := anchor.Call(ctx, "meshctl", auditlogger.ToolCount, mine, &n); err != nil {
+			return -1 // restarting
+		}
+		return n
+	}
+	var last string
+	for i := range 200 {
+		if last, err = anchor.Emit(ctx, "test", "mesh.emitted.tick", map[string]int{"i": i}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	poll(t, 60*time.Second, "the logger did not store every event", func() bool { return count() == 200 })
+	var before store.Event
+	if err := anchor.Call(ctx, "meshctl", auditlogger.ToolGet, last, &before); err != nil || before.Hash == "" {
+		t.Fatalf("the last event's row: %+v, %v", before, err)
+	}
+	for _, ext := range []string{"", "-wal", "-shm"} {
+		if err := os.Remove(db + ext); err != nil && !errors.Is(err, os.ErrNotExist) {
+			t.Fatal(err)
+		}
+	}
+	if err := syscall.Kill(pm.PID(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, 60*time.Second, "the logger started empty did not build its index again", func() bool {
+		var after store.Event
+		return anchor.Call(ctx, "meshctl", auditlogger.ToolGet, last, &after) == nil && after.Hash != ""
+	})
+	if n := count(); n != 200 {
+		t.Fatalf("after the wipe, %d rows of 200 events", n)
+	}
+	var after store.Event
+	if err := anchor.Call(ctx, "meshctl", auditlogger.ToolGet, last, &after); err != nil || after.Hash != before.Hash {
+		t.Fatalf("the chain at the last event was %s, is %s (%v)", before.Hash, after.Hash, err)
+	}
+	var rep auditlogger.Report
+	if err := anchor.Call(ctx, "meshctl", auditlogger.ToolVerify, auditlogger.VerifyRequest{}, &rep); err != nil || rep.Problem != "" {
+		t.Fatalf("the rebuilt index does not verify: %+v, %v", rep, err)
 	}
 }

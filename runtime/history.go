@@ -172,10 +172,16 @@ func (m *Module) RewindHistory(from int64) {
 	if m.def.History == nil {
 		return
 	}
-	m.setHistoryNext(from)
 	m.mu.Lock()
-	ch := m.historyCh
+	m.setHistoryNext(from)
+	ch, cancel := m.historyCh, m.historyCancel
+	m.historyCh, m.historyCancel = nil, nil // the reader on ch moves the offset no more
 	m.mu.Unlock()
+	if cancel != nil {
+		// Before the process that said from is sent anything: a batch the
+		// reader on ch still holds, or retries, is not sent to it.
+		cancel()
+	}
 	if ch != nil {
 		_ = ch.Close() // watch sees no error: resume it ourselves
 		if s := m.node.session(); s != nil {
@@ -215,14 +221,18 @@ func (m *Module) readHistory(ctx context.Context, s *session) error {
 		return fmt.Errorf("read the history stream %s: %w", stream, err)
 	}
 	m.addTag(ch, tag, stream)
+	readCtx, cancel := context.WithCancel(m.handleCtx)
 	m.mu.Lock()
-	m.historyCh = ch
+	if m.historyCancel != nil {
+		m.historyCancel() // the reader of an earlier session or channel
+	}
+	m.historyCh, m.historyCancel = ch, cancel
 	m.mu.Unlock()
 	go m.watch(s, ch, ch.NotifyClose(make(chan *amqp.Error, 1)), ch.NotifyCancel(make(chan string, 1)))
 	m.workers.Add(1)
 	go func() {
 		defer m.workers.Done()
-		m.historyLoop(ch, deliveries)
+		m.historyLoop(readCtx, ch, deliveries)
 	}()
 	m.log.Info("reading the mesh's history", "stream", stream, "from", offset)
 	return nil
@@ -233,7 +243,11 @@ func (m *Module) readHistory(ctx context.Context, s *session) error {
 // historyBatch events. A batch the module fails is handed again after a
 // back-off; the node acknowledges a batch (one multiple ack: acks only
 // make room in the prefetch) once the module took it.
-func (m *Module) historyLoop(ch *amqp.Channel, deliveries <-chan amqp.Delivery) {
+//
+// Only the current reader (ch is historyCh) moves the offset the module
+// reads from next; one replaced (a resume, RewindHistory) has its ctx
+// cancelled, and its batch in hand is not handed on.
+func (m *Module) historyLoop(ctx context.Context, ch *amqp.Channel, deliveries <-chan amqp.Delivery) {
 	linger := time.NewTimer(0)
 	defer linger.Stop()
 	for d := range deliveries {
@@ -269,11 +283,15 @@ func (m *Module) historyLoop(ch *amqp.Channel, deliveries <-chan amqp.Delivery) 
 		}
 		last, _ := batch[len(batch)-1].Headers[wire.HeaderStreamOffset].(int64)
 		m.from(d).delivered.Add(uint64(len(events)))
-		if len(events) > 0 && !m.handleHistory(ch, events) {
-			return // stopping, or the channel closed: resumed from historyNext
+		if len(events) > 0 && !m.handleHistory(ctx, ch, events) {
+			return // stopping, or replaced: resumed from historyNext
 		}
 		m.from(d).handled.Add(uint64(len(events)))
-		m.historyNext.Store(last + 1)
+		m.mu.Lock()
+		if m.historyCh == ch {
+			m.historyNext.Store(last + 1)
+		}
+		m.mu.Unlock()
 		if err := batch[len(batch)-1].Ack(true); err != nil && !errors.Is(err, amqp.ErrClosed) {
 			m.log.Warn("ack of history deliveries failed", "err", err)
 		}
@@ -281,14 +299,23 @@ func (m *Module) historyLoop(ch *amqp.Channel, deliveries <-chan amqp.Delivery) 
 }
 
 // handleHistory runs Handle on events until it succeeds, with back-off
-// between failures; false when the module stops or ch closes first.
-func (m *Module) handleHistory(ch *amqp.Channel, events []sdk.Event) bool {
+// between failures; false when the module stops, or the reader is
+// replaced (readCtx ends) or its channel closes, first. Handle runs for
+// one reader at a time (historyMu): a reader being replaced finishes its
+// call before the next one's starts.
+func (m *Module) handleHistory(readCtx context.Context, ch *amqp.Channel, events []sdk.Event) bool {
 	h := m.def.History.Handle
 	for attempt := 1; ; attempt++ {
-		ctx, cancel := context.WithTimeout(m.handleCtx, m.cfg.HandlerTimeout)
+		m.historyMu.Lock()
+		if readCtx.Err() != nil {
+			m.historyMu.Unlock()
+			return false
+		}
+		ctx, cancel := context.WithTimeout(readCtx, m.cfg.HandlerTimeout)
 		start := time.Now()
 		err, _ := execute.Safely(func() error { return h(ctx, events) })
 		cancel()
+		m.historyMu.Unlock()
 		m.recordHandler(start, outcomeOf(err, false))
 		if err == nil {
 			return true
@@ -300,6 +327,9 @@ func (m *Module) handleHistory(ch *amqp.Channel, events []sdk.Event) bool {
 		select {
 		case <-t.C:
 		case <-m.stopping:
+			t.Stop()
+			return false
+		case <-readCtx.Done():
 			t.Stop()
 			return false
 		}

@@ -80,6 +80,8 @@ type Module struct {
 	stopping       chan struct{}         // closed when Stop begins
 	historyNext    atomic.Int64          // the offset of the history it reads next (-1: the start), with a History handler
 	historyCh      *amqp.Channel         // the channel it reads the history on, on the current session; mu
+	historyCancel  context.CancelFunc    // ends the reader on historyCh; mu
+	historyMu      sync.Mutex            // one History.Handle at a time, across readers
 }
 
 type subscription struct {

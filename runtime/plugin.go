@@ -913,6 +913,12 @@ func (pm *PluginModule) forwardHistory(i uint32) func(context.Context, []sdk.Eve
 		if err != nil {
 			return err
 		}
+		if err := ctx.Err(); err != nil {
+			// A process started again rewinds the history (and so ends
+			// ctx) before it is current: a batch from before goes to it
+			// never.
+			return err
+		}
 		token, end := pm.handlings.begin(ctx)
 		defer end()
 		deadline, _ := ctx.Deadline()
