@@ -57,7 +57,7 @@ lint: ## Fail on unformatted files (gofmt -l), on packages and exported names wi
 	$(GO) run ./cmd/doclint .
 	$(GO) vet ./...
 
-fuzz: ## Fuzz event-type validation, subscription filters, emit naming and bodies, header decoding, topic matching, the dedup log, dead-letter headers (as meshctl and a DeadLetters handler read them), replay targets, meshctl's terminal escaping, caller patterns, permission patterns, coalesced acks, the console's login redirect and audit filter, the CloudEvents reader, body schemas and their compatibility checker, 20s each
+fuzz: ## Fuzz event-type validation, subscription filters, emit naming and bodies, header decoding, topic matching, the dedup log, dead-letter headers (as meshctl and a DeadLetters handler read them), replay targets, meshctl's terminal escaping, caller patterns, permission patterns, coalesced acks, the console's login redirect and audit filter, the CloudEvents reader, body schemas and their compatibility checker, the audit chain's hash and checkpoints, 20s each
 	$(GO) test -run='^$$' -fuzz=FuzzValidateEventType -fuzztime=20s ./internal/wire
 	$(GO) test -run='^$$' -fuzz=FuzzDecodeMeta -fuzztime=20s ./internal/wire
 	$(GO) test -run='^$$' -fuzz=FuzzMatchPattern -fuzztime=20s ./internal/wire
@@ -70,6 +70,8 @@ fuzz: ## Fuzz event-type validation, subscription filters, emit naming and bodie
 	$(GO) test -run='^$$' -fuzz=FuzzMessageOf -fuzztime=20s ./internal/deadletters
 	$(GO) test -run='^$$' -fuzz=FuzzSplitModuleQueue -fuzztime=20s ./internal/deadletters
 	$(GO) test -run='^$$' -fuzz=FuzzMatchTopic -fuzztime=20s ./auditlogger/store
+	$(GO) test -run='^$$' -fuzz=FuzzChainHash -fuzztime=20s ./auditlogger/store
+	$(GO) test -run='^$$' -fuzz=FuzzCheckpoint -fuzztime=20s ./auditlogger
 	$(GO) test -run='^$$' -fuzz=FuzzDeadEventOf -fuzztime=20s ./runtime
 	$(GO) test -run='^$$' -fuzz=FuzzAcker -fuzztime=20s ./runtime
 	$(GO) test -run='^$$' -fuzz=FuzzCallerPattern -fuzztime=20s ./runtime
