@@ -9,6 +9,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/meshkit/mesh/internal/amqpmsg"
 	"github.com/meshkit/mesh/internal/execute"
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/sdk"
@@ -276,7 +277,7 @@ func (m *Module) historyLoop(ctx context.Context, ch *amqp.Channel, deliveries <
 		}
 		events := make([]sdk.Event, 0, len(batch))
 		for _, d := range batch {
-			if wire.IsHistoryMarker(d) {
+			if amqpmsg.IsHistoryMarker(d) {
 				continue // a replay's cutoff (meshctl audit replay --history), not an event
 			}
 			events = append(events, m.historyEvent(d))
@@ -353,7 +354,7 @@ func (m *Module) historyEvent(d amqp.Delivery) sdk.Event {
 // replay's marker, which a handler never gets. d's headers lose
 // x-stream-offset.
 func HistoryEvent(d amqp.Delivery) (ev sdk.Event, ok bool) {
-	if wire.IsHistoryMarker(d) {
+	if amqpmsg.IsHistoryMarker(d) {
 		return sdk.Event{}, false
 	}
 	return historyEventOf(&Node{}, d), true

@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/meshkit/mesh/internal/wire"
 )
 
 // Republishing copies d for publishing again, without the headers drop
@@ -70,4 +72,13 @@ func ConnUser(conn *amqp.Connection) string {
 		}
 	}
 	return ""
+}
+
+// IsHistoryMarker reports whether d is a replay's marker in the history:
+// sent straight to the stream, by a publisher the broker verified, with
+// the header. The same header on an event routed through mesh.events is
+// the emitter's, and does not make it one.
+func IsHistoryMarker(d amqp.Delivery) bool {
+	_, ok := d.Headers[wire.HeaderHistoryMarker]
+	return ok && d.Exchange == "" && d.UserId != ""
 }

@@ -111,7 +111,7 @@ func (c HistoryConfig) Validate() error {
 // stream's messages before it are the replay's to send, none after it
 // ever is, so the replay's own sends to mesh.events, which the stream
 // also keeps, are never replayed. Runtime readers of the history skip
-// the marker (wire.IsHistoryMarker). Every read is a consumer on a
+// the marker (amqpmsg.IsHistoryMarker). Every read is a consumer on a
 // channel of its own, closed when the read ends.
 //
 // The window is on the events' emit time, the stream is read by arrival:
@@ -168,7 +168,7 @@ func (l *HistoryLog) Cutoff(ctx context.Context) (int64, error) {
 	}
 	cutoff := int64(-1)
 	err := l.scan(ctx, searchFrom, math.MaxInt64, func(offset int64, d amqp.Delivery) bool {
-		if v, _ := d.Headers[wire.HeaderHistoryMarker].(string); v == marker && d.MessageId == nonce && wire.IsHistoryMarker(d) {
+		if v, _ := d.Headers[wire.HeaderHistoryMarker].(string); v == marker && d.MessageId == nonce && amqpmsg.IsHistoryMarker(d) {
 			cutoff = offset
 			return false
 		}
@@ -358,7 +358,7 @@ func (l *HistoryLog) scan(ctx context.Context, start any, upTo int64, fn func(of
 // selected is d as an Event, if it is one (not a marker, not a message
 // that breaks the wire contract) and the selection takes it.
 func (l *HistoryLog) selected(d amqp.Delivery) (Event, bool) {
-	if wire.IsHistoryMarker(d) {
+	if amqpmsg.IsHistoryMarker(d) {
 		return Event{}, false
 	}
 	typ, ok := eventType(d)

@@ -1,7 +1,5 @@
 package wire
 
-import amqp "github.com/rabbitmq/amqp091-go"
-
 // HeaderStreamOffset is where a delivery from the mesh's history (a
 // stream, ADR 35) carries its offset: a long, the broker's.
 const HeaderStreamOffset = "x-stream-offset"
@@ -12,12 +10,3 @@ const HeaderStreamOffset = "x-stream-offset"
 // marker is replayed, what comes after never is. Its value is the
 // replay's id. A History reader skips it.
 const HeaderHistoryMarker = "x-mesh-history-marker"
-
-// IsHistoryMarker reports whether d is a replay's marker in the history:
-// sent straight to the stream, by a publisher the broker verified, with
-// the header. The same header on an event routed through mesh.events is
-// the emitter's, and does not make it one.
-func IsHistoryMarker(d amqp.Delivery) bool {
-	_, ok := d.Headers[HeaderHistoryMarker]
-	return ok && d.Exchange == "" && d.UserId != ""
-}
