@@ -73,17 +73,7 @@ func TestAuditVerify(t *testing.T) {
 		t.Fatalf("checkpoint: %v, %v", cp, err)
 	}
 	waitRows(1, auditlogger.CheckpointType)
-	run := func(args ...string) (string, int) {
-		t.Helper()
-		out, err := exec.CommandContext(ctx, bin, append([]string{"--amqp-url", url}, args...)...).CombinedOutput()
-		var exit *exec.ExitError
-		if errors.As(err, &exit) {
-			return string(out), exit.ExitCode()
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		return string(out), 0
-	}
+	run := func(args ...string) (string, int) { return runExit(ctx, t, bin, url, args...) }
 	out, code := run("audit", "verify")
 	if code != 0 || !strings.Contains(out, "every row verifies") || !strings.Contains(out, auditlogger.VerdictOK) {
 		t.Fatalf("verify of an untouched log: exit %d\n%s", code, out)
@@ -175,17 +165,7 @@ func TestAuditVerifyAgainstTheHistory(t *testing.T) {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	run := func(args ...string) (string, int) {
-		t.Helper()
-		out, err := exec.CommandContext(ctx, bin, append([]string{"--amqp-url", url}, args...)...).CombinedOutput()
-		var exit *exec.ExitError
-		if errors.As(err, &exit) {
-			return string(out), exit.ExitCode()
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		return string(out), 0
-	}
+	run := func(args ...string) (string, int) { return runExit(ctx, t, bin, url, args...) }
 	out, code := run("audit", "verify", "--history", "--stream", "mesh.history", "--json")
 	var rep struct {
 		auditlogger.Report
@@ -214,4 +194,18 @@ func TestAuditVerifyAgainstTheHistory(t *testing.T) {
 	if out, code := run("audit", "verify", "--stream", "mesh.history"); code != 2 {
 		t.Fatalf("--stream without --history: exit %d\n%s", code, out)
 	}
+}
+
+// runExit runs the meshctl binary bin against url and returns what it
+// printed and its exit status.
+func runExit(ctx context.Context, t *testing.T, bin, url string, args ...string) (string, int) {
+	t.Helper()
+	out, err := exec.CommandContext(ctx, bin, append([]string{"--amqp-url", url}, args...)...).CombinedOutput()
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
+		return string(out), exit.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return string(out), 0
 }
