@@ -60,11 +60,13 @@ type ModuleSummary struct {
 	Calls []string `json:"calls,omitempty"`
 	// Patterns are the topic patterns it subscribes; Tools the tools it
 	// serves; Consumes the existing queues it consumes; DeadLetters says
-	// it receives the mesh's dead letters.
+	// it receives the mesh's dead letters; History that it reads the
+	// mesh's history (every event: sdk.Module.History).
 	Patterns    []string `json:"patterns,omitempty"`
 	Tools       []string `json:"tools,omitempty"`
 	Consumes    []string `json:"consumes,omitempty"`
 	DeadLetters bool     `json:"dead_letters,omitempty"`
+	History     bool     `json:"history,omitempty"`
 	// Schemas are the versions of its events' body schemas it declares
 	// (sdk.Module.Schemas with Event set), each by digest: the documents
 	// travel in the node's schemas announcement (SchemasAnnouncement),
@@ -241,7 +243,7 @@ func runtimeVersion() string {
 // summary is what membership tells of m.
 func (m *Module) summary() ModuleSummary {
 	sum := ModuleSummary{Name: m.def.Name, Kind: string(m.def.Kind), Calls: slices.Clone(m.def.Calls), DeadLetters: m.def.DeadLetters != nil,
-		Reads: m.contracts.Reads()}
+		History: m.def.History != nil, Reads: m.contracts.Reads()}
 	for _, d := range m.contracts.Declared() {
 		if d.Tool != "" {
 			sum.ToolSchemas = append(sum.ToolSchemas, d)

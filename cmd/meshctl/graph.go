@@ -187,6 +187,11 @@ func meshGraph(beats []runtime.Heartbeat) *drawing {
 			if m.DeadLetters {
 				d.edges = append(d.edges, edge{from: d.vertex(vQueue, wire.QueueDead), to: mod, label: "dead letters"})
 			}
+			if m.History {
+				for _, e := range events { // the history holds every event
+					d.edges = append(d.edges, edge{from: d.vertex(vEvent, e), to: mod, label: "history"})
+				}
+			}
 		}
 	}
 	// An event's declared schema versions, in its label (ids stay).

@@ -20,7 +20,7 @@ import (
 
 // TestMeshGraph: the graph joins emitters to subscribers through the event
 // types their patterns match, callers to servers through tools, consumed
-// queues and dead letters to their modules; a pattern nothing declared
+// queues, dead letters and the history to their modules; a pattern nothing declared
 // matches is drawn dashed. Mermaid and DOT say the same.
 func TestMeshGraph(t *testing.T) {
 	beats := []runtime.Heartbeat{
@@ -30,6 +30,7 @@ func TestMeshGraph(t *testing.T) {
 		{Node: "n1", Modules: []runtime.ModuleSummary{
 			{Name: "shop", Emits: []string{"module.shop.order.created"}, Calls: []string{"billing.charge"}},
 			{Name: "dispatcher", Kind: "dispatcher", Consumes: []string{"shop.orders"}},
+			{Name: "audit-logger", History: true},
 		}},
 	}
 	g := meshGraph(beats)
@@ -49,6 +50,7 @@ func TestMeshGraph(t *testing.T) {
 		`module_n1_shop -->|"calls"| tool_billing_charge`, `tool_billing_charge -->|"serves"| module_n2_billing`,
 		`queue_shop_orders[("shop.orders")]`, `queue_shop_orders --> module_n1_dispatcher__dispatcher_`,
 		`queue_mesh_dead_letters -->|"dead letters"| module_n2_billing`,
+		`event_module_shop_order_created -->|"history"| module_n1_audit_logger`,
 	} {
 		if !strings.Contains(m.String(), want) {
 			t.Errorf("mermaid lacks %q:\n%s", want, m.String())
