@@ -215,6 +215,7 @@ func (m *Module) resume(s *session, again bool) {
 	m.consumers = nil
 	subs, tools := slices.Clone(m.subs), slices.Clone(m.tools)
 	m.mu.Unlock()
+	m.stopHistoryReader() // before its channel closes below
 	for _, c := range old {
 		_ = c.ch.Close()
 	}

@@ -37,11 +37,13 @@ type TestHooks struct {
 	// LookedAt: the node looked at its modules' queues, for the metrics
 	// mesh.queue.depth and mesh.queue.consumers.
 	LookedAt func()
+	// Checked: a module's consumers were checked once.
+	Checked func(module string)
 }
 
 // SetTestHooks makes the node call h's functions (those set).
 func (n *Node) SetTestHooks(h TestHooks) {
-	n.hooks.Store(&hooks{resumed: h.Resumed, setUp: h.SetUp, relaunched: h.Relaunched, stopWaiting: h.StopWaiting, exited: h.Exited, awaiting: h.Awaiting, reconsume: h.Reconsume, drainWaits: h.DrainWaits, refused: h.Refused, record: h.Record, unseen: h.Unseen, lookedAt: h.LookedAt})
+	n.hooks.Store(&hooks{resumed: h.Resumed, setUp: h.SetUp, relaunched: h.Relaunched, stopWaiting: h.StopWaiting, exited: h.Exited, awaiting: h.Awaiting, reconsume: h.Reconsume, drainWaits: h.DrainWaits, refused: h.Refused, record: h.Record, unseen: h.Unseen, lookedAt: h.LookedAt, checked: h.Checked})
 }
 
 // ErrDescribesAnother is errDescribesAnother, for tests.

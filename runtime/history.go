@@ -173,22 +173,37 @@ func (m *Module) RewindHistory(from int64) {
 	if m.def.History == nil {
 		return
 	}
-	m.mu.Lock()
-	m.setHistoryNext(from)
-	ch, cancel := m.historyCh, m.historyCancel
-	m.historyCh, m.historyCancel = nil, nil // the reader on ch moves the offset no more
-	m.mu.Unlock()
-	if cancel != nil {
-		// Before the process that said from is sent anything: a batch the
-		// reader on ch still holds, or retries, is not sent to it.
-		cancel()
-	}
+	// Before the process that said from is sent anything: a batch the
+	// reader on ch still holds, or retries, is not sent to it.
+	ch := m.stopHistoryReader(from)
 	if ch != nil {
 		_ = ch.Close() // watch sees no error: resume it ourselves
 		if s := m.node.session(); s != nil {
 			go m.resume(s, true)
 		}
 	}
+}
+
+// stopHistoryReader ends the reader on the current history channel,
+// which it returns (nil: none), and, if from is not nil, sets the offset
+// the module reads from next: the reader's context ends, and it
+// acknowledges and moves the offset no more. Call it before that channel
+// is closed: an ack racing the close reaches the broker on a channel it
+// closed, a connection error (504) that ends the node's session.
+func (m *Module) stopHistoryReader(from ...int64) *amqp.Channel {
+	m.historyAckMu.Lock()
+	defer m.historyAckMu.Unlock()
+	m.mu.Lock()
+	if len(from) > 0 {
+		m.setHistoryNext(from[0])
+	}
+	ch, cancel := m.historyCh, m.historyCancel
+	m.historyCh, m.historyCancel = nil, nil
+	m.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	return ch
 }
 
 // readHistory starts reading the history on s from where the module left
@@ -275,6 +290,9 @@ func (m *Module) historyLoop(ctx context.Context, ch *amqp.Channel, deliveries <
 			default:
 			}
 		}
+		// The batch's last offset, read before historyEvent takes the
+		// header out of the deliveries' headers.
+		last, _ := batch[len(batch)-1].Headers[wire.HeaderStreamOffset].(int64)
 		events := make([]sdk.Event, 0, len(batch))
 		for _, d := range batch {
 			if amqpmsg.IsHistoryMarker(d) {
@@ -282,18 +300,24 @@ func (m *Module) historyLoop(ctx context.Context, ch *amqp.Channel, deliveries <
 			}
 			events = append(events, m.historyEvent(d))
 		}
-		last, _ := batch[len(batch)-1].Headers[wire.HeaderStreamOffset].(int64)
 		m.from(d).delivered.Add(uint64(len(events)))
 		if len(events) > 0 && !m.handleHistory(ctx, ch, events) {
 			return // stopping, or replaced: resumed from historyNext
 		}
 		m.from(d).handled.Add(uint64(len(events)))
+		m.historyAckMu.Lock()
+		if ctx.Err() != nil {
+			m.historyAckMu.Unlock()
+			return // replaced (stopHistoryReader): its channel is being closed
+		}
 		m.mu.Lock()
 		if m.historyCh == ch {
 			m.historyNext.Store(last + 1)
 		}
 		m.mu.Unlock()
-		if err := batch[len(batch)-1].Ack(true); err != nil && !errors.Is(err, amqp.ErrClosed) {
+		err := batch[len(batch)-1].Ack(true)
+		m.historyAckMu.Unlock()
+		if err != nil && !errors.Is(err, amqp.ErrClosed) {
 			m.log.Warn("ack of history deliveries failed", "err", err)
 		}
 	}

@@ -82,6 +82,7 @@ type Module struct {
 	historyCh      *amqp.Channel         // the channel it reads the history on, on the current session; mu
 	historyCancel  context.CancelFunc    // ends the reader on historyCh; mu
 	historyMu      sync.Mutex            // one History.Handle at a time, across readers
+	historyAckMu   sync.Mutex            // a history reader's ack, or its end before its channel closes
 }
 
 type subscription struct {

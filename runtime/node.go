@@ -111,6 +111,7 @@ type hooks struct {
 	record      func(id string, err error) error // the outcome of recording a handled id, as the test would have it
 	unseen      func(queue string) bool          // true: a worker drops the delivery it got from queue, neither handled nor settled
 	lookedAt    func()                           // the node looked at its modules' queues (watchQueueDepths)
+	checked     func(module string)              // a module's consumers were checked once (checkConsumers)
 }
 
 // noHooks is what hook returns when no test set any: one value, so that
