@@ -291,9 +291,11 @@ type Module struct {
 // Handle returning nil means the batch is done with, for good (the module
 // stored it, and the offset after its last event if it is to resume
 // there); an error, or a panic, hands the same batch again after a
-// back-off, and nothing later is read until it succeeds. A malformed
-// message comes in its place with DeadReason "malformed", as a dead
-// letter of one would.
+// back-off, and nothing later is read until it succeeds. After the node
+// reconnects, a batch it had not seen through may come again, with the
+// same offsets: keep what is stored by id or offset. A malformed message
+// comes in its place with DeadReason "malformed", as a dead letter of one
+// would.
 type History struct {
 	// From returns the offset of the first event to read: the offset
 	// after the last one the module stored, or a negative number for the
