@@ -9,6 +9,14 @@
 //	audit.trace  the causal chain of an event, in both directions
 //	audit.stats  rows, bytes, oldest and newest arrivals
 //	audit.replayed  records what a replay sent (meshctl audit replay)
+//	audit.verify  checks the hash chain and the signed checkpoints
+//
+// With Options.History it reads the mesh's history, a stream on the
+// broker, instead of a queue of its own, by offset: any number of loggers
+// on any nodes hold the same rows in the same order, and one started
+// empty builds its index from the stream. Every row is hash-chained, and
+// the logger signs its chain's head every minute and emits the signed
+// checkpoint onto the mesh (checkpoint.go, docs/adr/0035-audit-history-on-a-stream.md).
 //
 // A delivery is acknowledged only once its row is durable; a redelivery,
 // a resend or a replay of an id already stored is not a second row. It is
