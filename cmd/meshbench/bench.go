@@ -168,7 +168,7 @@ func run(o options) error {
 // and the mesh with o.meshPublishers concurrent emitters.
 func benchQueueType(url, qt string, o options) error {
 	fmt.Printf("\n== %s queues ==\n", qt)
-	type series struct{ tp, cpu, p50, p99 []float64 }
+	type series struct{ tp, cpu, broker, p50, p99 []float64 }
 	names := []string{"raw-best", "raw-wait", "mesh", "mesh-1"}
 	got := map[string]*series{}
 	mk := map[string]func(*sink) (side, error){
@@ -188,7 +188,7 @@ func benchQueueType(url, qt string, o options) error {
 		for _, name := range names {
 			ro := o
 			ro.publishers = publishers[name]
-			tp, cpu, err := throughput(mk[name], ro)
+			tp, cpu, bcpu, err := throughputCPU(mk[name], ro)
 			if err != nil {
 				return fmt.Errorf("%s throughput: %w", name, err)
 			}
@@ -196,13 +196,14 @@ func benchQueueType(url, qt string, o options) error {
 			if err != nil {
 				return fmt.Errorf("%s latency: %w", name, err)
 			}
-			us := float64(cpu) / float64(time.Microsecond)
-			fmt.Printf("round %d %-8s  %8.0f events/s  client CPU %5.1f µs/event   p50 %6.2f ms   p99 %6.2f ms\n", r+1, name, tp, us, p50, p99)
+			us, bus := float64(cpu)/float64(time.Microsecond), float64(bcpu)/float64(time.Microsecond)
+			fmt.Printf("round %d %-8s  %8.0f events/s  client CPU %5.1f µs/event  broker CPU %5.1f µs/event   p50 %6.2f ms   p99 %6.2f ms\n",
+				r+1, name, tp, us, bus, p50, p99)
 			if got[name] == nil {
 				got[name] = &series{}
 			}
 			sr := got[name]
-			sr.tp, sr.cpu, sr.p50, sr.p99 = append(sr.tp, tp), append(sr.cpu, us), append(sr.p50, p50), append(sr.p99, p99)
+			sr.tp, sr.cpu, sr.broker, sr.p50, sr.p99 = append(sr.tp, tp), append(sr.cpu, us), append(sr.broker, bus), append(sr.p50, p50), append(sr.p99, p99)
 		}
 	}
 	best, wait, mesh, one := got["raw-best"], got["raw-wait"], got["mesh"], got["mesh-1"]
@@ -213,10 +214,19 @@ func benchQueueType(url, qt string, o options) error {
 		median(best.tp), median(wait.tp), median(mesh.tp), median(mesh.tp)/median(best.tp), median(mesh.tp)/median(wait.tp))
 	fmt.Printf("client CPU  raw-best %5.1f  raw-wait %5.1f  mesh %5.1f µs/event   mesh/raw-best %.2f\n",
 		median(best.cpu), median(wait.cpu), median(mesh.cpu), median(mesh.cpu)/median(best.cpu))
+	if brokerPID != 0 {
+		fmt.Printf("broker CPU  raw-best %5.1f  raw-wait %5.1f  mesh %5.1f µs/event   mesh/raw-best %.2f (beam.smp, pid %d)\n",
+			median(best.broker), median(wait.broker), median(mesh.broker), median(mesh.broker)/median(best.broker), brokerPID)
+	} else {
+		fmt.Println("broker CPU  not measured: rabbitmqctl did not name the broker's process")
+	}
 	fmt.Printf("latency at %d events/s: p50 raw %.2f ms  mesh %.2f ms;  p99 raw %.2f ms  mesh %.2f ms   p99 mesh/raw %.2f\n",
 		o.rate, median(best.p50), median(mesh.p50), median(best.p99), median(mesh.p99), median(mesh.p99)/median(best.p99))
 	record(qt+": in-process throughput / raw at its best", pairedRatio(mesh.tp, best.tp), 0.90, true, "")
 	record(qt+": client CPU per event / raw at its best", pairedRatio(mesh.cpu, best.cpu), 1.2, false, "")
+	if brokerPID != 0 {
+		record(qt+": broker CPU per event / raw at its best", pairedRatio(mesh.broker, best.broker), 1.1, false, "")
+	}
 	record(qt+": p99 latency at "+fmt.Sprint(o.rate)+"/s / raw", pairedRatio(mesh.p99, best.p99), 1.5, false, "")
 	return nil
 }
@@ -240,6 +250,27 @@ func cpuTime() time.Duration {
 // events handled per second, from the first publish to the last handling,
 // and the client's CPU time per event (publisher and consumer together).
 func throughput(mk func(*sink) (side, error), o options) (float64, time.Duration, error) {
+	tp, client, _, err := throughputCPU(mk, o)
+	return tp, client, err
+}
+
+// throughputCPU is throughput that also returns the broker's CPU time per
+// event over the same span (0 when the broker's process is not known).
+func throughputCPU(mk func(*sink) (side, error), o options) (float64, time.Duration, time.Duration, error) {
+	var tp float64
+	var client time.Duration
+	var err error
+	var broker0 time.Duration
+	tp, client, err = throughputWith(mk, o, func() { broker0 = brokerCPU() })
+	if err != nil || brokerPID == 0 {
+		return tp, client, 0, err
+	}
+	return tp, client, (brokerCPU() - broker0) / time.Duration(o.events), nil
+}
+
+// throughputWith is throughput, calling started just before the first
+// publish.
+func throughputWith(mk func(*sink) (side, error), o options, started func()) (float64, time.Duration, error) {
 	s := newSink(o.events)
 	sd, err := mk(s)
 	if err != nil {
@@ -249,6 +280,7 @@ func throughput(mk func(*sink) (side, error), o options) (float64, time.Duration
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var next atomic.Int64
+	started()
 	cpu0 := cpuTime()
 	start := time.Now()
 	if st, ok := sd.(streamer); ok {
