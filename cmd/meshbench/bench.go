@@ -165,16 +165,21 @@ func run(o options) error {
 // benchQueueType measures, in alternating rounds: raw at its best (one
 // publisher keeping o.window confirms in flight, one consumer), the older
 // raw baseline (o.publishers publishers each waiting for its confirm),
-// and the mesh with o.meshPublishers concurrent emitters.
+// the mesh with o.meshPublishers concurrent emitters, each waiting for
+// its emit, and the module handling one event at a time (its default) or
+// 32 at once (mesh-c32: the independent harness of issue 30).
 func benchQueueType(url, qt string, o options) error {
 	fmt.Printf("\n== %s queues ==\n", qt)
 	type series struct{ tp, cpu, broker, p50, p99 []float64 }
-	names := []string{"raw-best", "raw-wait", "mesh", "mesh-1"}
+	names := []string{"raw-best", "raw-wait", "mesh", "mesh-c32", "mesh-1"}
 	got := map[string]*series{}
 	mk := map[string]func(*sink) (side, error){
 		"raw-best": func(s *sink) (side, error) { return newRawBest(url, qt, s, o.window) },
 		"raw-wait": func(s *sink) (side, error) { return newRaw(url, qt, s) },
 		"mesh":     func(s *sink) (side, error) { return newMesh(url, qt, s) },
+		"mesh-c32": func(s *sink) (side, error) {
+			return newMeshOf(url, qt, s, nil, nil, runtime.ModuleConfig{Concurrency: 32})
+		},
 		"mesh-1": func(s *sink) (side, error) {
 			sd, err := newMesh(url, qt, s)
 			if err != nil {
@@ -183,7 +188,7 @@ func benchQueueType(url, qt string, o options) error {
 			return &meshStreamSide{sd.(*meshSide)}, nil
 		},
 	}
-	publishers := map[string]int{"raw-best": 1, "raw-wait": o.publishers, "mesh": o.meshPublishers, "mesh-1": 1}
+	publishers := map[string]int{"raw-best": 1, "raw-wait": o.publishers, "mesh": o.meshPublishers, "mesh-c32": o.meshPublishers, "mesh-1": 1}
 	for r := 0; r < o.rounds; r++ {
 		for _, name := range names {
 			ro := o
@@ -206,7 +211,7 @@ func benchQueueType(url, qt string, o options) error {
 			sr.tp, sr.cpu, sr.broker, sr.p50, sr.p99 = append(sr.tp, tp), append(sr.cpu, us), append(sr.broker, bus), append(sr.p50, p50), append(sr.p99, p99)
 		}
 	}
-	best, wait, mesh, one := got["raw-best"], got["raw-wait"], got["mesh"], got["mesh-1"]
+	best, wait, mesh, c32, one := got["raw-best"], got["raw-wait"], got["mesh"], got["mesh-c32"], got["mesh-1"]
 	fmt.Printf("one producer (EmitAsync)  %8.0f events/s   %5.1f µs/event   mesh-1/raw-best %.2f\n",
 		median(one.tp), median(one.cpu), median(one.tp)/median(best.tp))
 	record(qt+": one producer with EmitAsync / raw at its best", pairedRatio(one.tp, best.tp), 0.90, true, "")
@@ -214,6 +219,8 @@ func benchQueueType(url, qt string, o options) error {
 		median(best.tp), median(wait.tp), median(mesh.tp), median(mesh.tp)/median(best.tp), median(mesh.tp)/median(wait.tp))
 	fmt.Printf("client CPU  raw-best %5.1f  raw-wait %5.1f  mesh %5.1f µs/event   mesh/raw-best %.2f\n",
 		median(best.cpu), median(wait.cpu), median(mesh.cpu), median(mesh.cpu)/median(best.cpu))
+	fmt.Printf("concurrency 32  %8.0f events/s  client CPU %5.1f  broker CPU %5.1f µs/event   mesh-c32/raw-best %.2f\n",
+		median(c32.tp), median(c32.cpu), median(c32.broker), median(c32.tp)/median(best.tp))
 	if brokerPID != 0 {
 		fmt.Printf("broker CPU  raw-best %5.1f  raw-wait %5.1f  mesh %5.1f µs/event   mesh/raw-best %.2f (beam.smp, pid %d)\n",
 			median(best.broker), median(wait.broker), median(mesh.broker), median(mesh.broker)/median(best.broker), brokerPID)
@@ -224,8 +231,11 @@ func benchQueueType(url, qt string, o options) error {
 		o.rate, median(best.p50), median(mesh.p50), median(best.p99), median(mesh.p99), median(mesh.p99)/median(best.p99))
 	record(qt+": in-process throughput / raw at its best", pairedRatio(mesh.tp, best.tp), 0.90, true, "")
 	record(qt+": client CPU per event / raw at its best", pairedRatio(mesh.cpu, best.cpu), 1.2, false, "")
+	record(qt+": throughput at concurrency 32 / raw at its best", pairedRatio(c32.tp, best.tp), 0.90, true, "")
+	record(qt+": client CPU at concurrency 32 / raw at its best", pairedRatio(c32.cpu, best.cpu), 1.2, false, "")
 	if brokerPID != 0 {
 		record(qt+": broker CPU per event / raw at its best", pairedRatio(mesh.broker, best.broker), 1.1, false, "")
+		record(qt+": broker CPU at concurrency 32 / raw at its best", pairedRatio(c32.broker, best.broker), 1.1, false, "")
 	}
 	record(qt+": p99 latency at "+fmt.Sprint(o.rate)+"/s / raw", pairedRatio(mesh.p99, best.p99), 1.5, false, "")
 	return nil
