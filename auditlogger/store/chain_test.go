@@ -553,7 +553,8 @@ func TestAddHistoryIsContiguous(t *testing.T) {
 	defer s.Close()
 	ctx := context.Background()
 	stop := make(chan struct{})
-	var wg sync.WaitGroup
+	var wg, adding sync.WaitGroup
+	adding.Add(4)
 	for g := range 4 {
 		wg.Go(func() {
 			for i := 0; ; i++ {
@@ -564,7 +565,13 @@ func TestAddHistoryIsContiguous(t *testing.T) {
 				}
 				if _, err := s.Add(ctx, event(100000+g*10000+i, "mesh.other.x")); err != nil {
 					t.Error(err)
+					if i == 0 {
+						adding.Done()
+					}
 					return
+				}
+				if i == 0 {
+					adding.Done() // its first row is in: the others' adds run beside the batch
 				}
 			}
 		})
@@ -573,7 +580,7 @@ func TestAddHistoryIsContiguous(t *testing.T) {
 	for i := range evs {
 		evs[i].ID = fmt.Sprintf("01JHIST%019d", 49-i) // ids out of order: the batch's order is not theirs
 	}
-	time.Sleep(10 * time.Millisecond)
+	adding.Wait()
 	if n, err := s.AddHistory(ctx, 150, evs...); err != nil || n != 50 {
 		t.Fatalf("added %d, %v", n, err)
 	}
