@@ -37,15 +37,22 @@ func historyNode(t *testing.T, ctx context.Context, url, name string) *runtime.N
 	return n
 }
 
-// poll waits until cond holds, or fails the test after limit.
+// poll waits until cond holds, or fails the test after limit. cond reads
+// what a logger stored (in another process, for a module process): there
+// is no signal to wait on but the state itself, looked at again on each
+// tick.
 func poll(t *testing.T, limit time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(limit)
+	deadline := time.NewTimer(limit)
+	defer deadline.Stop()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
 	for !cond() {
-		if time.Now().After(deadline) {
+		select {
+		case <-deadline.C:
 			t.Fatalf("after %v: %s", limit, what)
+		case <-tick.C:
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 
