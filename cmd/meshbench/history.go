@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"time"
 
@@ -26,15 +25,11 @@ import (
 //     a new or rebuilt logger comes level; in-process, and as a module
 //     process (auditlogger/cmd/audit-logger --history, as meshd runs it).
 func benchHistory(url string, o options) error {
-	dir, err := os.MkdirTemp("", "meshbench-history-bin-")
+	bin, remove, err := buildBinary("./auditlogger/cmd/audit-logger")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	bin := filepath.Join(dir, "audit-logger")
-	if out, err := exec.Command("go", "build", "-o", bin, "./auditlogger/cmd/audit-logger").CombinedOutput(); err != nil {
-		return fmt.Errorf("build the audit logger: %v\n%s", err, out)
-	}
+	defer remove()
 	fmt.Printf("\n== audit on the history: %d events a round indexed from a stream, beside the event path and the logger's own queue ==\n", o.events)
 	var path, queue, live, catchUp, catchUpProc []float64
 	for r := 0; r < o.rounds; r++ {

@@ -23,15 +23,11 @@ import (
 // benchPlugin measures emit→handle throughput of the same module run as a
 // module process and in-process, beside the raw baseline, in one run.
 func benchPlugin(url string, o options) error {
-	dir, err := os.MkdirTemp("", "meshbench-plugin-")
+	bin, remove, err := buildBinary("./cmd/meshbench/countplugin")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	bin := filepath.Join(dir, "countplugin")
-	if out, err := exec.Command("go", "build", "-o", bin, "./cmd/meshbench/countplugin").CombinedOutput(); err != nil {
-		return fmt.Errorf("build the module binary: %v\n%s", err, out)
-	}
+	defer remove()
 	fmt.Printf("\n== module process: %d events a round through the plugin boundary, the same module in-process, and raw ==\n", o.events)
 	var raw, inproc, plugin []float64
 	for r := 0; r < o.rounds; r++ {
@@ -221,4 +217,19 @@ func benchNode(ctx context.Context, url string) (node *runtime.Node, state strin
 		return nil, "", nil, err
 	}
 	return node, state, func() { _ = node.Close(context.Background()); os.RemoveAll(state) }, nil
+}
+
+// buildBinary builds the command pkg into a temporary directory and
+// returns its path, and remove, which deletes the directory.
+func buildBinary(pkg string) (bin string, remove func(), err error) {
+	dir, err := os.MkdirTemp("", "meshbench-bin-")
+	if err != nil {
+		return "", nil, err
+	}
+	bin = filepath.Join(dir, filepath.Base(pkg))
+	if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
+		os.RemoveAll(dir)
+		return "", nil, fmt.Errorf("build %s: %v\n%s", pkg, err, out)
+	}
+	return bin, func() { os.RemoveAll(dir) }, nil
 }
