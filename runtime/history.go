@@ -175,7 +175,8 @@ func (m *Module) RewindHistory(from int64) {
 	}
 	// Before the process that said from is sent anything: a batch the
 	// reader on ch still holds, or retries, is not sent to it.
-	ch := m.stopHistoryReader(from)
+	ch := m.stopHistoryReader()
+	m.setHistoryNext(from) // the reader on ch moves it no more
 	if ch != nil {
 		_ = ch.Close() // watch sees no error: resume it ourselves
 		if s := m.node.session(); s != nil {
@@ -185,18 +186,14 @@ func (m *Module) RewindHistory(from int64) {
 }
 
 // stopHistoryReader ends the reader on the current history channel,
-// which it returns (nil: none), and, if from is not nil, sets the offset
-// the module reads from next: the reader's context ends, and it
+// which it returns (nil: none): the reader's context ends, and it
 // acknowledges and moves the offset no more. Call it before that channel
 // is closed: an ack racing the close reaches the broker on a channel it
 // closed, a connection error (504) that ends the node's session.
-func (m *Module) stopHistoryReader(from ...int64) *amqp.Channel {
+func (m *Module) stopHistoryReader() *amqp.Channel {
 	m.historyAckMu.Lock()
 	defer m.historyAckMu.Unlock()
 	m.mu.Lock()
-	if len(from) > 0 {
-		m.setHistoryNext(from[0])
-	}
 	ch, cancel := m.historyCh, m.historyCancel
 	m.historyCh, m.historyCancel = nil, nil
 	m.mu.Unlock()
