@@ -119,6 +119,11 @@ func run(o options) error {
 			}
 		}
 	}
+	if o.only == "" || o.only == "broker" {
+		if err := benchBrokerCost(url, o); err != nil {
+			return fmt.Errorf("broker cost: %w", err)
+		}
+	}
 	if o.only == "" || o.only == "rpc" {
 		if err := benchRPC(url, o); err != nil {
 			return fmt.Errorf("rpc: %w", err)
