@@ -1,6 +1,8 @@
 package runtime
 
 import (
+	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -29,6 +31,10 @@ type acker struct {
 	// flow is what the workers on ch report (consumerFlow); set by the
 	// consumer that makes the acker.
 	flow *consumerFlow
+	// records, if set, writes down the ids recorded as handled since its
+	// last call (Module.writeRecords); a flush sends no ack before it
+	// returned nil.
+	records func() error
 
 	mu   sync.Mutex
 	seen uint64              // the highest tag delivered
@@ -69,7 +75,11 @@ func (a *acker) ack(tag uint64) error {
 	defer a.mu.Unlock()
 	a.held[tag] = struct{}{}
 	if len(a.held) >= a.max {
-		return a.flushLocked()
+		if err := a.flushLocked(); !errors.Is(err, errRecordsUnwritten) {
+			return err
+		}
+		// Held, not lost: the worker's next wait tries again
+		// (flushThenWait).
 	}
 	return nil
 }
@@ -90,9 +100,22 @@ func (a *acker) flush() error {
 	return a.flushLocked()
 }
 
+// errRecordsUnwritten says a flush sent no ack because the ids recorded
+// as handled could not be written down: the acks stay held, for the next
+// flush.
+var errRecordsUnwritten = errors.New("the handled events' records could not be written; their acks wait")
+
 func (a *acker) flushLocked() error {
 	if len(a.held) == 0 {
 		return nil
+	}
+	if a.records != nil {
+		// Every held ack's record was added before the ack was held:
+		// written first, so that an event acknowledged is one whose
+		// redelivery after a crash is recognised.
+		if err := a.records(); err != nil {
+			return fmt.Errorf("%w: %w", errRecordsUnwritten, err)
+		}
 	}
 	// The run of settled or held tags from base+1.
 	var top uint64 // the highest held tag in the run
@@ -155,11 +178,7 @@ func (m *Module) nextDelivery(deliveries <-chan amqp.Delivery, a *acker, linger 
 	default:
 	}
 	if !a.lingers() { // nothing held (flush does nothing), or the broker may be waiting for the acks
-		if err := a.flush(); err != nil {
-			m.log.Warn("ack failed; the events will be delivered again (and recognised as handled)", "err", err)
-		}
-		d, ok := <-deliveries
-		return d, ok
+		return m.flushThenWait(deliveries, a, linger)
 	}
 	linger.Reset(ackLinger)
 	select {
@@ -168,9 +187,34 @@ func (m *Module) nextDelivery(deliveries <-chan amqp.Delivery, a *acker, linger 
 		return d, ok
 	case <-linger.C:
 	}
-	if err := a.flush(); err != nil {
-		m.log.Warn("ack failed; the events will be delivered again (and recognised as handled)", "err", err)
+	return m.flushThenWait(deliveries, a, linger)
+}
+
+// flushThenWait sends the acks a holds and waits for the next delivery.
+// While the records of the handled events cannot be written (a full
+// disk), the acks stay held and the flush is tried again with back-off,
+// as long as no delivery comes: the broker may send none until it has
+// them.
+func (m *Module) flushThenWait(deliveries <-chan amqp.Delivery, a *acker, retry *time.Timer) (amqp.Delivery, bool) {
+	for attempt := 1; ; attempt++ {
+		err := a.flush()
+		if err == nil {
+			d, ok := <-deliveries
+			return d, ok
+		}
+		if !errors.Is(err, errRecordsUnwritten) {
+			m.log.Warn("ack failed; the events will be delivered again (and recognised as handled)", "err", err)
+			d, ok := <-deliveries
+			return d, ok
+		}
+		delay := expBackoff(100*time.Millisecond, 5*time.Second, attempt)
+		m.log.Error("could not write down the handled events; their acks wait until they are written", "err", err, "attempt", attempt, "retry_in", delay)
+		retry.Reset(delay)
+		select {
+		case d, ok := <-deliveries:
+			retry.Stop()
+			return d, ok
+		case <-retry.C:
+		}
 	}
-	d, ok := <-deliveries
-	return d, ok
 }

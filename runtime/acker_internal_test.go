@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"testing"
@@ -173,5 +174,46 @@ func TestAckerLingers(t *testing.T) {
 	a.delivered(20)
 	if a.lingers() {
 		t.Error("20 unsettled of a prefetch of 32: it should not linger")
+	}
+}
+
+// TestAckerWritesRecordsBeforeAcks: a flush writes the handled events'
+// records before it sends an ack; while the write fails, no ack goes and
+// every ack stays held; the next flush that can write sends them all.
+func TestAckerWritesRecordsBeforeAcks(t *testing.T) {
+	w := &wireChannel{t: t, outstanding: map[uint64]bool{}}
+	a := newAcker(w, 32) // flush at 8 held
+	var fail error
+	writes := 0
+	a.records = func() error {
+		writes++
+		w.frames = append(w.frames, "records")
+		return fail
+	}
+	fail = fmt.Errorf("no space left on device (forced)")
+	for tag := uint64(1); tag <= 9; tag++ {
+		w.outstanding[tag] = true
+		if err := a.ack(tag); err != nil {
+			t.Fatalf("ack %d: %v (held, not an error, while the records wait)", tag, err)
+		}
+	}
+	if err := a.flush(); !errors.Is(err, errRecordsUnwritten) {
+		t.Fatalf("flush while the records cannot be written = %v, want errRecordsUnwritten", err)
+	}
+	if len(w.outstanding) != 9 || slices.Contains(w.frames, "ack 9 true") {
+		t.Fatalf("acks sent while the records could not be written: %v", w.frames)
+	}
+	fail = nil
+	if err := a.flush(); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.frames[len(w.frames)-2:]; !slices.Equal(got, []string{"records", "ack 9 true"}) {
+		t.Fatalf("frames end %v, want the records written, then one ack of all nine", got)
+	}
+	if len(w.outstanding) != 0 {
+		t.Fatalf("left unsettled: %v", w.outstanding)
+	}
+	if err := a.flush(); err != nil || w.frames[len(w.frames)-1] != "ack 9 true" {
+		t.Fatalf("a flush with nothing held wrote or sent: %v, %v", err, w.frames)
 	}
 }

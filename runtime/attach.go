@@ -316,6 +316,9 @@ func (m *Module) consume(ctx context.Context, s *session, subs []subscription) e
 	m.addTag(ch, tag, m.queue)
 	a := newAcker(ch, m.cfg.Prefetch)
 	a.flow = m.flowOf(ch)
+	if m.dedup != nil {
+		a.records = m.writeRecords
+	}
 	go m.watch(s, ch, ch.NotifyClose(make(chan *amqp.Error, 1)), ch.NotifyCancel(make(chan string, 1)))
 	for range m.cfg.Concurrency {
 		m.startWorker(deliveries, a)

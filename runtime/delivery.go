@@ -491,14 +491,15 @@ func (m *Module) liveSession(d amqp.Delivery) (*session, bool) {
 	return s, s != nil
 }
 
-// record records id as handled, trying again with back-off while it
-// cannot (a full disk): the delivery d is acknowledged only once its id is
-// recorded, so a record that failed never leaves an acked event that a
-// redelivery would run again. It gives up, unrecorded and unacked, when
-// d's channel closes (the broker delivers it again).
+// record records id as handled (in memory at once; on disk with the next
+// flush of d's acker, before its ack: writeRecords), trying again with
+// back-off while it cannot: the delivery d is acknowledged only once its
+// id is recorded, so a record that failed never leaves an acked event
+// that a redelivery would run again. It gives up, unrecorded and unacked,
+// when d's channel closes (the broker delivers it again).
 func (m *Module) record(d amqp.Delivery, id string) bool {
 	for attempt := 1; ; attempt++ {
-		err := m.dedup.Record(id)
+		err := m.dedup.Add(id)
 		if hook := m.node.hook().record; hook != nil {
 			err = hook(id, err)
 		}
@@ -509,9 +510,21 @@ func (m *Module) record(d amqp.Delivery, id string) bool {
 			return false
 		}
 		delay := expBackoff(100*time.Millisecond, 5*time.Second, attempt)
-		m.log.Error("could not record the event as handled (is the disk full?); its ack waits until it is recorded", "event_id", id, "err", err, "attempt", attempt, "retry_in", delay)
+		m.log.Error("could not record the event as handled; its ack waits until it is recorded", "event_id", id, "err", err, "attempt", attempt, "retry_in", delay)
 		time.Sleep(delay)
 	}
+}
+
+// writeRecords writes down the ids recorded as handled since the last
+// write (dedup.Set.Add), with one write: an acker calls it before it sends
+// acks, so that no delivery is acknowledged before its record is on disk
+// (docs/adr/0036-what-the-mesh-costs-the-broker.md).
+func (m *Module) writeRecords() error {
+	err := m.dedup.Flush()
+	if hook := m.node.hook().writeRecords; hook != nil {
+		err = hook(err)
+	}
+	return err
 }
 
 // later runs f after delay unless the module stops first.

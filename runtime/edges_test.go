@@ -249,6 +249,57 @@ func TestUnrecordedEventIsNotAcked(t *testing.T) {
 	}
 }
 
+// TestUnwrittenRecordsHoldTheAck: a de-duplicating module whose handled
+// ids cannot be written down (a full disk, forced at the write its acker
+// makes before it acks) sends no ack until the write works: while it
+// fails, the delivery stays unacknowledged, the write is tried again by
+// itself (no other delivery comes to prompt it), and the handler ran
+// once. The ack then goes, after the record is on disk.
+func TestUnwrittenRecordsHoldTheAck(t *testing.T) {
+	t.Parallel()
+	vhost := brokertest.VHost(t)
+	n := testNode(t, vhost, "anchor", nil)
+	queue := wire.ModuleQueue("anchor", "writer")
+	var mu sync.Mutex
+	failing, unackedWhileFailing := 0, -1
+	n.SetTestHooks(runtime.TestHooks{WriteRecords: func(err error) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			t.Errorf("the real write failed: %v", err)
+		}
+		switch failing++; failing {
+		case 1:
+			return errors.New("no space left on device (forced)")
+		case 2:
+			unackedWhileFailing = unacked(t, vhost, queue) // the ack has not gone out
+			return errors.New("no space left on device (forced)")
+		}
+		return err
+	}})
+	rec := newRecorder(nil)
+	load(t, n, sdk.Module{Name: "writer", Setup: func(m sdk.Mesh) error { return m.On("mesh.write.#", rec) }},
+		runtime.ModuleConfig{QueueType: runtime.QueueClassic})
+	if _, err := n.Emit(emitCtx(t), "test", "mesh.write.one", 1); err != nil {
+		t.Fatal(err)
+	}
+	rec.next(t)
+	waitFor(t, 30*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return failing >= 3
+	})
+	waitFor(t, 10*time.Second, func() bool { return unacked(t, vhost, queue) == 0 })
+	mu.Lock()
+	defer mu.Unlock()
+	if unackedWhileFailing != 1 {
+		t.Errorf("while the write failed, %d unacked: want the delivery held (1)", unackedWhileFailing)
+	}
+	if rec.count() != 1 {
+		t.Errorf("the handler ran %d times, want once", rec.count())
+	}
+}
+
 // dropConsumer makes the broker forget the consumer of quorum queue in
 // the virtual host of vhostURL without telling its channel: a rabbit_fifo
 // cancel command sent to the queue's leader, as RabbitMQ 3.10 itself did

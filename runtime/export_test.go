@@ -30,6 +30,10 @@ type TestHooks struct {
 	// Record: what recording a handled event's id returns, given what it
 	// did return (a full disk, forced).
 	Record func(id string, err error) error
+	// WriteRecords: what writing down the handled ids recorded since the
+	// last write returns, given what it did return (a full disk, forced);
+	// the acks of their deliveries wait for it.
+	WriteRecords func(err error) error
 	// Unseen: whether a worker drops the delivery it got from queue,
 	// neither handled nor settled, as if the broker had checked it out to
 	// the consumer and never delivered it.
@@ -43,7 +47,7 @@ type TestHooks struct {
 
 // SetTestHooks makes the node call h's functions (those set).
 func (n *Node) SetTestHooks(h TestHooks) {
-	n.hooks.Store(&hooks{resumed: h.Resumed, setUp: h.SetUp, relaunched: h.Relaunched, stopWaiting: h.StopWaiting, exited: h.Exited, awaiting: h.Awaiting, reconsume: h.Reconsume, drainWaits: h.DrainWaits, refused: h.Refused, record: h.Record, unseen: h.Unseen, lookedAt: h.LookedAt, checked: h.Checked})
+	n.hooks.Store(&hooks{resumed: h.Resumed, setUp: h.SetUp, relaunched: h.Relaunched, stopWaiting: h.StopWaiting, exited: h.Exited, awaiting: h.Awaiting, reconsume: h.Reconsume, drainWaits: h.DrainWaits, refused: h.Refused, record: h.Record, writeRecords: h.WriteRecords, unseen: h.Unseen, lookedAt: h.LookedAt, checked: h.Checked})
 }
 
 // ErrDescribesAnother is errDescribesAnother, for tests.

@@ -99,19 +99,20 @@ type Node struct {
 
 // hooks are called, when set, at points tests need to order against.
 type hooks struct {
-	resumed     func()                           // the supervisor has brought every module back on a new session
-	setUp       func(module string)              // a module's Setup returned; it is not attachable yet
-	relaunched  func(module string, pid int)     // a crashed module process was started again, not installed yet
-	stopWaiting func(module string)              // a module process's Stop waits for its supervisor to end
-	exited      func(module string)              // a module process is gone; its supervisor has not taken it out yet
-	awaiting    func(module string)              // a delivery or call waits for the module process's restart
-	reconsume   func(queue string, attempt int)  // a lost consumed queue is about to be consumed again
-	drainWaits  func()                           // the spool's drain published a batch and waits for its confirms
-	refused     func(module string)              // a module stopped for good: its process came back as another module
-	record      func(id string, err error) error // the outcome of recording a handled id, as the test would have it
-	unseen      func(queue string) bool          // true: a worker drops the delivery it got from queue, neither handled nor settled
-	lookedAt    func()                           // the node looked at its modules' queues (watchQueueDepths)
-	checked     func(module string)              // a module's consumers were checked once (checkConsumers)
+	resumed      func()                           // the supervisor has brought every module back on a new session
+	setUp        func(module string)              // a module's Setup returned; it is not attachable yet
+	relaunched   func(module string, pid int)     // a crashed module process was started again, not installed yet
+	stopWaiting  func(module string)              // a module process's Stop waits for its supervisor to end
+	exited       func(module string)              // a module process is gone; its supervisor has not taken it out yet
+	awaiting     func(module string)              // a delivery or call waits for the module process's restart
+	reconsume    func(queue string, attempt int)  // a lost consumed queue is about to be consumed again
+	drainWaits   func()                           // the spool's drain published a batch and waits for its confirms
+	refused      func(module string)              // a module stopped for good: its process came back as another module
+	record       func(id string, err error) error // the outcome of recording a handled id, as the test would have it
+	writeRecords func(err error) error            // the outcome of writing the recorded ids down before their acks
+	unseen       func(queue string) bool          // true: a worker drops the delivery it got from queue, neither handled nor settled
+	lookedAt     func()                           // the node looked at its modules' queues (watchQueueDepths)
+	checked      func(module string)              // a module's consumers were checked once (checkConsumers)
 }
 
 // noHooks is what hook returns when no test set any: one value, so that

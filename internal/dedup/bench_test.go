@@ -72,6 +72,28 @@ func BenchmarkRecord(b *testing.B) {
 	}
 }
 
+// BenchmarkAddFlush8 adds new ids and writes them eight at a time, as the
+// runtime does at an acknowledgement of eight deliveries (ns/op is per id).
+func BenchmarkAddFlush8(b *testing.B) {
+	s := open(b, filepath.Join(b.TempDir(), "m.log"), Options{})
+	all := seq(b.N)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if err := s.Add(all[i]); err != nil {
+			b.Fatal(err)
+		}
+		if i%8 == 7 {
+			if err := s.Flush(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	if err := s.Flush(); err != nil {
+		b.Fatal(err)
+	}
+}
+
 // BenchmarkRecordParallel is BenchmarkRecord from GOMAXPROCS goroutines.
 func BenchmarkRecordParallel(b *testing.B) {
 	s := open(b, filepath.Join(b.TempDir(), "m.log"), Options{})

@@ -122,6 +122,9 @@ type Set struct {
 	count  int                 // records in the file, valid or not
 	retry  int                 // count below which a failed compaction is not retried
 	buf    [recordSize]byte
+	// pending holds the records of ids added (Add) and not yet written,
+	// in order.
+	pending []byte
 
 	// compacting is closed when the compaction running in the background
 	// ends; nil when none runs.
@@ -186,7 +189,48 @@ func (s *Set) Seen(id string) (bool, error) {
 // power loss). The error wraps ErrInvalidID if id is not a ULID, is
 // ErrClosed after Close, and otherwise is a write error, after which id is
 // not recorded.
+//
+// Record is [Set.Add] and [Set.Flush] in one, for a caller that writes
+// one id at a time.
 func (s *Set) Record(id string) error {
+	u, err := parseID(id)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	now := s.opts.Now().UnixNano()
+	at, held := s.ids[u]
+	if held && at > s.cutoff(now) {
+		return s.flushLocked() // it may be held but not written yet (Add)
+	}
+	if err := s.flushLocked(); err != nil {
+		return err // what was added before goes first
+	}
+	encodeRecord(s.buf[:], u, now)
+	if _, err := s.f.WriteAt(s.buf[:], s.end); err != nil {
+		// The next record is written at the same offset, over whatever
+		// part of this one reached the file.
+		return fmt.Errorf("dedup: record %s: %w", id, err)
+	}
+	s.add(u, now, held) // before a compaction wrote may start copies memory
+	s.wrote(1, now)
+	return nil
+}
+
+// Add records that id was handled in memory at once, so that Seen reports
+// it from now on, and keeps its record to write to the log with the next
+// [Set.Flush] (or Record, or Close): a caller that handles many events
+// writes their records with one write(2) where Record would make one each.
+// Until that write, a crash of the process forgets id: the caller must not
+// take the step that makes a repeat of the event unlikely to be noticed
+// otherwise (the runtime: acknowledging the delivery) before Flush
+// returned nil. It is idempotent like Record. The error wraps ErrInvalidID
+// if id is not a ULID, and is ErrClosed after Close; Add does no I/O.
+func (s *Set) Add(id string) error {
 	u, err := parseID(id)
 	if err != nil {
 		return err
@@ -201,20 +245,53 @@ func (s *Set) Record(id string) error {
 	if held && at > s.cutoff(now) {
 		return nil
 	}
-	encodeRecord(s.buf[:], u, now)
-	if _, err := s.f.WriteAt(s.buf[:], s.end); err != nil {
-		// The next record is written at the same offset, over whatever
-		// part of this one reached the file.
-		return fmt.Errorf("dedup: record %s: %w", id, err)
-	}
-	s.end += recordSize
-	s.count++
+	n := len(s.pending)
+	s.pending = append(s.pending, make([]byte, recordSize)...)
+	encodeRecord(s.pending[n:], u, now)
 	s.add(u, now, held)
+	return nil
+}
+
+// Flush writes the records of the ids added since the last write, with one
+// write(2), without fsync. After an error (the disk is full, say) the
+// records are still kept to write, and the next Flush tries again; the ids
+// stay in memory meanwhile. It is ErrClosed after Close, and nil when
+// nothing waits to be written.
+func (s *Set) Flush() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	return s.flushLocked()
+}
+
+// flushLocked is Flush; the caller holds s.mu.
+func (s *Set) flushLocked() error {
+	if len(s.pending) == 0 {
+		return nil
+	}
+	if _, err := s.f.WriteAt(s.pending, s.end); err != nil {
+		// The next write starts at the same offset, over whatever part of
+		// this one reached the file.
+		return fmt.Errorf("dedup: write %d records: %w", len(s.pending)/recordSize, err)
+	}
+	n := len(s.pending) / recordSize
+	s.pending = s.pending[:0]
+	s.wrote(n, s.opts.Now().UnixNano())
+	return nil
+}
+
+// wrote accounts for n records just written at the log's end, then
+// forgets a few expired ids and starts a compaction if one is due. The
+// caller holds s.mu.
+func (s *Set) wrote(n int, now int64) {
+	s.end += int64(n) * recordSize
+	s.count += n
 	s.purge(now, purgeBatch)
 	if s.needsCompaction() {
 		s.compactInBackground(now)
 	}
-	return nil
 }
 
 // compactChunk is how many entries a background compaction copies per
@@ -298,7 +375,8 @@ func (s *Set) Len() int {
 	return len(s.ids)
 }
 
-// Close syncs and closes the log and releases the memory. It is
+// Close writes the records still to write (Add), syncs and closes the log
+// and releases the memory. It is
 // idempotent: a second Close returns nil.
 func (s *Set) Close() error {
 	s.mu.Lock()
@@ -311,10 +389,11 @@ func (s *Set) Close() error {
 	s.waitCompaction() // it sees closed and drops its file
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.ids, s.order, s.stale = nil, queue{}, 0
+	ferr := s.flushLocked()
+	s.ids, s.order, s.stale, s.pending = nil, queue{}, 0, nil
 	serr := s.f.Sync()
 	cerr := s.f.Close()
-	if err := errors.Join(serr, cerr); err != nil {
+	if err := errors.Join(ferr, serr, cerr); err != nil {
 		return fmt.Errorf("dedup: close %s: %w", s.path, err)
 	}
 	return nil

@@ -114,6 +114,114 @@ func TestSeenAfterRecord(t *testing.T) {
 	}
 }
 
+// TestAddIsSeenAtOnceAndWrittenByFlush: Add makes an id Seen without
+// writing; Flush writes every added record with one write, after which a
+// reopened log holds them; Close writes what is still to write.
+func TestAddIsSeenAtOnceAndWrittenByFlush(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "m.log")
+	s := open(t, path, Options{})
+	group := ids(8)
+	for _, id := range group {
+		if err := s.Add(id); err != nil {
+			t.Fatal(err)
+		}
+		mustSeen(t, s, id, true)
+	}
+	if err := s.Add(group[0]); err != nil { // idempotent: not kept twice
+		t.Fatal(err)
+	}
+	if size := fileSize(t, path); size != headerSize {
+		t.Fatalf("log is %d bytes before Flush, want %d (the header only)", size, headerSize)
+	}
+	if err := s.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if size, want := fileSize(t, path), int64(headerSize+len(group)*recordSize); size != want {
+		t.Fatalf("log is %d bytes after Flush, want %d", size, want)
+	}
+	if err := s.Flush(); err != nil { // nothing to write
+		t.Fatal(err)
+	}
+	// Record writes what was added before it first, then its own.
+	late, own := ulid.Make().String(), ulid.Make().String()
+	if err := s.Add(late); err != nil {
+		t.Fatal(err)
+	}
+	mustRecord(t, s, own)
+	if size, want := fileSize(t, path), int64(headerSize+(len(group)+2)*recordSize); size != want {
+		t.Fatalf("log is %d bytes after Record, want %d", size, want)
+	}
+	unflushed := ulid.Make().String()
+	if err := s.Add(unflushed); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = open(t, path, Options{})
+	for _, id := range append(group, late, own, unflushed) {
+		mustSeen(t, s, id, true)
+	}
+	if s.Len() != len(group)+3 {
+		t.Fatalf("Len = %d after reopen, want %d", s.Len(), len(group)+3)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Add(ulid.Make().String()); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Add after Close = %v, want ErrClosed", err)
+	}
+	if err := s.Flush(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Flush after Close = %v, want ErrClosed", err)
+	}
+}
+
+// TestFlushThatFailsKeepsTheRecords: a write that fails (here the log's
+// file is swapped for one opened read-only, as a full disk refuses)
+// keeps the added records to write, and the next Flush writes them all.
+func TestFlushThatFailsKeepsTheRecords(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "m.log")
+	s := open(t, path, Options{})
+	group := ids(3)
+	for _, id := range group {
+		if err := s.Add(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ro, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	f := s.f
+	s.f = ro
+	s.mu.Unlock()
+	if err := s.Flush(); err == nil {
+		t.Fatal("Flush to a read-only file succeeded")
+	}
+	if err := s.Record(ulid.Make().String()); err == nil {
+		t.Fatal("Record to a read-only file succeeded")
+	}
+	mustSeen(t, s, group[0], true) // still held in memory
+	s.mu.Lock()
+	s.f = f
+	s.mu.Unlock()
+	ro.Close()
+	if err := s.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if size, want := fileSize(t, path), int64(headerSize+len(group)*recordSize); size != want {
+		t.Fatalf("log is %d bytes, want %d", size, want)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = open(t, path, Options{})
+	for _, id := range group {
+		mustSeen(t, s, id, true)
+	}
+}
+
 func TestReopen(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "state", "dedup", "m.log")
 	want := ids(100)

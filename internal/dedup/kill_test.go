@@ -46,6 +46,11 @@ func TestSIGKILLSurvival(t *testing.T) {
 		checkAllSeen(t, s, printed)
 		t.Logf("child printed %d ids before it died; the log holds %d", len(printed), s.Len())
 	})
+	t.Run("batched", func(t *testing.T) {
+		printed, path := runKilledChild(t, "batched", 5000)
+		s := open(t, path, Options{})
+		checkAllSeen(t, s, printed)
+	})
 	t.Run("compacting", func(t *testing.T) {
 		inCompaction := 0
 		for range 5 {
@@ -128,7 +133,10 @@ func checkAllSeen(t *testing.T, s *Set, printed []string) {
 }
 
 // TestSIGKILLChild is the child of TestSIGKILLSurvival: it records ids
-// until it is killed, printing each after Record returned.
+// until it is killed, printing each after Record returned; in mode
+// "batched", four goroutines each Add eight ids and then Flush, printing
+// the eight after Flush returned (as the runtime acknowledges a group of
+// deliveries once their records are written).
 func TestSIGKILLChild(t *testing.T) {
 	path := os.Getenv(killChildEnv)
 	if path == "" {
@@ -143,6 +151,29 @@ func TestSIGKILLChild(t *testing.T) {
 		t.Fatal(err)
 	}
 	var wg sync.WaitGroup
+	if os.Getenv(killModeEnv) == "batched" {
+		for range workers {
+			wg.Go(func() {
+				for {
+					group := ids(8)
+					for _, id := range group {
+						if err := s.Add(id); err != nil {
+							fmt.Fprintln(os.Stderr, "child:", err)
+							os.Exit(3)
+						}
+					}
+					if err := s.Flush(); err != nil {
+						fmt.Fprintln(os.Stderr, "child:", err)
+						os.Exit(3)
+					}
+					for _, id := range group {
+						fmt.Fprintln(os.Stdout, id)
+					}
+				}
+			})
+		}
+		wg.Wait() // never: the parent kills the process
+	}
 	for range workers {
 		wg.Go(func() {
 			for {
