@@ -137,21 +137,33 @@ func ValidateEventType(key string) error {
 	if err := checkLength(what, key); err != nil {
 		return err
 	}
-	words := strings.Split(key, ".")
-	for i, w := range words {
-		if err := checkWord(what, key, w, i); err != nil {
-			return err
-		}
+	n, err := checkWords(what, key)
+	if err != nil {
+		return err
 	}
-	if len(words) < 3 {
-		return invalid(what, key, "has %d words, needs at least 3 (<origin>.<name>.<event>)", len(words))
+	if n < 3 {
+		return invalid(what, key, "has %d words, needs at least 3 (<origin>.<name>.<event>)", n)
 	}
-	switch words[0] {
+	switch origin, _, _ := strings.Cut(key, "."); origin {
 	case "module", "mesh", "node":
 	default:
-		return invalid(what, key, "origin %q is not one of module, mesh, node", words[0])
+		return invalid(what, key, "origin %q is not one of module, mesh, node", origin)
 	}
 	return nil
+}
+
+// checkWords checks each dotted word of s by checkWord and returns how
+// many there are; it allocates nothing (it runs on every emit and
+// delivery).
+func checkWords(what, s string) (n int, err error) {
+	for rest, more := s, true; more; n++ {
+		var w string
+		w, rest, more = strings.Cut(rest, ".")
+		if err := checkWord(what, s, w, n); err != nil {
+			return n, err
+		}
+	}
+	return n, nil
 }
 
 // ValidateRelativeType checks the name a module emits under its own
@@ -162,12 +174,8 @@ func ValidateRelativeType(name string) error {
 	if err := checkLength(what, name); err != nil {
 		return err
 	}
-	for i, w := range strings.Split(name, ".") {
-		if err := checkWord(what, name, w, i); err != nil {
-			return err
-		}
-	}
-	return nil
+	_, err := checkWords(what, name)
+	return err
 }
 
 // ValidatePattern checks an AMQP topic pattern: words as in an event type,
@@ -247,10 +255,39 @@ func ValidateQueueName(name string) error {
 // the empty key has no words. It runs in time proportional to the product of
 // the word counts, whatever the pattern.
 func MatchPattern(pattern, key string) bool {
-	if !strings.Contains(pattern, "#") {
+	hash := strings.IndexByte(pattern, '#')
+	switch {
+	case hash < 0:
 		return matchWords(pattern, key)
+	case pattern == "#":
+		return true
+	case hash == len(pattern)-1 && strings.HasSuffix(pattern, ".#"):
+		// The common "module.umami.#": the words before it, then any.
+		return matchPrefix(pattern[:len(pattern)-2], key)
 	}
 	return matchTable(words(pattern), words(key))
+}
+
+// matchPrefix reports whether key starts with words that pattern (no '#')
+// matches word by word, without allocating: pattern + ".#" matches key.
+func matchPrefix(pattern, key string) bool {
+	if key == "" {
+		return false // the prefix has a word at least; the key has none
+	}
+	for {
+		pw, prest, pmore := strings.Cut(pattern, ".")
+		kw, krest, kmore := strings.Cut(key, ".")
+		if pw != "*" && pw != kw {
+			return false
+		}
+		if !pmore {
+			return true
+		}
+		if !kmore {
+			return false
+		}
+		pattern, key = prest, krest
+	}
 }
 
 func words(s string) []string {
@@ -312,10 +349,6 @@ func ValidateToolKey(key string) error {
 	if limit := MaxNameBytes - len(ServeQueue("")); len(key) > limit {
 		return invalid(what, key, "is %d bytes, over %d (its queue name serve.<key> must fit in %d)", len(key), limit, MaxNameBytes)
 	}
-	for i, w := range strings.Split(key, ".") {
-		if err := checkWord(what, key, w, i); err != nil {
-			return err
-		}
-	}
-	return nil
+	_, err := checkWords(what, key)
+	return err
 }
