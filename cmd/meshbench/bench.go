@@ -592,23 +592,29 @@ func newRawBest(url, qt string, s *sink, window int) (side, error) {
 }
 
 func (r *rawBestSide) stream(ctx context.Context, n int) error {
-	inFlight := make([]*amqp.DeferredConfirmation, 0, r.window)
-	settle := func(dc *amqp.DeferredConfirmation) error { return confirmed(ctx, dc) }
+	return streamWindow(ctx, n, r.window, r.send)
+}
+
+// streamWindow publishes events 1..n with send from one goroutine,
+// keeping window confirms in flight: it waits for the oldest only when
+// the window is full, then for the rest at the end.
+func streamWindow(ctx context.Context, n, window int, send func(context.Context, int) (*amqp.DeferredConfirmation, error)) error {
+	inFlight := make([]*amqp.DeferredConfirmation, 0, window)
 	for seq := 1; seq <= n; seq++ {
-		if len(inFlight) == r.window {
-			if err := settle(inFlight[0]); err != nil {
+		if len(inFlight) == window {
+			if err := confirmed(ctx, inFlight[0]); err != nil {
 				return err
 			}
 			inFlight = inFlight[1:]
 		}
-		dc, err := r.send(ctx, seq)
+		dc, err := send(ctx, seq)
 		if err != nil {
 			return err
 		}
 		inFlight = append(inFlight, dc)
 	}
 	for _, dc := range inFlight {
-		if err := settle(dc); err != nil {
+		if err := confirmed(ctx, dc); err != nil {
 			return err
 		}
 	}

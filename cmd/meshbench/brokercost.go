@@ -232,26 +232,7 @@ func (r *rawVariantSide) publish(ctx context.Context, seq int) error {
 type rawVariantStream struct{ *rawVariantSide }
 
 func (r *rawVariantStream) stream(ctx context.Context, n int) error {
-	inFlight := make([]*amqp.DeferredConfirmation, 0, r.window)
-	for seq := 1; seq <= n; seq++ {
-		if len(inFlight) == r.window {
-			if err := confirmed(ctx, inFlight[0]); err != nil {
-				return err
-			}
-			inFlight = inFlight[1:]
-		}
-		dc, err := r.send(ctx, seq)
-		if err != nil {
-			return err
-		}
-		inFlight = append(inFlight, dc)
-	}
-	for _, dc := range inFlight {
-		if err := confirmed(ctx, dc); err != nil {
-			return err
-		}
-	}
-	return nil
+	return streamWindow(ctx, n, r.window, r.send)
 }
 
 // benchBrokerCost measures each raw variant and the mesh, in alternating
