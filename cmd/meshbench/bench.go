@@ -514,15 +514,7 @@ func newRaw(url, qt string, s *sink) (side, error) {
 	if err != nil {
 		return fail(err)
 	}
-	go func() {
-		for d := range deliveries {
-			if err := s.handle(d.Body); err != nil {
-				_ = d.Reject(true)
-				continue
-			}
-			_ = d.Ack(false)
-		}
-	}()
+	go consumeRaw(deliveries, s, false, 0)
 	return r, nil
 }
 
