@@ -43,11 +43,17 @@ type TestHooks struct {
 	LookedAt func()
 	// Checked: a module's consumers were checked once.
 	Checked func(module string)
+	// Launched: a module process passed the handshake and is about to be
+	// asked to describe itself.
+	Launched func(path string, pid int)
+	// Described: a module process described itself at its first load and
+	// the module is loaded; the process is not started yet.
+	Described func(module string, pid int)
 }
 
 // SetTestHooks makes the node call h's functions (those set).
 func (n *Node) SetTestHooks(h TestHooks) {
-	n.hooks.Store(&hooks{resumed: h.Resumed, setUp: h.SetUp, relaunched: h.Relaunched, stopWaiting: h.StopWaiting, exited: h.Exited, awaiting: h.Awaiting, reconsume: h.Reconsume, drainWaits: h.DrainWaits, refused: h.Refused, record: h.Record, writeRecords: h.WriteRecords, unseen: h.Unseen, lookedAt: h.LookedAt, checked: h.Checked})
+	n.hooks.Store(&hooks{resumed: h.Resumed, setUp: h.SetUp, relaunched: h.Relaunched, stopWaiting: h.StopWaiting, exited: h.Exited, awaiting: h.Awaiting, reconsume: h.Reconsume, drainWaits: h.DrainWaits, refused: h.Refused, record: h.Record, writeRecords: h.WriteRecords, unseen: h.Unseen, lookedAt: h.LookedAt, checked: h.Checked, launched: h.Launched, described: h.Described})
 }
 
 // ErrDescribesAnother is errDescribesAnother, for tests.

@@ -113,6 +113,8 @@ type hooks struct {
 	unseen       func(queue string) bool          // true: a worker drops the delivery it got from queue, neither handled nor settled
 	lookedAt     func()                           // the node looked at its modules' queues (watchQueueDepths)
 	checked      func(module string)              // a module's consumers were checked once (checkConsumers)
+	launched     func(path string, pid int)       // a module process passed the handshake and is about to be asked to describe itself
+	described    func(module string, pid int)     // a module process described itself at its first load and is loaded; it is not started yet
 }
 
 // noHooks is what hook returns when no test set any: one value, so that

@@ -214,7 +214,7 @@ func (n *Node) LoadPlugin(ctx context.Context, path string, args []string, mc Mo
 	pm := &PluginModule{node: n, path: path, args: args, window: mc.Concurrency, toolGrants: mc.ToolGrants, settings: mc.Settings, runAs: mc.RunAs, dir: mc.Dir, launcher: mc.Launcher, tempDir: mc.TempDir,
 		log: n.log.With("plugin", path), stopped: make(chan struct{}), done: make(chan struct{})}
 	pm.procLog.Store(pm.log)
-	proc, err := pm.launch(ctx)
+	proc, err := pm.launchFirst(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -302,14 +302,26 @@ func (n *Node) LoadPlugin(ctx context.Context, path string, args []string, mc Mo
 	}
 	pm.log = pm.log.With("module", proc.desc.Name)
 	pm.procLog.Store(pm.log)
-	if err := pm.start(ctx, proc); err != nil {
+	if h := n.hook().described; h != nil {
+		h(proc.desc.Name, proc.pid())
+	}
+	switch err := pm.start(ctx, proc); {
+	case err == nil:
+		pm.announce("started", nil)
+	case proc.gone(err):
+		// Killed (or crashed) after it described itself: the module is
+		// loaded and valid, so this is a crash like any later one, and
+		// the supervisor starts it again with back-off, rather than the
+		// node failing to start over one lost process.
+		pm.log.Error("module process exited as it was started; restarting it", "err", err)
+		proc.client.Kill()
+	default:
 		stopCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = pm.module.Stop(stopCtx)
 		proc.client.Kill()
 		return nil, err
 	}
-	pm.announce("started", nil)
 	go pm.supervise(proc)
 	n.mu.Lock()
 	n.plugins = append(n.plugins, pm)
@@ -334,8 +346,54 @@ func (pm *PluginModule) announce(what string, cause error) {
 	}
 }
 
+// firstLaunches is how many times a first load starts a module process
+// that went away while it was starting (killed, or crashed) before the
+// load fails: a binary that dies at every start still fails the load, in
+// well under a second, and one killed once does not.
+const firstLaunches = 3
+
+// errProcessGone is wrapped by launch's error when the process went away
+// while it was starting (killed, or crashed), as opposed to a process that
+// answered and was refused (another protocol version, say).
+var errProcessGone = errors.New("the module process went away while it was starting")
+
+// launchFirst is launch for the first load: it starts the process again,
+// with a short back-off, if it went away while starting, up to
+// firstLaunches times.
+func (pm *PluginModule) launchFirst(ctx context.Context) (*moduleProcess, error) {
+	backoff := 100 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		p, err := pm.launch(ctx)
+		if err == nil || !errors.Is(err, errProcessGone) || attempt == firstLaunches {
+			return p, err
+		}
+		pm.log.Warn("module process went away as it started; starting it again", "err", err, "attempt", attempt, "retry_in", backoff)
+		select {
+		case <-time.After(backoff):
+		case <-ctx.Done():
+			return nil, err
+		}
+		backoff *= 2
+	}
+}
+
+// gone reports whether p went away (err being what a call to it returned):
+// its process exited, or its connection is down.
+func (p *moduleProcess) gone(err error) bool {
+	if p.client.Exited() || status.Code(err) == codes.Unavailable {
+		return true
+	}
+	select {
+	case <-p.exited:
+		return true
+	default:
+		return false
+	}
+}
+
 // launch starts the binary, checks the handshake and opens the delivery
-// stream.
+// stream. Its error wraps errProcessGone if the process went away while
+// starting.
 func (pm *PluginModule) launch(ctx context.Context) (*moduleProcess, error) {
 	argv := append(slices.Clone(pm.launcher), pm.path)
 	argv = append(argv, pm.args...)
@@ -378,7 +436,11 @@ func (pm *PluginModule) launch(ctx context.Context) (*moduleProcess, error) {
 		UnixSocketConfig: socketConfig(pm.runAs),
 	})
 	fail := func(err error) (*moduleProcess, error) {
+		gone := client.Exited() || status.Code(err) == codes.Unavailable
 		client.Kill()
+		if gone {
+			return nil, fmt.Errorf("start module %s: %w: %w", pm.path, errProcessGone, err)
+		}
 		return nil, fmt.Errorf("start module %s: %w", pm.path, err)
 	}
 	// Stop ends a process still starting (a hung handshake included).
@@ -403,8 +465,16 @@ func (pm *PluginModule) launch(ctx context.Context) (*moduleProcess, error) {
 		return fail(err)
 	}
 	remote := raw.(*plugin.Client)
+	if h := pm.node.hook().launched; h != nil {
+		if rc := client.ReattachConfig(); rc != nil {
+			h(pm.path, rc.Pid)
+		}
+	}
 	desc, err := remote.Module.Describe(ctx, &pb.Empty{})
 	if err != nil {
+		if status.Code(err) == codes.Unavailable {
+			return fail(fmt.Errorf("describe: %w", err))
+		}
 		return fail(fmt.Errorf("describe: %w", setupError(err)))
 	}
 	stream, err := remote.Module.Deliver(context.Background())

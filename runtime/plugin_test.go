@@ -733,3 +733,73 @@ func TestLateEmitOfATimedOutHandling(t *testing.T) {
 		}
 	}
 }
+
+// TestPluginKilledAsItStartsIsRestarted: a module process killed while the
+// node loads it (a nemesis, or an OOM kill, while meshd starts) does not
+// fail the load: killed before it described itself, it is started again
+// at once; killed after (the module loaded, its process not started yet),
+// it is a crash like any later one, restarted by its supervisor. Either
+// way the module then handles events. (The soak saw meshd exit on a
+// module process killed in the second window.) Forced with hooks that
+// SIGKILL the process at each point.
+func TestPluginKilledAsItStartsIsRestarted(t *testing.T) {
+	t.Parallel()
+	bin, _ := echoModule(t)
+	for _, at := range []string{"launched", "described"} {
+		t.Run(at, func(t *testing.T) {
+			t.Parallel()
+			url := brokertest.VHost(t)
+			n := testNode(t, url, "anchor", nil)
+			killed := make(chan int, 1)
+			var once sync.Once
+			kill := func(pid int) {
+				once.Do(func() {
+					if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+						t.Errorf("kill %d: %v", pid, err)
+					}
+					killed <- pid
+				})
+			}
+			h := runtime.TestHooks{}
+			if at == "launched" {
+				h.Launched = func(_ string, pid int) { kill(pid) }
+			} else {
+				h.Described = func(_ string, pid int) { kill(pid) }
+			}
+			n.SetTestHooks(h)
+			rec := newRecorder(nil)
+			lifecycle := newRecorder(nil)
+			load(t, n, sdk.Module{Name: "watch", Setup: func(m sdk.Mesh) error {
+				if err := m.On("node.anchor.module.*", lifecycle); err != nil {
+					return err
+				}
+				return m.On("module.echo.pong", rec)
+			}}, runtime.ModuleConfig{})
+			pm := loadPlugin(t, n, bin, runtime.ModuleConfig{})
+			var first int
+			select {
+			case first = <-killed:
+			default:
+				t.Fatal("the hook did not kill the process")
+			}
+			ping, err := n.Emit(emitCtx(t), "test", "mesh.test.ping", map[string]string{"do": "pong"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ev := rec.next(t); ev.CausationID != ping {
+				t.Errorf("pong caused by %s, want %s", ev.CausationID, ping)
+			}
+			if pid := pm.PID(); pid == first || pid == 0 {
+				t.Errorf("the module runs in process %d; the killed one was %d", pid, first)
+			}
+			if at == "described" {
+				// Told as a crash: crashed, then restarted.
+				for _, want := range []string{"node.anchor.module.crashed", "node.anchor.module.restarted"} {
+					if ev := lifecycle.next(t); ev.Type != want {
+						t.Errorf("lifecycle event %s, want %s", ev.Type, want)
+					}
+				}
+			}
+		})
+	}
+}
