@@ -25,10 +25,11 @@ func benchAudit(url string, o options) error {
 	fmt.Printf("\n== audit ingest: %d events a round stored by the audit logger, beside the event path ==\n", o.events)
 	var path, live, drain []float64
 	for r := 0; r < o.rounds; r++ {
-		pt, err := countThroughput(url, o, "")
+		c, err := countThroughput(url, o, "")
 		if err != nil {
 			return fmt.Errorf("event path: %w", err)
 		}
+		pt := c.rate
 		lt, err := auditThroughput(url, o, false)
 		if err != nil {
 			return fmt.Errorf("audit logger: %w", err)

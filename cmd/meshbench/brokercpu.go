@@ -27,7 +27,7 @@ func findBrokerPID() int {
 		return 0
 	}
 	pid, err := strconv.Atoi(string(bytes.TrimSpace(out)))
-	if err != nil || brokerCPUOf(pid) < 0 {
+	if err != nil || processCPU(pid) < 0 {
 		return 0
 	}
 	return pid
@@ -36,9 +36,9 @@ func findBrokerPID() int {
 // clockTick is the unit of /proc/PID/stat's times (USER_HZ, 100 on Linux).
 const clockTick = 10 * time.Millisecond
 
-// brokerCPUOf is the user+system CPU time of process pid so far, or -1
+// processCPU is the user+system CPU time of process pid so far, or -1
 // when it cannot be read.
-func brokerCPUOf(pid int) time.Duration {
+func processCPU(pid int) time.Duration {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return -1
@@ -65,5 +65,5 @@ func brokerCPU() time.Duration {
 	if brokerPID == 0 {
 		return 0
 	}
-	return max(brokerCPUOf(brokerPID), 0)
+	return max(processCPU(brokerPID), 0)
 }

@@ -33,10 +33,11 @@ func benchHistory(url string, o options) error {
 	fmt.Printf("\n== audit on the history: %d events a round indexed from a stream, beside the event path and the logger's own queue ==\n", o.events)
 	var path, queue, live, catchUp, catchUpProc []float64
 	for r := 0; r < o.rounds; r++ {
-		pt, err := countThroughput(url, o, "")
+		c, err := countThroughput(url, o, "")
 		if err != nil {
 			return fmt.Errorf("event path: %w", err)
 		}
+		pt := c.rate
 		qt, err := auditThroughput(url, o, false)
 		if err != nil {
 			return fmt.Errorf("audit logger on its queue: %w", err)

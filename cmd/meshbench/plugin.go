@@ -29,25 +29,31 @@ func benchPlugin(url string, o options) error {
 	}
 	defer remove()
 	fmt.Printf("\n== module process: %d events a round through the plugin boundary, the same module in-process, and raw ==\n", o.events)
-	var raw, inproc, plugin []float64
+	var raw, inproc, plugin, rawCPU, plCPU, rawBroker, plBroker []float64
+	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 	for r := 0; r < o.rounds; r++ {
-		rt, _, err := throughput(func(s *sink) (side, error) { return newRawBest(url, runtime.QueueQuorum, s, o.window) }, o)
+		rt, rc, rb, err := throughputCPU(func(s *sink) (side, error) { return newRawBest(url, runtime.QueueQuorum, s, o.window) }, o)
 		if err != nil {
 			return fmt.Errorf("raw: %w", err)
 		}
-		it, err := countThroughput(url, o, "")
+		in, err := countThroughput(url, o, "")
 		if err != nil {
 			return fmt.Errorf("in-process: %w", err)
 		}
-		pt, err := countThroughput(url, o, bin)
+		pl, err := countThroughput(url, o, bin)
 		if err != nil {
 			return fmt.Errorf("module process: %w", err)
 		}
-		fmt.Printf("round %d  raw %8.0f events/s   in-process %8.0f events/s   module process %8.0f events/s\n", r+1, rt, it, pt)
-		raw, inproc, plugin = append(raw, rt), append(inproc, it), append(plugin, pt)
+		fmt.Printf("round %d  raw %6.0f events/s (client %5.1f µs, broker %5.1f µs)   in-process %6.0f (%5.1f, %5.1f)   module process %6.0f (%5.1f, %5.1f)\n",
+			r+1, rt, us(rc), us(rb), in.rate, us(in.client), us(in.broker), pl.rate, us(pl.client), us(pl.broker))
+		raw, inproc, plugin = append(raw, rt), append(inproc, in.rate), append(plugin, pl.rate)
+		rawCPU, plCPU = append(rawCPU, us(rc)), append(plCPU, us(pl.client))
+		rawBroker, plBroker = append(rawBroker, us(rb)), append(plBroker, us(pl.broker))
 	}
 	fmt.Printf("module process %.0f events/s, in-process %.0f, raw at its best %.0f: module process / in-process %.2f, module process / raw %.2f, in-process / raw %.2f\n",
 		median(plugin), median(inproc), median(raw), median(plugin)/median(inproc), median(plugin)/median(raw), median(inproc)/median(raw))
+	fmt.Printf("CPU per event, client (meshbench and the module process) %.1f µs against raw's %.1f µs; broker %.1f µs against %.1f µs\n",
+		median(plCPU), median(rawCPU), median(plBroker), median(rawBroker))
 	record("module process throughput / raw at its best", pairedRatio(plugin, raw), 0.85, true, "")
 
 	// At a low rate a batch has nothing to wait for: what a lone event
@@ -135,15 +141,24 @@ func echoLatency(url, bin string) (p50, p99 float64, err error) {
 	return lat[len(lat)/2], lat[len(lat)*99/100], nil
 }
 
+// counted is what countThroughput measured: events handled per second, and
+// the client's CPU per event (this process's and the module process's) and
+// the broker's (0 when it is not known).
+type counted struct {
+	rate           float64
+	client, broker time.Duration
+}
+
 // countThroughput runs countmodule in-process (bin == "") or as the module
 // process bin, publishes o.events to it from o.publishers goroutines, and
-// returns events handled per second, until the module says it is done.
-func countThroughput(url string, o options, bin string) (float64, error) {
+// measures, until the module says it is done, events handled per second
+// and the CPU each took.
+func countThroughput(url string, o options, bin string) (counted, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	node, _, closeNode, err := benchNode(ctx, url)
 	if err != nil {
-		return 0, err
+		return counted{}, err
 	}
 	defer closeNode()
 	done := make(chan struct{})
@@ -154,32 +169,50 @@ func countThroughput(url string, o options, bin string) (float64, error) {
 			return nil
 		}))
 	}}, runtime.ModuleConfig{}); err != nil {
-		return 0, err
+		return counted{}, err
 	}
 	mc := runtime.ModuleConfig{Concurrency: runtime.DefaultPrefetch} // the same on both sides: the whole window at once
+	if path := os.Getenv("MESHBENCH_PLUGIN_CPUPROFILE"); path != "" && bin != "" {
+		// The node passes a module process none of its environment: the
+		// profile's path goes through a launcher.
+		mc.Launcher = []string{"/usr/bin/env", "MESHBENCH_PLUGIN_CPUPROFILE=" + path}
+	}
+	var pm *runtime.PluginModule
 	if bin == "" {
 		_, err = node.Load(ctx, countmodule.Module(int64(o.events)), mc)
 	} else {
-		var pm *runtime.PluginModule
 		pm, err = node.LoadPlugin(ctx, bin, []string{strconv.Itoa(o.events)}, mc)
 		if err == nil {
 			defer pm.Stop(context.Background())
 		}
 	}
 	if err != nil {
-		return 0, err
+		return counted{}, err
 	}
 	defer func() { _ = deleteQueue(url, "bench.count.events"); _ = deleteQueue(url, "bench.watch.events") }()
+	// The module process's CPU, read from /proc while it runs (it is not
+	// this process's, nor reaped before the round ends).
+	moduleCPU := func() time.Duration { return 0 }
+	if pm != nil {
+		pid := pm.PID()
+		moduleCPU = func() time.Duration { return max(processCPU(pid), 0) }
+	}
+	cpu0, module0, broker0 := cpuTime(), moduleCPU(), brokerCPU()
 	start := time.Now()
 	if err := emitAll(ctx, node, o, "mesh.bench.measured"); err != nil {
-		return 0, err
+		return counted{}, err
 	}
 	select {
 	case <-done:
 	case <-ctx.Done():
-		return 0, fmt.Errorf("the module did not handle %d events in time", o.events)
+		return counted{}, fmt.Errorf("the module did not handle %d events in time", o.events)
 	}
-	return float64(o.events) / time.Since(start).Seconds(), nil
+	c := counted{rate: float64(o.events) / time.Since(start).Seconds()}
+	c.client = (cpuTime() - cpu0 + moduleCPU() - module0) / time.Duration(o.events)
+	if brokerPID != 0 {
+		c.broker = (brokerCPU() - broker0) / time.Duration(o.events)
+	}
+	return c, nil
 }
 
 // emitAll emits o.events of eventType through node from o.publishers

@@ -1,6 +1,7 @@
 // Command countplugin runs countmodule as a module process, for the
 // benchmark: countplugin [-name NAME] EXPECT. With MESHBENCH_PLUGIN_CPUPROFILE
-// set (meshbench passes it on), it writes a CPU profile there.
+// set (meshbench passes it on through a launcher, /usr/bin/env), it writes
+// a CPU profile there.
 package main
 
 import (
