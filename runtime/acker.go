@@ -3,6 +3,7 @@ package runtime
 import (
 	"errors"
 	"fmt"
+	goruntime "runtime"
 	"sync"
 	"time"
 
@@ -54,19 +55,19 @@ func (a *acker) delivered(tag uint64) {
 	a.seen = max(a.seen, tag)
 }
 
-// lingers says whether a worker with acks held may wait for another
-// delivery before it sends them: not when half the prefetch is unsettled
-// on the wire, for then the broker may be waiting for acks before it
-// sends more (a module process, or many workers, keep most of the
-// prefetch in flight).
-func (a *acker) lingers() bool {
+// lingers says whether acks are held, and whether a worker with acks
+// held may wait for another delivery before it sends them: not when half
+// the prefetch is unsettled on the wire, for then the broker may be
+// waiting for acks before it sends more (a module process, or many
+// workers, keep most of the prefetch in flight).
+func (a *acker) lingers() (held, lingers bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if len(a.held) == 0 {
-		return false
+		return false, false
 	}
 	unsettled := int(a.seen-a.base) - len(a.done)
-	return unsettled < a.prefetch/2
+	return true, unsettled < a.prefetch/2
 }
 
 // ack holds the acknowledgement of tag, and flushes if max are held.
@@ -177,7 +178,15 @@ func (m *Module) nextDelivery(deliveries <-chan amqp.Delivery, a *acker, linger 
 		return d, ok
 	default:
 	}
-	if !a.lingers() { // nothing held (flush does nothing), or the broker may be waiting for the acks
+	held, lingers := a.lingers()
+	if !lingers { // nothing held (flush does nothing), or the broker may be waiting for the acks
+		if held {
+			// Workers woken with this one (a module process's outcomes
+			// come back in a batch, and wake as many workers) hold their
+			// acks first, so that one flush sends them all: one write
+			// to the broker, not one each (issue 30).
+			goruntime.Gosched()
+		}
 		return m.flushThenWait(deliveries, a, linger)
 	}
 	linger.Reset(ackLinger)

@@ -157,8 +157,8 @@ func FuzzAcker(f *testing.F) {
 func TestAckerLingers(t *testing.T) {
 	w := &wireChannel{t: t, outstanding: map[uint64]bool{}}
 	a := newAcker(w, 32)
-	if a.lingers() {
-		t.Error("lingers with nothing held")
+	if h, l := a.lingers(); h || l {
+		t.Errorf("nothing held: held %v, lingers %v", h, l)
 	}
 	for tag := uint64(1); tag <= 20; tag++ {
 		w.outstanding[tag] = false
@@ -168,12 +168,12 @@ func TestAckerLingers(t *testing.T) {
 	if err := a.ack(1); err != nil {
 		t.Fatal(err)
 	}
-	if !a.lingers() {
-		t.Error("3 unsettled of a prefetch of 32: it should linger")
+	if h, l := a.lingers(); !h || !l {
+		t.Errorf("one held, 3 unsettled of a prefetch of 32: held %v, lingers %v; want both", h, l)
 	}
 	a.delivered(20)
-	if a.lingers() {
-		t.Error("20 unsettled of a prefetch of 32: it should not linger")
+	if h, l := a.lingers(); !h || l {
+		t.Errorf("one held, 20 unsettled of a prefetch of 32: held %v, lingers %v; want held, not lingering", h, l)
 	}
 }
 

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/meshkit/mesh/internal/plugin"
 	"github.com/meshkit/mesh/internal/plugin/pb"
@@ -134,5 +136,47 @@ func TestErrorOfKeepsTheHostsWords(t *testing.T) {
 	}
 	if err := errorOf(pb.ErrorKind_NONE, "x"); err != nil {
 		t.Errorf("NONE gives %v", err)
+	}
+}
+
+// TestHandlerPoolRunsEachAtOnceAndEnds: every delivery handed to the pool
+// runs at once, on a goroutine of its own (eight that each wait for all
+// eight to have started would never finish otherwise), exactly once; a
+// second round runs as well on the goroutines left free or new ones; and
+// every goroutine ends once done closes.
+func TestHandlerPoolRunsEachAtOnceAndEnds(t *testing.T) {
+	const n = 8
+	done := make(chan struct{})
+	var mu sync.Mutex
+	seen := map[uint64]int{}
+	var started sync.WaitGroup
+	finished := make(chan uint64, 2*n)
+	pool := newHandlerPool(done, func(d *pb.Delivery) {
+		mu.Lock()
+		seen[d.Seq]++
+		mu.Unlock()
+		started.Done()
+		started.Wait() // all of this round's deliveries run together
+		finished <- d.Seq
+	})
+	for round := range 2 {
+		started.Add(n)
+		for i := range n {
+			pool.run(&pb.Delivery{Seq: uint64(round*n + i)})
+		}
+		for range n {
+			select {
+			case <-finished:
+			case <-time.After(10 * time.Second):
+				t.Fatalf("round %d: the deliveries did not all run at once", round)
+			}
+		}
+	}
+	close(done)
+	pool.loops.Wait()
+	for seq := range uint64(2 * n) {
+		if seen[seq] != 1 {
+			t.Errorf("delivery %d handled %d times", seq, seen[seq])
+		}
 	}
 }

@@ -1,7 +1,7 @@
 // Command countplugin runs countmodule as a module process, for the
 // benchmark: countplugin [-name NAME] EXPECT. With MESHBENCH_PLUGIN_CPUPROFILE
-// set (meshbench passes it on through a launcher, /usr/bin/env), it writes
-// a CPU profile there.
+// set (meshbench passes it on through a launcher, /usr/bin/env), each
+// process writes a CPU profile to that path with its PID appended.
 package main
 
 import (
@@ -19,7 +19,7 @@ func main() {
 	name := flag.String("name", "count", "the module's name")
 	flag.Parse()
 	if path := os.Getenv("MESHBENCH_PLUGIN_CPUPROFILE"); path != "" {
-		if f, err := os.Create(path); err == nil {
+		if f, err := os.Create(fmt.Sprintf("%s.%d", path, os.Getpid())); err == nil {
 			if pprof.StartCPUProfile(f) == nil {
 				defer pprof.StopCPUProfile()
 			}
