@@ -76,7 +76,7 @@ func (a *acker) ack(tag uint64) error {
 	defer a.mu.Unlock()
 	a.held[tag] = struct{}{}
 	if len(a.held) >= a.max {
-		if err := a.flushLocked(); !errors.Is(err, errRecordsUnwritten) {
+		if err := a.flushLocked(false); !errors.Is(err, errRecordsUnwritten) {
 			return err
 		}
 		// Held, not lost: the worker's next wait tries again
@@ -94,11 +94,19 @@ func (a *acker) settled(tag uint64) {
 	}
 }
 
-// flush sends the held acks.
-func (a *acker) flush() error {
+// flush sends every held ack.
+func (a *acker) flush() error { return a.flushOf(true) }
+
+// flushOf is flush if all. Otherwise (the workers' own flushes), fewer
+// than max acks held past a gap (a delivery still being handled) stay
+// held when the run before the gap went: the next flush finds the gap
+// closed, most often, and they go in its one multiple ack instead of one
+// ack each. A worker that leaves acks held so flushes them all within
+// ackLinger (flushThenWait).
+func (a *acker) flushOf(all bool) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.flushLocked()
+	return a.flushLocked(all)
 }
 
 // errRecordsUnwritten says a flush sent no ack because the ids recorded
@@ -106,7 +114,8 @@ func (a *acker) flush() error {
 // flush.
 var errRecordsUnwritten = errors.New("the handled events' records could not be written; their acks wait")
 
-func (a *acker) flushLocked() error {
+// flushLocked is flush (all) or flushGrouped; the caller holds a.mu.
+func (a *acker) flushLocked(all bool) error {
 	if len(a.held) == 0 {
 		return nil
 	}
@@ -137,6 +146,9 @@ func (a *acker) flushLocked() error {
 	if top > 0 {
 		err = a.ch.Ack(top, true)
 	}
+	if !all && top > 0 && len(a.held) < a.max {
+		return err // past the gap: for the next flush (flushOf)
+	}
 	// Past the gap: one by one.
 	for tag := range a.held {
 		if e := a.ch.Ack(tag, false); e != nil && err == nil {
@@ -166,6 +178,36 @@ func (src source) reject(d amqp.Delivery) error {
 	return err
 }
 
+// What a worker that found no delivery waiting does with the acks its
+// channel holds (ackPlan).
+const (
+	ackNothingHeld = iota // nothing to send
+	ackNow                // send them before waiting: the broker may be waiting for them
+	ackAfterLinger        // wait up to ackLinger for a delivery first
+)
+
+// ackPlan says what a worker that found no delivery waiting does with the
+// acks a holds. It lingers unless the acker says the broker may be
+// waiting for them; and it lingers then too while a module process's
+// outcomes, come back in a batch, are still to be taken by the workers
+// they woke (ModuleConfig.outcomesDue): those are about to hold their
+// acks, and the last of them sends them all, one write for the batch
+// instead of one for each worker. A worker that lingers sends what is
+// held after ackLinger at the latest, whatever the others do
+// (docs/adr/0037-module-process-path-costs-cpu.md).
+func (m *Module) ackPlan(a *acker) int {
+	held, lingers := a.lingers()
+	switch {
+	case !held:
+		return ackNothingHeld
+	case lingers:
+		return ackAfterLinger
+	case m.cfg.outcomesDue != nil && m.cfg.outcomesDue.Load() > 0:
+		return ackAfterLinger
+	}
+	return ackNow
+}
+
 // nextDelivery is a worker's wait for its next delivery: at once if one is
 // waiting; otherwise, with acks held on its channel, it waits up to
 // ackLinger for another before it sends them (unless the acker says the
@@ -178,15 +220,14 @@ func (m *Module) nextDelivery(deliveries <-chan amqp.Delivery, a *acker, linger 
 		return d, ok
 	default:
 	}
-	held, lingers := a.lingers()
-	if !lingers { // nothing held (flush does nothing), or the broker may be waiting for the acks
-		if held {
-			// Workers woken with this one (a module process's outcomes
-			// come back in a batch, and wake as many workers) hold their
-			// acks first, so that one flush sends them all: one write
-			// to the broker, not one each (issue 30).
-			goruntime.Gosched()
-		}
+	switch m.ackPlan(a) {
+	case ackNothingHeld:
+		return m.flushThenWait(deliveries, a, linger) // the flush does nothing
+	case ackNow:
+		// Workers woken with this one hold their acks first, so that
+		// one flush sends them all: one write to the broker, not one
+		// each (issue 30).
+		goruntime.Gosched()
 		return m.flushThenWait(deliveries, a, linger)
 	}
 	linger.Reset(ackLinger)
@@ -205,11 +246,25 @@ func (m *Module) nextDelivery(deliveries <-chan amqp.Delivery, a *acker, linger 
 // as long as no delivery comes: the broker may send none until it has
 // them.
 func (m *Module) flushThenWait(deliveries <-chan amqp.Delivery, a *acker, retry *time.Timer) (amqp.Delivery, bool) {
+	all := false
 	for attempt := 1; ; attempt++ {
-		err := a.flush()
+		err := a.flushOf(all)
 		if err == nil {
-			d, ok := <-deliveries
-			return d, ok
+			if held, _ := a.lingers(); all || !held {
+				d, ok := <-deliveries
+				return d, ok
+			}
+			// Acks held past a gap (flushOf) go with the next flush,
+			// or after ackLinger whatever happens.
+			retry.Reset(ackLinger)
+			select {
+			case d, ok := <-deliveries:
+				retry.Stop()
+				return d, ok
+			case <-retry.C:
+			}
+			all = true
+			continue
 		}
 		if !errors.Is(err, errRecordsUnwritten) {
 			m.log.Warn("ack failed; the events will be delivered again (and recognised as handled)", "err", err)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"testing"
 )
 
@@ -98,13 +99,15 @@ func TestAckerCoalesces(t *testing.T) {
 	}
 }
 
-// FuzzAcker: in any order of outcomes (ack, reject) and flushes, the
+// FuzzAcker: in any order of outcomes (ack, reject) and flushes (all, or
+// grouped: acks past a gap may stay held), the
 // acker never acks on the wire what the module did not ack, and after a
 // last flush every delivery is settled.
 func FuzzAcker(f *testing.F) {
 	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9})
 	f.Add([]byte{9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 200, 100})
 	f.Add([]byte{1, 130, 3, 129, 255, 2, 0})
+	f.Add([]byte{1, 3, 4, 254, 0, 254, 5, 6, 255})
 	f.Fuzz(func(t *testing.T, script []byte) {
 		const n = 40
 		w := &wireChannel{t: t, outstanding: map[uint64]bool{}}
@@ -121,8 +124,8 @@ func FuzzAcker(f *testing.F) {
 			if i < len(script) {
 				b = script[i]
 			}
-			if b == 255 {
-				if err := a.flush(); err != nil {
+			if b == 255 || b == 254 {
+				if err := a.flushOf(b == 255); err != nil {
 					t.Fatal(err)
 				}
 				continue
@@ -215,5 +218,111 @@ func TestAckerWritesRecordsBeforeAcks(t *testing.T) {
 	}
 	if err := a.flush(); err != nil || w.frames[len(w.frames)-1] != "ack 9 true" {
 		t.Fatalf("a flush with nothing held wrote or sent: %v, %v", err, w.frames)
+	}
+}
+
+// TestAckPlanWaitsForTheOutcomesDue: a worker of a module process whose
+// acks would go at once (the broker may be waiting: half the prefetch
+// unsettled) lingers instead while outcomes handed to other workers are
+// still to be taken, so that the last of them sends the batch's acks in
+// one flush; once none is due, they go at once again. Nothing held:
+// nothing to send, due or not. An in-process module (no counter) is as
+// before.
+func TestAckPlanWaitsForTheOutcomesDue(t *testing.T) {
+	w := &wireChannel{t: t, outstanding: map[uint64]bool{}}
+	a := newAcker(w, 32)
+	var due atomic.Int64
+	plugin := &Module{cfg: ModuleConfig{outcomesDue: &due}}
+	inProcess := &Module{}
+	if got := plugin.ackPlan(a); got != ackNothingHeld {
+		t.Errorf("nothing held: plan %d, want ackNothingHeld", got)
+	}
+	for tag := uint64(1); tag <= 20; tag++ {
+		w.outstanding[tag] = false
+	}
+	a.delivered(20)
+	w.outstanding[1] = true
+	if err := a.ack(1); err != nil {
+		t.Fatal(err)
+	}
+	if got := plugin.ackPlan(a); got != ackNow {
+		t.Errorf("held, broker waiting, no outcome due: plan %d, want ackNow", got)
+	}
+	due.Add(3)
+	if got := plugin.ackPlan(a); got != ackAfterLinger {
+		t.Errorf("held, broker waiting, 3 outcomes due: plan %d, want ackAfterLinger", got)
+	}
+	if got := inProcess.ackPlan(a); got != ackNow {
+		t.Errorf("in-process, held, broker waiting: plan %d, want ackNow", got)
+	}
+	due.Add(-3)
+	if got := plugin.ackPlan(a); got != ackNow {
+		t.Errorf("the last outcome taken: plan %d, want ackNow", got)
+	}
+}
+
+// TestGroupedFlushHoldsWhatIsPastAGap: a worker's flush sends the run
+// before a gap as one multiple ack and keeps the few acks past the gap
+// held; once the gap closes, the next flush sends them all in one
+// multiple ack. A flush whose run is empty (the gap is the lowest
+// delivery) sends them one by one, so none waits behind a slow handler;
+// and flush sends everything.
+func TestGroupedFlushHoldsWhatIsPastAGap(t *testing.T) {
+	w := &wireChannel{t: t, outstanding: map[uint64]bool{}}
+	a := newAcker(w, 32) // max 8
+	for tag := uint64(1); tag <= 6; tag++ {
+		w.outstanding[tag] = false
+	}
+	a.delivered(6)
+	for _, tag := range []uint64{1, 2, 4, 5} { // 3 still being handled
+		w.outstanding[tag] = true
+		if err := a.ack(tag); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.flushOf(false); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"ack 2 true"}; !slices.Equal(w.frames, want) {
+		t.Fatalf("grouped flush: frames %v, want %v (4 and 5 held past the gap)", w.frames, want)
+	}
+	w.outstanding[3] = true
+	if err := a.ack(3); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.flushOf(false); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"ack 2 true", "ack 5 true"}; !slices.Equal(w.frames, want) {
+		t.Fatalf("after the gap closed: frames %v, want %v", w.frames, want)
+	}
+	// 6 is slow: 7 and 8 past it go one by one, the run being empty.
+	for tag := uint64(7); tag <= 8; tag++ {
+		w.outstanding[tag] = true
+		if err := a.ack(tag); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a.delivered(8)
+	if err := a.flushOf(false); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.frames[2:]; len(got) != 2 || !slices.Contains(got, "ack 7 false") || !slices.Contains(got, "ack 8 false") {
+		t.Fatalf("past a gap with an empty run: frames %v, want 7 and 8 one by one", got)
+	}
+	// flush sends what a grouped flush would keep.
+	w.outstanding[9], w.outstanding[11] = true, true
+	w.outstanding[6], w.outstanding[10] = true, false
+	a.delivered(11)
+	for _, tag := range []uint64{6, 9, 11} {
+		if err := a.ack(tag); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.flush(); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.frames[4:]; !slices.Equal(got, []string{"ack 9 true", "ack 11 false"}) {
+		t.Fatalf("flush: frames %v, want the run to 9 and 11 past the gap at 10", got)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -330,6 +331,11 @@ type ModuleConfig struct {
 	// TempDir, when not empty, is the process's TMPDIR (where go-plugin's
 	// socket of the process is made). The host does not create it.
 	TempDir string
+
+	// outcomesDue, set by LoadPlugin, counts the module process's
+	// outcomes handed to their waiting handlers and not yet taken: the
+	// workers they wake are about to hold their acks (nextDelivery).
+	outcomesDue *atomic.Int64
 }
 
 // Credential is a user a module process runs as.

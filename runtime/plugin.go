@@ -47,6 +47,10 @@ type PluginModule struct {
 	// again described another module (nil while it runs).
 	refused atomic.Pointer[error]
 	window  int // deliveries in flight at most: the module's concurrency
+	// outcomesDue counts outcomes received from the process and handed
+	// to their handlings (forward), not yet taken by them: the workers
+	// they wake are about to hold acks (ModuleConfig.outcomesDue).
+	outcomesDue atomic.Int64
 	// toolGrants are passed to the process, which refuses an ungranted
 	// Serve when it is made, as in-process.
 	toolGrants []string
@@ -198,6 +202,8 @@ type moduleProcess struct {
 	exited  chan struct{} // closed when the stream ends: the process is gone
 	seq     atomic.Uint64
 	window  int
+	// outcomesDue is the PluginModule's: receive adds what it hands over.
+	outcomesDue *atomic.Int64
 
 	mu        sync.Mutex
 	pending   map[uint64]chan *pb.Outcome
@@ -214,6 +220,7 @@ func (n *Node) LoadPlugin(ctx context.Context, path string, args []string, mc Mo
 	pm := &PluginModule{node: n, path: path, args: args, window: mc.Concurrency, toolGrants: mc.ToolGrants, settings: mc.Settings, runAs: mc.RunAs, dir: mc.Dir, launcher: mc.Launcher, tempDir: mc.TempDir,
 		log: n.log.With("plugin", path), stopped: make(chan struct{}), done: make(chan struct{})}
 	pm.procLog.Store(pm.log)
+	mc.outcomesDue = &pm.outcomesDue
 	proc, err := pm.launchFirst(ctx)
 	if err != nil {
 		return nil, err
@@ -482,7 +489,7 @@ func (pm *PluginModule) launch(ctx context.Context) (*moduleProcess, error) {
 		return fail(fmt.Errorf("open the delivery stream: %w", err))
 	}
 	p := &moduleProcess{client: client, rpc: rpc, remote: remote, desc: desc, version: binaryVersion(pm.path), stream: stream, window: pm.window,
-		sendq: make(chan *pb.Delivery, 256), exited: make(chan struct{}), pending: make(map[uint64]chan *pb.Outcome)}
+		sendq: make(chan *pb.Delivery, 256), exited: make(chan struct{}), pending: make(map[uint64]chan *pb.Outcome), outcomesDue: &pm.outcomesDue}
 	go p.send()
 	go p.receive()
 	return p, nil
@@ -944,6 +951,11 @@ func (pm *PluginModule) forward(i uint32) sdk.Handler {
 		defer func() {
 			p.mu.Lock()
 			delete(p.pending, d.Seq)
+			if len(result) > 0 {
+				// Handed over as the handling gave up (its deadline, or
+				// the process gone): never taken, no longer due.
+				p.outcomesDue.Add(-1)
+			}
 			p.mu.Unlock()
 		}()
 		select {
@@ -955,6 +967,7 @@ func (pm *PluginModule) forward(i uint32) sdk.Handler {
 		}
 		select {
 		case o := <-result:
+			p.outcomesDue.Add(-1)
 			switch o.Kind {
 			case pb.Outcome_OK:
 				return nil
@@ -1009,6 +1022,7 @@ func (pm *PluginModule) forwardHistory(i uint32) func(context.Context, []sdk.Eve
 			for _, d := range ds {
 				delete(p.pending, d.Seq)
 			}
+			p.outcomesDue.Add(-int64(len(result))) // handed over, never taken
 			p.mu.Unlock()
 		}()
 		for _, d := range ds {
@@ -1024,6 +1038,7 @@ func (pm *PluginModule) forwardHistory(i uint32) func(context.Context, []sdk.Eve
 		for range ds {
 			select {
 			case o := <-result:
+				p.outcomesDue.Add(-1)
 				if o.Kind != pb.Outcome_OK && failed == nil {
 					failed = errors.New(truncateText(o.Error, maxModuleErrorText))
 				}
@@ -1107,12 +1122,24 @@ func (p *moduleProcess) receive() {
 			return
 		}
 		p.mu.Lock()
+		// The whole batch is counted due before the first handling can
+		// take its outcome: its worker, and the others woken with it,
+		// then ack together.
+		due := 0
+		for _, o := range b.Outcomes {
+			if _, ok := p.pending[o.Seq]; ok {
+				due++
+			}
+		}
+		p.outcomesDue.Add(int64(due))
 		for _, o := range b.Outcomes {
 			if ch, ok := p.pending[o.Seq]; ok {
 				ch <- o
 				delete(p.pending, o.Seq)
+				due--
 			}
 		}
+		p.outcomesDue.Add(-int64(due)) // a seq the process sent twice: counted, not handed over
 		p.mu.Unlock()
 	}
 }
