@@ -241,7 +241,9 @@ func (m *Module) nextDelivery(deliveries <-chan amqp.Delivery, a *acker, linger 
 }
 
 // flushThenWait sends the acks a holds and waits for the next delivery.
-// While the records of the handled events cannot be written (a full
+// Its first flush is a worker's (flushOf): what that leaves held past a
+// gap is sent, all of it, if no delivery comes within ackLinger. While
+// the records of the handled events cannot be written (a full
 // disk), the acks stay held and the flush is tried again with back-off,
 // as long as no delivery comes: the broker may send none until it has
 // them.
