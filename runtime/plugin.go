@@ -384,10 +384,15 @@ func (pm *PluginModule) launchFirst(ctx context.Context) (*moduleProcess, error)
 	}
 }
 
-// gone reports whether p went away (err being what a call to it returned):
-// its process exited, or its connection is down.
+// processGone reports whether the process of client went away, err being
+// what a call to it returned: it exited, or its connection is down.
+func processGone(client *goplugin.Client, err error) bool {
+	return client.Exited() || status.Code(err) == codes.Unavailable
+}
+
+// gone is processGone for p, whose delivery stream may have seen it first.
 func (p *moduleProcess) gone(err error) bool {
-	if p.client.Exited() || status.Code(err) == codes.Unavailable {
+	if processGone(p.client, err) {
 		return true
 	}
 	select {
@@ -443,7 +448,7 @@ func (pm *PluginModule) launch(ctx context.Context) (*moduleProcess, error) {
 		UnixSocketConfig: socketConfig(pm.runAs),
 	})
 	fail := func(err error) (*moduleProcess, error) {
-		gone := client.Exited() || status.Code(err) == codes.Unavailable
+		gone := processGone(client, err)
 		client.Kill()
 		if gone {
 			return nil, fmt.Errorf("start module %s: %w: %w", pm.path, errProcessGone, err)
