@@ -6,6 +6,13 @@ GO     ?= go
 ENSURE := scripts/ensure-rabbitmq.sh
 BROWSER := scripts/ensure-chromium.sh
 
+# Every binary says which release and commit it is (meshd version): VERSION, and the commit for
+# builds the go command stamps none into (-buildvcs=false).
+VERSION_PKG := github.com/meshkit/mesh/internal/version
+COMMIT  := $(shell git rev-parse --short=12 HEAD 2>/dev/null)$(shell git diff --quiet HEAD -- 2>/dev/null || echo +dirty)
+LDFLAGS := -X $(VERSION_PKG).release=$(shell cat VERSION) -X $(VERSION_PKG).commit=$(COMMIT)
+BUILD   := $(GO) build -ldflags "$(LDFLAGS)"
+
 .DEFAULT_GOAL := help
 .PHONY: help build test soak bench demo screenshots lint fuzz generate clean
 
@@ -18,13 +25,13 @@ help: ## List targets with their descriptions
 # check, test/docs, runs make build in each guide).
 build: ## Build all packages, the binaries bin/meshd and bin/meshctl, the shipped module binaries bin/modules/audit-logger, agent and dispatcher, the example modules (bin/modules/umami, notifier, billing, tax) and bin/ordersource
 	$(GO) list -export ./... >/dev/null
-	$(GO) build -o bin/meshd ./cmd/meshd
-	$(GO) build -o bin/meshctl ./cmd/meshctl
-	$(GO) build -o bin/modules/audit-logger ./auditlogger/cmd/audit-logger
-	$(GO) build -o bin/modules/agent ./modules/agent/cmd/agent
-	$(GO) build -o bin/modules/dispatcher ./modules/dispatcher/cmd/dispatcher
-	$(GO) build -o bin/modules/ ./examples/modules/...
-	$(GO) build -o bin/ordersource ./examples/ordersource
+	$(BUILD) -o bin/meshd ./cmd/meshd
+	$(BUILD) -o bin/meshctl ./cmd/meshctl
+	$(BUILD) -o bin/modules/audit-logger ./auditlogger/cmd/audit-logger
+	$(BUILD) -o bin/modules/agent ./modules/agent/cmd/agent
+	$(BUILD) -o bin/modules/dispatcher ./modules/dispatcher/cmd/dispatcher
+	$(BUILD) -o bin/modules/ ./examples/modules/...
+	$(BUILD) -o bin/ordersource ./examples/ordersource
 
 test: ## Run the whole test suite (race detector) against a local RabbitMQ and, for the console, Debian's headless Chromium (both installed where missing), then the fault tests, the failover tests and a two-minute soak one at a time
 	$(ENSURE)

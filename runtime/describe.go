@@ -36,7 +36,7 @@ func Describe(ctx context.Context, path string, args []string, settings []byte, 
 	const limit = 16 << 20 // a description of many schemas; meshctl, not meshd, reads it
 	client := goplugin.NewClient(&goplugin.ClientConfig{
 		HandshakeConfig:  plugin.Handshake(),
-		Plugins:          plugin.Set(nil),
+		VersionedPlugins: plugin.HostPlugins(),
 		Cmd:              cmd,
 		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
 		Logger:           pluginLogger(&procLog),

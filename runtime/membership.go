@@ -14,7 +14,9 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/meshkit/mesh/internal/plugin"
 	"github.com/meshkit/mesh/internal/schema"
+	"github.com/meshkit/mesh/internal/version"
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/sdk"
 )
@@ -31,11 +33,17 @@ const missedHeartbeats = 3
 
 // Heartbeat is the body of node.<node>.heartbeat.
 type Heartbeat struct {
-	Node     string          `json:"node"`
-	Version  string          `json:"version,omitempty"` // of the mesh runtime the node runs (Go build info)
-	Started  time.Time       `json:"started"`
-	Interval time.Duration   `json:"interval_ns"`
-	Modules  []ModuleSummary `json:"modules"`
+	Node    string `json:"node"`
+	Version string `json:"version,omitempty"` // of the mesh runtime the node runs (Go build info)
+	// Release is the mesh release the node runs (v0.2.0; empty from a
+	// v0.1.0 node), Commit the commit its binary was built from, and
+	// ModuleProtocols the module protocols it serves (BuildInfo).
+	Release         string          `json:"release,omitempty"`
+	Commit          string          `json:"commit,omitempty"`
+	ModuleProtocols *plugin.Range   `json:"module_protocols,omitempty"`
+	Started         time.Time       `json:"started"`
+	Interval        time.Duration   `json:"interval_ns"`
+	Modules         []ModuleSummary `json:"modules"`
 }
 
 // ModuleSummary is a module as membership tells of it: its declarations,
@@ -50,6 +58,12 @@ type ModuleSummary struct {
 	// commit (v0.0.0-20261201073200-1a2b3c4d5e6f, +dirty if it had
 	// changes), other builds "(devel)" with the commit when known.
 	Version string `json:"version,omitempty"`
+	// SDKRelease is the mesh release of the sdk a module process's binary
+	// was built with, as it said (v0.2.0 and later), and Protocol the
+	// module protocol the node speaks with it; both empty for a module
+	// loaded in-process, and SDKRelease for a binary of v0.1.0.
+	SDKRelease string `json:"sdk_release,omitempty"`
+	Protocol   uint   `json:"protocol,omitempty"`
 	// Status is "running" (attached on the node's session), "waiting"
 	// (not attached: the node is not connected, or it is attaching) or
 	// "restarting" (its process went away and is being started again).
@@ -146,21 +160,26 @@ func (n *Node) Peers() []Peer {
 
 // heartbeat is this node's heartbeat now.
 func (n *Node) heartbeat() Heartbeat {
-	hb := Heartbeat{Node: n.cfg.Node, Version: runtimeVersion(), Started: n.started, Interval: n.cfg.HeartbeatInterval}
+	build := Build()
+	hb := Heartbeat{Node: n.cfg.Node, Version: runtimeVersion(), Release: build.Release, Commit: build.Commit, ModuleProtocols: &build.ModuleProtocols,
+		Started: n.started, Interval: n.cfg.HeartbeatInterval}
 	mods, plugins := n.loaded()
 	restarting := map[*Module]bool{}
 	versions := map[*Module]string{}
+	processes := map[*Module]*PluginModule{}
 	for _, pm := range plugins {
 		if pm.restarting() {
 			restarting[pm.module] = true
 		}
 		versions[pm.module] = pm.version()
+		processes[pm.module] = pm
 	}
 	s := n.session()
 	for _, m := range mods {
 		sum := m.summary()
 		if v, ok := versions[m]; ok {
 			sum.Version = v
+			sum.SDKRelease, sum.Protocol = processes[m].SDKRelease(), processes[m].Protocol()
 		} else {
 			sum.Version = ownVersion
 		}
@@ -176,6 +195,53 @@ func (n *Node) heartbeat() Heartbeat {
 	}
 	slices.SortFunc(hb.Modules, func(a, b ModuleSummary) int { return strings.Compare(a.Name, b.Name) })
 	return hb
+}
+
+// BuildInfo is what a binary of mesh says of itself: meshd version,
+// meshctl version, the heartbeats and /metrics' mesh_build_info.
+type BuildInfo struct {
+	// Release is the mesh release it was built from (v0.2.0).
+	Release string `json:"release"`
+	// Commit is the commit it was built from, "+dirty" for a work tree
+	// with changes, empty when the go command stamped none.
+	Commit string `json:"commit,omitempty"`
+	// GoVersion is the Go toolchain that built it.
+	GoVersion string `json:"go_version,omitempty"`
+	// ModuleProtocols is the window of module protocols meshd serves: a
+	// module binary built for any of them runs unchanged.
+	ModuleProtocols ProtocolRange `json:"module_protocols"`
+}
+
+// ProtocolRange is a range of module protocol versions, both ends
+// included ({"min":7,"max":8}).
+type ProtocolRange = plugin.Range
+
+// Build is this binary's BuildInfo.
+func Build() BuildInfo {
+	return BuildInfo{Release: version.Release(), Commit: version.Commit(), GoVersion: version.GoVersion(), ModuleProtocols: plugin.Window()}
+}
+
+// String is BuildInfo as meshd version prints it, one fact a line.
+func (b BuildInfo) String() string {
+	commit := b.Commit
+	if commit == "" {
+		commit = "unknown"
+	}
+	first := plugin.Release(b.ModuleProtocols.Min)
+	if first == "" {
+		first = b.Release
+	}
+	return fmt.Sprintf("release: %s\ncommit: %s\ngo: %s\nmodule protocols: %s (module binaries built with the sdk of %s to %s)\n",
+		b.Release, commit, b.GoVersion, b.ModuleProtocols, first, b.Release)
+}
+
+// Line is BuildInfo on one line, as --version prints it:
+// "v0.2.0 (commit 1a2b3c4d5e6f, module protocols 7)".
+func (b BuildInfo) Line() string {
+	if b.Commit == "" {
+		return fmt.Sprintf("%s (module protocols %s)", b.Release, b.ModuleProtocols)
+	}
+	return fmt.Sprintf("%s (commit %s, module protocols %s)", b.Release, b.Commit, b.ModuleProtocols)
 }
 
 // ownVersion is the version of the running binary (binaryVersion).

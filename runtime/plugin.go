@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -197,11 +198,14 @@ type moduleProcess struct {
 	// build info, read when it started: a binary replaced on disk shows
 	// its new version from its next start).
 	version string
-	stream  pb.Module_DeliverClient
-	sendq   chan *pb.Delivery
-	exited  chan struct{} // closed when the stream ends: the process is gone
-	seq     atomic.Uint64
-	window  int
+	// protocol is the module protocol the handshake agreed on, within
+	// plugin.Window: where protocols differ, the host speaks this one.
+	protocol uint
+	stream   pb.Module_DeliverClient
+	sendq    chan *pb.Delivery
+	exited   chan struct{} // closed when the stream ends: the process is gone
+	seq      atomic.Uint64
+	window   int
 	// outcomesDue is the PluginModule's: receive adds what it hands over.
 	outcomesDue *atomic.Int64
 
@@ -428,8 +432,9 @@ func (pm *PluginModule) launch(ctx context.Context) (*moduleProcess, error) {
 		runAs(cmd, *pm.runAs, len(pm.launcher) == 0)
 	}
 	client := goplugin.NewClient(&goplugin.ClientConfig{
-		HandshakeConfig:  plugin.Handshake(),
-		Plugins:          plugin.Set(nil),
+		HandshakeConfig: plugin.Handshake(),
+		// Every module protocol of the window (docs/adr/0039-module-protocol-window.md).
+		VersionedPlugins: plugin.HostPlugins(),
 		Cmd:              cmd,
 		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
 		Logger:           pluginLogger(&pm.procLog),
@@ -493,7 +498,7 @@ func (pm *PluginModule) launch(ctx context.Context) (*moduleProcess, error) {
 	if err != nil {
 		return fail(fmt.Errorf("open the delivery stream: %w", err))
 	}
-	p := &moduleProcess{client: client, rpc: rpc, remote: remote, desc: desc, version: binaryVersion(pm.path), stream: stream, window: pm.window,
+	p := &moduleProcess{client: client, rpc: rpc, remote: remote, desc: desc, version: binaryVersion(pm.path), protocol: uint(client.NegotiatedVersion()), stream: stream, window: pm.window,
 		sendq: make(chan *pb.Delivery, 256), exited: make(chan struct{}), pending: make(map[uint64]chan *pb.Outcome), outcomesDue: &pm.outcomesDue}
 	go p.send()
 	go p.receive()
@@ -587,10 +592,23 @@ func setupError(err error) error {
 	return errors.New(st.Message())
 }
 
-// versionError names both versions when the handshake failed on them.
+// versionError names both ranges and the fix when the handshake failed
+// on the module protocol (plugin.Refusal).
 func versionError(err error) error {
-	return fmt.Errorf("%w (this meshd speaks module protocol version %d)", err, plugin.ProtocolVersion())
+	m := incompatibleVersion.FindStringSubmatch(err.Error())
+	if m == nil {
+		return err
+	}
+	v, perr := strconv.ParseUint(m[1], 10, 32)
+	if perr != nil {
+		return err
+	}
+	return plugin.Refusal(uint(v))
 }
+
+// incompatibleVersion is go-plugin's error for a process that answered the
+// handshake with a protocol the host does not serve.
+var incompatibleVersion = regexp.MustCompile(`(?i)incompatible API version with plugin\. Plugin version: (\d+)`)
 
 // start hands the process the host's callback service.
 func (pm *PluginModule) start(ctx context.Context, p *moduleProcess) error {
@@ -664,6 +682,7 @@ func sameModule(a, b *pb.Description) bool {
 			c.Held = false
 		}
 		d.HistoryFrom = 0 // where it resumes is its store's to say
+		d.SdkRelease = "" // a binary rebuilt with a newer sdk, declaring the same, is the same module
 		return d
 	}
 	return proto.Equal(norm(a), norm(b))
@@ -845,6 +864,29 @@ func (pm *PluginModule) version() string {
 		return ""
 	}
 	return pm.proc.version
+}
+
+// Protocol is the module protocol the node speaks with the module's
+// process (plugin.Window), or 0 while it is restarting.
+func (pm *PluginModule) Protocol() uint {
+	pm.mu.Lock()
+	defer pm.mu.Unlock()
+	if pm.proc == nil {
+		return 0
+	}
+	return pm.proc.protocol
+}
+
+// SDKRelease is the mesh release of the sdk the module's binary was built
+// with, as its process said (empty for a binary of v0.1.0, which did not
+// say, and while it is restarting).
+func (pm *PluginModule) SDKRelease() string {
+	pm.mu.Lock()
+	defer pm.mu.Unlock()
+	if pm.proc == nil {
+		return ""
+	}
+	return truncateText(pm.proc.desc.SdkRelease, 64)
 }
 
 // pid is the process id of p, or 0 if unknown.

@@ -41,6 +41,7 @@ func echoModule(t *testing.T) (current, otherVersion string) {
 		for _, b := range []struct{ out, ldflags string }{
 			{"echomodule", ""},
 			{"echomodule-v99", "-X github.com/meshkit/mesh/internal/plugin.protocolVersion=99"},
+			{"echomodule-v6", "-X github.com/meshkit/mesh/internal/plugin.protocolVersion=6 -X github.com/meshkit/mesh/internal/plugin.oldestProtocol=6"},
 		} {
 			out, err := exec.Command("go", "build", "-ldflags", b.ldflags, "-o", filepath.Join(buildDir, b.out), "./testdata/echomodule").CombinedOutput()
 			if err != nil {
@@ -99,7 +100,12 @@ func TestPluginEmitHandleAndCall(t *testing.T) {
 		}
 		return m.On("module.echo.#", rec)
 	}}, runtime.ModuleConfig{})
-	loadPlugin(t, n, bin, runtime.ModuleConfig{EmitGrants: []string{"mesh.granted.#"}})
+	pm := loadPlugin(t, n, bin, runtime.ModuleConfig{EmitGrants: []string{"mesh.granted.#"}})
+	// The process says which sdk it was built with; the handshake agreed
+	// on the newest protocol both speak.
+	if pm.SDKRelease() != runtime.Build().Release || pm.Protocol() != plugin.ProtocolVersion() {
+		t.Errorf("module process of sdk %q, protocol %d; want %s, %d", pm.SDKRelease(), pm.Protocol(), runtime.Build().Release, plugin.ProtocolVersion())
+	}
 
 	ping, err := n.Emit(emitCtx(t), "test", "mesh.test.ping", map[string]string{"do": "pong"})
 	if err != nil {
@@ -277,17 +283,33 @@ func TestPluginOutcomes(t *testing.T) {
 }
 
 // TestPluginProtocolMismatch: a module built for another protocol version
-// is refused with an error naming both versions.
+// is refused with an error naming both versions, the releases and the
+// fix: a newer one (99) and one older than the window (6).
 func TestPluginProtocolMismatch(t *testing.T) {
 	t.Parallel()
 	_, v99 := echoModule(t)
+	v6 := filepath.Join(filepath.Dir(v99), "echomodule-v6")
 	n := testNode(t, "", "anchor", nil)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	_, err := n.LoadPlugin(ctx, v99, nil, runtime.ModuleConfig{})
-	want := fmt.Sprintf("version %d", plugin.ProtocolVersion())
-	if err == nil || !strings.Contains(err.Error(), "99") || !strings.Contains(err.Error(), want) {
-		t.Errorf("loading a version 99 module: %v, want an error naming 99 and %s", err, want)
+	window := "module protocols " + plugin.Window().String()
+	for _, tc := range []struct {
+		bin  string
+		want []string
+	}{
+		{v99, []string{"protocol 99", "newer than this meshd", window, "upgrade meshd"}},
+		{v6, []string{"protocol 6 (an sdk from before v0.1.0)", "no longer serves", window, "rebuild the module"}},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		_, err := n.LoadPlugin(ctx, tc.bin, nil, runtime.ModuleConfig{})
+		cancel()
+		if !errors.Is(err, plugin.ErrProtocol) {
+			t.Errorf("loading %s: %v, want plugin.ErrProtocol", filepath.Base(tc.bin), err)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("loading %s: %v, want it to say %q", filepath.Base(tc.bin), err, w)
+			}
+		}
 	}
 }
 

@@ -6,12 +6,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin"
 scripts/ensure-rabbitmq.sh
-go build -o bin/ ./cmd/meshd ./cmd/meshctl
-go build -o bin/modules/ ./examples/modules/...
-go build -o bin/modules/audit-logger ./auditlogger/cmd/audit-logger
-go build -o bin/modules/dispatcher ./modules/dispatcher/cmd/dispatcher
-go build -o bin/modules/agent ./modules/agent/cmd/agent
-go build -o bin/ordersource ./examples/ordersource
+# The release and commit every binary says it is (meshd version), as make build stamps them.
+v=github.com/meshkit/mesh/internal/version
+ldflags="-X $v.release=$(cat VERSION) -X $v.commit=$(git rev-parse --short=12 HEAD 2>/dev/null || true)"
+go build -ldflags "$ldflags" -o bin/ ./cmd/meshd ./cmd/meshctl
+go build -ldflags "$ldflags" -o bin/modules/ ./examples/modules/...
+go build -ldflags "$ldflags" -o bin/modules/audit-logger ./auditlogger/cmd/audit-logger
+go build -ldflags "$ldflags" -o bin/modules/dispatcher ./modules/dispatcher/cmd/dispatcher
+go build -ldflags "$ldflags" -o bin/modules/agent ./modules/agent/cmd/agent
+go build -ldflags "$ldflags" -o bin/ordersource ./examples/ordersource
 # The outside system's queue exists before the dispatcher consumes it
 # (the dispatcher never declares a queue it does not own).
 bin/ordersource -declare-only

@@ -28,6 +28,7 @@ func app() *cli.App {
 	a := &cli.App{
 		Name:                 "meshctl",
 		Usage:                "talk to the mesh",
+		Version:              runtime.Build().Line(),
 		EnableBashCompletion: true,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "amqp-url", EnvVars: []string{"MESH_AMQP_URL"}, Value: runtime.DefaultAMQPURL, Usage: "the broker's `URL`"},
@@ -39,6 +40,7 @@ func app() *cli.App {
 			&cli.StringFlag{Name: "tls-server-name", EnvVars: []string{"MESH_TLS_SERVER_NAME"}, Usage: "the `NAME` checked in the broker's certificate (default the URL's host)"},
 		},
 		Commands: []*cli.Command{
+			versionCommand(),
 			{
 				Name:      "emit",
 				Usage:     "publish a conforming event of a full type and print its id",

@@ -280,7 +280,7 @@ func TestNodes(t *testing.T) {
 	if err != nil {
 		t.Fatalf("nodes: %v\n%s", err, out)
 	}
-	if !strings.Contains(string(out), "NODE") || !strings.Contains(string(out), "VERSION") || !strings.Contains(string(out), "beating") ||
+	if !strings.Contains(string(out), "NODE") || !strings.Contains(string(out), "RELEASE") || !strings.Contains(string(out), runtime.Build().Release) || !strings.Contains(string(out), "beating") ||
 		!strings.Contains(string(out), "shop") || strings.Contains(string(out), "WAITING") {
 		t.Errorf("nodes printed:\n%s", out)
 	}

@@ -23,7 +23,7 @@ import (
 func nodesCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "nodes",
-		Usage: "list the nodes that send heartbeats: their runtime version, their modules (with the version of a module binary built apart from the node; a module not running says WAITING or RESTARTING), when they started and when they were last heard",
+		Usage: "list the nodes that send heartbeats: their mesh release and the module protocols they serve, their modules (a module process built with another sdk release says it, and the protocol it speaks; a module not running says WAITING or RESTARTING), when they started and when they were last heard",
 		Flags: []cli.Flag{
 			waitFlag(),
 			&cli.BoolFlag{Name: "json", Usage: "print one JSON object per node"},
@@ -100,26 +100,63 @@ func nodes(c *cli.Context) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(c.App.Writer, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tVERSION\tMODULES\tUP SINCE\tLAST HEARD\tHEARTBEAT")
+	fmt.Fprintln(tw, "NODE\tRELEASE\tPROTOCOLS\tMODULES\tUP SINCE\tLAST HEARD\tHEARTBEAT")
 	for _, n := range names {
 		h := heard[n]
 		var mods []string
 		for _, m := range h.Modules {
-			mod := m.Name
-			if m.Version != "" && m.Version != h.Version {
-				mod += "@" + m.Version // a module binary built apart from the node
-			}
-			if m.Kind != "" {
-				mod += " (" + m.Kind + ")"
-			}
-			if m.Status != "" && m.Status != "running" {
-				mod += " " + strings.ToUpper(m.Status)
-			}
-			mods = append(mods, mod)
+			mods = append(mods, moduleLine(h.Heartbeat, m))
 		}
 		// What a heartbeat says is anyone's who can publish one: escaped.
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s ago\t%v\n", escape(n), escape(h.Version), escape(strings.Join(mods, ", ")), h.Started.Format(time.RFC3339),
-			time.Since(h.LastSeen).Round(time.Second), h.Interval)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s ago\t%v\n", escape(n), escape(releaseOf(h.Heartbeat)), protocolsOf(h.Heartbeat), escape(strings.Join(mods, ", ")),
+			h.Started.Format(time.RFC3339), time.Since(h.LastSeen).Round(time.Second), h.Interval)
 	}
 	return tw.Flush()
+}
+
+// releaseOf is the release a node says it runs; a node of v0.1.0 says
+// none, only its Go build version ("(devel)" for a build from a work tree).
+func releaseOf(h runtime.Heartbeat) string {
+	if h.Release != "" {
+		return h.Release
+	}
+	if h.Version == "" {
+		return "v0.1.0?"
+	}
+	return h.Version + " (v0.1.0?)"
+}
+
+// protocolsOf is the module protocols a node serves, "7" for a node of
+// v0.1.0, which does not say.
+func protocolsOf(h runtime.Heartbeat) string {
+	if h.ModuleProtocols == nil {
+		return "7"
+	}
+	return h.ModuleProtocols.String()
+}
+
+// moduleLine is a module as meshctl nodes lists it: its name, the sdk
+// release of a module process built with another than the node's (and its
+// protocol, when it is not the node's newest), or the version of a binary
+// built apart from the node, its kind and a status other than running.
+func moduleLine(h runtime.Heartbeat, m runtime.ModuleSummary) string {
+	mod := m.Name
+	switch {
+	case m.SDKRelease != "" && m.SDKRelease != h.Release:
+		mod += " (sdk " + m.SDKRelease + ")"
+	case m.SDKRelease == "" && m.Protocol != 0:
+		mod += " (sdk v0.1.0)" // a module process that does not say its sdk: v0.1.0's
+	case m.SDKRelease == "" && m.Version != "" && m.Version != h.Version:
+		mod += "@" + m.Version // a binary of a node of v0.1.0, built apart from it
+	}
+	if m.Protocol != 0 && h.ModuleProtocols != nil && m.Protocol != h.ModuleProtocols.Max {
+		mod += fmt.Sprintf(" [protocol %d]", m.Protocol)
+	}
+	if m.Kind != "" {
+		mod += " (" + m.Kind + ")"
+	}
+	if m.Status != "" && m.Status != "running" {
+		mod += " " + strings.ToUpper(m.Status)
+	}
+	return mod
 }

@@ -25,9 +25,10 @@ import (
 
 func app() *cli.App {
 	return &cli.App{
-		Name:  "meshd",
-		Usage: "run a mesh node",
-		Commands: []*cli.Command{{
+		Name:    "meshd",
+		Usage:   "run a mesh node",
+		Version: runtime.Build().Line(),
+		Commands: []*cli.Command{versionCommand(), {
 			Name:  "run",
 			Usage: "start a node and its modules, and run until SIGTERM or SIGINT",
 			Description: "Settings come from the --config file, then the MESH_* environment variables, then the flags;\n" +

@@ -21,6 +21,7 @@ import (
 
 	"github.com/meshkit/mesh/internal/brokertest"
 	"github.com/meshkit/mesh/internal/testdir"
+	"github.com/meshkit/mesh/runtime"
 )
 
 // TestRunAnnouncesAndStopsOnSIGTERM builds meshd, runs it against a fresh
@@ -29,8 +30,20 @@ import (
 func TestRunAnnouncesAndStopsOnSIGTERM(t *testing.T) {
 	url := brokertest.VHost(t)
 	bin := filepath.Join(testdir.Reachable(t), "meshd")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+	// The commit as the Makefile stamps it where the go command stamps none.
+	const commit = "0123456789ab"
+	if out, err := exec.Command("go", "build", "-ldflags", "-X github.com/meshkit/mesh/internal/version.commit="+commit, "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
+	}
+	// meshd version: the release, the commit and the protocols it serves.
+	out, err := exec.Command(bin, "version", "--json").Output()
+	var build runtime.BuildInfo
+	if err != nil || json.Unmarshal(out, &build) != nil || build.Release != runtime.Build().Release || build.ModuleProtocols != runtime.Build().ModuleProtocols ||
+		(build.Commit != commit && !strings.HasPrefix(build.Commit, runtime.Build().Commit)) {
+		t.Errorf("meshd version --json: %s %v, want release %s", out, err, runtime.Build().Release)
+	}
+	if out, err := exec.Command(bin, "--version").Output(); err != nil || !strings.Contains(string(out), runtime.Build().Release+" (") || !strings.Contains(string(out), "module protocols "+runtime.Build().ModuleProtocols.String()) {
+		t.Errorf("meshd --version: %q %v", out, err)
 	}
 	conn, err := amqp.Dial(url)
 	if err != nil {
@@ -81,7 +94,13 @@ func TestRunAnnouncesAndStopsOnSIGTERM(t *testing.T) {
 			select {
 			case d := <-deliveries:
 				if d.RoutingKey == "node.anchor.heartbeat" {
-					continue // membership: the node tells the mesh it runs
+					// Membership: the node tells the mesh it runs, and which
+					// release and module protocols.
+					var hb runtime.Heartbeat
+					if err := json.Unmarshal(d.Body, &hb); err != nil || hb.Release != build.Release || hb.ModuleProtocols == nil || *hb.ModuleProtocols != build.ModuleProtocols {
+						t.Errorf("heartbeat %s: %v, want release %s", d.Body, err, build.Release)
+					}
+					continue
 				}
 				if d.RoutingKey != want {
 					t.Errorf("got %s, want %s", d.RoutingKey, want)
@@ -108,7 +127,9 @@ func TestRunAnnouncesAndStopsOnSIGTERM(t *testing.T) {
 		}
 		// OpenTelemetry's metrics, for Prometheus, labelled with the node.
 		for _, want := range []string{"# TYPE mesh_connected gauge", `mesh_connected{node="anchor"`, "} 1\n",
-			"# TYPE mesh_publish_confirmed_total counter", "go_goroutines", "process_resident_memory_bytes"} {
+			"# TYPE mesh_publish_confirmed_total counter", "go_goroutines", "process_resident_memory_bytes",
+			// Which release each node runs, for an upgrade's dashboard.
+			"# TYPE mesh_build_info gauge", `mesh_build_info{commit="` + build.Commit + `",goversion="` + build.GoVersion + `",module_protocol_max="` + fmt.Sprint(build.ModuleProtocols.Max) + `",module_protocol_min="` + fmt.Sprint(build.ModuleProtocols.Min) + `",node="anchor",release="` + build.Release + `"} 1`} {
 			if !strings.Contains(string(body), want) {
 				t.Errorf("/metrics lacks %q:\n%s", want, body)
 			}

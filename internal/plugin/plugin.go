@@ -14,6 +14,7 @@ package plugin
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -22,17 +23,61 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/meshkit/mesh/internal/plugin/pb"
+	"github.com/meshkit/mesh/internal/version"
 )
 
-// protocolVersion is the version of the pb protocol. It is a string so a
-// test can build a module of another version with -ldflags -X.
+// protocolVersion is the version of the pb protocol this build speaks,
+// the newest of its window. It is a string so a test can build a module of
+// another version with -ldflags -X.
 var protocolVersion = "7"
 
-// ProtocolVersion is the plugin protocol version this build speaks.
-func ProtocolVersion() uint {
-	v, err := strconv.ParseUint(protocolVersion, 10, 32)
+// oldestProtocol is the oldest module protocol meshd serves: every protocol
+// of the previous release stays in the window (docs/compatibility.md). A
+// string for -ldflags -X, as protocolVersion.
+var oldestProtocol = "7"
+
+// ProtocolVersion is the plugin protocol version this build speaks: the
+// one a module process built with this sdk offers, and the newest meshd
+// serves.
+func ProtocolVersion() uint { return parseVersion(protocolVersion) }
+
+// Window is the range of module protocols meshd serves, both ends
+// included: a module binary built for any of them runs unchanged, with
+// the semantics it was built for.
+func Window() Range {
+	return Range{Min: min(parseVersion(oldestProtocol), ProtocolVersion()), Max: ProtocolVersion()}
+}
+
+// Range is a range of module protocol versions, both ends included.
+type Range struct {
+	Min uint `json:"min"`
+	Max uint `json:"max"`
+}
+
+// Has reports whether v is in r.
+func (r Range) Has(v uint) bool { return r.Min <= v && v <= r.Max }
+
+// String is "7" for one version, "7-9" for more.
+func (r Range) String() string {
+	if r.Min == r.Max {
+		return strconv.FormatUint(uint64(r.Min), 10)
+	}
+	return fmt.Sprintf("%d-%d", r.Min, r.Max)
+}
+
+// releaseOf names, for each module protocol a release introduced, that
+// release: what an operator reads in a refusal. A protocol newer than
+// any here was made after this build.
+var releaseOf = map[uint]string{7: "v0.1.0"}
+
+// Release is the first release whose sdk builds module binaries of
+// protocol v, or "" for one before v0.1.0 or newer than this build.
+func Release(v uint) string { return releaseOf[v] }
+
+func parseVersion(s string) uint {
+	v, err := strconv.ParseUint(s, 10, 32)
 	if err != nil {
-		panic("plugin: bad protocol version " + protocolVersion)
+		panic("plugin: bad protocol version " + s)
 	}
 	return uint(v)
 }
@@ -41,7 +86,8 @@ func ProtocolVersion() uint {
 const Name = "module"
 
 // Handshake is the go-plugin handshake: a module refuses to run unless
-// started by meshd, and meshd refuses a module of another protocol version.
+// started by meshd, and meshd refuses a module of a protocol outside its
+// window (HostPlugins).
 func Handshake() goplugin.HandshakeConfig {
 	return goplugin.HandshakeConfig{
 		ProtocolVersion:  ProtocolVersion(),
@@ -55,6 +101,56 @@ func Handshake() goplugin.HandshakeConfig {
 func Set(server func(*goplugin.GRPCBroker) pb.ModuleServer) goplugin.PluginSet {
 	return goplugin.PluginSet{Name: &grpcPlugin{server: server}}
 }
+
+// HostPlugins is meshd's side of the handshake: one plugin set for each
+// protocol of Window, which go-plugin offers the process
+// (PLUGIN_PROTOCOL_VERSIONS) and from which it takes the one the process
+// answers with; the client's NegotiatedVersion says which. Every version
+// dials the same pb.Module service: a protocol differs from the one before
+// in what its messages carry and mean, and the host adapts to the
+// negotiated version where they differ.
+func HostPlugins() map[int]goplugin.PluginSet {
+	w := Window()
+	out := make(map[int]goplugin.PluginSet, w.Max-w.Min+1)
+	for v := w.Min; v <= w.Max; v++ {
+		out[int(v)] = Set(nil)
+	}
+	return out
+}
+
+// Refusal is the error for a module binary whose protocol, v, is outside
+// the window: it names both, the releases they belong to, and the fix.
+func Refusal(v uint) error {
+	w := Window()
+	served := fmt.Sprintf("module protocols %s (module binaries built with the sdk of %s)", w, releasesOf(w))
+	switch {
+	case v > w.Max:
+		return fmt.Errorf("%w: the binary speaks module protocol %d, newer than this meshd (%s), which serves %s: upgrade meshd to a release that serves protocol %d, or rebuild the module against the sdk of this meshd's release",
+			ErrProtocol, v, releaseName(), served, v)
+	default:
+		built := "an sdk from before v0.1.0"
+		if r := Release(v); r != "" {
+			built = "the sdk of " + r
+		}
+		return fmt.Errorf("%w: the binary speaks module protocol %d (%s), which this meshd (%s) no longer serves; it serves %s: rebuild the module against one of those sdk releases",
+			ErrProtocol, v, built, releaseName(), served)
+	}
+}
+
+// ErrProtocol is what Refusal wraps: a module binary of a protocol outside
+// meshd's window.
+var ErrProtocol = errors.New("module protocol outside this meshd's window")
+
+// releasesOf names the releases of the protocols in w: "v0.1.0 and later".
+func releasesOf(w Range) string {
+	if r := Release(w.Min); r != "" {
+		return r + " and later"
+	}
+	return "this release"
+}
+
+// releaseName is this build's release, for messages.
+func releaseName() string { return version.Release() }
 
 // Client is what meshd gets from Dispense: the module's service and the
 // broker to offer the host's callback service on.

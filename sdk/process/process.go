@@ -42,6 +42,7 @@ import (
 	"github.com/meshkit/mesh/internal/handlerlog"
 	"github.com/meshkit/mesh/internal/plugin"
 	"github.com/meshkit/mesh/internal/plugin/pb"
+	"github.com/meshkit/mesh/internal/version"
 	"github.com/meshkit/mesh/internal/setup"
 	"github.com/meshkit/mesh/internal/tracecontext"
 	"github.com/meshkit/mesh/internal/wire"
@@ -172,7 +173,7 @@ func (s *moduleServer) Describe(context.Context, *pb.Empty) (*pb.Description, er
 		}
 		s.mesh.inSetup.Store(false)
 		subs, tools := s.mesh.rec.Fix()
-		s.desc = &pb.Description{Name: s.module.Name, Kind: string(s.module.Kind), Emits: s.module.Emits, Calls: s.module.Calls}
+		s.desc = &pb.Description{Name: s.module.Name, Kind: string(s.module.Kind), Emits: s.module.Emits, Calls: s.module.Calls, SdkRelease: version.Release()}
 		for _, sc := range s.module.Schemas {
 			s.desc.Schemas = append(s.desc.Schemas, &pb.SchemaDecl{Event: sc.Event, Tool: sc.Tool, Version: sc.Version, Json: sc.JSON, Response: sc.Response})
 		}

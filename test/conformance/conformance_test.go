@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshkit/mesh/internal/releasetest"
 	"github.com/meshkit/mesh/sdk"
 	"github.com/meshkit/mesh/test/conformance"
 )
@@ -71,6 +72,7 @@ var scenarios = []scenario{
 
 // TestConformance runs every scenario on every host.
 func TestConformance(t *testing.T) {
+	previous := releasetest.Previous(t)
 	hosts := []struct {
 		name string
 		new  func(t *testing.T, delays bool) Host
@@ -83,6 +85,12 @@ func TestConformance(t *testing.T) {
 				t.Fatal(err)
 			}
 			return newBrokerHost(t, bin, delays)
+		}},
+		// The previous release's module binary, built from the git
+		// history, under this meshd: the protocol window's promise
+		// (docs/compatibility.md). Every scenario here existed then.
+		{"process-" + previous.Version, func(t *testing.T, delays bool) Host {
+			return newBrokerHost(t, releasetest.Build(t, previous, "./test/conformance/module"), delays)
 		}},
 	}
 	for _, host := range hosts {

@@ -342,8 +342,13 @@ type Description struct {
 	// len(consumes), a batch at a time (Delivery.history_batch), from
 	// history_from (History.From, asked as the process starts; negative:
 	// the start).
-	History       bool  `protobuf:"varint,15,opt,name=history,proto3" json:"history,omitempty"`
-	HistoryFrom   int64 `protobuf:"varint,16,opt,name=history_from,json=historyFrom,proto3" json:"history_from,omitempty"`
+	History     bool  `protobuf:"varint,15,opt,name=history,proto3" json:"history,omitempty"`
+	HistoryFrom int64 `protobuf:"varint,16,opt,name=history_from,json=historyFrom,proto3" json:"history_from,omitempty"`
+	// The mesh release of the sdk the module was built with (v0.2.0 and
+	// later; empty from a v0.1.0 binary): meshd shows it beside the module.
+	// It changes nothing in how the host treats the module: the protocol
+	// version the handshake agreed on does that.
+	SdkRelease    string `protobuf:"bytes,17,opt,name=sdk_release,json=sdkRelease,proto3" json:"sdk_release,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -488,6 +493,13 @@ func (x *Description) GetHistoryFrom() int64 {
 		return x.HistoryFrom
 	}
 	return 0
+}
+
+func (x *Description) GetSdkRelease() string {
+	if x != nil {
+		return x.SdkRelease
+	}
+	return ""
 }
 
 type SchemaDecl struct {
@@ -1887,7 +1899,7 @@ const file_module_proto_rawDesc = "" +
 	"\n" +
 	"error_kind\x18\x01 \x01(\x0e2\x19.mesh.plugin.v1.ErrorKindR\terrorKind\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\"\a\n" +
-	"\x05Empty\"\xc5\x04\n" +
+	"\x05Empty\"\xe6\x04\n" +
 	"\vDescription\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05emits\x18\x02 \x03(\tR\x05emits\x12\x1a\n" +
@@ -1905,7 +1917,9 @@ const file_module_proto_rawDesc = "" +
 	"\aschemas\x18\r \x03(\v2\x1a.mesh.plugin.v1.SchemaDeclR\aschemas\x12+\n" +
 	"\x05reads\x18\x0e \x03(\v2\x15.mesh.plugin.v1.ReadsR\x05reads\x12\x18\n" +
 	"\ahistory\x18\x0f \x01(\bR\ahistory\x12!\n" +
-	"\fhistory_from\x18\x10 \x01(\x03R\vhistoryFrom\"\x80\x01\n" +
+	"\fhistory_from\x18\x10 \x01(\x03R\vhistoryFrom\x12\x1f\n" +
+	"\vsdk_release\x18\x11 \x01(\tR\n" +
+	"sdkRelease\"\x80\x01\n" +
 	"\n" +
 	"SchemaDecl\x12\x14\n" +
 	"\x05event\x18\x01 \x01(\tR\x05event\x12\x18\n" +
