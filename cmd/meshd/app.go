@@ -207,13 +207,19 @@ func run(c *cli.Context) error {
 		return errors.Join(err, shutdown())
 	}
 	defer iso.close()
+	start, err := newStarter(node, iso, ready, log, meters)
+	if err != nil {
+		return errors.Join(err, shutdown())
+	}
 	running := map[string]*loaded{}
 	for i, m := range f.Modules {
-		l, err := loadWith(ctx, node, iso, i, m)
+		l, err := start.start(ctx, i, m)
 		if err != nil {
 			return errors.Join(err, shutdown())
 		}
-		running[m.Name] = l
+		if l != nil {
+			running[m.Name] = l
+		}
 	}
 	ready.loading.Store(false)
 	logProtections(log, iso, c.String("config"), running)
@@ -226,7 +232,15 @@ func run(c *cli.Context) error {
 		case <-ctx.Done():
 			done = true
 		case <-hup:
-			reload(ctx, c, f, node, iso, running, ready, log)
+			if err := reload(ctx, c, f, start, running, log); err != nil {
+				_ = shutdown()
+				return err
+			}
+		case <-start.due():
+			if err := start.retry(ctx, running); err != nil && ctx.Err() == nil {
+				_ = shutdown()
+				return err
+			}
 		case <-node.Done():
 			// The node cannot go on (another node took its name while it was
 			// reconnecting): exit non-zero; unacked deliveries return to their
@@ -260,15 +274,18 @@ func stopNow(pm *runtime.PluginModule) error {
 // reload reads the config again (SIGHUP) and applies what changed in its
 // modules: a module removed is stopped, one added is started, and one
 // whose entry changed (its settings, say the dispatcher's triggers) is
-// stopped and started again. A stop lets the handlers in flight finish
-// within the grace period and returns what was not finished to the
-// queues, so no work is lost. A config that does not validate changes
-// nothing. Node settings (name, broker, state dir...) need a restart.
-func reload(ctx context.Context, c *cli.Context, was nodeconfig.File, node *runtime.Node, iso *isolation, running map[string]*loaded, ready *readiness, log *slog.Logger) {
+// stopped and started again; a module that had not started is tried
+// again at once (its binary may have been replaced). A stop lets the
+// handlers in flight finish within the grace period and returns what was
+// not finished to the queues, so no work is lost. A config that does not
+// validate changes nothing. Node settings (name, broker, state dir...)
+// need a restart. Its error is a required module that did not start:
+// meshd then exits.
+func reload(ctx context.Context, c *cli.Context, was nodeconfig.File, start *starter, running map[string]*loaded, log *slog.Logger) error {
 	f, err := config(c)
 	if err != nil {
 		log.Error("reload: the config does not validate; nothing changed", "err", err)
-		return
+		return nil
 	}
 	if !reflect.DeepEqual(f.Runtime(), was.Runtime()) {
 		log.Warn("reload: the node's own settings changed; they apply when meshd restarts")
@@ -294,23 +311,27 @@ func reload(ctx context.Context, c *cli.Context, was nodeconfig.File, node *runt
 			stop(m.Name)
 			stopped++
 		}
-		l, err := loadWith(ctx, node, iso, i, m)
+		l, err := loadWith(ctx, start.node, start.iso, i, m)
 		if err != nil && previous != nil {
 			// The new entry is refused (say, a queue argument the broker
 			// cannot change): the module runs as it did, rather than not at
 			// all; the next reload tries the new entry again.
 			log.Error("reload: a module did not start with its new entry; starting it with the one it ran with", "module", m.Name, "err", err)
 			m = *previous
-			l, err = loadWith(ctx, node, iso, i, m)
+			l, err = loadWith(ctx, start.node, start.iso, i, m)
 		}
-		if err != nil {
-			log.Error("reload: a module did not start", "module", m.Name, "err", err)
-			ready.notStarted(m.Name, err)
-			continue
+		switch {
+		case err == nil:
+			start.started(m.Name)
+			running[m.Name] = l
+			started++
+		case ctx.Err() != nil:
+			return nil // meshd is stopping
+		case m.Required:
+			return fmt.Errorf("reload: module %s (required: true) did not start: %w", m.Name, err)
+		default:
+			start.failed(ctx, i, m, err)
 		}
-		ready.notStarted(m.Name, nil)
-		running[m.Name] = l
-		started++
 	}
 	for name := range running {
 		if !want[name] {
@@ -318,8 +339,9 @@ func reload(ctx context.Context, c *cli.Context, was nodeconfig.File, node *runt
 			stopped++
 		}
 	}
-	ready.forgetAllBut(want)
-	log.Info("config reloaded", "stopped", stopped, "started", started, "running", len(running))
+	start.forgetAllBut(want)
+	log.Info("config reloaded", "stopped", stopped, "started", started, "running", len(running), "not_running", len(start.pending))
+	return nil
 }
 
 // serveHealth answers /healthz (the process runs), /readyz (readiness.check:
@@ -376,17 +398,17 @@ func listenAddr(addr string) (string, error) {
 }
 
 // readiness is what /readyz answers: meshd's own state (the modules of its
-// config still loading, or a module a reload could not start) before the
-// node's (runtime.Node.Ready).
+// config still loading, or modules that did not start) before the node's
+// (runtime.Node.Ready).
 type readiness struct {
 	node    *runtime.Node
 	loading atomic.Bool
 	mu      sync.Mutex
-	failed  map[string]error // modules a reload could not start, by name
+	failed  map[string]error // modules of the config that did not start, by name, with why
 }
 
-// notStarted records that a reload could not start module name (err), or
-// that it runs again (nil).
+// notStarted records that module name did not start (err), or that it
+// runs (nil).
 func (r *readiness) notStarted(name string, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -400,6 +422,13 @@ func (r *readiness) notStarted(name string, err error) {
 	r.failed[name] = err
 }
 
+// failedCount is how many modules of the config did not start.
+func (r *readiness) failedCount() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.failed)
+}
+
 // forgetAllBut forgets the failures of modules the config no longer has.
 func (r *readiness) forgetAllBut(want map[string]bool) {
 	r.mu.Lock()
@@ -411,7 +440,8 @@ func (r *readiness) forgetAllBut(want map[string]bool) {
 	}
 }
 
-// check is nil when the node is ready, or says what it is missing.
+// check is nil when the node is ready, or says what it is missing: a
+// module that did not start is named with why.
 func (r *readiness) check() error {
 	if r.loading.Load() {
 		return errors.New("loading the modules")
@@ -421,10 +451,18 @@ func (r *readiness) check() error {
 	for name := range r.failed {
 		names = append(names, name)
 	}
+	slices.Sort(names)
+	whys := make([]string, 0, len(names))
+	for _, name := range names {
+		whys = append(whys, name+": "+r.failed[name].Error())
+	}
 	r.mu.Unlock()
 	if len(names) > 0 {
-		slices.Sort(names)
-		return fmt.Errorf("not running since a reload: %s (see the log)", strings.Join(names, ", "))
+		return fmt.Errorf("modules not running: %s (tried again with back-off; see the log and node.*.module.failed): %s",
+			strings.Join(names, ", "), strings.Join(whys, "; "))
+	}
+	if r.node == nil {
+		return nil
 	}
 	return r.node.Ready()
 }

@@ -100,11 +100,15 @@ type Module struct {
 	// "UID[:GID]", or "root". Any user but meshd's own needs meshd to run
 	// as root (or with CAP_SETUID and CAP_SETGID). "" is auto where meshd
 	// runs as root and meshd's own user elsewhere.
-	User      string   `yaml:"user"`
-	Path      string   `yaml:"path"`
-	Args      []string `yaml:"args"`
-	QueueType string   `yaml:"queue_type"`
-	Prefetch  int      `yaml:"prefetch"`
+	User string   `yaml:"user"`
+	Path string   `yaml:"path"`
+	Args []string `yaml:"args"`
+	// Required makes meshd exit when the module does not load or start;
+	// by default meshd reports it and tries it again with back-off while
+	// the node and its other modules run.
+	Required  bool   `yaml:"required"`
+	QueueType string `yaml:"queue_type"`
+	Prefetch  int    `yaml:"prefetch"`
 	// Concurrency is how many handler calls run at once (1 to prefetch,
 	// default 1: in queue order), in a module process as in-process.
 	Concurrency    int           `yaml:"concurrency"`
