@@ -411,26 +411,9 @@ func (p *moduleProcess) gone(err error) bool {
 // stream. Its error wraps errProcessGone if the process went away while
 // starting.
 func (pm *PluginModule) launch(ctx context.Context) (*moduleProcess, error) {
-	argv := append(slices.Clone(pm.launcher), pm.path)
-	argv = append(argv, pm.args...)
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = append(moduleEnv(os.Environ()), plugin.ToolGrantsEnv(pm.toolGrants)...)
 	limit := pm.messageLimit()
-	cmd.Env = append(cmd.Env, plugin.EnvMaxMessageBytes+"="+strconv.Itoa(limit))
-	if pm.settings != nil {
-		cmd.Env = append(cmd.Env, plugin.EnvSettings+"="+string(pm.settings))
-	}
-	if pm.dir != "" {
-		cmd.Env = append(setEnv(cmd.Env, "HOME", pm.dir), plugin.EnvModuleDir+"="+pm.dir)
-	}
-	if pm.tempDir != "" {
-		cmd.Env = setEnv(cmd.Env, "TMPDIR", pm.tempDir)
-	}
-	if pm.runAs != nil {
-		// Its USER and LOGNAME; the launcher, if there is one, takes the
-		// user on itself.
-		runAs(cmd, *pm.runAs, len(pm.launcher) == 0)
-	}
+	cmd := processSpec{path: pm.path, args: pm.args, launcher: pm.launcher, toolGrants: pm.toolGrants, limit: limit,
+		settings: pm.settings, dir: pm.dir, tempDir: pm.tempDir, runAs: pm.runAs}.command()
 	client := goplugin.NewClient(&goplugin.ClientConfig{
 		HandshakeConfig: plugin.Handshake(),
 		// Every module protocol of the window (docs/adr/0039-module-protocol-window.md).
@@ -503,6 +486,47 @@ func (pm *PluginModule) launch(ctx context.Context) (*moduleProcess, error) {
 	go p.send()
 	go p.receive()
 	return p, nil
+}
+
+// processSpec is how a module process is started: its binary and
+// arguments, through the launcher (confinement) and as its user, with the
+// environment the node gives it and nothing of the node's own.
+type processSpec struct {
+	path       string
+	args       []string
+	launcher   []string
+	toolGrants []string
+	limit      int
+	settings   []byte
+	dir        string
+	tempDir    string
+	runAs      *Credential
+}
+
+// command is the process's command, not started.
+func (s processSpec) command() *exec.Cmd {
+	argv := append(slices.Clone(s.launcher), s.path)
+	argv = append(argv, s.args...)
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env = append(moduleEnv(os.Environ()), plugin.ToolGrantsEnv(s.toolGrants)...)
+	if s.limit > 0 {
+		cmd.Env = append(cmd.Env, plugin.EnvMaxMessageBytes+"="+strconv.Itoa(s.limit))
+	}
+	if s.settings != nil {
+		cmd.Env = append(cmd.Env, plugin.EnvSettings+"="+string(s.settings))
+	}
+	if s.dir != "" {
+		cmd.Env = append(setEnv(cmd.Env, "HOME", s.dir), plugin.EnvModuleDir+"="+s.dir)
+	}
+	if s.tempDir != "" {
+		cmd.Env = setEnv(cmd.Env, "TMPDIR", s.tempDir)
+	}
+	if s.runAs != nil {
+		// Its USER and LOGNAME; the launcher, if there is one, takes the
+		// user on itself.
+		runAs(cmd, *s.runAs, len(s.launcher) == 0)
+	}
+	return cmd
 }
 
 // moduleEnv is a module process's environment: of the node's, only what a

@@ -1,0 +1,124 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/meshkit/mesh/internal/testdir"
+)
+
+// TestConfigCheckHoldsBinariesToTheirEntries: meshd config check starts
+// each module binary far enough to describe itself and fails, naming the
+// entry and the fix, for what meshd run would refuse: a binary of a
+// protocol outside the window, another name, and every call, served
+// tool, consumed queue and dead-letter handler the binary declares that
+// its entry does not grant (the attacker's case: a binary that declares
+// more than it is granted is refused before it joins any mesh). A config
+// that grants what each binary declares passes.
+func TestConfigCheckHoldsBinariesToTheirEntries(t *testing.T) {
+	dir := testdir.Reachable(t)
+	meshd := filepath.Join(dir, "meshd")
+	if out, err := exec.Command("go", "build", "-o", meshd, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	tax := buildExample(t, dir, "tax", "")
+	notifier := buildExample(t, dir, "notifier", "")
+	staleBin := buildExample(t, testdir.Reachable(t), "umami", stale)
+	dispatcher := filepath.Join(dir, "dispatcher")
+	audit := filepath.Join(dir, "audit-logger")
+	for pkg, out := range map[string]string{"../../modules/dispatcher/cmd/dispatcher": dispatcher, "../../auditlogger/cmd/audit-logger": audit} {
+		if b, err := exec.Command("go", "build", "-o", out, pkg).CombinedOutput(); err != nil {
+			t.Fatalf("build %s: %v\n%s", pkg, err, b)
+		}
+	}
+	check := func(config string) (string, error) {
+		cfg := filepath.Join(t.TempDir(), "mesh.yaml")
+		if err := os.WriteFile(cfg, []byte("node: anchor\nstate_dir: "+filepath.Join(t.TempDir(), "state")+"\n"+config), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		out, err := exec.Command(meshd, "config", "check", "--config", cfg).CombinedOutput()
+		return string(out), err
+	}
+	dispatch := `
+    config:
+      triggers:
+        - name: orders
+          queue: shop.orders
+          tool: invoice.issue`
+
+	good := fmt.Sprintf(`modules:
+  - name: tax
+    kind: agent
+    path: %s
+    tools: ["tax.rate"]
+  - name: notifier
+    path: %s
+    calls: ["invoice.*"]
+  - name: dispatcher
+    kind: dispatcher
+    path: %s
+    tools: ["dispatcher.*"]
+    consumes: ["shop.orders"]
+    calls: ["invoice.issue"]%s
+  - name: audit-logger
+    path: %s
+    tools: ["audit.*"]
+    dead_letters: ["#"]
+`, tax, notifier, dispatcher, dispatch, audit)
+	if out, err := check(good); err != nil || !strings.Contains(out, "config ok: node anchor, 4 modules; each binary described itself") {
+		t.Fatalf("a config granting what each binary declares: %v\n%s", err, out)
+	}
+
+	bad := fmt.Sprintf(`modules:
+  - name: tax
+    kind: agent
+    path: %s
+  - name: notifier
+    path: %s
+  - name: dispatcher
+    kind: dispatcher
+    path: %s
+    tools: ["dispatcher.*"]%s
+  - name: audit-logger
+    path: %s
+    tools: ["audit.*"]
+  - name: billing
+    path: %s
+  - name: umami
+    path: %s
+`, tax, notifier, dispatcher, dispatch, audit, tax, staleBin)
+	out, err := check(bad)
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Fatalf("config check of a config that grants less than the binaries declare: %v, want exit 1\n%s", err, out)
+	}
+	for _, want := range []string{
+		`modules[0] (tax, ` + tax + `): forbidden: the binary serves tax.rate, which its entry does not grant: add "tax.rate" to tools:`,
+		`modules[1] (notifier, ` + notifier + `): forbidden: the binary calls invoice.create, which its entry does not grant: add "invoice.create" to calls:`,
+		`modules[2] (dispatcher, ` + dispatcher + `): forbidden: the binary consumes the queue shop.orders, which its entry does not grant: add "shop.orders" to consumes:`,
+		`the binary calls invoice.issue, which its entry does not grant`,
+		`modules[3] (audit-logger, ` + audit + `): forbidden: the binary receives dead letters, which its entry does not grant: add the event types' patterns to dead_letters:`,
+		`modules[4] (billing, ` + tax + `): the binary says it is module "tax", and its entry says "billing"`,
+		`modules[5] (umami, ` + staleBin + `): start module ` + staleBin + `: module protocol outside this meshd's window: the binary speaks module protocol 99`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("config check does not say\n\t%s\nit said:\n%s", want, out)
+		}
+	}
+	if out, err := check(bad[:strings.Index(bad, "  - name: notifier")]); err == nil || strings.Contains(out, "notifier") {
+		t.Errorf("one bad entry: %v\n%s", err, out)
+	}
+	// --skip-binaries checks the file alone.
+	cfg := filepath.Join(t.TempDir(), "mesh.yaml")
+	if err := os.WriteFile(cfg, []byte("node: anchor\n"+bad), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(meshd, "config", "check", "--skip-binaries", "--config", cfg).CombinedOutput(); err != nil || !strings.Contains(string(out), "config ok: node anchor, 6 modules\n") {
+		t.Errorf("--skip-binaries: %v\n%s", err, out)
+	}
+}
