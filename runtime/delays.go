@@ -298,7 +298,7 @@ func (n *Node) delaysModule() sdk.Module {
 // startMover runs the node's mover on s, if the node has delays on and is
 // no ephemeral client.
 func (n *Node) startMover(s *session) {
-	if n.cfg.Delays && !n.cfg.Ephemeral {
+	if n.delaysOn() && !n.cfg.Ephemeral {
 		go n.runMover(s)
 	}
 }

@@ -312,7 +312,7 @@ func (m *Module) policy(quorum bool) deliveryPolicy {
 func (m *Module) retryPolicy(quorum bool) deliveryPolicy {
 	p := m.policy(quorum)
 	if len(m.cfg.Retry) > 0 {
-		p.schedule = m.node.cfg.scheduled
+		p.schedule = m.node.scheduled
 	}
 	return p
 }

@@ -38,12 +38,16 @@ type Heartbeat struct {
 	// Release is the mesh release the node runs (v0.2.0; empty from a
 	// v0.1.0 node), Commit the commit its binary was built from, and
 	// ModuleProtocols the module protocols it serves (BuildInfo).
-	Release         string          `json:"release,omitempty"`
-	Commit          string          `json:"commit,omitempty"`
-	ModuleProtocols *plugin.Range   `json:"module_protocols,omitempty"`
-	Started         time.Time       `json:"started"`
-	Interval        time.Duration   `json:"interval_ns"`
-	Modules         []ModuleSummary `json:"modules"`
+	Release         string         `json:"release,omitempty"`
+	Commit          string         `json:"commit,omitempty"`
+	ModuleProtocols *ProtocolRange `json:"module_protocols,omitempty"`
+	// Features are the features the node has now (Node.Features): those
+	// of its release it has on and the broker did not refuse. A node of
+	// v0.1.0 sends none; it has the v0.1.0 ones.
+	Features []string        `json:"features,omitempty"`
+	Started  time.Time       `json:"started"`
+	Interval time.Duration   `json:"interval_ns"`
+	Modules  []ModuleSummary `json:"modules"`
 }
 
 // ModuleSummary is a module as membership tells of it: its declarations,
@@ -163,6 +167,9 @@ func (n *Node) heartbeat() Heartbeat {
 	build := Build()
 	hb := Heartbeat{Node: n.cfg.Node, Version: runtimeVersion(), Release: build.Release, Commit: build.Commit, ModuleProtocols: &build.ModuleProtocols,
 		Started: n.started, Interval: n.cfg.HeartbeatInterval}
+	for _, f := range n.Features() {
+		hb.Features = append(hb.Features, string(f))
+	}
 	mods, plugins := n.loaded()
 	restarting := map[*Module]bool{}
 	versions := map[*Module]string{}

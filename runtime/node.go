@@ -95,6 +95,9 @@ type Node struct {
 	callOpts  sync.Map     // tool+outcome -> metric.RecordOption
 	// callOptsLen is how many callOpts holds (maxCallOpts at most).
 	callOptsLen atomic.Int64
+	// refused holds the features the broker refused this node (Feature,
+	// featureRefused): off for the rest of its life, with a warning.
+	refused sync.Map // Feature → error
 }
 
 // hooks are called, when set, at points tests need to order against.
@@ -228,7 +231,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 	} else {
 		close(n.depthsDone)
 	}
-	if n.book != nil {
+	if n.book != nil && n.delaysOn() {
 		// Its tools answer from a local file at once: a short handler
 		// timeout, within even a short consumer_timeout.
 		quick := ModuleConfig{Prefetch: 8, HandlerTimeout: min(5*time.Second, n.cfg.ConsumerTimeout/2)}
@@ -401,7 +404,10 @@ func (n *Node) emit(ctx context.Context, source, eventType string, raw []byte, o
 	}
 	due := o.Due(now)
 	delayed := due.After(now)
-	if delayed && !n.cfg.Delays {
+	if delayed && !n.delaysOn() {
+		if why := n.featureOff(FeatureDelays); why != nil {
+			return "", fmt.Errorf("emit %s: %w: a delayed emit needs delays, which are off on this node: %v", eventType, wire.ErrInvalid, why)
+		}
 		return "", fmt.Errorf("emit %s: %w: a delayed emit needs delays on this node (delays: true in its config), which declares the delay cascade", eventType, wire.ErrInvalid)
 	}
 	if id == "" {

@@ -183,8 +183,14 @@ func (n *Node) connectTo(ctx context.Context, url string) (*session, error) {
 	ch, err := s.pubConn.Channel()
 	if err == nil {
 		err = declareTopology(ch)
-		if err == nil && n.cfg.Delays {
-			err = declareDelays(ch, n.declaredDueQueue())
+		if err == nil && n.delaysOn() {
+			if err = declareDelays(ch, n.declaredDueQueue()); isAMQPCode(err, amqp.AccessRefused) {
+				// A feature the node's broker user has no permission for
+				// is off, with a warning, rather than the node down (ADR 40).
+				n.featureRefused(FeatureDelays, err)
+				ch.Close() // the broker closed it
+				ch, err = s.pubConn.Channel()
+			}
 		}
 		if err == nil && n.cfg.History.Stream != "" && !n.cfg.Ephemeral {
 			err = declareHistory(ch, n.cfg.History)

@@ -80,6 +80,7 @@ func app() *cli.App {
 			dispatcherCommand(),
 			topologyCommand(),
 			nodesCommand(),
+			featuresCommand(),
 			graphCommand(),
 			schemaCommand(),
 			consoleCommand(),

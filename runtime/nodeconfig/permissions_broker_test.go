@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -235,4 +237,83 @@ func TestLeastPrivilegeOnTheBroker(t *testing.T) {
 		}
 		return ch.QueueBind("serve.billing.charge", "billing.charge", wire.ExchangeRPC, false, nil)
 	})
+}
+
+// TestAFeatureWithoutItsPermissionsIsOff: a node whose broker user has the
+// permissions computed for a config with delays off (as an operator
+// printed them before delays were on by default), run with delays on: it
+// starts and runs its modules, logs one warning naming the feature and
+// the fix, refuses a delayed emit saying why, and its heartbeat leaves
+// delays out of its features (meshctl features shows the node lacking
+// it), instead of exiting with ACCESS_REFUSED.
+func TestAFeatureWithoutItsPermissionsIsOff(t *testing.T) {
+	url := brokertest.VHost(t)
+	vhost := url[strings.LastIndex(url, "/")+1:]
+	user, password := brokertest.User(t)
+	nodeURL := fmt.Sprintf("amqp://%s:%s@%s/%s", user, password, brokertest.Host(), vhost)
+	off := false
+	f := nodeconfig.File{Node: "n1", AMQPURL: nodeURL, Delays: &off, Modules: []nodeconfig.Module{{Name: "shop"}}}
+	p := f.Permissions("", nil)
+	brokertest.Ctl(t, "set_permissions", "-p", vhost, user, p.Configure, p.Write, p.Read)
+	for _, tp := range p.Topics {
+		brokertest.Ctl(t, "set_topic_permissions", "-p", vhost, user, tp.Exchange, tp.Write, tp.Read)
+	}
+
+	f.Delays = nil // delays on, the default
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cfg := f.Runtime()
+	if !cfg.Delays {
+		t.Fatal("delays are not on by default")
+	}
+	var logs syncLog
+	cfg.StateDir, cfg.Logger = t.TempDir(), slog.New(slog.NewTextHandler(&logs, nil))
+	n, err := runtime.New(ctx, cfg)
+	if err != nil {
+		t.Fatalf("a node lacking the delays' permissions: %v", err)
+	}
+	defer n.Close(context.Background())
+	shop, err := n.Load(ctx, sdk.Module{Name: "shop", Emits: []string{"sold"}}, f.Modules[0].ModuleConfig())
+	if err != nil {
+		t.Fatalf("load shop: %v", err)
+	}
+	if _, err := shop.Mesh().Emit(ctx, "sold", map[string]int{"n": 1}); err != nil {
+		t.Errorf("an emit on a node without delays: %v", err)
+	}
+	_, err = shop.Mesh().Emit(ctx, "sold", map[string]int{"n": 2}, sdk.After(time.Minute))
+	if !errors.Is(err, sdk.ErrInvalid) || !strings.Contains(err.Error(), "delays, which are off on this node") || !strings.Contains(err.Error(), "meshctl topology permissions") {
+		t.Errorf("a delayed emit on a node whose delays are refused: %v", err)
+	}
+	if got := n.Features(); slices.Contains(got, runtime.FeatureDelays) {
+		t.Errorf("features %v include delays", got)
+	}
+	if n.MeshHas(runtime.FeatureDelays) {
+		t.Error("the mesh has delays, with this node lacking them")
+	}
+	log := logs.String()
+	if strings.Count(log, "a feature is off") != 1 || !strings.Contains(log, "feature=delays") || !strings.Contains(log, "ACCESS_REFUSED") || !strings.Contains(log, "set_permissions") {
+		t.Errorf("the log does not warn once, naming the feature, the refusal and the fix:\n%s", log)
+	}
+	states := runtime.MeshFeatures([]runtime.Heartbeat{{Node: "n1", Release: "v0.2.0", Features: []string{"history"}}, {Node: "old"}})
+	if states[0].Feature != runtime.FeatureDelays || !slices.Equal(states[0].Lacks, []string{"n1"}) || !slices.Equal(states[0].Has, []string{"old"}) {
+		t.Errorf("MeshFeatures: %+v", states)
+	}
+}
+
+// syncLog is a log buffer safe for concurrent writes.
+type syncLog struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *syncLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *syncLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
