@@ -22,7 +22,7 @@ import (
 // mesh_modules_start_failures_total) and tries it again with back-off,
 // while the node and its other modules run. An entry with required: true
 // keeps the older rule: meshd exits when it does not start.
-// docs/adr/0040-a-module-that-fails-never-stops-its-node.md.
+// docs/adr/0041-a-module-that-fails-never-stops-its-node.md.
 
 // Back-off between the tries of a module that does not start: it doubles
 // from startRetryMin to startRetryMax. A reload (SIGHUP) tries it at once.
