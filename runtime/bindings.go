@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+
+	"github.com/meshkit/mesh/internal/stateformat"
 )
 
 // bindingRecord remembers, in the node's state dir, which patterns each
@@ -40,6 +42,14 @@ func (r bindingRecord) recorded(queue string) ([]string, bool, error) {
 	}
 	var patterns []string
 	if err := json.Unmarshal(b, &patterns); err != nil {
+		// Format 1 (v0.1.0, and this release) is a JSON list; a later
+		// format is an object that says its format.
+		var later struct {
+			Format int `json:"format"`
+		}
+		if json.Unmarshal(b, &later) == nil && later.Format > stateformat.Bindings.Version {
+			return nil, false, fmt.Errorf("read binding record: %w", stateformat.Bindings.Check(r.path(queue), later.Format))
+		}
 		return nil, false, fmt.Errorf("read binding record %s: %w", r.path(queue), err)
 	}
 	return patterns, true, nil

@@ -198,6 +198,12 @@ func migrate(db *sql.DB) (err error) {
 			_ = tx.Rollback()
 		}
 	}()
+	// A database a later release wrote is refused before anything in it
+	// changes (a rollback must not leave the chain for the later release to
+	// misread as tampering).
+	if err := checkFormat(tx); err != nil {
+		return err
+	}
 	if _, err := tx.Exec(schema); err != nil {
 		return fmt.Errorf("create schema: %w", err)
 	}

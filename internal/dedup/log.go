@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 
 	"github.com/oklog/ulid/v2"
+
+	"github.com/meshkit/mesh/internal/stateformat"
 )
 
 // The log file: header, then records of recordSize bytes at aligned offsets
@@ -21,8 +23,9 @@ const (
 	recordSize = 16 + 8 + 4
 )
 
-// header starts every log: a magic and the format version (1).
-var header = [headerSize]byte{'M', 'E', 'S', 'H', 'D', 'D', 'P', 1}
+// header starts every log: a magic and the format version
+// (stateformat.DedupLog, 1).
+var header = [headerSize]byte{'M', 'E', 'S', 'H', 'D', 'D', 'P', byte(stateformat.DedupLog.Version)}
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
@@ -111,6 +114,10 @@ func (s *Set) load() error {
 		return fmt.Errorf("read header: %w", err)
 	}
 	if h != header {
+		if bytes.Equal(h[:headerSize-1], header[:headerSize-1]) && int(h[headerSize-1]) > stateformat.DedupLog.Version {
+			// A later release's log, before a rollback: left as it is.
+			return fmt.Errorf("%w: %w", ErrFormat, stateformat.DedupLog.Check(s.path, int(h[headerSize-1])))
+		}
 		return fmt.Errorf("%w: header %q, want %q", ErrFormat, h[:], header[:])
 	}
 

@@ -27,6 +27,8 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/meshkit/mesh/internal/stateformat"
+
 	"github.com/meshkit/mesh/internal/wire"
 )
 
@@ -75,6 +77,9 @@ type Book struct {
 // remade reports so.
 func Open(path string) (b *Book, remade bool, err error) {
 	db, err := open(path)
+	if errors.Is(err, stateformat.ErrNewer) {
+		return nil, false, err // a later release's book: kept for it, not remade
+	}
 	if err != nil {
 		if rerr := os.Rename(path, path+".broken"); rerr != nil {
 			return nil, false, fmt.Errorf("schedbook: %w (and it cannot be moved aside: %w)", err, rerr)
@@ -93,6 +98,9 @@ func open(path string) (*bolt.DB, error) {
 		return nil, fmt.Errorf("schedbook: open %s: %w", path, err)
 	}
 	if err := db.Update(func(tx *bolt.Tx) error {
+		if err := stateformat.DelaysBook.CheckBolt(tx, path); err != nil {
+			return err
+		}
 		_, err := tx.CreateBucketIfNotExists(bucket)
 		return err
 	}); err != nil {

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/meshkit/mesh/internal/stateformat"
 	bolterrors "go.etcd.io/bbolt/errors"
 )
 
@@ -200,6 +202,9 @@ func open(path, abs string, opts Options) (*Spool, error) {
 	db.MaxBatchDelay = batchDelay
 	s := &Spool{path: path, abs: abs, max: opts.MaxBytes, db: db}
 	err = db.Update(func(tx *bolt.Tx) error {
+		if err := stateformat.Spool.CheckBolt(tx, path); err != nil {
+			return err
+		}
 		b, err := tx.CreateBucketIfNotExists(bucketName)
 		if err != nil {
 			return err

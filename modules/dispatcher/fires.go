@@ -68,11 +68,51 @@ func openFires(path string) (*fires, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open the firing record %s: %w", path, err)
 	}
-	if _, err := db.Exec(firesSchema); err != nil {
+	if err := migrateFires(db); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("open the firing record %s: %w", path, err)
 	}
 	return &fires{db: db}, nil
+}
+
+// FiresFormat is the format of the firing record this release writes and
+// the newest it reads, kept in SQLite's PRAGMA user_version: a record of
+// v0.1.0 says 0, which is format 1, this one (docs/compatibility.md).
+const FiresFormat = 1
+
+// ErrNewerFormat is what Open wraps for a firing record of a format newer
+// than FiresFormat: one a later release wrote, before a rollback.
+var ErrNewerFormat = errors.New("written by a newer release of mesh")
+
+// migrateFires refuses a record of a newer format before anything in it
+// changes, and creates or keeps the schema, recording FiresFormat, in one
+// transaction.
+func migrateFires(db *sql.DB) (err error) {
+	tx, err := db.Begin()
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback()
+		}
+	}()
+	var found int
+	if err := tx.QueryRow("PRAGMA user_version").Scan(&found); err != nil {
+		return fmt.Errorf("read the format (user_version): %w", err)
+	}
+	if found > FiresFormat {
+		return fmt.Errorf("the record is of format %d, %w; this release reads formats up to %d: run the dispatcher of the release that wrote it (roll forward again), or move the file aside (the dispatcher then runs a redelivered message's tool again)", found, ErrNewerFormat, FiresFormat)
+	}
+	if _, err := tx.Exec(firesSchema); err != nil {
+		return err
+	}
+	if found != FiresFormat {
+		if _, err := tx.Exec(fmt.Sprintf("PRAGMA user_version = %d", FiresFormat)); err != nil {
+			return fmt.Errorf("record the format (user_version): %w", err)
+		}
+	}
+	return tx.Commit()
 }
 
 func (f *fires) close() error { return f.db.Close() }
