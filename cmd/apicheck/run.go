@@ -53,6 +53,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	current, hasCurrent := inProgress(releases)
 	modulePath, changes, err := compare(ctx, ".", base)
+	if ctx.Err() != nil {
+		fmt.Fprintln(stderr, "apicheck: interrupted")
+		return 2
+	}
 	if err != nil {
 		fmt.Fprintln(stderr, "apicheck:", err)
 		return 2
