@@ -58,11 +58,12 @@ demo: ## Run meshd with the example modules as module processes, shown live by m
 screenshots: ## Take the console guide's pictures (docs/images/console-*.png): the demo mesh in a virtual host of its own, fed, and meshctl console on it in headless Chromium
 	scripts/screenshots.sh
 
-lint: ## Fail on unformatted files (gofmt -l), on packages and exported names without a doc comment (cmd/doclint), then go vet
+lint: ## Fail on unformatted files (gofmt -l), on packages and exported names without a doc comment (cmd/doclint), then go vet, then on an incompatible change to the sdk's exported API since the previous release (apidiff, cmd/apicheck) that no bullet of the release in progress's Breaking section in CHANGELOG.md names in backquotes as package.Name (`sdk.ErrRefused`, `process.Run`, a method `meshtest.Mesh.On`, a field `sdk.Config.Timeout`)
 	@files="$$(gofmt -l .)"; \
 	if [ -n "$$files" ]; then echo "gofmt needed on:"; echo "$$files"; exit 1; fi
 	$(GO) run ./cmd/doclint .
 	$(GO) vet ./...
+	$(GO) run ./cmd/apicheck
 
 fuzz: ## Fuzz event-type validation, subscription filters, emit naming and bodies, header decoding, topic matching, the dedup log, dead-letter headers (as meshctl and a DeadLetters handler read them), replay targets, meshctl's terminal escaping, caller patterns, permission patterns, coalesced acks, the console's login redirect and audit filter, the CloudEvents reader, body schemas and their compatibility checker, the audit chain's hash and checkpoints, 20s each
 	$(GO) test -run='^$$' -fuzz=FuzzValidateEventType -fuzztime=20s ./internal/wire

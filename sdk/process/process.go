@@ -42,9 +42,9 @@ import (
 	"github.com/meshkit/mesh/internal/handlerlog"
 	"github.com/meshkit/mesh/internal/plugin"
 	"github.com/meshkit/mesh/internal/plugin/pb"
-	"github.com/meshkit/mesh/internal/version"
 	"github.com/meshkit/mesh/internal/setup"
 	"github.com/meshkit/mesh/internal/tracecontext"
+	"github.com/meshkit/mesh/internal/version"
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/sdk"
 )
