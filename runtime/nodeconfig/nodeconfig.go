@@ -303,6 +303,9 @@ func (f File) Validate() error {
 	if f.Defaults.History {
 		errs = append(errs, errors.New("defaults.history: the history is granted module by module (history: true in an entry)"))
 	}
+	if f.Defaults.Required {
+		errs = append(errs, errors.New("defaults.required: a module is required entry by entry (required: true in an entry)"))
+	}
 	if f.HTTPAddr != "" {
 		if _, _, err := net.SplitHostPort(f.HTTPAddr); err != nil {
 			errs = append(errs, fmt.Errorf("http_addr: %w", err))

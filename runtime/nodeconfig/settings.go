@@ -153,7 +153,7 @@ func Settings() []Setting {
 			Doc: "The module's binary, run as a module process (relative paths are from meshd's working directory).", Invalid: []string{"/nonexistent/module"}},
 		{Key: "args", Scope: ScopeEntry,
 			Doc: "Arguments passed to the module's binary."},
-		{Key: "required", Scope: ScopeEntry, Default: "false",
+		{Key: "required", Scope: ScopeEntry, Default: "false", Bounds: "in a module's entry, not in defaults",
 			Doc: "Makes meshd exit when the module does not load or start (at start or on a reload). By default a module that does not start (a binary of a module protocol outside meshd's window, a missing binary, a grant refused, a process that exits) is reported (the log, /readyz, node.NODE.module.failed, mesh_modules_start_failures_total) and tried again with back-off from 1s to 1m, and at once on SIGHUP, while the node and its other modules run."},
 		{Key: "config", Scope: ScopeEntry,
 			Doc: "The module's own settings, handed to it as JSON (sdk/process.Settings): the dispatcher's triggers, the agent's tools."},

@@ -42,7 +42,7 @@ func TestSettingsCoverTheFile(t *testing.T) {
 	for _, k := range yamlKeys(reflect.TypeOf(nodeconfig.File{}), "") {
 		want[k] = nodeconfig.ScopeNode
 	}
-	entryOnly := []string{"name", "path", "args", "config", "kind", "user"}
+	entryOnly := []string{"name", "path", "args", "config", "kind", "user", "required"}
 	for _, k := range yamlKeys(reflect.TypeOf(nodeconfig.Module{}), "") {
 		if slices.Contains(entryOnly, k) {
 			want[k] = nodeconfig.ScopeEntry
@@ -196,5 +196,16 @@ func TestReferenceIsCurrent(t *testing.T) {
 	}
 	if string(doc) != b.String() {
 		t.Error("docs/config.md and the code disagree; run: go run ./cmd/meshd config reference > docs/config.md")
+	}
+}
+
+// TestEntryOnlyKeysRefusedInDefaults: history and required are granted
+// module by module; under defaults: they are refused, naming the key.
+func TestEntryOnlyKeysRefusedInDefaults(t *testing.T) {
+	for key, d := range map[string]nodeconfig.Module{"defaults.history": {History: true}, "defaults.required": {Required: true}} {
+		f := nodeconfig.File{Node: "n", Defaults: d}
+		if err := f.Validate(); err == nil || !strings.Contains(err.Error(), key) {
+			t.Errorf("%s: %v, want an error naming it", key, err)
+		}
 	}
 }
