@@ -525,8 +525,9 @@ func TestConsole(t *testing.T) {
 		// The overview names the node, its modules and the dead letters
 		// first among what is unhealthy.
 		b.run(t, chromedp.Navigate(c.base+"/"), chromedp.WaitVisible("#nodes", chromedp.ByQuery))
-		if s := b.text(t, "#nodes"); !strings.Contains(s, "anchor") || !strings.Contains(s, "ledger") || !strings.Contains(s, "dispatcher") {
-			t.Errorf("the overview's nodes: %q", s)
+		if s := b.text(t, "#nodes"); !strings.Contains(s, "anchor") || !strings.Contains(s, "ledger") || !strings.Contains(s, "dispatcher") ||
+			!strings.Contains(s, runtime.Build().Release) || !strings.Contains(s, runtime.Build().ModuleProtocols.String()) {
+			t.Errorf("the overview's nodes (with the node's release and module protocols): %q", s)
 		}
 		// The management API's counts trail by its statistics interval
 		// (5 s by default): reloaded until they show.
