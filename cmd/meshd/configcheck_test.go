@@ -91,7 +91,11 @@ func TestConfigCheckHoldsBinariesToTheirEntries(t *testing.T) {
     path: %s
   - name: umami
     path: %s
-`, tax, notifier, dispatcher, dispatch, audit, tax, staleBin)
+  - name: history-logger
+    path: %s
+    args: ["--history"]
+    tools: ["audit.*"]
+`, tax, notifier, dispatcher, dispatch, audit, tax, staleBin, audit)
 	out, err := check(bad)
 	var exit *exec.ExitError
 	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
@@ -105,6 +109,7 @@ func TestConfigCheckHoldsBinariesToTheirEntries(t *testing.T) {
 		`modules[3] (audit-logger, ` + audit + `): forbidden: the binary receives dead letters, which its entry does not grant: add the event types' patterns to dead_letters:`,
 		`modules[4] (billing, ` + tax + `): the binary says it is module "tax", and its entry says "billing"`,
 		`modules[5] (umami, ` + staleBin + `): start module ` + staleBin + `: module protocol outside this meshd's window: the binary speaks module protocol 99`,
+		`modules[6] (history-logger, ` + audit + `): forbidden: the binary reads the mesh's history, which its entry does not grant: set history: true`,
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("config check does not say\n\t%s\nit said:\n%s", want, out)
@@ -118,7 +123,7 @@ func TestConfigCheckHoldsBinariesToTheirEntries(t *testing.T) {
 	if err := os.WriteFile(cfg, []byte("node: anchor\n"+bad), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := exec.Command(meshd, "config", "check", "--skip-binaries", "--config", cfg).CombinedOutput(); err != nil || !strings.Contains(string(out), "config ok: node anchor, 6 modules\n") {
+	if out, err := exec.Command(meshd, "config", "check", "--skip-binaries", "--config", cfg).CombinedOutput(); err != nil || !strings.Contains(string(out), "config ok: node anchor, 7 modules\n") {
 		t.Errorf("--skip-binaries: %v\n%s", err, out)
 	}
 }
