@@ -319,7 +319,9 @@ func reload(ctx context.Context, c *cli.Context, was nodeconfig.File, start *sta
 		case m.Required:
 			return fmt.Errorf("reload: module %s (required: true) did not start: %w", m.Name, err)
 		default:
-			start.failed(ctx, i, m, err)
+			// The config's entry is what the back-off tries, not the one
+			// it fell back to: the operator fixes the entry they wrote.
+			start.failed(ctx, i, f.Modules[i], err)
 		}
 	}
 	for name := range running {

@@ -62,8 +62,9 @@ func checkBinaries(ctx context.Context, f nodeconfig.File, configPath string) er
 		return err
 	}
 	defer iso.close()
-	if f.StateDir != "" {
-		iso.secrets = append(iso.secrets, f.StateDir)
+	// The node's own state dir, defaulted as meshd run defaults it.
+	if dir := f.Runtime().Resolved().StateDir; dir != "" {
+		iso.secrets = append(iso.secrets, dir)
 	}
 	log := slog.New(slog.DiscardHandler)
 	var errs []error
