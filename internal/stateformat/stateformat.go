@@ -12,10 +12,11 @@
 //
 // Files of v0.1.0 carry no version (except the dedup log's header): they
 // are format 1, the version every file of v0.2.0 writes. Each store keeps
-// its version where its kind of file allows: SQLite's PRAGMA user_version
-// (the audit log, the dispatcher's firings), a "meta" bucket of bbolt (the
+// its version where its kind of file allows: a "meta" bucket of bbolt (the
 // spool, the delays book), the dedup log's header byte, the shape of a
-// binding record's JSON.
+// binding record's JSON. The shipped modules' SQLite files (the audit log,
+// the dispatcher's firings) keep the same rule in PRAGMA user_version,
+// with a few lines of their own: a shipped module imports the sdk only.
 //
 //	if err := stateformat.Spool.Check(path, found); err != nil {
 //		return err // errors.Is(err, stateformat.ErrNewer)
@@ -23,8 +24,6 @@
 package stateformat
 
 import (
-	"context"
-	"database/sql"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -52,8 +51,6 @@ var (
 	DelaysBook = Format{Name: "delays book", Version: 1}
 	DedupLog   = Format{Name: "de-duplication log", Version: 1}
 	Bindings   = Format{Name: "binding record", Version: 1}
-	AuditLog   = Format{Name: "audit log", Version: 1}
-	Firings    = Format{Name: "dispatcher's firings", Version: 1}
 )
 
 // Unversioned is the version of a file that says none: one of v0.1.0.
@@ -71,33 +68,6 @@ func (f Format) Check(path string, found int) error {
 	what := strings.TrimSpace(f.Name + " " + path)
 	return fmt.Errorf("%s is of format %d, %w; this release reads formats up to %d. Run the release that wrote it (roll forward again), or move the file aside to start it anew (what it holds is then lost to this node)",
 		what, found, ErrNewer, f.Version)
-}
-
-// SQLiteTx is what CheckSQLite needs of a transaction (or a database).
-type SQLiteTx interface {
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-}
-
-// CheckSQLite checks the format of a SQLite database (its PRAGMA
-// user_version; 0, a database of v0.1.0, is format 1) and, when it reads
-// it, records f.Version there: call it in the transaction that brings the
-// schema up to this release's, before the schema is touched.
-func (f Format) CheckSQLite(ctx context.Context, tx SQLiteTx, path string) error {
-	var found int
-	if err := tx.QueryRowContext(ctx, "PRAGMA user_version").Scan(&found); err != nil {
-		return fmt.Errorf("%s %s: read its format (user_version): %w", f.Name, path, err)
-	}
-	if err := f.Check(path, found); err != nil {
-		return err
-	}
-	if found == f.Version {
-		return nil
-	}
-	if _, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", f.Version)); err != nil {
-		return fmt.Errorf("%s %s: record its format (user_version): %w", f.Name, path, err)
-	}
-	return nil
 }
 
 // metaBucket and formatKey are where a bbolt file keeps its format: a
