@@ -71,7 +71,7 @@ func (m *Module) attachFirst(ctx context.Context, subs []subscription, tools []t
 			// session.
 			m.log.Warn("the connection was lost while the module attached; it attaches once the node reconnects", "err", err)
 			return nil
-		case unavailable(err):
+		case unavailable(err) || errors.Is(err, errMigrating):
 			// Not the module's mistake, and not for good: on a cluster,
 			// its own queue without a leader, say. (Tools and consumed
 			// queues the broker will not give now are left for later by
@@ -235,6 +235,18 @@ func (m *Module) resume(s *session, again bool) {
 	m.log.Info("module attached", "queue", m.queue)
 }
 
+// openTracked opens channels on s's subscription connection that the
+// module tracks (track).
+func (m *Module) openTracked(s *session) func() (*amqp.Channel, error) {
+	return func() (*amqp.Channel, error) {
+		ch, err := s.subConn.Channel()
+		if err != nil {
+			return nil, err
+		}
+		return ch, m.track(ch)
+	}
+}
+
 // untrack forgets a channel the module consumed on and closes it.
 func (m *Module) untrack(ch *amqp.Channel) {
 	m.mu.Lock()
@@ -288,15 +300,12 @@ func (m *Module) consume(ctx context.Context, s *session, subs []subscription) e
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	ch, err := s.subConn.Channel()
-	if err != nil {
-		return fmt.Errorf("open channel: %w", err)
-	}
-	if err := m.track(ch); err != nil {
+	if err := m.node.migrating(s, m.queue); err != nil {
 		return err
 	}
-	if _, err := ch.QueueDeclare(m.queue, true, false, false, false, moduleQueueArgs(m.cfg)); err != nil {
-		return fmt.Errorf("declare queue %s (if it exists with other arguments, such as another queue type or attempt limit, the broker refuses it: delete the queue or keep its settings): %w", m.queue, err)
+	ch, err := m.node.declareQueue(ctx, m.openTracked(s), m.untrack, m.queue, moduleQueueArgs(m.cfg))
+	if err != nil {
+		return fmt.Errorf("declare queue %s (if it exists with other arguments, such as another queue type or priorities, the broker refuses it: move it to the new settings with meshctl queue migrate, or keep its settings): %w", m.queue, err)
 	}
 	want := make([]string, len(subs))
 	for i, s := range subs {

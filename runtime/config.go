@@ -177,6 +177,19 @@ type Config struct {
 	// takes about half a second. Ephemeral nodes (meshctl) may schedule
 	// but run no mover.
 	Delays bool
+	// QueuePolicies carries the attempt limit of the queues the node
+	// declares (x-delivery-limit) in a policy per queue, set through the
+	// management API, so that a changed max_attempts takes effect on the
+	// queue with its messages in place (ADR 43). It applies only when the
+	// node's broker user may set policies (the policymaker or
+	// administrator tag); otherwise, or when off, the limit is a queue
+	// argument as in v0.1.0. Off by default (meshd turns it on unless its
+	// config says queue_policies: false).
+	QueuePolicies bool
+	// ManagementURL is the broker's management API (http(s)://HOST:PORT),
+	// for QueuePolicies; default the AMQP host's port 15672 (15671 for
+	// amqps://), with the broker URL's user.
+	ManagementURL string
 	// DelayPublishers are broker users besides the node's own whose
 	// schedules the node's mover delivers: the operator's, for meshctl
 	// emit --after --node with a user of its own. A mover publishes as its
@@ -474,6 +487,11 @@ func (c Config) Validate() error {
 	}
 	if c.MaxBodyBytes < 0 {
 		errs = append(errs, fmt.Errorf("max_body_bytes: %d is negative", c.MaxBodyBytes))
+	}
+	if c.ManagementURL != "" {
+		if u, err := url.Parse(c.ManagementURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			errs = append(errs, errors.New("management_url: want http(s)://HOST:PORT"))
+		}
 	}
 	if c.RetryMin < 0 || c.RetryMax < c.RetryMin {
 		errs = append(errs, fmt.Errorf("retry_min/retry_max: want 0 <= min <= max, have %v and %v", c.RetryMin, c.RetryMax))

@@ -64,6 +64,7 @@ func (m *Module) checkConsumers(ctx context.Context) {
 		case <-t.C:
 		}
 		suspect = m.checkConsumersOnce(suspect)
+		m.checkMigration()
 		if h := m.node.hook().checked; h != nil {
 			h(m.def.Name)
 		}

@@ -40,14 +40,8 @@ func (m *Module) consumeDead(ctx context.Context, s *session) error {
 		return err
 	}
 	queue := wire.ModuleDeadQueue(m.node.cfg.Node, m.def.Name)
-	ch, err := s.subConn.Channel()
+	ch, err := m.node.declareQueue(ctx, m.openTracked(s), m.untrack, queue, deadQueueArgs(m.cfg))
 	if err != nil {
-		return fmt.Errorf("open channel: %w", err)
-	}
-	if err := m.track(ch); err != nil {
-		return err
-	}
-	if _, err := ch.QueueDeclare(queue, true, false, false, false, deadQueueArgs(m.cfg)); err != nil {
 		return fmt.Errorf("declare the dead-letter queue %s (if it exists with another attempt limit, the broker refuses it: delete the queue or keep the limit): %w", queue, err)
 	}
 	patterns, err := m.deadLetterPatterns()

@@ -22,6 +22,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/meshkit/mesh/internal/brokerapi"
 	"github.com/meshkit/mesh/internal/causation"
 	"github.com/meshkit/mesh/internal/schedbook"
 	"github.com/meshkit/mesh/internal/spool"
@@ -98,6 +99,12 @@ type Node struct {
 	// refused holds the features the broker refused this node (Feature,
 	// featureRefused): off for the rest of its life, with a warning.
 	refused sync.Map // Feature → error
+	// policies is the management API the node keeps its queues' policies
+	// through (Config.QueuePolicies), found once (policyAPI).
+	policies struct {
+		once sync.Once
+		api  *brokerapi.Client // nil: the node declares limits as arguments
+	}
 }
 
 // hooks are called, when set, at points tests need to order against.

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 
 	"github.com/urfave/cli/v2"
 
@@ -75,7 +76,17 @@ func nodePermissions(c *cli.Context) error {
 			Commands []string `json:"commands"`
 		}{"node", f.Node, p, p.Commands()})
 	}
-	return printPermissions(c, fmt.Sprintf("node %s", f.Node), p)
+	if err := printPermissions(c, fmt.Sprintf("node %s", f.Node), p); err != nil {
+		return err
+	}
+	if f.Runtime().QueuePolicies {
+		// Optional (ADR 43): without the tag the node declares its attempt
+		// limits as queue arguments, as v0.1.0 did.
+		_, err := fmt.Fprintf(c.App.Writer, "# optional, for max_attempts that change in place (queue_policies, ADR 43); the tag lets the user set any policy of the virtual host:\n# rabbitmqctl set_user_tags %s policymaker\n",
+			"'"+strings.ReplaceAll(p.User, "'", `'\''`)+"'")
+		return err
+	}
+	return nil
 }
 
 // operatorPermissions prints the operator's. The user is --user, or the

@@ -359,6 +359,19 @@ func checkObject(conn *amqp.Connection, o runtime.BrokerObject) string {
 	}
 	if err := declare(false); err != nil {
 		if errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed {
+			if declared, policy := runtime.PolicyArgs(o.Args); policy != nil && o.Kind == "queue" &&
+				strings.Contains(ae.Reason, "x-delivery-limit") && strings.Contains(ae.Reason, "current is none") {
+				// Declared by a node that keeps the limit in a policy
+				// (ADR 43): the rest of its arguments must match.
+				o.Args = declared
+				if err := declare(false); err != nil {
+					if errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed {
+						return "DIFFERS " + ae.Reason
+					}
+					return "ERROR " + err.Error()
+				}
+				return "ok (its attempt limit is in policy " + runtime.QueuePolicyName(o.Name) + ")"
+			}
 			return "DIFFERS " + ae.Reason
 		}
 		return "ERROR " + err.Error()

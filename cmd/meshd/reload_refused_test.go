@@ -14,15 +14,17 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/meshkit/mesh/internal/brokerapi"
 	"github.com/meshkit/mesh/internal/brokertest"
 	"github.com/meshkit/mesh/internal/testdir"
 )
 
-// TestReloadKeepsAnEntryTheBrokerRefuses: a reload that changes what the
-// broker cannot change on an existing queue (max_attempts, the quorum
-// queue's delivery limit) does not leave the module stopped: meshd says
-// why the new entry was refused and runs the module with the entry it ran
-// with, consuming its queue, and /readyz stays 200.
+// TestReloadKeepsAnEntryTheBrokerRefuses: a reload that changes
+// max_attempts applies it in place (the queue's policy, ADR 43); one that
+// changes what the broker cannot change on an existing queue (its type)
+// does not leave the module stopped: meshd says why the new entry was
+// refused, naming meshctl queue migrate, and runs the module with the
+// entry it ran with, consuming its queue, and /readyz stays 200.
 func TestReloadKeepsAnEntryTheBrokerRefuses(t *testing.T) {
 	url := brokertest.VHost(t)
 	notifier := filepath.Join(testdir.Reachable(t), "notifier")
@@ -60,15 +62,38 @@ func TestReloadKeepsAnEntryTheBrokerRefuses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(cfg, []byte(strings.Replace(string(text), "max_attempts: 5", "max_attempts: 3", 1)), 0o600); err != nil {
+	text = []byte(strings.Replace(string(text), "max_attempts: 5", "max_attempts: 3", 1))
+	if err := os.WriteFile(cfg, text, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, ctx, "the reload done", func() bool { return strings.Contains(logs.String(), "config reloaded") }, logs)
+	if strings.Contains(logs.String(), "starting it with the one it ran with") {
+		t.Errorf("max_attempts 5 -> 3 was refused:\n%s", logs.String())
+	}
+	api, err := brokerapi.New(url, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, ctx, "the queue's policy at delivery-limit 2", func() bool {
+		q, err := api.Queue(ctx, "anchor.notifier.events")
+		return err == nil && q.Effective["delivery-limit"] == float64(2)
+	}, logs)
+	if n := consumers(); n != 1 {
+		t.Errorf("%d consumers on the notifier's queue after max_attempts changed, want 1", n)
+	}
+
+	if err := os.WriteFile(cfg, []byte(strings.Replace(string(text), "max_attempts: 3", "max_attempts: 3\n    queue_type: classic", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, ctx, "the second reload done", func() bool { return strings.Count(logs.String(), "config reloaded") == 2 }, logs)
 	log := logs.String()
-	if !strings.Contains(log, "starting it with the one it ran with") || !strings.Contains(log, "x-delivery-limit") {
+	if !strings.Contains(log, "starting it with the one it ran with") || !strings.Contains(log, "x-queue-type") || !strings.Contains(log, "meshctl queue migrate") {
 		t.Errorf("the log does not say the new entry was refused by the broker, and the old one started:\n%s", log)
 	}
 	if code, body := httpGet(addr, "/readyz"); code != http.StatusOK {

@@ -77,6 +77,14 @@ type File struct {
 	// Delays declares the delay cascade and runs the node's mover, for
 	// delayed emits (sdk.After, sdk.At); default true.
 	Delays *bool `yaml:"delays"`
+	// QueuePolicies keeps the attempt limits of the node's queues in
+	// policies, so max_attempts changes in place (runtime.Config.
+	// QueuePolicies; ADR 43); default true, used where the broker user may
+	// set policies.
+	QueuePolicies *bool `yaml:"queue_policies"`
+	// ManagementURL is the broker's management API, for QueuePolicies
+	// (default the AMQP host's port 15672).
+	ManagementURL string `yaml:"management_url"`
 	// DelayPublishers are broker users besides the node's own whose
 	// schedules its mover delivers (meshctl emit --after --via NODE as the
 	// operator's user).
@@ -254,6 +262,8 @@ func (f File) Runtime() runtime.Config {
 		HeartbeatInterval: f.heartbeatInterval(),
 		Delays:            f.Delays == nil || *f.Delays,
 		DelayPublishers:   f.DelayPublishers,
+		QueuePolicies:     f.QueuePolicies == nil || *f.QueuePolicies,
+		ManagementURL:     f.ManagementURL,
 		History: runtime.HistoryConfig{Stream: f.History.Stream, MaxAge: f.History.MaxAge, MaxBytes: f.History.MaxBytes,
 			SegmentBytes: f.History.SegmentBytes, Replicas: f.History.Replicas},
 	}

@@ -1,0 +1,178 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"regexp"
+	"strings"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/meshkit/mesh/internal/brokerapi"
+)
+
+// Queue settings by policy (docs/adr/0043-queue-settings-by-policy.md).
+// A quorum queue's attempt limit, declared as the argument
+// x-delivery-limit, cannot change: the broker refuses a declare with
+// another value (406), so max_attempts could change only by deleting the
+// queue. A node that may set policies declares its queues without the
+// argument and keeps the limit in a policy of its own per queue,
+// mesh.queue.<queue>, which the broker applies to the live queue with its
+// messages in place. What a queue is (its type, its priorities, where its
+// dead letters go) stays an argument: no policy may take it away.
+
+// limitArg is the quorum queue argument of the attempt limit, and
+// limitKey the policy key the broker reads the same limit from.
+const (
+	limitArg = "x-delivery-limit"
+	limitKey = "delivery-limit"
+)
+
+// PolicyPriority is the priority of the policies the mesh keeps for its
+// queues: above an operator's broad policies (priority 0), so a policy of
+// ".*" does not take away a queue's attempt limit. Only one policy
+// applies to a queue; settings the operator wants on every queue belong
+// in an operator policy (rabbitmqctl set_operator_policy), which the
+// broker merges with it.
+const PolicyPriority = 100
+
+// QueuePolicyName is the name of the policy the mesh keeps for queue.
+func QueuePolicyName(queue string) string { return "mesh.queue." + queue }
+
+// QueuePolicy is the policy that carries limits, the settings the mesh
+// keeps in policies (delivery-limit), for queue alone.
+func QueuePolicy(queue string, limits map[string]any) brokerapi.Policy {
+	return brokerapi.Policy{
+		Name:       QueuePolicyName(queue),
+		Pattern:    "^" + regexp.QuoteMeta(queue) + "$",
+		ApplyTo:    "queues",
+		Priority:   PolicyPriority,
+		Definition: limits,
+	}
+}
+
+// PolicyArgs splits a queue's arguments into those it is declared with and
+// those a policy carries for it, for a node that keeps policies: the
+// attempt limit moves to the policy.
+func PolicyArgs(args amqp.Table) (declared amqp.Table, policy map[string]any) {
+	v, ok := args[limitArg]
+	if !ok {
+		return args, nil
+	}
+	declared = maps.Clone(args)
+	delete(declared, limitArg)
+	return declared, map[string]any{limitKey: v}
+}
+
+// policyAPI is the management API the node keeps its queues' policies
+// through, or nil when it declares limits as arguments: QueuePolicies is
+// off, the API does not answer, or the node's user may not set policies.
+// It is found once; the reason it is nil is logged once.
+func (n *Node) policyAPI() *brokerapi.Client {
+	n.policies.once.Do(func() {
+		if !n.cfg.QueuePolicies {
+			return
+		}
+		tc, err := n.cfg.TLS.ClientConfig()
+		if err != nil {
+			n.log.Warn("queue settings are queue arguments: the management API's TLS settings", "err", err)
+			return
+		}
+		api, err := brokerapi.New(n.brokers[0], n.cfg.ManagementURL, tc)
+		if err != nil {
+			n.log.Warn("queue settings are queue arguments: management_url", "err", err)
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		ok, err := api.CanSetPolicies(ctx)
+		switch {
+		case err != nil:
+			n.log.Warn("queue settings are queue arguments, as in v0.1.0: the management API does not answer, so max_attempts cannot change on an existing queue without meshctl queue migrate; enable the rabbitmq_management plugin (or set management_url) and restart meshd to keep them in policies", "err", err)
+			return
+		case !ok:
+			n.log.Info("queue settings are queue arguments, as in v0.1.0: the broker user may not set policies (tag it policymaker to keep them in policies: see ADR 43), so max_attempts cannot change on an existing queue without meshctl queue migrate", "user", n.userID)
+			return
+		}
+		n.policies.api = api
+		n.log.Info("queue settings are kept in policies", "management_api", api.URL())
+	})
+	return n.policies.api
+}
+
+// declareQueue declares a durable queue with args. An attempt limit in
+// args (x-delivery-limit) goes to the queue's policy when the node keeps
+// policies (policyAPI), set before the queue is declared so it never runs
+// without one; a queue an earlier release declared with the argument is
+// declared with the argument it has (the declare must be equivalent), and
+// its policy can then lower the limit, not raise it (the broker applies
+// the lower one). Without policies, a queue that carries its limit in a
+// policy (made by a node that keeps them) is declared without the
+// argument, with a warning, rather than refused.
+//
+// It declares on a channel of open's, and returns the channel to go on
+// with: another one of open's if a refusal closed the first (drop is
+// given the closed one).
+func (n *Node) declareQueue(ctx context.Context, open func() (*amqp.Channel, error), drop func(*amqp.Channel), queue string, args amqp.Table) (*amqp.Channel, error) {
+	ch, err := open()
+	if err != nil {
+		return nil, fmt.Errorf("open channel: %w", err)
+	}
+	declared, policy := PolicyArgs(args)
+	if policy == nil {
+		_, err := ch.QueueDeclare(queue, true, false, false, false, args)
+		return ch, err
+	}
+	api := n.policyAPI()
+	if api == nil {
+		_, err := ch.QueueDeclare(queue, true, false, false, false, args)
+		var ae *amqp.Error
+		if !errors.As(err, &ae) || ae.Code != amqp.PreconditionFailed || !strings.Contains(ae.Reason, limitArg) || !strings.Contains(ae.Reason, "none") {
+			return ch, err
+		}
+		// The queue has no x-delivery-limit: a node keeping policies made it.
+		drop(ch)
+		if ch, err = open(); err != nil {
+			return nil, fmt.Errorf("open channel: %w", err)
+		}
+		n.log.Warn("the queue's attempt limit is a policy's, which this node cannot set: a changed max_attempts does not apply to it until a node that keeps policies declares it", "queue", queue, "policy", QueuePolicyName(queue))
+		_, err = ch.QueueDeclare(queue, true, false, false, false, declared)
+		return ch, err
+	}
+	q, err := api.Queue(ctx, queue)
+	switch {
+	case errors.Is(err, brokerapi.ErrNotFound):
+	case err != nil:
+		return ch, fmt.Errorf("read queue %s through the management API: %w", queue, err)
+	default:
+		if was, ok := q.IntArgument(limitArg); ok {
+			declared[limitArg] = was
+			if want := toInt64(policy[limitKey]); want > was {
+				n.log.Warn("max_attempts is above the limit the queue was declared with by an earlier release (an argument, which the broker keeps): the lower one applies; meshctl queue migrate moves the queue to a limit by policy", "queue", queue, "max_attempts", want+1, "queue_attempts", was+1)
+			}
+		}
+	}
+	if err := api.PutPolicy(ctx, QueuePolicy(queue, policy)); err != nil {
+		return ch, err
+	}
+	_, err = ch.QueueDeclare(queue, true, false, false, false, declared)
+	return ch, err
+}
+
+// toInt64 is an argument's integer value.
+func toInt64(v any) int64 {
+	switch v := v.(type) {
+	case int64:
+		return v
+	case int:
+		return int64(v)
+	case int32:
+		return int64(v)
+	case float64:
+		return int64(v)
+	}
+	return 0
+}
