@@ -79,6 +79,7 @@ func app() *cli.App {
 			auditCommand(),
 			dispatcherCommand(),
 			topologyCommand(),
+			queueCommand(),
 			nodesCommand(),
 			featuresCommand(),
 			graphCommand(),
