@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -44,6 +45,14 @@ var v010Features = []Feature{FeatureDelays, FeatureHistory}
 // delaysOn says whether the node runs the delay cascade: its config asks
 // for it and the broker did not refuse it.
 func (n *Node) delaysOn() bool { return n.cfg.Delays && n.featureOff(FeatureDelays) == nil }
+
+// delaysOffReason says why the node's delays are off.
+func (n *Node) delaysOffReason() error {
+	if err := n.featureOff(FeatureDelays); err != nil {
+		return err
+	}
+	return errors.New("its config says delays: false")
+}
 
 // scheduled reports whether a retry back-off of d goes through the delay
 // cascade rather than being held (Config.scheduled, on a node whose

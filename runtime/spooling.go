@@ -477,12 +477,29 @@ func (n *Node) resend(s *session, recs []spool.Record) (done []uint64, refused [
 			}
 			msg.Expiration = strconv.FormatInt(max(left.Milliseconds(), 1), 10)
 		}
-		exchange, key := n.route(ev.Key, ev.Due, time.Now())
+		due := ev.Due
+		if !due.IsZero() && !n.delaysOn() {
+			// Spooled while the node could not know its delays would be
+			// off (it started without the broker, or its config changed):
+			// the cascade would refuse it, closing the channel, at every
+			// resend. One not due yet is dead-lettered now, saying why; one
+			// due already goes as it is.
+			if time.Now().Before(due) {
+				e := stuckEvent{seq: r.Seq, key: ev.Key, msg: msg, why: fmt.Errorf("it is delayed until %s, and delays are off on this node (%v)",
+					due.UTC().Format(time.RFC3339), n.delaysOffReason())}
+				if !n.giveUpSpooled(s, &e, 0) {
+					refused = append(refused, e)
+				}
+				continue
+			}
+			due = time.Time{}
+		}
+		exchange, key := n.route(ev.Key, due, time.Now())
 		dc, err := s.pub.ch.PublishWithDeferredConfirm(exchange, key, true, false, msg)
 		if err != nil {
 			break // the channel is gone: the rest waits for the next session
 		}
-		batch = append(batch, sent{seq: r.Seq, dc: dc, exchange: exchange, key: ev.Key, rk: key, msg: msg, due: ev.Due})
+		batch = append(batch, sent{seq: r.Seq, dc: dc, exchange: exchange, key: ev.Key, rk: key, msg: msg, due: due})
 	}
 	blocked := s.whenBlocked()
 	if hook := n.hook().drainWaits; hook != nil && len(batch) > 0 {

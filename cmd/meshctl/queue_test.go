@@ -35,6 +35,7 @@ func TestQueueMigrateUnderLoad(t *testing.T) {
 	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`node: n1
 amqp_url: %s
 state_dir: %s
+delays: false
 modules:
   - name: ledger
     path: /bin/true
@@ -122,6 +123,14 @@ modules:
 	q, err := api.Queue(ctx, "n1.ledger.events")
 	if err != nil || q.Type != "quorum" {
 		t.Fatalf("the queue after the migration: %+v %v", q, err)
+	}
+	// topology check takes the limit kept in a policy for what the entry says.
+	out.Reset()
+	a = app()
+	a.Writer, a.ErrWriter = &out, &out
+	if err := a.Run(interspersed(a, []string{"meshctl", "topology", "check", "--config", cfg})); err != nil ||
+		!strings.Contains(out.String(), "ok        queue n1.ledger.events: (its attempt limit is in policy mesh.queue.n1.ledger.events)") {
+		t.Errorf("topology check after the migration: %v\n%s", err, out.String())
 	}
 	for {
 		mu.Lock()

@@ -123,7 +123,7 @@ func argsText(args amqp.Table) string {
 }
 
 func topologyPrint(c *cli.Context) error {
-	_, objs, err := nodeObjects(c)
+	f, objs, err := nodeObjects(c)
 	if err != nil {
 		return err
 	}
@@ -164,7 +164,12 @@ func topologyPrint(c *cli.Context) error {
 		if o.When != "" {
 			binds += " (" + o.When + ")"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", o.Kind, escape(o.Name), escape(o.Type), strings.Join(flags, ","), escape(argsText(o.Args)), escape(binds))
+		args := argsText(o.Args)
+		if _, limits := runtime.PolicyArgs(o.Args); limits != nil && f.Runtime().QueuePolicies {
+			// ADR 43: where the node's user may set policies.
+			args += " (x-delivery-limit as policy " + runtime.QueuePolicyName(o.Name) + " where the node may set policies)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", o.Kind, escape(o.Name), escape(o.Type), strings.Join(flags, ","), escape(args), escape(binds))
 	}
 	return tw.Flush()
 }

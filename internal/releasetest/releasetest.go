@@ -7,7 +7,7 @@
 // A release is found in CHANGELOG.md: the newest section below the one in
 // progress whose "Commit:" line names its commit. Its source is taken from
 // the repository's history with git archive into a cache directory of its
-// own (os.TempDir()/mesh-release-cache/<release>-<commit>, shared by the
+// own (os.TempDir()/mesh-release-cache-UID/<release>-<commit>, shared by the
 // test processes of a run and the runs after it, as the go command's build
 // cache is), and its packages are built there, once each.
 //
@@ -126,11 +126,10 @@ func Build(t testing.TB, r Release, pkg string) string {
 // build is Build, under a lock on the release's cache directory that
 // other test processes of the run take too.
 func build(r Release, pkg string) (string, error) {
-	cache := filepath.Join(os.TempDir(), "mesh-release-cache")
-	if err := os.MkdirAll(cache, 0o755); err != nil {
-		return "", fmt.Errorf("releasetest: %w", err)
+	cache, err := cacheDir()
+	if err != nil {
+		return "", err
 	}
-	_ = os.Chmod(cache, 0o755)
 	dir := filepath.Join(cache, r.Version+"-"+r.Commit[:12])
 	unlock, err := lock(dir + ".lock")
 	if err != nil {
@@ -155,6 +154,28 @@ func build(r Release, pkg string) (string, error) {
 		return "", fmt.Errorf("releasetest: %w", err)
 	}
 	return bin, nil
+}
+
+// cacheDir is the user's release cache, os.TempDir()/mesh-release-cache-UID,
+// made if missing. It is in the temporary directory, readable by all, so
+// that module binaries built there run as the per-module users of the tests
+// (a home directory is not theirs to read); and it is the user's alone: a
+// directory of that name that another user made, or may write, or a link,
+// is refused, since its binaries would run as this user.
+func cacheDir() (string, error) {
+	cache := filepath.Join(os.TempDir(), fmt.Sprintf("mesh-release-cache-%d", os.Getuid()))
+	if err := os.Mkdir(cache, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return "", fmt.Errorf("releasetest: %w", err)
+	}
+	fi, err := os.Lstat(cache)
+	if err != nil {
+		return "", fmt.Errorf("releasetest: %w", err)
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !fi.IsDir() || !ok || int(st.Uid) != os.Getuid() || fi.Mode().Perm()&0o022 != 0 {
+		return "", fmt.Errorf("releasetest: %s is not a directory of this user's that only it may write (mode %v): remove it", cache, fi.Mode())
+	}
+	return cache, nil
 }
 
 // extract puts r's source in dir, unless an earlier process did.

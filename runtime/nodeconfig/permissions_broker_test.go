@@ -317,3 +317,86 @@ func (l *syncLog) String() string {
 	defer l.mu.Unlock()
 	return l.b.String()
 }
+
+// TestSpooledDelayedEmitWithDelaysRefused: a node of the same permissions
+// that starts before the broker answers accepts a delayed emit into its
+// spool (it cannot know yet that its delays will be refused). Once it
+// connects and the broker refuses the cascade, that event does not hold
+// the spool: it is dead-lettered at once (reason refused, saying delays
+// are off), and the event spooled behind it is published.
+func TestSpooledDelayedEmitWithDelaysRefused(t *testing.T) {
+	url := brokertest.VHost(t)
+	vhost := url[strings.LastIndex(url, "/")+1:]
+	user, password := brokertest.User(t)
+	proxy := brokertest.NewProxy(t)
+	proxy.Down()
+	nodeURL := fmt.Sprintf("amqp://%s:%s@%s/%s", user, password, proxy.Addr(), vhost)
+	off := false
+	f := nodeconfig.File{Node: "n1", AMQPURL: nodeURL, Delays: &off, Modules: []nodeconfig.Module{{Name: "shop"}}}
+	p := f.Permissions("", nil)
+	brokertest.Ctl(t, "set_permissions", "-p", vhost, user, p.Configure, p.Write, p.Read)
+	for _, tp := range p.Topics {
+		brokertest.Ctl(t, "set_topic_permissions", "-p", vhost, user, tp.Exchange, tp.Write, tp.Read)
+	}
+	// The mesh's exchanges, for the taps to bind before the node runs.
+	raw, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	ch, err := raw.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range runtime.MeshObjects() {
+		if o.Kind == "exchange" {
+			if err := ch.ExchangeDeclare(o.Name, o.Type, o.Durable, o.AutoDelete, false, false, o.Args); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	events := brokertest.Tap(t, url, wire.ExchangeEvents, "module.shop.#")
+	dead := brokertest.Tap(t, url, wire.ExchangeDead, "#")
+
+	f.Delays = nil // delays on, the default
+	cfg := f.Runtime()
+	cfg.StateDir, cfg.Logger = t.TempDir(), slog.New(slog.DiscardHandler)
+	cfg.StartWithoutBroker, cfg.ReconnectMin, cfg.ReconnectMax = true, 20*time.Millisecond, 100*time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	n, err := runtime.New(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close(context.Background())
+	shop, err := n.Load(ctx, sdk.Module{Name: "shop", Emits: []string{"sold"}}, f.Modules[0].ModuleConfig())
+	if err != nil {
+		t.Fatalf("load shop: %v", err)
+	}
+	delayed, err := shop.Mesh().Emit(ctx, "sold", 1, sdk.After(time.Hour))
+	if err != nil {
+		t.Fatalf("a delayed emit before the broker answers: %v", err)
+	}
+	plain, err := shop.Mesh().Emit(ctx, "sold", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy.Up()
+	for got := 0; got < 2; {
+		select {
+		case d := <-dead:
+			if d.MessageId != delayed || d.Headers[wire.HeaderDeadReason] != wire.DeadReasonRefused ||
+				!strings.Contains(fmt.Sprint(d.Headers[wire.HeaderDeadError]), "delays are off on this node") {
+				t.Errorf("dead letter %s: %v, want the delayed event %s, refused, saying delays are off", d.MessageId, d.Headers, delayed)
+			}
+			got++
+		case d := <-events:
+			if d.MessageId != plain {
+				t.Errorf("published %s, want only the plain event %s", d.MessageId, plain)
+			}
+			got++
+		case <-ctx.Done():
+			t.Fatalf("the spooled events did not come out (%d of 2)", got)
+		}
+	}
+}
