@@ -303,7 +303,7 @@ func (m *Module) consume(ctx context.Context, s *session, subs []subscription) e
 	if err := m.node.migrating(s, m.queue); err != nil {
 		return err
 	}
-	ch, err := m.node.declareQueue(ctx, m.openTracked(s), m.untrack, m.queue, moduleQueueArgs(m.cfg))
+	ch, err := m.node.declareQueue(ctx, s, m.openTracked(s), m.untrack, m.queue, moduleQueueArgs(m.cfg))
 	if err != nil {
 		return fmt.Errorf("declare queue %s (if it exists with other arguments, such as another queue type or priorities, the broker refuses it: move it to the new settings with meshctl queue migrate, or keep its settings): %w", m.queue, err)
 	}

@@ -40,7 +40,7 @@ func (m *Module) consumeDead(ctx context.Context, s *session) error {
 		return err
 	}
 	queue := wire.ModuleDeadQueue(m.node.cfg.Node, m.def.Name)
-	ch, err := m.node.declareQueue(ctx, m.openTracked(s), m.untrack, queue, deadQueueArgs(m.cfg))
+	ch, err := m.node.declareQueue(ctx, s, m.openTracked(s), m.untrack, queue, deadQueueArgs(m.cfg))
 	if err != nil {
 		return fmt.Errorf("declare the dead-letter queue %s (if it exists with another attempt limit, the broker refuses it: delete the queue or keep the limit): %w", queue, err)
 	}

@@ -71,7 +71,7 @@ func PolicyArgs(args amqp.Table) (declared amqp.Table, policy map[string]any) {
 // through, or nil when it declares limits as arguments: QueuePolicies is
 // off, the API does not answer, or the node's user may not set policies.
 // It is found once; the reason it is nil is logged once.
-func (n *Node) policyAPI() *brokerapi.Client {
+func (n *Node) policyAPI(s *session) *brokerapi.Client {
 	n.policies.once.Do(func() {
 		if !n.cfg.QueuePolicies {
 			return
@@ -90,11 +90,25 @@ func (n *Node) policyAPI() *brokerapi.Client {
 		defer cancel()
 		ok, err := api.CanSetPolicies(ctx)
 		switch {
+		case errors.Is(err, brokerapi.ErrRefused):
+			n.log.Info("queue settings are queue arguments, as in v0.1.0: the broker user may not use the management API (tag it policymaker to keep them in policies: see ADR 43), so max_attempts cannot change on an existing queue without meshctl queue migrate", "user", n.userID)
+			return
 		case err != nil:
 			n.log.Warn("queue settings are queue arguments, as in v0.1.0: the management API does not answer, so max_attempts cannot change on an existing queue without meshctl queue migrate; enable the rabbitmq_management plugin (or set management_url) and restart meshd to keep them in policies", "err", err)
 			return
 		case !ok:
 			n.log.Info("queue settings are queue arguments, as in v0.1.0: the broker user may not set policies (tag it policymaker to keep them in policies: see ADR 43), so max_attempts cannot change on an existing queue without meshctl queue migrate", "user", n.userID)
+			return
+		}
+		// The API must be the broker's the node is on: one derived from the
+		// broker URL's host may be another's (a proxy, a tunnel, a private
+		// port), whose policies would not apply here while the node
+		// declared its queues without their limit.
+		amqpName, _ := s.pubConn.Properties["cluster_name"].(string)
+		apiName, err := api.ClusterName(ctx)
+		if err != nil || apiName == "" || apiName != amqpName {
+			n.log.Warn("queue settings are queue arguments, as in v0.1.0: the management API is not the broker's the node is connected to (set management_url to its API)",
+				"management_api", api.URL(), "api_cluster", apiName, "broker_cluster", amqpName, "err", err)
 			return
 		}
 		n.policies.api = api
@@ -116,7 +130,7 @@ func (n *Node) policyAPI() *brokerapi.Client {
 // It declares on a channel of open's, and returns the channel to go on
 // with: another one of open's if a refusal closed the first (drop is
 // given the closed one).
-func (n *Node) declareQueue(ctx context.Context, open func() (*amqp.Channel, error), drop func(*amqp.Channel), queue string, args amqp.Table) (*amqp.Channel, error) {
+func (n *Node) declareQueue(ctx context.Context, s *session, open func() (*amqp.Channel, error), drop func(*amqp.Channel), queue string, args amqp.Table) (*amqp.Channel, error) {
 	ch, err := open()
 	if err != nil {
 		return nil, fmt.Errorf("open channel: %w", err)
@@ -126,7 +140,7 @@ func (n *Node) declareQueue(ctx context.Context, open func() (*amqp.Channel, err
 		_, err := ch.QueueDeclare(queue, true, false, false, false, args)
 		return ch, err
 	}
-	api := n.policyAPI()
+	api := n.policyAPI(s)
 	if api == nil {
 		_, err := ch.QueueDeclare(queue, true, false, false, false, args)
 		var ae *amqp.Error

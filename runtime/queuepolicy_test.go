@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -302,6 +305,40 @@ func TestNoPoliciesWithoutTheTag(t *testing.T) {
 	}
 	if _, err := mgmt(t, url).Policy(context.Background(), runtime.QueuePolicyName(q.Name)); !errors.Is(err, brokerapi.ErrNotFound) {
 		t.Errorf("a policy for the queue: %v, want none", err)
+	}
+	stop(t, m)
+}
+
+// TestNoPoliciesThroughAnotherBrokersAPI: a management API that is not the
+// broker's the node is on (its cluster name differs: another broker, as a
+// URL derived from a proxy's host can be) is not used; the node declares
+// its limits as arguments, so no queue runs without one.
+func TestNoPoliciesThroughAnotherBrokersAPI(t *testing.T) {
+	url := brokertest.VHost(t)
+	var policies atomic.Int32
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.URL.Path == "/api/whoami":
+			fmt.Fprint(w, `{"name":"guest","tags":["administrator"]}`)
+		case r.URL.Path == "/api/overview":
+			fmt.Fprint(w, `{"cluster_name":"rabbit@elsewhere"}`)
+		default:
+			policies.Add(1)
+			http.NotFound(w, r)
+		}
+	}))
+	defer other.Close()
+	n := testNode(t, url, "far", func(c *runtime.Config) { c.QueuePolicies, c.ManagementURL = true, other.URL })
+	m := load(t, n, newGatedLedger().module(), runtime.ModuleConfig{MaxAttempts: 6})
+	q, err := mgmt(t, url).Queue(context.Background(), wire.ModuleQueue("far", "ledger"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := q.IntArgument("x-delivery-limit"); v != 5 {
+		t.Errorf("arguments %v: want x-delivery-limit 5", q.Arguments)
+	}
+	if got := policies.Load(); got != 0 {
+		t.Errorf("%d requests past whoami and overview to the other broker's API", got)
 	}
 	stop(t, m)
 }

@@ -168,6 +168,17 @@ func (c *Client) Tags(ctx context.Context) ([]string, error) {
 	return tags, nil
 }
 
+// ClusterName is the broker's cluster name (as its AMQP connections'
+// server properties say it, cluster_name), which tells whether the API is
+// the same broker's as a connection.
+func (c *Client) ClusterName(ctx context.Context) (string, error) {
+	var ov struct {
+		ClusterName string `json:"cluster_name"`
+	}
+	err := c.do(ctx, http.MethodGet, nil, &ov, "overview")
+	return ov.ClusterName, err
+}
+
 // CanSetPolicies says whether the user may set policies: it has the
 // policymaker or the administrator tag.
 func (c *Client) CanSetPolicies(ctx context.Context) (bool, error) {
