@@ -170,8 +170,13 @@ modules:
 	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	close(release) // the dispatcher's stop lets the calls in flight finish
+	// The calls stay held until the reload is past the agent, which comes
+	// before the dispatcher in the config: the old dispatcher cannot drain
+	// the queue before the reload stops it, however slow the reload is
+	// (each module's declare asks the management API for its policy).
+	// Then the dispatcher's stop lets the calls in flight finish.
 	waitFor("the agent answering two", func() bool { return greet("greet.hello") == "two" })
+	close(release)
 	waitFor("the added agent answering", func() bool { return greet("bye.now") == "bye" })
 	waitFor("every message at the tool", func() bool { mu.Lock(); defer mu.Unlock(); return len(seen) == messages })
 	mu.Lock()
