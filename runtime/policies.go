@@ -169,11 +169,37 @@ func (n *Node) declareQueue(ctx context.Context, s *session, open func() (*amqp.
 			}
 		}
 	}
-	if err := api.PutPolicy(ctx, QueuePolicy(queue, policy)); err != nil {
+	if err := ensurePolicy(ctx, api, QueuePolicy(queue, policy)); err != nil {
 		return ch, err
 	}
 	_, err = ch.QueueDeclare(queue, true, false, false, false, declared)
 	return ch, err
+}
+
+// ensurePolicy sets p unless the broker has it already: setting a policy
+// makes the broker apply its policies to the virtual host's queues again,
+// so a module attaching (at every reconnect) does not rewrite an unchanged
+// one.
+func ensurePolicy(ctx context.Context, api *brokerapi.Client, p brokerapi.Policy) error {
+	have, err := api.Policy(ctx, p.Name)
+	if err == nil && have.Pattern == p.Pattern && have.ApplyTo == p.ApplyTo && have.Priority == p.Priority && sameDefinition(have.Definition, p.Definition) {
+		return nil
+	}
+	return api.PutPolicy(ctx, p)
+}
+
+// sameDefinition says whether a policy definition read back (numbers as
+// float64) is want.
+func sameDefinition(have, want map[string]any) bool {
+	if len(have) != len(want) {
+		return false
+	}
+	for k, w := range want {
+		if h, ok := have[k]; !ok || fmt.Sprint(h) != fmt.Sprint(w) {
+			return false
+		}
+	}
+	return true
 }
 
 // toInt64 is an argument's integer value.
