@@ -112,6 +112,7 @@ func effectiveLimit(t *testing.T, api *brokerapi.Client, queue string, want int6
 // force with raw amqp091-go: a message rejected with requeue is delivered
 // exactly 8 times before the broker dead-letters it.
 func TestMaxAttemptsChangesInPlace(t *testing.T) {
+	t.Parallel()
 	url := brokertest.VHost(t)
 	n := testNode(t, url, "keeper", func(c *runtime.Config) { c.QueuePolicies = true })
 	api := mgmt(t, url)
@@ -247,6 +248,7 @@ func rejectUntilDead(t *testing.T, url, queue string, dead <-chan amqp.Delivery)
 // made by one that does, declares it without the argument rather than
 // being refused.
 func TestV010QueueKeepsItsArgument(t *testing.T) {
+	t.Parallel()
 	url := brokertest.VHost(t)
 	queue := wire.ModuleQueue("elder", "ledger")
 	raw := rawConn(t, url)
@@ -288,6 +290,7 @@ func TestV010QueueKeepsItsArgument(t *testing.T) {
 // policies (no policymaker tag) declares its limits as arguments, as
 // v0.1.0 did, and runs.
 func TestNoPoliciesWithoutTheTag(t *testing.T) {
+	t.Parallel()
 	url := brokertest.VHost(t)
 	vhost := url[strings.LastIndex(url, "/")+1:]
 	user, pass := brokertest.User(t)
@@ -314,6 +317,7 @@ func TestNoPoliciesWithoutTheTag(t *testing.T) {
 // URL derived from a proxy's host can be) is not used; the node declares
 // its limits as arguments, so no queue runs without one.
 func TestNoPoliciesThroughAnotherBrokersAPI(t *testing.T) {
+	t.Parallel()
 	url := brokertest.VHost(t)
 	var policies atomic.Int32
 	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -27,6 +27,7 @@ var errInterrupted = errors.New("interrupted by the test")
 // duplicates, which a consumer's de-duplication drops, are counted), each
 // with its type in x-mesh-routing-key; the temporary queue is gone.
 func TestMigrateClassicToQuorumUnderLoad(t *testing.T) {
+	t.Parallel()
 	url := brokertest.VHost(t)
 	conn, err := amqp.Dial(url)
 	if err != nil {
@@ -192,6 +193,7 @@ func TestMigrateClassicToQuorumUnderLoad(t *testing.T) {
 // migration waits, then says so, and nothing is lost; once the consumer
 // goes, running it again finishes it.
 func TestMigrateRefusesWhileConsumed(t *testing.T) {
+	t.Parallel()
 	url := brokertest.VHost(t)
 	conn, err := amqp.Dial(url)
 	if err != nil {
