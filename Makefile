@@ -5,6 +5,7 @@ export PATH := $(PATH):/usr/local/go/bin
 GO     ?= go
 ENSURE := scripts/ensure-rabbitmq.sh
 BROWSER := scripts/ensure-chromium.sh
+POSTGRES := scripts/ensure-postgres.sh
 
 # Every binary says which release and commit it is (meshd version): VERSION, and the commit for
 # builds the go command stamps none into (-buildvcs=false).
@@ -33,9 +34,10 @@ build: ## Build all packages, the binaries bin/meshd and bin/meshctl, the shippe
 	$(BUILD) -o bin/modules/ ./examples/modules/...
 	$(BUILD) -o bin/ordersource ./examples/ordersource
 
-test: ## Run the whole test suite (race detector) against a local RabbitMQ and, for the console, Debian's headless Chromium (both installed where missing), then the fault tests, the failover tests and a two-minute soak one at a time
+test: ## Run the whole test suite (race detector) against a local RabbitMQ and, for the console, Debian's headless Chromium, and PostgreSQL's server binaries for the database tests (all installed where missing), then the fault tests, the failover tests and a two-minute soak one at a time
 	$(ENSURE)
 	$(BROWSER)
+	$(POSTGRES)
 	$(GO) test -race -count=1 -timeout 20m ./...
 	@echo "fault tests (they stop and cut the broker, so they run alone, after the rest):"
 	$(GO) test -race -count=1 -p 1 -v -timeout 20m -tags fault ./test/fault
