@@ -380,7 +380,11 @@ func Copy(d amqp.Delivery, user string) amqp.Publishing {
 		if rk, ok := d.Headers[wire.HeaderRoutingKey].(string); ok && d.UserId != "" {
 			eventType = rk
 		}
-		if u, ok := d.Headers[wire.HeaderUserID].(string); ok && d.UserId != "" {
+		// The publisher it names counts only if the broker verified the
+		// copy's sender as the mover's own user (the runtime's rule for
+		// its own retry copies: runtime/owned.go), so no one who may write
+		// to the queue gets a user of their choosing through the move.
+		if u, ok := d.Headers[wire.HeaderUserID].(string); ok && d.UserId != "" && d.UserId == user {
 			origUser = u
 		}
 	}
