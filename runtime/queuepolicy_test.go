@@ -29,10 +29,12 @@ type gatedLedger struct {
 	entered chan struct{}
 	mu      sync.Mutex
 	handled map[string]int
+	want    int           // distinct events that close reached
+	reached chan struct{} // closed when want distinct events were handled
 }
 
 func newGatedLedger() *gatedLedger {
-	return &gatedLedger{gate: make(chan struct{}), entered: make(chan struct{}, 100), handled: map[string]int{}}
+	return &gatedLedger{gate: make(chan struct{}), entered: make(chan struct{}, 100), handled: map[string]int{}, reached: make(chan struct{})}
 }
 
 func (g *gatedLedger) module() sdk.Module {
@@ -49,6 +51,9 @@ func (g *gatedLedger) module() sdk.Module {
 			}
 			g.mu.Lock()
 			g.handled[ev.ID]++
+			if g.want > 0 && len(g.handled) == g.want && g.handled[ev.ID] == 1 {
+				close(g.reached)
+			}
 			g.mu.Unlock()
 			return nil
 		}))
@@ -174,16 +179,19 @@ func TestMaxAttemptsChangesInPlace(t *testing.T) {
 		}
 		quick(m)
 	}
+	ledger.mu.Lock()
+	ledger.want = total
+	ledger.mu.Unlock()
 	close(ledger.gate)
-	deadline := time.Now().Add(60 * time.Second)
-	for distinct, _ := ledger.count(); distinct < total && time.Now().Before(deadline); distinct, _ = ledger.count() {
-		time.Sleep(50 * time.Millisecond)
+	select {
+	case <-ledger.reached:
+	case <-time.After(60 * time.Second):
 	}
+	stop(t, m) // what is in flight finishes: a second run of an event would show below
 	distinct, runs := ledger.count()
 	if distinct != total || runs != total {
 		t.Fatalf("handled %d distinct events in %d runs, want %d in %d", distinct, runs, total, total)
 	}
-	stop(t, m)
 
 	// The limit in force: delivered 8 times, then the broker drops it to
 	// the dead letters (a copy bound here to mesh.events.dead).

@@ -55,11 +55,16 @@ modules:
 
 	var mu sync.Mutex
 	handled := map[string]int{}
+	progress := make(chan struct{}, 1) // a handling happened
 	ledger := sdk.Module{Name: "ledger", Setup: func(m sdk.Mesh) error {
 		return m.On("module.shop.#", sdk.HandlerFunc(func(_ context.Context, ev sdk.Event) error {
 			mu.Lock()
 			handled[ev.ID]++
 			mu.Unlock()
+			select {
+			case progress <- struct{}{}:
+			default:
+			}
 			return nil
 		}))
 	}}
@@ -136,10 +141,17 @@ modules:
 		mu.Lock()
 		done := len(handled) >= len(emitted)
 		mu.Unlock()
-		if done || ctx.Err() != nil {
+		if done {
 			break
 		}
-		time.Sleep(50 * time.Millisecond)
+		select {
+		case <-progress:
+		case <-ctx.Done():
+			mu.Lock()
+			n := len(handled)
+			mu.Unlock()
+			t.Fatalf("handled %d of %d events before the deadline", n, len(emitted))
+		}
 	}
 	mu.Lock()
 	defer mu.Unlock()
