@@ -6,14 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	neturl "net/url"
-	"strconv"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
-
+	"github.com/meshkit/mesh/internal/brokerapi"
 	"github.com/meshkit/mesh/runtime"
 )
 
@@ -35,29 +32,14 @@ var errNoManagementAPI = errors.New("the management API does not answer")
 // mgmtURL if given, else on the AMQP host at port 15672 (http), or 15671
 // (https) for an amqps:// broker.
 func newManagementAPI(amqpURL, mgmtURL string) (*managementAPI, error) {
-	uri, err := amqp.ParseURI(amqpURL)
-	if err != nil {
+	base, user, pass, vhost, err := brokerapi.Endpoint(amqpURL, mgmtURL)
+	switch {
+	case errors.Is(err, brokerapi.ErrManagementURL):
+		return nil, fmt.Errorf("management URL %s: want http(s)://HOST:PORT", redactURL(mgmtURL))
+	case err != nil:
 		return nil, fmt.Errorf("broker URL %s: %w", redactURL(amqpURL), err)
 	}
-	api := &managementAPI{user: uri.Username, pass: uri.Password, vhost: uri.Vhost, client: &http.Client{Timeout: 10 * time.Second}}
-	if mgmtURL == "" {
-		scheme, port := "http", 15672
-		if uri.Scheme == "amqps" {
-			scheme, port = "https", 15671
-		}
-		mgmtURL = scheme + "://" + net.JoinHostPort(uri.Host, strconv.Itoa(port))
-	}
-	u, err := neturl.Parse(mgmtURL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("management URL %s: want http(s)://HOST:PORT", redactURL(mgmtURL))
-	}
-	if u.User != nil {
-		api.user = u.User.Username()
-		api.pass, _ = u.User.Password()
-		u.User = nil
-	}
-	api.base = u
-	return api, nil
+	return &managementAPI{base: base, user: user, pass: pass, vhost: vhost, client: &http.Client{Timeout: 10 * time.Second}}, nil
 }
 
 // queueBindings returns the bindings of queue, the default exchange's

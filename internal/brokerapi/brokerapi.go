@@ -35,6 +35,10 @@ var ErrUnavailable = errors.New("the management API does not answer")
 // ErrNotFound is wrapped by errors about an object that does not exist.
 var ErrNotFound = errors.New("not found")
 
+// ErrManagementURL is Endpoint's error for a management URL that is not
+// http(s)://HOST:PORT.
+var ErrManagementURL = errors.New("management URL: want http(s)://HOST:PORT")
+
 // ErrRefused is wrapped by errors of a request the broker refused for the
 // user's rights (401 or 403).
 var ErrRefused = errors.New("refused")
@@ -48,14 +52,16 @@ type Client struct {
 	http       *http.Client
 }
 
-// New is the management API of the broker at amqpURL: at mgmtURL if it is
-// not empty, else on the AMQP host at port 15672 (http), or 15671 (https,
-// with tc) for an amqps:// broker. User and password are amqpURL's unless
-// mgmtURL names its own.
-func New(amqpURL, mgmtURL string, tc *tls.Config) (*Client, error) {
+// Endpoint is where the management API of the broker at amqpURL answers
+// (scheme and host, without credentials), and as whom: mgmtURL if it is
+// not empty, else the AMQP host at port 15672 (http), or 15671 (https) for
+// an amqps:// broker; the user and password are amqpURL's unless mgmtURL
+// names its own. vhost is amqpURL's virtual host. Its error is
+// amqp.ParseURI's for a bad amqpURL, ErrManagementURL for a bad mgmtURL.
+func Endpoint(amqpURL, mgmtURL string) (base *neturl.URL, user, pass, vhost string, err error) {
 	uri, err := amqp.ParseURI(amqpURL)
 	if err != nil {
-		return nil, fmt.Errorf("broker URL: %w", err)
+		return nil, "", "", "", err
 	}
 	if mgmtURL == "" {
 		scheme, port := "http", 15672
@@ -66,16 +72,29 @@ func New(amqpURL, mgmtURL string, tc *tls.Config) (*Client, error) {
 	}
 	u, err := neturl.Parse(mgmtURL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, errors.New("management URL: want http(s)://HOST:PORT")
+		return nil, "", "", "", ErrManagementURL
 	}
-	c := &Client{user: uri.Username, pass: uri.Password, vhost: uri.Vhost}
+	user, pass = uri.Username, uri.Password
 	if u.User != nil {
-		c.user = u.User.Username()
-		c.pass, _ = u.User.Password()
+		user = u.User.Username()
+		pass, _ = u.User.Password()
 		u.User = nil
 	}
 	u.Path, u.RawPath = "", ""
-	c.base = u
+	return u, user, pass, uri.Vhost, nil
+}
+
+// New is the management API of the broker at amqpURL, at Endpoint's
+// address, over TLS with tc for https.
+func New(amqpURL, mgmtURL string, tc *tls.Config) (*Client, error) {
+	base, user, pass, vhost, err := Endpoint(amqpURL, mgmtURL)
+	switch {
+	case errors.Is(err, ErrManagementURL):
+		return nil, err
+	case err != nil:
+		return nil, fmt.Errorf("broker URL: %w", err)
+	}
+	c := &Client{base: base, user: user, pass: pass, vhost: vhost}
 	transport := http.DefaultTransport.(*http.Transport).Clone()
 	if tc != nil {
 		transport.TLSClientConfig = tc
