@@ -53,7 +53,10 @@ func (m *Module) checkMigration() {
 	if s == nil || s.isLost() || m.attachedOn.Load() != s || len(m.subs) == 0 { // subs are fixed since start
 		return
 	}
-	if err := m.node.migrating(s, m.queue); errors.Is(err, errMigrating) {
+	// attachedOn is cleared first, so that later checks during the
+	// migration start no other resume: the one started here tries again
+	// with its back-off until the migration ends.
+	if err := m.node.migrating(s, m.queue); errors.Is(err, errMigrating) && m.attachedOn.CompareAndSwap(s, nil) {
 		m.log.Warn("the module stops consuming while its queue migrates", "queue", m.queue)
 		go m.resume(s, true)
 	}

@@ -102,8 +102,8 @@ type Node struct {
 	// policies is the management API the node keeps its queues' policies
 	// through (Config.QueuePolicies), found once (policyAPI).
 	policies struct {
-		once sync.Once
-		api  *brokerapi.Client // nil: the node declares limits as arguments
+		mu      sync.Mutex
+		decided map[string]*brokerapi.Client // by broker URL; nil: limits as arguments
 	}
 }
 

@@ -68,53 +68,76 @@ func PolicyArgs(args amqp.Table) (declared amqp.Table, policy map[string]any) {
 }
 
 // policyAPI is the management API the node keeps its queues' policies
-// through, or nil when it declares limits as arguments: QueuePolicies is
-// off, the API does not answer, or the node's user may not set policies.
-// It is found once; the reason it is nil is logged once.
+// through, for the broker it is on (s), or nil when it declares limits as
+// arguments: QueuePolicies is off, the API does not answer, is another
+// broker's, or the node's user may not set policies. A definite answer is
+// kept for that broker address and logged once; an API that does not
+// answer now is asked again at the next declare.
 func (n *Node) policyAPI(s *session) *brokerapi.Client {
-	n.policies.once.Do(func() {
-		if !n.cfg.QueuePolicies {
-			return
+	if !n.cfg.QueuePolicies {
+		return nil
+	}
+	brokerURL := n.brokers[int(n.brokerAt.Load())%len(n.brokers)]
+	n.policies.mu.Lock()
+	defer n.policies.mu.Unlock()
+	if api, ok := n.policies.decided[brokerURL]; ok {
+		return api
+	}
+	api, final := n.findPolicyAPI(s, brokerURL)
+	if final {
+		if n.policies.decided == nil {
+			n.policies.decided = map[string]*brokerapi.Client{}
 		}
-		tc, err := n.cfg.TLS.ClientConfig()
-		if err != nil {
-			n.log.Warn("queue settings are queue arguments: the management API's TLS settings", "err", err)
-			return
-		}
-		api, err := brokerapi.New(n.brokers[0], n.cfg.ManagementURL, tc)
-		if err != nil {
-			n.log.Warn("queue settings are queue arguments: management_url", "err", err)
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		ok, err := api.CanSetPolicies(ctx)
-		switch {
-		case errors.Is(err, brokerapi.ErrRefused):
-			n.log.Info("queue settings are queue arguments, as in v0.1.0: the broker user may not use the management API (tag it policymaker to keep them in policies: see ADR 43), so max_attempts cannot change on an existing queue without meshctl queue migrate", "user", n.userID)
-			return
-		case err != nil:
-			n.log.Warn("queue settings are queue arguments, as in v0.1.0: the management API does not answer, so max_attempts cannot change on an existing queue without meshctl queue migrate; enable the rabbitmq_management plugin (or set management_url) and restart meshd to keep them in policies", "err", err)
-			return
-		case !ok:
-			n.log.Info("queue settings are queue arguments, as in v0.1.0: the broker user may not set policies (tag it policymaker to keep them in policies: see ADR 43), so max_attempts cannot change on an existing queue without meshctl queue migrate", "user", n.userID)
-			return
-		}
-		// The API must be the broker's the node is on: one derived from the
-		// broker URL's host may be another's (a proxy, a tunnel, a private
-		// port), whose policies would not apply here while the node
-		// declared its queues without their limit.
-		amqpName, _ := s.pubConn.Properties["cluster_name"].(string)
-		apiName, err := api.ClusterName(ctx)
-		if err != nil || apiName == "" || apiName != amqpName {
-			n.log.Warn("queue settings are queue arguments, as in v0.1.0: the management API is not the broker's the node is connected to (set management_url to its API)",
-				"management_api", api.URL(), "api_cluster", apiName, "broker_cluster", amqpName, "err", err)
-			return
-		}
-		n.policies.api = api
-		n.log.Info("queue settings are kept in policies", "management_api", api.URL())
-	})
-	return n.policies.api
+		n.policies.decided[brokerURL] = api
+	}
+	return api
+}
+
+// findPolicyAPI asks the management API of brokerURL (or management_url)
+// whether the node may keep policies through it; final says whether the
+// answer holds (not a transient failure).
+func (n *Node) findPolicyAPI(s *session, brokerURL string) (api *brokerapi.Client, final bool) {
+	tc, err := n.cfg.TLS.ClientConfig()
+	if err != nil {
+		n.log.Warn("queue settings are queue arguments: the management API's TLS settings", "err", err)
+		return nil, true
+	}
+	api, err = brokerapi.New(brokerURL, n.cfg.ManagementURL, tc)
+	if err != nil {
+		n.log.Warn("queue settings are queue arguments: management_url", "err", err)
+		return nil, true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ok, err := api.CanSetPolicies(ctx)
+	switch {
+	case errors.Is(err, brokerapi.ErrRefused):
+		n.log.Info("queue settings are queue arguments, as in v0.1.0: the broker user may not use the management API (tag it policymaker to keep them in policies: see ADR 43), so max_attempts cannot change on an existing queue without meshctl queue migrate", "user", n.userID)
+		return nil, true
+	case err != nil:
+		n.log.Warn("queue settings are queue arguments for now: the management API does not answer (a queue declared meanwhile keeps its limit as an argument, which meshctl queue migrate moves); enable the rabbitmq_management plugin or set management_url", "err", err)
+		return nil, false
+	case !ok:
+		n.log.Info("queue settings are queue arguments, as in v0.1.0: the broker user may not set policies (tag it policymaker to keep them in policies: see ADR 43), so max_attempts cannot change on an existing queue without meshctl queue migrate", "user", n.userID)
+		return nil, true
+	}
+	// The API must be the broker's the node is on: one derived from the
+	// broker URL's host may be another's (a proxy, a tunnel, a private
+	// port), whose policies would not apply here while the node
+	// declared its queues without their limit.
+	amqpName, _ := s.pubConn.Properties["cluster_name"].(string)
+	apiName, err := api.ClusterName(ctx)
+	switch {
+	case err != nil:
+		n.log.Warn("queue settings are queue arguments for now: the management API does not answer", "err", err)
+		return nil, false
+	case apiName == "" || apiName != amqpName:
+		n.log.Warn("queue settings are queue arguments, as in v0.1.0: the management API is not the broker's the node is connected to (set management_url to its API)",
+			"management_api", api.URL(), "api_cluster", apiName, "broker_cluster", amqpName)
+		return nil, true
+	}
+	n.log.Info("queue settings are kept in policies", "management_api", api.URL())
+	return api, true
 }
 
 // declareQueue declares a durable queue with args. An attempt limit in
@@ -141,26 +164,41 @@ func (n *Node) declareQueue(ctx context.Context, s *session, open func() (*amqp.
 		return ch, err
 	}
 	api := n.policyAPI(s)
-	if api == nil {
-		_, err := ch.QueueDeclare(queue, true, false, false, false, args)
-		var ae *amqp.Error
-		if !errors.As(err, &ae) || ae.Code != amqp.PreconditionFailed || !strings.Contains(ae.Reason, limitArg) || !strings.Contains(ae.Reason, "none") {
+	if api != nil {
+		done, err := n.declareWithPolicy(ctx, api, ch, queue, declared, policy)
+		if done || !errors.Is(err, brokerapi.ErrUnavailable) {
 			return ch, err
 		}
-		// The queue has no x-delivery-limit: a node keeping policies made it.
-		drop(ch)
-		if ch, err = open(); err != nil {
-			return nil, fmt.Errorf("open channel: %w", err)
-		}
-		n.log.Warn("the queue's attempt limit is a policy's, which this node cannot set: a changed max_attempts does not apply to it until a node that keeps policies declares it", "queue", queue, "policy", QueuePolicyName(queue))
-		_, err = ch.QueueDeclare(queue, true, false, false, false, declared)
+		// The API went away (its broker node is down, say): the queue is
+		// declared as a node without policies declares it, and attaches.
+		n.log.Warn("the management API does not answer; the queue is declared without touching its policy", "queue", queue, "err", err)
+	}
+	_, err = ch.QueueDeclare(queue, true, false, false, false, args)
+	var ae *amqp.Error
+	if !errors.As(err, &ae) || ae.Code != amqp.PreconditionFailed || !strings.Contains(ae.Reason, limitArg) || !strings.Contains(ae.Reason, "none") {
 		return ch, err
 	}
+	// The queue has no x-delivery-limit: a node keeping policies made it.
+	drop(ch)
+	if ch, err = open(); err != nil {
+		return nil, fmt.Errorf("open channel: %w", err)
+	}
+	n.log.Warn("the queue's attempt limit is a policy's, which this node cannot set now: a changed max_attempts does not apply to it until a node that keeps policies declares it", "queue", queue, "policy", QueuePolicyName(queue))
+	_, err = ch.QueueDeclare(queue, true, false, false, false, declared)
+	return ch, err
+}
+
+// declareWithPolicy declares queue with the arguments declared, its
+// attempt limit in its policy (see declareQueue). done is false, with an
+// error wrapping brokerapi.ErrUnavailable, when the management API did not
+// answer before anything was declared.
+func (n *Node) declareWithPolicy(ctx context.Context, api *brokerapi.Client, ch *amqp.Channel, queue string, declared amqp.Table, policy map[string]any) (done bool, err error) {
+	declared = maps.Clone(declared)
 	q, err := api.Queue(ctx, queue)
 	switch {
 	case errors.Is(err, brokerapi.ErrNotFound):
 	case err != nil:
-		return ch, fmt.Errorf("read queue %s through the management API: %w", queue, err)
+		return false, fmt.Errorf("read queue %s through the management API: %w", queue, err)
 	default:
 		if was, ok := q.IntArgument(limitArg); ok {
 			declared[limitArg] = was
@@ -170,10 +208,10 @@ func (n *Node) declareQueue(ctx context.Context, s *session, open func() (*amqp.
 		}
 	}
 	if err := ensurePolicy(ctx, api, QueuePolicy(queue, policy)); err != nil {
-		return ch, err
+		return false, err
 	}
 	_, err = ch.QueueDeclare(queue, true, false, false, false, declared)
-	return ch, err
+	return true, err
 }
 
 // ensurePolicy sets p unless the broker has it already: setting a policy

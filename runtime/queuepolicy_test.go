@@ -168,8 +168,15 @@ func TestMaxAttemptsChangesInPlace(t *testing.T) {
 		return q.Messages
 	}
 	for _, attempts := range []int{3, 8} {
+		for len(ledger.entered) > 0 { // what an earlier round's handler said
+			<-ledger.entered
+		}
 		m = load(t, n, ledger.module(), runtime.ModuleConfig{MaxAttempts: attempts, Prefetch: 1, Concurrency: 1})
-		<-ledger.entered // consuming: one event in its handler, the rest waiting
+		select { // consuming: one event in its handler, the rest waiting
+		case <-ledger.entered:
+		case <-time.After(60 * time.Second):
+			t.Fatalf("max_attempts %d: no event reached the handler within 60 s", attempts)
+		}
 		effectiveLimit(t, api, queue, int64(attempts-1))
 		if got := ready(); got != total-1 {
 			t.Errorf("max_attempts %d: %d events ready beside the one in hand, want %d", attempts, got, total-1)

@@ -17,7 +17,7 @@
 //  4. move the queue's messages to the temporary queue, each acknowledged
 //     on the queue only once the broker confirmed its copy;
 //  5. delete the queue (only if it is empty and unused) and declare it with
-//     the new arguments, its policy first;
+//     the new arguments (its policy was set at step 1);
 //  6. bind it, unbind the temporary queue, move the messages back;
 //  7. delete the temporary queue: the module consumes again.
 //
@@ -139,6 +139,13 @@ func (m *Mover) Migrate(ctx context.Context, plan Plan) (Report, error) {
 		return rep, fmt.Errorf("declare the temporary queue %s: %w", plan.Temp, err)
 	}
 	m.say("temporary queue %s declared", plan.Temp)
+	// The queue's policy before anything of the queue goes: between its
+	// deletion and its declaration no call can fail.
+	if plan.Policy != nil {
+		if err := m.API.PutPolicy(ctx, *plan.Policy); err != nil {
+			return rep, err
+		}
+	}
 
 	// 2. Its bindings: the queue's and those it has from an earlier run.
 	var qBindings, tBindings []brokerapi.Binding
@@ -192,11 +199,6 @@ func (m *Mover) Migrate(ctx context.Context, plan Plan) (Report, error) {
 		qExists = false
 	}
 	if !qExists || !SameArgs(q.Arguments, plan.Args) {
-		if plan.Policy != nil {
-			if err := m.API.PutPolicy(ctx, *plan.Policy); err != nil {
-				return rep, err
-			}
-		}
 		if _, err := ch.QueueDeclare(plan.Queue, true, false, false, false, plan.Args); err != nil {
 			return rep, fmt.Errorf("declare queue %s with its new arguments: %w", plan.Queue, err)
 		}
