@@ -46,8 +46,9 @@ modules:
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
+	var logs lockedLog
 	n, err := runtime.New(ctx, runtime.Config{Node: "n1", AMQPURL: url, StateDir: state, QueuePolicies: true,
-		ConsumerCheckInterval: 200 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+		ConsumerCheckInterval: 200 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,8 +166,31 @@ modules:
 			twice++
 		}
 	}
+	// One let-go for the migration: not one resume per consumer check
+	// while it lasted (each would close the module's channels again).
+	if got := strings.Count(logs.String(), "the module stops consuming while its queue migrates"); got != 1 {
+		t.Errorf("the module let go of its queue %d times, want 1", got)
+	}
 	t.Logf("emitted %d, handled %d distinct", len(emitted), len(handled))
 	if len(emitted) == 0 || lost != 0 || twice != 0 {
 		t.Errorf("emitted %d: %d never handled, %d handled more than once", len(emitted), lost, twice)
 	}
+}
+
+// lockedLog is a log buffer safe for concurrent writes.
+type lockedLog struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
