@@ -23,8 +23,10 @@
 //
 // A moved message is published to the queue through the default exchange,
 // as meshctl's replays are, with its event type in x-mesh-routing-key and
-// its original publisher's user in x-mesh-user-id; the broker's counts of
-// its deliveries and the runtime's of its attempts start again.
+// its original publisher's user in x-mesh-user-id (which the node honours
+// only where the mover's user is its own: otherwise the event's user is
+// the mover's, as for a replay); the broker's counts of its deliveries and
+// the runtime's of its attempts start again.
 package queuemove
 
 import (
