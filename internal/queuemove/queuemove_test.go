@@ -18,6 +18,22 @@ import (
 
 var errInterrupted = errors.New("interrupted by the test")
 
+// dial connects to url with raw amqp091-go and opens a channel; the
+// connection closes when t ends.
+func dial(t *testing.T, url string) (*amqp.Connection, *amqp.Channel) {
+	t.Helper()
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return conn, ch
+}
+
 // TestMigrateClassicToQuorumUnderLoad: a classic queue holding 500
 // messages, with a producer publishing to its exchange throughout, moves
 // to a quorum queue with a policy; the migration is interrupted once while
@@ -29,15 +45,7 @@ var errInterrupted = errors.New("interrupted by the test")
 func TestMigrateClassicToQuorumUnderLoad(t *testing.T) {
 	t.Parallel()
 	url := brokertest.VHost(t)
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn, ch := dial(t, url)
 	const queue, temp = "n1.ledger.events", "n1.ledger.events.migrating"
 	if err := ch.ExchangeDeclare("ev", "topic", true, false, false, false, nil); err != nil {
 		t.Fatal(err)
@@ -195,15 +203,7 @@ func TestMigrateClassicToQuorumUnderLoad(t *testing.T) {
 func TestMigrateRefusesWhileConsumed(t *testing.T) {
 	t.Parallel()
 	url := brokertest.VHost(t)
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn, ch := dial(t, url)
 	const queue, temp = "q", "q.migrating"
 	if _, err := ch.QueueDeclare(queue, true, false, false, false, amqp.Table{"x-queue-type": "classic"}); err != nil {
 		t.Fatal(err)
