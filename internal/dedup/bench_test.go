@@ -66,7 +66,7 @@ func BenchmarkRecord(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if err := s.Record(all[i]); err != nil {
+		if err := s.Record(all[i], NoDigest); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -80,7 +80,7 @@ func BenchmarkAddFlush8(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if err := s.Add(all[i]); err != nil {
+		if err := s.Add(all[i], NoDigest); err != nil {
 			b.Fatal(err)
 		}
 		if i%8 == 7 {
@@ -106,7 +106,7 @@ func BenchmarkRecordParallel(b *testing.B) {
 		for pb.Next() {
 			i := <-next
 			next <- i + 1
-			if err := s.Record(all[i%len(all)]); err != nil {
+			if err := s.Record(all[i%len(all)], NoDigest); err != nil {
 				b.Error(err)
 				return
 			}

@@ -115,7 +115,7 @@ type Set struct {
 	mu     sync.Mutex
 	closed bool
 	f      *os.File
-	ids    map[ulid.ULID]int64 // id -> recorded at, unix ns
+	ids    map[ulid.ULID]held  // id -> when it was recorded, and its digest
 	order  queue               // ids in record order, with their times
 	stale  int                 // entries of order superseded by a later entry of their id
 	end    int64               // file offset of the next record
@@ -125,6 +125,9 @@ type Set struct {
 	// pending holds the records of ids added (Add) and not yet written,
 	// in order.
 	pending []byte
+
+	// digests is the digest file beside the log (digests.go).
+	digests digestFile
 
 	// compacting is closed when the compaction running in the background
 	// ends; nil when none runs.
@@ -163,36 +166,87 @@ func Open(path string, opts Options) (*Set, error) {
 	return s, nil
 }
 
-// Seen reports whether id was recorded within the retention window. The
-// error wraps ErrInvalidID if id is not a ULID, and is ErrClosed after
-// Close.
+// Seen reports whether id was recorded within the retention window,
+// whatever its digest. The error wraps ErrInvalidID if id is not a ULID,
+// and is ErrClosed after Close.
 func (s *Set) Seen(id string) (bool, error) {
+	v, _, err := s.Check(id, NoDigest)
+	return v != New, err
+}
+
+// Verdict is what [Set.Check] found of an id.
+type Verdict int
+
+// Verdicts of [Set.Check].
+const (
+	// New: the id is not recorded (or its record expired).
+	New Verdict = iota
+	// Duplicate: the id is recorded with the same digest, or one of the
+	// two digests is unknown (NoDigest: recorded by v0.1.0, or checked
+	// without one).
+	Duplicate
+	// Conflict: the id is recorded with another digest: the same id
+	// with other content.
+	Conflict
+)
+
+// String returns "new", "duplicate" or "conflict".
+func (v Verdict) String() string {
+	switch v {
+	case New:
+		return "new"
+	case Duplicate:
+		return "duplicate"
+	case Conflict:
+		return "conflict"
+	}
+	return fmt.Sprintf("Verdict(%d)", int(v))
+}
+
+// NoDigest is the digest of an id recorded without one (by v0.1.0, whose
+// log has no digests, or by a caller that passes none): it matches every
+// digest, so such an id is a duplicate, never a conflict.
+const NoDigest uint64 = 0
+
+// Check reports whether id was recorded within the retention window and,
+// if so, whether with digest: the recorded digest is returned beside a
+// Conflict, to name it. The error wraps ErrInvalidID if id is not a ULID,
+// and is ErrClosed after Close.
+func (s *Set) Check(id string, digest uint64) (v Verdict, recorded uint64, err error) {
 	u, err := parseID(id)
 	if err != nil {
-		return false, err
+		return New, NoDigest, err
 	}
 	cutoff := s.cutoff(s.opts.Now().UnixNano())
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return false, ErrClosed
+		return New, NoDigest, ErrClosed
 	}
-	at, ok := s.ids[u]
+	h, ok := s.ids[u]
 	s.mu.Unlock()
-	return ok && at > cutoff, nil
+	switch {
+	case !ok || h.at <= cutoff:
+		return New, NoDigest, nil
+	case h.digest == NoDigest || digest == NoDigest || h.digest == digest:
+		return Duplicate, h.digest, nil
+	}
+	return Conflict, h.digest, nil
 }
 
-// Record records that id was handled. It is idempotent: an id already held
-// is not written again. Otherwise it writes the record to the log with one
-// write(2), without fsync, and then adds id to memory, so that once Record
-// returned the id survives a crash of the process (see the package doc on
-// power loss). The error wraps ErrInvalidID if id is not a ULID, is
-// ErrClosed after Close, and otherwise is a write error, after which id is
-// not recorded.
+// Record records that id was handled, with digest, a digest of the
+// content handled (NoDigest if the caller has none). It is idempotent: an
+// id already held is not written again, and keeps the digest it was
+// recorded with. Otherwise it writes the digest's record to the digest
+// file and the id's to the log, one write(2) each, without fsync, and then
+// adds id to memory, so that once Record returned the id survives a crash
+// of the process (see the package doc on power loss). The error wraps
+// ErrInvalidID if id is not a ULID, is ErrClosed after Close, and
+// otherwise is a write error, after which id is not recorded.
 //
 // Record is [Set.Add] and [Set.Flush] in one, for a caller that writes
 // one id at a time.
-func (s *Set) Record(id string) error {
+func (s *Set) Record(id string, digest uint64) error {
 	u, err := parseID(id)
 	if err != nil {
 		return err
@@ -203,12 +257,17 @@ func (s *Set) Record(id string) error {
 		return ErrClosed
 	}
 	now := s.opts.Now().UnixNano()
-	at, held := s.ids[u]
-	if held && at > s.cutoff(now) {
+	prev, wasHeld := s.ids[u]
+	if wasHeld && prev.at > s.cutoff(now) {
 		return s.flushLocked() // it may be held but not written yet (Add)
 	}
 	if err := s.flushLocked(); err != nil {
 		return err // what was added before goes first
+	}
+	// The digest first: a digest without its id in the log is never
+	// read, an id without its digest is taken for a duplicate.
+	if err := s.digests.write(u, digest); err != nil {
+		return fmt.Errorf("dedup: record %s: %w", id, err)
 	}
 	encodeRecord(s.buf[:], u, now)
 	if _, err := s.f.WriteAt(s.buf[:], s.end); err != nil {
@@ -216,7 +275,7 @@ func (s *Set) Record(id string) error {
 		// part of this one reached the file.
 		return fmt.Errorf("dedup: record %s: %w", id, err)
 	}
-	s.add(u, now, held) // before a compaction wrote may start copies memory
+	s.add(u, held{at: now, digest: digest}, wasHeld) // before a compaction wrote may start copies memory
 	s.wrote(1, now)
 	return nil
 }
@@ -228,9 +287,10 @@ func (s *Set) Record(id string) error {
 // Until that write, a crash of the process forgets id: the caller must not
 // take the step that makes a repeat of the event unlikely to be noticed
 // otherwise (the runtime: acknowledging the delivery) before Flush
-// returned nil. It is idempotent like Record. The error wraps ErrInvalidID
-// if id is not a ULID, and is ErrClosed after Close; Add does no I/O.
-func (s *Set) Add(id string) error {
+// returned nil. It is idempotent like Record, and keeps digest as Record
+// does. The error wraps ErrInvalidID if id is not a ULID, and is ErrClosed
+// after Close; Add does no I/O.
+func (s *Set) Add(id string, digest uint64) error {
 	u, err := parseID(id)
 	if err != nil {
 		return err
@@ -241,14 +301,15 @@ func (s *Set) Add(id string) error {
 		return ErrClosed
 	}
 	now := s.opts.Now().UnixNano()
-	at, held := s.ids[u]
-	if held && at > s.cutoff(now) {
+	prev, wasHeld := s.ids[u]
+	if wasHeld && prev.at > s.cutoff(now) {
 		return nil
 	}
 	n := len(s.pending)
 	s.pending = append(s.pending, make([]byte, recordSize)...)
 	encodeRecord(s.pending[n:], u, now)
-	s.add(u, now, held)
+	s.digests.add(u, digest)
+	s.add(u, held{at: now, digest: digest}, wasHeld)
 	return nil
 }
 
@@ -270,6 +331,10 @@ func (s *Set) Flush() error {
 func (s *Set) flushLocked() error {
 	if len(s.pending) == 0 {
 		return nil
+	}
+	// The digests first, as in Record.
+	if err := s.digests.flush(); err != nil {
+		return fmt.Errorf("dedup: write %d records: %w", len(s.pending)/recordSize, err)
 	}
 	if _, err := s.f.WriteAt(s.pending, s.end); err != nil {
 		// The next write starts at the same offset, over whatever part of
@@ -307,11 +372,12 @@ const compactChunk = 16 << 10
 func (s *Set) compactInBackground(now int64) {
 	first, end := s.order.popped, s.order.popped+uint64(s.order.len())
 	from, cutoff := s.end, s.cutoff(now)
+	dgFrom := s.digests.end
 	done := make(chan struct{})
 	s.compacting = done
 	go func() {
 		defer close(done)
-		snap := make([]entry, 0, end-first)
+		snap := make([]live, 0, end-first)
 		for pos := first; pos < end; pos += compactChunk {
 			s.mu.Lock()
 			if s.closed {
@@ -321,7 +387,7 @@ func (s *Set) compactInBackground(now int64) {
 			head := s.order.popped
 			for p := max(pos, head); p < min(pos+compactChunk, end); p++ {
 				if e := s.order.at(int(p - head)); e.at > cutoff && !s.isStale(e) {
-					snap = append(snap, e)
+					snap = append(snap, s.liveOf(e))
 				}
 			}
 			s.mu.Unlock()
@@ -335,10 +401,10 @@ func (s *Set) compactInBackground(now int64) {
 		s.compacting = nil
 		switch {
 		case err == nil && s.closed:
-			abandonTemp(tmp, nil)
+			tmp.abandon(nil)
 			return
 		case err == nil:
-			err = s.compactFinish(tmp, len(snap), from)
+			err = s.compactFinish(tmp, len(snap), from, dgFrom)
 		}
 		if err != nil && !s.closed {
 			// The records were written to the old log: report the
@@ -393,7 +459,8 @@ func (s *Set) Close() error {
 	s.ids, s.order, s.stale, s.pending = nil, queue{}, 0, nil
 	serr := s.f.Sync()
 	cerr := s.f.Close()
-	if err := errors.Join(ferr, serr, cerr); err != nil {
+	derr := s.digests.close()
+	if err := errors.Join(ferr, serr, cerr, derr); err != nil {
 		return fmt.Errorf("dedup: close %s: %w", s.path, err)
 	}
 	return nil
@@ -424,16 +491,22 @@ func (s *Set) cutoff(now int64) int64 {
 
 const minInt64 = -1 << 63
 
-// add puts id, recorded at, into memory and forgets the ids recorded first
-// beyond MaxEntries. If the map held id already (an expired entry), its
-// earlier entry in the record order becomes stale: the map no longer holds
-// its time.
-func (s *Set) add(id ulid.ULID, at int64, held bool) {
-	if held {
+// held is what memory keeps of a recorded id.
+type held struct {
+	at     int64  // when it was recorded, unix ns
+	digest uint64 // NoDigest if unknown
+}
+
+// add puts id, recorded as h, into memory and forgets the ids recorded
+// first beyond MaxEntries. If the map held id already (an expired entry),
+// its earlier entry in the record order becomes stale: the map no longer
+// holds its time.
+func (s *Set) add(id ulid.ULID, h held, wasHeld bool) {
+	if wasHeld {
 		s.stale++
 	}
-	s.ids[id] = at
-	s.order.push(entry{id: id, at: at})
+	s.ids[id] = h
+	s.order.push(entry{id: id, at: h.at})
 	for len(s.ids) > s.opts.MaxEntries {
 		s.popFront()
 	}
@@ -446,8 +519,8 @@ func (s *Set) isStale(e entry) bool {
 	if s.stale == 0 {
 		return false
 	}
-	at, ok := s.ids[e.id]
-	return !ok || at != e.at
+	h, ok := s.ids[e.id]
+	return !ok || h.at != e.at
 }
 
 // popFront removes the first entry of the record order, and its id from

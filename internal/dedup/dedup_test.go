@@ -76,7 +76,7 @@ func mustSeen(t testing.TB, s *Set, id string, want bool) {
 
 func mustRecord(t testing.TB, s *Set, id string) {
 	t.Helper()
-	if err := s.Record(id); err != nil {
+	if err := s.Record(id, NoDigest); err != nil {
 		t.Fatalf("Record(%s): %v", id, err)
 	}
 }
@@ -122,12 +122,12 @@ func TestAddIsSeenAtOnceAndWrittenByFlush(t *testing.T) {
 	s := open(t, path, Options{})
 	group := ids(8)
 	for _, id := range group {
-		if err := s.Add(id); err != nil {
+		if err := s.Add(id, NoDigest); err != nil {
 			t.Fatal(err)
 		}
 		mustSeen(t, s, id, true)
 	}
-	if err := s.Add(group[0]); err != nil { // idempotent: not kept twice
+	if err := s.Add(group[0], NoDigest); err != nil { // idempotent: not kept twice
 		t.Fatal(err)
 	}
 	if size := fileSize(t, path); size != headerSize {
@@ -144,7 +144,7 @@ func TestAddIsSeenAtOnceAndWrittenByFlush(t *testing.T) {
 	}
 	// Record writes what was added before it first, then its own.
 	late, own := ulid.Make().String(), ulid.Make().String()
-	if err := s.Add(late); err != nil {
+	if err := s.Add(late, NoDigest); err != nil {
 		t.Fatal(err)
 	}
 	mustRecord(t, s, own)
@@ -152,7 +152,7 @@ func TestAddIsSeenAtOnceAndWrittenByFlush(t *testing.T) {
 		t.Fatalf("log is %d bytes after Record, want %d", size, want)
 	}
 	unflushed := ulid.Make().String()
-	if err := s.Add(unflushed); err != nil {
+	if err := s.Add(unflushed, NoDigest); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Close(); err != nil {
@@ -168,7 +168,7 @@ func TestAddIsSeenAtOnceAndWrittenByFlush(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Add(ulid.Make().String()); !errors.Is(err, ErrClosed) {
+	if err := s.Add(ulid.Make().String(), NoDigest); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Add after Close = %v, want ErrClosed", err)
 	}
 	if err := s.Flush(); !errors.Is(err, ErrClosed) {
@@ -184,7 +184,7 @@ func TestFlushThatFailsKeepsTheRecords(t *testing.T) {
 	s := open(t, path, Options{})
 	group := ids(3)
 	for _, id := range group {
-		if err := s.Add(id); err != nil {
+		if err := s.Add(id, NoDigest); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -199,7 +199,7 @@ func TestFlushThatFailsKeepsTheRecords(t *testing.T) {
 	if err := s.Flush(); err == nil {
 		t.Fatal("Flush to a read-only file succeeded")
 	}
-	if err := s.Record(ulid.Make().String()); err == nil {
+	if err := s.Record(ulid.Make().String(), NoDigest); err == nil {
 		t.Fatal("Record to a read-only file succeeded")
 	}
 	mustSeen(t, s, group[0], true) // still held in memory
@@ -532,8 +532,8 @@ func TestCompaction(t *testing.T) {
 		t.Fatalf("Len after reopen = %d, want %d", s.Len(), len(live))
 	}
 	entries, _ := os.ReadDir(filepath.Dir(path))
-	if len(entries) != 1 {
-		t.Fatalf("dir holds %d files after compaction, want only the log", len(entries))
+	if len(entries) != 2 {
+		t.Fatalf("dir holds %d files after compaction, want only the log and its digests", len(entries))
 	}
 }
 
@@ -621,8 +621,8 @@ func TestCloseDuringCompaction(t *testing.T) {
 	if err := <-closed; err != nil {
 		t.Fatal(err)
 	}
-	if entries, _ := os.ReadDir(filepath.Dir(path)); len(entries) != 1 {
-		t.Fatalf("dir holds %d files after Close, want only the log", len(entries))
+	if entries, _ := os.ReadDir(filepath.Dir(path)); len(entries) != 2 {
+		t.Fatalf("dir holds %d files after Close, want only the log and its digests", len(entries))
 	}
 	opts.compactWritten = nil
 	s = open(t, path, opts)
@@ -720,7 +720,7 @@ func TestInvalidIDs(t *testing.T) {
 		if _, err := s.Seen(id); !errors.Is(err, ErrInvalidID) {
 			t.Errorf("Seen(%q) err = %v, want ErrInvalidID", id, err)
 		}
-		if err := s.Record(id); !errors.Is(err, ErrInvalidID) {
+		if err := s.Record(id, NoDigest); !errors.Is(err, ErrInvalidID) {
 			t.Errorf("Record(%q) err = %v, want ErrInvalidID", id, err)
 		}
 	}
@@ -742,7 +742,7 @@ func TestClosed(t *testing.T) {
 	if _, err := s.Seen(id); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Seen after Close: %v, want ErrClosed", err)
 	}
-	if err := s.Record(id); !errors.Is(err, ErrClosed) {
+	if err := s.Record(id, NoDigest); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Record after Close: %v, want ErrClosed", err)
 	}
 	if s.Len() != 0 {
@@ -800,13 +800,13 @@ func TestConcurrent(t *testing.T) {
 		wg.Go(func() {
 			for i := range per {
 				id := ulid.Make().String()
-				if err := s.Record(id); err != nil {
+				if err := s.Record(id, NoDigest); err != nil {
 					t.Error(err)
 					return
 				}
 				since := records.Add(1)
 				recorded[w] = append(recorded[w], id)
-				if err := s.Record(shared[i%len(shared)]); err != nil {
+				if err := s.Record(shared[i%len(shared)], NoDigest); err != nil {
 					t.Error(err)
 					return
 				}
@@ -863,7 +863,7 @@ func TestMemoryPerID(t *testing.T) {
 	for i := range n {
 		var id ulid.ULID
 		id[0], id[1], id[2] = byte(i), byte(i>>8), byte(i>>16)
-		s.add(id, now+int64(i), false)
+		s.add(id, held{at: now + int64(i)}, false)
 	}
 	s.mu.Unlock()
 	after := heapAlloc()
@@ -901,7 +901,7 @@ func checkInvariants(t testing.TB, s *Set) {
 	live := map[ulid.ULID]int{}
 	stale := 0
 	s.order.each(func(e entry) {
-		if at, ok := s.ids[e.id]; ok && at == e.at {
+		if h, ok := s.ids[e.id]; ok && h.at == e.at {
 			live[e.id]++
 		} else {
 			stale++

@@ -11,8 +11,9 @@
 // # Use
 //
 // Open one [Set] per module in the node's state dir. Before running the
-// handler ask [Set.Seen]; after the handler succeeded and before the
-// delivery is acknowledged, call [Set.Record]:
+// handler ask [Set.Check] with a digest of the event's content; after the
+// handler succeeded and before the delivery is acknowledged, call
+// [Set.Record] with the same digest:
 //
 //	set, err := dedup.Open(filepath.Join(stateDir, "dedup", module+".log"), dedup.Options{})
 //	if err != nil {
@@ -20,17 +21,20 @@
 //	}
 //	defer set.Close()
 //
-//	seen, err := set.Seen(eventID)
+//	verdict, recorded, err := set.Check(eventID, digest)
 //	if err != nil {
 //		return err // not a ULID: errors.Is(err, dedup.ErrInvalidID)
 //	}
-//	if seen {
+//	switch verdict {
+//	case dedup.Duplicate:
 //		return ack() // handled before: do not run the handler again
+//	case dedup.Conflict:
+//		return deadLetter(recorded, digest) // the same id with other content
 //	}
 //	if err := handle(); err != nil {
 //		return nack(err)
 //	}
-//	if err := set.Record(eventID); err != nil {
+//	if err := set.Record(eventID, digest); err != nil {
 //		log.Warn("dedup record", "err", err) // at worst a later duplicate runs the handler
 //	}
 //	return ack()
@@ -42,6 +46,16 @@
 // it. Seen and Record are two calls, so two concurrent deliveries of the same
 // id can both see false; the runtime must not hand one id to two handlers at
 // once if it wants at most one run.
+//
+// # Digests and conflicts
+//
+// An id is recorded with a digest of what was handled (the caller's: the
+// runtime's covers the type, the body and the headers that belong to the
+// event's meaning). [Set.Check] tells a duplicate (the same id, the same
+// digest) from a conflict (the same id, another digest: a producer's bug
+// or a forgery, which must not vanish as a duplicate). An id recorded
+// without a digest ([NoDigest]: by v0.1.0, or by a caller that has none)
+// is a duplicate of every content, as every repeat was before digests.
 //
 // # Storage
 //
@@ -59,6 +73,15 @@
 // file (a write torn by a crash) are cut off, so later appends stay aligned.
 // A file that does not start with the header is refused with [ErrFormat] and
 // left untouched, so that a wrong path never destroys someone else's file.
+//
+// The digests are in a second file beside the log, "<log>.digests": the
+// header "MESHDDG" and its format byte, then records of the same layout
+// with the digest in place of the time. They are not in the log so that
+// the log keeps the format v0.1.0 reads: a rollback keeps every id and
+// loses only the digests. The digest of an id is written before its id,
+// so an id in the log has its digest unless it was recorded without one
+// (a digest whose id never reached the log is ignored); a compaction
+// rewrites both files, the digest file first.
 //
 // When the log holds more than twice as many records as there are live ids
 // (and more than 65536 records), it is compacted: the live records are
@@ -92,8 +115,9 @@
 // forgotten first. Times are wall-clock times, because they outlive the
 // process: if the clock steps, ids expire correspondingly earlier or later.
 //
-// Memory is about 80 bytes per id (the map entry plus the record-order
-// queue), so 80 MB for the default bound of a million ids, per module; Go
+// Memory is about 100 bytes per id (the map entry with its time and digest,
+// plus the record-order queue), so 100 MB for the default bound of a million
+// ids, per module; Go
 // maps do not shrink, so that stays allocated once reached. Open reads a
 // million ids in about half a second.
 //

@@ -36,7 +36,7 @@ func Example() {
 			return
 		}
 		fmt.Println("run the handler:", eventID)
-		if err := set.Record(eventID); err != nil {
+		if err := set.Record(eventID, dedup.NoDigest); err != nil {
 			log.Print(err) // at worst a redelivery runs the handler again
 		}
 	}
@@ -63,7 +63,7 @@ func ExampleOpen() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := set.Record("01KB3ZQ5T8WJ3X6M0G9H2C4N7P"); err != nil {
+	if err := set.Record("01KB3ZQ5T8WJ3X6M0G9H2C4N7P", dedup.NoDigest); err != nil {
 		log.Fatal(err)
 	}
 	set.Close()

@@ -105,9 +105,9 @@ func (s *Set) load() error {
 		if err := syncDir(filepath.Dir(s.path)); err != nil {
 			return fmt.Errorf("sync dir: %w", err)
 		}
-		s.ids = make(map[ulid.ULID]int64)
+		s.ids = make(map[ulid.ULID]held)
 		s.end = headerSize
-		return nil
+		return s.digests.open(digestsPath(s.path), nil)
 	}
 	var h [headerSize]byte
 	if _, err := s.f.ReadAt(h[:], 0); err != nil {
@@ -122,7 +122,7 @@ func (s *Set) load() error {
 	}
 
 	n := (size - headerSize) / recordSize
-	s.ids = make(map[ulid.ULID]int64, min(n, int64(s.opts.MaxEntries)))
+	s.ids = make(map[ulid.ULID]held, min(n, int64(s.opts.MaxEntries)))
 	s.order = newQueue(int(min(n, int64(s.opts.MaxEntries)+1)))
 	cutoff := s.cutoff(s.opts.Now().UnixNano())
 	r := bufio.NewReaderSize(io.NewSectionReader(s.f, headerSize, n*recordSize), 1<<20)
@@ -140,11 +140,11 @@ func (s *Set) load() error {
 		if at <= cutoff {
 			continue
 		}
-		prev, held := s.ids[id]
-		if held && prev == at {
+		prev, wasHeld := s.ids[id]
+		if wasHeld && prev.at == at {
 			continue // the same record twice: keep one entry
 		}
-		s.add(id, at, held)
+		s.add(id, held{at: at}, wasHeld)
 	}
 	s.end = headerSize + good*recordSize
 	s.count = int(good)
@@ -153,7 +153,14 @@ func (s *Set) load() error {
 			return fmt.Errorf("cut off torn end: %w", err)
 		}
 	}
-	return nil
+	// The digests of the ids just loaded; those of ids the log no longer
+	// holds are dropped.
+	return s.digests.open(digestsPath(s.path), func(id ulid.ULID, digest uint64) {
+		if h, ok := s.ids[id]; ok {
+			h.digest = digest
+			s.ids[id] = h
+		}
+	})
 }
 
 // compact rewrites the log with only the live ids, synchronously (Open,
@@ -162,11 +169,12 @@ func (s *Set) load() error {
 func (s *Set) compact(now int64) error {
 	s.prune(now)
 	snap, from := s.compactStart(now)
+	dgFrom := s.digests.end
 	tmp, err := s.writeCompacted(snap)
 	if err != nil {
 		return err
 	}
-	return s.compactFinish(tmp, len(snap), from)
+	return s.compactFinish(tmp, len(snap), from, dgFrom)
 }
 
 // prune drops the stale and expired entries from memory, wherever they
@@ -191,29 +199,41 @@ func (s *Set) prune(now int64) {
 // log's end now (compactFinish copies the records written after it). It
 // is one pass over memory, with no I/O; the caller holds s.mu. A
 // background compaction copies the same in chunks instead.
-func (s *Set) compactStart(now int64) (snap []entry, from int64) {
+func (s *Set) compactStart(now int64) (snap []live, from int64) {
 	cutoff := s.cutoff(now)
-	snap = make([]entry, 0, s.order.len())
+	snap = make([]live, 0, s.order.len())
 	if s.stale == 0 {
 		s.order.each(func(e entry) {
 			if e.at > cutoff {
-				snap = append(snap, e)
+				snap = append(snap, s.liveOf(e))
 			}
 		})
 	} else {
 		s.order.each(func(e entry) {
 			if e.at > cutoff && !s.isStale(e) {
-				snap = append(snap, e)
+				snap = append(snap, s.liveOf(e))
 			}
 		})
 	}
 	return snap, s.end
 }
 
+// live is an entry a compaction keeps, with its digest.
+type live struct {
+	entry
+	digest uint64
+}
+
+// liveOf is e, a live entry, with its digest. The caller holds s.mu.
+func (s *Set) liveOf(e entry) live {
+	return live{entry: e, digest: s.ids[e.id].digest}
+}
+
 // writeCompacted writes snap as a new log to a locked temporary file in the
-// log's directory and syncs it. It needs no lock: the Set goes on
+// log's directory and syncs it, and their digests as a new digest file
+// (digestFile.writeCompacted). It needs no lock: the Set goes on
 // recording meanwhile.
-func (s *Set) writeCompacted(snap []entry) (*os.File, error) {
+func (s *Set) writeCompacted(snap []live) (*compacted, error) {
 	tmp, err := os.CreateTemp(filepath.Dir(s.path), tempPrefix(s.path)+"*")
 	if err != nil {
 		return nil, err
@@ -236,26 +256,48 @@ func (s *Set) writeCompacted(snap []entry) (*os.File, error) {
 	if err := tmp.Sync(); err != nil {
 		return nil, abandonTemp(tmp, err)
 	}
-	return tmp, nil
+	dg, err := s.digests.writeCompacted(snap)
+	if err != nil {
+		return nil, abandonTemp(tmp, fmt.Errorf("digests: %w", err))
+	}
+	return &compacted{log: tmp, digests: dg}, nil
 }
 
-// compactFinish appends to tmp, which holds n records, the records written
-// to the log since offset from, renames tmp over the log and makes it the
-// log. Until the rename the old log stays in use; after it, the new one
-// is, even if syncing the directory fails. The records appended are not
-// synced, as no record is (see the package doc on power loss). The
-// caller holds s.mu.
-func (s *Set) compactFinish(tmp *os.File, n int, from int64) error {
+// compacted is a compaction's new files, written and synced.
+type compacted struct {
+	log, digests *os.File
+}
+
+// abandon closes and removes both files, and returns err.
+func (c *compacted) abandon(err error) error {
+	abandonTemp(c.digests, nil)
+	return abandonTemp(c.log, err)
+}
+
+// compactFinish appends to c's log, which holds n records, the records
+// written to the log since offset from (and to its digest file those
+// written since dgFrom), renames the digest file and then the log over
+// theirs and makes them the Set's. Until the renames the old files stay
+// in use; after them, the new ones are, even if syncing the directory
+// fails. A crash between the two renames leaves a new digest file beside
+// the old log, which holds every id the new one does: nothing is lost.
+// The records appended are not synced, as no record is (see the package
+// doc on power loss). The caller holds s.mu.
+func (s *Set) compactFinish(c *compacted, n int, from, dgFrom int64) error {
+	tmp := c.log
 	at := headerSize + int64(n)*recordSize
 	if tail := s.end - from; tail > 0 {
 		buf := make([]byte, tail)
 		if _, err := s.f.ReadAt(buf, from); err != nil {
-			return abandonTemp(tmp, fmt.Errorf("read the records written meanwhile: %w", err))
+			return c.abandon(fmt.Errorf("read the records written meanwhile: %w", err))
 		}
 		if _, err := tmp.WriteAt(buf, at); err != nil {
-			return abandonTemp(tmp, err)
+			return c.abandon(err)
 		}
 		at += tail
+	}
+	if err := s.digests.finish(c.digests, dgFrom); err != nil {
+		return c.abandon(fmt.Errorf("digests: %w", err))
 	}
 	if err := os.Rename(tmp.Name(), s.path); err != nil {
 		return abandonTemp(tmp, err)
@@ -285,9 +327,11 @@ func tempPrefix(path string) string {
 // removeStaleTemps removes the temporary files of compactions that a crash
 // interrupted. It runs with the log locked, so no compaction is running.
 func removeStaleTemps(path string) {
-	matches, _ := filepath.Glob(filepath.Join(filepath.Dir(path), escapeGlob(tempPrefix(path))+"*"))
-	for _, m := range matches {
-		os.Remove(m)
+	for _, p := range []string{path, digestsPath(path)} {
+		matches, _ := filepath.Glob(filepath.Join(filepath.Dir(p), escapeGlob(tempPrefix(p))+"*"))
+		for _, m := range matches {
+			os.Remove(m)
+		}
 	}
 }
 

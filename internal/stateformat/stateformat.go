@@ -50,7 +50,11 @@ var (
 	Spool      = Format{Name: "spool", Version: 1}
 	DelaysBook = Format{Name: "delays book", Version: 1}
 	DedupLog   = Format{Name: "de-duplication log", Version: 1}
-	Bindings   = Format{Name: "binding record", Version: 1}
+	// DedupDigests is the de-duplication log's digest file, beside the
+	// log (new in v0.2.0: the log itself kept format 1, so v0.1.0 still
+	// reads it after a rollback).
+	DedupDigests = Format{Name: "de-duplication digests", Version: 1}
+	Bindings     = Format{Name: "binding record", Version: 1}
 )
 
 // Unversioned is the version of a file that says none: one of v0.1.0.
