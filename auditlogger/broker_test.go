@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -247,5 +248,84 @@ func TestMalformedAndDeadLettersRecorded(t *testing.T) {
 	if err := node.Call(ctx, "meshctl", auditlogger.ToolTrace, auditlogger.TraceRequest{ID: bill}, &tr); err != nil ||
 		tr.Root == nil || len(tr.Root.Event.Fates) != 1 {
 		t.Errorf("trace of the dead-lettered event: %+v, %v", tr, err)
+	}
+}
+
+// TestConflictRecordedAsAFate: an outside publisher (raw amqp091-go)
+// sends an event id, then the same id with another body. The ledger
+// module handles the first and dead-letters the second as a conflict; the
+// audit logger (a module process) keeps the event and the conflict as a
+// fate of it, with both digests in its error.
+func TestConflictRecordedAsAFate(t *testing.T) {
+	t.Parallel()
+	bin, err := buildLogger()
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := brokertest.VHost(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	node, err := runtime.New(ctx, runtime.Config{Node: "anchor", AMQPURL: url, StateDir: t.TempDir(),
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer node.Close(context.Background())
+	pm, err := node.LoadPlugin(ctx, bin, []string{"--db", filepath.Join(t.TempDir(), "audit.db")}, runtime.ModuleConfig{Concurrency: 8, ToolGrants: []string{"audit.*"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pm.Stop(context.Background())
+	ledger, err := node.Load(ctx, sdk.Module{Name: "ledger", Setup: func(m sdk.Mesh) error {
+		return m.On("mesh.orders.#", sdk.HandlerFunc(func(context.Context, sdk.Event) error { return nil }))
+	}}, runtime.ModuleConfig{Concurrency: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ledger.Stop(context.Background())
+
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	raw, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := ulid.Make().String()
+	for _, body := range []string{`{"amount":10}`, `{"amount":99}`} {
+		if err := raw.PublishWithContext(ctx, "mesh.events", "mesh.orders.placed", false, false, amqp.Publishing{
+			Headers:     amqp.Table{"x-event-id": id, "x-source": "shop", "x-node": "far", "x-time": time.Now().UTC().Format(time.RFC3339Nano)},
+			ContentType: "application/json", DeliveryMode: amqp.Persistent, MessageId: id, Body: []byte(body),
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	yes := true
+	var page auditlogger.QueryResponse
+	for {
+		page = auditlogger.QueryResponse{}
+		q := auditlogger.QueryRequest{Filter: store.Filter{Dead: &yes}}
+		if err := node.Call(ctx, "meshctl", auditlogger.ToolQuery, q, &page); err != nil && ctx.Err() != nil {
+			t.Fatal(err)
+		}
+		if len(page.Events) == 1 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("recorded %+v, want the event with its conflict", page.Events)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// The logger's own queue takes both copies (it allows duplicates and
+	// keeps each id once): which body it keeps is whichever it stored
+	// first, at its concurrency.
+	ev := page.Events[0]
+	if ev.ID != id || (string(ev.Body) != `{"amount":10}` && string(ev.Body) != `{"amount":99}`) || len(ev.Fates) != 1 {
+		t.Fatalf("stored %+v, want %s with one of its bodies and one fate", ev, id)
+	}
+	if f := ev.Fates[0]; f.Reason != "conflict" || f.Queue != "anchor.ledger.events" || !strings.Contains(f.Error, "this copy's digest is") {
+		t.Errorf("fate %+v, want the ledger's conflict naming both digests", f)
 	}
 }

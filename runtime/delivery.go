@@ -12,6 +12,7 @@ import (
 
 	"github.com/meshkit/mesh/internal/amqpmsg"
 	"github.com/meshkit/mesh/internal/causation"
+	"github.com/meshkit/mesh/internal/dedup"
 	"github.com/meshkit/mesh/internal/execute"
 	"github.com/meshkit/mesh/internal/filter"
 	"github.com/meshkit/mesh/internal/handlerlog"
@@ -74,16 +75,23 @@ func (m *Module) handle(d amqp.Delivery, deliveries <-chan amqp.Delivery, a *ack
 		return false
 	}
 	release := func() {}
+	var digest uint64
 	if sub.dedup {
-		var dup bool
-		release, dup = m.claim(meta.ID)
-		if dup {
+		digest = wire.Digest(eventType, meta, d.Body)
+		var verdict dedup.Verdict
+		var recorded uint64
+		release, verdict, recorded = m.claim(meta.ID, digest)
+		switch verdict {
+		case dedup.Duplicate:
 			m.node.stats.duplicates.Add(1)
 			counts.duplicates.Add(1)
 			m.log.Debug("event already handled; acknowledged without handling it again", "event_id", meta.ID, "event_type", eventType)
 			if err := src.ack(d); err != nil {
 				m.log.Warn("ack of a duplicate failed; it will be delivered again", "event_id", meta.ID, "err", err)
 			}
+			return false
+		case dedup.Conflict:
+			m.conflict(src, d, counts, eventType, attempt, recorded, digest)
 			return false
 		}
 		defer release()
@@ -112,7 +120,7 @@ func (m *Module) handle(d amqp.Delivery, deliveries <-chan amqp.Delivery, a *ack
 		counts.handled.Add(1)
 		// Recorded before the ack: if the ack is lost (the connection
 		// dropped), the redelivery is recognised.
-		if sub.dedup && !m.record(d, ev.ID) {
+		if sub.dedup && !m.record(d, ev.ID, digest) {
 			return false // its channel closed unrecorded: the broker delivers it again
 		}
 		if err := src.ack(d); err != nil {
@@ -195,12 +203,14 @@ func (m *Module) filteredOut(src source, d amqp.Delivery, counts *originCounts, 
 	}
 }
 
-// claim reports whether the event id was already handled by the module.
-// If not, the caller holds the id until it calls release: a second
+// claim reports whether the event id was already handled by the module,
+// and if so whether with the content of digest (dedup.Duplicate) or other
+// content (dedup.Conflict, with the digest recorded). If not
+// (dedup.New), the caller holds the id until it calls release: a second
 // delivery of the same id meanwhile (a duplicate from a fan-out retry, a
 // resend) waits for the first one's outcome instead of running alongside
 // it.
-func (m *Module) claim(id string) (release func(), dup bool) {
+func (m *Module) claim(id string, digest uint64) (release func(), v dedup.Verdict, recorded uint64) {
 	for {
 		m.mu.Lock()
 		if busy, held := m.claimed[id]; held {
@@ -220,17 +230,29 @@ func (m *Module) claim(id string) (release func(), dup bool) {
 		// Checked under the claim: a handling of id records it before it
 		// lets go of its claim, so one that ended before this claim is
 		// seen here.
-		seen, err := m.dedup.Seen(id)
+		v, recorded, err := m.dedup.Check(id, digest)
 		if err != nil {
 			m.log.Warn("could not check whether the event was handled; handling it", "event_id", id, "err", err)
-			return release, false
+			return release, dedup.New, dedup.NoDigest
 		}
-		if seen {
+		if v != dedup.New {
 			release()
-			return nil, true
+			return nil, v, recorded
 		}
-		return release, false
+		return release, dedup.New, dedup.NoDigest
 	}
+}
+
+// conflict settles a delivery whose id the module handled with other
+// content: not handled, dead-lettered with reason conflict naming both
+// digests (deadLetter logs it), and counted. Dropping it as a duplicate would lose the
+// other content without a trace (a producer that reuses ids, or a
+// forgery of a handled id).
+func (m *Module) conflict(src source, d amqp.Delivery, counts *originCounts, eventType string, attempt int, recorded, digest uint64) {
+	m.node.stats.conflicts.Add(1)
+	counts.conflicts.Add(1)
+	err := errors.New(wire.ConflictError(d.MessageId, recorded, digest))
+	m.deadLetter(src, d, eventType, attempt, wire.DeadReasonConflict, err)
 }
 
 // call runs the handler in the calling worker, with the event as the
@@ -497,9 +519,9 @@ func (m *Module) liveSession(d amqp.Delivery) (*session, bool) {
 // id is recorded, so a record that failed never leaves an acked event
 // that a redelivery would run again. It gives up, unrecorded and unacked,
 // when d's channel closes (the broker delivers it again).
-func (m *Module) record(d amqp.Delivery, id string) bool {
+func (m *Module) record(d amqp.Delivery, id string, digest uint64) bool {
 	for attempt := 1; ; attempt++ {
-		err := m.dedup.Add(id)
+		err := m.dedup.Add(id, digest)
 		if hook := m.node.hook().record; hook != nil {
 			err = hook(id, err)
 		}

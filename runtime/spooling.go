@@ -564,6 +564,7 @@ type counters struct {
 	blocks, serverChecks                                     atomic.Uint64
 	disconnects, reconnects, refusingChannels                atomic.Uint64
 	handled, failed, deadLettered, duplicates, filtered      atomic.Uint64
+	conflicts                                                atomic.Uint64
 	consumersLost                                            atomic.Uint64
 	lastRefusedLog                                           atomic.Int64
 }
@@ -627,6 +628,10 @@ type Stats struct {
 	// Duplicates counts deliveries acknowledged without running the
 	// handler, because the module had handled the same event id.
 	Duplicates uint64
+	// Conflicts counts deliveries of a handled event id with other
+	// content (wire.Digest): dead-lettered with reason conflict, not
+	// handled.
+	Conflicts uint64
 	// Filtered counts deliveries acknowledged without running a handler,
 	// because no filter of the handlers their type matches accepted them
 	// (sdk.Filter).
@@ -664,6 +669,7 @@ func (n *Node) Stats() Stats {
 		Failed:            n.stats.failed.Load(),
 		DeadLettered:      n.stats.deadLettered.Load(),
 		Duplicates:        n.stats.duplicates.Load(),
+		Conflicts:         n.stats.conflicts.Load(),
 		Filtered:          n.stats.filtered.Load(),
 		ConsumersLost:     n.stats.consumersLost.Load(),
 	}

@@ -62,8 +62,11 @@ type Event struct {
 	// struck), "malformed" (the message breaks the wire contract: the
 	// other fields are then read as far as they can be, Body is the bytes
 	// as they arrived and may not be JSON, and Headers holds every header
-	// as text), "no_handler", or "schema" (its x-schema is not a version
-	// the handler reads, Module.Reads: the handler did not run).
+	// as text), "no_handler", "schema" (its x-schema is not a version
+	// the handler reads, Module.Reads: the handler did not run),
+	// "expired" (a consumed queue's message whose x-deadline passed) or
+	// "conflict" (its id was handled with other content: the handler did
+	// not run; DeadError names both digests).
 	DeadReason string
 	// DeadError is the last error, as text.
 	DeadError string

@@ -115,12 +115,12 @@ type Set struct {
 	mu     sync.Mutex
 	closed bool
 	f      *os.File
-	ids    map[ulid.ULID]held  // id -> when it was recorded, and its digest
-	order  queue               // ids in record order, with their times
-	stale  int                 // entries of order superseded by a later entry of their id
-	end    int64               // file offset of the next record
-	count  int                 // records in the file, valid or not
-	retry  int                 // count below which a failed compaction is not retried
+	ids    map[ulid.ULID]held // id -> when it was recorded, and its digest
+	order  queue              // ids in record order, with their times
+	stale  int                // entries of order superseded by a later entry of their id
+	end    int64              // file offset of the next record
+	count  int                // records in the file, valid or not
+	retry  int                // count below which a failed compaction is not retried
 	buf    [recordSize]byte
 	// pending holds the records of ids added (Add) and not yet written,
 	// in order.

@@ -68,6 +68,13 @@ func outsideMeaning(k string) bool {
 	return strings.HasPrefix(k, "x-first-death-") || strings.HasPrefix(k, "x-last-death-") || strings.HasPrefix(k, "x-mesh-")
 }
 
+// ConflictError is the error a conflict is dead-lettered with: the
+// event id, the digest it was handled with and this copy's.
+func ConflictError(id string, handled, digest uint64) string {
+	return fmt.Sprintf("event id %s was handled with content digest %s; this copy's digest is %s: the same id with another type, body or headers, not handled",
+		id, FormatDigest(handled), FormatDigest(digest))
+}
+
 // FormatDigest is how a digest is shown: 16 hex digits.
 func FormatDigest(d uint64) string {
 	return fmt.Sprintf("%016x", d)

@@ -116,6 +116,7 @@ const (
 	DeadReasonSchema        = "schema"         // its x-schema is not a version its handler reads (sdk.Module.Reads)
 	DeadReasonNoHandler     = "no_handler"     // no subscribed pattern matches it (a binding left from an earlier run)
 	DeadReasonExpired       = "expired"        // its x-deadline passed before a handler took it (a consumed queue's message)
+	DeadReasonConflict      = "conflict"       // its id was handled with other content (type, body or the headers of its meaning): wire.Digest differs
 	DeadReasonRefused       = "refused"        // the broker refused a spooled event until emit_timeout (no queue gave up: x-mesh-dead-queue is absent)
 )
 

@@ -199,7 +199,7 @@ func (m *Mesh) Stub(key string, h sdk.ToolHandler) error {
 	defer m.mu.Unlock()
 	if m.stubs == nil {
 		m.stubs = &module{mesh: m, def: sdk.Module{Name: "stub"}, log: m.cfg.Logger.With("module", "stub"),
-			handled: map[string]bool{}, answers: map[string]*answer{}, held: map[string]bool{}, runDone: make(chan struct{})}
+			handled: map[string]uint64{}, answers: map[string]*answer{}, held: map[string]bool{}, runDone: make(chan struct{})}
 	}
 	m.stubs.tools = slices.DeleteFunc(m.stubs.tools, func(t tool) bool { return t.key == key })
 	m.stubs.tools = append(m.stubs.tools, tool{key: key, handler: h})
@@ -240,11 +240,11 @@ type module struct {
 	// declares none): its emits and deliveries are checked on them.
 	contracts *schema.Contracts
 	started   bool
-	subs      []subscription  // fixed when started
-	queues    []setup.Entry   // existing queues it consumes (Consume), fixed when started
-	held      map[string]bool // consumed queues held (Hold): their messages wait
-	tools     []tool          // fixed when started
-	handled   map[string]bool // event ids handled, for de-duplication
+	subs      []subscription    // fixed when started
+	queues    []setup.Entry     // existing queues it consumes (Consume), fixed when started
+	held      map[string]bool   // consumed queues held (Hold): their messages wait
+	tools     []tool            // fixed when started
+	handled   map[string]uint64 // event ids handled, with their digests (wire.Digest), for de-duplication
 	answers   map[string]*answer
 	runDone   chan struct{} // closed when Run returned (at once without one)
 	runErr    error         // why Run failed while the module ran: it handles nothing more
@@ -306,7 +306,7 @@ func (m *Mesh) Load(def sdk.Module, mc ModuleConfig) error {
 		mc.HandlerTimeout = m.cfg.HandlerTimeout
 	}
 	mod := &module{mesh: m, async: asyncemit.New(), def: def, cfg: mc, log: m.cfg.Logger.With("module", def.Name), setup: setup.New(def.Name, mc.ToolGrants),
-		contracts: contracts, handled: make(map[string]bool), answers: make(map[string]*answer), held: make(map[string]bool), runDone: make(chan struct{})}
+		contracts: contracts, handled: make(map[string]uint64), answers: make(map[string]*answer), held: make(map[string]bool), runDone: make(chan struct{})}
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
@@ -465,6 +465,41 @@ func (m *Mesh) Redeliver(id string) error {
 		}
 	}
 	return fmt.Errorf("redeliver %s: no such event was emitted", id)
+}
+
+// RedeliverWith hands every module consuming it a copy of an event already
+// emitted (by its id) with another body, as a producer that reuses an id
+// would. A module that handled the id does not drop the copy as a
+// duplicate, nor handle it: it dead-letters it with reason "conflict"
+// (DeadLetters lists it), as a node does; one that allows duplicates
+// handles it. body is marshalled to JSON unless it is a json.RawMessage.
+func (m *Mesh) RedeliverWith(id string, body any) error {
+	raw, ok := body.(json.RawMessage)
+	if !ok {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return fmt.Errorf("redeliver %s: marshal body: %w", id, err)
+		}
+		raw = b
+	}
+	if !json.Valid(raw) {
+		return fmt.Errorf("redeliver %s: body is not valid JSON", id)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, ev := range m.emitted {
+		if ev.ID == id {
+			ev.Body = raw
+			m.route(ev, time.Time{})
+			return nil
+		}
+	}
+	return fmt.Errorf("redeliver %s: no such event was emitted", id)
+}
+
+// eventDigest is ev's digest as a node keeps it (wire.Digest).
+func eventDigest(ev sdk.Event) uint64 {
+	return wire.Digest(ev.Type, wire.Meta{Source: ev.Source, Schema: ev.Schema, CausationID: ev.CausationID, Extra: ev.Headers}, ev.Body)
 }
 
 // Call invokes a tool from outside the modules, as meshctl call does, with
@@ -863,7 +898,10 @@ type handled struct {
 	ev      sdk.Event
 	dedup   bool // the module de-duplicates this event's id
 	skipped bool // already handled: acknowledged without running
-	expired bool // its time to live ran out while it waited: not run
+	// conflict: its id was handled with other content (wire.Digest):
+	// dead-lettered without running, with this error.
+	conflict string
+	expired  bool // its time to live ran out while it waited: not run
 	// deadlinePassed: a consumed queue's message whose x-deadline passed:
 	// not run.
 	deadlinePassed bool
@@ -906,7 +944,7 @@ func (mod *module) handle(d *delivery) handled {
 		}
 	}
 	mod.mesh.mu.Lock()
-	seen := mod.handled[d.ev.ID]
+	recorded, seen := mod.handled[d.ev.ID]
 	tid := mod.mesh.traces[d.ev.ID]
 	h.expired = !d.expires.IsZero() && !mod.mesh.now.Before(d.expires)
 	mod.mesh.mu.Unlock()
@@ -923,6 +961,10 @@ func (mod *module) handle(d *delivery) handled {
 		}
 	}
 	if h.dedup && seen {
+		if digest := eventDigest(d.ev); digest != recorded {
+			h.conflict = wire.ConflictError(d.ev.ID, recorded, digest)
+			return h
+		}
 		h.skipped = true
 		return h
 	}
@@ -944,6 +986,8 @@ func (mod *module) settle(d *delivery, h handled) {
 		// A dead letter is never dead-lettered again.
 		mod.log.Error("dead letter dropped by the module's DeadLetters handler", "event_id", h.ev.ID, "attempt", d.attempt, "err", h.err)
 	case h.skipped:
+	case h.conflict != "":
+		m.deadLetter(mod, d, h.ev, wire.DeadReasonConflict, d.attempt, h.conflict)
 	case h.filtered:
 		m.filtered = append(m.filtered, Filtered{Event: h.ev, Module: mod.def.Name})
 	case h.deadlinePassed:
@@ -954,7 +998,7 @@ func (mod *module) settle(d *delivery, h handled) {
 		m.deadLetter(mod, d, h.ev, wire.DeadReasonSchema, d.attempt, h.unread.Error())
 	case h.err == nil:
 		if h.dedup {
-			mod.handled[h.ev.ID] = true
+			mod.handled[h.ev.ID] = eventDigest(d.ev)
 		}
 	case verdict == execute.GiveUp:
 		m.deadLetter(mod, d, h.ev, reason, d.attempt, h.err.Error())

@@ -673,3 +673,64 @@ func TestHistory(t *testing.T) {
 		t.Fatalf("a History without From: %v, want ErrInvalid", err)
 	}
 }
+
+// TestRedeliverWithIsAConflict: a copy of a handled event id with another
+// body is dead-lettered with reason conflict, not handled and not dropped;
+// the same copy again is a duplicate; a handler that allows duplicates
+// runs every copy.
+func TestRedeliverWithIsAConflict(t *testing.T) {
+	mt := meshtest.New(meshtest.Config{})
+	defer mt.Close()
+	var bodies, every []string
+	err := mt.Load(sdk.Module{Name: "ledger", Setup: func(m sdk.Mesh) error {
+		if err := m.On("mesh.orders.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			bodies = append(bodies, string(ev.Body))
+			return nil
+		})); err != nil {
+			return err
+		}
+		return m.On("mesh.audit.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			every = append(every, string(ev.Body))
+			return nil
+		}), sdk.AllowDuplicates())
+	}}, meshtest.ModuleConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	id, err := mt.Emit(ctx, "shop", "mesh.orders.placed", map[string]int{"amount": 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mt.Settle()
+	if err := mt.Redeliver(id); err != nil {
+		t.Fatal(err)
+	}
+	if err := mt.RedeliverWith(id, map[string]int{"amount": 99}); err != nil {
+		t.Fatal(err)
+	}
+	mt.Settle()
+	if want := []string{`{"amount":10}`}; !slices.Equal(bodies, want) {
+		t.Errorf("handled %q, want %q", bodies, want)
+	}
+	dl := mt.DeadLetters()
+	if len(dl) != 1 || dl[0].Reason != "conflict" || dl[0].Module != "ledger" || string(dl[0].Event.Body) != `{"amount":99}` ||
+		!strings.Contains(dl[0].Err, "this copy's digest is") {
+		t.Fatalf("dead letters %+v, want the copy with amount 99 as a conflict", dl)
+	}
+	aid, err := mt.Emit(ctx, "shop", "mesh.audit.x", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mt.Settle()
+	if err := mt.RedeliverWith(aid, 2); err != nil {
+		t.Fatal(err)
+	}
+	mt.Settle()
+	if want := []string{"1", "2"}; !slices.Equal(every, want) {
+		t.Errorf("allowing duplicates, handled %q, want %q", every, want)
+	}
+	if err := mt.RedeliverWith("01J0000000000000000000000A", 1); err == nil {
+		t.Error("RedeliverWith of an id never emitted: no error")
+	}
+}

@@ -51,6 +51,7 @@ var scenarios = []scenario{
 	{name: "OneAtATimeInQueueOrder", run: queueOrder},
 	{name: "ConcurrencyRunsHandlersTogether", run: concurrencyTogether},
 	{name: "DuplicatesAreAbsorbed", run: duplicates},
+	{name: "SameIDOtherBodyIsAConflict", run: conflicts},
 	{name: "CausationAndDerivedIDs", run: causationAndDerivedIDs},
 	{name: "RetriedEmitIsAbsorbed", run: retriedEmitAbsorbed},
 	{name: "RetryWithOtherBodyIsNotLost", run: retryWithOtherBody},
@@ -544,6 +545,38 @@ func duplicates(t *testing.T, h Host) {
 	}
 	if count(once) != 1 || count(dup) != 2 {
 		t.Errorf("handled %d and %d times, want 1 (de-duplicated) and 2 (duplicates allowed)", count(once), count(dup))
+	}
+}
+
+// A copy of a handled event's id with another body is neither handled nor
+// dropped as a duplicate: it is dead-lettered with reason conflict, naming
+// both digests. A handler that allows duplicates runs it.
+func conflicts(t *testing.T, h Host) {
+	w := h.Load(t, "watcher", ModuleConfig{})
+	once := h.Emit(t, "mesh.once.x", map[string]int{"n": 1})
+	dup := h.Emit(t, "mesh.dup.x", map[string]int{"n": 2})
+	w.WaitKind(t, "seen", 2)
+	h.Redeliver(t, once, "mesh.once.x", map[string]int{"n": 99})
+	h.Redeliver(t, dup, "mesh.dup.x", map[string]int{"n": 98})
+	dead := h.Dead(t, 1)
+	if d := dead[0]; d.ID != once || d.Reason != "conflict" || d.Queue != "conf.watcher.events" || !strings.Contains(d.Err, "this copy's digest is") {
+		t.Errorf("dead letter %+v, want %s dead-lettered as a conflict by the watcher", d, once)
+	}
+	marker := h.Emit(t, "mesh.once.marker", map[string]int{"n": 3}) // queued after both copies
+	rs := w.Wait(t, "the marker", func(rs []conformance.Record) bool {
+		return slices.ContainsFunc(rs, func(r conformance.Record) bool { return r.ID == marker })
+	})
+	var onceBodies, dupBodies []string
+	for _, r := range rs {
+		switch r.ID {
+		case once:
+			onceBodies = append(onceBodies, string(r.Body))
+		case dup:
+			dupBodies = append(dupBodies, string(r.Body))
+		}
+	}
+	if !slices.Equal(onceBodies, []string{`{"n":1}`}) || !slices.Equal(dupBodies, []string{`{"n":2}`, `{"n":98}`}) {
+		t.Errorf("handled %q and %q, want only the first body de-duplicated, and both allowing duplicates", onceBodies, dupBodies)
 	}
 }
 

@@ -328,9 +328,9 @@ func (h *memHost) Put(t *testing.T, queue, id string, body []byte, headers map[s
 	}
 }
 
-func (h *memHost) Redeliver(t *testing.T, id, _ string, _ any) {
+func (h *memHost) Redeliver(t *testing.T, id, _ string, body any) {
 	t.Helper()
-	if err := h.mesh.Redeliver(id); err != nil {
+	if err := h.mesh.RedeliverWith(id, body); err != nil {
 		t.Fatal(err)
 	}
 }
