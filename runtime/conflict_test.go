@@ -110,7 +110,7 @@ func checkConflict(t *testing.T, raw *amqp.Channel, id, body string) {
 		t.Errorf("dead letter reason %v queue %v, want conflict from anchor.ledger.events", d.Headers[wire.HeaderDeadReason], d.Headers[wire.HeaderDeadQueue])
 	}
 	msg, _ := d.Headers[wire.HeaderDeadError].(string)
-	if !strings.Contains(msg, "was handled with content digest") || !strings.Contains(msg, "this copy's digest is") {
+	if !strings.Contains(msg, "event id "+id+" was handled with content digest") || !strings.Contains(msg, "this copy's digest is") {
 		t.Errorf("dead letter error %q does not name both digests", msg)
 	}
 }

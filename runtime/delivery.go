@@ -91,7 +91,7 @@ func (m *Module) handle(d amqp.Delivery, deliveries <-chan amqp.Delivery, a *ack
 			}
 			return false
 		case dedup.Conflict:
-			m.conflict(src, d, counts, eventType, attempt, recorded, digest)
+			m.conflict(src, d, counts, meta.ID, eventType, attempt, recorded, digest)
 			return false
 		}
 		defer release()
@@ -243,15 +243,15 @@ func (m *Module) claim(id string, digest uint64) (release func(), v dedup.Verdic
 	}
 }
 
-// conflict settles a delivery whose id the module handled with other
-// content: not handled, dead-lettered with reason conflict naming both
-// digests (deadLetter logs it), and counted. Dropping it as a duplicate would lose the
-// other content without a trace (a producer that reuses ids, or a
-// forgery of a handled id).
-func (m *Module) conflict(src source, d amqp.Delivery, counts *originCounts, eventType string, attempt int, recorded, digest uint64) {
+// conflict settles a delivery of event id, which the module handled with
+// other content: not handled, dead-lettered with reason conflict naming
+// both digests (deadLetter logs it), and counted. Dropping it as a
+// duplicate would lose the other content without a trace (a producer
+// that reuses ids, or a forgery of a handled id).
+func (m *Module) conflict(src source, d amqp.Delivery, counts *originCounts, id, eventType string, attempt int, recorded, digest uint64) {
 	m.node.stats.conflicts.Add(1)
 	counts.conflicts.Add(1)
-	err := errors.New(wire.ConflictError(d.MessageId, recorded, digest))
+	err := errors.New(wire.ConflictError(id, recorded, digest))
 	m.deadLetter(src, d, eventType, attempt, wire.DeadReasonConflict, err)
 }
 
