@@ -304,20 +304,12 @@ func TestConflictRecordedAsAFate(t *testing.T) {
 	}
 	yes := true
 	var page auditlogger.QueryResponse
-	for {
+	poll(t, 30*time.Second, "the event with its conflict recorded", func() bool {
 		page = auditlogger.QueryResponse{}
 		q := auditlogger.QueryRequest{Filter: store.Filter{Dead: &yes}}
-		if err := node.Call(ctx, "meshctl", auditlogger.ToolQuery, q, &page); err != nil && ctx.Err() != nil {
-			t.Fatal(err)
-		}
-		if len(page.Events) == 1 {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("recorded %+v, want the event with its conflict", page.Events)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		err := node.Call(ctx, "meshctl", auditlogger.ToolQuery, q, &page)
+		return err == nil && len(page.Events) == 1
+	})
 	// The logger's own queue takes both copies (it allows duplicates and
 	// keeps each id once): which body it keeps is whichever it stored
 	// first, at its concurrency.
