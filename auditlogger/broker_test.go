@@ -165,24 +165,9 @@ func TestCompleteAcrossDuplicatesAndAKill(t *testing.T) {
 // and an event another module dead-letters shows where it died.
 func TestMalformedAndDeadLettersRecorded(t *testing.T) {
 	t.Parallel()
-	bin, err := buildLogger()
-	if err != nil {
-		t.Fatal(err)
-	}
-	url := brokertest.VHost(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	node, err := runtime.New(ctx, runtime.Config{Node: "anchor", AMQPURL: url, StateDir: t.TempDir(),
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer node.Close(context.Background())
-	pm, err := node.LoadPlugin(ctx, bin, []string{"--db", filepath.Join(t.TempDir(), "audit.db")}, runtime.ModuleConfig{Concurrency: 8, ToolGrants: []string{"audit.*"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pm.Stop(context.Background())
+	url, node := nodeWithLogger(ctx, t)
 	ledger, err := node.Load(ctx, sdk.Module{Name: "ledger", Setup: func(m sdk.Mesh) error {
 		return m.On("mesh.bill.#", sdk.HandlerFunc(func(context.Context, sdk.Event) error { return sdk.Permanent(errors.New("ledger closed")) }))
 	}}, runtime.ModuleConfig{})
@@ -258,24 +243,9 @@ func TestMalformedAndDeadLettersRecorded(t *testing.T) {
 // fate of it, with both digests in its error.
 func TestConflictRecordedAsAFate(t *testing.T) {
 	t.Parallel()
-	bin, err := buildLogger()
-	if err != nil {
-		t.Fatal(err)
-	}
-	url := brokertest.VHost(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	node, err := runtime.New(ctx, runtime.Config{Node: "anchor", AMQPURL: url, StateDir: t.TempDir(),
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer node.Close(context.Background())
-	pm, err := node.LoadPlugin(ctx, bin, []string{"--db", filepath.Join(t.TempDir(), "audit.db")}, runtime.ModuleConfig{Concurrency: 8, ToolGrants: []string{"audit.*"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pm.Stop(context.Background())
+	url, node := nodeWithLogger(ctx, t)
 	ledger, err := node.Load(ctx, sdk.Module{Name: "ledger", Setup: func(m sdk.Mesh) error {
 		return m.On("mesh.orders.#", sdk.HandlerFunc(func(context.Context, sdk.Event) error { return nil }))
 	}}, runtime.ModuleConfig{Concurrency: 1})
@@ -320,4 +290,28 @@ func TestConflictRecordedAsAFate(t *testing.T) {
 	if f := ev.Fates[0]; f.Reason != "conflict" || f.Queue != "anchor.ledger.events" || !strings.Contains(f.Error, "this copy's digest is") {
 		t.Errorf("fate %+v, want the ledger's conflict naming both digests", f)
 	}
+}
+
+// nodeWithLogger starts a node "anchor" on a virtual host of its own with
+// the audit logger as a module process (its tools granted), both stopped
+// when the test ends, and returns the host's URL and the node.
+func nodeWithLogger(ctx context.Context, t *testing.T) (string, *runtime.Node) {
+	t.Helper()
+	bin, err := buildLogger()
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := brokertest.VHost(t)
+	node, err := runtime.New(ctx, runtime.Config{Node: "anchor", AMQPURL: url, StateDir: t.TempDir(),
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { node.Close(context.Background()) })
+	pm, err := node.LoadPlugin(ctx, bin, []string{"--db", filepath.Join(t.TempDir(), "audit.db")}, runtime.ModuleConfig{Concurrency: 8, ToolGrants: []string{"audit.*"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pm.Stop(context.Background()) })
+	return url, node
 }
