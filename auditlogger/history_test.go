@@ -96,15 +96,7 @@ func TestHistoryLoggersConvergeAndCheckEachOther(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	raw, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	raw := rawChannel(t, url)
 	mine := store.Filter{Types: []string{"mesh.emitted.#", "mesh.raw.#"}}
 	count := func() int64 {
 		var n int64
