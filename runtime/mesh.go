@@ -58,7 +58,10 @@ func (m *Module) emit(ctx context.Context, name string, body any, o wire.EmitOpt
 	if err != nil {
 		return "", fmt.Errorf("emit %s: %w", eventType, err)
 	}
-	if id == "" && !o.FreshID {
+	switch {
+	case o.Outbox != nil: // a row of the module's outbox: its id is of the module's scope alone
+		id = causation.OutboxID(m.def.Name, *o.Outbox)
+	case id == "" && !o.FreshID:
 		id, _ = causation.Derive(ctx, m.def.Name, causation.KindEmit, eventType, raw)
 	}
 	id, err = m.node.emit(ctx, m.def.Name, eventType, raw, o, id)

@@ -1224,10 +1224,11 @@ type hostServer struct {
 }
 
 // Emit publishes a batch of the process's emits as the module. The ids
-// are the host's: derived in the handling the process names by its token,
-// if the process asked for a derived id (a non-empty Id, whose value is
-// not used), fresh outside a handling; a token the host does not know is
-// refused.
+// are the host's: for a row of the module's outbox (protocol 8 on),
+// derived from the module's name and the row's ref; otherwise derived in
+// the handling the process names by its token, if the process asked for a
+// derived id (a non-empty Id, whose value is not used), fresh outside a
+// handling; a token the host does not know is refused.
 // A batch holds plugin.MaxBatch emits at most, published by as many
 // goroutines at most.
 func (h *hostServer) Emit(ctx context.Context, b *pb.EmitBatch) (*pb.EmitResults, error) {
@@ -1249,6 +1250,12 @@ func (h *hostServer) Emit(ctx context.Context, b *pb.EmitBatch) (*pb.EmitResults
 				AtMostOnce: e.AtMostOnce,
 			}
 			o.After, o.At = plugin.TimingFrom(e.AfterMillis, e.AtUnixMillis)
+			if e.Outbox && h.pm.Protocol() >= plugin.ProtocolOutbox {
+				// The id is derived from the module's name, which the host
+				// knows, and the row's ref: e.Id is not used.
+				o.Outbox = &causation.OutboxRef{Scope: e.OutboxScope, N: e.OutboxN, Time: time.UnixMilli(e.OutboxUnixMillis)}
+				e.Handling = 0
+			}
 			hctx, err := h.pm.inHandling(ctx, e.Handling, e.CausationId, e.Id != "")
 			id := ""
 			if err == nil {

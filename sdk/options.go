@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/meshkit/mesh/internal/causation"
 	"github.com/meshkit/mesh/internal/wire"
 )
 
@@ -141,6 +142,15 @@ func AtMostOnce() EmitOption {
 		o.AtMostOnce = true
 		return nil
 	})
+}
+
+func init() {
+	wire.OutboxOption = func(ref causation.OutboxRef) any {
+		return emitOption(func(o *wire.EmitOptions) error {
+			o.Outbox = &ref
+			return nil
+		})
+	}
 }
 
 // HandlerOption is a per-handler setting, given to On, Consume or Serve:

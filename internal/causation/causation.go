@@ -32,6 +32,9 @@ type scope struct {
 	handling bool // ids are derived in it (Handling, not With)
 	mu       sync.Mutex
 	seen     map[[sha256.Size]byte]uint64 // made at the first Derive
+	// outboxRows counts the outbox rows written in the handling so far
+	// (NextOutbox).
+	outboxRows uint64
 }
 
 // With returns a context that carries id as the cause of what is done in
@@ -131,4 +134,64 @@ func HandlingEvent(ctx context.Context, id string, t time.Time) context.Context 
 		return ctx
 	}
 	return Handling(ctx, id, t)
+}
+
+// KindOutbox is what OutboxID derives ids for: events a module writes to
+// its outbox (sdk/outbox).
+const KindOutbox = "outbox"
+
+// OutboxRef is what an outbox row's id is derived from: a scope (the
+// handled id, for a row written while handling an event or request; the
+// outbox's epoch otherwise), a number in it (the n-th row written in the
+// handling; a random number otherwise) and the time the id carries (the
+// handled event's, or the row's).
+type OutboxRef struct {
+	Scope string
+	N     uint64
+	Time  time.Time
+}
+
+// OutboxID is the id of the outbox row ref names, written by module: a
+// valid ULID whose time is ref.Time and whose entropy is a digest of
+// module, ref.Scope and ref.N. The module derives it when it writes the
+// row and the host derives it again, from the module's name it knows,
+// when the row is published: whatever ref a module sends, the id is one
+// of its own scope, never another module's, and the row sent again after
+// a crash carries the same id.
+func OutboxID(module string, ref OutboxRef) string {
+	h := sha256.New()
+	for _, part := range []string{KindOutbox, module, ref.Scope} {
+		h.Write([]byte(part))
+		h.Write([]byte{0})
+	}
+	var n [8]byte
+	binary.BigEndian.PutUint64(n[:], ref.N)
+	h.Write(n[:])
+	sum := h.Sum(nil)
+	var u ulid.ULID
+	ms := ulid.Timestamp(ref.Time)
+	if ref.Time.Before(time.UnixMilli(0)) || ms > ulid.MaxTime() {
+		ms = 0
+	}
+	_ = u.SetTime(ms)          // ms is within ULID's range
+	_ = u.SetEntropy(sum[:10]) // 10 bytes, as SetEntropy wants
+	return u.String()
+}
+
+// NextOutbox returns the ref of the next outbox row written in the
+// handling ctx carries: its scope is the handled id, its time the handled
+// event's, and N counts the rows written so far in this handling. The
+// same handling run again (a redelivery after a rollback, a retry) writes
+// the same refs in the same order, so its rows get the same ids. ok is
+// false outside a handling.
+func NextOutbox(ctx context.Context) (ref OutboxRef, ok bool) {
+	s, _ := ctx.Value(ctxKey{}).(*scope)
+	if s == nil || !s.handling {
+		return OutboxRef{}, false
+	}
+	s.mu.Lock()
+	n := s.outboxRows
+	s.outboxRows++
+	s.mu.Unlock()
+	return OutboxRef{Scope: s.id, N: n, Time: s.time}, true
 }

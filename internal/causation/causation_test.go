@@ -78,3 +78,70 @@ func BenchmarkDerive(b *testing.B) {
 		}
 	}
 }
+
+// TestOutboxID: an outbox row's id is a ULID with the ref's time; the
+// same module and ref give the same id (a resend after a crash), and
+// another module, scope or number another; a handling's refs count its
+// rows, and a handling run again counts them the same.
+func TestOutboxID(t *testing.T) {
+	at := time.Date(2026, 5, 4, 3, 2, 1, 0, time.UTC)
+	ref := OutboxRef{Scope: "epoch-1", N: 7, Time: at}
+	id := OutboxID("ledger", ref)
+	u, err := ulid.ParseStrict(id)
+	if err != nil {
+		t.Fatalf("outbox id %q: %v", id, err)
+	}
+	if !ulid.Time(u.Time()).Equal(at) {
+		t.Errorf("outbox id time %v, want %v", ulid.Time(u.Time()), at)
+	}
+	if again := OutboxID("ledger", ref); again != id {
+		t.Errorf("the same ref gave %s, then %s", id, again)
+	}
+	for name, other := range map[string]string{
+		"another module": OutboxID("billing", ref),
+		"another scope":  OutboxID("ledger", OutboxRef{Scope: "epoch-2", N: 7, Time: at}),
+		"another number": OutboxID("ledger", OutboxRef{Scope: "epoch-1", N: 8, Time: at}),
+		"a plain emit":   mustDerive(t, Handling(context.Background(), "epoch-1", at), "ledger"),
+	} {
+		if other == id {
+			t.Errorf("%s gives the same id %s", name, id)
+		}
+	}
+	if _, err := ulid.ParseStrict(OutboxID("ledger", OutboxRef{Time: time.Unix(-5, 0)})); err != nil {
+		t.Errorf("a time before 1970 makes no ULID: %v", err)
+	}
+
+	if _, ok := NextOutbox(context.Background()); ok {
+		t.Error("a ref outside a handling")
+	}
+	if _, ok := NextOutbox(With(context.Background(), "x")); ok {
+		t.Error("a ref under a cause that is not a handling")
+	}
+	refs := func() []OutboxRef {
+		ctx := Handling(context.Background(), "01J0000000000000000000000A", at)
+		var out []OutboxRef
+		for range 3 {
+			r, ok := NextOutbox(ctx)
+			if !ok {
+				t.Fatal("no ref in a handling")
+			}
+			out = append(out, r)
+		}
+		return out
+	}
+	first, again := refs(), refs()
+	for i := range first {
+		if first[i] != again[i] || first[i].N != uint64(i) || first[i].Scope != "01J0000000000000000000000A" || !first[i].Time.Equal(at) {
+			t.Errorf("ref %d: %+v, then %+v", i, first[i], again[i])
+		}
+	}
+}
+
+func mustDerive(t *testing.T, ctx context.Context, module string) string {
+	t.Helper()
+	id, ok := Derive(ctx, module, KindEmit, "module.ledger.x", nil)
+	if !ok {
+		t.Fatal("no handling")
+	}
+	return id
+}

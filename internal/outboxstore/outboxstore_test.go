@@ -3,8 +3,10 @@ package outboxstore_test
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -86,7 +88,7 @@ func TestOutboxCommitsWithTheChange(t *testing.T) {
 		write("a", true)
 		write("rolled-back", false)
 		write("b", true)
-		rows, err := s.Pending(ctx, 10)
+		rows, _, err := s.Pending(ctx, 10)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -96,7 +98,7 @@ func TestOutboxCommitsWithTheChange(t *testing.T) {
 		if err := s.MarkSent(ctx, time.Now(), rows[0].Seq); err != nil {
 			t.Fatal(err)
 		}
-		if rows, _ := s.Pending(ctx, 10); !slices.Equal(ids(rows), []string{"b"}) {
+		if rows, _, _ := s.Pending(ctx, 10); !slices.Equal(ids(rows), []string{"b"}) {
 			t.Errorf("pending after a was sent: %v", ids(rows))
 		}
 		if n, err := s.Prune(ctx, time.Now().Add(time.Second)); err != nil || n != 1 {
@@ -200,13 +202,151 @@ func TestPendingInCommitOrderOnPostgreSQL(t *testing.T) {
 	if err := late.Commit(); err != nil {
 		t.Fatal(err)
 	}
-	if rows, err := s.Pending(ctx, 10); err != nil || len(rows) != 0 {
+	if rows, _, err := s.Pending(ctx, 10); err != nil || len(rows) != 0 {
 		t.Fatalf("pending while the first row's transaction runs: %v %v, want none", ids(rows), err)
 	}
 	if err := early.Commit(); err != nil {
 		t.Fatal(err)
 	}
-	if rows, err := s.Pending(ctx, 10); err != nil || !slices.Equal(ids(rows), []string{"first", "second"}) {
+	if rows, _, err := s.Pending(ctx, 10); err != nil || !slices.Equal(ids(rows), []string{"first", "second"}) {
 		t.Errorf("pending after both committed: %v %v, want first, second", ids(rows), err)
 	}
+}
+
+// TestRowsKeepTheirOptions: what Append stores of an emit's options comes
+// back from Pending; a row of an id already there (a handling run again)
+// is kept as it was; a row set aside leaves Pending and counts as failed
+// in the backlog.
+func TestRowsKeepTheirOptions(t *testing.T) {
+	t.Parallel()
+	databases(t, func(t *testing.T, db *sql.DB, dialect outboxstore.Dialect) {
+		ctx := context.Background()
+		s := open(t, db, dialect)
+		p := uint8(7)
+		want := outboxstore.Options{Schema: "2", TTLMillis: 1500, Priority: &p, AtUnixMillis: 1_800_000_000_000, Cause: "01J0000000000000000000000A", Scope: "01J0000000000000000000000A", N: 3, IDUnixMillis: 1_700_000_000_000}
+		written := time.Now()
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seq, err := s.Append(ctx, tx, outboxstore.Row{ID: "a", Type: "module.ledger.booked", Body: []byte(`{"n":1}`), Options: want, WrittenAt: written})
+		if err != nil || seq == 0 {
+			t.Fatalf("append: %d %v", seq, err)
+		}
+		again, err := s.Append(ctx, tx, outboxstore.Row{ID: "a", Type: "module.ledger.other", Body: []byte(`{"n":2}`), WrittenAt: written})
+		if err != nil || again != 0 {
+			t.Fatalf("append of the same id: %d %v, want 0 and no error", again, err)
+		}
+		if _, err := s.Append(ctx, tx, outboxstore.Row{ID: "b", Type: "module.ledger.booked", Body: []byte(`{}`), WrittenAt: written}); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		rows, bad, err := s.Pending(ctx, 10)
+		if err != nil || len(bad) != 0 || len(rows) != 2 {
+			t.Fatalf("pending: %d rows, bad %v, %v", len(rows), bad, err)
+		}
+		got := rows[0].Options
+		if got.Priority == nil || *got.Priority != 7 || got.Schema != want.Schema || got.TTLMillis != want.TTLMillis || got.AtUnixMillis != want.AtUnixMillis ||
+			got.Cause != want.Cause || got.Scope != want.Scope || got.N != want.N || got.IDUnixMillis != want.IDUnixMillis {
+			t.Errorf("options %+v, want %+v", got, want)
+		}
+		if string(rows[0].Body) != `{"n":1}` || rows[0].Type != "module.ledger.booked" || rows[0].WrittenAt.UnixNano() != written.UnixNano() {
+			t.Errorf("row %+v: the second append of its id changed it", rows[0])
+		}
+		if err := s.MarkFailed(ctx, rows[0].Seq, "forbidden"); err != nil {
+			t.Fatal(err)
+		}
+		if rows, _, _ := s.Pending(ctx, 10); !slices.Equal(ids(rows), []string{"b"}) {
+			t.Errorf("pending after a was set aside: %v", ids(rows))
+		}
+		b, err := s.Backlog(ctx)
+		if err != nil || b.Unsent != 1 || b.Failed != 1 || b.Oldest.UnixNano() != written.UnixNano() {
+			t.Errorf("backlog %+v %v, want 1 unsent written at %v, 1 failed", b, err, written)
+		}
+
+		// A row whose options were damaged is handed back as bad, not
+		// misread.
+		if _, err := db.Exec(`UPDATE mesh_outbox SET options = '{"scope":1}' WHERE id = 'b'`); err != nil {
+			t.Fatal(err)
+		}
+		if rows, bad, err := s.Pending(ctx, 10); err != nil || len(rows) != 1 || bad[rows[0].Seq] == nil {
+			t.Errorf("pending with damaged options: %v, bad %v, %v", ids(rows), bad, err)
+		}
+	})
+}
+
+// TestOneRelayHoldsTheLease: two relays sharing a database: the first
+// holds the lease, the second is refused until the lease runs out or is
+// released; the holder renews it.
+func TestOneRelayHoldsTheLease(t *testing.T) {
+	t.Parallel()
+	databases(t, func(t *testing.T, db *sql.DB, dialect outboxstore.Dialect) {
+		ctx := context.Background()
+		s := open(t, db, dialect)
+		now := time.Now()
+		lease := func(holder string, at time.Time) bool {
+			t.Helper()
+			ok, err := s.Lease(ctx, holder, at, 10*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return ok
+		}
+		if !lease("a", now) {
+			t.Fatal("a free lease was refused")
+		}
+		if lease("b", now.Add(time.Second)) {
+			t.Fatal("b took a's lease while it held it")
+		}
+		if !lease("a", now.Add(5*time.Second)) {
+			t.Fatal("a could not renew its lease")
+		}
+		if lease("b", now.Add(14*time.Second)) {
+			t.Fatal("b took the renewed lease before it ran out")
+		}
+		if !lease("b", now.Add(16*time.Second)) {
+			t.Fatal("b could not take a lease that ran out")
+		}
+		if err := s.Release(ctx, "a"); err != nil { // no longer a's: changes nothing
+			t.Fatal(err)
+		}
+		if lease("a", now.Add(17*time.Second)) {
+			t.Fatal("a's release of a lease it lost freed b's")
+		}
+		if err := s.Release(ctx, "b"); err != nil {
+			t.Fatal(err)
+		}
+		if !lease("a", now.Add(17*time.Second)) {
+			t.Fatal("a could not take a released lease")
+		}
+	})
+}
+
+// FuzzDecodeOptions: no stored options crash the decoder, and what it
+// accepts encodes back to options it accepts the same.
+func FuzzDecodeOptions(f *testing.F) {
+	f.Add([]byte(`{"scope":"e","n":1,"id_ms":5}`))
+	f.Add([]byte(`{"schema":"2","ttl_ms":10,"priority":9,"at_ms":1,"cause":"c","scope":"s","n":0,"id_ms":0}`))
+	f.Add([]byte(`{"priority":10}`))
+	f.Add([]byte(`{} {}`))
+	f.Add([]byte(`[]`))
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		o, err := outboxstore.DecodeOptions(raw)
+		if err != nil {
+			return
+		}
+		again, err := json.Marshal(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o2, err := outboxstore.DecodeOptions(again)
+		if err != nil {
+			t.Fatalf("%s decoded, its encoding %s does not: %v", raw, again, err)
+		}
+		if !reflect.DeepEqual(o, o2) {
+			t.Fatalf("%+v came back as %+v", o, o2)
+		}
+	})
 }

@@ -29,12 +29,17 @@ import (
 // protocolVersion is the version of the pb protocol this build speaks,
 // the newest of its window. It is a string so a test can build a module of
 // another version with -ldflags -X.
-var protocolVersion = "7"
+var protocolVersion = "8"
 
 // oldestProtocol is the oldest module protocol meshd serves: every protocol
 // of the previous release stays in the window (docs/compatibility.md). A
 // string for -ldflags -X, as protocolVersion.
 var oldestProtocol = "7"
+
+// ProtocolOutbox is the first module protocol whose emits may be rows of
+// the module's outbox (pb.Emit's outbox fields, sdk/outbox): a host of an
+// older one would give each resend of a row a fresh id.
+const ProtocolOutbox = 8
 
 // ProtocolVersion is the plugin protocol version this build speaks: the
 // one a module process built with this sdk offers, and the newest meshd
@@ -68,7 +73,10 @@ func (r Range) String() string {
 // releaseOf names, for each module protocol a release introduced, that
 // release: what an operator reads in a refusal. A protocol newer than
 // any here was made after this build.
-var releaseOf = map[uint]string{7: "v0.1.0"}
+var releaseOf = map[uint]string{
+	7: "v0.1.0",
+	8: "v0.2.0", // Emit's outbox fields (sdk/outbox)
+}
 
 // Release is the first release whose sdk builds module binaries of
 // protocol v, or "" for one before v0.1.0 or newer than this build.

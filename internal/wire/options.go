@@ -6,6 +6,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/meshkit/mesh/internal/causation"
 	"github.com/meshkit/mesh/internal/delay"
 	"github.com/meshkit/mesh/internal/filter"
 )
@@ -32,7 +33,17 @@ type EmitOptions struct {
 	// AtMostOnce publishes the event not persistent and without waiting
 	// for the broker's confirm or spooling it (sdk.AtMostOnce).
 	AtMostOnce bool
+	// Outbox, if not nil, says the emit publishes a row of the module's
+	// outbox (sdk/outbox): its id is causation.OutboxID of the module's
+	// name and this ref, whatever the handling, and a resend of the row
+	// gets the same. Only the sdk's outbox sets it (OutboxOption).
+	Outbox *causation.OutboxRef
 }
+
+// OutboxOption makes the sdk's emit option that sets Outbox to ref. The
+// sdk sets it when it is loaded, so sdk/outbox can hand the option to a
+// host's Emit while the sdk's exported surface has no such option.
+var OutboxOption func(ref causation.OutboxRef) any
 
 // Delayed reports whether the emit asks for a delay.
 func (o EmitOptions) Delayed() bool { return o.After > 0 || !o.At.IsZero() }
@@ -113,6 +124,8 @@ func (o EmitOptions) checkTiming() error {
 		return fmt.Errorf("%w: delay %v is negative", ErrInvalid, o.After)
 	case o.After > 0 && !o.At.IsZero():
 		return fmt.Errorf("%w: both After and At: give one", ErrInvalid)
+	case o.AtMostOnce && o.Outbox != nil:
+		return fmt.Errorf("%w: an outbox row is published at least once", ErrInvalid)
 	case o.AtMostOnce && o.Delayed():
 		return fmt.Errorf("%w: a delayed emit is at least once (it waits durably on the broker); drop AtMostOnce or the delay", ErrInvalid)
 	case o.After > delay.Max:

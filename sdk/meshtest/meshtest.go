@@ -1218,7 +1218,10 @@ func (mm moduleMesh) Emit(ctx context.Context, name string, body any, opts ...sd
 		return "", fmt.Errorf("emit %s: %w", eventType, err)
 	}
 	id := ""
-	if !o.FreshID {
+	switch {
+	case o.Outbox != nil: // a row of the module's outbox (sdk/outbox), as a node derives its id
+		id = causation.OutboxID(mod.def.Name, *o.Outbox)
+	case !o.FreshID:
 		id, _ = causation.Derive(ctx, mod.def.Name, causation.KindEmit, eventType, raw)
 	}
 	return mod.mesh.publish(ctx, mod.def.Name, eventType, raw, o, id)

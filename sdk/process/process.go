@@ -621,7 +621,11 @@ func (pm *pluginMesh) Emit(ctx context.Context, name string, body any, opts ...s
 		TtlMillis: o.TTL.Milliseconds(), Priority: uint32(o.Priority), HasPriority: o.HasPriority, FullType: o.FullType,
 		Handling: handlingOf(ctx), AtMostOnce: o.AtMostOnce}
 	e.AfterMillis, e.AtUnixMillis = plugin.TimingOf(o)
-	if !o.FreshID {
+	switch {
+	case o.Outbox != nil: // the host derives the row's id from these (protocol 8)
+		e.Outbox, e.OutboxScope, e.OutboxN, e.OutboxUnixMillis = true, o.Outbox.Scope, o.Outbox.N, o.Outbox.Time.UnixMilli()
+		e.Id, e.Handling = causation.OutboxID(pm.server.module.Name, *o.Outbox), 0
+	case !o.FreshID:
 		full := name
 		if !o.FullType {
 			full = wire.ModuleEventType(pm.server.module.Name, name)

@@ -1449,11 +1449,20 @@ type Emit struct {
 	Handling uint64 `protobuf:"varint,10,opt,name=handling,proto3" json:"handling,omitempty"`
 	// sdk.After, in milliseconds (0: none), and sdk.At, in Unix
 	// milliseconds (0: none): the host checks and schedules them.
-	AfterMillis   int64 `protobuf:"varint,11,opt,name=after_millis,json=afterMillis,proto3" json:"after_millis,omitempty"`
-	AtUnixMillis  int64 `protobuf:"varint,12,opt,name=at_unix_millis,json=atUnixMillis,proto3" json:"at_unix_millis,omitempty"`
-	AtMostOnce    bool  `protobuf:"varint,13,opt,name=at_most_once,json=atMostOnce,proto3" json:"at_most_once,omitempty"` // sdk.AtMostOnce
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	AfterMillis  int64 `protobuf:"varint,11,opt,name=after_millis,json=afterMillis,proto3" json:"after_millis,omitempty"`
+	AtUnixMillis int64 `protobuf:"varint,12,opt,name=at_unix_millis,json=atUnixMillis,proto3" json:"at_unix_millis,omitempty"`
+	AtMostOnce   bool  `protobuf:"varint,13,opt,name=at_most_once,json=atMostOnce,proto3" json:"at_most_once,omitempty"` // sdk.AtMostOnce
+	// A row of the module's outbox (sdk/outbox; protocol 8 on): the host
+	// gives the event the id internal/causation.OutboxID derives from the
+	// module's name and these three, whatever id and handling say, so a row
+	// sent again carries the same id. A host of protocol 7 would not read
+	// them: the outbox relays only on protocol 8 or later.
+	Outbox           bool   `protobuf:"varint,14,opt,name=outbox,proto3" json:"outbox,omitempty"`
+	OutboxScope      string `protobuf:"bytes,15,opt,name=outbox_scope,json=outboxScope,proto3" json:"outbox_scope,omitempty"`
+	OutboxN          uint64 `protobuf:"varint,16,opt,name=outbox_n,json=outboxN,proto3" json:"outbox_n,omitempty"`
+	OutboxUnixMillis int64  `protobuf:"varint,17,opt,name=outbox_unix_millis,json=outboxUnixMillis,proto3" json:"outbox_unix_millis,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Emit) Reset() {
@@ -1575,6 +1584,34 @@ func (x *Emit) GetAtMostOnce() bool {
 		return x.AtMostOnce
 	}
 	return false
+}
+
+func (x *Emit) GetOutbox() bool {
+	if x != nil {
+		return x.Outbox
+	}
+	return false
+}
+
+func (x *Emit) GetOutboxScope() string {
+	if x != nil {
+		return x.OutboxScope
+	}
+	return ""
+}
+
+func (x *Emit) GetOutboxN() uint64 {
+	if x != nil {
+		return x.OutboxN
+	}
+	return 0
+}
+
+func (x *Emit) GetOutboxUnixMillis() int64 {
+	if x != nil {
+		return x.OutboxUnixMillis
+	}
+	return 0
 }
 
 type EmitBatch struct {
@@ -2019,7 +2056,7 @@ const file_module_proto_rawDesc = "" +
 	"\x06FAILED\x10\x01\x12\r\n" +
 	"\tPERMANENT\x10\x02\"C\n" +
 	"\fOutcomeBatch\x123\n" +
-	"\boutcomes\x18\x01 \x03(\v2\x17.mesh.plugin.v1.OutcomeR\boutcomes\"\xfb\x02\n" +
+	"\boutcomes\x18\x01 \x03(\v2\x17.mesh.plugin.v1.OutcomeR\boutcomes\"\xff\x03\n" +
 	"\x04Emit\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04body\x18\x02 \x01(\fR\x04body\x12\x16\n" +
@@ -2036,7 +2073,11 @@ const file_module_proto_rawDesc = "" +
 	"\fafter_millis\x18\v \x01(\x03R\vafterMillis\x12$\n" +
 	"\x0eat_unix_millis\x18\f \x01(\x03R\fatUnixMillis\x12 \n" +
 	"\fat_most_once\x18\r \x01(\bR\n" +
-	"atMostOnce\"7\n" +
+	"atMostOnce\x12\x16\n" +
+	"\x06outbox\x18\x0e \x01(\bR\x06outbox\x12!\n" +
+	"\foutbox_scope\x18\x0f \x01(\tR\voutboxScope\x12\x19\n" +
+	"\boutbox_n\x18\x10 \x01(\x04R\aoutboxN\x12,\n" +
+	"\x12outbox_unix_millis\x18\x11 \x01(\x03R\x10outboxUnixMillis\"7\n" +
 	"\tEmitBatch\x12*\n" +
 	"\x05emits\x18\x01 \x03(\v2\x14.mesh.plugin.v1.EmitR\x05emits\"l\n" +
 	"\n" +
