@@ -26,6 +26,7 @@ import (
 
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/sdk"
+	"github.com/meshkit/mesh/sdk/outbox"
 )
 
 // Record is one line a module appends to its log.
@@ -159,6 +160,8 @@ type Steer struct {
 	// Negative makes the quoter answer a total below zero, which its
 	// response schema refuses.
 	Negative bool `json:"negative,omitempty"`
+	// Rollback makes the ledger roll its transaction back.
+	Rollback bool `json:"rollback,omitempty"`
 }
 
 // barrier is met once n handler calls are in it at once.
@@ -225,12 +228,12 @@ func Module(name string, probe *Probe) (sdk.Module, error) {
 	}
 	switch name {
 	case "watcher":
-		// Records every event of the relay, namer and streamer modules it handles
+		// Records every event of the relay, namer, streamer and ledger modules it handles
 		// (de-duplicated), and every copy on "mesh.dup.#" (duplicates
 		// allowed).
 		return sdk.Module{Name: name, Setup: func(m sdk.Mesh) error {
 			h := sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error { seen("seen", ev); return nil })
-			return errors.Join(m.On("module.relay.#", h), m.On("module.namer.#", h), m.On("mesh.once.#", h), m.On("module.streamer.#", h),
+			return errors.Join(m.On("module.relay.#", h), m.On("module.namer.#", h), m.On("mesh.once.#", h), m.On("module.streamer.#", h), m.On("module.ledger.#", h),
 				m.On("mesh.dup.#", middleware(h), sdk.AllowDuplicates()))
 		}}, nil
 
@@ -369,6 +372,58 @@ func Module(name string, probe *Probe) (sdk.Module, error) {
 				return err
 			}))
 		}}, nil
+
+	case "ledger":
+		// Keeps orders in a SQLite file beside its log and emits
+		// module.ledger.booked through its outbox (sdk/outbox), relayed by
+		// its Run. On mesh.ledger.book it writes order N and the event in
+		// one transaction and commits it, unless the body asks Rollback;
+		// then it fails as the body steers (after the commit). It records
+		// the id Emit returned ("written"). Fresh writes WithFreshID.
+		db, err := outbox.OpenSQLite(probe.path + ".db")
+		if err != nil {
+			return sdk.Module{}, err
+		}
+		def := sdk.Module{Name: name, Emits: []string{"booked"}}
+		ob, err := outbox.New(context.Background(), db, def)
+		if err != nil {
+			db.Close()
+			return sdk.Module{}, err
+		}
+		if _, err := db.Exec(`CREATE TABLE IF NOT EXISTS orders (n INTEGER PRIMARY KEY)`); err != nil {
+			db.Close()
+			return sdk.Module{}, err
+		}
+		def.Setup = func(m sdk.Mesh) error {
+			return m.On("mesh.ledger.book", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+				s := steer(ev.Body)
+				tx, err := db.BeginTx(ctx, nil)
+				if err != nil {
+					return err
+				}
+				defer tx.Rollback()
+				if _, err := tx.ExecContext(ctx, `INSERT INTO orders (n) VALUES (?) ON CONFLICT (n) DO NOTHING`, s.N); err != nil {
+					return err
+				}
+				var opts []sdk.EmitOption
+				if s.Fresh {
+					opts = append(opts, sdk.WithFreshID())
+				}
+				id, err := ob.Emit(ctx, tx, "booked", map[string]int{"n": s.N}, opts...)
+				probe.Add(Record{Kind: "written", ID: id, Attempt: ev.Attempt, CausationID: ev.ID, Value: fmt.Sprint(s.N), Err: errText(err)})
+				if err != nil {
+					return err
+				}
+				if !s.Rollback {
+					if err := tx.Commit(); err != nil {
+						return err
+					}
+				}
+				return act(ctx, s, ev.Attempt)
+			}))
+		}
+		def.Run = ob.Relay
+		return def, nil
 
 	case "tools":
 		// Serves conf.echo (answers as the request steers) and
