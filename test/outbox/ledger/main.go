@@ -1,0 +1,131 @@
+// Command ledger is the module binary of the outbox's crash tests
+// (test/outbox): it books orders in its database and emits
+// module.ledger.booked for each through its outbox (sdk/outbox).
+//
+//	ledger sqlite PATH DIR
+//	ledger postgres DSN DIR
+//
+// Files in DIR kill the process at a point, each once (it removes the
+// file first): kill-after-commit right after a handler's commit, before
+// the delivery is acknowledged; kill-after-publish right after the mesh
+// confirmed a row, before the relay marks it sent. While no-relay exists
+// when the process starts, its relay does not run (a handler that kills
+// itself after its commit removes it, so the next process relays).
+package main
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+
+	_ "github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/meshkit/mesh/sdk"
+	"github.com/meshkit/mesh/sdk/outbox"
+	"github.com/meshkit/mesh/sdk/process"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	if len(os.Args) != 4 {
+		return fmt.Errorf("usage: ledger sqlite|postgres DSN DIR")
+	}
+	kind, dsn, dir := os.Args[1], os.Args[2], os.Args[3]
+	var db *sql.DB
+	var err error
+	if kind == "sqlite" {
+		db, err = outbox.OpenSQLite(dsn)
+	} else {
+		db, err = sql.Open("pgx", dsn)
+	}
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	ctx := context.Background()
+	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS orders (n integer PRIMARY KEY)`); err != nil {
+		return err
+	}
+	def := sdk.Module{Name: "ledger", Emits: []string{"booked"}}
+	ob, err := outbox.New(ctx, db, def)
+	if err != nil {
+		return err
+	}
+	insert := `INSERT INTO orders (n) VALUES (?) ON CONFLICT (n) DO NOTHING`
+	if kind != "sqlite" {
+		insert = `INSERT INTO orders (n) VALUES ($1) ON CONFLICT (n) DO NOTHING`
+	}
+	def.Setup = func(m sdk.Mesh) error {
+		return m.On("mesh.ledger.book", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			var order struct{ N int }
+			if err := json.Unmarshal(ev.Body, &order); err != nil {
+				return sdk.Permanent(err)
+			}
+			tx, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				return err
+			}
+			defer tx.Rollback()
+			if _, err := tx.ExecContext(ctx, insert, order.N); err != nil {
+				return err
+			}
+			if _, err := ob.Emit(ctx, tx, "booked", map[string]int{"n": order.N}); err != nil {
+				return err
+			}
+			if err := tx.Commit(); err != nil {
+				return err
+			}
+			if takeMarker(dir, "kill-after-commit") {
+				_ = os.Remove(filepath.Join(dir, "no-relay"))
+				kill()
+			}
+			return nil
+		}))
+	}
+	def.Run = func(ctx context.Context, m sdk.Mesh) error {
+		if _, err := os.Stat(filepath.Join(dir, "no-relay")); err == nil {
+			return nil
+		}
+		return ob.Relay(ctx, killingMesh{Mesh: m, dir: dir})
+	}
+	return process.Run(def)
+}
+
+// killingMesh kills the process after an emit the mesh confirmed, when
+// kill-after-publish says so.
+type killingMesh struct {
+	sdk.Mesh
+	dir string
+}
+
+func (k killingMesh) Emit(ctx context.Context, name string, body any, opts ...sdk.EmitOption) (string, error) {
+	id, err := k.Mesh.Emit(ctx, name, body, opts...)
+	var order struct{ N int }
+	if raw, ok := body.([]byte); ok {
+		_ = json.Unmarshal(raw, &order)
+	}
+	if err == nil && takeMarker(k.dir, fmt.Sprintf("kill-after-publish-%d", order.N)) {
+		kill()
+	}
+	return id, err
+}
+
+// takeMarker removes the file name in dir and says whether it was there.
+func takeMarker(dir, name string) bool {
+	return os.Remove(filepath.Join(dir, name)) == nil
+}
+
+func kill() {
+	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	select {} // the signal is on its way
+}
