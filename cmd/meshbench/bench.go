@@ -159,6 +159,11 @@ func run(o options) error {
 			return fmt.Errorf("schemas: %w", err)
 		}
 	}
+	if o.only == "" || o.only == "outbox" {
+		if err := benchOutbox(url, o); err != nil {
+			return fmt.Errorf("outbox: %w", err)
+		}
+	}
 	if o.only == "" || o.only == "delays" {
 		if err := benchDelays(url, o); err != nil {
 			return fmt.Errorf("delays: %w", err)
@@ -384,6 +389,7 @@ func latency(mk func(*sink) (side, error), o options) (p50, p99 float64, err err
 
 // meshSide runs a node with one module that consumes what it emits.
 type meshSide struct {
+	name  string // the module's
 	node  *runtime.Node
 	mod   *runtime.Module
 	url   string
@@ -434,7 +440,7 @@ func newMeshOf(url, qt string, s *sink, tp trace.TracerProvider, schemas []sdk.S
 		node.Close(ctx)
 		return nil, err
 	}
-	return &meshSide{node: node, mod: mod, url: url, queue: "bench." + name + ".events"}, nil
+	return &meshSide{name: name, node: node, mod: mod, url: url, queue: "bench." + name + ".events"}, nil
 }
 
 func (m *meshSide) publish(ctx context.Context, seq int) error {

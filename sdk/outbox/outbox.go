@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"database/sql"
@@ -10,7 +11,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -51,6 +54,7 @@ type config struct {
 	batch        int
 	maxBodyBytes int
 	lease        time.Duration
+	inFlight     int
 }
 
 // Retention keeps sent rows for d before the relay deletes them (default
@@ -64,6 +68,15 @@ func Retention(d time.Duration) Option { return func(c *config) { c.retention = 
 // at once after it, and again, more and more slowly, until they are
 // committed or the interval is reached.
 func PollInterval(d time.Duration) Option { return func(c *config) { c.poll = d } }
+
+// InFlight lets the relay keep up to n rows in flight at once, each
+// published as soon as it is read, instead of one at a time (the
+// default, n = 1). Rows are still read and handed to the mesh in commit
+// order, but those in flight together may reach the broker, and their
+// consumers, in another order (as EmitAsync's do), and one that fails
+// for a while is sent again after later ones. Use it for throughput when
+// consumers do not rely on the module's order.
+func InFlight(n int) Option { return func(c *config) { c.inFlight = n } }
 
 // MaxBodyBytes is the largest body Emit accepts (default 1 MiB, the
 // node's default max_body_bytes). A row whose body is over the node's own
@@ -103,7 +116,7 @@ var (
 // and Schemas are what Emit checks each event against, as the mesh's
 // Emit does.
 func New(ctx context.Context, db *sql.DB, module sdk.Module, opts ...Option) (*Outbox, error) {
-	cfg := config{retention: 24 * time.Hour, poll: 100 * time.Millisecond, batch: 256, maxBodyBytes: 1 << 20, lease: 15 * time.Second}
+	cfg := config{retention: 24 * time.Hour, poll: 100 * time.Millisecond, batch: 256, maxBodyBytes: 1 << 20, lease: 15 * time.Second, inFlight: 1}
 	for _, opt := range opts {
 		if opt != nil {
 			opt(&cfg)
@@ -114,6 +127,8 @@ func New(ctx context.Context, db *sql.DB, module sdk.Module, opts ...Option) (*O
 		return nil, fmt.Errorf("outbox: %w: retention %v is negative", sdk.ErrInvalid, cfg.retention)
 	case cfg.poll <= 0:
 		return nil, fmt.Errorf("outbox: %w: poll interval %v is not positive", sdk.ErrInvalid, cfg.poll)
+	case cfg.inFlight < 1 || cfg.inFlight > 4096:
+		return nil, fmt.Errorf("outbox: %w: %d rows in flight, want 1 to 4096", sdk.ErrInvalid, cfg.inFlight)
 	case cfg.maxBodyBytes <= 0:
 		return nil, fmt.Errorf("outbox: %w: max body bytes %d is not positive", sdk.ErrInvalid, cfg.maxBodyBytes)
 	}
@@ -153,6 +168,9 @@ func dialectOf(db *sql.DB) outboxstore.Dialect {
 	return 0
 }
 
+// sqliteConns is how many connections OpenSQLite's pool keeps open.
+const sqliteConns = 4
+
 // OpenSQLite opens (or creates) the SQLite database at path, set up for a
 // module's state and its outbox: write-ahead logging, every commit synced
 // to disk, and a writer waiting up to 10 s for another instead of failing
@@ -172,6 +190,12 @@ func OpenSQLite(path string) (*sql.DB, error) {
 		db.Close()
 		return nil, fmt.Errorf("outbox: open %s: %w", path, err)
 	}
+	// SQLite has one writer at a time: a few connections keep readers
+	// (the relay) beside a writer, and the other writers wait their turn
+	// in database/sql's queue, in order, instead of in SQLite's busy
+	// handler, which polls, out of order, and fails a writer that waited
+	// past its timeout while hundreds compete.
+	db.SetMaxOpenConns(sqliteConns)
 	return db, nil
 }
 
@@ -293,7 +317,8 @@ func (o *Outbox) Backlog(ctx context.Context) (Backlog, error) {
 }
 
 // Relay publishes the outbox's committed rows through m, in commit order,
-// one at a time (each once the previous is confirmed), marks them sent,
+// one at a time (each once the previous is confirmed; see InFlight for
+// more at once), marks them sent,
 // and deletes them after the retention, until ctx ends. Its shape is
 // sdk.Module's Run: a module whose only work of its own is its outbox
 // sets Run to it (Run: ob.Relay); one with more runs it on a goroutine
@@ -475,32 +500,87 @@ func (r *relay) pass(ctx context.Context) (sent int, full bool, err error) {
 			err = merr // sent again with the same ids at the next pass
 		}
 	}()
-	for _, row := range rows {
-		if berr := bad[row.Seq]; berr != nil {
-			r.setAside(ctx, row, berr)
-			continue
-		}
-		if time.Now().After(r.until) {
-			return len(done), true, nil // the lease ran out under a slow publish: renew before going on
-		}
-		_, perr := r.m.Emit(r.emitContext(ctx, row), row.Type, row.Body, emitOptions(row)...)
+	results := r.publish(ctx, rows, bad)
+	var stop error
+	for i, row := range rows {
+		perr := results[i]
 		if perr == nil && o.afterPublish != nil {
 			if herr := o.afterPublish(row.ID); herr != nil {
-				return len(done), false, herr
+				return len(done), false, herr // the process died before the mark
 			}
 		}
 		switch {
+		case bad[row.Seq] != nil:
+			r.setAside(ctx, row, bad[row.Seq])
+		case errors.Is(perr, errNotTried):
 		case perr == nil:
 			done = append(done, row.Seq)
 		case errors.Is(perr, wire.ErrNotStarted) || errors.Is(perr, sdk.ErrTransient) || errors.Is(perr, sdk.ErrClosed) || ctx.Err() != nil:
-			return len(done), false, perr
+			stop = cmp.Or(stop, perr)
 		case errors.Is(perr, sdk.ErrInvalid) || errors.Is(perr, sdk.ErrForbidden):
 			r.setAside(ctx, row, perr)
 		default:
-			return len(done), false, perr
+			stop = cmp.Or(stop, perr)
 		}
 	}
+	if stop != nil || slices.ContainsFunc(results, func(err error) bool { return errors.Is(err, errNotTried) }) {
+		return len(done), stop == nil, stop // not tried: the lease ran out under a slow publish; renew, then go on
+	}
 	return len(done), len(rows) == o.cfg.batch, nil
+}
+
+// errNotTried is the result of a row the pass did not publish.
+var errNotTried = errors.New("not tried")
+
+// publish publishes rows (but the bad ones) in order, and returns each
+// one's outcome. One at a time (the default), it stops at the first
+// failure that is not the row's own (the broker away), leaving the rest
+// errNotTried, so that order holds; with more in flight (InFlight), it
+// publishes them all, at most that many at once.
+func (r *relay) publish(ctx context.Context, rows []outboxstore.Row, bad map[int64]error) []error {
+	results := make([]error, len(rows))
+	for i := range results {
+		results[i] = errNotTried
+	}
+	window := make(chan struct{}, max(r.o.cfg.inFlight, 1))
+	var wg sync.WaitGroup
+	for i, row := range rows {
+		if bad[row.Seq] != nil {
+			continue
+		}
+		if time.Now().After(r.until) {
+			break
+		}
+		if r.o.cfg.inFlight <= 1 {
+			_, err := r.m.Emit(r.emitContext(ctx, row), row.Type, row.Body, emitOptions(row)...)
+			results[i] = err
+			if err != nil && !errors.Is(err, sdk.ErrInvalid) && !errors.Is(err, sdk.ErrForbidden) || errors.Is(err, wire.ErrNotStarted) {
+				break
+			}
+			continue
+		}
+		select {
+		case window <- struct{}{}:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		wg.Add(1)
+		err := r.m.EmitAsync(r.emitContext(ctx, row), row.Type, row.Body, func(_ string, err error) {
+			results[i] = err
+			<-window
+			wg.Done()
+		}, emitOptions(row)...)
+		if err != nil {
+			results[i] = err
+			<-window
+			wg.Done()
+			break
+		}
+	}
+	wg.Wait()
+	return results
 }
 
 // emitContext carries the row's cause to the host.

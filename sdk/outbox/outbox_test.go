@@ -463,3 +463,36 @@ func TestADelayCountsFromTheWrite(t *testing.T) {
 		t.Errorf("delayed %v, want the event", mt.Delayed())
 	}
 }
+
+// TestInFlightPublishesEveryRow: with rows in flight at once, every
+// committed row is published once and marked sent.
+func TestInFlightPublishesEveryRow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	mt, mesh := load(t, nil)
+	db, err := outbox.OpenSQLite(filepath.Join(t.TempDir(), "ledger.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ob := newOutbox(t, db, outbox.InFlight(8))
+	var want []string
+	for i := range 50 {
+		want = append(want, book(t, ctx, db, ob, fmt.Sprint("E-", i), true))
+	}
+	if n, err := ob.Flush(ctx, mesh); err != nil || n != 50 {
+		t.Fatalf("flush: %d %v, want 50", n, err)
+	}
+	got := idsOf(emitted(mt, "module.ledger.booked"))
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("published %d events, want the 50 written once each", len(got))
+	}
+	if bl, err := ob.Backlog(ctx); err != nil || bl.Unsent != 0 {
+		t.Errorf("backlog %+v %v, want every row sent", bl, err)
+	}
+	if _, err := outbox.New(ctx, db, ledger, outbox.InFlight(0)); !errors.Is(err, sdk.ErrInvalid) {
+		t.Errorf("InFlight(0): %v, want %v", err, sdk.ErrInvalid)
+	}
+}
