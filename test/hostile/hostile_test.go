@@ -23,6 +23,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/internal/causation"
 	"github.com/meshkit/mesh/internal/testdir"
 	"github.com/meshkit/mesh/runtime"
 	"github.com/meshkit/mesh/sdk"
@@ -282,8 +283,9 @@ func TestUngrantedCallAndCallers(t *testing.T) {
 }
 
 // TestIdsAreTheHosts: a process that names another module's event id (as
-// its emit's id and its cause) gets a fresh id of the host's, and one
-// that names another caller's request id gets its own answer.
+// its emit's id and its cause, or as an outbox row's id and scope) gets
+// an id of the host's, of its own scope, and one that names another
+// caller's request id gets its own answer.
 func TestIdsAreTheHosts(t *testing.T) {
 	w := newWorld(t)
 	victim, err := w.honest.Emit(w.ctx, "ping", map[string]int{"n": 1})
@@ -302,6 +304,24 @@ func TestIdsAreTheHosts(t *testing.T) {
 	for _, d := range w.untilMarker() {
 		if d.RoutingKey == "module.evil.forged" && d.Headers["x-event-id"] == victim {
 			t.Fatalf("the forged event reached the wire with the victim's id")
+		}
+	}
+
+	// The same through the outbox's fields: the host derives the row's
+	// id from the process's module name, never the victim's.
+	_, report, err = w.load("evilbox", map[string]any{"attack": "outboxid", "id": victim}, runtime.ModuleConfig{AllowUndeclaredEmits: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l = step(waitReport(t, report, "done"), "outbox row with another's id")
+	ref := causation.OutboxRef{Scope: victim, N: 0, Time: time.UnixMilli(1_700_000_000_000)}
+	id, _, _ = strings.Cut(l.Got, "|")
+	if id != causation.OutboxID("evilbox", ref) || id == victim || id == causation.OutboxID("honest", ref) {
+		t.Fatalf("the forged outbox row got id %q (%+v), want %s, of its own scope", id, l, causation.OutboxID("evilbox", ref))
+	}
+	for _, d := range w.untilMarker() {
+		if d.RoutingKey == "module.evilbox.forged" && (d.Headers["x-event-id"] == victim || d.Headers["x-source"] != "evilbox") {
+			t.Fatalf("the forged outbox row reached the wire as %v", d.Headers)
 		}
 	}
 

@@ -236,6 +236,17 @@ func (s *server) attack() {
 			got = res.Results[0].Id + "|" + res.Results[0].Error
 		}
 		report("emit with another's id", got, err)
+	case "outboxid":
+		// An outbox row (module protocol 8) that names another module's
+		// event id as its id, and that id as its ref's scope, as if it
+		// were that module's row.
+		res, err := s.host.Emit(ctx, &pb.EmitBatch{Emits: []*pb.Emit{{Name: "forged", Body: []byte(`{}`), Id: cfg.ID, CausationId: cfg.ID,
+			Outbox: true, OutboxScope: cfg.ID, OutboxN: 0, OutboxUnixMillis: 1_700_000_000_000}}})
+		got := ""
+		if err == nil && len(res.Results) == 1 {
+			got = res.Results[0].Id + "|" + res.Results[0].Error
+		}
+		report("outbox row with another's id", got, err)
 	case "handling":
 		// Handling tokens the host never handed this process (it handles
 		// nothing), guessed, as an emit's and a call's handling, each
