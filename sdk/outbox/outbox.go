@@ -29,6 +29,7 @@ import (
 // Outbox is a module's outbox in its database. It is safe for concurrent
 // use.
 type Outbox struct {
+	db        *sql.DB
 	store     *outboxstore.Store
 	module    string
 	emits     []string
@@ -153,7 +154,7 @@ func New(ctx context.Context, db *sql.DB, module sdk.Module, opts ...Option) (*O
 	if err != nil {
 		return nil, fmt.Errorf("outbox: %w", err)
 	}
-	return &Outbox{store: store, module: module.Name, emits: module.Emits, contracts: contracts, cfg: cfg,
+	return &Outbox{db: db, store: store, module: module.Name, emits: module.Emits, contracts: contracts, cfg: cfg,
 		wake: make(chan struct{}, 1), now: time.Now}, nil
 }
 
