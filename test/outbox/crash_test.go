@@ -82,14 +82,17 @@ func (e events) next(t *testing.T, what string) sdk.Event {
 	}
 }
 
-// TestKilledAtEachPointPublishesOnce: the ledger module process is
-// SIGKILLed right after a handler's commit (before the delivery's ack;
-// its relay not yet running) and right after the mesh confirmed a row
-// (before the relay marked it sent). Each time meshd restarts it: the
-// redelivered order writes the same event id again, kept once; the row
-// not marked sent is published again, under the same id. On the wire
-// every order's event has one id, the consumer handles each once, and
-// the database holds each order once and every row sent.
+// TestKilledAtEachPointPublishesOnce: the ledger module process, which
+// books orders through its inbox and emits through its outbox, is
+// SIGKILLed right after the inbox's commit (before the delivery's ack;
+// its relay not yet running), right after the mesh confirmed a row
+// (before the relay marked it sent), and inside a handling before its
+// commit. Each time meshd restarts it: the order redelivered after the
+// commit is acknowledged without running again, the one killed before
+// its commit runs again from nothing, and the row not marked sent is
+// published again under the same id. On the wire every order's event
+// has one id, the consumer handles each once, and the database holds
+// each order's effect once and every row sent.
 func TestKilledAtEachPointPublishesOnce(t *testing.T) {
 	t.Parallel()
 	bin := ledger(t)
@@ -182,17 +185,26 @@ func TestKilledAtEachPointPublishesOnce(t *testing.T) {
 				t.Fatalf("handled %s of order %d, want order 2", second.ID, order(second))
 			}
 
-			// Order 3, no crash: once it is handled, every earlier copy
-			// was routed (one relay publishes in commit order).
+			// Killed inside the handling, before the inbox's commit.
+			marker("kill-before-commit")
 			book(3)
+			restarted()
 			third := handled.next(t, "order 3's event")
 			if order(third) != 3 {
 				t.Fatalf("handled %s of order %d, want order 3", third.ID, order(third))
 			}
 
+			// Order 4, no crash: once it is handled, every earlier copy
+			// was routed (one relay publishes in commit order).
+			book(4)
+			fourth := handled.next(t, "order 4's event")
+			if order(fourth) != 4 {
+				t.Fatalf("handled %s of order %d, want order 4", fourth.ID, order(fourth))
+			}
+
 			copies := map[string]int{}
 			idOf := map[int]string{}
-			for len(copies) < 3 || copies[second.ID] < 2 {
+			for len(copies) < 4 || copies[second.ID] < 2 {
 				select {
 				case d := <-wire:
 					id, _ := d.Headers["x-event-id"].(string)
@@ -207,11 +219,11 @@ func TestKilledAtEachPointPublishesOnce(t *testing.T) {
 						t.Errorf("event %s published with delivery mode %d, want persistent", id, d.DeliveryMode)
 					}
 				case <-time.After(60 * time.Second):
-					t.Fatalf("the wire carried %v; want orders 1 and 3 once and order 2 twice (sent again after the crash)", copies)
+					t.Fatalf("the wire carried %v; want orders 1, 3 and 4 once and order 2 twice (sent again after the crash)", copies)
 				}
 			}
-			if copies[first.ID] != 1 || copies[third.ID] != 1 || copies[second.ID] != 2 {
-				t.Errorf("copies on the wire %v: want %s and %s once, %s twice", copies, first.ID, third.ID, second.ID)
+			if copies[first.ID] != 1 || copies[third.ID] != 1 || copies[fourth.ID] != 1 || copies[second.ID] != 2 {
+				t.Errorf("copies on the wire %v: want %s, %s and %s once, %s twice", copies, first.ID, third.ID, fourth.ID, second.ID)
 			}
 			select {
 			case ev := <-handled:
@@ -224,12 +236,13 @@ func TestKilledAtEachPointPublishesOnce(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer db.Close()
-			var orders, rows, unsent int
-			if err := db.QueryRow(`SELECT (SELECT count(*) FROM orders), (SELECT count(*) FROM mesh_outbox), (SELECT count(*) FROM mesh_outbox WHERE sent_at IS NULL)`).Scan(&orders, &rows, &unsent); err != nil {
+			var orders, applied, rows, unsent, inbox int
+			if err := db.QueryRow(`SELECT (SELECT count(*) FROM applied), (SELECT coalesce(sum(times), 0) FROM applied), (SELECT count(*) FROM mesh_outbox),
+				(SELECT count(*) FROM mesh_outbox WHERE sent_at IS NULL), (SELECT count(*) FROM mesh_inbox)`).Scan(&orders, &applied, &rows, &unsent, &inbox); err != nil {
 				t.Fatal(err)
 			}
-			if orders != 3 || rows != 3 || unsent != 0 {
-				t.Errorf("the database holds %d orders and %d outbox rows (%d unsent), want 3, 3 and 0", orders, rows, unsent)
+			if orders != 4 || applied != 4 || rows != 4 || unsent != 0 || inbox != 4 {
+				t.Errorf("the database holds %d orders applied %d times, %d outbox rows (%d unsent), %d inbox records; want 4, 4, 4, 0, 4", orders, applied, rows, unsent, inbox)
 			}
 		})
 	}

@@ -1,6 +1,7 @@
 // Command ledger is the module binary of the outbox's crash tests
-// (test/outbox): it books orders in its database and emits
-// module.ledger.booked for each through its outbox (sdk/outbox).
+// (test/outbox): it books orders in its database through its inbox and
+// emits module.ledger.booked for each through its outbox (sdk/outbox), in
+// the same transaction.
 //
 //	ledger sqlite PATH DIR
 //	ledger postgres DSN DIR
@@ -20,6 +21,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 
 	_ "github.com/jackc/pgx/v5/stdlib"
@@ -53,7 +55,9 @@ func run() error {
 	}
 	defer db.Close()
 	ctx := context.Background()
-	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS orders (n integer PRIMARY KEY)`); err != nil {
+	// applied counts each order's effect: the inbox makes it 1 whatever
+	// crashes.
+	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS applied (n integer PRIMARY KEY, times integer NOT NULL)`); err != nil {
 		return err
 	}
 	def := sdk.Module{Name: "ledger", Emits: []string{"booked"}}
@@ -61,35 +65,34 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	insert := `INSERT INTO orders (n) VALUES (?) ON CONFLICT (n) DO NOTHING`
+	apply := `INSERT INTO applied (n, times) VALUES (?, 1) ON CONFLICT (n) DO UPDATE SET times = applied.times + 1`
 	if kind != "sqlite" {
-		insert = `INSERT INTO orders (n) VALUES ($1) ON CONFLICT (n) DO NOTHING`
+		apply = strings.Replace(apply, "?", "$1", 1)
 	}
 	def.Setup = func(m sdk.Mesh) error {
-		return m.On("mesh.ledger.book", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+		book := ob.Handler(func(ctx context.Context, tx *sql.Tx, ev sdk.Event) error {
 			var order struct{ N int }
 			if err := json.Unmarshal(ev.Body, &order); err != nil {
 				return sdk.Permanent(err)
 			}
-			tx, err := db.BeginTx(ctx, nil)
-			if err != nil {
-				return err
-			}
-			defer tx.Rollback()
-			if _, err := tx.ExecContext(ctx, insert, order.N); err != nil {
+			if _, err := tx.ExecContext(ctx, apply, order.N); err != nil {
 				return err
 			}
 			if _, err := ob.Emit(ctx, tx, "booked", map[string]int{"n": order.N}); err != nil {
 				return err
 			}
-			if err := tx.Commit(); err != nil {
-				return err
-			}
-			if takeMarker(dir, "kill-after-commit") {
-				_ = os.Remove(filepath.Join(dir, "no-relay"))
+			if takeMarker(dir, "kill-before-commit") {
 				kill()
 			}
 			return nil
+		})
+		return m.On("mesh.ledger.book", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			err := book.HandleEvent(ctx, ev) // the effect is committed when it returns nil
+			if err == nil && takeMarker(dir, "kill-after-commit") {
+				_ = os.Remove(filepath.Join(dir, "no-relay"))
+				kill()
+			}
+			return err
 		}))
 	}
 	def.Run = func(ctx context.Context, m sdk.Mesh) error {
