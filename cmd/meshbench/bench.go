@@ -407,6 +407,12 @@ func newMeshWith(url, qt string, s *sink, tp trace.TracerProvider) (side, error)
 // newMeshOf is the mesh side with a tracer provider, the module's
 // declared schemas and its config (its queue type is qt).
 func newMeshOf(url, qt string, s *sink, tp trace.TracerProvider, schemas []sdk.Schema, mc runtime.ModuleConfig) (side, error) {
+	return newMeshHandling(url, qt, s, tp, schemas, mc, nil)
+}
+
+// newMeshHandling is newMeshOf whose module's handler wrap makes (given
+// the module's name and the plain handler), when wrap is not nil.
+func newMeshHandling(url, qt string, s *sink, tp trace.TracerProvider, schemas []sdk.Schema, mc runtime.ModuleConfig, wrap func(module string, h sdk.Handler) (sdk.Handler, error)) (side, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	state, err := os.MkdirTemp("", "meshbench-")
@@ -431,10 +437,17 @@ func newMeshOf(url, qt string, s *sink, tp trace.TracerProvider, schemas []sdk.S
 		schemas[i].Event = "measured"
 	}
 	mc.QueueType = qt
+	var h sdk.Handler = sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+		return s.handle(ev.Body)
+	})
+	if wrap != nil {
+		if h, err = wrap(name, h); err != nil {
+			node.Close(ctx)
+			return nil, err
+		}
+	}
 	mod, err := node.Load(ctx, sdk.Module{Name: name, Emits: []string{"measured"}, Schemas: schemas, Setup: func(m sdk.Mesh) error {
-		return m.On("module."+name+".#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
-			return s.handle(ev.Body)
-		}))
+		return m.On("module."+name+".#", h)
 	}}, mc)
 	if err != nil {
 		node.Close(ctx)

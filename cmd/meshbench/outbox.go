@@ -56,6 +56,9 @@ func benchOutbox(url string, o options) error {
 			pairedRatio(tput[name], tput["emit"]), pairedRatio(cpu[name], cpu["emit"]), median(cpu[name])-median(cpu["emit"]),
 			median(p50[name])-median(p50["emit"]))
 	}
+	if err := benchInbox(url, qt, o); err != nil {
+		return err
+	}
 	record("outbox on SQLite, 64 in flight / commit, then emit (no outbox)", pairedRatio(tput["outbox-64"], tput["commit+emit"]), 0.5, true, "")
 	record("outbox on SQLite, in commit order (write, commit, relay) / plain emit, throughput", pairedRatio(tput["outbox"], tput["emit"]), 0.5, true, "")
 	record("outbox on SQLite, 64 in flight / plain emit, throughput", pairedRatio(tput["outbox-64"], tput["emit"]), 0.5, true, "")
@@ -144,4 +147,89 @@ func (o *outboxSide) close() error {
 	err := <-o.relay
 	o.closeDB()
 	return errors.Join(err, o.meshSide.close())
+}
+
+// benchInbox measures a handler that applies its effect through the inbox
+// on SQLite (a transaction recording the event's id, the effect's row,
+// the commit, then the acknowledgement) beside a plain handler, in
+// alternating rounds: throughput and the latency at o.rate events per
+// second, from emit to the end of the handling.
+func benchInbox(url, qt string, o options) error {
+	fmt.Printf("\n== inbox (%s queues, SQLite, a transaction per handled event) ==\n", qt)
+	names := []string{"plain", "inbox"}
+	mk := map[string]func(*sink) (side, error){
+		"plain": func(s *sink) (side, error) { return newMeshOf(url, qt, s, nil, nil, runtime.ModuleConfig{}) },
+		"inbox": func(s *sink) (side, error) { return newInboxSide(url, qt, s) },
+	}
+	tput, p50 := map[string][]float64{}, map[string][]float64{}
+	for r := 0; r < o.rounds; r++ {
+		for _, name := range names {
+			tp, c, err := throughput(mk[name], o)
+			if err != nil {
+				return fmt.Errorf("%s throughput: %w", name, err)
+			}
+			l50, l99, err := latency(mk[name], o)
+			if err != nil {
+				return fmt.Errorf("%s latency: %w", name, err)
+			}
+			tput[name], p50[name] = append(tput[name], tp), append(p50[name], l50)
+			fmt.Printf("round %d %-6s %8.0f events/s  client CPU %5.1f µs/event   p50 %6.2f ms   p99 %6.2f ms\n", r+1, name, tp, float64(c)/float64(time.Microsecond), l50, l99)
+		}
+	}
+	added := median(p50["inbox"]) - median(p50["plain"])
+	fmt.Printf("inbox/plain: throughput %.2f, p50 latency +%.2f ms\n", pairedRatio(tput["inbox"], tput["plain"]), added)
+	record("inbox on SQLite: added p50 latency at "+fmt.Sprint(o.rate)+"/s", added, 2, false, " ms")
+	return nil
+}
+
+// inboxSide is the mesh side whose module handles each event through the
+// inbox on SQLite, writing a row of its own in the same transaction.
+type inboxSide struct {
+	*meshSide
+	db  *sql.DB
+	dir string
+}
+
+func newInboxSide(url, qt string, s *sink) (side, error) {
+	dir, err := os.MkdirTemp("", "meshbench-inbox-")
+	if err != nil {
+		return nil, err
+	}
+	db, err := outbox.OpenSQLite(filepath.Join(dir, "bench.db"))
+	if err == nil {
+		_, err = db.Exec(`CREATE TABLE seen (id TEXT PRIMARY KEY)`)
+	}
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	sd, err := newMeshHandling(url, qt, s, nil, nil, runtime.ModuleConfig{}, func(name string, h sdk.Handler) (sdk.Handler, error) {
+		ob, err := outbox.New(context.Background(), db, sdk.Module{Name: name, Emits: []string{"measured"}})
+		if err != nil {
+			return nil, err
+		}
+		in := ob.Handler(func(ctx context.Context, tx *sql.Tx, ev sdk.Event) error {
+			_, err := tx.ExecContext(ctx, `INSERT INTO seen (id) VALUES (?)`, ev.ID)
+			return err
+		})
+		return sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			if err := in.HandleEvent(ctx, ev); err != nil {
+				return err
+			}
+			return h.HandleEvent(ctx, ev) // measured once the effect committed
+		}), nil
+	})
+	if err != nil {
+		db.Close()
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	return &inboxSide{meshSide: sd.(*meshSide), db: db, dir: dir}, nil
+}
+
+func (i *inboxSide) close() error {
+	err := i.meshSide.close()
+	i.db.Close()
+	os.RemoveAll(i.dir)
+	return err
 }
