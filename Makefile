@@ -24,7 +24,7 @@ help: ## List targets with their descriptions
 # go list -export compiles every package and fails on any error, as go build ./... does, but
 # links no command: a build with nothing changed takes seconds, not half a minute (the doc
 # check, test/docs, runs make build in each guide).
-build: ## Build all packages, the binaries bin/meshd and bin/meshctl, the shipped module binaries bin/modules/audit-logger, agent and dispatcher, the example modules (bin/modules/umami, notifier, billing, tax) and bin/ordersource
+build: ## Build all packages, the binaries bin/meshd and bin/meshctl, the shipped module binaries bin/modules/audit-logger, agent and dispatcher, the example modules (bin/modules/umami, notifier, billing, tax, ledger) and bin/ordersource
 	$(GO) list -export ./... >/dev/null
 	$(BUILD) -o bin/meshd ./cmd/meshd
 	$(BUILD) -o bin/meshctl ./cmd/meshctl

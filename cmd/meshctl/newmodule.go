@@ -51,6 +51,7 @@ func newCommand() *cli.Command {
 				&cli.StringFlag{Name: "dir", Usage: "where to write it (default ./NAME); it must not exist or be empty"},
 				&cli.StringFlag{Name: "mesh", Usage: "the mesh source `DIR` to build against (default: the one this meshctl was built in, or above the working directory)"},
 				&cli.StringFlag{Name: "go-module", Usage: "the new module's Go module `PATH` (default example.com/NAME)"},
+				&cli.BoolFlag{Name: "with-db", Usage: "keep state in a SQLite database: the handler runs through the inbox and emits through the outbox (sdk/outbox), exactly once (kind plain)"},
 				&cli.BoolFlag{Name: "no-tidy", Usage: "do not run go mod tidy afterwards"},
 			},
 			Action: newModule,
@@ -61,6 +62,8 @@ func newCommand() *cli.Command {
 // scaffoldData is what the templates are filled with.
 type scaffoldData struct {
 	Name, Kind, Tool, GoModule, GoVersion, MeshDir string
+	// DB says --with-db: the db templates replace the kind's.
+	DB bool
 }
 
 func newModule(c *cli.Context) error {
@@ -75,6 +78,9 @@ func newModule(c *cli.Context) error {
 	tool, ok := scaffoldKinds[kind]
 	if !ok {
 		return usagef("--kind %q is not plain, agent or dispatcher", kind)
+	}
+	if c.Bool("with-db") && kind != "plain" {
+		return usagef("--with-db writes a plain module; drop --kind %s or --with-db", kind)
 	}
 	dir := c.String("dir")
 	if dir == "" {
@@ -91,7 +97,7 @@ func newModule(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	data := scaffoldData{Name: name, Tool: name + "." + tool, GoModule: c.String("go-module"), GoVersion: goVersion, MeshDir: meshDir}
+	data := scaffoldData{Name: name, Tool: name + "." + tool, GoModule: c.String("go-module"), GoVersion: goVersion, MeshDir: meshDir, DB: c.Bool("with-db")}
 	if kind != "plain" {
 		data.Kind = kind
 	}
@@ -119,11 +125,16 @@ func newModule(c *cli.Context) error {
 	return nil
 }
 
-// writeScaffold writes the common templates and those of kind into dir.
-// A template's name without .tmpl is its file's (gitignore is .gitignore).
+// writeScaffold writes the common templates and those of kind into dir,
+// then, with data.DB, the db templates over them. A template's name
+// without .tmpl is its file's (gitignore is .gitignore).
 func writeScaffold(dir, kind string, data scaffoldData) ([]string, error) {
 	var written []string
-	for _, sub := range []string{"common", kind} {
+	subs := []string{"common", kind}
+	if data.DB {
+		subs = append(subs, "db")
+	}
+	for _, sub := range subs {
 		entries, err := fs.ReadDir(scaffold, path.Join("scaffold", sub))
 		if err != nil {
 			return nil, err
@@ -155,7 +166,7 @@ func writeScaffold(dir, kind string, data scaffoldData) ([]string, error) {
 		}
 	}
 	slices.Sort(written)
-	return written, nil
+	return slices.Compact(written), nil // a db template replaces the kind's file of its name
 }
 
 // findMeshSource is the mesh source directory: flag if given, else the

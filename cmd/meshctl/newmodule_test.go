@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -41,14 +42,20 @@ func TestNewModule(t *testing.T) {
 	for _, tc := range []struct {
 		kind, tool string
 		req, want  string
+		db         bool
 	}{
-		{"plain", "newplain.greet", `{"name":"ada"}`, `{"text":"Hello, ada!"}`},
-		{"agent", "newagent.count", `{"text":"to be or not"}`, `{"words":4}`},
-		{"dispatcher", "newdispatcher.status", `{}`, `{"dispatched":0}`},
+		{"plain", "newplain.greet", `{"name":"ada"}`, `{"text":"Hello, ada!"}`, false},
+		{"agent", "newagent.count", `{"text":"to be or not"}`, `{"words":4}`, false},
+		{"dispatcher", "newdispatcher.status", `{}`, `{"dispatched":0}`, false},
+		{"plain", "newdb.greet", `{"name":"ada"}`, `{"text":"Hello, ada!"}`, true},
 	} {
 		name := "new" + tc.kind
+		args := []string{"--kind", tc.kind}
+		if tc.db {
+			name, args = "newdb", []string{"--with-db"}
+		}
 		dir := filepath.Join(t.TempDir(), name)
-		want(t, bin, url, 0, []string{"new", "module", name, "--kind", tc.kind, "--dir", dir, "--mesh", repo}, "wrote "+dir, tc.tool)
+		want(t, bin, url, 0, append([]string{"new", "module", name, "--dir", dir, "--mesh", repo}, args...), "wrote "+dir, tc.tool)
 		for _, args := range [][]string{{"vet", "./..."}, {"test", "-count=1", "./..."}, {"build", "-o", "bin/" + name, "."}} {
 			cmd := exec.CommandContext(ctx, "go", args...)
 			cmd.Dir = dir
@@ -66,6 +73,12 @@ func TestNewModule(t *testing.T) {
 		}
 		entry := f.Modules[0]
 		entry.Path = filepath.Join(dir, entry.Path) // relative to where make run runs meshd
+		if tc.db {
+			if len(entry.Args) != 1 || !strings.HasSuffix(entry.Args[0], "newdb.db") {
+				t.Errorf("the --with-db entry's args %q, want its database's path", entry.Args)
+			}
+			entry.Args = []string{filepath.Join(dir, "newdb.db")}
+		}
 		f.Modules[0] = entry
 		if err := f.Validate(); err != nil {
 			t.Fatalf("%s: mesh.yaml: %v", name, err)
@@ -86,6 +99,7 @@ func TestNewModule(t *testing.T) {
 		}
 	}
 
+	dbGreetings := brokertest.Tap(t, url, "mesh.events", "module.newdb.greeting.sent")
 	id, err := node.Emit(ctx, "accounts", "module.accounts.user.created", map[string]string{"name": "ada"})
 	if err != nil {
 		t.Fatal(err)
@@ -97,6 +111,16 @@ func TestNewModule(t *testing.T) {
 		}
 	case <-ctx.Done():
 		t.Fatal("the plain module emitted no greeting")
+	}
+	// The --with-db module handled the same event through its inbox, and
+	// its relay published the greeting after the commit.
+	select {
+	case d := <-dbGreetings:
+		if d.Headers["x-causation-id"] != id || string(d.Body) != `{"to":"ada","text":"Hello, ada!"}` {
+			t.Errorf("greeting %s caused by %v, want one to ada caused by %s", d.Body, d.Headers["x-causation-id"], id)
+		}
+	case <-ctx.Done():
+		t.Fatal("the --with-db module emitted no greeting")
 	}
 }
 
@@ -114,6 +138,7 @@ func TestNewModuleRefuses(t *testing.T) {
 	}{
 		{[]string{"new", "module", "a.b"}, 2},
 		{[]string{"new", "module", "ok", "--kind", "robot"}, 2},
+		{[]string{"new", "module", "ok", "--kind", "agent", "--with-db"}, 2},
 		{[]string{"new", "module"}, 2},
 		{[]string{"new", "module", "ok", "--dir", dir}, 1},
 		{[]string{"new", "module", "ok", "--dir", filepath.Join(dir, "x"), "--mesh", dir}, 2},
