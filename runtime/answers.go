@@ -2,10 +2,12 @@ package runtime
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
 
+	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/sdk"
 )
 
@@ -35,8 +37,11 @@ type answerCache struct {
 type storedAnswer struct {
 	body []byte
 	te   *sdk.ToolError
-	at   time.Time
-	size int
+	// digest is the request's (wire.Digest of the tool and the body): a
+	// repeat of the id with another digest is a conflict, not a repeat.
+	digest uint64
+	at     time.Time
+	size   int
 }
 
 func newAnswerCache(retention time.Duration, maxBytes int) *answerCache {
@@ -116,6 +121,14 @@ func (c *answerCache) expire() {
 			c.order = slices.Clone(c.order) // let go of the dropped keys
 		}
 	}
+}
+
+// conflict is the answer to a repeat of a request id whose request differs
+// from the one the stored answer answered.
+func conflict(id string, stored *storedAnswer, digest uint64) *sdk.ToolError {
+	return &sdk.ToolError{Code: wire.CodeConflict, Permanent: true, Message: fmt.Sprintf(
+		"request id %s was answered for a request of digest %s; this one's digest is %s: the same id with another request, not run",
+		id, wire.FormatDigest(stored.digest), wire.FormatDigest(digest))}
 }
 
 // keepable says whether an answer is final: a response or a permanent

@@ -3,6 +3,7 @@ package runtime_test
 import (
 	"context"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -112,5 +113,56 @@ func checkConflict(t *testing.T, raw *amqp.Channel, id, body string) {
 	msg, _ := d.Headers[wire.HeaderDeadError].(string)
 	if !strings.Contains(msg, "event id "+id+" was handled with content digest") || !strings.Contains(msg, "this copy's digest is") {
 		t.Errorf("dead letter error %q does not name both digests", msg)
+	}
+}
+
+// TestSameRequestIDOtherBodyIsAConflict: a request repeated with its id
+// (one made inside a handling, whose answer is stored) is answered from
+// the stored answer; the same id with another body is answered, without
+// running the tool, with the permanent tool error "conflict" naming both
+// digests, not with the other request's answer. Sent with raw amqp091-go,
+// as a caller of another language would.
+func TestSameRequestIDOtherBodyIsAConflict(t *testing.T) {
+	t.Parallel()
+	url := brokertest.VHost(t)
+	n := testNode(t, url, "anchor", nil)
+	var runs atomic.Int64
+	load(t, n, serveModule("echo", "echo.say", func(ctx context.Context, req sdk.Request) (any, error) {
+		runs.Add(1)
+		return req.Body, nil
+	}), runtime.ModuleConfig{})
+	raw := rawConn(t, url)
+	replies, err := raw.QueueDeclare("", false, true, true, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, cause := ulid.Make().String(), ulid.Make().String()
+	call := func(correlation, body string) amqp.Delivery {
+		t.Helper()
+		h := requestHeaders(time.Now().Add(30 * time.Second))
+		h["x-event-id"], h["x-causation-id"] = id, cause
+		p := amqp.Publishing{Headers: h, ContentType: "application/json", Body: []byte(body), ReplyTo: replies.Name, CorrelationId: correlation, MessageId: id}
+		if err := raw.PublishWithContext(emitCtx(t), "mesh.rpc", "echo.say", true, false, p); err != nil {
+			t.Fatal(err)
+		}
+		d := nextFrom(t, raw, replies.Name)
+		if d.CorrelationId != correlation {
+			t.Fatalf("reply %s, want %s", d.CorrelationId, correlation)
+		}
+		return d
+	}
+	if d := call("first", `"a"`); d.Headers["x-status"] != "ok" || string(d.Body) != `"a"` {
+		t.Fatalf("first answer %v %s", d.Headers, d.Body)
+	}
+	d := call("other", `"b"`)
+	msg, _ := d.Headers["x-error-message"].(string)
+	if d.Headers["x-status"] != "error" || d.Headers["x-error-code"] != "conflict" || d.Headers["x-error-permanent"] != true || !strings.Contains(msg, "this one's digest is") {
+		t.Errorf("the same id with another body answered %v %s, want the permanent tool error conflict", d.Headers, d.Body)
+	}
+	if d := call("again", `"a"`); d.Headers["x-status"] != "ok" || string(d.Body) != `"a"` {
+		t.Errorf("the same request again answered %v %s, want the stored answer", d.Headers, d.Body)
+	}
+	if runs.Load() != 1 {
+		t.Errorf("the tool ran %d times, want once", runs.Load())
 	}
 }

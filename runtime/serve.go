@@ -145,12 +145,24 @@ func (m *Module) answer(ch *amqp.Channel, t tool, d amqp.Delivery) {
 			m.settle(d) // the caller gave up while the first copy of its request ran
 			return
 		}
+		digest := wire.Digest(t.key, wire.Meta{}, req.Body)
+		if stored != nil && stored.digest != digest {
+			te := conflict(req.ID, stored, digest)
+			m.log.Warn("request refused: its id was answered for another request", "tool", t.key, "request_id", req.ID, "err", te.Message)
+			m.reply(ch, d, nil, te)
+			return
+		}
 		if stored != nil {
 			m.log.Debug("repeated request answered from the stored answer", "tool", t.key, "request_id", req.ID)
 			m.reply(ch, d, stored.body, stored.te)
 			return
 		}
-		defer func() { keep(final) }()
+		defer func() {
+			if final != nil {
+				final.digest = digest
+			}
+			keep(final)
+		}()
 	}
 	resp, err := safeAnswer(ctx, t.handler, req)
 	served = err

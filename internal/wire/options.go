@@ -229,4 +229,5 @@ const (
 	CodeInternal       = "internal"        // the handler panicked or its response could not be encoded
 	CodeInvalidRequest = "invalid_request" // the request broke the wire contract
 	CodeForbidden      = "forbidden"       // the tool's callers do not include the caller
+	CodeConflict       = "conflict"        // the request's id was answered for another request (wire.Digest differs)
 )
