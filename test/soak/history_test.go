@@ -27,12 +27,13 @@ type run struct {
 // their history file at the end.
 type history struct {
 	mu        sync.Mutex
-	confirmed map[string]string // order id → event id, for emits that returned nil (confirmed or spooled)
-	refused   map[string]int    // emit errors, by kind
-	done      map[string]int    // done events the sink handled, by order id
-	doneIDs   map[string]bool   // their event ids
-	legacyIn  map[string]bool   // messages published to the consumed queue and confirmed
-	jobsIn    map[string]bool   // messages published to the dispatcher's queue and confirmed
+	confirmed map[string]string          // order id → event id, for emits that returned nil (confirmed or spooled)
+	refused   map[string]int             // emit errors, by kind
+	done      map[string]int             // done events the sink handled, by order id
+	doneIDs   map[string]bool            // their event ids
+	booked    map[string]map[string]bool // the ledger's booked events the sink handled: order id → event ids
+	legacyIn  map[string]bool            // messages published to the consumed queue and confirmed
+	jobsIn    map[string]bool            // messages published to the dispatcher's queue and confirmed
 	// interrupted is when the nemesis SIGKILLed or SIGSTOPped a module
 	// process, by pid (the module processes of a killed meshd included).
 	interrupted map[int][]int64
@@ -46,7 +47,7 @@ type history struct {
 }
 
 func newHistory() *history {
-	return &history{confirmed: map[string]string{}, refused: map[string]int{}, done: map[string]int{}, doneIDs: map[string]bool{},
+	return &history{confirmed: map[string]string{}, refused: map[string]int{}, done: map[string]int{}, doneIDs: map[string]bool{}, booked: map[string]map[string]bool{},
 		legacyIn: map[string]bool{}, jobsIn: map[string]bool{}, interrupted: map[int][]int64{},
 		handled: map[string][]run{}, taxed: map[string][]run{}, legacy: map[string][]run{}, stamped: map[string][]run{}, stampedCalls: map[string][]run{}}
 }

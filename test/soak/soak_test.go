@@ -27,6 +27,7 @@ package soak
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -46,6 +47,7 @@ import (
 
 	"github.com/oklog/ulid/v2"
 	amqp "github.com/rabbitmq/amqp091-go"
+	_ "modernc.org/sqlite" // the ledger's database, read by the checker
 
 	"github.com/meshkit/mesh/internal/brokertest"
 	"github.com/meshkit/mesh/internal/clustertest"
@@ -257,6 +259,22 @@ func soak(t *testing.T, bins binaries, length, pace time.Duration, seed uint64) 
 	edge := newEdge(t, urls["edge"], filepath.Join(dir, "edge"))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	_, err = edge.Load(ctx, sdk.Module{Name: "sink", Setup: func(m sdk.Mesh) error {
+		booked := m.On("module.ledger.booked", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			var o order
+			if err := ev.Decode(&o); err != nil {
+				return sdk.Permanent(err)
+			}
+			h.mu.Lock()
+			if h.booked[o.ID] == nil {
+				h.booked[o.ID] = map[string]bool{}
+			}
+			h.booked[o.ID][ev.ID] = true
+			h.mu.Unlock()
+			return nil
+		}))
+		if booked != nil {
+			return booked
+		}
 		return m.On("module.worker.done", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
 			var o order
 			if err := ev.Decode(&o); err != nil {
@@ -392,7 +410,7 @@ func soak(t *testing.T, bins binaries, length, pace time.Duration, seed uint64) 
 		defer h.mu.Unlock()
 		n := 0
 		for id := range h.confirmed {
-			if len(h.handled["beta/"+id]) == 0 || len(h.handled["gamma/"+id]) == 0 || h.done[id] == 0 {
+			if len(h.handled["beta/"+id]) == 0 || len(h.handled["gamma/"+id]) == 0 || h.done[id] == 0 || len(h.booked[id]) == 0 {
 				n++
 			}
 		}
@@ -461,8 +479,32 @@ func soak(t *testing.T, bins binaries, length, pace time.Duration, seed uint64) 
 		t.Errorf("audit log: %v", err)
 	}
 
+	applied, err := readLedger(ledgerDB(histPath))
+	if err != nil {
+		t.Errorf("the ledger's database: %v", err)
+	}
+
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	// The ledger (inbox and outbox): each confirmed order's effect applied
+	// exactly once, each applied order's event published under one id.
+	var effectsLost, effectsDoubled, outboxLost, outboxDoubled int
+	for id := range h.confirmed {
+		if applied[id] == 0 && !dead.orders[wire.ModuleQueue("gamma", "ledger")+"/"+id] {
+			effectsLost++
+		}
+	}
+	for id, times := range applied {
+		if times > 1 {
+			effectsDoubled++
+		}
+		switch n := len(h.booked[id]); {
+		case n == 0:
+			outboxLost++
+		case n > 1:
+			outboxDoubled++
+		}
+	}
 	var lost, doneLost, doneDup, legacyLost, jobsLost int
 	for id := range h.confirmed {
 		for _, n := range []string{"beta", "gamma"} {
@@ -524,12 +566,39 @@ func soak(t *testing.T, bins binaries, length, pace time.Duration, seed uint64) 
 	js, _ := json.Marshal(faults)
 	refused, _ := json.Marshal(h.refused)
 	deadWhy, _ := json.Marshal(dead.why)
-	fmt.Printf("soak seed=%d faults=%d %s settled=%v confirmed=%d refused=%s lost=%d dup=%d rerun=%d done_lost=%d done_dup=%d tool_repeated=%d tool_rerun=%d dead=%d jobs_dead=%d expired=%d %s false_dead=%d legacy=%d legacy_lost=%d legacy_rerun=%d jobs=%d jobs_lost=%d jobs_dup=%d jobs_rerun=%d jobs_retried=%d audit_missing=%d audit_doubled=%d unacked=%d left=%d leaks=%d use=%s\n",
+	fmt.Printf("soak seed=%d faults=%d %s settled=%v confirmed=%d refused=%s lost=%d dup=%d rerun=%d done_lost=%d done_dup=%d tool_repeated=%d tool_rerun=%d dead=%d jobs_dead=%d expired=%d %s false_dead=%d legacy=%d legacy_lost=%d legacy_rerun=%d jobs=%d jobs_lost=%d jobs_dup=%d jobs_rerun=%d jobs_retried=%d audit_missing=%d audit_doubled=%d effects_lost=%d effects_doubled=%d outbox_lost=%d outbox_doubled=%d unacked=%d left=%d leaks=%d use=%s\n",
 		seed, total, js, settled, len(h.confirmed), refused, lost, dup, rerun, doneLost, doneDup, toolDup, toolRerun, len(dead.orders), len(dead.jobs), dead.expired, deadWhy, dead.false,
-		len(h.legacyIn), legacyLost, legacyRerun, len(h.jobsIn), jobsLost, jobsDup, jobsRerun, jobsRetried, a.missing, a.doubled, unacked, left, leaks, strings.Join(use, ","))
-	if lost+dup+doneLost+doneDup+toolDup+dead.false+legacyLost+jobsLost+jobsDup+a.missing+a.doubled+unacked+leaks != 0 {
+		len(h.legacyIn), legacyLost, legacyRerun, len(h.jobsIn), jobsLost, jobsDup, jobsRerun, jobsRetried, a.missing, a.doubled, effectsLost, effectsDoubled, outboxLost, outboxDoubled, unacked, left, leaks, strings.Join(use, ","))
+	if lost+dup+doneLost+doneDup+toolDup+dead.false+legacyLost+jobsLost+jobsDup+a.missing+a.doubled+effectsLost+effectsDoubled+outboxLost+outboxDoubled+unacked+leaks != 0 {
 		t.Errorf("violations (seed %d); repeats not explained by the nemesis: handled %v, tool %v, jobs %v", seed, dupEx, toolEx, jobsEx)
 	}
+}
+
+// ledgerDB is the ledger module's database, beside the history file.
+func ledgerDB(hist string) string { return filepath.Join(filepath.Dir(hist), "ledger.db") }
+
+// readLedger reads how many times the ledger applied each order.
+func readLedger(path string) (map[string]int, error) {
+	db, err := sql.Open("sqlite", "file:"+path+"?mode=ro&_pragma=busy_timeout(10000)")
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	rows, err := db.Query(`SELECT order_id, times FROM applied`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	applied := map[string]int{}
+	for rows.Next() {
+		var id string
+		var times int
+		if err := rows.Scan(&id, &times); err != nil {
+			return nil, err
+		}
+		applied[id] = times
+	}
+	return applied, rows.Err()
 }
 
 // meshdConfig is the config of meshd node name.
@@ -581,7 +650,12 @@ modules:
 	case "gamma":
 		fmt.Fprintf(&b, worker, ", "+legacyQueue)
 		fmt.Fprintf(&b, "    consumes: [%s]\n", legacyQueue)
-		fmt.Fprintf(&b, `  - name: tax
+		fmt.Fprintf(&b, `  - name: ledger
+    path: %s
+    args: [ledger, %s, %s, %s]
+    max_attempts: 50
+    handler_timeout: 10s
+  - name: tax
     path: %s
     args: [tax, %s, %s]
     tools: [tax.*]
@@ -592,7 +666,7 @@ modules:
     config:
       tools:
         - {key: stamp.job, command: /bin/sh, args: [%s], timeout: 5s, max_concurrency: 4}
-`, bins.module, name, hist, bins.agent, filepath.Join(filepath.Dir(hist), "stamp.sh"))
+`, bins.module, name, hist, ledgerDB(hist), bins.module, name, hist, bins.agent, filepath.Join(filepath.Dir(hist), "stamp.sh"))
 	}
 	return b.String()
 }

@@ -5,10 +5,14 @@
 //	soakmodule worker NODE HISTORY [QUEUE]   handles module.shop.order: calls tax.rate, emits done;
 //	                                         with QUEUE, also consumes that outside queue
 //	soakmodule tax NODE HISTORY              serves tax.rate
+//	soakmodule ledger NODE HISTORY DB        books module.shop.order in the SQLite
+//	                                         file DB through the inbox, emits booked
+//	                                         through the outbox (sdk/outbox)
 package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"os"
@@ -16,6 +20,7 @@ import (
 	"time"
 
 	"github.com/meshkit/mesh/sdk"
+	"github.com/meshkit/mesh/sdk/outbox"
 	"github.com/meshkit/mesh/sdk/process"
 )
 
@@ -62,6 +67,15 @@ func main() {
 		m = worker(h, queue)
 	case "tax":
 		m = tax(h)
+	case "ledger":
+		if len(os.Args) < 5 {
+			fmt.Fprintln(os.Stderr, "usage: soakmodule ledger NODE HISTORY DB")
+			os.Exit(2)
+		}
+		if m, err = ledger(os.Args[4]); err != nil {
+			fmt.Fprintln(os.Stderr, "soakmodule:", err)
+			os.Exit(1)
+		}
 	default:
 		fmt.Fprintln(os.Stderr, "soakmodule: no role", role)
 		os.Exit(2)
@@ -122,4 +136,40 @@ func tax(h *history) sdk.Module {
 			return 0.2, nil
 		}))
 	}}
+}
+
+// ledger books each order exactly once in its database (table applied:
+// how many times each order's effect was applied, which the soak's
+// checker requires to be 1) through the inbox, and emits booked for it
+// in the same transaction, relayed by its outbox.
+func ledger(path string) (sdk.Module, error) {
+	db, err := outbox.OpenSQLite(path)
+	if err != nil {
+		return sdk.Module{}, err
+	}
+	if _, err := db.Exec(`CREATE TABLE IF NOT EXISTS applied (order_id TEXT PRIMARY KEY, times INTEGER NOT NULL)`); err != nil {
+		return sdk.Module{}, err
+	}
+	m := sdk.Module{Name: "ledger", Emits: []string{"booked"}}
+	ob, err := outbox.New(context.Background(), db, m)
+	if err != nil {
+		return sdk.Module{}, err
+	}
+	m.Setup = func(mesh sdk.Mesh) error {
+		return mesh.On("module.shop.order", ob.Handler(func(ctx context.Context, tx *sql.Tx, ev sdk.Event) error {
+			var o order
+			if err := ev.Decode(&o); err != nil {
+				return sdk.Permanent(err)
+			}
+			if _, err := tx.ExecContext(ctx, `INSERT INTO applied (order_id, times) VALUES (?, 1) ON CONFLICT (order_id) DO UPDATE SET times = applied.times + 1`, o.ID); err != nil {
+				return fmt.Errorf("ledger: %w", err)
+			}
+			if _, err := ob.Emit(ctx, tx, "booked", o); err != nil {
+				return fmt.Errorf("ledger: %w", err)
+			}
+			return nil
+		}))
+	}
+	m.Run = ob.Relay
+	return m, nil
 }
