@@ -75,6 +75,7 @@ var scenarios = []scenario{
 	{name: "SchemasSkipBodyValidationKeepsXSchema", run: schemasSkipValidation},
 	{name: "ToolSchemasCheckRequestsAndResponses", run: toolSchemasCheck},
 	{name: "OutboxPublishesWhatCommits", run: outboxCommits, since: "v0.2.0"},
+	{name: "InboxAppliesEachEventOnce", run: inboxOnce, since: "v0.2.0"},
 }
 
 // TestConformance runs every scenario on every host.
@@ -1055,5 +1056,36 @@ func outboxCommits(t *testing.T, h Host) {
 	}
 	if n := countType(rs, "module.ledger.booked"); n != 4 {
 		t.Errorf("the watcher saw %d of the ledger's events, want 4", n)
+	}
+}
+
+// A handler through the inbox whose first attempt fails after its effect
+// has it rolled back with its event: the retry applies it once and its
+// event is published once; the same event delivered again is
+// acknowledged without running.
+func inboxOnce(t *testing.T, h Host) {
+	w := h.Load(t, "watcher", ModuleConfig{})
+	l := h.Load(t, "ledger", ModuleConfig{})
+	pay := h.Emit(t, "mesh.ledger.pay", conformance.Steer{N: 7, Fail: 1})
+	paid := l.WaitKind(t, "paid", 1)
+	if paid[0].ID != pay || paid[0].Attempt != 2 || paid[0].Value != "1" {
+		t.Errorf("paid %+v, want payment 7 applied once, on attempt 2", paid[0])
+	}
+	rs := w.Wait(t, "the payment's event", func(rs []conformance.Record) bool {
+		return countType(rs, "module.ledger.booked") >= 1
+	})
+	h.Redeliver(t, pay, "mesh.ledger.pay", conformance.Steer{N: 7, Fail: 1})
+	marker := h.Emit(t, "mesh.ledger.pay", conformance.Steer{N: 8}) // queued after the copy
+	paid = l.Wait(t, "the marker's payment", func(rs []conformance.Record) bool {
+		return slices.ContainsFunc(rs, func(r conformance.Record) bool { return r.Kind == "paid" && r.ID == marker })
+	})
+	if got := l.Of(t, "paid"); len(got) != 2 {
+		t.Errorf("paid %+v, want payments 7 and 8 once each (the copy of 7 not run)", got)
+	}
+	rs = w.Wait(t, "the marker's event", func(rs []conformance.Record) bool {
+		return countType(rs, "module.ledger.booked") >= 2
+	})
+	if n := countType(rs, "module.ledger.booked"); n != 2 || rs[0].CausationID != pay {
+		t.Errorf("the watcher saw %d booked events (the first caused by %s), want 2, the first caused by %s", n, rs[0].CausationID, pay)
 	}
 }

@@ -13,6 +13,7 @@ package conformance
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -394,7 +395,37 @@ func Module(name string, probe *Probe) (sdk.Module, error) {
 			db.Close()
 			return sdk.Module{}, err
 		}
+		if _, err := db.Exec(`CREATE TABLE IF NOT EXISTS paid (n INTEGER PRIMARY KEY, times INTEGER NOT NULL)`); err != nil {
+			db.Close()
+			return sdk.Module{}, err
+		}
+		// On mesh.ledger.pay, through the inbox: counts payment N's runs
+		// in paid, emits booked, then fails as the body steers (inside the
+		// transaction: a failed attempt rolls back); once committed, it
+		// records the times paid says ("paid").
+		pay := ob.Handler(func(ctx context.Context, tx *sql.Tx, ev sdk.Event) error {
+			s := steer(ev.Body)
+			if _, err := tx.ExecContext(ctx, `INSERT INTO paid (n, times) VALUES (?, 1) ON CONFLICT (n) DO UPDATE SET times = paid.times + 1`, s.N); err != nil {
+				return err
+			}
+			if _, err := ob.Emit(ctx, tx, "booked", map[string]int{"n": s.N}); err != nil {
+				return err
+			}
+			return act(ctx, s, ev.Attempt)
+		})
 		def.Setup = func(m sdk.Mesh) error {
+			payErr := m.On("mesh.ledger.pay", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+				if err := pay.HandleEvent(ctx, ev); err != nil {
+					return err
+				}
+				var times int
+				err := db.QueryRowContext(ctx, `SELECT times FROM paid WHERE n = ?`, steer(ev.Body).N).Scan(&times)
+				probe.Add(Record{Kind: "paid", ID: ev.ID, Attempt: ev.Attempt, Value: fmt.Sprint(times), Err: errText(err)})
+				return nil
+			}))
+			if payErr != nil {
+				return payErr
+			}
 			return m.On("mesh.ledger.book", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
 				s := steer(ev.Body)
 				tx, err := db.BeginTx(ctx, nil)
