@@ -24,7 +24,8 @@ var ErrConflict = outboxstore.ErrConflict
 var ErrNoID = errors.New("outbox: the message has no id for the inbox to record")
 
 // Handler returns a handler (for On, Consume or DeadLetters) that applies
-// fn's effect exactly once per event id: it opens a transaction on the
+// fn's effect exactly once per event id (per event id and queue, for a
+// dead letter): it opens a transaction on the
 // outbox's database, records the event's id with a digest of its content
 // (the inbox, table mesh_inbox), runs fn in it and commits, and only then
 // returns, so the node acknowledges the event after its effect is
@@ -47,7 +48,7 @@ func (o *Outbox) Handler(fn func(ctx context.Context, tx *sql.Tx, ev sdk.Event) 
 			return fmt.Errorf("outbox inbox: begin: %w", err)
 		}
 		defer tx.Rollback()
-		seen, _, err := o.store.Record(ctx, tx, ev.ID, eventDigest(ev), o.now())
+		seen, _, err := o.store.Record(ctx, tx, inboxKey(ev), eventDigest(ev), o.now())
 		switch {
 		case seen == outboxstore.Conflict:
 			return sdk.Permanent(fmt.Errorf("outbox inbox: %w", err))
@@ -154,6 +155,16 @@ func replay(raw []byte) (any, error) {
 		return nil, d.Error
 	}
 	return d.Response, nil
+}
+
+// inboxKey is what the inbox records an event by: its id, and for a dead
+// letter the queue that gave up on it too (one event may be given up by
+// several modules' queues, each a dead letter of its own).
+func inboxKey(ev sdk.Event) string {
+	if ev.DeadQueue != "" {
+		return ev.ID + "@" + ev.DeadQueue
+	}
+	return ev.ID
 }
 
 // eventDigest is the digest the inbox records an event with: the node's

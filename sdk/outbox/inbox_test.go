@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -193,4 +194,34 @@ func TestInboxDecidesEachRequestOnce(t *testing.T) {
 			t.Errorf("the tool ran %d times, want 4 (r1, r2, r3 twice)", runs.Load())
 		}
 	})
+}
+
+// TestInboxKeepsDeadLettersApart: one event given up by two queues is two
+// dead letters, each handled once.
+func TestInboxKeepsDeadLettersApart(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := open(t)
+	ob := newOutbox(t, db)
+	var runs atomic.Int64
+	h := ob.Handler(func(context.Context, *sql.Tx, sdk.Event) error { runs.Add(1); return nil })
+	for _, queue := range []string{"anchor.a.events", "anchor.b.events", "anchor.a.events"} {
+		ev := sdk.Event{ID: "01JDEAD0000000000000000000", Type: "module.x.y", Body: []byte(`{}`), DeadQueue: queue, DeadReason: "permanent"}
+		if err := h.HandleEvent(ctx, ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if runs.Load() != 2 {
+		t.Errorf("ran %d times, want once per queue (2)", runs.Load())
+	}
+}
+
+func open(t *testing.T) *sql.DB {
+	t.Helper()
+	db, err := outbox.OpenSQLite(filepath.Join(t.TempDir(), "ledger.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
 }
