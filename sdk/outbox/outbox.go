@@ -176,7 +176,10 @@ const sqliteConns = 4
 // module's state and its outbox: write-ahead logging, every commit synced
 // to disk, and a writer waiting up to 10 s for another instead of failing
 // at once. In a module process, put it in the module's directory
-// (process.Dir()).
+// (process.Dir()). Its pool holds 4 connections, and every transaction
+// takes the write lock at its start: inside a transaction, query through
+// it (tx), never through db, which could wait for a connection the
+// transactions hold.
 func OpenSQLite(path string) (*sql.DB, error) {
 	q := url.Values{}
 	for _, p := range []string{"journal_mode(WAL)", "synchronous(FULL)", "busy_timeout(10000)", "foreign_keys(ON)"} {
