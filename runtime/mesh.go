@@ -128,3 +128,9 @@ func (mm *moduleMesh) Serve(key string, h sdk.ToolHandler, opts ...sdk.HandlerOp
 }
 
 func (mm *moduleMesh) Logger() *slog.Logger { return mm.module.log }
+
+// ReportOutbox keeps the backlog of the module's outbox (sdk/outbox's
+// relay reports it) for the node's metrics.
+func (mm *moduleMesh) ReportOutbox(s wire.OutboxStats) { mm.module.counts.outbox.Store(&s) }
+
+var _ wire.OutboxReporter = (*moduleMesh)(nil)

@@ -1297,6 +1297,17 @@ func (h *hostServer) Call(ctx context.Context, r *pb.CallRequest) (*pb.CallRespo
 	return out, nil
 }
 
+// ReportOutbox keeps the backlog the process's outbox relay reports, for
+// the node's metrics; a process can only report its own module's.
+func (h *hostServer) ReportOutbox(_ context.Context, r *pb.OutboxReport) (*pb.Empty, error) {
+	s := wire.OutboxStats{Unsent: max(r.Unsent, 0), SetAside: max(r.SetAside, 0), RelayErrors: r.RelayErrors}
+	if r.OldestUnixNano > 0 {
+		s.Oldest = time.Unix(0, r.OldestUnixNano)
+	}
+	h.pm.module.counts.outbox.Store(&s)
+	return &pb.Empty{}, nil
+}
+
 func (h *hostServer) Hold(ctx context.Context, r *pb.HoldRequest) (*pb.HoldResponse, error) {
 	err := h.pm.module.mesh.Hold(r.Queue, r.Held)
 	if err != nil {

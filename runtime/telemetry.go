@@ -42,6 +42,9 @@ type moduleCounts struct {
 	// queue is its queue as the node last read it from the broker
 	// (queuedepth.go); nil while unknown.
 	queue atomic.Pointer[queueStat]
+	// outbox is the backlog of the module's outbox as its relay last
+	// reported it (sdk/outbox); nil for a module without one.
+	outbox atomic.Pointer[wire.OutboxStats]
 	// origins holds an *originCounts by the x-source of the events the
 	// module took, at most maxOrigins of them; originMu serializes adding.
 	origins  sync.Map
@@ -178,6 +181,10 @@ func (n *Node) startTelemetry() error {
 		queuesDown  = gauge("mesh.module.queues_down", "Consumed queues a module cannot consume now (deleted, say), by module; each is tried again.")
 		depth       = gauge("mesh.queue.depth", "Events ready in a module's queue (<node>.<module>.events), not counting those delivered and not yet acknowledged, by module; as the broker said at the node's last look (every heartbeat interval).")
 		consumers   = gauge("mesh.queue.consumers", "Consumers of a module's queue, on every node, by module; as the broker said at the node's last look.")
+		obUnsent    = gauge("mesh.outbox.unsent", "Rows of a module's outbox (sdk/outbox) committed and not yet published, by module, as its relay last reported (about every second).")
+		obOldest    = gauge("mesh.outbox.oldest_age_seconds", "Age of the oldest unpublished row of a module's outbox, by module (0 for none).")
+		obAside     = gauge("mesh.outbox.set_aside", "Rows of a module's outbox the node refused for good (an ungranted type, say), kept in its database, by module.")
+		obErrors    = counter("mesh.outbox.relay_errors", "Failed passes of a module's outbox relay (each retried with back-off), by module.")
 	)
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("node %s: metrics: %w", n.cfg.Node, err)
@@ -221,6 +228,16 @@ func (n *Node) startTelemetry() error {
 				o.ObserveInt64(depth, q.messages, attrs)
 				o.ObserveInt64(consumers, q.consumers, attrs)
 			}
+			if ob := m.counts.outbox.Load(); ob != nil { // no outbox: not observed
+				age := int64(0)
+				if !ob.Oldest.IsZero() {
+					age = int64(time.Since(ob.Oldest).Seconds())
+				}
+				o.ObserveInt64(obUnsent, ob.Unsent, attrs)
+				o.ObserveInt64(obOldest, age, attrs)
+				o.ObserveInt64(obAside, ob.SetAside, attrs)
+				o.ObserveInt64(obErrors, int64(ob.RelayErrors), attrs)
+			}
 			m.counts.origins.Range(func(_, v any) bool {
 				c := v.(*originCounts)
 				attrs := metric.WithAttributeSet(c.attrs)
@@ -236,7 +253,8 @@ func (n *Node) startTelemetry() error {
 		}
 		return nil
 	}, connected, blocked, blocks, reconnects, disconnects, confirmed, scheduled, delays, atMostOnce, waiting, cancelled, refused, backPress, spooled, resent, expired, spoolDead, returned,
-		spoolEvents, spoolBytes, checks, emitted, delivered, handled, failed, deadLet, duplicates, conflicts, filtered, restarts, queuesDown, depth, consumers)
+		spoolEvents, spoolBytes, checks, emitted, delivered, handled, failed, deadLet, duplicates, conflicts, filtered, restarts, queuesDown, depth, consumers,
+		obUnsent, obOldest, obAside, obErrors)
 	if err != nil {
 		return fmt.Errorf("node %s: metrics: %w", n.cfg.Node, err)
 	}

@@ -40,6 +40,21 @@ type EmitOptions struct {
 	Outbox *causation.OutboxRef
 }
 
+// OutboxStats is what a module's outbox relay (sdk/outbox) reports of
+// its backlog, for the node's metrics.
+type OutboxStats struct {
+	Unsent      int64     // rows committed and not yet published
+	Oldest      time.Time // when the oldest of them was written; zero for none
+	SetAside    int64     // rows the node refused for good
+	RelayErrors uint64    // failed relay passes so far
+}
+
+// OutboxReporter is implemented by a host's sdk.Mesh that keeps a
+// module's outbox figures: the relay hands it its backlog.
+type OutboxReporter interface {
+	ReportOutbox(OutboxStats)
+}
+
 // OutboxOption makes the sdk's emit option that sets Outbox to ref. The
 // sdk sets it when it is loaded, so sdk/outbox can hand the option to a
 // host's Emit while the sdk's exported surface has no such option.

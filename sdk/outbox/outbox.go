@@ -391,6 +391,28 @@ type relay struct {
 	holder string
 	until  time.Time // the lease held, if after now
 	pruned time.Time
+	// errors counts the failed passes and leases; reported is when the
+	// backlog was last reported to the host (report).
+	errors   uint64
+	reported time.Time
+}
+
+// reportEvery is how often the relay tells the host its backlog.
+const reportEvery = time.Second
+
+// report tells the host the outbox's backlog, for the node's metrics
+// (mesh_outbox_*), about once a second, when the host keeps them.
+func (r *relay) report(ctx context.Context) {
+	rep, ok := r.m.(wire.OutboxReporter)
+	if !ok || time.Since(r.reported) < reportEvery {
+		return
+	}
+	b, err := r.o.store.Backlog(ctx)
+	if err != nil {
+		return
+	}
+	r.reported = time.Now()
+	rep.ReportOutbox(wire.OutboxStats{Unsent: b.Unsent, Oldest: b.Oldest, SetAside: b.Failed, RelayErrors: r.errors})
 }
 
 // pruneEvery is how often the relay deletes the rows past their
@@ -408,6 +430,7 @@ func (r *relay) run(ctx context.Context) error {
 		switch {
 		case err != nil:
 			r.log.Warn("outbox relay: lease", "err", err)
+			r.errors++
 			backoff = nextBackoff(backoff)
 			wait = backoff
 		case !held:
@@ -422,6 +445,7 @@ func (r *relay) run(ctx context.Context) error {
 				return nil
 			case err != nil:
 				r.log.Warn("outbox relay: will try again", "err", err)
+				r.errors++
 				backoff = nextBackoff(backoff)
 				wait = backoff
 			case full:
@@ -436,6 +460,7 @@ func (r *relay) run(ctx context.Context) error {
 				}
 			}
 			r.prune(ctx)
+			r.report(ctx)
 		}
 		select {
 		case <-ctx.Done():

@@ -692,6 +692,26 @@ func (pm *pluginMesh) Hold(queue string, held bool) error {
 	return errorOf(r.ErrorKind, r.Error)
 }
 
+// ReportOutbox tells meshd the backlog of the module's outbox (sdk/outbox),
+// for the node's metrics: best effort, a report lost is replaced by the
+// next.
+func (pm *pluginMesh) ReportOutbox(st wire.OutboxStats) {
+	select {
+	case <-pm.server.ready:
+	default:
+		return
+	}
+	r := &pb.OutboxReport{Unsent: st.Unsent, SetAside: st.SetAside, RelayErrors: st.RelayErrors}
+	if !st.Oldest.IsZero() {
+		r.OldestUnixNano = st.Oldest.UnixNano()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, _ = pm.server.host.ReportOutbox(ctx, r)
+}
+
+var _ wire.OutboxReporter = (*pluginMesh)(nil)
+
 func (pm *pluginMesh) Consume(queue string, prefetch int, h sdk.Handler, opts ...sdk.HandlerOption) error {
 	o, err := wire.ApplyHandlerOptions(opts)
 	return pm.rec.Consume(queue, prefetch, h, o, err) // a nil h arrives as a nil any

@@ -19,6 +19,8 @@ import (
 	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	_ "modernc.org/sqlite"
 
 	"github.com/meshkit/mesh/internal/brokertest"
@@ -107,8 +109,10 @@ func TestKilledAtEachPointPublishesOnce(t *testing.T) {
 			url := brokertest.VHost(t)
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
+			reader := sdkmetric.NewManualReader()
 			node, err := runtime.New(ctx, runtime.Config{Node: "anchor", AMQPURL: url, StateDir: t.TempDir(),
-				RetryMin: 5 * time.Millisecond, RetryMax: 20 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+				RetryMin: 5 * time.Millisecond, RetryMax: 20 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+				MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -231,6 +235,16 @@ func TestKilledAtEachPointPublishesOnce(t *testing.T) {
 			default:
 			}
 
+			// The module process reported its outbox's backlog to meshd:
+			// nothing left unsent.
+			for unsent := int64(-1); unsent != 0; {
+				if ctx.Err() != nil {
+					t.Fatalf("mesh_outbox_unsent of the ledger is %d, want 0", unsent)
+				}
+				unsent = gauge(t, reader, "mesh.outbox.unsent")
+				<-time.After(50 * time.Millisecond) // the relay reports about once a second
+			}
+
 			db, err := sql.Open(driver, dsn)
 			if err != nil {
 				t.Fatal(err)
@@ -246,4 +260,22 @@ func TestKilledAtEachPointPublishesOnce(t *testing.T) {
 			}
 		})
 	}
+}
+
+// gauge is the value of an int64 gauge of the node's metrics, or -1 while
+// it is not observed.
+func gauge(t *testing.T, reader *sdkmetric.ManualReader, name string) int64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if g, ok := m.Data.(metricdata.Gauge[int64]); ok && m.Name == name && len(g.DataPoints) > 0 {
+				return g.DataPoints[0].Value
+			}
+		}
+	}
+	return -1
 }

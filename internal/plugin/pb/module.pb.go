@@ -161,7 +161,75 @@ func (x Outcome_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Outcome_Kind.Descriptor instead.
 func (Outcome_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{13, 0}
+	return file_module_proto_rawDescGZIP(), []int{14, 0}
+}
+
+type OutboxReport struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Unsent         int64                  `protobuf:"varint,1,opt,name=unsent,proto3" json:"unsent,omitempty"`                                         // rows committed and not yet published
+	OldestUnixNano int64                  `protobuf:"varint,2,opt,name=oldest_unix_nano,json=oldestUnixNano,proto3" json:"oldest_unix_nano,omitempty"` // when the oldest of them was written; 0 for none
+	SetAside       int64                  `protobuf:"varint,3,opt,name=set_aside,json=setAside,proto3" json:"set_aside,omitempty"`                     // rows the node refused for good
+	RelayErrors    uint64                 `protobuf:"varint,4,opt,name=relay_errors,json=relayErrors,proto3" json:"relay_errors,omitempty"`            // failed relay passes so far (each retried)
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *OutboxReport) Reset() {
+	*x = OutboxReport{}
+	mi := &file_module_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OutboxReport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OutboxReport) ProtoMessage() {}
+
+func (x *OutboxReport) ProtoReflect() protoreflect.Message {
+	mi := &file_module_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OutboxReport.ProtoReflect.Descriptor instead.
+func (*OutboxReport) Descriptor() ([]byte, []int) {
+	return file_module_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *OutboxReport) GetUnsent() int64 {
+	if x != nil {
+		return x.Unsent
+	}
+	return 0
+}
+
+func (x *OutboxReport) GetOldestUnixNano() int64 {
+	if x != nil {
+		return x.OldestUnixNano
+	}
+	return 0
+}
+
+func (x *OutboxReport) GetSetAside() int64 {
+	if x != nil {
+		return x.SetAside
+	}
+	return 0
+}
+
+func (x *OutboxReport) GetRelayErrors() uint64 {
+	if x != nil {
+		return x.RelayErrors
+	}
+	return 0
 }
 
 type HoldRequest struct {
@@ -174,7 +242,7 @@ type HoldRequest struct {
 
 func (x *HoldRequest) Reset() {
 	*x = HoldRequest{}
-	mi := &file_module_proto_msgTypes[0]
+	mi := &file_module_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -186,7 +254,7 @@ func (x *HoldRequest) String() string {
 func (*HoldRequest) ProtoMessage() {}
 
 func (x *HoldRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[0]
+	mi := &file_module_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -199,7 +267,7 @@ func (x *HoldRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HoldRequest.ProtoReflect.Descriptor instead.
 func (*HoldRequest) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{0}
+	return file_module_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *HoldRequest) GetQueue() string {
@@ -226,7 +294,7 @@ type HoldResponse struct {
 
 func (x *HoldResponse) Reset() {
 	*x = HoldResponse{}
-	mi := &file_module_proto_msgTypes[1]
+	mi := &file_module_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -238,7 +306,7 @@ func (x *HoldResponse) String() string {
 func (*HoldResponse) ProtoMessage() {}
 
 func (x *HoldResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[1]
+	mi := &file_module_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -251,7 +319,7 @@ func (x *HoldResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HoldResponse.ProtoReflect.Descriptor instead.
 func (*HoldResponse) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{1}
+	return file_module_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *HoldResponse) GetErrorKind() ErrorKind {
@@ -276,7 +344,7 @@ type Empty struct {
 
 func (x *Empty) Reset() {
 	*x = Empty{}
-	mi := &file_module_proto_msgTypes[2]
+	mi := &file_module_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -288,7 +356,7 @@ func (x *Empty) String() string {
 func (*Empty) ProtoMessage() {}
 
 func (x *Empty) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[2]
+	mi := &file_module_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -301,7 +369,7 @@ func (x *Empty) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Empty.ProtoReflect.Descriptor instead.
 func (*Empty) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{2}
+	return file_module_proto_rawDescGZIP(), []int{3}
 }
 
 type Description struct {
@@ -355,7 +423,7 @@ type Description struct {
 
 func (x *Description) Reset() {
 	*x = Description{}
-	mi := &file_module_proto_msgTypes[3]
+	mi := &file_module_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -367,7 +435,7 @@ func (x *Description) String() string {
 func (*Description) ProtoMessage() {}
 
 func (x *Description) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[3]
+	mi := &file_module_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -380,7 +448,7 @@ func (x *Description) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Description.ProtoReflect.Descriptor instead.
 func (*Description) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{3}
+	return file_module_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Description) GetName() string {
@@ -515,7 +583,7 @@ type SchemaDecl struct {
 
 func (x *SchemaDecl) Reset() {
 	*x = SchemaDecl{}
-	mi := &file_module_proto_msgTypes[4]
+	mi := &file_module_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -527,7 +595,7 @@ func (x *SchemaDecl) String() string {
 func (*SchemaDecl) ProtoMessage() {}
 
 func (x *SchemaDecl) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[4]
+	mi := &file_module_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -540,7 +608,7 @@ func (x *SchemaDecl) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SchemaDecl.ProtoReflect.Descriptor instead.
 func (*SchemaDecl) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{4}
+	return file_module_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *SchemaDecl) GetEvent() string {
@@ -588,7 +656,7 @@ type Reads struct {
 
 func (x *Reads) Reset() {
 	*x = Reads{}
-	mi := &file_module_proto_msgTypes[5]
+	mi := &file_module_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -600,7 +668,7 @@ func (x *Reads) String() string {
 func (*Reads) ProtoMessage() {}
 
 func (x *Reads) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[5]
+	mi := &file_module_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -613,7 +681,7 @@ func (x *Reads) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Reads.ProtoReflect.Descriptor instead.
 func (*Reads) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{5}
+	return file_module_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Reads) GetPattern() string {
@@ -640,7 +708,7 @@ type ToolCallers struct {
 
 func (x *ToolCallers) Reset() {
 	*x = ToolCallers{}
-	mi := &file_module_proto_msgTypes[6]
+	mi := &file_module_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -652,7 +720,7 @@ func (x *ToolCallers) String() string {
 func (*ToolCallers) ProtoMessage() {}
 
 func (x *ToolCallers) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[6]
+	mi := &file_module_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -665,7 +733,7 @@ func (x *ToolCallers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolCallers.ProtoReflect.Descriptor instead.
 func (*ToolCallers) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{6}
+	return file_module_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ToolCallers) GetTool() string {
@@ -695,7 +763,7 @@ type Consume struct {
 
 func (x *Consume) Reset() {
 	*x = Consume{}
-	mi := &file_module_proto_msgTypes[7]
+	mi := &file_module_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -707,7 +775,7 @@ func (x *Consume) String() string {
 func (*Consume) ProtoMessage() {}
 
 func (x *Consume) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[7]
+	mi := &file_module_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -720,7 +788,7 @@ func (x *Consume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Consume.ProtoReflect.Descriptor instead.
 func (*Consume) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{7}
+	return file_module_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Consume) GetQueue() string {
@@ -778,7 +846,7 @@ type ToolRequest struct {
 
 func (x *ToolRequest) Reset() {
 	*x = ToolRequest{}
-	mi := &file_module_proto_msgTypes[8]
+	mi := &file_module_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -790,7 +858,7 @@ func (x *ToolRequest) String() string {
 func (*ToolRequest) ProtoMessage() {}
 
 func (x *ToolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[8]
+	mi := &file_module_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -803,7 +871,7 @@ func (x *ToolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolRequest.ProtoReflect.Descriptor instead.
 func (*ToolRequest) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{8}
+	return file_module_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ToolRequest) GetTool() uint32 {
@@ -903,7 +971,7 @@ type ToolAnswer struct {
 
 func (x *ToolAnswer) Reset() {
 	*x = ToolAnswer{}
-	mi := &file_module_proto_msgTypes[9]
+	mi := &file_module_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -915,7 +983,7 @@ func (x *ToolAnswer) String() string {
 func (*ToolAnswer) ProtoMessage() {}
 
 func (x *ToolAnswer) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[9]
+	mi := &file_module_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -928,7 +996,7 @@ func (x *ToolAnswer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolAnswer.ProtoReflect.Descriptor instead.
 func (*ToolAnswer) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{9}
+	return file_module_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ToolAnswer) GetBody() []byte {
@@ -977,7 +1045,7 @@ type StartRequest struct {
 
 func (x *StartRequest) Reset() {
 	*x = StartRequest{}
-	mi := &file_module_proto_msgTypes[10]
+	mi := &file_module_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -989,7 +1057,7 @@ func (x *StartRequest) String() string {
 func (*StartRequest) ProtoMessage() {}
 
 func (x *StartRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[10]
+	mi := &file_module_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1002,7 +1070,7 @@ func (x *StartRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRequest.ProtoReflect.Descriptor instead.
 func (*StartRequest) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{10}
+	return file_module_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *StartRequest) GetHostBrokerId() uint32 {
@@ -1065,7 +1133,7 @@ type Delivery struct {
 
 func (x *Delivery) Reset() {
 	*x = Delivery{}
-	mi := &file_module_proto_msgTypes[11]
+	mi := &file_module_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1077,7 +1145,7 @@ func (x *Delivery) String() string {
 func (*Delivery) ProtoMessage() {}
 
 func (x *Delivery) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[11]
+	mi := &file_module_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1090,7 +1158,7 @@ func (x *Delivery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Delivery.ProtoReflect.Descriptor instead.
 func (*Delivery) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{11}
+	return file_module_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Delivery) GetSeq() uint64 {
@@ -1291,7 +1359,7 @@ type DeliveryBatch struct {
 
 func (x *DeliveryBatch) Reset() {
 	*x = DeliveryBatch{}
-	mi := &file_module_proto_msgTypes[12]
+	mi := &file_module_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1303,7 +1371,7 @@ func (x *DeliveryBatch) String() string {
 func (*DeliveryBatch) ProtoMessage() {}
 
 func (x *DeliveryBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[12]
+	mi := &file_module_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1316,7 +1384,7 @@ func (x *DeliveryBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeliveryBatch.ProtoReflect.Descriptor instead.
 func (*DeliveryBatch) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{12}
+	return file_module_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DeliveryBatch) GetDeliveries() []*Delivery {
@@ -1337,7 +1405,7 @@ type Outcome struct {
 
 func (x *Outcome) Reset() {
 	*x = Outcome{}
-	mi := &file_module_proto_msgTypes[13]
+	mi := &file_module_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1349,7 +1417,7 @@ func (x *Outcome) String() string {
 func (*Outcome) ProtoMessage() {}
 
 func (x *Outcome) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[13]
+	mi := &file_module_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1362,7 +1430,7 @@ func (x *Outcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Outcome.ProtoReflect.Descriptor instead.
 func (*Outcome) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{13}
+	return file_module_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Outcome) GetSeq() uint64 {
@@ -1395,7 +1463,7 @@ type OutcomeBatch struct {
 
 func (x *OutcomeBatch) Reset() {
 	*x = OutcomeBatch{}
-	mi := &file_module_proto_msgTypes[14]
+	mi := &file_module_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1407,7 +1475,7 @@ func (x *OutcomeBatch) String() string {
 func (*OutcomeBatch) ProtoMessage() {}
 
 func (x *OutcomeBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[14]
+	mi := &file_module_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1420,7 +1488,7 @@ func (x *OutcomeBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutcomeBatch.ProtoReflect.Descriptor instead.
 func (*OutcomeBatch) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{14}
+	return file_module_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *OutcomeBatch) GetOutcomes() []*Outcome {
@@ -1467,7 +1535,7 @@ type Emit struct {
 
 func (x *Emit) Reset() {
 	*x = Emit{}
-	mi := &file_module_proto_msgTypes[15]
+	mi := &file_module_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1479,7 +1547,7 @@ func (x *Emit) String() string {
 func (*Emit) ProtoMessage() {}
 
 func (x *Emit) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[15]
+	mi := &file_module_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1492,7 +1560,7 @@ func (x *Emit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Emit.ProtoReflect.Descriptor instead.
 func (*Emit) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{15}
+	return file_module_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Emit) GetName() string {
@@ -1623,7 +1691,7 @@ type EmitBatch struct {
 
 func (x *EmitBatch) Reset() {
 	*x = EmitBatch{}
-	mi := &file_module_proto_msgTypes[16]
+	mi := &file_module_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1635,7 +1703,7 @@ func (x *EmitBatch) String() string {
 func (*EmitBatch) ProtoMessage() {}
 
 func (x *EmitBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[16]
+	mi := &file_module_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1648,7 +1716,7 @@ func (x *EmitBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EmitBatch.ProtoReflect.Descriptor instead.
 func (*EmitBatch) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{16}
+	return file_module_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *EmitBatch) GetEmits() []*Emit {
@@ -1669,7 +1737,7 @@ type EmitResult struct {
 
 func (x *EmitResult) Reset() {
 	*x = EmitResult{}
-	mi := &file_module_proto_msgTypes[17]
+	mi := &file_module_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1681,7 +1749,7 @@ func (x *EmitResult) String() string {
 func (*EmitResult) ProtoMessage() {}
 
 func (x *EmitResult) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[17]
+	mi := &file_module_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1694,7 +1762,7 @@ func (x *EmitResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EmitResult.ProtoReflect.Descriptor instead.
 func (*EmitResult) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{17}
+	return file_module_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *EmitResult) GetId() string {
@@ -1727,7 +1795,7 @@ type EmitResults struct {
 
 func (x *EmitResults) Reset() {
 	*x = EmitResults{}
-	mi := &file_module_proto_msgTypes[18]
+	mi := &file_module_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1739,7 +1807,7 @@ func (x *EmitResults) String() string {
 func (*EmitResults) ProtoMessage() {}
 
 func (x *EmitResults) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[18]
+	mi := &file_module_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1752,7 +1820,7 @@ func (x *EmitResults) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EmitResults.ProtoReflect.Descriptor instead.
 func (*EmitResults) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{18}
+	return file_module_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *EmitResults) GetResults() []*EmitResult {
@@ -1778,7 +1846,7 @@ type CallRequest struct {
 
 func (x *CallRequest) Reset() {
 	*x = CallRequest{}
-	mi := &file_module_proto_msgTypes[19]
+	mi := &file_module_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1790,7 +1858,7 @@ func (x *CallRequest) String() string {
 func (*CallRequest) ProtoMessage() {}
 
 func (x *CallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[19]
+	mi := &file_module_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1803,7 +1871,7 @@ func (x *CallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallRequest.ProtoReflect.Descriptor instead.
 func (*CallRequest) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{19}
+	return file_module_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CallRequest) GetTool() string {
@@ -1861,7 +1929,7 @@ type CallResponse struct {
 
 func (x *CallResponse) Reset() {
 	*x = CallResponse{}
-	mi := &file_module_proto_msgTypes[20]
+	mi := &file_module_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1873,7 +1941,7 @@ func (x *CallResponse) String() string {
 func (*CallResponse) ProtoMessage() {}
 
 func (x *CallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_module_proto_msgTypes[20]
+	mi := &file_module_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1886,7 +1954,7 @@ func (x *CallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallResponse.ProtoReflect.Descriptor instead.
 func (*CallResponse) Descriptor() ([]byte, []int) {
-	return file_module_proto_rawDescGZIP(), []int{20}
+	return file_module_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CallResponse) GetBody() []byte {
@@ -1928,7 +1996,12 @@ var File_module_proto protoreflect.FileDescriptor
 
 const file_module_proto_rawDesc = "" +
 	"\n" +
-	"\fmodule.proto\x12\x0emesh.plugin.v1\"7\n" +
+	"\fmodule.proto\x12\x0emesh.plugin.v1\"\x90\x01\n" +
+	"\fOutboxReport\x12\x16\n" +
+	"\x06unsent\x18\x01 \x01(\x03R\x06unsent\x12(\n" +
+	"\x10oldest_unix_nano\x18\x02 \x01(\x03R\x0eoldestUnixNano\x12\x1b\n" +
+	"\tset_aside\x18\x03 \x01(\x03R\bsetAside\x12!\n" +
+	"\frelay_errors\x18\x04 \x01(\x04R\vrelayErrors\"7\n" +
 	"\vHoldRequest\x12\x14\n" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x12\x12\n" +
 	"\x04held\x18\x02 \x01(\bR\x04held\"^\n" +
@@ -2126,11 +2199,12 @@ const file_module_proto_rawDesc = "" +
 	"\bDescribe\x12\x15.mesh.plugin.v1.Empty\x1a\x1b.mesh.plugin.v1.Description\x12<\n" +
 	"\x05Start\x12\x1c.mesh.plugin.v1.StartRequest\x1a\x15.mesh.plugin.v1.Empty\x12J\n" +
 	"\aDeliver\x12\x1d.mesh.plugin.v1.DeliveryBatch\x1a\x1c.mesh.plugin.v1.OutcomeBatch(\x010\x01\x12A\n" +
-	"\x06Answer\x12\x1b.mesh.plugin.v1.ToolRequest\x1a\x1a.mesh.plugin.v1.ToolAnswer2\xcc\x01\n" +
+	"\x06Answer\x12\x1b.mesh.plugin.v1.ToolRequest\x1a\x1a.mesh.plugin.v1.ToolAnswer2\x91\x02\n" +
 	"\x04Host\x12>\n" +
 	"\x04Emit\x12\x19.mesh.plugin.v1.EmitBatch\x1a\x1b.mesh.plugin.v1.EmitResults\x12A\n" +
 	"\x04Call\x12\x1b.mesh.plugin.v1.CallRequest\x1a\x1c.mesh.plugin.v1.CallResponse\x12A\n" +
-	"\x04Hold\x12\x1b.mesh.plugin.v1.HoldRequest\x1a\x1c.mesh.plugin.v1.HoldResponseB,Z*github.com/meshkit/mesh/internal/plugin/pbb\x06proto3"
+	"\x04Hold\x12\x1b.mesh.plugin.v1.HoldRequest\x1a\x1c.mesh.plugin.v1.HoldResponse\x12C\n" +
+	"\fReportOutbox\x12\x1c.mesh.plugin.v1.OutboxReport\x1a\x15.mesh.plugin.v1.EmptyB,Z*github.com/meshkit/mesh/internal/plugin/pbb\x06proto3"
 
 var (
 	file_module_proto_rawDescOnce sync.Once
@@ -2145,65 +2219,68 @@ func file_module_proto_rawDescGZIP() []byte {
 }
 
 var file_module_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_module_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_module_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_module_proto_goTypes = []any{
 	(ErrorKind)(0),        // 0: mesh.plugin.v1.ErrorKind
 	(Outcome_Kind)(0),     // 1: mesh.plugin.v1.Outcome.Kind
-	(*HoldRequest)(nil),   // 2: mesh.plugin.v1.HoldRequest
-	(*HoldResponse)(nil),  // 3: mesh.plugin.v1.HoldResponse
-	(*Empty)(nil),         // 4: mesh.plugin.v1.Empty
-	(*Description)(nil),   // 5: mesh.plugin.v1.Description
-	(*SchemaDecl)(nil),    // 6: mesh.plugin.v1.SchemaDecl
-	(*Reads)(nil),         // 7: mesh.plugin.v1.Reads
-	(*ToolCallers)(nil),   // 8: mesh.plugin.v1.ToolCallers
-	(*Consume)(nil),       // 9: mesh.plugin.v1.Consume
-	(*ToolRequest)(nil),   // 10: mesh.plugin.v1.ToolRequest
-	(*ToolAnswer)(nil),    // 11: mesh.plugin.v1.ToolAnswer
-	(*StartRequest)(nil),  // 12: mesh.plugin.v1.StartRequest
-	(*Delivery)(nil),      // 13: mesh.plugin.v1.Delivery
-	(*DeliveryBatch)(nil), // 14: mesh.plugin.v1.DeliveryBatch
-	(*Outcome)(nil),       // 15: mesh.plugin.v1.Outcome
-	(*OutcomeBatch)(nil),  // 16: mesh.plugin.v1.OutcomeBatch
-	(*Emit)(nil),          // 17: mesh.plugin.v1.Emit
-	(*EmitBatch)(nil),     // 18: mesh.plugin.v1.EmitBatch
-	(*EmitResult)(nil),    // 19: mesh.plugin.v1.EmitResult
-	(*EmitResults)(nil),   // 20: mesh.plugin.v1.EmitResults
-	(*CallRequest)(nil),   // 21: mesh.plugin.v1.CallRequest
-	(*CallResponse)(nil),  // 22: mesh.plugin.v1.CallResponse
-	nil,                   // 23: mesh.plugin.v1.ToolRequest.HeadersEntry
-	nil,                   // 24: mesh.plugin.v1.Delivery.HeadersEntry
+	(*OutboxReport)(nil),  // 2: mesh.plugin.v1.OutboxReport
+	(*HoldRequest)(nil),   // 3: mesh.plugin.v1.HoldRequest
+	(*HoldResponse)(nil),  // 4: mesh.plugin.v1.HoldResponse
+	(*Empty)(nil),         // 5: mesh.plugin.v1.Empty
+	(*Description)(nil),   // 6: mesh.plugin.v1.Description
+	(*SchemaDecl)(nil),    // 7: mesh.plugin.v1.SchemaDecl
+	(*Reads)(nil),         // 8: mesh.plugin.v1.Reads
+	(*ToolCallers)(nil),   // 9: mesh.plugin.v1.ToolCallers
+	(*Consume)(nil),       // 10: mesh.plugin.v1.Consume
+	(*ToolRequest)(nil),   // 11: mesh.plugin.v1.ToolRequest
+	(*ToolAnswer)(nil),    // 12: mesh.plugin.v1.ToolAnswer
+	(*StartRequest)(nil),  // 13: mesh.plugin.v1.StartRequest
+	(*Delivery)(nil),      // 14: mesh.plugin.v1.Delivery
+	(*DeliveryBatch)(nil), // 15: mesh.plugin.v1.DeliveryBatch
+	(*Outcome)(nil),       // 16: mesh.plugin.v1.Outcome
+	(*OutcomeBatch)(nil),  // 17: mesh.plugin.v1.OutcomeBatch
+	(*Emit)(nil),          // 18: mesh.plugin.v1.Emit
+	(*EmitBatch)(nil),     // 19: mesh.plugin.v1.EmitBatch
+	(*EmitResult)(nil),    // 20: mesh.plugin.v1.EmitResult
+	(*EmitResults)(nil),   // 21: mesh.plugin.v1.EmitResults
+	(*CallRequest)(nil),   // 22: mesh.plugin.v1.CallRequest
+	(*CallResponse)(nil),  // 23: mesh.plugin.v1.CallResponse
+	nil,                   // 24: mesh.plugin.v1.ToolRequest.HeadersEntry
+	nil,                   // 25: mesh.plugin.v1.Delivery.HeadersEntry
 }
 var file_module_proto_depIdxs = []int32{
 	0,  // 0: mesh.plugin.v1.HoldResponse.error_kind:type_name -> mesh.plugin.v1.ErrorKind
-	9,  // 1: mesh.plugin.v1.Description.consumes:type_name -> mesh.plugin.v1.Consume
-	8,  // 2: mesh.plugin.v1.Description.callers:type_name -> mesh.plugin.v1.ToolCallers
-	6,  // 3: mesh.plugin.v1.Description.schemas:type_name -> mesh.plugin.v1.SchemaDecl
-	7,  // 4: mesh.plugin.v1.Description.reads:type_name -> mesh.plugin.v1.Reads
-	23, // 5: mesh.plugin.v1.ToolRequest.headers:type_name -> mesh.plugin.v1.ToolRequest.HeadersEntry
-	24, // 6: mesh.plugin.v1.Delivery.headers:type_name -> mesh.plugin.v1.Delivery.HeadersEntry
-	13, // 7: mesh.plugin.v1.DeliveryBatch.deliveries:type_name -> mesh.plugin.v1.Delivery
+	10, // 1: mesh.plugin.v1.Description.consumes:type_name -> mesh.plugin.v1.Consume
+	9,  // 2: mesh.plugin.v1.Description.callers:type_name -> mesh.plugin.v1.ToolCallers
+	7,  // 3: mesh.plugin.v1.Description.schemas:type_name -> mesh.plugin.v1.SchemaDecl
+	8,  // 4: mesh.plugin.v1.Description.reads:type_name -> mesh.plugin.v1.Reads
+	24, // 5: mesh.plugin.v1.ToolRequest.headers:type_name -> mesh.plugin.v1.ToolRequest.HeadersEntry
+	25, // 6: mesh.plugin.v1.Delivery.headers:type_name -> mesh.plugin.v1.Delivery.HeadersEntry
+	14, // 7: mesh.plugin.v1.DeliveryBatch.deliveries:type_name -> mesh.plugin.v1.Delivery
 	1,  // 8: mesh.plugin.v1.Outcome.kind:type_name -> mesh.plugin.v1.Outcome.Kind
-	15, // 9: mesh.plugin.v1.OutcomeBatch.outcomes:type_name -> mesh.plugin.v1.Outcome
-	17, // 10: mesh.plugin.v1.EmitBatch.emits:type_name -> mesh.plugin.v1.Emit
+	16, // 9: mesh.plugin.v1.OutcomeBatch.outcomes:type_name -> mesh.plugin.v1.Outcome
+	18, // 10: mesh.plugin.v1.EmitBatch.emits:type_name -> mesh.plugin.v1.Emit
 	0,  // 11: mesh.plugin.v1.EmitResult.error_kind:type_name -> mesh.plugin.v1.ErrorKind
-	19, // 12: mesh.plugin.v1.EmitResults.results:type_name -> mesh.plugin.v1.EmitResult
+	20, // 12: mesh.plugin.v1.EmitResults.results:type_name -> mesh.plugin.v1.EmitResult
 	0,  // 13: mesh.plugin.v1.CallResponse.error_kind:type_name -> mesh.plugin.v1.ErrorKind
-	4,  // 14: mesh.plugin.v1.Module.Describe:input_type -> mesh.plugin.v1.Empty
-	12, // 15: mesh.plugin.v1.Module.Start:input_type -> mesh.plugin.v1.StartRequest
-	14, // 16: mesh.plugin.v1.Module.Deliver:input_type -> mesh.plugin.v1.DeliveryBatch
-	10, // 17: mesh.plugin.v1.Module.Answer:input_type -> mesh.plugin.v1.ToolRequest
-	18, // 18: mesh.plugin.v1.Host.Emit:input_type -> mesh.plugin.v1.EmitBatch
-	21, // 19: mesh.plugin.v1.Host.Call:input_type -> mesh.plugin.v1.CallRequest
-	2,  // 20: mesh.plugin.v1.Host.Hold:input_type -> mesh.plugin.v1.HoldRequest
-	5,  // 21: mesh.plugin.v1.Module.Describe:output_type -> mesh.plugin.v1.Description
-	4,  // 22: mesh.plugin.v1.Module.Start:output_type -> mesh.plugin.v1.Empty
-	16, // 23: mesh.plugin.v1.Module.Deliver:output_type -> mesh.plugin.v1.OutcomeBatch
-	11, // 24: mesh.plugin.v1.Module.Answer:output_type -> mesh.plugin.v1.ToolAnswer
-	20, // 25: mesh.plugin.v1.Host.Emit:output_type -> mesh.plugin.v1.EmitResults
-	22, // 26: mesh.plugin.v1.Host.Call:output_type -> mesh.plugin.v1.CallResponse
-	3,  // 27: mesh.plugin.v1.Host.Hold:output_type -> mesh.plugin.v1.HoldResponse
-	21, // [21:28] is the sub-list for method output_type
-	14, // [14:21] is the sub-list for method input_type
+	5,  // 14: mesh.plugin.v1.Module.Describe:input_type -> mesh.plugin.v1.Empty
+	13, // 15: mesh.plugin.v1.Module.Start:input_type -> mesh.plugin.v1.StartRequest
+	15, // 16: mesh.plugin.v1.Module.Deliver:input_type -> mesh.plugin.v1.DeliveryBatch
+	11, // 17: mesh.plugin.v1.Module.Answer:input_type -> mesh.plugin.v1.ToolRequest
+	19, // 18: mesh.plugin.v1.Host.Emit:input_type -> mesh.plugin.v1.EmitBatch
+	22, // 19: mesh.plugin.v1.Host.Call:input_type -> mesh.plugin.v1.CallRequest
+	3,  // 20: mesh.plugin.v1.Host.Hold:input_type -> mesh.plugin.v1.HoldRequest
+	2,  // 21: mesh.plugin.v1.Host.ReportOutbox:input_type -> mesh.plugin.v1.OutboxReport
+	6,  // 22: mesh.plugin.v1.Module.Describe:output_type -> mesh.plugin.v1.Description
+	5,  // 23: mesh.plugin.v1.Module.Start:output_type -> mesh.plugin.v1.Empty
+	17, // 24: mesh.plugin.v1.Module.Deliver:output_type -> mesh.plugin.v1.OutcomeBatch
+	12, // 25: mesh.plugin.v1.Module.Answer:output_type -> mesh.plugin.v1.ToolAnswer
+	21, // 26: mesh.plugin.v1.Host.Emit:output_type -> mesh.plugin.v1.EmitResults
+	23, // 27: mesh.plugin.v1.Host.Call:output_type -> mesh.plugin.v1.CallResponse
+	4,  // 28: mesh.plugin.v1.Host.Hold:output_type -> mesh.plugin.v1.HoldResponse
+	5,  // 29: mesh.plugin.v1.Host.ReportOutbox:output_type -> mesh.plugin.v1.Empty
+	22, // [22:30] is the sub-list for method output_type
+	14, // [14:22] is the sub-list for method input_type
 	14, // [14:14] is the sub-list for extension type_name
 	14, // [14:14] is the sub-list for extension extendee
 	0,  // [0:14] is the sub-list for field type_name
@@ -2220,7 +2297,7 @@ func file_module_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_module_proto_rawDesc), len(file_module_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   23,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -252,9 +252,10 @@ var Module_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	Host_Emit_FullMethodName = "/mesh.plugin.v1.Host/Emit"
-	Host_Call_FullMethodName = "/mesh.plugin.v1.Host/Call"
-	Host_Hold_FullMethodName = "/mesh.plugin.v1.Host/Hold"
+	Host_Emit_FullMethodName         = "/mesh.plugin.v1.Host/Emit"
+	Host_Call_FullMethodName         = "/mesh.plugin.v1.Host/Call"
+	Host_Hold_FullMethodName         = "/mesh.plugin.v1.Host/Hold"
+	Host_ReportOutbox_FullMethodName = "/mesh.plugin.v1.Host/ReportOutbox"
 )
 
 // HostClient is the client API for Host service.
@@ -271,6 +272,9 @@ type HostClient interface {
 	// Hold stops or starts consuming a queue the module consumes
 	// (sdk.Mesh.Hold).
 	Hold(ctx context.Context, in *HoldRequest, opts ...grpc.CallOption) (*HoldResponse, error)
+	// ReportOutbox tells the host the backlog of the module's outbox
+	// (sdk/outbox), for the node's metrics (protocol 8 on).
+	ReportOutbox(ctx context.Context, in *OutboxReport, opts ...grpc.CallOption) (*Empty, error)
 }
 
 type hostClient struct {
@@ -311,6 +315,16 @@ func (c *hostClient) Hold(ctx context.Context, in *HoldRequest, opts ...grpc.Cal
 	return out, nil
 }
 
+func (c *hostClient) ReportOutbox(ctx context.Context, in *OutboxReport, opts ...grpc.CallOption) (*Empty, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Empty)
+	err := c.cc.Invoke(ctx, Host_ReportOutbox_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // HostServer is the server API for Host service.
 // All implementations must embed UnimplementedHostServer
 // for forward compatibility.
@@ -325,6 +339,9 @@ type HostServer interface {
 	// Hold stops or starts consuming a queue the module consumes
 	// (sdk.Mesh.Hold).
 	Hold(context.Context, *HoldRequest) (*HoldResponse, error)
+	// ReportOutbox tells the host the backlog of the module's outbox
+	// (sdk/outbox), for the node's metrics (protocol 8 on).
+	ReportOutbox(context.Context, *OutboxReport) (*Empty, error)
 	mustEmbedUnimplementedHostServer()
 }
 
@@ -343,6 +360,9 @@ func (UnimplementedHostServer) Call(context.Context, *CallRequest) (*CallRespons
 }
 func (UnimplementedHostServer) Hold(context.Context, *HoldRequest) (*HoldResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Hold not implemented")
+}
+func (UnimplementedHostServer) ReportOutbox(context.Context, *OutboxReport) (*Empty, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReportOutbox not implemented")
 }
 func (UnimplementedHostServer) mustEmbedUnimplementedHostServer() {}
 func (UnimplementedHostServer) testEmbeddedByValue()              {}
@@ -419,6 +439,24 @@ func _Host_Hold_Handler(srv interface{}, ctx context.Context, dec func(interface
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Host_ReportOutbox_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(OutboxReport)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HostServer).ReportOutbox(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Host_ReportOutbox_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HostServer).ReportOutbox(ctx, req.(*OutboxReport))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Host_ServiceDesc is the grpc.ServiceDesc for Host service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -437,6 +475,10 @@ var Host_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Hold",
 			Handler:    _Host_Hold_Handler,
+		},
+		{
+			MethodName: "ReportOutbox",
+			Handler:    _Host_ReportOutbox_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -26,6 +26,7 @@ import (
 
 	_ "github.com/jackc/pgx/v5/stdlib"
 
+	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/sdk"
 	"github.com/meshkit/mesh/sdk/outbox"
 	"github.com/meshkit/mesh/sdk/process"
@@ -121,6 +122,14 @@ func (k killingMesh) Emit(ctx context.Context, name string, body any, opts ...sd
 		kill()
 	}
 	return id, err
+}
+
+// ReportOutbox passes the relay's backlog on to the host, for its
+// metrics.
+func (k killingMesh) ReportOutbox(st wire.OutboxStats) {
+	if r, ok := k.Mesh.(wire.OutboxReporter); ok {
+		r.ReportOutbox(st)
+	}
 }
 
 // takeMarker removes the file name in dir and says whether it was there.
