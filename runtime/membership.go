@@ -98,6 +98,19 @@ type ModuleSummary struct {
 	// too. They are apart from Schemas, whose every entry is a version of
 	// an event type's.
 	ToolSchemas []schema.Declared `json:"tool_schemas,omitempty"`
+	// Outbox is the backlog of the module's outbox (sdk/outbox) as its
+	// relay last reported it; nil for a module without one.
+	Outbox *OutboxSummary `json:"outbox,omitempty"`
+}
+
+// OutboxSummary is a module's outbox backlog in a heartbeat.
+type OutboxSummary struct {
+	// Unsent counts the rows committed and not yet published, Oldest is
+	// when the oldest of them was written (absent for none).
+	Unsent int64      `json:"unsent"`
+	Oldest *time.Time `json:"oldest,omitempty"`
+	// SetAside counts the rows the node refused for good.
+	SetAside int64 `json:"set_aside,omitempty"`
 }
 
 // SchemasEvent is the event name (node.<node>.schemas) a node emits its
@@ -326,6 +339,13 @@ func (m *Module) summary() ModuleSummary {
 	}
 	for _, e := range m.def.Emits {
 		sum.Emits = append(sum.Emits, wire.ModuleEventType(m.def.Name, e))
+	}
+	if ob := m.counts.outbox.Load(); ob != nil {
+		sum.Outbox = &OutboxSummary{Unsent: ob.Unsent, SetAside: ob.SetAside}
+		if !ob.Oldest.IsZero() {
+			oldest := ob.Oldest.UTC()
+			sum.Outbox.Oldest = &oldest
+		}
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -2,6 +2,7 @@ package runtime_test
 
 import (
 	"context"
+	"encoding/json"
 	"path/filepath"
 	"testing"
 	"time"
@@ -24,7 +25,9 @@ func TestOutboxBacklogMetrics(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	n := testNode(t, url, "anchor", func(c *runtime.Config) {
 		c.MeterProvider = sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+		c.HeartbeatInterval = 200 * time.Millisecond
 	})
+	heartbeats := brokertest.Tap(t, url, "mesh.events", "node.anchor.heartbeat")
 	db, err := outbox.OpenSQLite(filepath.Join(t.TempDir(), "ledger.db"))
 	if err != nil {
 		t.Fatal(err)
@@ -61,5 +64,23 @@ func TestOutboxBacklogMetrics(t *testing.T) {
 	})
 	if v, _ := collect(t, reader); v["mesh.events.emitted module=ledger"] != 2 {
 		t.Errorf("emitted %d, want the 2 rows of its own type", v["mesh.events.emitted module=ledger"])
+	}
+	// The heartbeat carries it to the console's overview.
+	deadline := time.After(30 * time.Second)
+	for {
+		select {
+		case d := <-heartbeats:
+			var hb runtime.Heartbeat
+			if err := json.Unmarshal(d.Body, &hb); err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range hb.Modules {
+				if m.Name == "ledger" && m.Outbox != nil && m.Outbox.SetAside == 1 && m.Outbox.Unsent == 0 && m.Outbox.Oldest == nil {
+					return
+				}
+			}
+		case <-deadline:
+			t.Fatal("no heartbeat carried the ledger's outbox")
+		}
 	}
 }

@@ -39,11 +39,12 @@ type fakeMesh struct {
 	block    chan struct{} // if not nil, a replay waits for it to close
 	paused   []string
 	actions  []Action
+	nodes    []Node
 }
 
 var _ Mesh = (*fakeMesh)(nil)
 
-func (f *fakeMesh) Nodes() []Node { return nil }
+func (f *fakeMesh) Nodes() []Node { return f.nodes }
 func (f *fakeMesh) Graph() Graph  { return Graph{} }
 func (f *fakeMesh) Broker(context.Context) Broker {
 	return Broker{Connected: true, URL: "amqp://127.0.0.1:5672/"}
@@ -520,5 +521,23 @@ func TestRunningJobsAreBounded(t *testing.T) {
 	}
 	if resp, _ := do(t, http.MethodPost, ts.URL+"/api/dlq/replay", `{"ids":["a"],"queue":"q"}`, csrf); resp.StatusCode != http.StatusAccepted {
 		t.Errorf("a replay after the others ended: %d", resp.StatusCode)
+	}
+}
+
+// TestOverviewShowsTheOutbox: a module's outbox backlog, from its node's
+// heartbeat, is on the overview beside the module.
+func TestOverviewShowsTheOutbox(t *testing.T) {
+	oldest := time.Now().Add(-3 * time.Minute)
+	f := &fakeMesh{nodes: []Node{{LastSeen: time.Now(), Heartbeat: runtime.Heartbeat{Node: "anchor", Started: time.Now(), Modules: []runtime.ModuleSummary{
+		{Name: "ledger", Outbox: &runtime.OutboxSummary{Unsent: 3, Oldest: &oldest, SetAside: 1}},
+		{Name: "plain"},
+	}}}}}
+	_, ts := serve(t, f, Config{})
+	resp, body := do(t, http.MethodGet, ts.URL+"/", "", nil)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("/: %d", resp.StatusCode)
+	}
+	if !strings.Contains(body, "outbox 3 unsent, oldest 3m ago, 1 set aside") || strings.Count(body, " unsent") != 1 {
+		t.Errorf("the overview does not show the ledger's outbox (and only its):\n%s", body)
 	}
 }
