@@ -574,8 +574,11 @@ func soak(t *testing.T, bins binaries, length, pace time.Duration, seed uint64) 
 	}
 }
 
-// ledgerDB is the ledger module's database, beside the history file.
-func ledgerDB(hist string) string { return filepath.Join(filepath.Dir(hist), "ledger.db") }
+// ledgerDB is the ledger module's database, in its module directory of
+// gamma's state dir (the soak's dir holds the history file).
+func ledgerDB(hist string) string {
+	return filepath.Join(filepath.Dir(hist), "gamma", "modules", "ledger", "ledger.db")
+}
 
 // readLedger reads how many times the ledger applied each order.
 func readLedger(path string) (map[string]int, error) {
@@ -652,7 +655,7 @@ modules:
 		fmt.Fprintf(&b, "    consumes: [%s]\n", legacyQueue)
 		fmt.Fprintf(&b, `  - name: ledger
     path: %s
-    args: [ledger, %s, %s, %s]
+    args: [ledger, %s, %s]
     max_attempts: 50
     handler_timeout: 10s
   - name: tax
@@ -666,7 +669,7 @@ modules:
     config:
       tools:
         - {key: stamp.job, command: /bin/sh, args: [%s], timeout: 5s, max_concurrency: 4}
-`, bins.module, name, hist, ledgerDB(hist), bins.module, name, hist, bins.agent, filepath.Join(filepath.Dir(hist), "stamp.sh"))
+`, bins.module, name, hist, bins.module, name, hist, bins.agent, filepath.Join(filepath.Dir(hist), "stamp.sh"))
 	}
 	return b.String()
 }

@@ -5,9 +5,9 @@
 //	soakmodule worker NODE HISTORY [QUEUE]   handles module.shop.order: calls tax.rate, emits done;
 //	                                         with QUEUE, also consumes that outside queue
 //	soakmodule tax NODE HISTORY              serves tax.rate
-//	soakmodule ledger NODE HISTORY DB        books module.shop.order in the SQLite
-//	                                         file DB through the inbox, emits booked
-//	                                         through the outbox (sdk/outbox)
+//	soakmodule ledger NODE HISTORY           books module.shop.order in ledger.db, in
+//	                                         its module directory, through the inbox;
+//	                                         emits booked through the outbox (sdk/outbox)
 package main
 
 import (
@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -68,11 +69,7 @@ func main() {
 	case "tax":
 		m = tax(h)
 	case "ledger":
-		if len(os.Args) < 5 {
-			fmt.Fprintln(os.Stderr, "usage: soakmodule ledger NODE HISTORY DB")
-			os.Exit(2)
-		}
-		if m, err = ledger(os.Args[4]); err != nil {
+		if m, err = ledger(filepath.Join(process.Dir(), "ledger.db")); err != nil {
 			fmt.Fprintln(os.Stderr, "soakmodule:", err)
 			os.Exit(1)
 		}
