@@ -284,11 +284,7 @@ func TestAHandlingWritesTheSameIDsAgain(t *testing.T) {
 func TestEmitRefusesWhatTheMeshWould(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db, err := outbox.OpenSQLite(filepath.Join(t.TempDir(), "ledger.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := open(t)
 	ob := newOutbox(t, db, outbox.MaxBodyBytes(64))
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
@@ -333,11 +329,7 @@ func TestARefusedRowIsSetAside(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	mt, mesh := load(t, nil)
-	db, err := outbox.OpenSQLite(filepath.Join(t.TempDir(), "ledger.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := open(t)
 	ob := newOutbox(t, db)
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
@@ -426,11 +418,7 @@ func TestADelayCountsFromTheWrite(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	mt, mesh := load(t, nil)
-	db, err := outbox.OpenSQLite(filepath.Join(t.TempDir(), "ledger.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := open(t)
 	ob := newOutbox(t, db)
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
@@ -470,11 +458,7 @@ func TestInFlightPublishesEveryRow(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	mt, mesh := load(t, nil)
-	db, err := outbox.OpenSQLite(filepath.Join(t.TempDir(), "ledger.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := open(t)
 	ob := newOutbox(t, db, outbox.InFlight(8))
 	var want []string
 	for i := range 50 {

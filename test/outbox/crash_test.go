@@ -64,6 +64,24 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// startNode starts node anchor on url, its metrics read by reader, and
+// closes it when t ends.
+func startNode(t *testing.T, ctx context.Context, url string, reader *sdkmetric.ManualReader) *runtime.Node {
+	t.Helper()
+	node, err := runtime.New(ctx, runtime.Config{Node: "anchor", AMQPURL: url, StateDir: t.TempDir(),
+		RetryMin: 5 * time.Millisecond, RetryMax: 20 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = node.Close(ctx)
+	})
+	return node
+}
+
 // events receives what an in-process module handles.
 type events chan sdk.Event
 
@@ -110,17 +128,7 @@ func TestKilledAtEachPointPublishesOnce(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
 			reader := sdkmetric.NewManualReader()
-			node, err := runtime.New(ctx, runtime.Config{Node: "anchor", AMQPURL: url, StateDir: t.TempDir(),
-				RetryMin: 5 * time.Millisecond, RetryMax: 20 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-				MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				defer cancel()
-				_ = node.Close(ctx)
-			})
+			node := startNode(t, ctx, url, reader)
 			wire := brokertest.Tap(t, url, "mesh.events", "module.ledger.#")
 			handled, lifecycle := make(events, 16), make(events, 16)
 			if _, err := node.Load(ctx, sdk.Module{Name: "shipping", Setup: func(m sdk.Mesh) error {

@@ -3,8 +3,6 @@ package outbox_test
 import (
 	"context"
 	"database/sql"
-	"io"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +11,7 @@ import (
 	"time"
 
 	"github.com/oklog/ulid/v2"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/meshkit/mesh/internal/brokertest"
 	"github.com/meshkit/mesh/runtime"
@@ -65,16 +64,7 @@ func TestForeignPublisherEffectsOnce(t *testing.T) {
 	url := brokertest.VHost(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	node, err := runtime.New(ctx, runtime.Config{Node: "anchor", AMQPURL: url, StateDir: t.TempDir(),
-		RetryMin: 5 * time.Millisecond, RetryMax: 20 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = node.Close(ctx)
-	})
+	node := startNode(t, ctx, url, sdkmetric.NewManualReader())
 	dead := brokertest.Tap(t, url, "mesh.events.dead", "#")
 	booked := brokertest.Tap(t, url, "mesh.events", "module.ledger.booked")
 
