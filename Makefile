@@ -15,11 +15,11 @@ LDFLAGS := -X $(VERSION_PKG).release=$(shell cat VERSION) -X $(VERSION_PKG).comm
 BUILD   := $(GO) build -ldflags "$(LDFLAGS)"
 
 .DEFAULT_GOAL := help
-.PHONY: help build test soak bench demo screenshots lint fuzz generate clean
+.PHONY: help build test soak bench demo demo-live screenshots lint fuzz generate clean
 
 help: ## List targets with their descriptions
 	@grep -E '^[a-zA-Z_-]+:.*?## .*$$' $(MAKEFILE_LIST) | \
-		awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-8s\033[0m %s\n", $$1, $$2}'
+		awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-10s\033[0m %s\n", $$1, $$2}'
 
 # go list -export compiles every package and fails on any error, as go build ./... does, but
 # links no command: a build with nothing changed takes seconds, not half a minute (the doc
@@ -34,17 +34,19 @@ build: ## Build all packages, the binaries bin/meshd and bin/meshctl, the shippe
 	$(BUILD) -o bin/modules/ ./examples/modules/...
 	$(BUILD) -o bin/ordersource ./examples/ordersource
 
-test: ## Run the whole test suite (race detector) against a local RabbitMQ and, for the console, Debian's headless Chromium, and PostgreSQL's server binaries for the database tests (all installed where missing), then the fault tests, the failover tests and a two-minute soak one at a time
+test: ## Run the whole test suite (race detector, 30-40 min on 2 cores) against a local RabbitMQ (each test in a virtual host of its own, deleted after) and, for the console, Debian's headless Chromium, and PostgreSQL's server binaries for the database tests (all installed where missing), then the fault tests on a private broker node, the failover tests on a private three-node cluster and a two-minute soak on another, one at a time; it checks the shared broker was never stopped or changed
 	$(ENSURE)
 	$(BROWSER)
 	$(POSTGRES)
+	@mkdir -p bin && scripts/broker-untouched.sh mark bin/.shared-broker
 	$(GO) test -race -count=1 -timeout 20m ./...
-	@echo "fault tests (they stop and cut the broker, so they run alone, after the rest):"
+	@echo "fault tests (they stop, cut and alarm a broker: a private node on 127.0.0.1:5711, made and removed by them):"
 	$(GO) test -race -count=1 -p 1 -v -timeout 20m -tags fault ./test/fault
 	@echo "failover tests (on a local three-node cluster, scripts/cluster.sh, made and removed by them):"
 	$(GO) test -race -count=1 -p 1 -v -timeout 20m -tags failover ./test/fault
 	@echo "soak (a minute of faults on a seed of its own and on a random one, on a cluster of its own; make soak runs longer):"
 	SOAK=1m SOAK_SEEDS=24,random $(GO) test -race -count=1 -v -timeout 30m -tags soak -run TestSoak ./test/soak
+	@scripts/broker-untouched.sh check bin/.shared-broker
 
 soak: ## Run the nemesis soak (test/soak): SOAK=10m of seeded faults on three nodes and a three-node cluster, then a checker over the history; SOAK_SEEDS=S1,S2 repeats schedules
 	$(ENSURE)
@@ -54,8 +56,11 @@ bench: ## Run throughput/latency benchmarks beside a raw amqp091-go baseline
 	$(ENSURE)
 	$(GO) run ./cmd/meshbench
 
-demo: ## Run meshd with the example modules as module processes, shown live by meshctl tail, then call a tool
+demo: ## Run meshd with the example modules as module processes for a few seconds (DEMO_SECONDS, default 6), shown live by meshctl tail, then call a tool, trace and draw the mesh; MESH_AMQP_URL picks the broker and virtual host
 	scripts/demo.sh
+
+demo-live: ## Run the demo, then keep its mesh running with the web console on http://127.0.0.1:8080/ (DEMO_CONSOLE_ADDR) until Ctrl-C
+	DEMO_LIVE=1 scripts/demo.sh
 
 screenshots: ## Take the console guide's pictures (docs/images/console-*.png): the demo mesh in a virtual host of its own, fed, and meshctl console on it in headless Chromium
 	scripts/screenshots.sh

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A local three-node RabbitMQ cluster, to try mesh against a cluster on one
 # machine (a laptop, CI), beside the default broker on 5672, which it leaves
-# alone.
+# alone. MESH_CLUSTER_SIZE=1 makes a single private node instead: the fault
+# tests stop, restart and alarm one of their own, never the user's broker.
 #
 #   scripts/cluster.sh up       start the three nodes and join them (idempotent)
 #   scripts/cluster.sh status   print each node's state and the cluster's members
@@ -28,7 +29,9 @@ export PATH="$PATH:/usr/sbin:/sbin"
 PREFIX="${MESH_CLUSTER_NAME:-mesh-c}"
 BASE_PORT="${MESH_CLUSTER_PORT:-5701}"
 DIR="${MESH_CLUSTER_DIR:-/var/lib/rabbitmq/mesh-cluster}"
-NODES=(1 2 3)
+SIZE="${MESH_CLUSTER_SIZE:-3}"
+[[ "$SIZE" =~ ^[1-9]$ ]] || { echo "cluster: MESH_CLUSTER_SIZE must be 1 to 9, not $SIZE" >&2; exit 1; }
+mapfile -t NODES < <(seq 1 "$SIZE")
 BIN=/usr/lib/rabbitmq/bin
 
 log() { echo "cluster: $*" >&2; }
@@ -122,7 +125,7 @@ up() {
 	local n
 	n=$(members)
 	[[ "$n" == "${#NODES[@]}" ]] || die "the cluster has $n running nodes, want ${#NODES[@]}"
-	log "up: ${#NODES[@]} nodes running; MESH_AMQP_URLS=$(urls)"
+	log "up: ${#NODES[@]} node(s) running; MESH_AMQP_URLS=$(urls)"
 }
 
 status() {

@@ -2,6 +2,14 @@
 # make demo: a local broker, meshd running the example modules as module
 # processes (examples/mesh.yaml), and meshctl tail showing what travels on
 # the mesh, then meshctl call invoking a tool.
+#
+# Environment:
+#   MESH_AMQP_URL   the broker, with its virtual host (default the local
+#                   broker's /); everything the demo makes is made there.
+#   DEMO_SECONDS    how long the mesh runs before the calls (default 6).
+#   DEMO_LIVE=1     (make demo-live) keep the mesh running after the show,
+#                   with the web console on DEMO_CONSOLE_ADDR (default
+#                   127.0.0.1:8080), until Ctrl-C.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin"
@@ -9,6 +17,7 @@ scripts/ensure-rabbitmq.sh
 # The release and commit every binary says it is (meshd version), as make build stamps them.
 v=github.com/meshkit/mesh/internal/version
 ldflags="-X $v.release=$(cat VERSION) -X $v.commit=$(git rev-parse --short=12 HEAD 2>/dev/null || true)"
+echo "== building meshd, meshctl, the example modules, the audit logger, the dispatcher, the agent and ordersource into bin/ (the first build compiles every dependency: a minute or two) =="
 go build -ldflags "$ldflags" -o bin/ ./cmd/meshd ./cmd/meshctl
 go build -ldflags "$ldflags" -o bin/modules/ ./examples/modules/...
 go build -ldflags "$ldflags" -o bin/modules/audit-logger ./auditlogger/cmd/audit-logger
@@ -16,7 +25,8 @@ go build -ldflags "$ldflags" -o bin/modules/dispatcher ./modules/dispatcher/cmd/
 go build -ldflags "$ldflags" -o bin/modules/agent ./modules/agent/cmd/agent
 go build -ldflags "$ldflags" -o bin/ordersource ./examples/ordersource
 # The outside system's queue exists before the dispatcher consumes it
-# (the dispatcher never declares a queue it does not own).
+# (the dispatcher never declares a queue it does not own). ordersource
+# reads MESH_AMQP_URL, so the queue is made in the demo's virtual host.
 bin/ordersource -declare-only
 seconds="${DEMO_SECONDS:-6}"
 echo "== meshd runs umami, notifier, billing, tax, the audit logger, the dispatcher and the agent as module processes for ${seconds}s; meshctl tail 'module.#' shows the events =="
@@ -53,9 +63,20 @@ echo "== meshctl graph: the mesh drawn from the node's heartbeat (Mermaid; --for
 bin/meshctl graph --wait 3s
 echo "== meshctl audit replay --dry-run: what a replay of umami's events would send again, up to now =="
 bin/meshctl audit replay --dry-run --type 'module.umami.#'
+if [ -n "${DEMO_LIVE:-}" ]; then
+  addr="${DEMO_CONSOLE_ADDR:-127.0.0.1:8080}"
+  kill "$tail_pid" 2>/dev/null || true # the console's Live page shows the events now
+  echo "== the demo mesh keeps running: the console is on http://$addr/ (open it in a browser); in another shell try bin/meshctl nodes, bin/meshctl tail '#', bin/meshctl call invoice.create '{\"site\":\"x\",\"cents\":1}'; Ctrl-C stops it all =="
+  bin/meshctl console --addr "$addr" &
+  console_pid=$!
+  trap 'kill "$tail_pid" "$meshd_pid" "$console_pid" 2>/dev/null || true' EXIT
+  trap 'echo; echo "== stopping the demo mesh =="; exit 0' INT TERM
+  wait "$meshd_pid" || echo "== meshd exited with status $? =="
+  exit 0
+fi
 kill -TERM "$meshd_pid"
 wait "$meshd_pid" && echo "== meshd stopped cleanly (exit 0) on SIGTERM ==" || echo "== meshd exited with status $? =="
 sleep 0.5
 kill "$tail_pid" 2>/dev/null || true
 wait "$tail_pid" 2>/dev/null || true
-echo "== done. Try: bin/meshctl tail --json '#'   and in another shell: bin/meshctl emit mesh.demo.hello '{\"hi\":1}' =="
+echo "== done. The mesh stopped; make demo-live runs it until Ctrl-C with the web console. Try: bin/meshctl tail --json '#'   and in another shell: bin/meshctl emit mesh.demo.hello '{\"hi\":1}' =="

@@ -5,6 +5,9 @@
 // that queue as it is (examples/mesh.yaml).
 //
 //	ordersource [-url amqp://...] [-n 3] [-declare-only]
+//
+// The broker is -url, else MESH_AMQP_URL (as for meshd and meshctl), else
+// the local broker's default virtual host.
 package main
 
 import (
@@ -19,7 +22,11 @@ import (
 )
 
 func main() {
-	url := flag.String("url", "amqp://guest:guest@127.0.0.1:5672/", "broker URL")
+	def := os.Getenv("MESH_AMQP_URL")
+	if def == "" {
+		def = "amqp://guest:guest@127.0.0.1:5672/"
+	}
+	url := flag.String("url", def, "broker URL, with its virtual host (default MESH_AMQP_URL or the local broker's /)")
 	n := flag.Int("n", 3, "orders to publish")
 	declareOnly := flag.Bool("declare-only", false, "declare the queue and publish nothing")
 	flag.Parse()

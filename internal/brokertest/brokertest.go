@@ -8,7 +8,9 @@
 // The broker is reached through MESH_TEST_AMQP_HOST (default
 // 127.0.0.1:5672) with guest/guest, and virtual hosts are made with
 // rabbitmqctl, which must be on PATH (scripts/ensure-rabbitmq.sh makes sure
-// the broker runs).
+// the broker runs). MESH_TEST_RABBITMQ_NODE names the Erlang node
+// rabbitmqctl talks to (default the local default node): the fault tests
+// set both to a private node of their own.
 package brokertest
 
 import (
@@ -57,7 +59,7 @@ func Create(prefix string) (url string, remove func() error, err error) {
 	_, _ = rand.Read(b[:])
 	name := prefix + "-" + hex.EncodeToString(b[:])
 	if err := run("add_vhost", name); err != nil {
-		return "", nil, fmt.Errorf("rabbitmqctl: %w", err)
+		return "", nil, err
 	}
 	remove = func() error {
 		if err := run("delete_vhost", name); err != nil {
@@ -67,19 +69,30 @@ func Create(prefix string) (url string, remove func() error, err error) {
 	}
 	if err := run("set_permissions", "-p", name, "guest", ".*", ".*", ".*"); err != nil {
 		_ = remove()
-		return "", nil, fmt.Errorf("rabbitmqctl: %w", err)
+		return "", nil, err
 	}
 	return "amqp://guest:guest@" + Host() + "/" + neturl.PathEscape(name), remove, nil
 }
 
 func run(args ...string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	_, err := CtlOutput(args...)
+	return err
+}
+
+// CtlOutput runs rabbitmqctl with args against the test broker's node (for
+// at most two minutes) and returns what it printed.
+func CtlOutput(args ...string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, "rabbitmqctl", append([]string{"-q"}, args...)...).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("%s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	full := []string{"-q"}
+	if node := os.Getenv("MESH_TEST_RABBITMQ_NODE"); node != "" {
+		full = append(full, "-n", node)
 	}
-	return nil
+	out, err := exec.CommandContext(ctx, "rabbitmqctl", append(full, args...)...).CombinedOutput()
+	if err != nil {
+		return out, fmt.Errorf("rabbitmqctl %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return out, nil
 }
 
 // User makes a broker user with a random name and password, found nowhere
@@ -91,7 +104,7 @@ func User(t testing.TB) (name, password string) {
 	_, _ = rand.Read(b[:])
 	name, password = "mesh-test-user-"+hex.EncodeToString(b[:4]), "pw-"+hex.EncodeToString(b[:])
 	if err := run("add_user", name, password); err != nil {
-		t.Fatalf("rabbitmqctl: %v", err)
+		t.Fatalf("%v", err)
 	}
 	t.Cleanup(func() {
 		if err := run("delete_user", name); err != nil {
@@ -105,7 +118,7 @@ func User(t testing.TB) (name, password string) {
 func Ctl(t testing.TB, args ...string) {
 	t.Helper()
 	if err := run(args...); err != nil {
-		t.Fatalf("rabbitmqctl: %v", err)
+		t.Fatalf("%v", err)
 	}
 }
 
@@ -116,9 +129,9 @@ func Ctl(t testing.TB, args ...string) {
 // it).
 func MemoryWatermark(t testing.TB) string {
 	t.Helper()
-	out, err := exec.Command("rabbitmqctl", "eval", "vm_memory_monitor:get_vm_memory_high_watermark().").CombinedOutput()
+	out, err := CtlOutput("eval", "vm_memory_monitor:get_vm_memory_high_watermark().")
 	if err != nil {
-		t.Fatalf("read the memory watermark: %v\n%s", err, out)
+		t.Fatalf("read the memory watermark: %v", err)
 	}
 	fields := strings.Fields(strings.TrimSpace(string(out)))
 	if len(fields) == 0 || strings.HasPrefix(fields[len(fields)-1], "{") {

@@ -18,17 +18,33 @@ import (
 	"time"
 )
 
-// Size is the number of nodes scripts/cluster.sh makes.
+// Size is the number of nodes scripts/cluster.sh makes by default.
 const Size = 3
 
 // Cluster is one local cluster: its nodes are Name1@localhost to
-// Name3@localhost, node i listens for AMQP on Port+i-1, and keeps its data
-// under Dir/ci. Script is the path of scripts/cluster.sh.
+// NameN@localhost (N is Nodes, or Size when Nodes is 0), node i listens
+// for AMQP on Port+i-1, and keeps its data under Dir/ci. Script is the
+// path of scripts/cluster.sh. A Cluster of one node is a private broker,
+// for tests that stop or alarm a broker (never the user's).
 type Cluster struct {
 	Name   string
 	Port   int
 	Dir    string
 	Script string
+	Nodes  int
+}
+
+// size is the number of nodes of c.
+func (c Cluster) size() int {
+	if c.Nodes > 0 {
+		return c.Nodes
+	}
+	return Size
+}
+
+// URL is the AMQP URL of node i's virtual host vhost, as guest.
+func (c Cluster) URL(i int, vhost string) string {
+	return "amqp://guest:guest@" + c.AMQPAddr(i) + "/" + vhost
 }
 
 // FromEnv is the cluster scripts/cluster.sh makes by default, or the one
@@ -59,7 +75,8 @@ func (c Cluster) Run(args ...string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, c.Script, args...)
-	cmd.Env = append(os.Environ(), "MESH_CLUSTER_NAME="+c.Name, "MESH_CLUSTER_PORT="+strconv.Itoa(c.Port), "MESH_CLUSTER_DIR="+c.Dir)
+	cmd.Env = append(os.Environ(), "MESH_CLUSTER_NAME="+c.Name, "MESH_CLUSTER_PORT="+strconv.Itoa(c.Port), "MESH_CLUSTER_DIR="+c.Dir,
+		"MESH_CLUSTER_SIZE="+strconv.Itoa(c.size()))
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return out, fmt.Errorf("%s %s: %w", c.Script, strings.Join(args, " "), err)
@@ -81,7 +98,7 @@ func (c Cluster) Ctl(i int, args ...string) ([]byte, error) {
 // CtlAny runs rabbitmqctl against the first node that answers.
 func (c Cluster) CtlAny(args ...string) ([]byte, error) {
 	var errs []error
-	for i := 1; i <= Size; i++ {
+	for i := 1; i <= c.size(); i++ {
 		out, err := c.Ctl(i, args...)
 		if err == nil {
 			return out, nil
@@ -129,7 +146,7 @@ func (c Cluster) LeaderOf(vhost, queue string) (int, error) {
 		if q.Name != queue {
 			continue
 		}
-		for j := 1; j <= Size; j++ {
+		for j := 1; j <= c.size(); j++ {
 			if q.Leader == c.NodeName(j) {
 				return j, nil
 			}
@@ -165,7 +182,7 @@ func (c Cluster) Heal(i int) error {
 // peersExpr binds Peers, in an Erlang expression, to the nodes other than i.
 func (c Cluster) peersExpr(i int) string {
 	var peers []string
-	for j := 1; j <= Size; j++ {
+	for j := 1; j <= c.size(); j++ {
 		if j != i {
 			peers = append(peers, "'"+c.NodeName(j)+"'")
 		}

@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os/exec"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -26,7 +25,7 @@ func TestBrokerAlarm(t *testing.T) {
 	url := brokertest.VHost(t)
 	ensureBrokerRuns(t)
 	was := brokertest.MemoryWatermark(t)
-	restore := func() { _ = exec.Command("rabbitmqctl", "set_vm_memory_high_watermark", was).Run() }
+	restore := func() { _, _ = brokertest.CtlOutput("set_vm_memory_high_watermark", was) }
 	restore()
 	t.Cleanup(restore)
 	n := newNode(t, url, "alarm", nil)

@@ -80,9 +80,9 @@ func TestBrokerAppRestart(t *testing.T) {
 func TestDelayedEventsThroughBrokerAppRestart(t *testing.T) {
 	url := brokertest.VHost(t)
 	ensureBrokerRuns(t)
-	out, err := exec.Command("rabbitmqctl", "eval", "application:get_env(rabbit, dead_letter_worker_publisher_confirm_timeout).").CombinedOutput()
+	out, err := brokertest.CtlOutput("eval", "application:get_env(rabbit, dead_letter_worker_publisher_confirm_timeout).")
 	if err != nil {
-		t.Fatalf("read dead_letter_worker_publisher_confirm_timeout: %v: %s", err, out)
+		t.Fatalf("read dead_letter_worker_publisher_confirm_timeout: %v", err)
 	}
 	before := strings.TrimSpace(string(out))
 	t.Cleanup(func() {
@@ -383,9 +383,9 @@ func TestQueueAtLengthLimit(t *testing.T) {
 // handled, its channel never closed by the broker.
 func TestRetryLongerThanConsumerTimeout(t *testing.T) {
 	url := brokertest.VHost(t)
-	out, err := exec.Command("rabbitmqctl", "eval", "application:get_env(rabbit, consumer_timeout).").CombinedOutput()
+	out, err := brokertest.CtlOutput("eval", "application:get_env(rabbit, consumer_timeout).")
 	if err != nil {
-		t.Fatalf("read consumer_timeout: %v: %s", err, out)
+		t.Fatalf("read consumer_timeout: %v", err)
 	}
 	before := strings.TrimSpace(string(out))
 	t.Cleanup(func() {

@@ -8,8 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -58,14 +56,13 @@ func rawChannel(t *testing.T, url string) *amqp.Channel {
 	return ch
 }
 
-// rabbitmqctl runs the broker's control tool.
+// rabbitmqctl runs the broker's control tool against the fault tests'
+// private broker node (brokertest's MESH_TEST_RABBITMQ_NODE, set by
+// TestMain), never the user's.
 func rabbitmqctl(t *testing.T, args ...string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, "rabbitmqctl", args...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("rabbitmqctl %s: %v\n%s", strings.Join(args, " "), err, out)
+	if _, err := brokertest.CtlOutput(args...); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -73,9 +70,7 @@ func rabbitmqctl(t *testing.T, args ...string) {
 // whatever happened, and waits until it answers.
 func ensureBrokerRuns(t *testing.T) {
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		_ = exec.CommandContext(ctx, "rabbitmqctl", "start_app").Run()
+		_, _ = brokertest.CtlOutput("start_app")
 		waitBroker(t)
 	})
 }
