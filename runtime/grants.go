@@ -8,8 +8,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/meshkit/mesh/internal/grant"
 	"github.com/meshkit/mesh/internal/wire"
-	"github.com/meshkit/mesh/sdk"
 )
 
 // Grants are checked by the host, never by the sdk in a module's process
@@ -115,31 +115,18 @@ func (m *Module) checkCaller(tool string, c Caller) error {
 
 // checkCallGrant refuses a call the module is not granted.
 func (m *Module) checkCallGrant(tool string) error {
-	if m.cfg.CallGrants == nil {
-		return nil
+	err := grant.Call(m.def.Name, tool, m.cfg.CallGrants)
+	if err != nil {
+		m.log.Warn("call of a tool the node config does not grant refused", "tool", tool)
 	}
-	for _, g := range m.cfg.CallGrants {
-		if wire.MatchPattern(g, tool) {
-			return nil
-		}
-	}
-	m.log.Warn("call of a tool the node config does not grant refused", "tool", tool)
-	return fmt.Errorf("call %s: %w: module %s may call only the tools its node config grants it, and %q is not among %q "+
-		"(add it to calls: of the module's entry in mesh.yaml)", tool, sdk.ErrForbidden, m.def.Name, tool, m.cfg.CallGrants)
+	return err
 }
 
 // deadLetterPatterns are the patterns the module's dead-letter queue is
 // bound with, or an error when the module has a DeadLetters handler but
 // no grant.
 func (m *Module) deadLetterPatterns() ([]string, error) {
-	if m.cfg.DeadLetterGrants == nil {
-		return []string{"#"}, nil
-	}
-	if len(m.cfg.DeadLetterGrants) == 0 {
-		return nil, fmt.Errorf("%w: module %s has a DeadLetters handler, and its node config grants it no dead letters "+
-			"(add the event type patterns it may receive, e.g. \"module.billing.#\" or \"#\", to dead_letters: of its entry in mesh.yaml)", sdk.ErrForbidden, m.def.Name)
-	}
-	return m.cfg.DeadLetterGrants, nil
+	return grant.DeadLetters(m.def.Name, m.cfg.DeadLetterGrants)
 }
 
 func sortedKeys(m map[string][]string) []string {

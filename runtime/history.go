@@ -11,6 +11,7 @@ import (
 
 	"github.com/meshkit/mesh/internal/amqpmsg"
 	"github.com/meshkit/mesh/internal/execute"
+	"github.com/meshkit/mesh/internal/grant"
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/sdk"
 )
@@ -141,7 +142,7 @@ func (m *Module) historyFrom(ctx context.Context) error {
 		return fmt.Errorf("module %s: %w: it reads the mesh's history, and this node keeps none (history.stream in the node config)", m.def.Name, sdk.ErrInvalid)
 	}
 	if m.cfg.DenyHistory {
-		return fmt.Errorf("module %s: %w: it reads the mesh's history, and its node config does not grant it (history: true in its entry)", m.def.Name, sdk.ErrForbidden)
+		return grant.History(m.def.Name)
 	}
 	var from int64
 	err, _ := execute.Safely(func() error {

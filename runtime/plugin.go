@@ -1046,6 +1046,10 @@ func (pm *PluginModule) forward(i uint32) sdk.Handler {
 				// The process sent the text of an sdk.Permanent error:
 				// marked permanent again here, it keeps one prefix.
 				return sdk.Permanent(errors.New(truncateText(strings.TrimPrefix(o.Error, "permanent: "), maxModuleErrorText)))
+			case pb.Outcome_FORBIDDEN:
+				// An emit or call the host refused for want of a grant:
+				// dead-lettered at once, as forbidden, in the process's words.
+				return refusedGrant(truncateText(o.Error, maxModuleErrorText))
 			default:
 				return errors.New(truncateText(o.Error, maxModuleErrorText))
 			}
@@ -1348,3 +1352,13 @@ func declarationsOf(desc *pb.Description) ([]sdk.Schema, map[string][]string, er
 	}
 	return schemas, reads, nil
 }
+
+// refusedGrant is a module process's handler error that was a refused
+// grant: its text as the process sent it, and sdk.ErrForbidden to errors.Is,
+// so the handling is dead-lettered at once as forbidden.
+type refusedGrant string
+
+func (e refusedGrant) Error() string { return string(e) }
+
+// Is reports sdk.ErrForbidden.
+func (e refusedGrant) Is(target error) bool { return target == sdk.ErrForbidden }

@@ -353,7 +353,7 @@ func outcomeOf(err error, timedOut bool) string {
 		return outcomeTimeout
 	case err == nil:
 		return outcomeOK
-	case errors.Is(err, sdk.ErrPermanent):
+	case errors.Is(err, sdk.ErrPermanent) || errors.Is(err, sdk.ErrForbidden):
 		return outcomePermanent
 	}
 	return outcomeError

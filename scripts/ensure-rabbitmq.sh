@@ -11,6 +11,8 @@
 #   MESH_AMQP_URL            if it points at another host or port, this script
 #                            leaves the local broker alone and exits 0.
 #   MESH_RABBITMQ_WAIT_SECS  how long to wait for startup (default 120).
+#   MESH_NO_MANAGEMENT       set: never enable the management plugin (it is
+#                            otherwise enabled, saying so, where it is off).
 set -euo pipefail
 
 export PATH="$PATH:/usr/sbin:/sbin"
@@ -61,7 +63,11 @@ ensure_management() {
 	if timeout 30 "${SUDO[@]}" rabbitmq-plugins -q is_enabled rabbitmq_management >/dev/null 2>&1; then
 		return 0
 	fi
-	log "enabling the management plugin (rabbitmq-plugins enable rabbitmq_management)"
+	if [[ -n "${MESH_NO_MANAGEMENT:-}" ]]; then
+		log "the management plugin is off and MESH_NO_MANAGEMENT is set: leaving it off (meshctl topology check and the console's queue pages will say so)"
+		return 0
+	fi
+	log "enabling RabbitMQ's management plugin on this broker (rabbitmq-plugins enable rabbitmq_management): meshctl topology check and the console read queues and bindings from its HTTP API on 127.0.0.1:15672; rabbitmq-plugins disable rabbitmq_management undoes it, MESH_NO_MANAGEMENT=1 skips it"
 	timeout 60 "${SUDO[@]}" rabbitmq-plugins enable rabbitmq_management >&2 ||
 		log "could not enable rabbitmq_management; meshctl topology check will report bindings UNCHECKED"
 }

@@ -105,7 +105,10 @@
 // (from 200ms to 30s by default), and after the attempt limit (default 5)
 // it is dead-lettered with the reason "delivery_limit" and the last error.
 // An error wrapped by Permanent dead-letters it at once with the reason
-// "permanent". Event.Attempt counts the attempts from 1.
+// "permanent"; so does a refused grant (an error that is ErrForbidden,
+// returned by an Emit or Call the node config does not grant), with the
+// reason "forbidden", as no retry could succeed. Event.Attempt counts the
+// attempts from 1.
 //
 // Dead letters. A module that sets Module.DeadLetters receives the dead
 // letters its node config grants it (dead_letters:, patterns of event

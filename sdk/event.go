@@ -58,6 +58,8 @@ type Event struct {
 	// (<node>.<module>.events).
 	DeadQueue string
 	// DeadReason is why: "permanent" (the handler said so),
+	// "forbidden" (the handler's emit or call was refused for want of a
+	// grant: retrying cannot help; the error names the key to add),
 	// "delivery_limit" (every attempt failed, or the broker's limit
 	// struck), "malformed" (the message breaks the wire contract: the
 	// other fields are then read as far as they can be, Body is the bytes

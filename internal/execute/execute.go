@@ -24,15 +24,21 @@ const (
 	Failed
 	// Permanent dead-letters it at once.
 	Permanent
+	// Forbidden dead-letters it at once: the handler's emit or call was
+	// refused for want of a grant, which no retry can change.
+	Forbidden
 )
 
-// Of classifies what a handler returned: nil is OK, an error marked
+// Of classifies what a handler returned: nil is OK, a refused grant
+// (wire.ErrForbidden, sdk.ErrForbidden) Forbidden, an error marked
 // permanent (sdk.Permanent, a permanent ToolError) Permanent, any other
 // Failed.
 func Of(err error) Outcome {
 	switch {
 	case err == nil:
 		return OK
+	case errors.Is(err, wire.ErrForbidden):
+		return Forbidden
 	case errors.Is(err, wire.ErrPermanent):
 		return Permanent
 	}
@@ -69,14 +75,17 @@ const (
 // Decide is the failure policy every host settles by: the verdict on the
 // attempt-th handling (1-based) of a delivery that came to o, with the
 // reason when it gives up. OK is acknowledged; Permanent given up at once
-// (wire.DeadReasonPermanent); Failed retried while attempts remain, then
-// given up as past the limit (wire.DeadReasonDeliveryLimit).
+// (wire.DeadReasonPermanent), Forbidden too (wire.DeadReasonForbidden);
+// Failed retried while attempts remain, then given up as past the limit
+// (wire.DeadReasonDeliveryLimit).
 func Decide(o Outcome, attempt, maxAttempts int) (Verdict, string) {
 	switch {
 	case o == OK:
 		return Ack, ""
 	case o == Permanent:
 		return GiveUp, wire.DeadReasonPermanent
+	case o == Forbidden:
+		return GiveUp, wire.DeadReasonForbidden
 	case attempt >= maxAttempts:
 		return GiveUp, wire.DeadReasonDeliveryLimit
 	}
@@ -101,10 +110,10 @@ func Backoff(attempt int, lo, hi time.Duration, jitter func(int64) int64) time.D
 
 // ToolFailure is what a tool handler's error becomes for its caller when
 // it is not a tool error of its own (an *sdk.ToolError, sent as it is):
-// code "rejected" and permanent for an error marked permanent, "failed"
-// and transient for any other.
+// code "rejected" and permanent for an error marked permanent or a
+// refused grant, "failed" and transient for any other.
 func ToolFailure(err error) (code string, permanent bool) {
-	if Of(err) == Permanent {
+	if o := Of(err); o == Permanent || o == Forbidden {
 		return wire.CodeRejected, true
 	}
 	return wire.CodeFailed, false

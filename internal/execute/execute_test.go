@@ -15,6 +15,8 @@ func TestOf(t *testing.T) {
 		errors.New("x"):                        Failed,
 		fmt.Errorf("y: %w", wire.ErrPermanent): Permanent,
 		errors.Join(errors.New("z"), fmt.Errorf("%w", wire.ErrPermanent)): Permanent,
+		fmt.Errorf("call x: %w: add it to calls:", wire.ErrForbidden):     Forbidden,
+		fmt.Errorf("both: %w, %w", wire.ErrPermanent, wire.ErrForbidden):  Forbidden,
 		wire.ErrTransient: Failed,
 	} {
 		if got := Of(err); got != want {
@@ -62,6 +64,7 @@ func TestDecide(t *testing.T) {
 		{OK, 9, Ack, ""},
 		{Permanent, 1, GiveUp, wire.DeadReasonPermanent},
 		{Permanent, 3, GiveUp, wire.DeadReasonPermanent},
+		{Forbidden, 1, GiveUp, wire.DeadReasonForbidden},
 		{Failed, 1, Retry, ""},
 		{Failed, 2, Retry, ""},
 		{Failed, 3, GiveUp, wire.DeadReasonDeliveryLimit},

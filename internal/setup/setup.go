@@ -126,8 +126,8 @@ func (r *Recorder) Consume(queue string, prefetch int, h any, o wire.HandlerOpti
 	grants := r.consumeGrants
 	r.mu.Unlock()
 	if grants != nil && !slices.ContainsFunc(grants, func(g string) bool { return wire.MatchPattern(g, queue) }) {
-		return fmt.Errorf("consume %q: %w: module %s may consume only the queues its node config grants it, and %q is not among %q "+
-			"(add it to consumes: of the module's entry in mesh.yaml)", queue, wire.ErrForbidden, r.module, queue, grants)
+		return fmt.Errorf("consume %q: %w: module %s's entry in mesh.yaml does not grant it (%s): add %q to its consumes:",
+			queue, wire.ErrForbidden, r.module, wire.GrantsHave("consumes", grants), queue)
 	}
 	return r.add(&r.consumes, "consume", "queue already consumed", Entry{Key: queue, Handler: h, Prefetch: prefetch, Options: o})
 }

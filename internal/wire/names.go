@@ -112,6 +112,7 @@ const HeaderReplayID = "x-replay-id"
 const (
 	DeadReasonPermanent     = "permanent"      // the handler said the error is permanent
 	DeadReasonDeliveryLimit = "delivery_limit" // every attempt failed
+	DeadReasonForbidden     = "forbidden"      // the handler's emit or call was not granted (ErrForbidden): no retry could succeed
 	DeadReasonMalformed     = "malformed"      // the message breaks the contract
 	DeadReasonSchema        = "schema"         // its x-schema is not a version its handler reads (sdk.Module.Reads)
 	DeadReasonNoHandler     = "no_handler"     // no subscribed pattern matches it (a binding left from an earlier run)

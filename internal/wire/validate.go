@@ -3,6 +3,7 @@ package wire
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -72,8 +73,21 @@ func CheckToolGrant(module, tool string, grants []string) error {
 			return nil
 		}
 	}
-	return fmt.Errorf("%w: module %s may serve only the tools its node config grants it, and %q is not among %q "+
-		"(add it to the module's tools list in meshd's config, or to ModuleConfig.ToolGrants in-process)", ErrForbidden, module, tool, grants)
+	return fmt.Errorf("serve %s: %w: module %s's entry in mesh.yaml does not grant it (%s): add %q to its tools:",
+		tool, ErrForbidden, module, GrantsHave("tools", grants), tool)
+}
+
+// GrantsHave says what a module's grant list holds, in mesh.yaml's terms,
+// for a refusal: `its calls: are ["a.*"]`, or `it has no calls:`.
+func GrantsHave(key string, grants []string) string {
+	if len(grants) == 0 {
+		return "it has no " + key + ":"
+	}
+	q := make([]string, len(grants))
+	for i, g := range grants {
+		q[i] = strconv.Quote(g)
+	}
+	return "its " + key + ": are [" + strings.Join(q, ", ") + "]"
 }
 
 // InvalidError says which rule a routing key, pattern or name broke.

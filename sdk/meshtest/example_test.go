@@ -104,3 +104,31 @@ func ExampleMesh_Delayed() {
 	// waiting: module.reminders.due due 2026-01-02T00:00:00Z
 	// waiting after a day: 0
 }
+
+// Grants hold a module to the grants of its entry in meshd's config: a
+// call they do not name fails as on a node, and the handling that made it
+// is dead-lettered at once as "forbidden" (no retry could succeed), with
+// the words that name the key to add.
+func ExampleGrants() {
+	billing := sdk.Module{Name: "billing", Calls: []string{"tax.rate"}, Setup: func(m sdk.Mesh) error {
+		return m.On("mesh.order.placed", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			return m.Call(ctx, "tax.rate", map[string]string{"country": "FR"}, nil)
+		}))
+	}}
+	mt := meshtest.New(meshtest.Config{})
+	defer mt.Close()
+	// As in mesh.yaml: - name: billing, with no calls: entry.
+	if err := mt.Load(billing, meshtest.ModuleConfig{Grants: &meshtest.Grants{}}); err != nil {
+		fmt.Println(err)
+		return
+	}
+	_, _ = mt.Emit(context.Background(), "shop", "mesh.order.placed", map[string]int{"cents": 100})
+	mt.Settle()
+	for _, d := range mt.DeadLetters() {
+		fmt.Println(d.Reason, d.Attempts)
+		fmt.Println(d.Err)
+	}
+	// Output:
+	// forbidden 1
+	// call tax.rate: forbidden: module billing's entry in mesh.yaml does not grant it (it has no calls:): add "tax.rate" to its calls:
+}

@@ -21,6 +21,7 @@ import (
 	"github.com/meshkit/mesh/internal/delay"
 	"github.com/meshkit/mesh/internal/execute"
 	"github.com/meshkit/mesh/internal/filter"
+	"github.com/meshkit/mesh/internal/grant"
 	"github.com/meshkit/mesh/internal/handlerlog"
 	"github.com/meshkit/mesh/internal/schema"
 	"github.com/meshkit/mesh/internal/setup"
@@ -113,6 +114,43 @@ type ModuleConfig struct {
 	// schemas (sdk.Module.Schemas) but does not validate its emitted
 	// bodies against them (skip_body_validation), as on a node.
 	SkipBodyValidation bool
+	// Grants, when set, hold the module to the grants of its entry in
+	// meshd's config, denying by default as a node does; they replace
+	// ToolGrants and EmitGrants. Without Grants the module may call,
+	// consume, receive dead letters and read the history freely.
+	Grants *Grants
+}
+
+// Grants are a module's grants as its entry in meshd's config gives them
+// (docs/config.md). What they do not name is refused as meshd refuses it,
+// with meshd's words (sdk.ErrForbidden naming the key to add): a call at
+// the call, a consumed queue, a DeadLetters handler without dead_letters
+// and a History handler without history: true at Load.
+type Grants struct {
+	// Tools are the patterns of the tools the module may serve (tools:).
+	Tools []string
+	// Calls are the patterns of the tools it may call (calls:).
+	Calls []string
+	// Emits are the patterns of the full types outside its namespace it
+	// may emit with sdk.AsFullType (emit_grants:).
+	Emits []string
+	// Consumes are the patterns of the existing queues it may consume
+	// (consumes:).
+	Consumes []string
+	// DeadLetters are the patterns of the event types whose dead letters
+	// its DeadLetters handler receives (dead_letters:).
+	DeadLetters []string
+	// History lets its History handler read the mesh's history
+	// (history: true).
+	History bool
+}
+
+// orEmpty is s, or an empty list (deny all) for nil.
+func orEmpty(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
 }
 
 // DeadLetter is an event a module gave up on.
@@ -123,8 +161,9 @@ type DeadLetter struct {
 	// module's (<node>.<module>.events), or the existing queue it
 	// consumes (sdk.Mesh.Consume) the message came from.
 	Module, Queue string
-	// Reason is "permanent" (the handler said so), "delivery_limit"
-	// (every attempt failed), "expired" (the event's time to live, see
+	// Reason is "permanent" (the handler said so), "forbidden" (the
+	// handler's emit or call was refused for want of a grant, which no
+	// retry changes), "delivery_limit" (every attempt failed), "expired" (the event's time to live, see
 	// sdk.WithTTL, ran out on the mesh's clock before a handler took it)
 	// or "schema" (its x-schema is not a version the handler reads, see
 	// sdk.Module.Reads: the handler did not run).
@@ -251,6 +290,11 @@ type module struct {
 	// historyNext is the offset of the history its History handler gets
 	// next.
 	historyNext int64
+	// callGrants are the tools it may call (Grants.Calls; nil: any), and
+	// deadPatterns the event types whose dead letters its DeadLetters
+	// handler gets.
+	callGrants   []string
+	deadPatterns []string
 }
 
 type subscription struct {
@@ -305,8 +349,27 @@ func (m *Mesh) Load(def sdk.Module, mc ModuleConfig) error {
 	if mc.HandlerTimeout == 0 {
 		mc.HandlerTimeout = m.cfg.HandlerTimeout
 	}
+	deadPatterns := []string{"#"}
+	if g := mc.Grants; g != nil {
+		mc.ToolGrants, mc.EmitGrants = orEmpty(g.Tools), g.Emits
+		if def.DeadLetters != nil {
+			p, err := grant.DeadLetters(def.Name, orEmpty(g.DeadLetters))
+			if err != nil {
+				return fmt.Errorf("load module %s: %w", def.Name, err)
+			}
+			deadPatterns = p
+		}
+		if def.History != nil && !g.History {
+			return fmt.Errorf("load module %s: %w", def.Name, grant.History(def.Name))
+		}
+	}
 	mod := &module{mesh: m, async: asyncemit.New(), def: def, cfg: mc, log: m.cfg.Logger.With("module", def.Name), setup: setup.New(def.Name, mc.ToolGrants),
-		contracts: contracts, handled: make(map[string]uint64), answers: make(map[string]*answer), held: make(map[string]bool), runDone: make(chan struct{})}
+		contracts: contracts, handled: make(map[string]uint64), answers: make(map[string]*answer), held: make(map[string]bool), runDone: make(chan struct{}),
+		deadPatterns: deadPatterns}
+	if g := mc.Grants; g != nil {
+		mod.callGrants = orEmpty(g.Calls)
+		mod.setup.GrantConsumes(orEmpty(g.Consumes))
+	}
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
@@ -1021,7 +1084,7 @@ func (m *Mesh) deadLetter(mod *module, d *delivery, ev sdk.Event, reason string,
 	ev.DeadQueue = queue
 	ev.DeadReason, ev.DeadAttempts, ev.DeadError, ev.DeadTime = reason, attempts, errText, m.now
 	for _, to := range m.modules {
-		if to.def.DeadLetters != nil {
+		if to.def.DeadLetters != nil && slices.ContainsFunc(to.deadPatterns, func(p string) bool { return wire.MatchPattern(p, ev.Type) }) {
 			m.pending = append(m.pending, &delivery{module: to, dead: true, ev: ev, attempt: 1})
 		}
 	}
@@ -1235,6 +1298,10 @@ func (mm moduleMesh) On(pattern string, h sdk.Handler, opts ...sdk.HandlerOption
 func (mm moduleMesh) Call(ctx context.Context, tool string, req, resp any) error {
 	if !mm.isStarted() {
 		return fmt.Errorf("call %s: %w", tool, wire.ErrNotStarted)
+	}
+	if err := grant.Call(mm.mod.def.Name, tool, mm.mod.callGrants); err != nil {
+		mm.mod.log.Warn("call of a tool the node config does not grant refused", "tool", tool)
+		return err
 	}
 	return mm.mod.mesh.call(ctx, mm.mod.def.Name, tool, req, resp)
 }

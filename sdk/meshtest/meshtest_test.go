@@ -734,3 +734,63 @@ func TestRedeliverWithIsAConflict(t *testing.T) {
 		t.Error("RedeliverWith of an id never emitted: no error")
 	}
 }
+
+// TestGrantsRefuseAsANode: with Grants, what a module's entry does not
+// grant is refused at Load with ErrForbidden naming the key to add, and a
+// DeadLetters handler gets only the dead letters of its patterns.
+func TestGrantsRefuseAsANode(t *testing.T) {
+	noop := sdk.HandlerFunc(func(context.Context, sdk.Event) error { return nil })
+	for _, c := range []struct {
+		name string
+		def  sdk.Module
+		want string
+	}{
+		{"consume", sdk.Module{Name: "taker", Setup: func(m sdk.Mesh) error { return m.Consume("shop.orders", 1, noop) }},
+			`add "shop.orders" to its consumes:`},
+		{"dead letters", sdk.Module{Name: "undertaker", DeadLetters: noop}, "to its dead_letters:"},
+		{"history", sdk.Module{Name: "reader", History: &sdk.History{
+			From:   func(context.Context) (int64, error) { return 0, nil },
+			Handle: func(context.Context, []sdk.Event) error { return nil }}}, "set history: true"},
+		{"serve", sdk.Module{Name: "server", Setup: func(m sdk.Mesh) error {
+			return m.Serve("tax.rate", sdk.ToolHandlerFunc(func(context.Context, sdk.Request) (any, error) { return nil, nil }))
+		}}, `add "tax.rate" to its tools:`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			mt := meshtest.New(meshtest.Config{})
+			defer mt.Close()
+			err := mt.Load(c.def, meshtest.ModuleConfig{Grants: &meshtest.Grants{}})
+			if !errors.Is(err, sdk.ErrForbidden) || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("load: %v, want ErrForbidden saying %q", err, c.want)
+			}
+			if err := mt.Load(c.def, meshtest.ModuleConfig{}); err != nil {
+				t.Errorf("without Grants: %v", err)
+			}
+		})
+	}
+
+	mt := meshtest.New(meshtest.Config{})
+	defer mt.Close()
+	var got []string
+	undertaker := sdk.Module{Name: "undertaker", DeadLetters: sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+		got = append(got, ev.Type)
+		return nil
+	})}
+	failing := sdk.Module{Name: "failing", Setup: func(m sdk.Mesh) error {
+		return m.On("mesh.#", sdk.HandlerFunc(func(context.Context, sdk.Event) error { return sdk.Permanent(errors.New("no")) }))
+	}}
+	if err := mt.Load(undertaker, meshtest.ModuleConfig{Grants: &meshtest.Grants{DeadLetters: []string{"mesh.billing.#"}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := mt.Load(failing, meshtest.ModuleConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, typ := range []string{"mesh.billing.paid", "mesh.shop.sold"} {
+		if _, err := mt.Emit(context.Background(), "test", typ, map[string]int{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mt.Settle()
+	if len(mt.DeadLetters()) != 2 || !slices.Equal(got, []string{"mesh.billing.paid"}) {
+		t.Errorf("dead letters %d, the undertaker got %v; want 2, and only mesh.billing.paid", len(mt.DeadLetters()), got)
+	}
+}

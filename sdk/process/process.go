@@ -397,6 +397,8 @@ func (s *moduleServer) handle(d *pb.Delivery) *pb.Outcome {
 		return &pb.Outcome{Seq: d.Seq, Kind: pb.Outcome_OK}
 	case execute.Permanent:
 		return &pb.Outcome{Seq: d.Seq, Kind: pb.Outcome_PERMANENT, Error: errorText(err)}
+	case execute.Forbidden:
+		return &pb.Outcome{Seq: d.Seq, Kind: pb.Outcome_FORBIDDEN, Error: errorText(err)}
 	default:
 		return &pb.Outcome{Seq: d.Seq, Kind: pb.Outcome_FAILED, Error: errorText(err)}
 	}
@@ -425,6 +427,8 @@ func (s *moduleServer) handleHistory(batch []*pb.Delivery) []*pb.Outcome {
 		case execute.OK:
 		case execute.Permanent:
 			outcome = &pb.Outcome{Kind: pb.Outcome_PERMANENT, Error: errorText(err)}
+		case execute.Forbidden:
+			outcome = &pb.Outcome{Kind: pb.Outcome_FORBIDDEN, Error: errorText(err)}
 		default:
 			outcome = &pb.Outcome{Kind: pb.Outcome_FAILED, Error: errorText(err)}
 		}

@@ -48,6 +48,7 @@ var scenarios = []scenario{
 	{name: "RetriesCountAttempts", run: retriesCountAttempts},
 	{name: "PermanentDeadLettersAtOnce", run: permanentDeadLetters},
 	{name: "AttemptLimitDeadLetters", run: attemptLimit},
+	{name: "RefusedGrantDeadLettersAtOnce", run: refusedGrant, since: "v0.2.0"},
 	{name: "DeadLettersReachTheirHandler", run: deadLettersHandler},
 	{name: "ConsumeAnExistingQueue", run: consumeQueue},
 	{name: "HoldAConsumedQueue", run: holdQueue},
@@ -384,6 +385,23 @@ func attemptLimit(t *testing.T, h Host) {
 	}
 	if rs := w.Of(t, "attempt"); len(rs) != maxAttempts {
 		t.Errorf("%d attempts, want %d", len(rs), maxAttempts)
+	}
+}
+
+// A handler whose call the node config does not grant is dead-lettered at
+// once, with the reason "forbidden" and the refusal that names the key to
+// add: no retry could succeed. (A v0.1.0 module binary reports the
+// refusal as a failed attempt: retried, then delivery_limit.)
+func refusedGrant(t *testing.T, h Host) {
+	h.Load(t, "tools", ModuleConfig{})
+	c := h.Load(t, "caller", ModuleConfig{CallGrants: []string{"conf.echo"}})
+	id := h.Emit(t, "mesh.order.placed", body(1, conformance.Steer{}))
+	d := h.Dead(t, 1)[0]
+	if d.ID != id || d.Reason != "forbidden" || d.Attempts != 1 || !strings.Contains(d.Err, "conf.invoice") || !strings.Contains(d.Err, "calls:") {
+		t.Errorf("dead letter %+v, want forbidden after 1 attempt, naming conf.invoice and calls:", d)
+	}
+	if rs := c.Of(t, "invoice"); len(rs) != 1 || !is(rs[0], "forbidden") {
+		t.Errorf("calls %+v, want one, refused as forbidden", rs)
 	}
 }
 

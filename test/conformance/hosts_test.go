@@ -43,6 +43,7 @@ type ModuleConfig struct {
 	HandlerTimeout  time.Duration
 	AllowDuplicates bool
 	ToolGrants      []string // nil: no limit
+	CallGrants      []string // nil: no limit
 	// SkipBodyValidation keeps x-schema but validates no emitted body
 	// (skip_body_validation).
 	SkipBodyValidation bool
@@ -303,8 +304,16 @@ func (h *memHost) Load(t *testing.T, name string, mc ModuleConfig) *Log {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := h.mesh.Load(def, meshtest.ModuleConfig{Concurrency: mc.Concurrency, MaxAttempts: mc.MaxAttempts, HandlerTimeout: mc.HandlerTimeout,
-		AllowDuplicates: mc.AllowDuplicates, ToolGrants: mc.ToolGrants, SkipBodyValidation: mc.SkipBodyValidation}); err != nil {
+	cfg := meshtest.ModuleConfig{Concurrency: mc.Concurrency, MaxAttempts: mc.MaxAttempts, HandlerTimeout: mc.HandlerTimeout,
+		AllowDuplicates: mc.AllowDuplicates, ToolGrants: mc.ToolGrants, SkipBodyValidation: mc.SkipBodyValidation}
+	if mc.CallGrants != nil { // held to a node entry's grants: what the scenario leaves open, all
+		tools := mc.ToolGrants
+		if tools == nil {
+			tools = []string{"#"}
+		}
+		cfg.Grants = &meshtest.Grants{Tools: tools, Calls: mc.CallGrants, Consumes: []string{"#"}, DeadLetters: []string{"#"}, History: true}
+	}
+	if err := h.mesh.Load(def, cfg); err != nil {
 		t.Fatalf("load %s: %v", name, err)
 	}
 	return &Log{host: h, path: path}
@@ -419,7 +428,7 @@ func (h *brokerHost) Load(t *testing.T, name string, mc ModuleConfig) *Log {
 	t.Helper()
 	path := filepath.Join(h.dir, name+".log")
 	rc := runtime.ModuleConfig{Concurrency: mc.Concurrency, MaxAttempts: mc.MaxAttempts, HandlerTimeout: mc.HandlerTimeout, AllowDuplicates: mc.AllowDuplicates,
-		ToolGrants: mc.ToolGrants, SkipBodyValidation: mc.SkipBodyValidation}
+		ToolGrants: mc.ToolGrants, CallGrants: mc.CallGrants, SkipBodyValidation: mc.SkipBodyValidation}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var stop func(context.Context) error
