@@ -146,7 +146,7 @@ func (m *Module) deadFailed(d amqp.Delivery, ev sdk.Event, cause error) {
 		m.dropDead(d, ev, cause)
 		return
 	}
-	m.log.Debug("dead-letter handler failed; will retry", "event_id", ev.ID, "attempt", ev.Attempt, "retry_in", v.delay, "err", cause)
+	m.warnFailed("dead-letter handler failed; will retry", ev.Type, ev.ID, ev.Attempt, v.delay, cause)
 	m.later(v.delay, func() {
 		if err := d.Reject(true); err != nil {
 			m.log.Warn("requeue failed; the dead letter returns when the channel closes", "err", err)

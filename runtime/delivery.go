@@ -365,11 +365,11 @@ func (m *Module) failed(src source, d amqp.Delivery, eventType string, attempt i
 		m.deadLetter(src, d, eventType, attempt, v.reason, cause)
 		return
 	case settleSchedule:
-		m.log.Debug("handler failed; its retry is scheduled", "event_type", eventType, "attempt", attempt, "retry_in", v.delay, "err", cause)
+		m.warnFailed("handler failed; its retry is scheduled", eventType, d.MessageId, attempt, v.delay, cause)
 		m.scheduleRetry(src, d, eventType, attempt, v.delay)
 		return
 	}
-	m.log.Debug("handler failed; will retry", "event_type", eventType, "attempt", attempt, "retry_in", v.delay, "err", cause)
+	m.warnFailed("handler failed; will retry", eventType, d.MessageId, attempt, v.delay, cause)
 	m.later(v.delay, func() {
 		if v.settle == settleRequeue {
 			if err := src.reject(d); err != nil {
@@ -496,7 +496,7 @@ func (m *Module) deadLetter(src source, d amqp.Delivery, eventType string, attem
 	}
 	m.node.stats.deadLettered.Add(1)
 	m.from(d).deadLettered.Add(1)
-	m.log.Warn("event dead-lettered", "event_type", eventType, "event_id", d.MessageId, "reason", reason, "attempts", attempts, "err", cause)
+	m.log.Warn("event dead-lettered", append([]any{"event_type", eventType, "event_id", d.MessageId, "reason", reason, "attempts", attempts, "err", cause}, panicStack(cause)...)...)
 	if err := src.ack(d); err != nil {
 		m.log.Warn("ack after dead-lettering failed; the event may be dead-lettered twice", "err", err)
 	}

@@ -8,6 +8,11 @@ package execute
 import (
 	"errors"
 	"fmt"
+	"path"
+	"runtime"
+	"runtime/debug"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/meshkit/mesh/internal/wire"
@@ -45,16 +50,67 @@ func Of(err error) Outcome {
 	return Failed
 }
 
-// Safely calls f and returns its error, or, if f panicked, an error
-// saying so with panicked true: a handler's panic is a failed attempt
+// Safely calls f and returns its error, or, if f panicked, a *PanicError
+// saying where, with panicked true: a handler's panic is a failed attempt
 // (for a tool, a permanent "internal" error), and the host goes on.
 func Safely(f func() error) (err error, panicked bool) {
 	defer func() {
 		if r := recover(); r != nil {
-			err, panicked = fmt.Errorf("handler panicked: %v", r), true
+			err, panicked = panicErrorOf(r), true
 		}
 	}()
 	return f(), false
+}
+
+// MaxPanicStack bounds the stack a PanicError keeps, in bytes.
+const MaxPanicStack = 8 << 10
+
+// PanicError is a handler's panic: its value, the file and line where it
+// panicked (the innermost frame outside Go's runtime), and the goroutine's
+// stack, at most MaxPanicStack bytes. Its text names the place, so a dead
+// letter's error says where to look: "handler panicked at
+// billing/billing.go:42: assignment to entry in nil map".
+type PanicError struct {
+	Value any
+	At    string // dir/file.go:line, "" if unknown
+	Stack string
+}
+
+func (e *PanicError) Error() string {
+	if e.At == "" {
+		return fmt.Sprintf("handler panicked: %v", e.Value)
+	}
+	return fmt.Sprintf("handler panicked at %s: %v", e.At, e.Value)
+}
+
+// panicErrorOf is the PanicError of the panic r, called from the deferred
+// recover.
+func panicErrorOf(r any) *PanicError {
+	e := &PanicError{Value: r}
+	stack := debug.Stack()
+	if len(stack) > MaxPanicStack {
+		stack = append(stack[:MaxPanicStack:MaxPanicStack], "\n... (stack cut)"...)
+	}
+	e.Stack = string(stack)
+	pcs := make([]uintptr, 32)
+	frames := runtime.CallersFrames(pcs[:runtime.Callers(3, pcs)]) // past Callers, panicErrorOf and the deferred func
+	for {
+		fr, more := frames.Next()
+		if fr.Function != "" && !strings.HasPrefix(fr.Function, "runtime.") && !strings.HasPrefix(fr.Function, "internal/runtime/") {
+			e.At = shortPath(fr.File) + ":" + strconv.Itoa(fr.Line)
+			break
+		}
+		if !more {
+			break
+		}
+	}
+	return e
+}
+
+// shortPath is a source file's last directory and name.
+func shortPath(file string) string {
+	dir, name := path.Split(file)
+	return path.Join(path.Base(dir), name)
 }
 
 // Verdict is what becomes of a delivery once its handling came to an

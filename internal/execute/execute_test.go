@@ -3,6 +3,9 @@ package execute
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
+	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -33,8 +36,21 @@ func TestSafely(t *testing.T) {
 	if err, p := Safely(func() error { return boom }); err != boom || p {
 		t.Errorf("error: %v %v", err, p)
 	}
-	if err, p := Safely(func() error { panic("at the disco") }); err == nil || err.Error() != "handler panicked: at the disco" || !p {
+	if err, p := Safely(func() error { panic("at the disco") }); err == nil || !strings.HasPrefix(err.Error(), "handler panicked at execute/execute_test.go:") || !strings.HasSuffix(err.Error(), ": at the disco") || !p {
 		t.Errorf("panic: %v %v", err, p)
+	}
+	var m map[string]int
+	err, _ := Safely(func() error {
+		m["x"] = 1 // the line the error must name
+		return nil
+	})
+	var pe *PanicError
+	if !errors.As(err, &pe) || !strings.Contains(pe.Stack, "execute_test.go") || len(pe.Stack) > MaxPanicStack+32 {
+		t.Fatalf("nil map: %v, want a *PanicError with its stack", err)
+	}
+	_, file, line, _ := runtime.Caller(0)
+	if want := fmt.Sprintf("handler panicked at execute/%s:%d: assignment to entry in nil map", filepath.Base(file), line-7); err.Error() != want {
+		t.Errorf("nil map: %q, want %q", err, want)
 	}
 }
 

@@ -391,7 +391,12 @@ func (s *moduleServer) handle(d *pb.Delivery) *pb.Outcome {
 	ctx = handlerlog.Event(ctx, s.mesh.Logger(), ev.ID, ev.Type, tracecontext.IDs)
 	ctx, cancel := withDeadline(withHandling(causation.HandlingEvent(ctx, ev.ID, ev.Time), d.Handling), deadline)
 	defer cancel()
-	err, _ := execute.Safely(func() error { return handlers[d.Pattern].HandleEvent(ctx, ev) })
+	err, panicked := execute.Safely(func() error { return handlers[d.Pattern].HandleEvent(ctx, ev) })
+	if pe, ok := err.(*execute.PanicError); ok && panicked {
+		// The host gets the error's text, which names the file and line;
+		// the stack stays here, in the module's log (meshd's, at warn).
+		s.mesh.Logger().Warn("handler panicked", "event_id", ev.ID, "event_type", ev.Type, "attempt", ev.Attempt, "at", pe.At, "stack", pe.Stack)
+	}
 	switch execute.Of(err) {
 	case execute.OK:
 		return &pb.Outcome{Seq: d.Seq, Kind: pb.Outcome_OK}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -53,6 +54,7 @@ var scenarios = []scenario{
 	{name: "ConsumeAnExistingQueue", run: consumeQueue},
 	{name: "HoldAConsumedQueue", run: holdQueue},
 	{name: "PanicIsAFailedAttempt", run: panicIsFailure},
+	{name: "PanicNamesItsFileAndLine", run: panicNamesItsLine, since: "v0.2.0"},
 	{name: "HandlerTimeoutCancelsCtx", run: handlerTimeout_},
 	{name: "OneAtATimeInQueueOrder", run: queueOrder},
 	{name: "ConcurrencyRunsHandlersTogether", run: concurrencyTogether},
@@ -503,6 +505,34 @@ func panicIsFailure(t *testing.T, h Host) {
 	}
 	if rs := w.Of(t, "attempt"); len(rs) != 2 {
 		t.Errorf("%d attempts, want 2", len(rs))
+	}
+}
+
+// A handler's panic is dead-lettered with an error that names the file and
+// line where it panicked (the conformance module's act, in modules.go).
+// On a node, the failed attempt is a warning naming the event, with the
+// panic's stack.
+func panicNamesItsLine(t *testing.T, h Host) {
+	h.Load(t, "worker", ModuleConfig{MaxAttempts: 2})
+	id := h.Emit(t, "mesh.work.panic", body(1, conformance.Steer{Panic: true}))
+	d := h.Dead(t, 1)[0]
+	if !regexp.MustCompile(`^handler panicked at conformance/modules\.go:[0-9]+: asked to panic`).MatchString(d.Err) {
+		t.Errorf("dead letter error %q, want it to name conformance/modules.go and the line", d.Err)
+	}
+	if h.Clocked() {
+		return // meshtest: its dead letters say it
+	}
+	warned := func(s string) bool {
+		for line := range strings.Lines(s) {
+			if strings.Contains(line, "level=WARN") && strings.Contains(line, "handler failed; will retry") &&
+				strings.Contains(line, "event_id="+id) && strings.Contains(line, "attempt=1") {
+				return true
+			}
+		}
+		return false
+	}
+	if logs, ok := h.WaitLogs(30*time.Second, func(s string) bool { return warned(s) && strings.Contains(s, "stack=") }); !ok {
+		t.Errorf("no warning of the failed attempt with its stack; the node logged:\n%s", logs)
 	}
 }
 
