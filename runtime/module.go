@@ -62,7 +62,7 @@ type Module struct {
 	counts         moduleCounts              // its running totals, for metrics
 	attrs          attribute.Set             // module=<name>, for its metrics
 	outcomeOpts    map[string]metric.RecordOption
-	failures       failureBudget // of its failure warnings
+	failures       failureBudget           // of its failure warnings
 	queueTimeOpt   metric.RecordOption     // module=<name>, for its time in queue (made once: a set costs allocations)
 	attachable     bool                    // Setup has returned and the record of handled ids is open
 	attachedOn     atomic.Pointer[session] // the session its consumers and servers were last attached on (Ready reads it without the lock)
