@@ -414,7 +414,9 @@ func (pm *PluginModule) launch(ctx context.Context) (*moduleProcess, error) {
 	limit := pm.messageLimit()
 	cmd := processSpec{path: pm.path, args: pm.args, launcher: pm.launcher, toolGrants: pm.toolGrants, limit: limit,
 		settings: pm.settings, dir: pm.dir, tempDir: pm.tempDir, runAs: pm.runAs}.command()
+	tail := &stderrTail{}
 	client := goplugin.NewClient(&goplugin.ClientConfig{
+		Stderr:          tail, // its last words, if it exits while starting (lastWords)
 		HandshakeConfig: plugin.Handshake(),
 		// Every module protocol of the window (docs/adr/0039-module-protocol-window.md).
 		VersionedPlugins: plugin.HostPlugins(),
@@ -458,7 +460,18 @@ func (pm *PluginModule) launch(ctx context.Context) (*moduleProcess, error) {
 	}()
 	rpc, err := client.Client()
 	if err != nil {
-		return fail(versionError(err))
+		if verr := versionError(err); verr != err {
+			return fail(verr)
+		}
+		if words := lastWords(client, cmd, tail); words != "" && client.Exited() {
+			// The process's own words: go-plugin's are about the
+			// handshake it never made ("Unrecognized remote plugin
+			// message ... not compiled for this architecture").
+			err = errors.New(words)
+		} else if words != "" {
+			err = fmt.Errorf("%s (%w)", words, err)
+		}
+		return fail(err)
 	}
 	raw, err := rpc.Dispense(plugin.Name)
 	if err != nil {

@@ -825,3 +825,24 @@ func TestPluginKilledAsItStartsIsRestarted(t *testing.T) {
 		})
 	}
 }
+
+// TestPluginExitingAtStartSaysWhy: a module process that exits before its
+// handshake is reported with its exit status and its own last words on
+// stderr, not only go-plugin's text about the handshake it never made.
+func TestPluginExitingAtStartSaysWhy(t *testing.T) {
+	t.Parallel()
+	bin, _ := echoModule(t)
+	n := testNode(t, brokertest.VHost(t), "anchor", nil)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err := n.LoadPlugin(ctx, bin, []string{"exit-at-start"}, runtime.ModuleConfig{})
+	if err == nil {
+		t.Fatal("a module that exits at start loaded")
+	}
+	t.Log(err)
+	for _, want := range []string{"exit status 3", "open /var/lib/mesh/ledger.db: permission denied"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the start's error does not say %q: %v", want, err)
+		}
+	}
+}

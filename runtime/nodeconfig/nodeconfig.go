@@ -20,9 +20,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/url"
 	"os"
+	"reflect"
 	"strings"
 	"time"
 
@@ -204,9 +206,19 @@ func Load(path string) (File, error) {
 	if err != nil {
 		return f, fmt.Errorf("read config: %w", err)
 	}
+	// The shape first: its errors speak mesh.yaml's terms (shape.go).
+	var doc yaml.Node
+	if err := yaml.Unmarshal(b, &doc); err != nil {
+		return f, fmt.Errorf("%s: %w", path, err)
+	}
+	if err := checkShape(&doc); err != nil {
+		return f, fmt.Errorf("%s:\n%w", path, err)
+	}
 	dec := yaml.NewDecoder(bytes.NewReader(b))
 	dec.KnownFields(true)
-	if err := dec.Decode(&f); err != nil {
+	if err := dec.Decode(&f); errors.Is(err, io.EOF) {
+		return f, fmt.Errorf("%s: the file is empty (examples/mesh.yaml and docs/config.md show what it holds)", path)
+	} else if err != nil {
 		return f, fmt.Errorf("%s: %w", path, err)
 	}
 	return f, nil
@@ -349,7 +361,11 @@ func (f File) Validate() error {
 		switch m.Kind {
 		case "", "dispatcher", "agent":
 		default:
-			errs = append(errs, fmt.Errorf("%s.kind: %q is not dispatcher, agent or empty", field, m.Kind))
+			hint := ""
+			if near := nearest(m.Kind, map[string]reflect.Type{"dispatcher": nil, "agent": nil}); near != "" {
+				hint = "; did you mean " + near + "?"
+			}
+			errs = append(errs, fmt.Errorf("%s.kind: %q is not a kind of module: leave it out for a module of your own, or say dispatcher or agent for the shipped ones%s", field, m.Kind, hint))
 		}
 		if err := checkUser(m.User); err != nil {
 			errs = append(errs, fmt.Errorf("%s.user: %w", field, err))

@@ -20,6 +20,12 @@ func main() {
 	if len(os.Args) > 1 {
 		name = os.Args[1] // another instance of the same code, under another name
 	}
+	if name == "exit-at-start" {
+		// A module that cannot start: it says why on stderr, before any
+		// handshake, and exits, as one given a database it cannot write.
+		fmt.Fprintln(os.Stderr, "open /var/lib/mesh/ledger.db: permission denied")
+		os.Exit(3)
+	}
 	var mesh sdk.Mesh
 	err := process.Run(sdk.Module{
 		Name:  name,
