@@ -44,7 +44,10 @@ type Heartbeat struct {
 	// Features are the features the node has now (Node.Features): those
 	// of its release it has on and the broker did not refuse. A node of
 	// v0.1.0 sends none; it has the v0.1.0 ones.
-	Features []string        `json:"features,omitempty"`
+	Features []string `json:"features,omitempty"`
+	// Peers are the other nodes it hears now (not unreachable), so a
+	// listener knows whom to wait for (meshctl nodes); v0.1.0 sends none.
+	Peers    []string        `json:"peers,omitempty"`
 	Started  time.Time       `json:"started"`
 	Interval time.Duration   `json:"interval_ns"`
 	Modules  []ModuleSummary `json:"modules"`
@@ -156,7 +159,17 @@ type peers struct {
 	since time.Time
 	// following is the session it hears them on.
 	following *session
+	// answered is when it last answered a roll call.
+	answered time.Time
 }
+
+// RollCall is the event type that asks every node to send its heartbeat
+// now rather than at its next interval (meshctl nodes sends it, so it
+// answers in a moment, not a heartbeat interval). A node answers at most
+// once per rollCallEvery, whoever asks.
+const RollCall = "mesh.membership.roll-call"
+
+const rollCallEvery = time.Second
 
 // forgetAfter is how long an unreachable peer is remembered: one that
 // never comes back (nor says it left) is forgotten then, so what a node
@@ -182,6 +195,11 @@ func (n *Node) heartbeat() Heartbeat {
 		Started: n.started, Interval: n.cfg.HeartbeatInterval}
 	for _, f := range n.Features() {
 		hb.Features = append(hb.Features, string(f))
+	}
+	for _, p := range n.Peers() {
+		if !p.Unreachable {
+			hb.Peers = append(hb.Peers, p.Node)
+		}
 	}
 	mods, plugins := n.loaded()
 	restarting := map[*Module]bool{}
@@ -372,19 +390,41 @@ func (n *Node) beat() {
 	t := time.NewTicker(n.cfg.HeartbeatInterval)
 	defer t.Stop()
 	for {
-		ctx, cancel := context.WithTimeout(n.life, n.cfg.HeartbeatInterval)
-		_, err := n.Emit(ctx, n.cfg.Node, "node."+n.cfg.Node+".heartbeat", n.heartbeat(),
-			sdk.WithTTL(2*n.cfg.HeartbeatInterval))
-		cancel()
-		if err != nil && n.life.Err() == nil {
-			n.log.Debug("heartbeat not sent", "err", err)
-		}
+		n.sendHeartbeat()
 		n.checkPeers(time.Now())
 		select {
 		case <-t.C:
+		case <-n.rollCalled:
 		case <-n.life.Done():
 			return
 		}
+	}
+}
+
+// sendHeartbeat emits the node's heartbeat.
+func (n *Node) sendHeartbeat() {
+	ctx, cancel := context.WithTimeout(n.life, n.cfg.HeartbeatInterval)
+	defer cancel()
+	_, err := n.Emit(ctx, n.cfg.Node, "node."+n.cfg.Node+".heartbeat", n.heartbeat(),
+		sdk.WithTTL(2*n.cfg.HeartbeatInterval))
+	if err != nil && n.life.Err() == nil {
+		n.log.Debug("heartbeat not sent", "err", err)
+	}
+}
+
+// answerRollCall has beat send a heartbeat now, unless it answered one in
+// the last rollCallEvery.
+func (n *Node) answerRollCall(now time.Time) {
+	n.members.mu.Lock()
+	if now.Sub(n.members.answered) < rollCallEvery {
+		n.members.mu.Unlock()
+		return
+	}
+	n.members.answered = now
+	n.members.mu.Unlock()
+	select {
+	case n.rollCalled <- struct{}{}:
+	default: // one is pending
 	}
 }
 
@@ -451,7 +491,7 @@ func (n *Node) watchPeers(s *session) error {
 	if err == nil {
 		// node.*.schemas is bound so that an announcement is routed
 		// wherever a node runs (the audit logger keeps it; heard skips it).
-		for _, key := range []string{"node.*.heartbeat", "node.*.left", "node.*.schemas"} {
+		for _, key := range []string{"node.*.heartbeat", "node.*.left", "node.*.schemas", RollCall} {
 			if err = ch.QueueBind(q.Name, key, wire.ExchangeEvents, false, nil); err != nil {
 				break
 			}
@@ -484,6 +524,10 @@ func (n *Node) watchPeers(s *session) error {
 
 // heard takes one heartbeat or departure of a peer.
 func (n *Node) heard(d amqp.Delivery) {
+	if d.RoutingKey == RollCall {
+		n.answerRollCall(time.Now())
+		return
+	}
 	words := strings.Split(d.RoutingKey, ".")
 	if len(words) != 3 || words[1] == n.cfg.Node {
 		return

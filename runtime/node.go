@@ -90,6 +90,8 @@ type Node struct {
 
 	started time.Time // when New made the node
 	members peers     // the other nodes, from their heartbeats
+	// rollCalled asks beat for a heartbeat now (answerRollCall).
+	rollCalled chan struct{}
 
 	telemetry telemetry    // metrics instruments (Config.MeterProvider)
 	trace     trace.Tracer // spans (Config.TracerProvider); nil without
@@ -168,7 +170,7 @@ func New(ctx context.Context, cfg Config) (*Node, error) {
 		done:       make(chan struct{}),
 	}
 	n.life, n.endLife = context.WithCancel(context.Background())
-	n.started, n.members.known = time.Now().UTC(), make(map[string]*Peer)
+	n.started, n.members.known, n.rollCalled = time.Now().UTC(), make(map[string]*Peer), make(chan struct{}, 1)
 	n.startTracing()
 	if err := n.startTelemetry(); err != nil {
 		n.endLife()

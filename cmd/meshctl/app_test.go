@@ -251,6 +251,35 @@ func TestTailSurvivesACut(t *testing.T) {
 	}
 }
 
+// TestNodesAnswersAtRollCall: without --wait, `meshctl nodes` calls the
+// roll and answers once every node has: two nodes whose next heartbeat is
+// an hour away are both listed, and the command returns on its own long
+// before its --within limit of ten minutes (the test's context would end
+// first).
+func TestNodesAnswersAtRollCall(t *testing.T) {
+	url := brokertest.VHost(t)
+	bin := build(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for _, name := range []string{"first", "second"} {
+		n, err := runtime.New(ctx, runtime.Config{Node: name, AMQPURL: url, StateDir: t.TempDir(),
+			HeartbeatInterval: time.Hour, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer n.Close(context.Background())
+	}
+	out, err := exec.CommandContext(ctx, bin, "--amqp-url", url, "nodes", "--within", "10m").CombinedOutput()
+	if err != nil {
+		t.Fatalf("nodes: %v (the test's context ends before --within)\n%s", err, out)
+	}
+	for _, want := range []string{"first", "second"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("nodes did not list %s:\n%s", want, out)
+		}
+	}
+}
+
 // TestNodes: `meshctl nodes` lists the nodes it hears within --wait, with
 // their modules; --json prints one object per node; `meshctl graph` draws
 // the same declarations.

@@ -21,10 +21,9 @@ func featuresCommand() *cli.Command {
 		Name: "features",
 		Usage: "list the mesh's features (delays, history, ...) with the nodes that have each and those that lack it, from their heartbeats: " +
 			"a node lacks one its release does not know (a node of v0.1.0 has delays and history), its config turns off, or its broker user has no permission for",
-		Flags: []cli.Flag{
-			waitFlag(),
+		Flags: append(waitFlags(),
 			&cli.BoolFlag{Name: "json", Usage: "print one JSON object per feature"},
-		},
+		),
 		Action: features,
 	}
 }
@@ -52,7 +51,7 @@ func features(c *cli.Context) error {
 		return nil
 	}
 	if len(hbs) == 0 {
-		_, err := fmt.Fprintf(c.App.Writer, "no node heard within %v\n", c.Duration("wait"))
+		_, err := fmt.Fprintf(c.App.Writer, "no node heard within %v\n", heardWithin(c))
 		return err
 	}
 	tw := tabwriter.NewWriter(c.App.Writer, 0, 0, 2, ' ', 0)

@@ -23,11 +23,10 @@ func graphCommand() *cli.Command {
 		Name: "graph",
 		Usage: "draw the mesh from its nodes' heartbeats: which module emits which events, who subscribes to them, " +
 			"who calls and serves which tools, who consumes which queues",
-		Flags: []cli.Flag{
-			waitFlag(),
+		Flags: append(waitFlags(),
 			&cli.StringFlag{Name: "format", Value: "mermaid", Usage: "mermaid, dot (Graphviz), svg (needs Graphviz's dot), or json"},
 			&cli.BoolFlag{Name: "json", Usage: "the same as --format json: the vertices and edges as one JSON object"},
-		},
+		),
 		Action: graph,
 	}
 }

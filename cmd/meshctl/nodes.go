@@ -16,6 +16,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/meshkit/mesh/runtime"
+	"github.com/meshkit/mesh/sdk"
 )
 
 // nodesCommand is `meshctl nodes`: the nodes of the mesh, from their
@@ -24,16 +25,23 @@ func nodesCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "nodes",
 		Usage: "list the nodes that send heartbeats: their mesh release and the module protocols they serve, their modules (a module process built with another sdk release says it, and the protocol it speaks; a module not running says WAITING or RESTARTING), when they started and when they were last heard",
-		Flags: []cli.Flag{
-			waitFlag(),
+		Flags: append(waitFlags(),
 			&cli.BoolFlag{Name: "json", Usage: "print one JSON object per node"},
-		},
+		),
 		Action: nodes,
 	}
 }
 
-// listenHeartbeats collects the nodes' heartbeats for --wait (or until
-// interrupted), the last of each node.
+// rollCallQuiet is how long listenHeartbeats waits, once every node it
+// knows of has answered, for one it does not know of yet.
+const rollCallQuiet = 700 * time.Millisecond
+
+// listenHeartbeats collects the nodes' heartbeats, the last of each node.
+// It calls the roll (runtime.RollCall), so each node answers at once, and
+// returns as soon as every node any heartbeat names as a peer has been
+// heard and none more for rollCallQuiet; at most --within (a node of
+// v0.1.0 answers no roll call: it is heard at its next heartbeat). --wait
+// listens that long in full instead, or until interrupted.
 func listenHeartbeats(c *cli.Context) (map[string]heardNode, error) {
 	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -45,15 +53,45 @@ func listenHeartbeats(c *cli.Context) (map[string]heardNode, error) {
 	heard := map[string]heardNode{}
 	listen, cancel := context.WithCancel(ctx)
 	defer cancel()
-	err = node.Tail(listen, "node.*.heartbeat", func() { time.AfterFunc(c.Duration("wait"), cancel) }, func(ev runtime.TailedEvent) error {
+	full := c.IsSet("wait")
+	var quiet *time.Timer
+	ready := func() {
+		if full {
+			time.AfterFunc(c.Duration("wait"), cancel)
+			return
+		}
+		quiet = time.AfterFunc(c.Duration("within"), cancel) // shortened once all answered
+		rc, rcCancel := context.WithTimeout(listen, 5*time.Second)
+		defer rcCancel()
+		if _, err := node.Emit(rc, "meshctl", runtime.RollCall, struct{}{}, sdk.WithTTL(5*time.Second)); err != nil {
+			fmt.Fprintf(c.App.ErrWriter, "meshctl: could not call the roll (%v); listening for heartbeats for %v\n", err, c.Duration("within"))
+		}
+	}
+	err = node.Tail(listen, "node.*.heartbeat", ready, func(ev runtime.TailedEvent) error {
 		hb, ok := heartbeatOf(ev)
 		if !ok {
 			return nil
 		}
 		heard[hb.Node] = heardNode{Heartbeat: hb, LastSeen: time.Now().UTC()}
+		if quiet != nil && allHeard(heard) {
+			quiet.Reset(rollCallQuiet)
+		}
 		return nil
 	})
 	return heard, err
+}
+
+// allHeard reports whether every node a heard heartbeat names as a peer
+// was heard itself.
+func allHeard(heard map[string]heardNode) bool {
+	for _, h := range heard {
+		for _, p := range h.Peers {
+			if _, ok := heard[p]; !ok {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // heartbeatOf reads a tailed node.*.heartbeat event; ok is false for one
@@ -65,10 +103,22 @@ func heartbeatOf(ev runtime.TailedEvent) (hb runtime.Heartbeat, ok bool) {
 	return hb, true
 }
 
-// waitFlag is how long nodes and graph listen for heartbeats.
-func waitFlag() cli.Flag {
-	return &cli.DurationFlag{Name: "wait", Value: runtime.DefaultHeartbeatInterval + 2*time.Second,
-		Usage: "listen this long for the nodes' heartbeats (a node sends one per heartbeat_interval)"}
+// waitFlags are how long nodes, graph, features and schema listen for
+// heartbeats.
+func waitFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.DurationFlag{Name: "within", Value: runtime.DefaultHeartbeatInterval + 2*time.Second,
+			Usage: "call the roll and answer once every node heard of has answered, at most after this long (a node of v0.1.0 answers no roll call: it is heard at its next heartbeat)"},
+		&cli.DurationFlag{Name: "wait", Usage: "listen this long for heartbeats instead (a node sends one per heartbeat_interval), calling no roll"},
+	}
+}
+
+// heardWithin is how long listenHeartbeats listened at most.
+func heardWithin(c *cli.Context) time.Duration {
+	if c.IsSet("wait") {
+		return c.Duration("wait")
+	}
+	return c.Duration("within")
 }
 
 // heardNode is a node as meshctl nodes heard of it.
@@ -96,7 +146,7 @@ func nodes(c *cli.Context) error {
 		return nil
 	}
 	if len(names) == 0 {
-		_, err := fmt.Fprintf(c.App.Writer, "no node heard within %v\n", c.Duration("wait"))
+		_, err := fmt.Fprintf(c.App.Writer, "no node heard within %v\n", heardWithin(c))
 		return err
 	}
 	tw := tabwriter.NewWriter(c.App.Writer, 0, 0, 2, ' ', 0)

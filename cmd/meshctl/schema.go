@@ -40,21 +40,21 @@ func schemaCommand() *cli.Command {
 			{
 				Name:   "ls",
 				Usage:  "list every emitted event type with its declared schema versions (from the heartbeats), who declares and who consumes each",
-				Flags:  []cli.Flag{waitFlag(), asJSON},
+				Flags:  append(waitFlags(), asJSON),
 				Action: schemaLs,
 			},
 			{
 				Name:      "show",
 				Usage:     "print the schema of a type's version (the current one by default), from the audit log's node.*.schemas",
 				ArgsUsage: "TYPE",
-				Flags:     []cli.Flag{waitFlag(), &cli.StringFlag{Name: "version", Usage: "the version (default: the one emitted now)"}, timeout},
+				Flags:     append(waitFlags(), &cli.StringFlag{Name: "version", Usage: "the version (default: the one emitted now)"}, timeout),
 				Action:    schemaShow,
 			},
 			{
 				Name:      "diff",
 				Usage:     "compare two schemas, each a file or TYPE@VERSION: can each read the other's bodies, and where not",
 				ArgsUsage: "OLD NEW",
-				Flags:     []cli.Flag{waitFlag(), asJSON, timeout},
+				Flags:     append(waitFlags(), asJSON, timeout),
 				Action:    schemaDiff,
 			},
 			{
@@ -63,8 +63,7 @@ func schemaCommand() *cli.Command {
 					"the compatibility rule against the declared versions, and every live consumer of the type; " +
 					"exit 0 compatible, 1 incompatible (naming what breaks), 2 undecided",
 				ArgsUsage: "FILE|BINARY",
-				Flags: []cli.Flag{
-					waitFlag(),
+				Flags: append(waitFlags(),
 					&cli.StringFlag{Name: "type", Usage: "the full event type FILE is a schema of"},
 					&cli.StringFlag{Name: "version", Usage: "the version FILE would be declared as"},
 					&cli.StringFlag{Name: "rule", Value: string(schema.RuleBackward), Usage: "none, backward, forward, full, or their _transitive variants (Confluent's definitions)"},
@@ -72,7 +71,7 @@ func schemaCommand() *cli.Command {
 					&cli.StringFlag{Name: "settings", Usage: "a module binary's settings (JSON), as its node config's config: would hand them"},
 					&cli.BoolFlag{Name: "offline", Usage: "check a module binary against the earlier versions it declares itself, without the mesh (no consumers, no audit log)"},
 					asJSON, timeout,
-				},
+				),
 				Action: schemaCheck,
 			},
 		},
