@@ -134,7 +134,7 @@ modules:
 	out.Reset()
 	a = app()
 	a.Writer, a.ErrWriter = &out, &out
-	if err := a.Run(interspersed(a, []string{"meshctl", "topology", "check", "--config", cfg})); err != nil ||
+	if err := a.Run(interspersed(a, []string{"meshctl", "topology", "check", "--config", cfg, "--all"})); err != nil ||
 		!strings.Contains(out.String(), "ok        queue n1.ledger.events: (its attempt limit is in policy mesh.queue.n1.ledger.events)") {
 		t.Errorf("topology check after the migration: %v\n%s", err, out.String())
 	}

@@ -41,7 +41,8 @@ func topologyCommand() *cli.Command {
 					&cli.StringFlag{Name: "management-url", EnvVars: []string{"MESH_MANAGEMENT_URL"},
 						Usage: "the broker's management API, http(s)://HOST:PORT (default: the AMQP host, port 15672; the AMQP URL's user)"},
 					&cli.BoolFlag{Name: "no-bindings", Usage: "check exchanges and queues only (no management API)"},
-					&cli.BoolFlag{Name: "json", Usage: "print one JSON object per finding"}},
+					&cli.BoolFlag{Name: "all", Usage: "print every finding, the ok ones too (by default: the problems, the UNCHECKED and a summary)"},
+					&cli.BoolFlag{Name: "json", Usage: "print one JSON object per finding, every one"}},
 				Action: topologyCheck,
 			},
 			permissionsCommand(),
@@ -221,6 +222,9 @@ func topologyCheck(c *cli.Context) error {
 		if c.Bool("json") {
 			return json.NewEncoder(jsonWriter{c.App.Writer}).Encode(fd)
 		}
+		if fd.Verdict == "ok" && !c.Bool("all") {
+			return nil // counted in the summary
+		}
 		// Names and details come from the broker (its bindings, its reasons).
 		_, err := fmt.Fprintf(c.App.Writer, "%-9s %s %s%s\n", fd.Verdict, fd.Kind, escape(fd.Name), escape(colon(fd.Detail)))
 		return err
@@ -248,12 +252,15 @@ func topologyCheck(c *cli.Context) error {
 		}
 	}
 	problems, unchecked := 0, 0
+	checked := map[string]int{}
 	for _, fd := range findings {
 		if fd.problem() {
 			problems++
 		}
 		if fd.Verdict == "UNCHECKED" {
 			unchecked++
+		} else {
+			checked[fd.Kind]++
 		}
 	}
 	if apiDown != nil {
@@ -262,6 +269,14 @@ func topologyCheck(c *cli.Context) error {
 			return err
 		}
 		unchecked++
+	}
+	if !c.Bool("json") {
+		verdict := "all as declared"
+		if problems > 0 {
+			verdict = fmt.Sprintf("%d differ from what the node declares (above)", problems)
+		}
+		fmt.Fprintf(c.App.Writer, "checked %d exchanges, %d queues and %d bindings of node %s: %s%s\n",
+			checked["exchange"], checked["queue"], checked["binding"], escape(f.Node), verdict, map[bool]string{true: " (--all lists every one)", false: ""}[!c.Bool("all")])
 	}
 	if problems > 0 {
 		return fmt.Errorf("%d differences from what node %s declares (%d findings)", problems, f.Node, len(findings))

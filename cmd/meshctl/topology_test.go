@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -151,6 +152,14 @@ modules:
 	if err != nil {
 		t.Fatalf("check of a node's own broker: %v\n%s", err, out)
 	}
+	// By default: no ok line, one summary.
+	if strings.Contains(out, "ok ") || !regexp.MustCompile(`(?m)^checked [0-9]+ exchanges, [0-9]+ queues and [0-9]+ bindings of node n1: all as declared \(--all lists every one\)$`).MatchString(out) {
+		t.Errorf("check without --all printed:\n%s", out)
+	}
+	out, err = run("topology", "check", "--config", cfg, "--all")
+	if err != nil {
+		t.Fatalf("check --all of a node's own broker: %v\n%s", err, out)
+	}
 	for _, want := range []string{"ok        queue mesh.node.n1.lock: held by a running node",
 		`ok        binding mesh.events "mesh.topo.#" -> n1.shop.events`, `ok        binding mesh.events "mesh.topo.#" -> n1.mail.events`,
 		`ok        binding mesh.events.dead "#" -> mesh.dead-letters`, `ok        binding mesh.events.unrouted "" -> mesh.unrouted`,
@@ -201,8 +210,8 @@ modules:
 	if _, err := ch.QueueDelete("mesh.delay.05", false, false, false); err != nil {
 		t.Fatal(err)
 	}
-	out, err = run("topology", "check", "--config", cfg)
-	if err == nil || !strings.Contains(err.Error(), "6 differences") {
+	out, err = run("topology", "check", "--config", cfg, "--all")
+	if err == nil || !strings.Contains(err.Error(), "6 differences") || !strings.Contains(out, ": 6 differ from what the node declares (above)") {
 		t.Errorf("check of a broken topology: %v\n%s", err, out)
 	}
 	for _, want := range []string{"MISSING   exchange mesh.rpc", "DIFFERS   queue n1.shop.dead: PRECONDITION_FAILED",
