@@ -46,7 +46,9 @@ func app() *cli.App {
 				Usage:     "publish a conforming event of a full type and print its id",
 				ArgsUsage: "TYPE JSON",
 				Flags: []cli.Flag{
-					&cli.StringFlag{Name: "schema", Usage: "the body's schema `VERSION` (x-schema)"},
+					&cli.StringFlag{Name: "schema", Usage: "the body's schema `VERSION` (x-schema); by default the version the live modules declare as current for the type, the body checked against it as a module's emit is ('' for none)"},
+					&cli.DurationFlag{Name: "within", Value: 3 * time.Second, Usage: "how long to wait for the nodes' answers to the roll call that finds the declared schema"},
+					&cli.DurationFlag{Name: "timeout", Value: 10 * time.Second, Usage: "how long to wait for the audit logger's schema documents"},
 					&cli.StringFlag{Name: "causation", Usage: "the causing event's `ID` (x-causation-id)"},
 					&cli.DurationFlag{Name: "after", Usage: "deliver it this `DURATION` from now (rounded up to the second; at most 2^28-1 s), by --via's mover"},
 					&cli.TimestampFlag{Name: "at", Layout: time.RFC3339, Usage: "deliver it at this `TIME` (RFC 3339), by --via's mover"},
@@ -80,6 +82,7 @@ func app() *cli.App {
 			dispatcherCommand(),
 			topologyCommand(),
 			queueCommand(),
+			moduleCommand(),
 			nodesCommand(),
 			featuresCommand(),
 			graphCommand(),
@@ -124,8 +127,16 @@ func emit(c *cli.Context) error {
 	}
 	typ, body := c.Args().Get(0), c.Args().Get(1)
 	var opts []sdk.EmitOption
-	if s := c.String("schema"); s != "" {
-		opts = append(opts, sdk.WithSchema(s))
+	version := c.String("schema")
+	if !c.IsSet("schema") {
+		v, err := emitSchema(c, typ, []byte(body))
+		if err != nil {
+			return err
+		}
+		version = v
+	}
+	if version != "" {
+		opts = append(opts, sdk.WithSchema(version))
 	}
 	via := c.String("via")
 	delayed := c.IsSet("after") || c.IsSet("at")

@@ -12,6 +12,7 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"text/template"
 
@@ -64,6 +65,29 @@ type scaffoldData struct {
 	Name, Kind, Tool, GoModule, GoVersion, MeshDir string
 	// DB says --with-db: the db templates replace the kind's.
 	DB bool
+	// Tools and Calls are the module's grants (tools:, calls:), written
+	// from here into both mesh.yaml's entry and the unit test's
+	// meshtest.Grants, so the test refuses what the node will.
+	Tools, Calls []string
+}
+
+// scaffoldFuncs render a grant list as mesh.yaml (yamlList) and as Go
+// (goList) write it.
+var scaffoldFuncs = template.FuncMap{
+	"yamlList": func(l []string) string {
+		q := make([]string, len(l))
+		for i, s := range l {
+			q[i] = strconv.Quote(s)
+		}
+		return "[" + strings.Join(q, ", ") + "]"
+	},
+	"goList": func(l []string) string {
+		q := make([]string, len(l))
+		for i, s := range l {
+			q[i] = strconv.Quote(s)
+		}
+		return "[]string{" + strings.Join(q, ", ") + "}"
+	},
 }
 
 func newModule(c *cli.Context) error {
@@ -97,9 +121,13 @@ func newModule(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	data := scaffoldData{Name: name, Tool: name + "." + tool, GoModule: c.String("go-module"), GoVersion: goVersion, MeshDir: meshDir, DB: c.Bool("with-db")}
+	data := scaffoldData{Name: name, Tool: name + "." + tool, GoModule: c.String("go-module"), GoVersion: goVersion, MeshDir: meshDir, DB: c.Bool("with-db"),
+		Tools: []string{name + ".*"}, Calls: []string{}}
 	if kind != "plain" {
 		data.Kind = kind
+	}
+	if kind == "dispatcher" {
+		data.Calls = []string{"invoice.issue"}
 	}
 	if data.GoModule == "" {
 		data.GoModule = "example.com/" + name
@@ -144,7 +172,7 @@ func writeScaffold(dir, kind string, data scaffoldData) ([]string, error) {
 			if err != nil {
 				return nil, err
 			}
-			tmpl, err := template.New(e.Name()).Option("missingkey=error").Parse(string(text))
+			tmpl, err := template.New(e.Name()).Funcs(scaffoldFuncs).Option("missingkey=error").Parse(string(text))
 			if err != nil {
 				return nil, err
 			}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"math"
 	"os"
 	"os/signal"
 	"slices"
@@ -60,7 +61,8 @@ func listenHeartbeats(c *cli.Context) (map[string]heardNode, error) {
 			time.AfterFunc(c.Duration("wait"), cancel)
 			return
 		}
-		quiet = time.AfterFunc(c.Duration("within"), cancel) // shortened once all answered
+		time.AfterFunc(c.Duration("within"), cancel)
+		quiet = time.AfterFunc(time.Duration(math.MaxInt64), cancel) // set once all answered
 		rc, rcCancel := context.WithTimeout(listen, 5*time.Second)
 		defer rcCancel()
 		if _, err := node.Emit(rc, "meshctl", runtime.RollCall, struct{}{}, sdk.WithTTL(5*time.Second)); err != nil {
@@ -72,9 +74,10 @@ func listenHeartbeats(c *cli.Context) (map[string]heardNode, error) {
 		if !ok {
 			return nil
 		}
+		_, known := heard[hb.Node]
 		heard[hb.Node] = heardNode{Heartbeat: hb, LastSeen: time.Now().UTC()}
-		if quiet != nil && allHeard(heard) {
-			quiet.Reset(rollCallQuiet)
+		if quiet != nil && !known && allHeard(heard) {
+			quiet.Reset(rollCallQuiet) // a node heard for the first time: wait a moment for one more
 		}
 		return nil
 	})

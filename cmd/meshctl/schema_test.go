@@ -108,6 +108,35 @@ func TestSchemaCheckOnTheExamples(t *testing.T) {
 		t.Errorf("show:\n%s", out)
 	}
 
+	// meshctl emit sets the version the live modules declare, and checks
+	// the body against its document as a module's emit would.
+	out, err := runMeshctl(url, "emit", "module.umami.site.created", `{"id": 7, "name": "blog"}`)
+	if err != nil {
+		t.Fatalf("emit of a conforming site: %v\n%s", err, out)
+	}
+	id := strings.TrimSpace(out[strings.LastIndex(strings.TrimSpace(out), "\n")+1:])
+	for {
+		ev, err := l.Store().Get(ctx, id)
+		if err == nil {
+			if ev.Schema != "1" {
+				t.Errorf("meshctl emit sent schema %q, want the declared version 1", ev.Schema)
+			}
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the emitted site %s never reached the audit log: %v", id, err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	if out, err := runMeshctl(url, "emit", "module.umami.site.created", `{"name": "blog"}`); err == nil ||
+		!strings.Contains(err.Error(), "(version 1): /: required: missing property 'id'") || !strings.Contains(err.Error(), "--schema VERSION") {
+		t.Errorf("emit of a site without its id: %v, want it refused naming the rule\n%s", err, out)
+	}
+	if out, err := runMeshctl(url, "emit", "--schema", "", "module.umami.site.created", `{"name": "blog"}`); err != nil {
+		t.Errorf("emit with --schema '': %v\n%s", err, out)
+	}
+
 	// The binary as built: what is live.
 	bin := filepath.Join(dir, "umami")
 	if out, err := exec.Command("go", "build", "-o", bin, "../../examples/modules/umami").CombinedOutput(); err != nil {
@@ -118,7 +147,7 @@ func TestSchemaCheckOnTheExamples(t *testing.T) {
 	}
 
 	const added = `{"type": "object", "required": ["id", "name"], "properties": {"id": {"type": "integer"}, "name": {"type": "string"}, "plan": {"type": "string"}}}`
-	out := run(1, "check", "--type", "module.umami.site.created", "--version", "2", "--rule", "full_transitive", file("v2.json", added))
+	out = run(1, "check", "--type", "module.umami.site.created", "--version", "2", "--rule", "full_transitive", file("v2.json", added))
 	if !strings.Contains(out, "against 1 (backward): compatible") || !strings.Contains(out, "consumer demo/notifier (module.umami.site.created) reads 1: incompatible: it reads versions 1: version 2 would be dead-lettered") {
 		t.Errorf("check of an added field as version 2:\n%s", out)
 	}
