@@ -135,4 +135,3 @@ func inspectQueue(conn *amqp.Connection, queue string) (st moduleQueueState, exi
 	}
 	return moduleQueueState{name: queue, messages: q.Messages, consumers: q.Consumers}, true, nil
 }
-
