@@ -15,7 +15,11 @@
 // codes and stored answers for repeated request ids. A handler's ctx
 // carries its logger (sdk.Logger) and the event's trace, as on a node.
 // Stub and StubAnswer stand in for a tool another module serves; Calls
-// lists what every call sent and got. WaitRun waits for a module's Run
+// lists what every call sent and got. Explain says what became of one
+// event (routed nowhere, filtered, each attempt, a dead letter's reason, a
+// handler's refused emit or call): put it in a failure's message. Grants
+// hold a module to its node-config entry's grants, with meshd's words.
+// WaitRun waits for a module's Run
 // and returns its error; a Run that fails stops the module's handling, as
 // on a node. The conformance suite (test/conformance) holds it to the
 // runtime's behaviour.

@@ -205,7 +205,8 @@ type Mesh struct {
 	retries   []*delivery // waiting for their retry time
 	delayed   []delayed   // emitted with sdk.After or sdk.At, not due yet, in emit order
 	emitted   []sdk.Event
-	history   []sdk.Event // every event routed, in order, each with its Offset: the mesh's history (sdk.Module.History)
+	history   []sdk.Event         // every event routed, in order, each with its Offset: the mesh's history (sdk.Module.History)
+	fates     map[string][]string // what became of each event, by id (Explain)
 	dead      []DeadLetter
 	filtered  []Filtered
 	traces    map[string]trace.TraceID // by event id: the trace an event emitted in one is in
@@ -753,6 +754,7 @@ func (m *Mesh) Put(queue, id, typ string, body []byte, headers map[string]string
 				ev.Headers = map[string]string{}
 			}
 			m.pending = append(m.pending, &delivery{module: mod, queue: queue, ev: ev, attempt: 1})
+			m.note(id, "put into queue %s, consumed by module %s", queue, mod.def.Name)
 			return nil
 		}
 	}
@@ -874,6 +876,12 @@ func (m *Mesh) publish(ctx context.Context, source, eventType string, raw []byte
 		ev.Headers[wire.HeaderDue] = due.UTC().Format(time.RFC3339Nano)
 	}
 	m.emitted = append(m.emitted, ev)
+	if ev.CausationID != "" {
+		m.note(id, "emitted as %s by %s, caused by %s", eventType, source, ev.CausationID)
+		m.note(ev.CausationID, "caused %s %s, emitted by %s", eventType, id, source)
+	} else {
+		m.note(id, "emitted as %s by %s", eventType, source)
+	}
 	if tid := trace.SpanContextFromContext(ctx).TraceID(); tid.IsValid() {
 		if m.traces == nil {
 			m.traces = map[string]trace.TraceID{}
@@ -886,6 +894,7 @@ func (m *Mesh) publish(ctx context.Context, source, eventType string, raw []byte
 		// from then.
 		secs, _ := delay.Seconds(due.Sub(m.now)) // bounded by CheckDue
 		m.delayed = append(m.delayed, delayed{ev: ev, at: m.now.Add(time.Duration(secs) * time.Second), ttl: o.TTL})
+		m.note(id, "delayed until %s on the mesh's clock (Advance moves it; Delayed lists what waits)", m.now.Add(time.Duration(secs)*time.Second).Format(time.RFC3339))
 		return id, nil
 	}
 	var expires time.Time
@@ -943,11 +952,14 @@ func (m *Mesh) route(ev sdk.Event, expires time.Time) {
 	ev.Offset = int64(len(m.history))
 	m.history = append(m.history, ev)
 	ev.Offset = 0
+	var names []string
 	for _, mod := range m.modules {
 		if slices.ContainsFunc(mod.subs, func(s subscription) bool { return wire.MatchPattern(s.pattern, ev.Type) }) {
 			m.pending = append(m.pending, &delivery{module: mod, ev: ev, attempt: 1, expires: expires})
+			names = append(names, mod.def.Name)
 		}
 	}
+	m.note(ev.ID, "%s", m.routedNote(ev.Type, names))
 }
 
 // backoff is the delay before attempt+1, by the node's policy
@@ -1048,11 +1060,14 @@ func (mod *module) settle(d *delivery, h handled) {
 	case d.dead && verdict == execute.GiveUp:
 		// A dead letter is never dead-lettered again.
 		mod.log.Error("dead letter dropped by the module's DeadLetters handler", "event_id", h.ev.ID, "attempt", d.attempt, "err", h.err)
+		m.note(h.ev.ID, "module %s's DeadLetters handler gave up on its dead letter (attempt %d): %v", mod.def.Name, d.attempt, h.err)
 	case h.skipped:
+		m.note(h.ev.ID, "module %s: a duplicate of an event it handled: acknowledged without running", mod.def.Name)
 	case h.conflict != "":
 		m.deadLetter(mod, d, h.ev, wire.DeadReasonConflict, d.attempt, h.conflict)
 	case h.filtered:
 		m.filtered = append(m.filtered, Filtered{Event: h.ev, Module: mod.def.Name})
+		m.note(h.ev.ID, "module %s: its handler's filter rejected it: acknowledged without running (Filtered lists it)", mod.def.Name)
 	case h.deadlinePassed:
 		m.deadLetter(mod, d, h.ev, wire.DeadReasonExpired, d.attempt, "its deadline "+h.ev.Headers[wire.HeaderDeadline]+" passed before a handler took it")
 	case h.expired:
@@ -1063,10 +1078,12 @@ func (mod *module) settle(d *delivery, h handled) {
 		if h.dedup {
 			mod.handled[h.ev.ID] = eventDigest(d.ev)
 		}
+		m.note(h.ev.ID, "module %s handled it (attempt %d)", mod.def.Name, d.attempt)
 	case verdict == execute.GiveUp:
 		m.deadLetter(mod, d, h.ev, reason, d.attempt, h.err.Error())
 	default: // execute.Retry
 		m.retries = append(m.retries, &delivery{module: mod, dead: d.dead, queue: d.queue, ev: d.ev, attempt: d.attempt + 1, due: m.now.Add(m.backoff(d.attempt)), expires: d.expires})
+		m.note(h.ev.ID, "module %s: attempt %d failed: %v; retried after %v", mod.def.Name, d.attempt, h.err, m.backoff(d.attempt))
 	}
 }
 
@@ -1079,6 +1096,7 @@ func (m *Mesh) deadLetter(mod *module, d *delivery, ev sdk.Event, reason string,
 		queue = d.queue
 	}
 	m.dead = append(m.dead, DeadLetter{Event: ev, Module: mod.def.Name, Queue: queue, Reason: reason, Attempts: attempts, Err: errText})
+	m.note(ev.ID, "module %s dead-lettered it after %d attempt(s), reason %s: %s (DeadLetters lists it)", mod.def.Name, attempts, reason, errText)
 	ev = d.ev // as emitted: the attempt and redelivered flag are the dead-letter queue's own
 	ev.Headers = maps.Clone(ev.Headers)
 	ev.DeadQueue = queue
@@ -1271,6 +1289,7 @@ func (mm moduleMesh) Emit(ctx context.Context, name string, body any, opts ...sd
 		err = wire.CheckDeclared(mod.def.Name, eventType, mod.def.Emits)
 	}
 	if err != nil {
+		mod.mesh.noteRefused(ctx, mod.def.Name, "emit of "+name, err)
 		return "", fmt.Errorf("emit: %w", err)
 	}
 	raw, err := wire.EncodeBody(body, mod.mesh.cfg.MaxBodyBytes)
@@ -1278,6 +1297,7 @@ func (mm moduleMesh) Emit(ctx context.Context, name string, body any, opts ...sd
 		o.Schema, err = mod.contracts.Emit(eventType, raw, o.Schema)
 	}
 	if err != nil {
+		mod.mesh.noteRefused(ctx, mod.def.Name, "emit of "+eventType, err)
 		return "", fmt.Errorf("emit %s: %w", eventType, err)
 	}
 	id := ""
@@ -1301,9 +1321,12 @@ func (mm moduleMesh) Call(ctx context.Context, tool string, req, resp any) error
 	}
 	if err := grant.Call(mm.mod.def.Name, tool, mm.mod.callGrants); err != nil {
 		mm.mod.log.Warn("call of a tool the node config does not grant refused", "tool", tool)
+		mm.mod.mesh.noteRefused(ctx, mm.mod.def.Name, "call of "+tool, err)
 		return err
 	}
-	return mm.mod.mesh.call(ctx, mm.mod.def.Name, tool, req, resp)
+	err := mm.mod.mesh.call(ctx, mm.mod.def.Name, tool, req, resp)
+	mm.mod.mesh.noteRefused(ctx, mm.mod.def.Name, "call of "+tool, err)
+	return err
 }
 
 func (mm moduleMesh) Consume(queue string, prefetch int, h sdk.Handler, opts ...sdk.HandlerOption) error {

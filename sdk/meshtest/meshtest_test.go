@@ -794,3 +794,58 @@ func TestGrantsRefuseAsANode(t *testing.T) {
 		t.Errorf("dead letters %d, the undertaker got %v; want 2, and only mesh.billing.paid", len(mt.DeadLetters()), got)
 	}
 }
+
+// TestExplain: Explain says what became of an event: routed nowhere
+// (naming the patterns there are), filtered, retried then dead-lettered
+// with the reason, a handler's refused call, and what it caused.
+func TestExplain(t *testing.T) {
+	mt := meshtest.New(meshtest.Config{})
+	defer mt.Close()
+	receipts := sdk.Module{Name: "receipts", Emits: []string{"receipt.sent"}, Setup: func(m sdk.Mesh) error {
+		return m.On("module.shop.order.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			var o struct{ Cents int }
+			if err := ev.Decode(&o); err != nil {
+				return err
+			}
+			if o.Cents < 0 {
+				return m.Call(ctx, "tax.rate", nil, nil)
+			}
+			if o.Cents == 0 {
+				return errors.New("nothing to bill")
+			}
+			_, err := m.Emit(ctx, "receipt.sent", o)
+			return err
+		}), sdk.Filter(`body.cents != 1`))
+	}}
+	if err := mt.Load(receipts, meshtest.ModuleConfig{MaxAttempts: 2, Grants: &meshtest.Grants{}}); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	emit := func(typ string, cents int) string {
+		id, err := mt.Emit(ctx, "shop", typ, map[string]int{"cents": cents})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	nowhere, filtered, failing, forbidden, fine := emit("module.shop.cart.placed", 5), emit("module.shop.order.placed", 1),
+		emit("module.shop.order.placed", 0), emit("module.shop.order.placed", -1), emit("module.shop.order.placed", 7)
+	mt.Settle()
+	for id, want := range map[string][]string{
+		nowhere:   {"emitted as module.shop.cart.placed by shop", "routed to no module: no pattern matches module.shop.cart.placed (receipts on module.shop.order.#)"},
+		filtered:  {"routed to receipts", "module receipts: its handler's filter rejected it"},
+		failing:   {"module receipts: attempt 1 failed: nothing to bill; retried after", "module receipts dead-lettered it after 2 attempt(s), reason delivery_limit: nothing to bill"},
+		forbidden: {"while handling it, module receipts's call of tax.rate failed: call tax.rate: forbidden", "dead-lettered it after 1 attempt(s), reason forbidden"},
+		fine:      {"module receipts handled it (attempt 1)", "caused module.receipts.receipt.sent "},
+	} {
+		got := mt.Explain(id)
+		for _, w := range want {
+			if !strings.Contains(got, w) {
+				t.Errorf("Explain(%s) lacks %q:\n%s", id, w, got)
+			}
+		}
+	}
+	if got := mt.Explain("nosuchid"); !strings.Contains(got, `knows no event "nosuchid"`) {
+		t.Errorf("Explain of an unknown id: %s", got)
+	}
+}
