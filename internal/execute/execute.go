@@ -76,6 +76,7 @@ type PanicError struct {
 	Stack string
 }
 
+// Error says where the handler panicked, and with what.
 func (e *PanicError) Error() string {
 	if e.At == "" {
 		return fmt.Sprintf("handler panicked: %v", e.Value)
