@@ -7,6 +7,8 @@
 #   MESH_AMQP_URL   the broker, with its virtual host (default the local
 #                   broker's /); everything the demo makes is made there.
 #   DEMO_SECONDS    how long the mesh runs before the calls (default 6).
+#   DEMO_GRAPH_FILE where to write meshctl graph's picture too (the doc
+#                   check compares it with the README's).
 #   DEMO_LIVE=1     (make demo-live) keep the mesh running after the show,
 #                   with the web console on DEMO_CONSOLE_ADDR (default
 #                   127.0.0.1:8080), until Ctrl-C.
@@ -60,7 +62,7 @@ echo "== meshctl audit trace: from the order (outside the mesh, so not in the au
 fired=$(bin/meshctl audit query --json --type 'module.dispatcher.fired' | tail -n 1 | sed -n 's/^{"seq":[0-9]*,"id":"\([0-9A-Z]*\)".*/\1/p')
 if [ -n "$fired" ]; then bin/meshctl audit trace "$fired"; else echo "(no fired event in the audit log yet)"; fi
 echo "== meshctl graph: the mesh drawn from the node's heartbeat (Mermaid; --format dot or svg for Graphviz) =="
-bin/meshctl graph --wait 3s
+bin/meshctl graph --wait 3s | tee "${DEMO_GRAPH_FILE:-/dev/null}"
 echo "== meshctl audit replay --dry-run: what a replay of umami's events would send again, up to now =="
 bin/meshctl audit replay --dry-run --type 'module.umami.#'
 if [ -n "${DEMO_LIVE:-}" ]; then

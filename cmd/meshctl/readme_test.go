@@ -11,19 +11,19 @@ import (
 	"github.com/urfave/cli/v2"
 )
 
-// TestREADMEExamples: every meshctl example in the README's examples block
+// TestREADMEExamples: every meshctl example in docs/commands.md's examples block
 // is written with its flags after its arguments, as people type them, and
 // meshctl reads it as meant: the command path, each --flag as that flag
 // with its value, and every other word as an argument, in order. (What
 // each command then does is the other tests' business.)
 func TestREADMEExamples(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
+	readme, err := os.ReadFile("../../docs/commands.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, block, ok := strings.Cut(string(readme), "<!-- meshctl examples -->\n```sh\n")
 	if !ok {
-		t.Fatal("the README has no meshctl examples block")
+		t.Fatal("docs/commands.md has no meshctl examples block")
 	}
 	block, _, _ = strings.Cut(block, "```")
 	lines := strings.Split(strings.TrimSpace(block), "\n")

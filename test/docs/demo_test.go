@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -40,7 +41,8 @@ func TestDemoInAVirtualHostOfItsOwn(t *testing.T) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", filepath.Join(root, "scripts", "demo.sh"))
 	cmd.Dir = root
-	cmd.Env = append(withoutMesh(os.Environ()), "MESH_AMQP_URL="+amqpURL, "DEMO_SECONDS=4")
+	graphFile := filepath.Join(t.TempDir(), "graph.mmd")
+	cmd.Env = append(withoutMesh(os.Environ()), "MESH_AMQP_URL="+amqpURL, "DEMO_SECONDS=4", "DEMO_GRAPH_FILE="+graphFile)
 	cmd.WaitDelay = 10 * time.Second
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -57,6 +59,44 @@ func TestDemoInAVirtualHostOfItsOwn(t *testing.T) {
 	if !hadOrders && slices.Contains(queues(t, "/"), "shop.orders") {
 		t.Errorf("the demo in virtual host %s made shop.orders in the default virtual host /", vhost)
 	}
+	checkREADMEGraph(t, root, graphFile)
+}
+
+// readmeGraph is the README's picture of the demo's mesh: the Mermaid
+// block after its marker.
+var readmeGraph = regexp.MustCompile("(?s)(<!-- graph: [^\n]*-->\n```mermaid\n)(.*?)(```)")
+
+// checkREADMEGraph compares the README's picture of the demo's mesh with
+// what meshctl graph drew of it (graphFile); MESH_UPDATE_README=1 writes
+// the drawing into the README instead.
+func checkREADMEGraph(t *testing.T, root, graphFile string) {
+	t.Helper()
+	drawn, err := os.ReadFile(graphFile)
+	if err != nil || !strings.HasPrefix(string(drawn), "flowchart") {
+		t.Fatalf("the demo's graph: %v %q", err, drawn)
+	}
+	path := filepath.Join(root, "README.md")
+	readme, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := readmeGraph.FindSubmatchIndex(readme)
+	if m == nil {
+		t.Fatal("the README has no graph block (<!-- graph: ... --> then a mermaid block)")
+	}
+	current := string(readme[m[4]:m[5]])
+	if current == string(drawn) {
+		return
+	}
+	if os.Getenv("MESH_UPDATE_README") != "" {
+		updated := string(readme[:m[4]]) + string(drawn) + string(readme[m[5]:])
+		if err := os.WriteFile(path, []byte(updated), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("README.md's graph rewritten from the demo")
+		return
+	}
+	t.Errorf("README.md's graph is not what meshctl graph draws of the demo (MESH_UPDATE_README=1 go test -run TestDemoInAVirtualHostOfItsOwn ./test/docs rewrites it); it draws:\n%s", drawn)
 }
 
 // queues lists the queues of vhost by name.
