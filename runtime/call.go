@@ -366,6 +366,7 @@ func (n *Node) call(ctx context.Context, source, tool string, req, resp any, id 
 			if res.err != nil {
 				return fmt.Errorf("call %s: %w", tool, res.err)
 			}
+			noteAnswerer(ctx, res.reply)
 			return decodeReply(tool, res.reply, resp)
 		case <-recheck.C:
 			// A server that stopped after the call was sent leaves the

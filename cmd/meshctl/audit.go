@@ -31,6 +31,25 @@ func auditTimeoutFlag() *cli.DurationFlag {
 }
 
 func auditCommand() *cli.Command {
+	cmd := auditCommands()
+	// Every command that asks the audit logger (those with --timeout) may
+	// name which one, where several serve.
+	logger := &cli.StringFlag{Name: "logger", EnvVars: []string{"MESH_AUDIT_LOGGER"},
+		Usage: "ask the audit logger of node `NODE`, where several serve (by default whichever answers first; every later call of the command goes to the same one)"}
+	var add func([]*cli.Command)
+	add = func(cmds []*cli.Command) {
+		for _, sc := range cmds {
+			if slices.ContainsFunc(sc.Flags, func(f cli.Flag) bool { return slices.Contains(f.Names(), "timeout") }) {
+				sc.Flags = append(sc.Flags, logger)
+			}
+			add(sc.Subcommands)
+		}
+	}
+	add(cmd.Subcommands)
+	return cmd
+}
+
+func auditCommands() *cli.Command {
 	timeout := auditTimeoutFlag()
 	asJSON := &cli.BoolFlag{Name: "json", Usage: "print JSON for machines"}
 	return &cli.Command{
@@ -152,7 +171,21 @@ func auditFilterOf(c *cli.Context) (store.Filter, error) {
 type auditCaller struct {
 	c    *cli.Context
 	node *runtime.Node
+	// pinned is the node of the logger that answered first: every later
+	// call of the command asks it (a cursor of one logger means nothing
+	// to another); "" until one answered. warned says the several-loggers
+	// warning was printed.
+	pinned string
+	warned bool
 }
+
+// auditRetries bounds the calls made to reach one logger among several
+// (each call goes to whichever the broker hands it to).
+const auditRetries = 24
+
+// auditWrites are the audit tools that change a logger's store: they are
+// never repeated to reach a given logger.
+var auditWrites = []string{auditlogger.ToolReplayed}
 
 func newAuditCaller(c *cli.Context) (*auditCaller, error) {
 	ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout"))
@@ -166,14 +199,68 @@ func newAuditCaller(c *cli.Context) (*auditCaller, error) {
 
 func (a *auditCaller) close() { _ = a.node.Close(context.Background()) }
 
-// call calls one of the audit logger's tools, within --timeout.
+// call calls one of the audit logger's tools, within --timeout: of the
+// logger --logger names, else of the one that answered the command's first
+// call. Where several loggers serve, it says once which one answered and
+// what it holds.
 func (a *auditCaller) call(tool string, req, resp any) error {
 	ctx, cancel := context.WithTimeout(a.c.Context, a.c.Duration("timeout"))
 	defer cancel()
-	if err := a.node.Call(ctx, "meshctl", tool, req, resp); err != nil {
-		return auditErr(err)
+	want := a.c.String("logger")
+	if want == "" {
+		want = a.pinned
 	}
-	return nil
+	tries := 1
+	if want != "" && !slices.Contains(auditWrites, tool) {
+		tries = auditRetries
+	}
+	var heard []string
+	for range tries {
+		var who runtime.Answerer
+		var raw json.RawMessage
+		if err := a.node.Call(runtime.WithAnswerer(ctx, &who), "meshctl", tool, req, &raw); err != nil {
+			return auditErr(err)
+		}
+		if want != "" && who.Node != want {
+			heard = append(heard, who.Node)
+			continue
+		}
+		if a.pinned == "" {
+			a.pinned = who.Node
+			a.warnSeveral(ctx, tool)
+		}
+		if resp == nil || len(raw) == 0 {
+			return nil
+		}
+		return json.Unmarshal(raw, resp)
+	}
+	slices.Sort(heard)
+	return fmt.Errorf("the audit logger of node %s did not answer %s in %d calls (the loggers of %s did): is it running? meshctl nodes lists the nodes and their modules",
+		escape(want), tool, tries, escape(strings.Join(slices.Compact(heard), ", ")))
+}
+
+// warnSeveral says, on stderr and once, that several audit loggers serve
+// tool, which one answered and what it holds, and how to pick one.
+func (a *auditCaller) warnSeveral(ctx context.Context, tool string) {
+	if a.warned || a.c.String("logger") != "" {
+		return
+	}
+	a.warned = true
+	n, err := a.node.Servers(ctx, tool)
+	if err != nil || n < 2 {
+		return
+	}
+	holds := ""
+	var st store.Stats
+	if err := a.call(auditlogger.ToolStats, nil, &st); err == nil {
+		holds = fmt.Sprintf(", which holds %d events", st.Events)
+		if !st.OldestArrived.IsZero() {
+			holds += " since " + st.OldestArrived.UTC().Format(time.RFC3339)
+		}
+	}
+	fmt.Fprintf(a.c.App.ErrWriter, "meshctl: %d audit loggers serve %s; this is the answer of the one on node %s%s. "+
+		"Loggers that each keep a queue of their own hold what each saw since it started, and differ: give every one the history stream "+
+		"(docs/operator-guide.md, \"Several audit loggers\") or pick one with --logger NODE\n", n, tool, escape(a.pinned), holds)
 }
 
 // auditErr says where to look when the audit logger does not answer.
