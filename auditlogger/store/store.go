@@ -27,6 +27,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/url"
 	"strings"
 	"sync"
@@ -634,14 +635,19 @@ func jsonPath(dotted string) (string, error) {
 type Page struct {
 	After int64 `json:"after,omitempty"`
 	Limit int   `json:"limit,omitempty"`
+	// Newest pages from the newest event back: After is then the cursor
+	// below which the page starts (0: the newest). A logger of v0.1.0
+	// ignores it and pages oldest first.
+	Newest bool `json:"newest,omitempty"`
 }
 
 // MaxPage bounds a page, so that memory stays bounded whatever the store
 // holds.
 const MaxPage = 1000
 
-// Query returns a page of the events f selects, in order of arrival, and
-// the cursor of the next page (0 when there is none).
+// Query returns a page of the events f selects, in order of arrival (or
+// newest first, with p.Newest), and the cursor of the next page (0 when
+// there is none).
 func (s *Store) Query(ctx context.Context, f Filter, p Page) (events []Event, next int64, err error) {
 	if p.Limit <= 0 || p.Limit > MaxPage {
 		p.Limit = MaxPage
@@ -650,8 +656,15 @@ func (s *Store) Query(ctx context.Context, f Filter, p Page) (events []Event, ne
 	if err != nil {
 		return nil, 0, fmt.Errorf("query the audit log: %w", err)
 	}
+	page := ` AND seq > ? ORDER BY seq LIMIT ?`
 	args = append(args, p.After, p.Limit+1)
-	rows, err := s.db.QueryContext(ctx, `SELECT `+columns+` FROM events WHERE `+where+` AND seq > ? ORDER BY seq LIMIT ?`, args...)
+	if p.Newest {
+		page = ` AND seq < ? ORDER BY seq DESC LIMIT ?`
+		if p.After <= 0 {
+			args[len(args)-2] = int64(math.MaxInt64)
+		}
+	}
+	rows, err := s.db.QueryContext(ctx, `SELECT `+columns+` FROM events WHERE `+where+page, args...)
 	if err != nil {
 		return nil, 0, fmt.Errorf("query the audit log: %w", err)
 	}

@@ -188,6 +188,29 @@ func TestFilters(t *testing.T) {
 		if !slices.Equal(got, c.want) {
 			t.Errorf("%s: got %d events %v, want %d %v", name, len(got), got, len(c.want), c.want)
 		}
+		// Newest first: the same events, the other way, paged the same.
+		var back []string
+		after = 0
+		for pages := 0; ; pages++ {
+			evs, next, err := s.Query(ctx, c.f, Page{After: after, Limit: 4, Newest: true})
+			if err != nil {
+				t.Fatalf("%s newest first: %v", name, err)
+			}
+			for _, ev := range evs {
+				back = append(back, ev.ID)
+			}
+			if next == 0 {
+				break
+			}
+			if pages > 10 {
+				t.Fatalf("%s newest first: pages never end", name)
+			}
+			after = next
+		}
+		slices.Reverse(back)
+		if !slices.Equal(back, c.want) {
+			t.Errorf("%s newest first, reversed: got %v, want %v", name, back, c.want)
+		}
 		if n, err := s.Count(ctx, c.f); err != nil || n != int64(len(c.want)) {
 			t.Errorf("%s: count %d, %v; want %d", name, n, err, len(c.want))
 		}

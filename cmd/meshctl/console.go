@@ -226,9 +226,12 @@ func (m *consoleMesh) Graph() console.Graph {
 	}
 	d := meshGraph(beats)
 	modules := map[string]string{} // vertex id -> module name, for its link
-	for _, hb := range beats {
-		for _, mod := range hb.Modules {
-			modules[moduleLabel(hb.Node, mod)] = mod.Name
+	stale := map[string]bool{}     // module vertex labels of nodes not heard for three heartbeats
+	for _, n := range m.Nodes() {
+		silent := n.Interval > 0 && time.Since(n.LastSeen) > 3*n.Interval
+		for _, mod := range n.Modules {
+			modules[moduleLabel(n.Node, mod)] = mod.Name
+			stale[moduleLabel(n.Node, mod)] = silent
 		}
 	}
 	var g console.Graph
@@ -237,6 +240,7 @@ func (m *consoleMesh) Graph() console.Graph {
 		switch v.kind {
 		case vModule:
 			cv.Link = "/audit?source=" + neturl.QueryEscape(modules[v.label])
+			cv.Stale = stale[v.label]
 		case vEvent:
 			cv.Link = "/audit?type=" + neturl.QueryEscape(v.name)
 		case vQueue:

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/csv"
 	"encoding/json"
@@ -15,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -550,6 +552,29 @@ func TestConsole(t *testing.T) {
 				t.Errorf("the graph has no link %s: %v", want, links)
 			}
 		}
+		// No name is cut: each vertex's lines, joined, are its whole
+		// label (its title says "KIND LABEL", perhaps with more); the layers: queues
+		// left of modules, modules left of events and tools.
+		var vertices []struct {
+			Kind, Text, Title string
+			X                 float64
+		}
+		b.eval(t, `Array.from(document.querySelectorAll("#graph g.vertex")).map(g => ({
+			Kind: g.getAttribute("class").split(" ")[1],
+			Text: Array.from(g.querySelectorAll("tspan")).map(s => s.textContent).join(""),
+			Title: g.querySelector("title").textContent,
+			X: g.querySelector("rect").x.baseVal.value}))`, &vertices)
+		xs := map[string]float64{}
+		for _, v := range vertices {
+			nospace := func(s string) string { return strings.ReplaceAll(s, " ", "") } // a line breaks at a space
+			if strings.Contains(v.Text, "…") || !strings.HasPrefix(nospace(v.Title), nospace(v.Kind+" "+v.Text)) {
+				t.Errorf("vertex %q drawn as %q: cut", v.Title, v.Text)
+			}
+			xs[v.Kind] = v.X
+		}
+		if !(xs["queue"] < xs["module"] && xs["module"] < xs["event"] && xs["event"] == xs["tool"]) {
+			t.Errorf("the layers' x: %v, want queues, then modules, then events and tools", xs)
+		}
 	})
 
 	t.Run("the audit search finds an event by each filter", func(t *testing.T) {
@@ -605,6 +630,23 @@ func TestConsole(t *testing.T) {
 		b.run(t, chromedp.Navigate(c.base+"/audit?"+url.Values{"to": {past}, "id": {site}}.Encode()), chromedp.WaitVisible("main", chromedp.ByQuery))
 		if ids := b.rowIDs(t, "#events"); len(ids) != 0 {
 			t.Errorf("to an hour ago: %v", ids)
+		}
+		// The audit page opens newest first, its link flips it to oldest
+		// first: the sequence numbers go down, then up from the oldest.
+		var seqs []int64
+		seqsJS := `Array.from(document.querySelectorAll('#events tbody tr td.num')).map(td => Number(td.textContent))`
+		st, err := w.log.Store().Stats(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.run(t, chromedp.Navigate(c.base+"/audit?limit=5"), chromedp.WaitVisible("#events", chromedp.ByQuery), chromedp.Evaluate(seqsJS, &seqs))
+		if len(seqs) != 5 || !slices.IsSortedFunc(seqs, func(a, b int64) int { return cmp.Compare(b, a) }) || seqs[0] < st.LastSeq {
+			t.Errorf("the audit page's first page: seqs %v, want the newest five, newest first", seqs)
+		}
+		b.navigatedBy(t, chromedp.Click("#order", chromedp.ByQuery))
+		b.run(t, chromedp.Evaluate(seqsJS, &seqs))
+		if len(seqs) != 5 || !slices.IsSorted(seqs) || seqs[0] != 1 {
+			t.Errorf("oldest first: seqs %v, want 1 to 5", seqs)
 		}
 		// Paged: one event a page, the next page's link goes on.
 		b.run(t, chromedp.Navigate(c.base+"/audit?type=module.%23&limit=1"), chromedp.WaitVisible("#next-page", chromedp.ByQuery))

@@ -95,6 +95,10 @@ type auditSearchView struct {
 	First  string // the first page's URL, when this is not it
 	Export string // the export's URL, without a format
 	Asked  bool
+	// Oldest says the page is oldest first (order=oldest); newest first
+	// by default. Flip is the URL of the other order.
+	Oldest bool
+	Flip   string
 }
 
 // pageLimit is the default and the bound of events per page.
@@ -118,9 +122,19 @@ func (s *Server) auditSearch(w http.ResponseWriter, r *http.Request) {
 		limit = pageLimit
 	}
 	after, _ := strconv.ParseInt(q.Get("after"), 10, 64)
+	d.Oldest = q.Get("order") == "oldest"
+	fq := cloneValues(q)
+	fq.Del("after")
+	if d.Oldest {
+		fq.Del("order")
+	} else {
+		fq.Set("order", "oldest")
+	}
+	d.Flip = "/audit?" + fq.Encode()
 	ctx, cancel := ask(r)
 	defer cancel()
-	page, err := s.cfg.Mesh.AuditQuery(ctx, auditlogger.QueryRequest{Filter: f, Page: store.Page{After: after, Limit: limit}})
+	// Newest first by default: what just happened is what one looks for.
+	page, err := s.cfg.Mesh.AuditQuery(ctx, auditlogger.QueryRequest{Filter: f, Page: store.Page{After: after, Limit: limit, Newest: !d.Oldest}})
 	status := http.StatusOK
 	if err != nil {
 		v.Err, d.Asked, status = err.Error(), false, http.StatusBadGateway // no "no event matches": nothing was asked

@@ -113,6 +113,9 @@ type Graph struct {
 // (the audit log of an event type or a module).
 type Vertex struct {
 	ID, Kind, Label, Link string
+	// Stale marks a module whose node has not been heard for three of
+	// its heartbeats: drawn greyed, as what may be gone.
+	Stale bool
 }
 
 // Edge is an edge of the graph, from one vertex id to another. Label says

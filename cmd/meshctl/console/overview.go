@@ -143,6 +143,9 @@ func (s *Server) graph(w http.ResponseWriter, r *http.Request) {
 	counts := map[string]int{}
 	for _, v := range g.Vertices {
 		counts[v.Kind]++
+		if v.Stale {
+			counts["stale"]++
+		}
 	}
 	v := view{Title: "Graph", Nav: "graph", Data: graphView{SVG: layoutGraph(g), Graph: g, Counts: counts}}
 	if len(g.Vertices) == 0 {

@@ -3,6 +3,7 @@ package console
 import (
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -13,22 +14,32 @@ import (
 // (html/template escapes every label): no script draws them, so they show
 // the same with script off, and tests read them from the page.
 
-// svgGraph is the event graph laid out: modules in the left column, what
-// they emit, subscribe, call, serve and consume in the right, and an edge
-// for each declaration, styled by which pattern it is.
+// svgGraph is the event graph laid out in three layers: the existing
+// queues modules consume on the left, the modules in the middle, what
+// they emit, subscribe, call and serve on the right, and an edge for each
+// declaration, styled by which pattern it is.
 type svgGraph struct {
 	Width, Height int
 	Boxes         []svgBox
 	Paths         []svgPath
 }
 
-// svgBox is a vertex drawn.
+// svgBox is a vertex drawn. Its label is never cut: Lines wrap it to the
+// box's width (the box grows), and Full is the whole label, its title.
 type svgBox struct {
-	X, Y, W, H  int
-	Kind        string // the vertex kind, its CSS class
-	Label, Full string // Label fits the box; Full is the whole label
-	Link        string
-	ID          string
+	X, Y, W, H int
+	Kind       string // the vertex kind, its CSS class
+	Lines      []svgLine
+	Full       string
+	Link       string
+	ID         string
+	Stale      bool // its node has not been heard for three heartbeats
+}
+
+// svgLine is a line of a box's label, at its place.
+type svgLine struct {
+	X, Y int
+	Text string
 }
 
 // svgPath is an edge drawn.
@@ -42,22 +53,43 @@ type svgPath struct {
 }
 
 const (
-	rowHeight  = 34
-	boxHeight  = 24
-	leftX      = 20
-	leftWidth  = 240
-	rightX     = 560
-	rightWidth = 300
+	boxGap     = 10 // between boxes of a column
+	lineHeight = 15
+	boxPadding = 9 // above the first line and below the last
+	charWidth  = 7 // of the label font, about
 	topMargin  = 20
+	colGap     = 150 // between columns, for the edges and their labels
 )
 
-// layoutGraph lays g out in two columns: the modules in the order of its
-// vertices, and the rest each beside the modules it connects (by the mean
-// of their rows), which uncrosses most edges.
+// The columns: queues, modules, then events and tools.
+var columns = []struct {
+	kinds []string
+	width int
+}{
+	{[]string{"queue"}, 200},
+	{[]string{"module"}, 240},
+	{[]string{"event", "pattern", "tool"}, 300},
+}
+
+// columnOf is the column of a vertex kind.
+func columnOf(kind string) int {
+	for i, c := range columns {
+		for _, k := range c.kinds {
+			if k == kind {
+				return i
+			}
+		}
+	}
+	return len(columns) - 1
+}
+
+// layoutGraph lays g out in three layers (columns): queues, modules,
+// events and tools. Modules keep the order of g's vertices; every other
+// vertex goes beside the modules it connects (by the mean of their rows),
+// which uncrosses most edges.
 func layoutGraph(g Graph) svgGraph {
 	var out svgGraph
 	at := map[string]svgBox{}
-	left, right := 0, 0
 	row := map[string]int{}
 	for _, v := range g.Vertices {
 		if v.Kind == "module" {
@@ -89,16 +121,25 @@ func layoutGraph(g Graph) svgGraph {
 		}
 		return a.Kind != "module" && mean(a.ID) < mean(b.ID)
 	})
+	xs := make([]int, len(columns))
+	x := 20
+	for i, c := range columns {
+		xs[i] = x
+		x += c.width + colGap
+	}
+	ys := make([]int, len(columns))
+	for i := range ys {
+		ys[i] = topMargin
+	}
 	for _, v := range vertices {
-		b := svgBox{H: boxHeight, Kind: v.Kind, Full: v.Label, Link: v.Link, ID: v.ID}
-		if v.Kind == "module" {
-			b.X, b.Y, b.W = leftX, topMargin+left*rowHeight, leftWidth
-			left++
-		} else {
-			b.X, b.Y, b.W = rightX, topMargin+right*rowHeight, rightWidth
-			right++
+		c := columnOf(v.Kind)
+		b := svgBox{X: xs[c], Y: ys[c], W: columns[c].width, Kind: v.Kind, Full: v.Label, Link: v.Link, ID: v.ID, Stale: v.Stale}
+		lines := wrap(v.Label, (b.W-16)/charWidth)
+		b.H = 2*boxPadding + len(lines)*lineHeight - 4
+		for i, l := range lines {
+			b.Lines = append(b.Lines, svgLine{X: b.X + 8, Y: b.Y + boxPadding + 10 + i*lineHeight, Text: l})
 		}
-		b.Label = fit(v.Label, (b.W-16)/7)
+		ys[c] += b.H + boxGap
 		at[v.ID] = b
 		out.Boxes = append(out.Boxes, b)
 	}
@@ -124,13 +165,14 @@ func layoutGraph(g Graph) svgGraph {
 		}
 		p.LX, p.LY = (x1+x2)/2, (y1+y2)/2-3
 		// A subscription's pattern is said on its edge when it is not
-		// the event's type itself (a wildcard, "#").
+		// the event's type itself (a wildcard, "#"); the whole of it is
+		// the edge's title.
 		if e.Label != "" && p.Class == "subscribes" && e.Label != from.Full {
-			p.Label = fit(e.Label, 28)
+			p.Label = fit(e.Label, 20)
 			// Beside the module it subscribes (edges of subscriptions
 			// run right to left), where the labels of one
 			// event's many subscribers do not pile up.
-			p.LX, p.LY = x2+70, y2-4
+			p.LX, p.LY = x2+8, y2-6
 		}
 		p.Title = fmt.Sprintf("%s %s %s", from.Full, verbOf(p.Class), to.Full)
 		if e.Label != "" {
@@ -138,9 +180,43 @@ func layoutGraph(g Graph) svgGraph {
 		}
 		out.Paths = append(out.Paths, p)
 	}
-	out.Width = rightX + rightWidth + 20
-	out.Height = topMargin*2 + max(left, right, 1)*rowHeight
+	out.Width = x - colGap + 20
+	out.Height = topMargin
+	for _, y := range ys {
+		out.Height = max(out.Height, y+topMargin)
+	}
 	return out
+}
+
+// wrap breaks s into lines of at most n runes, after a dot, a slash, a
+// dash, a space or an opening parenthesis where it can, anywhere where a
+// word is longer than a line: nothing is cut.
+func wrap(s string, n int) []string {
+	n = max(n, 4)
+	var lines []string
+	r := []rune(s)
+	for len(r) > n {
+		cut := -1
+		for i := n; i > n/3; i-- {
+			if c := r[i-1]; c == '.' || c == '/' || c == '-' || c == ' ' || c == '_' {
+				cut = i
+				break
+			}
+			if r[i] == '(' {
+				cut = i
+				break
+			}
+		}
+		if cut < 0 {
+			cut = n
+		}
+		lines = append(lines, strings.TrimRight(string(r[:cut]), " "))
+		r = []rune(strings.TrimLeft(string(r[cut:]), " "))
+	}
+	if len(r) > 0 || len(lines) == 0 {
+		lines = append(lines, string(r))
+	}
+	return lines
 }
 
 // edgeClass says which pattern an edge is.
