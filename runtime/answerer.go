@@ -42,6 +42,9 @@ func (n *Node) Servers(ctx context.Context, tool string) (int, error) {
 	if err := wire.ValidateToolKey(tool); err != nil {
 		return 0, err
 	}
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
 	s := n.session()
 	if s == nil {
 		return 0, fmt.Errorf("servers of %s: %w", tool, wire.ErrConnectionLost)
@@ -58,5 +61,5 @@ func (n *Node) Servers(ctx context.Context, tool string) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("servers of %s: %w", tool, err)
 	}
-	return q.Consumers, ctx.Err()
+	return q.Consumers, nil
 }

@@ -42,10 +42,6 @@ func (c Cluster) size() int {
 	return Size
 }
 
-// URL is the AMQP URL of node i's virtual host vhost, as guest.
-func (c Cluster) URL(i int, vhost string) string {
-	return "amqp://guest:guest@" + c.AMQPAddr(i) + "/" + vhost
-}
 
 // FromEnv is the cluster scripts/cluster.sh makes by default, or the one
 // MESH_CLUSTER_NAME, MESH_CLUSTER_PORT and MESH_CLUSTER_DIR name.
