@@ -42,7 +42,6 @@ func (c Cluster) size() int {
 	return Size
 }
 
-
 // FromEnv is the cluster scripts/cluster.sh makes by default, or the one
 // MESH_CLUSTER_NAME, MESH_CLUSTER_PORT and MESH_CLUSTER_DIR name.
 func FromEnv(script string) Cluster {
