@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -123,7 +124,7 @@ func TestPermanentAndPanic(t *testing.T) {
 	}
 	d = nextDead(t, raw)
 	if d.Headers["x-mesh-dead-reason"] != "delivery_limit" || d.Headers["x-mesh-dead-attempts"] != int64(2) ||
-		!strings.Contains(fmt.Sprint(d.Headers["x-mesh-dead-error"]), "panicked: nil map") {
+		!regexp.MustCompile(`^handler panicked at runtime/failure_test\.go:[0-9]+: nil map$`).MatchString(fmt.Sprint(d.Headers["x-mesh-dead-error"])) {
 		t.Errorf("panic dead letter: %v", d.Headers)
 	}
 	if got := panicCalls.Load(); got != 2 {
