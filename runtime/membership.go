@@ -159,8 +159,11 @@ type peers struct {
 	since time.Time
 	// following is the session it hears them on.
 	following *session
-	// answered is when it last answered a roll call.
-	answered time.Time
+	// answered is when it last answered a roll call; later says an answer
+	// is due at answered+rollCallEvery (laterSchemas: with the schemas).
+	answered     time.Time
+	later        bool
+	laterSchemas bool
 }
 
 // RollCall is the event type that asks every node to send its heartbeat
@@ -168,6 +171,14 @@ type peers struct {
 // answers in a moment, not a heartbeat interval). A node answers at most
 // once per rollCallEvery, whoever asks.
 const RollCall = "mesh.membership.roll-call"
+
+// RollCallRequest is a roll call's body. Schemas asks each node to
+// announce its modules' declared schemas again (node.NODE.schemas), with
+// their documents, after its heartbeat: meshctl emit reads the document of
+// the version it sends from them.
+type RollCallRequest struct {
+	Schemas bool `json:"schemas,omitempty"`
+}
 
 const rollCallEvery = time.Second
 
@@ -412,11 +423,26 @@ func (n *Node) sendHeartbeat() {
 	}
 }
 
-// answerRollCall has beat send a heartbeat now, unless it answered one in
-// the last rollCallEvery.
-func (n *Node) answerRollCall(now time.Time) {
+// answerRollCall has beat send a heartbeat now, and with schemas
+// announces every module's declared schemas again. Within rollCallEvery
+// of its last answer it answers once more when that time is up, whatever
+// asked meanwhile (the answers coalesce: a flood costs one a second).
+func (n *Node) answerRollCall(now time.Time, schemas bool) {
 	n.members.mu.Lock()
-	if now.Sub(n.members.answered) < rollCallEvery {
+	if wait := rollCallEvery - now.Sub(n.members.answered); wait > 0 {
+		n.members.laterSchemas = n.members.laterSchemas || schemas
+		if !n.members.later {
+			n.members.later = true
+			time.AfterFunc(wait, func() {
+				n.members.mu.Lock()
+				s := n.members.laterSchemas
+				n.members.later, n.members.laterSchemas = false, false
+				n.members.mu.Unlock()
+				if n.life.Err() == nil {
+					n.answerRollCall(time.Now(), s)
+				}
+			})
+		}
 		n.members.mu.Unlock()
 		return
 	}
@@ -425,6 +451,12 @@ func (n *Node) answerRollCall(now time.Time) {
 	select {
 	case n.rollCalled <- struct{}{}:
 	default: // one is pending
+	}
+	if schemas {
+		mods, _ := n.loaded()
+		for _, m := range mods {
+			n.announceSchemas(m)
+		}
 	}
 }
 
@@ -525,7 +557,9 @@ func (n *Node) watchPeers(s *session) error {
 // heard takes one heartbeat or departure of a peer.
 func (n *Node) heard(d amqp.Delivery) {
 	if d.RoutingKey == RollCall {
-		n.answerRollCall(time.Now())
+		var req RollCallRequest
+		_ = json.Unmarshal(d.Body, &req) // a body that says nothing more is a plain roll call
+		n.answerRollCall(time.Now(), req.Schemas)
 		return
 	}
 	words := strings.Split(d.RoutingKey, ".")

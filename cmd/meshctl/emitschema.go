@@ -11,12 +11,14 @@ import (
 
 // emitSchema is the schema version meshctl emit gives an event of typ
 // without --schema: the version the live modules declare as current for
-// it (from their heartbeats, by roll call), "" if none declares one. Where
-// the audit log holds that version's document, body is checked against it
-// as a module's emit is, and a body that does not conform is refused; a
-// document it cannot get is said on stderr, and the event goes as it is.
+// it (from their heartbeats, by roll call), "" if none declares one. The
+// body is checked against that version's document as a module's emit is,
+// and a body that does not conform is refused. The document comes from
+// the nodes, which announce their schemas again when the roll call asks,
+// or else from the audit log; one it cannot get is said on stderr, and the
+// event goes as it is.
 func emitSchema(c *cli.Context, typ string, body []byte) (string, error) {
-	heard, err := listenHeartbeats(c)
+	heard, announced, err := listenMembership(c, true)
 	if err != nil {
 		return "", fmt.Errorf("read the declared schemas from the heartbeats (--schema VERSION, or --schema '' for none, skips it): %w", err)
 	}
@@ -33,14 +35,18 @@ func emitSchema(c *cli.Context, typ string, body []byte) (string, error) {
 	if v == nil {
 		return "", nil // no live module declares a schema of it
 	}
-	docs, err := schemaDocsOf(c)
-	doc, ok := docs[v.Digest]
+	doc, ok := announced[v.Digest]
+	if !ok {
+		var docs map[string][]byte
+		docs, err = schemaDocsOf(c)
+		doc, ok = docs[v.Digest]
+	}
 	switch {
 	case err != nil:
 		fmt.Fprintf(c.App.ErrWriter, "meshctl: %s is sent as schema version %s, its body unchecked: %v\n", escape(typ), escape(v.Version), err)
 		return v.Version, nil
 	case !ok:
-		fmt.Fprintf(c.App.ErrWriter, "meshctl: %s is sent as schema version %s, its body unchecked: the audit log holds no document of it\n", escape(typ), escape(v.Version))
+		fmt.Fprintf(c.App.ErrWriter, "meshctl: %s is sent as schema version %s, its body unchecked: no node announced its document, nor does the audit log hold it\n", escape(typ), escape(v.Version))
 		return v.Version, nil
 	}
 	compiled, err := schema.Compile(v.Version, doc)

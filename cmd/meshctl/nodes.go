@@ -16,6 +16,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/meshkit/mesh/internal/schema"
 	"github.com/meshkit/mesh/runtime"
 	"github.com/meshkit/mesh/sdk"
 )
@@ -44,14 +45,24 @@ const rollCallQuiet = 700 * time.Millisecond
 // v0.1.0 answers no roll call: it is heard at its next heartbeat). --wait
 // listens that long in full instead, or until interrupted.
 func listenHeartbeats(c *cli.Context) (map[string]heardNode, error) {
+	heard, _, err := listenMembership(c, false)
+	return heard, err
+}
+
+// listenMembership is listenHeartbeats that, with schemas, also asks each
+// node to announce its modules' schemas again in its answer to the roll
+// call, and returns the documents they announced, by digest (each checked
+// against its digest).
+func listenMembership(c *cli.Context, schemas bool) (map[string]heardNode, map[string][]byte, error) {
 	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	node, err := connect(ctx, c)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer node.Close(context.Background())
 	heard := map[string]heardNode{}
+	docs := map[string][]byte{}
 	listen, cancel := context.WithCancel(ctx)
 	defer cancel()
 	full := c.IsSet("wait")
@@ -65,11 +76,26 @@ func listenHeartbeats(c *cli.Context) (map[string]heardNode, error) {
 		quiet = time.AfterFunc(time.Duration(math.MaxInt64), cancel) // set once all answered
 		rc, rcCancel := context.WithTimeout(listen, 5*time.Second)
 		defer rcCancel()
-		if _, err := node.Emit(rc, "meshctl", runtime.RollCall, struct{}{}, sdk.WithTTL(5*time.Second)); err != nil {
+		if _, err := node.Emit(rc, "meshctl", runtime.RollCall, runtime.RollCallRequest{Schemas: schemas}, sdk.WithTTL(5*time.Second)); err != nil {
 			fmt.Fprintf(c.App.ErrWriter, "meshctl: could not call the roll (%v); listening for heartbeats for %v\n", err, c.Duration("within"))
 		}
 	}
-	err = node.Tail(listen, "node.*.heartbeat", ready, func(ev runtime.TailedEvent) error {
+	pattern := "node.*.heartbeat"
+	if schemas {
+		pattern = "node.*.*" // the announcements too
+	}
+	err = node.Tail(listen, pattern, ready, func(ev runtime.TailedEvent) error {
+		if ev.Err == nil && strings.HasSuffix(ev.Event.Type, ".schemas") {
+			var an runtime.SchemasAnnouncement
+			if json.Unmarshal(ev.Event.Body, &an) == nil {
+				for _, s := range an.Schemas {
+					if len(s.Schema) > 0 && schema.Digest(s.Schema) == s.Digest { // an announcement's own word is checked
+						docs[s.Digest] = s.Schema
+					}
+				}
+			}
+			return nil
+		}
 		hb, ok := heartbeatOf(ev)
 		if !ok {
 			return nil
@@ -81,7 +107,7 @@ func listenHeartbeats(c *cli.Context) (map[string]heardNode, error) {
 		}
 		return nil
 	})
-	return heard, err
+	return heard, docs, err
 }
 
 // allHeard reports whether every node a heard heartbeat names as a peer

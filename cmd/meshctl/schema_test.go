@@ -217,3 +217,33 @@ func TestSchemaCheckOffline(t *testing.T) {
 		t.Errorf("--offline --sample: %v, want a usage error", err)
 	}
 }
+
+// TestEmitChecksTheBodyWithoutAnAuditLog: with no audit logger on the
+// mesh, meshctl emit still checks the body: the roll call asks the nodes
+// to announce their schemas again, and the document comes from them.
+func TestEmitChecksTheBodyWithoutAnAuditLog(t *testing.T) {
+	url := brokertest.VHost(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	n, err := runtime.New(ctx, runtime.Config{Node: "solo", AMQPURL: url, StateDir: t.TempDir(), HeartbeatInterval: time.Hour,
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close(context.Background())
+	if _, err := n.Load(ctx, umami.Module(time.Hour), runtime.ModuleConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runMeshctl(url, "emit", "module.umami.site.created", `{"name": "blog"}`)
+	if err == nil || !strings.Contains(err.Error(), "(version 1): /: required: missing property 'id'") {
+		t.Errorf("emit of a site without its id, no audit log: %v, want it refused naming the rule\n%s", err, out)
+	}
+	// At once again: the node answers this roll call when its second is
+	// up, not never.
+	if out, err := runMeshctl(url, "emit", "module.umami.site.created", `{"id": "seven", "name": "blog"}`); err == nil || !strings.Contains(err.Error(), "/id: type:") {
+		t.Errorf("a second emit at once, of a site with a text id: %v, want it refused\n%s", err, out)
+	}
+	if out, err := runMeshctl(url, "emit", "module.umami.site.created", `{"id": 1, "name": "blog"}`); err != nil || strings.Contains(out, "unchecked") {
+		t.Errorf("emit of a conforming site: %v\n%s", err, out)
+	}
+}
