@@ -167,46 +167,33 @@ func TestFilters(t *testing.T) {
 		"and any": {Filter{Nodes: []string{"anchor"}, Any: []Filter{{IDs: []string{all[1].ID}}, {Body: map[string]string{"n": "2"}}}},
 			[]string{all[1].ID, all[2].ID}},
 	} {
-		var got []string
-		var after int64
-		for pages := 0; ; pages++ {
-			evs, next, err := s.Query(ctx, c.f, Page{After: after, Limit: 4})
-			if err != nil {
-				t.Fatalf("%s: %v", name, err)
+		// Every page, oldest first or newest first, 4 events a page.
+		pageAll := func(newest bool) []string {
+			var ids []string
+			var after int64
+			for pages := 0; ; pages++ {
+				evs, next, err := s.Query(ctx, c.f, Page{After: after, Limit: 4, Newest: newest})
+				if err != nil {
+					t.Fatalf("%s (newest first %v): %v", name, newest, err)
+				}
+				for _, ev := range evs {
+					ids = append(ids, ev.ID)
+				}
+				if next == 0 {
+					return ids
+				}
+				if pages > 10 {
+					t.Fatalf("%s (newest first %v): pages never end", name, newest)
+				}
+				after = next
 			}
-			for _, ev := range evs {
-				got = append(got, ev.ID)
-			}
-			if next == 0 {
-				break
-			}
-			if pages > 10 {
-				t.Fatalf("%s: pages never end", name)
-			}
-			after = next
 		}
+		got := pageAll(false)
 		if !slices.Equal(got, c.want) {
 			t.Errorf("%s: got %d events %v, want %d %v", name, len(got), got, len(c.want), c.want)
 		}
 		// Newest first: the same events, the other way, paged the same.
-		var back []string
-		after = 0
-		for pages := 0; ; pages++ {
-			evs, next, err := s.Query(ctx, c.f, Page{After: after, Limit: 4, Newest: true})
-			if err != nil {
-				t.Fatalf("%s newest first: %v", name, err)
-			}
-			for _, ev := range evs {
-				back = append(back, ev.ID)
-			}
-			if next == 0 {
-				break
-			}
-			if pages > 10 {
-				t.Fatalf("%s newest first: pages never end", name)
-			}
-			after = next
-		}
+		back := pageAll(true)
 		slices.Reverse(back)
 		if !slices.Equal(back, c.want) {
 			t.Errorf("%s newest first, reversed: got %v, want %v", name, back, c.want)
