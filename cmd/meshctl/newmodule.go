@@ -74,20 +74,17 @@ type scaffoldData struct {
 // scaffoldFuncs render a grant list as mesh.yaml (yamlList) and as Go
 // (goList) write it.
 var scaffoldFuncs = template.FuncMap{
-	"yamlList": func(l []string) string {
-		q := make([]string, len(l))
-		for i, s := range l {
-			q[i] = strconv.Quote(s)
-		}
-		return "[" + strings.Join(q, ", ") + "]"
-	},
-	"goList": func(l []string) string {
-		q := make([]string, len(l))
-		for i, s := range l {
-			q[i] = strconv.Quote(s)
-		}
-		return "[]string{" + strings.Join(q, ", ") + "}"
-	},
+	"yamlList": func(l []string) string { return "[" + quotedList(l) + "]" },
+	"goList":   func(l []string) string { return "[]string{" + quotedList(l) + "}" },
+}
+
+// quotedList is l's items quoted and joined by ", ".
+func quotedList(l []string) string {
+	q := make([]string, len(l))
+	for i, s := range l {
+		q[i] = strconv.Quote(s)
+	}
+	return strings.Join(q, ", ")
 }
 
 func newModule(c *cli.Context) error {
