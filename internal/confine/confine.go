@@ -37,6 +37,11 @@ type Options struct {
 	// binary needs only to be executable by the user, not reachable
 	// along its path.
 	User *User
+	// Network, when not nil, confines the process's network to it
+	// (nothing by default): TCP by Landlock's network rules where the
+	// kernel has them (NetworkABI), and, for a process granted nothing,
+	// no IPv4 or IPv6 socket at all by a system-call filter.
+	Network *Network
 }
 
 // User is a uid and a gid, with no other group.
@@ -60,6 +65,15 @@ func Command(launcher string, o Options) []string {
 	if o.User != nil {
 		argv = append(argv, "--user", fmt.Sprintf("%d:%d", o.User.UID, o.User.GID))
 	}
+	if o.Network != nil {
+		argv = append(argv, "--network", "confined")
+		for _, p := range portsArg(o.Network.Connect) {
+			argv = append(argv, "--connect", p)
+		}
+		for _, p := range portsArg(o.Network.Bind) {
+			argv = append(argv, "--bind", p)
+		}
+	}
 	return append(argv, "--")
 }
 
@@ -69,6 +83,19 @@ func Command(launcher string, o Options) []string {
 func Main(args []string) error {
 	var deny, allow []string
 	var user *User
+	var network *Network
+	ports := func(arg, v string, to func(*Network) *[]Ports) error {
+		if network == nil {
+			return fmt.Errorf("confine: %s before --network", arg)
+		}
+		p, err := ParsePorts(v)
+		if err != nil {
+			return fmt.Errorf("confine: %s: %w", arg, err)
+		}
+		list := to(network)
+		*list = append(*list, p)
+		return nil
+	}
 	for len(args) > 0 && args[0] != "--" {
 		if len(args) < 2 {
 			return fmt.Errorf("confine: %s needs a path", args[0])
@@ -86,6 +113,19 @@ func Main(args []string) error {
 				return fmt.Errorf("confine: --user %q: want UID:GID", args[1])
 			}
 			user = &User{UID: uint32(u), GID: uint32(g)}
+		case "--network":
+			if args[1] != "confined" {
+				return fmt.Errorf("confine: --network %q: want confined", args[1])
+			}
+			network = &Network{}
+		case "--connect":
+			if err := ports(args[0], args[1], func(n *Network) *[]Ports { return &n.Connect }); err != nil {
+				return err
+			}
+		case "--bind":
+			if err := ports(args[0], args[1], func(n *Network) *[]Ports { return &n.Bind }); err != nil {
+				return err
+			}
 		default:
 			return fmt.Errorf("confine: unknown argument %q", args[0])
 		}
@@ -102,7 +142,7 @@ func Main(args []string) error {
 	if err != nil {
 		return err
 	}
-	return restrictAndExec(rules, user, binary, args[1:])
+	return restrictAndExec(rules, user, network, binary, args[1:])
 }
 
 // Rule grants every access Landlock governs beneath Path (a directory)

@@ -24,6 +24,10 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(111)
 	}
+	if len(os.Args) > 1 && os.Args[1] == netProbeArg {
+		netProbe(os.Args[2:])
+		os.Exit(0)
+	}
 	os.Exit(m.Run())
 }
 

@@ -65,14 +65,23 @@ func handled(v int) uint64 {
 	return fs
 }
 
-// restrictAndExec confines the process to rules, takes user on (if not
-// nil) and executes binary. The restriction and the user are this
+// netPortAttr is struct landlock_net_port_attr.
+type netPortAttr struct {
+	allowed uint64
+	port    uint64
+}
+
+// ruleNetPort is LANDLOCK_RULE_NET_PORT.
+const ruleNetPort = 2
+
+// restrictAndExec confines the process to rules (and to network, if not
+// nil), takes user on (if not nil) and executes binary. The restriction and the user are this
 // thread's, which then executes the binary, so the new program (and all
 // it starts) is confined; from Landlock version 6 on, it can neither
 // signal nor reach the abstract unix sockets of processes outside its
 // domain (meshd, other modules) either. The binary is opened before the
 // user changes and executed through its descriptor.
-func restrictAndExec(rules []Rule, user *User, binary string, argv []string) error {
+func restrictAndExec(rules []Rule, user *User, network *Network, binary string, argv []string) error {
 	goruntime.LockOSThread()
 	v := ABI()
 	if v < 1 {
@@ -86,6 +95,10 @@ func restrictAndExec(rules []Rule, user *User, binary string, argv []string) err
 	}
 	attr := rulesetAttr{handledFS: handled(v)}
 	size := unsafe.Sizeof(attr.handledFS)
+	if network != nil && v >= NetworkABI {
+		attr.handledNet = unix.LANDLOCK_ACCESS_NET_BIND_TCP | unix.LANDLOCK_ACCESS_NET_CONNECT_TCP
+		size = unsafe.Offsetof(attr.scoped)
+	}
 	if v >= 6 {
 		attr.scoped = unix.LANDLOCK_SCOPE_SIGNAL | unix.LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET
 		size = unsafe.Sizeof(attr)
@@ -113,8 +126,28 @@ func restrictAndExec(rules []Rule, user *User, binary string, argv []string) err
 			return fmt.Errorf("confine: grant %s: %w", r.Path, errno)
 		}
 	}
+	if attr.handledNet != 0 {
+		for _, g := range []struct {
+			ports []Ports
+			right uint64
+		}{{network.Connect, unix.LANDLOCK_ACCESS_NET_CONNECT_TCP}, {network.Bind, unix.LANDLOCK_ACCESS_NET_BIND_TCP}} {
+			for _, r := range g.ports {
+				for p := int(r.Lo); p <= int(r.Hi); p++ {
+					np := netPortAttr{allowed: g.right, port: uint64(p)}
+					if _, _, errno := unix.Syscall6(unix.SYS_LANDLOCK_ADD_RULE, fd, ruleNetPort, uintptr(unsafe.Pointer(&np)), 0, 0, 0); errno != 0 {
+						return fmt.Errorf("confine: grant TCP port %d: %w", p, errno)
+					}
+				}
+			}
+		}
+	}
 	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 		return fmt.Errorf("confine: no new privileges: %w", err)
+	}
+	if network != nil {
+		if err := filterNetwork(network.Closed()); err != nil {
+			return err
+		}
 	}
 	if _, _, errno := unix.Syscall(unix.SYS_LANDLOCK_RESTRICT_SELF, fd, 0, 0); errno != 0 {
 		return fmt.Errorf("confine: restrict: %w", errno)
