@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"time"
@@ -39,7 +40,7 @@ func configCheck(c *cli.Context) error {
 		fmt.Fprintf(c.App.Writer, "config ok: node %s, %s\n", f.Node, modules)
 		return nil
 	}
-	if err := checkBinaries(c.Context, f, c.String("config")); err != nil {
+	if err := checkBinaries(c.Context, c.App.Writer, f, c.String("config")); err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
 	fmt.Fprintf(c.App.Writer, "config ok: node %s, %s; each binary described itself within its entry's grants, of a module protocol this meshd serves (%s)\n",
@@ -48,7 +49,7 @@ func configCheck(c *cli.Context) error {
 }
 
 // checkBinaries describes each module of f and holds it to its entry.
-func checkBinaries(ctx context.Context, f nodeconfig.File, configPath string) error {
+func checkBinaries(ctx context.Context, out io.Writer, f nodeconfig.File, configPath string) error {
 	// The modules' directories are made in a state dir of the check's own,
 	// thrown away after; the node's own (and the config) stay closed to
 	// them, as under meshd run.
@@ -61,6 +62,7 @@ func checkBinaries(ctx context.Context, f nodeconfig.File, configPath string) er
 	if err != nil {
 		return err
 	}
+	iso.out = out
 	defer iso.close()
 	// The node's own state dir, defaulted as meshd run defaults it.
 	if dir := f.Runtime().Resolved().StateDir; dir != "" {
@@ -80,9 +82,11 @@ func checkBinaries(ctx context.Context, f nodeconfig.File, configPath string) er
 func checkBinary(ctx context.Context, node string, iso *isolation, i int, m nodeconfig.Module, log *slog.Logger) error {
 	entry := fmt.Sprintf("modules[%d] (%s, %s)", i, m.Name, m.Path)
 	mc := m.ModuleConfig()
-	if _, err := iso.apply(node, i, m, &mc); err != nil {
+	h, err := iso.apply(node, i, m, &mc)
+	if err != nil {
 		return err
 	}
+	iso.report(entry, h)
 	ctx, cancel := context.WithTimeout(ctx, describeTimeout)
 	defer cancel()
 	d, err := runtime.DescribeModule(ctx, m.Path, m.Args, mc, log)

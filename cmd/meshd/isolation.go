@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -32,12 +34,37 @@ type isolation struct {
 	// tmp holds a confined module's own TMPDIR (tmp/NAME); removed when
 	// meshd stops.
 	tmp string
+	// services are the ports of the node's own services (the broker's
+	// AMQP and management ports, meshd's HTTP): a module granted one of
+	// them is warned of.
+	services map[uint16]string
+	// resolve looks a host up (net.DefaultResolver's, by default).
+	resolve func(ctx context.Context, host string) ([]string, error)
+	// out, when not nil, is where config check says how each module
+	// would run.
+	out io.Writer
+}
+
+// shared are directories every process of the host may write and list,
+// closed to a confined module: its TMPDIR is its own.
+var shared = []string{"/dev/shm", "/var/tmp"}
+
+// report says, for config check, how the module of entry would run and
+// what of its grants an operator should know of.
+func (iso *isolation) report(entry string, h how) {
+	if iso.out == nil {
+		return
+	}
+	fmt.Fprintf(iso.out, "%s: runs as %s\n", entry, h)
+	for _, w := range h.warnings {
+		fmt.Fprintf(iso.out, "%s: warning: %s\n", entry, w)
+	}
 }
 
 // newIsolation gathers what isolating f's modules needs.
 func newIsolation(f nodeconfig.File, stateDir, configPath string) (*isolation, error) {
-	iso := &isolation{stateDir: stateDir, landlock: confine.ABI()}
-	for _, p := range []string{stateDir, configPath, f.AMQPPasswordFile, f.TLS.KeyFile} {
+	iso := &isolation{stateDir: stateDir, landlock: confine.ABI(), services: servicePorts(f), resolve: net.DefaultResolver.LookupHost}
+	for _, p := range append([]string{stateDir, configPath, f.AMQPPasswordFile, f.TLS.KeyFile}, shared...) {
 		if p != "" {
 			iso.secrets = append(iso.secrets, p)
 		}
@@ -61,6 +88,10 @@ func (iso *isolation) close() {
 type how struct {
 	user     string // "" for meshd's
 	confined bool
+	network  string // what network it has, as logged
+	// warnings are what its entry grants that an operator should know
+	// of (a port of the node's own services).
+	warnings []string
 }
 
 func (h how) String() string {
@@ -69,9 +100,11 @@ func (h how) String() string {
 		who = "its own user " + h.user
 	}
 	if h.confined {
-		return who + ", confined by Landlock"
+		who += ", confined by Landlock"
+	} else {
+		who += ", without Landlock"
 	}
-	return who + ", without Landlock"
+	return who + ", network: " + h.network
 }
 
 // apply sets, in mc, who module m of entry i runs as and how it is
@@ -104,13 +137,19 @@ func (iso *isolation) apply(node string, i int, m nodeconfig.Module, mc *runtime
 		}
 		mc.RunAs = cred
 	}
+	network, err := m.Network.Confine()
+	if err != nil {
+		return how{}, fmt.Errorf("modules[%d].network.%w", i, err)
+	}
 	if iso.landlock < 1 {
+		h.network = "open (no Landlock)"
 		return h, nil
 	}
+	h.network, h.warnings = iso.describeNetwork(m), iso.networkWarnings(m)
 	if mc.TempDir, err = iso.tempDir(m.Name, cred); err != nil {
 		return how{}, fmt.Errorf("modules[%d] (%s): its TMPDIR: %w", i, m.Name, err)
 	}
-	o := confine.Options{Deny: iso.secrets, Allow: []string{mc.Dir, mc.TempDir}}
+	o := confine.Options{Deny: iso.secrets, Allow: []string{mc.Dir, mc.TempDir}, Network: &network}
 	if cred != nil {
 		o.User = &confine.User{UID: cred.UID, GID: cred.GID}
 	}
@@ -233,6 +272,11 @@ func logProtections(log *slog.Logger, iso *isolation, configPath string, running
 	}
 	log.Info("module isolation", "meshd_undumpable", undumpable, "module_connections", "mutual TLS", "module_env", "allow-list",
 		"landlock", iso.landlock, "modules", modules)
+	for name, l := range running {
+		for _, w := range l.how.warnings {
+			log.Warn(w, "module", name)
+		}
+	}
 	switch {
 	case root && len(asMeshd) > 0:
 		log.Warn("modules run as root (user: root): they can do anything on this host", "modules", asMeshd)

@@ -160,6 +160,9 @@ type Module struct {
 	// SkipBodyValidation does not validate the module's emitted bodies
 	// against its declared schemas (x-schema is still set from them).
 	SkipBodyValidation bool `yaml:"skip_body_validation"`
+	// Network is what the module process may reach over the network:
+	// nothing by default (docs/security.md).
+	Network Network `yaml:"network"`
 	// Config is the module's own settings (the dispatcher's triggers, the
 	// agent's tools), handed to the module process as JSON
 	// (sdk/process.Settings). Not taken from defaults.
@@ -344,6 +347,9 @@ func (f File) Validate() error {
 	if f.Defaults.Name != "" || f.Defaults.Path != "" || len(f.Defaults.Args) > 0 || f.Defaults.Config != nil || f.Defaults.User != "" {
 		errs = append(errs, errors.New("defaults: name, path, args, user and config belong to each module, not to the defaults"))
 	}
+	if len(f.Defaults.Network.Connect)+len(f.Defaults.Network.Bind) > 0 {
+		errs = append(errs, errors.New("defaults.network: the network is granted module by module (network: in an entry)"))
+	}
 	names := make(map[string]int)
 	for i, m := range f.Modules {
 		field := fmt.Sprintf("modules[%d]", i)
@@ -376,6 +382,9 @@ func (f File) Validate() error {
 			errs = append(errs, fmt.Errorf("%s.path: %w", field, err))
 		} else if st.IsDir() || st.Mode()&0o111 == 0 {
 			errs = append(errs, fmt.Errorf("%s.path: %s is not an executable file", field, m.Path))
+		}
+		if _, _, err := m.Network.Parse(); err != nil {
+			errs = append(errs, fmt.Errorf("%s.network.%w", field, err))
 		}
 		if m.Config != nil {
 			if _, err := json.Marshal(m.Config); err != nil {

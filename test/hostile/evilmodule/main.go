@@ -63,6 +63,10 @@ type settings struct {
 	// declared schema's version, or another).
 	Body    json.RawMessage `json:"body"`
 	Version string          `json:"version"`
+	// AMQP is a broker URL the "network" attack dials as a client of its
+	// own; Connect are the HOST:PORTs it connects to over TCP.
+	AMQP    string   `json:"amqp"`
+	Connect []string `json:"connect"`
 }
 
 var (
@@ -221,6 +225,8 @@ func (s *server) attack() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	switch cfg.Attack {
+	case "network":
+		network()
 	case "name":
 		res, err := s.host.Emit(ctx, &pb.EmitBatch{Emits: []*pb.Emit{{Name: "invoice.sent", Body: []byte(`{}`)}}})
 		report("emit as claimed name", fmt.Sprint(res), err)
