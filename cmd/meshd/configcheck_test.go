@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/meshkit/mesh/internal/confine"
 	"github.com/meshkit/mesh/internal/testdir"
 )
 
@@ -70,8 +71,12 @@ func TestConfigCheckHoldsBinariesToTheirEntries(t *testing.T) {
     tools: ["audit.*"]
     dead_letters: ["#"]
 `, tax, notifier, dispatcher, dispatch, audit)
-	if out, err := check(good); err != nil || !strings.Contains(out, "config ok: node anchor, 4 modules; each binary described itself") {
+	out, err := check(good)
+	if err != nil || !strings.Contains(out, "config ok: node anchor, 4 modules; each binary described itself") {
 		t.Fatalf("a config granting what each binary declares: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, "modules[0] (tax, "+tax+"): runs as ") || (confine.ABI() >= confine.NetworkABI && !strings.Contains(out, ", network: none\n")) {
+		t.Errorf("config check does not say how each module runs, network included:\n%s", out)
 	}
 
 	bad := fmt.Sprintf(`modules:
@@ -96,7 +101,7 @@ func TestConfigCheckHoldsBinariesToTheirEntries(t *testing.T) {
     args: ["--history"]
     tools: ["audit.*"]
 `, tax, notifier, dispatcher, dispatch, audit, tax, staleBin, audit)
-	out, err := check(bad)
+	out, err = check(bad)
 	var exit *exec.ExitError
 	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
 		t.Fatalf("config check of a config that grants less than the binaries declare: %v, want exit 1\n%s", err, out)

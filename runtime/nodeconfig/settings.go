@@ -198,6 +198,12 @@ func Settings() []Setting {
 			Doc: "Lets the module emit event names its Emits does not declare (refused by default: Emits is what the mesh's graph shows)."},
 		{Key: "history", Scope: ScopeModule, Default: "false", Bounds: "in a module's entry, not in defaults",
 			Doc: "Grants the module the mesh's history from the stream under history.stream (a History handler: the audit logger with --history); refused without it."},
+		{Key: "network.connect", Scope: ScopeModule, DefaultInWords: true, Default: "none", Bounds: "HOST:PORT or HOST:LOW-HIGH (HOST may be *); in a module's entry, not in defaults",
+			Doc: "Where the module's process may connect over TCP. Landlock (version 4, Linux 6.7, and later) enforces it by port, on any host: the host says what the grant is for, and meshd resolves and logs it at the module's start. A module granted no network may make no IPv4 or IPv6 socket at all (UDP included); one granted some may not use Multipath TCP or SCTP, which Landlock's TCP rules do not govern. meshd warns of a grant of the broker's or its own ports (docs/security.md).",
+			Valid: []string{`["db.internal:5432"]`, `["*:443", "10.0.0.5:8000-8010"]`}, Invalid: []string{`[":5432"]`, `["db:0"]`, `["db:10-5"]`}},
+		{Key: "network.bind", Scope: ScopeModule, DefaultInWords: true, Default: "none", Bounds: "[HOST]:PORT or [HOST]:LOW-HIGH; in a module's entry, not in defaults",
+			Doc: "The TCP ports the module's process may listen on (the host is not enforced: Landlock governs ports); :0 for one the kernel picks.",
+			Valid: []string{`[":8080"]`, `["127.0.0.1:9000-9009"]`}, Invalid: []string{`["8080"]`, `[":70000"]`}},
 		{Key: "skip_body_validation", Scope: ScopeModule, Default: "false",
 			Doc: "Does not validate the module's emitted bodies against the schemas it declares (sdk.Module.Schemas); x-schema is still set from them. For emits too many or too large to pay the validation."},
 

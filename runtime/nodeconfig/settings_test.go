@@ -202,7 +202,8 @@ func TestReferenceIsCurrent(t *testing.T) {
 // TestEntryOnlyKeysRefusedInDefaults: history and required are granted
 // module by module; under defaults: they are refused, naming the key.
 func TestEntryOnlyKeysRefusedInDefaults(t *testing.T) {
-	for key, d := range map[string]nodeconfig.Module{"defaults.history": {History: true}, "defaults.required": {Required: true}} {
+	for key, d := range map[string]nodeconfig.Module{"defaults.history": {History: true}, "defaults.required": {Required: true},
+		"defaults.network": {Network: nodeconfig.Network{Connect: []string{"db:5432"}}}} {
 		f := nodeconfig.File{Node: "n", Defaults: d}
 		if err := f.Validate(); err == nil || !strings.Contains(err.Error(), key) {
 			t.Errorf("%s: %v, want an error naming it", key, err)

@@ -1,6 +1,7 @@
 package nodeconfig_test
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -81,4 +82,49 @@ func FuzzLoadShape(f *testing.F) {
 		}
 		_, _ = nodeconfig.Load(path)
 	})
+}
+
+// TestNetworkGrantsAreRead: an entry's network grants are read as the
+// launcher enforces them, and a malformed one is named by its place.
+func TestNetworkGrantsAreRead(t *testing.T) {
+	n := nodeconfig.Network{Connect: []string{"db.internal:5432", "*:8000-8010", "[::1]:443"}, Bind: []string{":0", "127.0.0.1:9000"}}
+	c, err := n.Confine()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(c.Connect, c.Bind); got != "[5432 8000-8010 443] [0 9000]" {
+		t.Errorf("the ports: %s", got)
+	}
+	for _, c := range []struct {
+		n    nodeconfig.Network
+		want string
+	}{
+		{nodeconfig.Network{Connect: []string{":5432"}}, `connect[0]: ":5432" names no host`},
+		{nodeconfig.Network{Connect: []string{"db"}}, `connect[0]: "db": want HOST:PORT`},
+		{nodeconfig.Network{Connect: []string{"db:0"}}, `connect[0]: "db:0": port 0 is for bind`},
+		{nodeconfig.Network{Connect: []string{"ok:1", "db:10-5"}}, `connect[1]: port range "10-5": 10 is above 5`},
+		{nodeconfig.Network{Bind: []string{":70000"}}, `bind[0]: port "70000"`},
+		{nodeconfig.Network{Connect: []string{"a b:80"}}, `is not a host name`},
+	} {
+		if _, _, err := c.n.Parse(); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: %v, want %q", c.n, err, c.want)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "mesh.yaml")
+	if err := os.WriteFile(path, []byte("node: n\nmodules:\n  - name: a\n    path: /bin/true\n    network: {conect: [\"db:5432\"]}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nodeconfig.Load(path); err == nil || !strings.Contains(err.Error(), "network.conect: no such key; did you mean connect?") {
+		t.Errorf("a typo under network: %v", err)
+	}
+	if err := os.WriteFile(path, []byte("node: n\nmodules:\n  - name: a\n    path: /bin/true\n    network: {connect: [\"db\"]}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, err := nodeconfig.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Validate(); err == nil || !strings.Contains(err.Error(), `modules[0].network.connect[0]: "db"`) {
+		t.Errorf("a grant without a port: %v", err)
+	}
 }
