@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync/atomic"
 
 	goplugin "github.com/hashicorp/go-plugin"
@@ -136,8 +138,12 @@ func CheckGrants(d Description, mc ModuleConfig) error {
 		}
 	}
 	for _, q := range d.Consumes {
-		if !granted(mc.ConsumeGrants, q) {
-			errs = append(errs, fmt.Errorf("%w: the binary consumes the queue %s, which its entry does not grant: add %q to consumes:", sdk.ErrForbidden, q, q))
+		if mc.ConsumeGrants != nil && !slices.ContainsFunc(mc.ConsumeGrants, func(g string) bool { return wire.ConsumeGranted(g, q) }) {
+			own := ""
+			if strings.HasPrefix(q, wire.MeshQueuePrefix) {
+				own = " (the mesh's own queues are granted by their exact name only, never by a wildcard)"
+			}
+			errs = append(errs, fmt.Errorf("%w: the binary consumes the queue %s, which its entry does not grant%s: add %q to consumes:", sdk.ErrForbidden, q, own, q))
 		}
 	}
 	if d.DeadLetters && mc.DeadLetterGrants != nil && len(mc.DeadLetterGrants) == 0 {

@@ -11,6 +11,7 @@ package setup
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/meshkit/mesh/internal/wire"
@@ -125,9 +126,13 @@ func (r *Recorder) Consume(queue string, prefetch int, h any, o wire.HandlerOpti
 	r.mu.Lock()
 	grants := r.consumeGrants
 	r.mu.Unlock()
-	if grants != nil && !slices.ContainsFunc(grants, func(g string) bool { return wire.MatchPattern(g, queue) }) {
-		return fmt.Errorf("consume %q: %w: module %s's entry in mesh.yaml does not grant it (%s): add %q to its consumes:",
-			queue, wire.ErrForbidden, r.module, wire.GrantsHave("consumes", grants), queue)
+	if grants != nil && !slices.ContainsFunc(grants, func(g string) bool { return wire.ConsumeGranted(g, queue) }) {
+		own := ""
+		if strings.HasPrefix(queue, wire.MeshQueuePrefix) {
+			own = " (the mesh's own queues are granted by their exact name only, never by a wildcard)"
+		}
+		return fmt.Errorf("consume %q: %w: module %s's entry in mesh.yaml does not grant it (%s)%s: add %q to its consumes:",
+			queue, wire.ErrForbidden, r.module, wire.GrantsHave("consumes", grants), own, queue)
 	}
 	return r.add(&r.consumes, "consume", "queue already consumed", Entry{Key: queue, Handler: h, Prefetch: prefetch, Options: o})
 }

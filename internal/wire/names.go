@@ -1,6 +1,9 @@
 package wire
 
-import "time"
+import (
+	"strings"
+	"time"
+)
 
 // Exchanges, all durable, declared identically by every node.
 const (
@@ -182,4 +185,20 @@ func Expired(deadline string, now time.Time) (time.Time, bool) {
 		return time.Time{}, false
 	}
 	return t, !now.Before(t)
+}
+
+// MeshQueuePrefix begins the names of the mesh's own queues: the dead
+// letters and unrouted events kept for operators, the history's stream,
+// each node's due and lock queues, the delay levels.
+const MeshQueuePrefix = "mesh."
+
+// ConsumeGranted reports whether a consumes: grant lets a module consume
+// queue: by topic pattern, except that one of the mesh's own queues
+// (MeshQueuePrefix) is granted only by its exact name, never by a
+// wildcard ("#", "mesh.#").
+func ConsumeGranted(grant, queue string) bool {
+	if strings.HasPrefix(queue, MeshQueuePrefix) {
+		return grant == queue
+	}
+	return MatchPattern(grant, queue)
 }

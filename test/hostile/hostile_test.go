@@ -206,6 +206,16 @@ func TestUngrantedQueueAndDeadLetters(t *testing.T) {
 			t.Errorf("consume %s: %v, want ErrForbidden naming consumes:", q, err)
 		}
 	}
+	// A wildcard grant gives every queue its words match but the mesh's
+	// own, which only their exact names grant.
+	for _, q := range []string{"mesh.dead-letters", "mesh.unrouted", "mesh.history", "mesh.node.anchor.due", "mesh.delay.3"} {
+		for _, grant := range []string{"#", "mesh.#", "mesh.*"} {
+			_, _, err := w.load("evil", map[string]any{"attack": "consume", "queue": q}, runtime.ModuleConfig{ConsumeGrants: []string{grant}})
+			if !errors.Is(err, sdk.ErrForbidden) || !strings.Contains(err.Error(), "exact name only") {
+				t.Errorf("consume %s granted %q: %v, want ErrForbidden saying the mesh's own queues are granted by exact name", q, grant, err)
+			}
+		}
+	}
 	_, _, err := w.load("evil", map[string]any{"attack": "deadletters"}, runtime.ModuleConfig{DeadLetterGrants: []string{}})
 	if !errors.Is(err, sdk.ErrForbidden) || !strings.Contains(err.Error(), "dead_letters:") {
 		t.Errorf("dead letters: %v, want ErrForbidden naming dead_letters:", err)
