@@ -240,9 +240,19 @@ type Report struct {
 	Store store.Report `json:"store"`
 	// Checkpoints is each checkpoint the store holds, checked.
 	Checkpoints []CheckpointCheck `json:"checkpoints"`
-	// Problem is the first problem, of the chain or of a checkpoint, in
-	// words; "" when the record is untouched as far as both can tell.
+	// Problem is the first problem, of the chain or of a checkpoint
+	// that counts, in words; "" when the record is untouched as far as
+	// both can tell.
 	Problem string `json:"problem,omitempty"`
+	// Pinned are the key ids whose checkpoints count: those asked for,
+	// else the logger's own; none when neither is known (then no
+	// checkpoint counts, and each is only listed).
+	Pinned []string `json:"pinned"`
+	// Ignored counts the checkpoints held that do not count: unreadable,
+	// badly signed, not published by an audit logger through a verified
+	// broker user, or signed by a key not pinned. Anyone allowed the type
+	// can publish one, so none of them can fail the verification.
+	Ignored int `json:"ignored"`
 	// For a store that indexes the history: FirstOffset is the offset of
 	// the oldest row it keeps from it, Next the offset it reads next. The
 	// stream between them should hold what the rows hold (meshctl audit
@@ -258,12 +268,18 @@ type CheckpointCheck struct {
 	Checkpoint
 	// Verdict is "ok" (the store's row HeadID has hash Head), "other
 	// chain" (of another logger's chain: only its signature is checked),
-	// "bad signature", "unreadable", "untrusted key" (signed by a key not
-	// in the trusted list), "missing" (the row it names is not in the
-	// store: rows were deleted), "pruned" (it names a row older than the
-	// store keeps now: retention dropped it) or "differs" (the row it names has
-	// another hash: the chain before it was changed).
+	// "bad signature", "unreadable", "not a logger's" (not published as
+	// the audit logger through a verified broker user), "untrusted key"
+	// (signed by a key not in the trusted list), "missing" (the row it
+	// names is not in the store: rows were deleted), "pruned" (it names a
+	// row older than the store keeps now: retention dropped it) or
+	// "differs" (the row it names has another hash: the chain before it
+	// was changed).
 	Verdict string `json:"verdict"`
+	// Counts says whether the checkpoint counts: signed by a pinned key
+	// and published by an audit logger. Only one that counts can fail
+	// the verification; the others are listed.
+	Counts bool `json:"counts"`
 }
 
 // Verdicts of a CheckpointCheck.
@@ -273,6 +289,7 @@ const (
 	VerdictBadSignature = "bad signature"
 	VerdictUnreadable   = "unreadable"
 	VerdictUntrusted    = "untrusted key"
+	VerdictNotALoggers  = "not a logger's"
 	VerdictMissing      = "missing"
 	VerdictPruned       = "pruned"
 	VerdictDiffers      = "differs"
@@ -280,21 +297,38 @@ const (
 
 // Verify checks the logger's record: the chain, row by row, and every
 // checkpoint the store holds against it. trusted, if not empty, lists
-// the key ids whose checkpoints count; a checkpoint signed by another is
-// reported as untrusted.
+// the key ids whose checkpoints count (a checkpoint signed by another is
+// reported as untrusted); if empty, the logger's own key's count.
 func (l *Logger) Verify(ctx context.Context, trusted []string) (Report, error) {
 	chain, err := l.chain(ctx)
 	if err != nil {
 		return Report{}, err
 	}
-	return VerifyStore(ctx, l.store, chain, trusted)
+	var own ed25519.PublicKey
+	if l.key != nil {
+		own = l.key.Public().(ed25519.PublicKey)
+	}
+	return VerifyStore(ctx, l.store, chain, trusted, own)
 }
 
 // VerifyStore is Verify for a store opened on its own (meshctl audit
 // verify --db): chain is the chain it keeps (HistoryChain, or "own:" and
-// its ChainID).
-func VerifyStore(ctx context.Context, s *store.Store, chain string, trusted []string) (Report, error) {
-	rep := Report{Chain: chain, Checkpoints: []CheckpointCheck{}}
+// its ChainID); own, if not nil, is the public key of the logger that
+// keeps it (PublicKeyOf its key file), whose checkpoints count when
+// trusted is empty. With neither, no checkpoint counts.
+//
+// A checkpoint counts only if it is signed by a pinned key and was
+// published as the audit logger (x-source) by a user the broker verified
+// (user-id): anyone allowed the type may publish one, and one that does
+// not count is listed, never a problem.
+func VerifyStore(ctx context.Context, s *store.Store, chain string, trusted []string, own ed25519.PublicKey) (Report, error) {
+	rep := Report{Chain: chain, Checkpoints: []CheckpointCheck{}, Pinned: trusted}
+	if len(trusted) == 0 && own != nil {
+		rep.Pinned = []string{KeyIDOf(own)}
+	}
+	if rep.Pinned == nil {
+		rep.Pinned = []string{}
+	}
 	var err error
 	if rep.Store, err = s.Verify(ctx); err != nil {
 		return rep, err
@@ -328,8 +362,10 @@ func VerifyStore(ctx context.Context, s *store.Store, chain string, trusted []st
 			return rep, err
 		}
 		for _, ev := range evs {
-			check := checkpointCheck(ctx, s, chain, trusted, stats.OldestArrived, ev)
-			if check.Verdict != VerdictOK && check.Verdict != VerdictOtherChain && check.Verdict != VerdictPruned && rep.Problem == "" {
+			check := checkpointCheck(ctx, s, chain, trusted, rep.Pinned, stats.OldestArrived, ev)
+			if !check.Counts {
+				rep.Ignored++
+			} else if check.Verdict != VerdictOK && check.Verdict != VerdictOtherChain && check.Verdict != VerdictPruned && rep.Problem == "" {
 				rep.Problem = fmt.Sprintf("checkpoint %s (key %s, %s): %s", ev.ID, check.KeyID, check.Time.Format(time.RFC3339), check.Verdict)
 			}
 			rep.Checkpoints = append(rep.Checkpoints, check)
@@ -341,15 +377,21 @@ func VerifyStore(ctx context.Context, s *store.Store, chain string, trusted []st
 	}
 }
 
-func checkpointCheck(ctx context.Context, s *store.Store, chain string, trusted []string, oldest time.Time, ev store.Event) CheckpointCheck {
+// checkpointCheck checks the checkpoint ev against the store; it counts
+// if its key is one of pinned and ev was published as the logger by a
+// verified user.
+func checkpointCheck(ctx context.Context, s *store.Store, chain string, trusted, pinned []string, oldest time.Time, ev store.Event) CheckpointCheck {
 	check := CheckpointCheck{EventID: ev.ID}
 	if err := json.Unmarshal(ev.Body, &check.Checkpoint); err != nil {
 		check.Verdict = VerdictUnreadable
 		return check
 	}
+	check.Counts = ev.Source == Name && ev.UserID != "" && contains(pinned, check.KeyID)
 	switch {
 	case !check.Valid():
-		check.Verdict = VerdictBadSignature
+		check.Verdict, check.Counts = VerdictBadSignature, false
+	case ev.Source != Name || ev.UserID == "":
+		check.Verdict = VerdictNotALoggers
 	case len(trusted) > 0 && !contains(trusted, check.KeyID):
 		check.Verdict = VerdictUntrusted
 	case check.Chain != chain:
@@ -379,6 +421,19 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// PublicKeyOf reads the public half of the signing key at path (as
+// LoadKey reads it, without making one).
+func PublicKeyOf(path string) (ed25519.PublicKey, error) {
+	if _, err := os.Stat(path); err != nil {
+		return nil, fmt.Errorf("read the audit signing key: %w", err)
+	}
+	k, err := LoadKey(path)
+	if err != nil {
+		return nil, err
+	}
+	return k.Public().(ed25519.PublicKey), nil
 }
 
 // MoveAside renames the database at path, and its -wal and -shm files,

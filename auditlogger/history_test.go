@@ -289,7 +289,11 @@ func TestRecomputedChainIsCaughtByACheckpoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	rep, err := auditlogger.VerifyStore(ctx, s, auditlogger.HistoryChain, nil)
+	own, err := auditlogger.PublicKeyOf(db + ".key")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := auditlogger.VerifyStore(ctx, s, auditlogger.HistoryChain, nil, own)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -300,7 +304,7 @@ func TestRecomputedChainIsCaughtByACheckpoint(t *testing.T) {
 		t.Fatalf("the checkpoint did not catch the recomputed chain: %+v", rep)
 	}
 	// Trusting another key only, the checkpoint does not count.
-	rep, err = auditlogger.VerifyStore(ctx, s, auditlogger.HistoryChain, []string{"0000000000000000"})
+	rep, err = auditlogger.VerifyStore(ctx, s, auditlogger.HistoryChain, []string{"0000000000000000"}, own)
 	if err != nil || rep.Checkpoints[0].Verdict != auditlogger.VerdictUntrusted {
 		t.Fatalf("a checkpoint of an untrusted key: %+v, %v", rep, err)
 	}

@@ -392,6 +392,13 @@ func historyEventOf(n *Node, d amqp.Delivery) sdk.Event {
 	if err == nil {
 		err = oerr
 	}
+	if d.Exchange == "" {
+		// Every event reaches the stream through its binding to
+		// mesh.events; a message sent straight into it (any node's user
+		// may, through the default exchange) is no event of the mesh,
+		// whatever its headers say, and no consumer ever saw it.
+		err = &wire.MalformedError{Reason: fmt.Sprintf("sent straight into the history's stream (by user %q), not through %s: no event of the mesh", d.UserId, wire.ExchangeEvents)}
+	}
 	if err == nil {
 		err = wire.ValidateEventType(o.eventType)
 	}

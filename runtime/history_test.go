@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -250,6 +251,12 @@ func TestHistorySkipsMarkersAndFlagsMalformed(t *testing.T) {
 		}
 	}
 	publish("", "mesh.history", amqp.Publishing{UserId: "guest", Headers: amqp.Table{wire.HeaderHistoryMarker: "r1"}})
+	// A forgery sent straight into the stream by a verified user, in the
+	// shape of an event of billing's with the runtime's routing-key
+	// header: it never went through mesh.events, no consumer saw it.
+	publish("", "mesh.history", amqp.Publishing{UserId: "guest", ContentType: "application/json", Body: []byte(`{"forged":true}`), Headers: amqp.Table{
+		wire.HeaderRoutingKey: "module.billing.invoice.paid", "x-event-id": "01J00000000000000000000009", "x-source": "billing", "x-node": "alpha",
+		"x-time": time.Now().UTC().Format(time.RFC3339)}})
 	publish(wire.ExchangeEvents, "module.x.y", amqp.Publishing{Headers: amqp.Table{"x-foo": int32(7)}, Body: []byte("not json")})
 	r := newHistoryReader(-1)
 	load(t, n, sdk.Module{Name: "reader", History: r.history()}, runtime.ModuleConfig{})
@@ -259,7 +266,13 @@ func TestHistorySkipsMarkersAndFlagsMalformed(t *testing.T) {
 			if _, ok := ev.Headers[wire.HeaderHistoryMarker]; ok {
 				t.Fatalf("the marker reached the handler: %+v", ev)
 			}
+			if ev.ID == "01J00000000000000000000009" && (ev.DeadReason != wire.DeadReasonMalformed || !strings.Contains(ev.DeadError, "not through mesh.events")) {
+				t.Fatalf("a message sent straight into the history's stream taken as an event: %+v", ev)
+			}
 			if ev.Type == "module.x.y" {
+				if !slices.ContainsFunc(r.snapshot(), func(e sdk.Event) bool { return e.ID == "01J00000000000000000000009" }) {
+					t.Fatalf("the forgery, before module.x.y on the stream, never reached the handler: %+v", r.snapshot())
+				}
 				if ev.DeadReason != wire.DeadReasonMalformed || ev.DeadError == "" || ev.Headers["x-foo"] != "7" || string(ev.Body) != "not json" {
 					t.Fatalf("malformed message as %+v", ev)
 				}

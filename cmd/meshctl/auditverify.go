@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -69,7 +70,8 @@ func auditVerify(c *cli.Context) error {
 			}
 			chain = "own:" + id
 		}
-		if rep, err = auditlogger.VerifyStore(c.Context, s, chain, c.StringSlice("key")); err != nil {
+		own, _ := auditlogger.PublicKeyOf(path + ".key") // the logger's own, where it is readable
+		if rep, err = auditlogger.VerifyStore(c.Context, s, chain, c.StringSlice("key"), own); err != nil {
 			return err
 		}
 		rows = func(ids []string) ([]store.Event, error) {
@@ -142,11 +144,25 @@ func printVerify(c *cli.Context, rep auditlogger.Report) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "CHECKPOINT\tSIGNED\tKEY\tCHAIN\tHEAD ROW\tVERDICT")
+	fmt.Fprintln(tw, "CHECKPOINT\tSIGNED\tKEY\tCHAIN\tHEAD ROW\tVERDICT\tCOUNTS")
 	for _, cp := range rep.Checkpoints {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", escape(cp.EventID), timeText(cp.Time), escape(cp.KeyID), escape(cp.Chain), escape(cp.HeadID), escape(cp.Verdict))
+		counts := "no"
+		if cp.Counts {
+			counts = "yes"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", escape(cp.EventID), timeText(cp.Time), escape(cp.KeyID), escape(cp.Chain), escape(cp.HeadID), escape(cp.Verdict), counts)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(rep.Pinned) == 0 {
+		fmt.Fprintln(w, "no key is pinned (the logger's key file is not readable here): the checkpoints are listed, none counts; pin the loggers' keys with --key KEY_ID")
+	}
+	if rep.Ignored > 0 {
+		fmt.Fprintf(w, "%d checkpoints do not count (unreadable, badly signed, not published by an audit logger, or of a key not pinned: --key %s pins more); anyone allowed the type can publish one\n",
+			rep.Ignored, escape(strings.Join(rep.Pinned, " --key ")))
+	}
+	return nil
 }
 
 // streamCheck is what verify --history found comparing the index with the

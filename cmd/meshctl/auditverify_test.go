@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/ed25519"
+	"crypto/rand"
 	"database/sql"
 	"encoding/json"
 	"errors"
@@ -82,6 +84,35 @@ func TestAuditVerify(t *testing.T) {
 	var rep auditlogger.Report
 	if err := json.Unmarshal([]byte(out), &rep); code != 0 || err != nil || rep.Problem != "" || rep.Store.Rows < 6 || len(rep.Checkpoints) != 1 {
 		t.Fatalf("verify --json: exit %d, %v\n%s", code, err, out)
+	}
+
+	// Forged checkpoints, published as the logger by a node allowed the
+	// type: one with a garbage signature, one well signed by a key of the
+	// forger's own that says the chain differs. Neither counts: verify
+	// still passes, and lists them.
+	_, forger, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	garbage := rep.Checkpoints[0].Checkpoint
+	garbage.Signature = []byte("garbage")
+	lie := auditlogger.Checkpoint{Chain: rep.Chain, HeadID: ids[0], Head: strings.Repeat("0", 64), Rows: 1, Time: time.Now().UTC(),
+		PublicKey: forger.Public().(ed25519.PublicKey), KeyID: auditlogger.KeyIDOf(forger.Public().(ed25519.PublicKey))}
+	lie.Signature = ed25519.Sign(forger, mustJSON(t, lie))
+	for _, cp := range []auditlogger.Checkpoint{garbage, lie} {
+		if _, err := node.Emit(ctx, auditlogger.Name, auditlogger.CheckpointType, cp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitRows(3, auditlogger.CheckpointType)
+	out, code = run("audit", "verify")
+	if code != 0 || !strings.Contains(out, "2 checkpoints do not count") || !strings.Contains(out, auditlogger.VerdictBadSignature) || !strings.Contains(out, auditlogger.VerdictDiffers) {
+		t.Fatalf("verify with two forged checkpoints held: exit %d, want 0 listing them\n%s", code, out)
+	}
+	// Pinning the forger's key makes its checkpoint count: the auditor's
+	// choice, not the forger's.
+	if out, code = run("audit", "verify", "--key", lie.KeyID); code != 1 || !strings.Contains(out, auditlogger.VerdictDiffers) {
+		t.Fatalf("verify pinning the forger's key: exit %d, want 1\n%s", code, out)
 	}
 	if err := logger.Stop(ctx); err != nil {
 		t.Fatal(err)
@@ -208,4 +239,16 @@ func runExit(ctx context.Context, t *testing.T, bin, url string, args ...string)
 		t.Fatal(err)
 	}
 	return string(out), 0
+}
+
+// mustJSON is what a checkpoint's signature covers: its JSON without the
+// signature.
+func mustJSON(t *testing.T, cp auditlogger.Checkpoint) []byte {
+	t.Helper()
+	cp.Signature = nil
+	b, err := json.Marshal(cp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
