@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -29,36 +30,43 @@ import (
 	"github.com/meshkit/mesh/runtime"
 )
 
-// consoleCommand is `meshctl console`: the web console.
+// consoleCommand is `meshctl console`: the web console, and its
+// operators' tokens (meshctl console token).
 func consoleCommand() *cli.Command {
 	return &cli.Command{
 		Name: "console",
 		Usage: "serve the web console: overview, graph, audit log, dead letters and unrouted events, dispatcher, live events " +
-			"(loopback only unless --addr says otherwise, and then with a token)",
+			"(a token always: the one-time login URL it prints, an operator's token from meshctl console token add, or --token-file)",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "addr", Value: "127.0.0.1:8080", EnvVars: []string{"MESH_CONSOLE_ADDR"},
-				Usage: "listen on `HOST:PORT`; off loopback a token is required (from --token-file, or made and printed once)"},
+				Usage: "listen on `HOST:PORT`; off loopback give --tls-cert and --tls-key, or put TLS in front"},
+			consoleTokensFlag(),
 			&cli.StringFlag{Name: "token-file", EnvVars: []string{"MESH_CONSOLE_TOKEN_FILE"},
-				Usage: "require the token in `FILE` (its first line), on loopback too"},
-			&cli.BoolFlag{Name: "read-only", Usage: "refuse every action (replay, purge, pause, resume): the pages only show"},
+				Usage: "accept the token in `FILE` (its first line, at least 16 characters), logged as token-file"},
+			&cli.BoolFlag{Name: "read-only", Usage: "refuse every action (replay, purge, pause, resume), whatever the token: the pages only show"},
+			&cli.StringFlag{Name: "tls-cert", EnvVars: []string{"MESH_CONSOLE_TLS_CERT"},
+				Usage: "serve HTTPS with this certificate, a PEM `FILE` (with --tls-key; not --tls-cert-file, the broker's client certificate)"},
+			&cli.StringFlag{Name: "tls-key", EnvVars: []string{"MESH_CONSOLE_TLS_KEY"},
+				Usage: "the key of --tls-cert, a PEM `FILE`"},
 			&cli.StringFlag{Name: "public-url", EnvVars: []string{"MESH_CONSOLE_PUBLIC_URL"},
 				Usage: "the console's `URL` as browsers reach it through a proxy (https://console.example): it answers to that host, and takes actions from that origin"},
 			&cli.StringFlag{Name: "management-url", EnvVars: []string{"MESH_MANAGEMENT_URL"},
 				Usage: "the broker's management API, http(s)://HOST:PORT, for queues, rates and alarms (default: the AMQP host, port 15672; the AMQP URL's user)"},
 		},
-		Action: serveConsole,
+		Action:      serveConsole,
+		Subcommands: []*cli.Command{consoleTokenCommand()},
 	}
 }
 
 func serveConsole(c *cli.Context) error {
 	if c.NArg() > 0 {
-		return usagef("console takes no arguments, got %q", c.Args().Slice())
+		return usagef("console takes no arguments (or the subcommand token), got %q", c.Args().Slice())
 	}
 	addr := c.String("addr")
 	if _, _, err := net.SplitHostPort(addr); err != nil {
 		return usagef("--addr %q: want HOST:PORT", addr)
 	}
-	token := ""
+	token, tokenName := "", ""
 	if f := c.String("token-file"); f != "" {
 		b, err := os.ReadFile(f)
 		if err != nil {
@@ -68,10 +76,43 @@ func serveConsole(c *cli.Context) error {
 		if token = strings.TrimSpace(token); len(token) < 16 {
 			return usagef("--token-file %s: the token must be at least 16 characters", f)
 		}
+		tokenName = "token-file"
 	}
-	generated := false
-	if token == "" && !console.IsLoopback(addr) {
-		token, generated = console.NewToken(), true
+	// The operators' tokens: read now, to refuse a bad file at once, then
+	// at each request that carries a token (a stat, and a read when the
+	// file changed), so that a token added or revoked counts without a
+	// restart.
+	var tokens func() ([]console.Token, error)
+	tf, err := consoleTokenFile(c)
+	if err != nil && c.String("tokens") != "" {
+		return err
+	}
+	operators := 0
+	if tf != nil {
+		ts, err := tf.Tokens()
+		if err != nil {
+			return fmt.Errorf("--tokens: %w", err)
+		}
+		operators, tokens = len(ts), tf.Tokens
+	}
+	// Without a token of the operator's choosing, the console prints a
+	// one-time login URL; off loopback, as before, a token too, for
+	// scripts (meshctl console token add makes one of their own).
+	login := token == "" && operators == 0
+	printed := false
+	if login && !console.IsLoopback(addr) {
+		token, tokenName, printed = console.NewToken(), "printed-token", true
+	}
+	var tlsConfig *tls.Config
+	switch cert, key := c.String("tls-cert"), c.String("tls-key"); {
+	case (cert == "") != (key == ""):
+		return usagef("--tls-cert and --tls-key go together")
+	case cert != "":
+		pair, err := tls.LoadX509KeyPair(cert, key)
+		if err != nil {
+			return fmt.Errorf("--tls-cert, --tls-key: %w", err)
+		}
+		tlsConfig = &tls.Config{Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}
 	}
 	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -92,7 +133,7 @@ func serveConsole(c *cli.Context) error {
 		names = append(names, net.JoinHostPort(h, port))
 	}
 	srv, err := console.New(console.Config{Mesh: m, Addr: ln.Addr().String(), Names: names, PublicURL: c.String("public-url"),
-		Token: token, ReadOnly: c.Bool("read-only"), Who: m.who, Logger: logger})
+		Token: token, TokenName: tokenName, Tokens: tokens, ReadOnly: c.Bool("read-only"), Who: m.who, Logger: logger})
 	if err != nil {
 		ln.Close()
 		return err
@@ -101,17 +142,38 @@ func serveConsole(c *cli.Context) error {
 	base, cancelBase := context.WithCancel(context.Background())
 	defer cancelBase()
 	defer srv.Close()
-	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return base }}
+	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return base },
+		TLSConfig: tlsConfig, ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
 	mode := ""
 	if c.Bool("read-only") {
 		mode = " (read-only)"
 	}
-	fmt.Fprintf(c.App.Writer, "meshctl console on http://%s/%s\n", ln.Addr(), mode)
-	if generated {
+	scheme := "http"
+	if tlsConfig != nil {
+		scheme = "https"
+	}
+	fmt.Fprintf(c.App.Writer, "meshctl console on %s://%s/%s\n", scheme, ln.Addr(), mode)
+	if printed {
 		fmt.Fprintf(c.App.Writer, "token (shown once; give --token-file to choose one): %s\n", token)
 	}
+	if login {
+		at := scheme + "://" + ln.Addr().String()
+		if u := c.String("public-url"); u != "" {
+			at = u
+		}
+		fmt.Fprintf(c.App.Writer, "log in (this URL works once, for %d minutes): %s\n", int(console.LoginCodeTTL.Minutes()), srv.LoginURL(at))
+	}
+	if tf != nil {
+		logger.Info("console: the operators' tokens", "file", tf.Path(), "tokens", operators)
+	}
 	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(ln) }()
+	go func() {
+		if tlsConfig != nil {
+			errc <- hs.ServeTLS(ln, "", "")
+			return
+		}
+		errc <- hs.Serve(ln)
+	}()
 	select {
 	case err := <-errc:
 		return err

@@ -23,8 +23,9 @@ import (
 // up on while tax was gone, a body it cannot read), starts meshctl console
 // on it and runs this test with
 //
-//	MESH_SCREENSHOTS_URL  the console, http://127.0.0.1:PORT
-//	MESH_SCREENSHOTS_DIR  where the PNGs go (docs/images)
+//	MESH_SCREENSHOTS_URL    the console, http://127.0.0.1:PORT
+//	MESH_SCREENSHOTS_TOKEN  a token of the console's (meshctl console token add)
+//	MESH_SCREENSHOTS_DIR    where the PNGs go (docs/images)
 //
 // It walks the guide's story in Debian's headless Chromium: the overview's
 // unhealthy list, the graph, the dead letters, a group, a dead letter, its
@@ -42,9 +43,12 @@ const shotWidth, shotHeight = 1280, 800
 const maxShot = 500 << 10
 
 func TestScreenshots(t *testing.T) {
-	base, dir := os.Getenv("MESH_SCREENSHOTS_URL"), os.Getenv("MESH_SCREENSHOTS_DIR")
+	base, dir, token := os.Getenv("MESH_SCREENSHOTS_URL"), os.Getenv("MESH_SCREENSHOTS_DIR"), os.Getenv("MESH_SCREENSHOTS_TOKEN")
 	if base == "" || dir == "" {
-		t.Skip("make screenshots runs it (scripts/screenshots.sh), with MESH_SCREENSHOTS_URL and MESH_SCREENSHOTS_DIR")
+		t.Skip("make screenshots runs it (scripts/screenshots.sh), with MESH_SCREENSHOTS_URL, MESH_SCREENSHOTS_TOKEN and MESH_SCREENSHOTS_DIR")
+	}
+	if token == "" {
+		t.Fatal("MESH_SCREENSHOTS_TOKEN is not set: the console needs a token (scripts/screenshots.sh makes one with meshctl console token add)")
 	}
 	base = strings.TrimSuffix(base, "/")
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
@@ -52,7 +56,9 @@ func TestScreenshots(t *testing.T) {
 
 	// The console hears the demo node's heartbeat (every 2 s).
 	waitFor(t, ctx, "the console to hear the demo node", func() bool {
-		resp, err := http.Get(base + "/graph?format=json")
+		req, _ := http.NewRequest(http.MethodGet, base+"/graph?format=json", nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			return false
 		}
@@ -64,6 +70,7 @@ func TestScreenshots(t *testing.T) {
 	b := newBrowser(t, ctx)
 	b.base = base
 	b.run(t, chromedp.EmulateViewport(shotWidth, shotHeight))
+	b.login(t, token)
 	open := func(path, visible string) {
 		t.Helper()
 		b.navigatedBy(t, chromedp.Navigate(base+path))

@@ -114,7 +114,7 @@ func (s *Server) auditSearch(w http.ResponseWriter, r *http.Request) {
 	f, err := auditFilterOf(q, s.cfg.Now())
 	if err != nil {
 		v.Err, v.Data = err.Error(), d
-		s.renderStatus(w, http.StatusBadRequest, "audit", v)
+		s.renderStatus(w, r, http.StatusBadRequest, "audit", v)
 		return
 	}
 	limit, _ := strconv.Atoi(q.Get("limit"))
@@ -155,7 +155,7 @@ func (s *Server) auditSearch(w http.ResponseWriter, r *http.Request) {
 	eq.Del("limit")
 	d.Export = "/audit/export?" + eq.Encode()
 	v.Data = d
-	s.renderStatus(w, status, "audit", v)
+	s.renderStatus(w, r, status, "audit", v)
 }
 
 func cloneValues(q url.Values) url.Values {
@@ -195,13 +195,13 @@ func (s *Server) auditExport(w http.ResponseWriter, r *http.Request) {
 		cw := csv.NewWriter(w)
 		_ = cw.Write(store.CSVHeader) // buffered: sent with the first page, or lost with an error before it
 		write = func(ev store.Event) error {
-			if err := cw.Write(ev.CSVRecord()); err != nil {
+			if err := cw.Write(csvSafe(ev.CSVRecord())); err != nil {
 				return err
 			}
 			cw.Flush()
 			return cw.Error()
 		}
-		fail = func(err error) { _ = cw.Write([]string{"export_error", err.Error()}); cw.Flush() }
+		fail = func(err error) { _ = cw.Write(csvSafe([]string{"export_error", err.Error()})); cw.Flush() }
 		done = cw.Flush
 	default:
 		writeJSONError(w, http.StatusBadRequest, fmt.Sprintf("format %q: want jsonl or csv", format))
@@ -239,6 +239,20 @@ func (s *Server) auditExport(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// csvSafe neutralises the cells of a CSV row that a spreadsheet would
+// read as a formula (OWASP's rule: a cell beginning with =, +, -, @, a
+// tab or a carriage return gets a single quote before it), since ids,
+// types, user ids, headers and errors are anyone's who can publish. A
+// body of -1 becomes '-1: the JSON Lines export has it as it was.
+func csvSafe(row []string) []string {
+	for i, cell := range row {
+		if cell != "" && strings.ContainsRune("=+-@\t\r", rune(cell[0])) {
+			row[i] = "'" + cell
+		}
+	}
+	return row
+}
+
 // auditEventView is an event's page data.
 type auditEventView struct {
 	Event   store.Event
@@ -256,7 +270,7 @@ func (s *Server) auditEvent(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	ev, err := s.cfg.Mesh.AuditGet(ctx, id)
 	if err != nil {
-		s.fail(w, statusOf(err), "Event "+id, err.Error())
+		s.fail(w, r, statusOf(err), "Event "+id, err.Error())
 		return
 	}
 	d := auditEventView{Event: ev}
@@ -273,7 +287,7 @@ func (s *Server) auditEvent(w http.ResponseWriter, r *http.Request) {
 		d.More = "/audit?" + url.Values{"causation": {ev.ID}}.Encode()
 	}
 	v.Data = d
-	s.render(w, "event", v)
+	s.render(w, r, "event", v)
 }
 
 // statusOf is the HTTP status of what the audit logger said: 404 for an
@@ -309,7 +323,7 @@ func (s *Server) auditTrace(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	tr, err := s.cfg.Mesh.AuditTrace(ctx, id, 0)
 	if err != nil {
-		s.fail(w, statusOf(err), "Trace of "+id, err.Error())
+		s.fail(w, r, statusOf(err), "Trace of "+id, err.Error())
 		return
 	}
 	d := traceView{ID: id, Truncated: tr.Truncated, MissingCause: tr.MissingCause}
@@ -328,5 +342,5 @@ func (s *Server) auditTrace(w http.ResponseWriter, r *http.Request) {
 		d.Tree = walk(tr.Root)
 	}
 	d.Timeline = layoutTimeline(tr, id)
-	s.render(w, "trace", view{Title: "Trace of " + id, Nav: "audit", Data: d})
+	s.render(w, r, "trace", view{Title: "Trace of " + id, Nav: "audit", Data: d})
 }

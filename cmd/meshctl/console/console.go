@@ -18,23 +18,33 @@
 // escapes it, and no page runs script from an asset it did not embed
 // (Content-Security-Policy: script-src 'self').
 //
-// Safety: Config.Token, when set, is required of every request (a login
-// page sets it as an HttpOnly, SameSite=Strict cookie); meshctl sets one
-// whenever the console listens on more than loopback. Requests whose Host
+// Safety: every request but the login page's and the assets' must carry
+// a token, on loopback too (a process of the console's own host is no
+// more trusted than another host). The tokens are Config.Token, the
+// operators' tokens of Config.Tokens (a TokenFile, re-read when it
+// changes, so a revoked token is refused from the next request), and
+// the browsers logged in by a one-time login URL (Server.LoginURL): its
+// code is good once, for LoginCodeTTL. A token comes as a cookie (the
+// login page sets it: HttpOnly, SameSite=Strict, and __Host- and Secure
+// over TLS) or an Authorization: Bearer header. Requests whose Host
 // header is not the console's own are refused (DNS rebinding). Actions
 // (replay, purge, pause, resume) are POSTs that must carry the page's
-// CSRF token in the X-Mesh-CSRF header, are refused altogether with
-// Config.ReadOnly, and are logged, and recorded on the mesh, with who
-// asked.
+// CSRF token (one per token) in the X-Mesh-CSRF header, are refused
+// altogether with Config.ReadOnly or a read-only token, and are logged,
+// and recorded on the mesh, with the name of the token that asked.
 //
-//	srv, err := console.New(console.Config{Mesh: m, Addr: "127.0.0.1:8080"})
+//	srv, err := console.New(console.Config{Mesh: m, Addr: "127.0.0.1:8080",
+//		Tokens: console.OpenTokenFile(path).Tokens})
 //	if err != nil { ... }
+//	fmt.Println("log in:", srv.LoginURL("http://127.0.0.1:8080"))
 //	http.ListenAndServe("127.0.0.1:8080", srv)
 package console
 
 import (
 	"context"
+	"crypto/hmac"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
 	"errors"
@@ -43,6 +53,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -176,9 +187,11 @@ type Action struct {
 	Action string `json:"action"`
 	Target string `json:"target"`
 	IDs    int    `json:"ids,omitempty"`
-	// Who is the operator (the OS user and the broker user meshctl runs
-	// as); From the client's address; Auth how it proved itself ("token"
-	// or "loopback").
+	// Who is the operator: the name of the token the request carried,
+	// then the OS user and broker user meshctl runs as ("alice (root as
+	// broker user ops)"); From the client's address; Auth how it proved
+	// itself: "token" (Config.Token or one of Config.Tokens) or
+	// "login-url" (a browser logged in by a one-time login URL).
 	Who  string `json:"who"`
 	From string `json:"from"`
 	Auth string `json:"auth"`
@@ -194,10 +207,18 @@ type Config struct {
 	// Addr is the address the console listens on (host:port); requests
 	// whose Host header names another host are refused. Required.
 	Addr string
-	// Token, when set, is required of every request (as the login page's
-	// cookie, or an Authorization: Bearer header).
-	Token string
-	// ReadOnly refuses every action.
+	// Token, when set, is a token the console accepts (as the login
+	// page's cookie, or an Authorization: Bearer header), named
+	// TokenName (default "token") in the log.
+	Token     string
+	TokenName string
+	// Tokens, when set, are the operators' tokens (TokenFile.Tokens). It
+	// is called for every request that carries a token, so it must be
+	// cheap; an error refuses the tokens it would have given (and is
+	// logged). With neither Token nor Tokens, only a browser logged in by
+	// a login URL (Server.LoginURL) gets in: a token is always required.
+	Tokens func() ([]Token, error)
+	// ReadOnly refuses every action, whatever the token.
 	ReadOnly bool
 	// PublicURL, when set, is the console's address as browsers reach it
 	// through a proxy (https://console.example): its host is a Host the
@@ -206,8 +227,8 @@ type Config struct {
 	// Names are more HOST:PORT names the console answers to (the address
 	// it was asked to listen on, when that is a name).
 	Names []string
-	// Who is the operator, as actions are logged ("alice as broker user
-	// ops").
+	// Who is who runs the console, as actions are logged after the
+	// token's name ("alice as broker user ops").
 	Who string
 	// Logger logs the actions; default slog.Default().
 	Logger *slog.Logger
@@ -220,8 +241,12 @@ var ErrConfig = errors.New("console: bad config")
 
 // Server is the console, an http.Handler.
 type Server struct {
-	cfg   Config
-	csrf  string
+	cfg Config
+	// csrfKey makes each token's CSRF token (csrfFor).
+	csrfKey []byte
+	// static is Config.Token, when set.
+	static *Token
+
 	mux   *http.ServeMux
 	pages *pages
 	jobs  *jobs
@@ -230,6 +255,11 @@ type Server struct {
 	// the Host's own.
 	origin  string
 	streams chan struct{} // a token per live stream open
+
+	mu       sync.Mutex
+	codes    []loginCode // the login URLs' codes not spent, nor expired
+	sessions []Token     // the browsers logged in by a login URL
+	tokenErr string      // Config.Tokens' last error, logged once
 
 	// work is the context of the replays and purges, which outlive their
 	// requests; Close cancels it and waits for them.
@@ -257,7 +287,10 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, csrf: randomToken(), pages: pg, jobs: newJobs(), hosts: hostsOf(host, port), streams: make(chan struct{}, maxStreams)}
+	if cfg.TokenName == "" {
+		cfg.TokenName = NameToken
+	}
+	s := &Server{cfg: cfg, csrfKey: []byte(randomToken()), pages: pg, jobs: newJobs(), hosts: hostsOf(host, port), streams: make(chan struct{}, maxStreams)}
 	for _, n := range cfg.Names {
 		s.hosts[strings.ToLower(n)] = true
 	}
@@ -268,6 +301,9 @@ func New(cfg Config) (*Server, error) {
 		}
 		s.hosts[strings.ToLower(u.Host)] = true
 		s.origin = strings.ToLower(u.Scheme + "://" + u.Host)
+	}
+	if cfg.Token != "" {
+		s.static = &Token{Name: cfg.TokenName, SHA256: HashToken(cfg.Token)}
 	}
 	s.work, s.stopWork = context.WithCancel(context.Background())
 	s.routes()
@@ -322,8 +358,13 @@ func randomToken() string {
 // NewToken returns a new random token for Config.Token.
 func NewToken() string { return randomToken() }
 
-// cookieName is the login cookie's name.
-const cookieName = "mesh_console"
+// cookieName is the login cookie's name; over TLS (or behind an https
+// PublicURL) it is secureCookieName, which browsers take only from a
+// secure origin, for the whole host (Path=/, no Domain).
+const (
+	cookieName       = "mesh_console"
+	secureCookieName = "__Host-mesh_console"
+)
 
 // ServeHTTP checks the Host header and the token, then serves the page.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -336,7 +377,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "this console answers to its own address only (Host "+r.Host+" refused)", http.StatusMisdirectedRequest)
 		return
 	}
-	if s.cfg.Token != "" && !strings.HasPrefix(r.URL.Path, "/assets/") && r.URL.Path != "/login" && !s.authorized(r) {
+	c, ok := s.callerOf(r)
+	if ok {
+		r = r.WithContext(context.WithValue(r.Context(), callerKey{}, c))
+	} else if !strings.HasPrefix(r.URL.Path, "/assets/") && r.URL.Path != "/login" {
 		if r.Method == http.MethodGet && !strings.HasPrefix(r.URL.Path, "/api/") {
 			http.Redirect(w, r, "/login?next="+urlQueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
 			return
@@ -347,38 +391,188 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.mux.ServeHTTP(w, r)
 }
 
-// authorized says whether r carries the token.
-func (s *Server) authorized(r *http.Request) bool {
-	if c, err := r.Cookie(cookieName); err == nil && s.tokenIs(c.Value) {
-		return true
-	}
-	if v, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && s.tokenIs(v) {
-		return true
-	}
-	return false
+// caller is the token a request proved itself with, and how: "token" or
+// "login-url".
+type caller struct {
+	Token
+	Auth string
 }
 
-func (s *Server) tokenIs(v string) bool {
-	return subtle.ConstantTimeCompare([]byte(v), []byte(s.cfg.Token)) == 1
+type callerKey struct{}
+
+// callerFrom is the caller ServeHTTP found for r; the zero caller (no
+// name) on the pages served without a token.
+func callerFrom(r *http.Request) caller {
+	c, _ := r.Context().Value(callerKey{}).(caller)
+	return c
 }
 
-// authOf says how r proved itself, for the action log.
-func (s *Server) authOf(r *http.Request) string {
-	if s.cfg.Token != "" {
-		return "token"
+// callerOf finds the token r carries, as the cookie or a bearer token.
+func (s *Server) callerOf(r *http.Request) (caller, bool) {
+	if ck, err := r.Cookie(s.cookieName(r)); err == nil {
+		if c, ok := s.lookup(ck.Value); ok {
+			return c, true
+		}
 	}
-	return "loopback"
+	if v, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+		return s.lookup(strings.TrimSpace(v))
+	}
+	return caller{}, false
+}
+
+// lookup finds the token whose secret is secret. Every token is compared
+// (their hashes, in constant time), whichever matches.
+func (s *Server) lookup(secret string) (caller, bool) {
+	if secret == "" {
+		return caller{}, false
+	}
+	h := HashToken(secret)
+	var found caller
+	ok := false
+	match := func(t Token, auth string) {
+		if subtle.ConstantTimeCompare(h[:], t.SHA256[:]) == 1 && !ok {
+			found, ok = caller{Token: t, Auth: auth}, true
+		}
+	}
+	if s.static != nil {
+		match(*s.static, "token")
+	}
+	if s.cfg.Tokens != nil {
+		ts, err := s.cfg.Tokens()
+		s.noteTokenErr(err)
+		for _, t := range ts {
+			match(t, "token")
+		}
+	}
+	s.mu.Lock()
+	for _, t := range s.sessions {
+		match(t, NameLoginURL)
+	}
+	s.mu.Unlock()
+	return found, ok
+}
+
+// noteTokenErr logs Config.Tokens' error once, when it changes.
+func (s *Server) noteTokenErr(err error) {
+	msg := ""
+	if err != nil {
+		msg = err.Error()
+	}
+	s.mu.Lock()
+	changed := msg != s.tokenErr
+	s.tokenErr = msg
+	s.mu.Unlock()
+	if changed && err != nil {
+		s.cfg.Logger.Warn("console: the operators' tokens are refused until this is fixed", "err", err)
+	}
+}
+
+// secure says whether browsers reach the console over TLS (its own, or
+// a proxy's of an https PublicURL).
+func (s *Server) secure(r *http.Request) bool {
+	return r.TLS != nil || strings.HasPrefix(s.origin, "https://")
+}
+
+func (s *Server) cookieName(r *http.Request) string {
+	if s.secure(r) {
+		return secureCookieName
+	}
+	return cookieName
+}
+
+// setCookie logs the browser in with the token secret.
+func (s *Server) setCookie(w http.ResponseWriter, r *http.Request, secret string) {
+	http.SetCookie(w, &http.Cookie{Name: s.cookieName(r), Value: secret, Path: "/", HttpOnly: true,
+		SameSite: http.SameSiteStrictMode, Secure: s.secure(r)})
+}
+
+// csrfFor is the CSRF token of the pages served to c: one per token, so
+// that a page read with one token does not let another's actions through.
+func (s *Server) csrfFor(c caller) string {
+	if c.Name == "" {
+		return ""
+	}
+	m := hmac.New(sha256.New, s.csrfKey)
+	m.Write(c.SHA256[:])
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// readOnly says whether r may only look: the console is read-only, or
+// its token is.
+func (s *Server) readOnly(r *http.Request) bool {
+	return s.cfg.ReadOnly || callerFrom(r).ReadOnly
+}
+
+// LoginCodeTTL is how long a login URL's code is good for.
+const LoginCodeTTL = 10 * time.Minute
+
+// maxSessions bounds the browsers logged in by login URLs that are
+// remembered: the oldest is logged out first.
+const maxSessions = 1000
+
+// loginCode is a login URL's code: its hash, and when it expires.
+type loginCode struct {
+	hash    [32]byte
+	expires time.Time
+}
+
+// LoginURL makes a new one-time login code and returns base (the
+// console's address as the operator's browser reaches it,
+// http://127.0.0.1:8080) with the path that spends it:
+// BASE/login?once=CODE. The first visit within LoginCodeTTL logs that
+// browser in (as "login-url", with a secret of its own in the cookie,
+// good until the console stops); the code is then spent, and a second
+// visit is refused.
+func (s *Server) LoginURL(base string) string {
+	code := randomToken()[:32] // 128 bits
+	s.mu.Lock()
+	s.codes = append(s.codes, loginCode{hash: HashToken(code), expires: s.cfg.Now().Add(LoginCodeTTL)})
+	s.mu.Unlock()
+	return strings.TrimSuffix(base, "/") + "/login?once=" + code
+}
+
+// spend spends a login URL's code, and returns the secret of the session
+// it opens; false if the code is not one, or is spent or expired.
+func (s *Server) spend(code string) (string, bool) {
+	h := HashToken(code)
+	now := s.cfg.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	found := -1
+	for i, c := range s.codes {
+		if subtle.ConstantTimeCompare(h[:], c.hash[:]) == 1 && now.Before(c.expires) {
+			found = i
+		}
+	}
+	if found >= 0 {
+		s.codes = slices.Delete(s.codes, found, found+1)
+	}
+	s.codes = slices.DeleteFunc(s.codes, func(c loginCode) bool { return !now.Before(c.expires) })
+	if found < 0 {
+		return "", false
+	}
+	secret := randomToken()
+	if len(s.sessions) >= maxSessions {
+		s.sessions = slices.Delete(s.sessions, 0, 1)
+	}
+	s.sessions = append(s.sessions, Token{Name: NameLoginURL, SHA256: HashToken(secret), Created: now})
+	return secret, true
 }
 
 // checkAction refuses an action in read-only mode and one without the
 // page's CSRF token (or from another origin), writing the refusal; it
 // says whether the action may go on.
 func (s *Server) checkAction(w http.ResponseWriter, r *http.Request) bool {
+	c := callerFrom(r)
 	if s.cfg.ReadOnly {
 		writeJSONError(w, http.StatusForbidden, "this console is read-only (meshctl console --read-only): no action is taken")
 		return false
 	}
-	if subtle.ConstantTimeCompare([]byte(r.Header.Get("X-Mesh-CSRF")), []byte(s.csrf)) != 1 {
+	if c.ReadOnly {
+		writeJSONError(w, http.StatusForbidden, "the token "+c.Name+" is read-only (meshctl console token add --read-only): no action is taken")
+		return false
+	}
+	if csrf := s.csrfFor(c); csrf == "" || subtle.ConstantTimeCompare([]byte(r.Header.Get("X-Mesh-CSRF")), []byte(csrf)) != 1 {
 		writeJSONError(w, http.StatusForbidden, "the request lacks this console's CSRF token (X-Mesh-CSRF): reload the page")
 		return false
 	}
@@ -391,7 +585,11 @@ func (s *Server) checkAction(w http.ResponseWriter, r *http.Request) bool {
 
 // record logs an action with who took it, and puts it on the mesh.
 func (s *Server) record(r *http.Request, a Action) {
-	a.Who, a.From, a.Auth, a.Time = s.cfg.Who, r.RemoteAddr, s.authOf(r), s.cfg.Now().UTC()
+	c := callerFrom(r)
+	a.Who, a.From, a.Auth, a.Time = c.Name, r.RemoteAddr, c.Auth, s.cfg.Now().UTC()
+	if s.cfg.Who != "" {
+		a.Who += " (" + s.cfg.Who + ")"
+	}
 	s.cfg.Logger.Info("console action", "action", a.Action, "target", a.Target, "ids", a.IDs, "who", a.Who, "from", a.From, "auth", a.Auth, "result", a.Result)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

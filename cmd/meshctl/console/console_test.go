@@ -38,6 +38,7 @@ type fakeMesh struct {
 	sent     []string      // id@queue of each message replayed
 	block    chan struct{} // if not nil, a replay waits for it to close
 	paused   []string
+	purged   []deadletters.Filter
 	actions  []Action
 	nodes    []Node
 }
@@ -99,8 +100,11 @@ func (f *fakeMesh) Replay(_ context.Context, _ string, flt deadletters.Filter, p
 	progress(res.Done, res.Matched)
 	return res, nil
 }
-func (f *fakeMesh) Purge(context.Context, string, deadletters.Filter, func(int, int)) (deadletters.Result, error) {
-	return deadletters.Result{}, errors.New("not in this test")
+func (f *fakeMesh) Purge(_ context.Context, _ string, flt deadletters.Filter, _ func(int, int)) (deadletters.Result, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.purged = append(f.purged, flt)
+	return deadletters.Result{Matched: len(flt.IDs), Done: len(flt.IDs)}, nil
 }
 func (f *fakeMesh) Triggers(context.Context) ([]dispatcher.TriggerState, error) { return nil, nil }
 func (f *fakeMesh) Fires(context.Context, dispatcher.FiresRequest) (dispatcher.FiresResponse, error) {
@@ -124,19 +128,40 @@ func (f *fakeMesh) Record(_ context.Context, a Action) error {
 	return nil
 }
 
-// serve starts a console on f; Host headers are those of cfg.Addr.
+// testToken is the token serve gives a console that is given none, and
+// do sends unless told otherwise; its name is "operator".
+const testToken = "0123456789abcdef-operator"
+
+// serve starts a console on f that accepts testToken, besides what cfg
+// says; Host headers are those of cfg.Addr.
 func serve(t *testing.T, f *fakeMesh, cfg Config) (*Server, *httptest.Server) {
 	t.Helper()
+	if cfg.Token == "" && cfg.Tokens == nil {
+		cfg.Token, cfg.TokenName = testToken, "operator"
+	}
+	return serveOn(t, f, cfg, httptest.NewUnstartedServer(nil), false)
+}
+
+// serveOn starts a console on f as cfg says (no token added) in ts,
+// over TLS if asked.
+func serveOn(t *testing.T, f *fakeMesh, cfg Config, ts *httptest.Server, tls bool) (*Server, *httptest.Server) {
+	t.Helper()
 	cfg.Mesh = f
-	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
 	cfg.Who = "tester"
-	ts := httptest.NewServer(nil)
 	cfg.Addr = ts.Listener.Addr().String()
 	s, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ts.Config.Handler = s
+	if tls {
+		ts.StartTLS()
+	} else {
+		ts.Start()
+	}
 	t.Cleanup(ts.Close)
 	t.Cleanup(s.Close) // after the server: the jobs it started end first
 	return s, ts
@@ -144,14 +169,20 @@ func serve(t *testing.T, f *fakeMesh, cfg Config) (*Server, *httptest.Server) {
 
 var noRedirect = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 
+// do sends a request with the headers h, and testToken as a bearer
+// token unless h has an Authorization ("" for none).
 func do(t *testing.T, method, u string, body string, h map[string]string) (*http.Response, string) {
 	t.Helper()
 	req, err := http.NewRequest(method, u, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
+	req.Header.Set("Authorization", "Bearer "+testToken)
 	for k, v := range h {
 		req.Header.Set(k, v)
+	}
+	if req.Header.Get("Authorization") == "" {
+		req.Header.Del("Authorization")
 	}
 	resp, err := noRedirect.Do(req)
 	if err != nil {
@@ -177,6 +208,7 @@ func checkHosts(t *testing.T, ts *httptest.Server, want map[string]int) {
 	for host, status := range want {
 		req, _ := http.NewRequest(http.MethodGet, ts.URL+"/", nil)
 		req.Host = host
+		req.Header.Set("Authorization", "Bearer "+testToken)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
@@ -195,11 +227,12 @@ func TestHostHeaderIsChecked(t *testing.T) {
 
 func TestTokenIsRequired(t *testing.T) {
 	_, ts := serve(t, &fakeMesh{}, Config{Token: "0123456789abcdef-token"})
-	resp, _ := do(t, http.MethodGet, ts.URL+"/audit?type=x", "", nil)
+	none := map[string]string{"Authorization": ""}
+	resp, _ := do(t, http.MethodGet, ts.URL+"/audit?type=x", "", none)
 	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/login?next="+url.QueryEscape("/audit?type=x") {
 		t.Errorf("a page without the token: %d to %q", resp.StatusCode, resp.Header.Get("Location"))
 	}
-	if resp, _ := do(t, http.MethodGet, ts.URL+"/assets/style.css", "", nil); resp.StatusCode != http.StatusOK {
+	if resp, _ := do(t, http.MethodGet, ts.URL+"/assets/style.css", "", none); resp.StatusCode != http.StatusOK {
 		t.Errorf("the assets without the token: %d, want 200 (the login page needs them)", resp.StatusCode)
 	}
 	if resp, _ := do(t, http.MethodGet, ts.URL+"/", "", map[string]string{"Authorization": "Bearer wrong"}); resp.StatusCode != http.StatusSeeOther {
@@ -208,18 +241,18 @@ func TestTokenIsRequired(t *testing.T) {
 	if resp, _ := do(t, http.MethodGet, ts.URL+"/", "", map[string]string{"Authorization": "Bearer 0123456789abcdef-token"}); resp.StatusCode != http.StatusOK {
 		t.Errorf("the bearer token: %d", resp.StatusCode)
 	}
-	form := "application/x-www-form-urlencoded"
-	resp, _ = do(t, http.MethodPost, ts.URL+"/login", "token=nope", map[string]string{"Content-Type": form})
+	form := map[string]string{"Content-Type": "application/x-www-form-urlencoded", "Authorization": ""}
+	resp, _ = do(t, http.MethodPost, ts.URL+"/login", "token=nope", form)
 	if resp.StatusCode != http.StatusUnauthorized || len(resp.Cookies()) != 0 {
 		t.Errorf("a wrong login: %d, cookies %v", resp.StatusCode, resp.Cookies())
 	}
 	for next, want := range map[string]string{"/audit?type=x": "/audit?type=x", "//evil.example/": "/", "https://evil.example/": "/", "/\\evil": "/", "": "/",
 		"/\t/evil.example": "/", "/\n/evil.example": "/"} {
-		resp, _ = do(t, http.MethodPost, ts.URL+"/login", url.Values{"token": {"0123456789abcdef-token"}, "next": {next}}.Encode(), map[string]string{"Content-Type": form})
+		resp, _ = do(t, http.MethodPost, ts.URL+"/login", url.Values{"token": {"0123456789abcdef-token"}, "next": {next}}.Encode(), form)
 		if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != want {
 			t.Errorf("login with next %q: %d to %q, want %q", next, resp.StatusCode, resp.Header.Get("Location"), want)
 		}
-		if c := resp.Cookies(); len(c) != 1 || !c[0].HttpOnly || c[0].SameSite != http.SameSiteStrictMode {
+		if c := resp.Cookies(); len(c) != 1 || c[0].Name != cookieName || !c[0].HttpOnly || c[0].SameSite != http.SameSiteStrictMode || c[0].Path != "/" || c[0].Secure {
 			t.Errorf("the login cookie: %+v", c)
 		}
 	}
@@ -253,7 +286,7 @@ func TestActionsNeedTheCSRFTokenAndTheirOrigin(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || len(f.paused) != 1 {
 		t.Fatalf("a pause with the token: %d %s, paused %v", resp.StatusCode, body, f.paused)
 	}
-	if len(f.actions) != 1 || f.actions[0].Action != "pause" || f.actions[0].Who != "tester" || f.actions[0].Auth != "loopback" || f.actions[0].Result != "paused" {
+	if len(f.actions) != 1 || f.actions[0].Action != "pause" || f.actions[0].Who != "operator (tester)" || f.actions[0].Auth != "token" || f.actions[0].Result != "paused" {
 		t.Errorf("the action recorded: %+v", f.actions)
 	}
 	// A GET never acts.
@@ -470,8 +503,13 @@ func TestLiveStreamsAreBounded(t *testing.T) {
 			r.Body.Close()
 		}
 	}()
+	get := func() (*http.Response, error) {
+		req, _ := http.NewRequest(http.MethodGet, ts.URL+"/api/live?pattern=%23", nil)
+		req.Header.Set("Authorization", "Bearer "+testToken)
+		return http.DefaultClient.Do(req)
+	}
 	for range maxStreams {
-		resp, err := http.Get(ts.URL + "/api/live?pattern=%23")
+		resp, err := get()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -480,7 +518,7 @@ func TestLiveStreamsAreBounded(t *testing.T) {
 			t.Fatalf("stream %d: %d", len(open), resp.StatusCode)
 		}
 	}
-	resp, err := http.Get(ts.URL + "/api/live?pattern=%23")
+	resp, err := get()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -67,3 +67,28 @@ func contains(vs []string, s string) bool {
 	}
 	return false
 }
+
+// FuzzParseTokens: any tokens file is read into tokens or refused with an
+// error, never a panic; what it reads has valid, distinct names.
+func FuzzParseTokens(f *testing.F) {
+	h := strings.Repeat("ab", 32)
+	for _, s := range []string{"# c\nalice " + h + " read-write 2026-12-03T14:00:00Z\n", "bob " + h + " read-only 2026-12-03T14:00:00Z\r\nbob x", "login-url " + h + " read-only x", "", "\x00 \x00"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, text string) {
+		ts, err := parseTokens("f", []byte(text))
+		if err != nil {
+			if ts != nil {
+				t.Fatalf("an error and tokens: %v", ts)
+			}
+			return
+		}
+		seen := map[string]bool{}
+		for _, tk := range ts {
+			if ValidTokenName(tk.Name) != nil || seen[tk.Name] {
+				t.Fatalf("token %q read from %q", tk.Name, text)
+			}
+			seen[tk.Name] = true
+		}
+	})
+}

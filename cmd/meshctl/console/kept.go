@@ -103,28 +103,28 @@ func (s *Server) keptGroups(w http.ResponseWriter, r *http.Request, k keeper) {
 	v := view{Title: k.Title, Nav: k.Path}
 	msgs, err := s.keptList(r, k)
 	if err != nil {
-		s.fail(w, http.StatusBadGateway, k.Title, err.Error())
+		s.fail(w, r, http.StatusBadGateway, k.Title, err.Error())
 		return
 	}
 	v.Data = keptView{Keeper: k, Groups: groupsOf(k, msgs), Total: len(msgs), Limited: len(msgs) == keptLimit}
-	s.render(w, "kept", v)
+	s.render(w, r, "kept", v)
 }
 
 func (s *Server) keptGroup(w http.ResponseWriter, r *http.Request, k keeper) {
 	v := view{Title: k.Title, Nav: k.Path}
 	msgs, err := s.keptList(r, k)
 	if err != nil {
-		s.fail(w, http.StatusBadGateway, k.Title, err.Error())
+		s.fail(w, r, http.StatusBadGateway, k.Title, err.Error())
 		return
 	}
 	for _, g := range groupsOf(k, msgs) {
 		if g.Key == r.PathValue("group") {
 			v.Data = keptView{Keeper: k, Group: g, Total: len(msgs)}
-			s.render(w, "group", v)
+			s.render(w, r, "group", v)
 			return
 		}
 	}
-	s.fail(w, http.StatusNotFound, k.Title, "no such group (any more): its "+k.Few+" were replayed or purged, or their reason changed")
+	s.fail(w, r, http.StatusNotFound, k.Title, "no such group (any more): its "+k.Few+" were replayed or purged, or their reason changed")
 }
 
 // keptMessageView is one kept message's page data.
@@ -141,11 +141,11 @@ func (s *Server) keptMessage(w http.ResponseWriter, r *http.Request, k keeper) {
 	defer cancel()
 	msgs, err := s.cfg.Mesh.Kept(ctx, k.Queue, deadletters.Filter{IDs: []string{id}}, 1)
 	if err != nil {
-		s.fail(w, http.StatusBadGateway, k.Title, err.Error())
+		s.fail(w, r, http.StatusBadGateway, k.Title, err.Error())
 		return
 	}
 	if len(msgs) == 0 {
-		s.fail(w, http.StatusNotFound, k.Title, fmt.Sprintf("no %s %s in %s", k.One, id, k.Queue))
+		s.fail(w, r, http.StatusNotFound, k.Title, fmt.Sprintf("no %s %s in %s", k.One, id, k.Queue))
 		return
 	}
 	m := msgs[0]
@@ -154,7 +154,7 @@ func (s *Server) keptMessage(w http.ResponseWriter, r *http.Request, k keeper) {
 		d.Headers = append(d.Headers, header{name, deadletters.HeaderText(val)})
 	}
 	sort.Slice(d.Headers, func(i, j int) bool { return d.Headers[i].Name < d.Headers[j].Name })
-	s.render(w, "message", view{Title: k.One + " " + id, Nav: k.Path, Data: d})
+	s.render(w, r, "message", view{Title: k.One + " " + id, Nav: k.Path, Data: d})
 }
 
 // keptRequest is the body of a replay or a purge: the ids of the

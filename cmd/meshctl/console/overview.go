@@ -124,7 +124,7 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	v.Queues = busy
-	s.render(w, "overview", view{Title: "Overview", Nav: "overview", Data: v})
+	s.render(w, r, "overview", view{Title: "Overview", Nav: "overview", Data: v})
 }
 
 // graphView is the graph page's data: the drawing and the graph itself.
@@ -151,5 +151,5 @@ func (s *Server) graph(w http.ResponseWriter, r *http.Request) {
 	if len(g.Vertices) == 0 {
 		v.Err = "no node heard yet: the graph is drawn from the nodes' heartbeats"
 	}
-	s.render(w, "graph", v)
+	s.render(w, r, "graph", v)
 }

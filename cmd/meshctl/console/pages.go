@@ -104,13 +104,13 @@ type view struct {
 
 // render writes the page name with data; an error in rendering is a 500
 // (the page is built in memory first, so nothing half-written is sent).
-func (s *Server) render(w http.ResponseWriter, name string, v view) {
-	s.renderStatus(w, http.StatusOK, name, v)
+func (s *Server) render(w http.ResponseWriter, r *http.Request, name string, v view) {
+	s.renderStatus(w, r, http.StatusOK, name, v)
 }
 
 // renderStatus is render with another status than 200.
-func (s *Server) renderStatus(w http.ResponseWriter, status int, name string, v view) {
-	v.CSRF, v.ReadOnly = s.csrf, s.cfg.ReadOnly
+func (s *Server) renderStatus(w http.ResponseWriter, r *http.Request, status int, name string, v view) {
+	v.CSRF, v.ReadOnly = s.csrfFor(callerFrom(r)), s.readOnly(r)
 	t, ok := s.pages.byName[name]
 	if !ok {
 		http.Error(w, "no page "+name, http.StatusInternalServerError)
@@ -128,8 +128,8 @@ func (s *Server) renderStatus(w http.ResponseWriter, status int, name string, v 
 }
 
 // fail renders the error page with status.
-func (s *Server) fail(w http.ResponseWriter, status int, title, msg string) {
-	s.renderStatus(w, status, "error", view{Title: title, Err: msg})
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, status int, title, msg string) {
+	s.renderStatus(w, r, status, "error", view{Title: title, Err: msg})
 }
 
 func timeText(t time.Time) string {

@@ -44,7 +44,7 @@ func (s *Server) routes() {
 	m.HandleFunc("GET /live", s.livePage)
 	m.HandleFunc("GET /api/live", s.liveEvents)
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		s.fail(w, http.StatusNotFound, "Not found", "no page "+r.URL.Path)
+		s.fail(w, r, http.StatusNotFound, "Not found", "no page "+r.URL.Path)
 	})
 	s.mux = m
 }
@@ -54,8 +54,25 @@ func ask(r *http.Request) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(r.Context(), askTimeout)
 }
 
+// loginPage asks for a token; with ?once=CODE, a login URL's code, it
+// spends the code and logs the browser in.
 func (s *Server) loginPage(w http.ResponseWriter, r *http.Request) {
-	s.render(w, "login", view{Title: "Log in", Data: map[string]string{"Next": safeNext(r.URL.Query().Get("next"))}})
+	next := safeNext(r.URL.Query().Get("next"))
+	if code := r.URL.Query().Get("once"); code != "" {
+		secret, ok := s.spend(code)
+		if !ok {
+			s.cfg.Logger.Warn("console login refused: a login URL's code spent, expired or unknown", "from", r.RemoteAddr)
+			s.renderStatus(w, r, http.StatusUnauthorized, "login", view{Title: "Log in", Data: map[string]string{"Next": next},
+				Err: "that login URL was used already, has expired, or is not this console's: log in with a token, or restart meshctl console for a new URL"})
+			return
+		}
+		s.cfg.Logger.Info("console login", "who", NameLoginURL, "from", r.RemoteAddr)
+		s.setCookie(w, r, secret)
+		w.Header().Set("Cache-Control", "no-store")
+		http.Redirect(w, r, next, http.StatusSeeOther)
+		return
+	}
+	s.render(w, r, "login", view{Title: "Log in", Data: map[string]string{"Next": next}})
 }
 
 // login checks the token of the login form and sets it as a cookie.
@@ -66,17 +83,15 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	next := safeNext(r.PostForm.Get("next"))
-	if s.cfg.Token == "" {
-		http.Redirect(w, r, next, http.StatusSeeOther)
-		return
-	}
-	if !s.tokenIs(strings.TrimSpace(r.PostForm.Get("token"))) {
+	token := strings.TrimSpace(r.PostForm.Get("token"))
+	c, ok := s.lookup(token)
+	if !ok {
 		s.cfg.Logger.Warn("console login refused", "from", r.RemoteAddr)
-		s.renderStatus(w, http.StatusUnauthorized, "login", view{Title: "Log in", Err: "that is not the console's token", Data: map[string]string{"Next": next}})
+		s.renderStatus(w, r, http.StatusUnauthorized, "login", view{Title: "Log in", Err: "that is not a token of this console", Data: map[string]string{"Next": next}})
 		return
 	}
-	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: s.cfg.Token, Path: "/", HttpOnly: true,
-		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil || strings.HasPrefix(s.origin, "https://")})
+	s.cfg.Logger.Info("console login", "who", c.Name, "from", r.RemoteAddr)
+	s.setCookie(w, r, token)
 	http.Redirect(w, r, next, http.StatusSeeOther)
 }
 
@@ -158,7 +173,7 @@ func (s *Server) dispatcherPage(w http.ResponseWriter, r *http.Request) {
 	}
 	slices.Reverse(d.Fires)
 	v.Err, v.Data = strings.Join(errs, "; "), d
-	s.render(w, "dispatcher", v)
+	s.render(w, r, "dispatcher", v)
 }
 
 // pauseRequest is the body of a pause or resume.
@@ -200,7 +215,7 @@ func (s *Server) livePage(w http.ResponseWriter, r *http.Request) {
 	if err := wire.ValidatePattern(pattern); err != nil {
 		v.Err = err.Error()
 	}
-	s.render(w, "live", v)
+	s.render(w, r, "live", v)
 }
 
 // liveEvent is one event as the live page gets it.
