@@ -36,14 +36,22 @@ const (
 
 // Defaults of Config.
 const (
-	DefaultAMQPURL        = "amqp://guest:guest@127.0.0.1:5672/"
-	DefaultPrefetch       = 32
-	DefaultMaxAttempts    = 5
-	DefaultMaxBodyBytes   = 1 << 20
-	DefaultHandlerTimeout = 30 * time.Second
-	DefaultRetryMin       = 200 * time.Millisecond
-	DefaultRetryMax       = 30 * time.Second
-	DefaultCallTimeout    = 30 * time.Second
+	DefaultAMQPURL     = "amqp://guest:guest@127.0.0.1:5672/"
+	DefaultPrefetch    = 32
+	DefaultMaxAttempts = 5
+	// DefaultMaxDelay is the longest delay a module may ask of an emit
+	// unless its entry says otherwise (ModuleConfig.MaxDelay).
+	DefaultMaxDelay = 90 * 24 * time.Hour
+	// DefaultMaxScheduled and DefaultMaxScheduledBytes bound a module's
+	// schedules waiting at once on its node unless its entry says
+	// otherwise (ModuleConfig.MaxScheduled, MaxScheduledBytes).
+	DefaultMaxScheduled      = 10_000
+	DefaultMaxScheduledBytes = 64 << 20
+	DefaultMaxBodyBytes      = 1 << 20
+	DefaultHandlerTimeout    = 30 * time.Second
+	DefaultRetryMin          = 200 * time.Millisecond
+	DefaultRetryMax          = 30 * time.Second
+	DefaultCallTimeout       = 30 * time.Second
 	// DefaultConsumerTimeout is RabbitMQ's default consumer_timeout: a
 	// delivery left unacknowledged longer closes its channel.
 	DefaultConsumerTimeout = 30 * time.Minute
@@ -205,6 +213,12 @@ type Config struct {
 	// logger); every node but an ephemeral one declares it and binds it
 	// to # on mesh.events on connect. Zero: none (ADR 35).
 	History HistoryConfig
+	// Identity ties each node's name (the x-node of its events and
+	// requests) to the broker user it publishes as (their user-id, which
+	// the broker verifies): with it on, the node refuses (enforce) or
+	// reports (warn) an event or a tool request of its modules whose
+	// x-node another user published (identity.go). Off by default.
+	Identity IdentityConfig
 	// MeterProvider receives the node's metrics (OpenTelemetry): counters
 	// of what it published, spooled, handled, retried, dead-lettered and
 	// suppressed (per module where it applies), gauges of its connection,
@@ -280,6 +294,18 @@ type ModuleConfig struct {
 	// MaxPriority declares the queue with x-max-priority so it honours
 	// event priorities (1 to 9). Classic queues only; 0 means none.
 	MaxPriority int
+	// MaxDelay is the longest delay (sdk.After, sdk.At) the module may
+	// ask of an emit, up to the cascade's longest; default
+	// DefaultMaxDelay. A schedule waits on the broker until it is due,
+	// cancelled or not (the levels cannot be browsed), so this bounds how
+	// long what a module schedules holds space there.
+	MaxDelay time.Duration
+	// MaxScheduled and MaxScheduledBytes bound the module's schedules
+	// waiting at once on the node (how many, and their bodies' bytes);
+	// an emit past them is refused with sdk.ErrForbidden. Defaults
+	// DefaultMaxScheduled and DefaultMaxScheduledBytes.
+	MaxScheduled      int
+	MaxScheduledBytes int64
 	// EmitGrants are topic patterns of full event types outside its own
 	// namespace the module may emit with sdk.AsFullType ("mesh.delivery.#",
 	// "node.*.drained"). None by default.
@@ -418,12 +444,19 @@ func (c *Config) withDefaults() {
 	if c.DedupMaxEntries == 0 {
 		c.DedupMaxEntries = DefaultDedupMaxEntries
 	}
+	if c.Identity.Mode == "" {
+		c.Identity.Mode = IdentityOff
+	}
 	c.Module = c.Module.over(ModuleConfig{
 		QueueType:      QueueQuorum,
 		Prefetch:       DefaultPrefetch,
 		Concurrency:    1,
 		MaxAttempts:    DefaultMaxAttempts,
 		HandlerTimeout: DefaultHandlerTimeout,
+		MaxDelay:       DefaultMaxDelay,
+		MaxScheduled:   DefaultMaxScheduled,
+
+		MaxScheduledBytes: DefaultMaxScheduledBytes,
 	})
 }
 
@@ -452,6 +485,15 @@ func (m ModuleConfig) over(d ModuleConfig) ModuleConfig {
 	}
 	if m.MaxPriority == 0 {
 		m.MaxPriority = d.MaxPriority
+	}
+	if m.MaxDelay == 0 {
+		m.MaxDelay = d.MaxDelay
+	}
+	if m.MaxScheduled == 0 {
+		m.MaxScheduled = d.MaxScheduled
+	}
+	if m.MaxScheduledBytes == 0 {
+		m.MaxScheduledBytes = d.MaxScheduledBytes
 	}
 	if m.EmitGrants == nil {
 		m.EmitGrants = d.EmitGrants
@@ -528,6 +570,9 @@ func (c Config) Validate() error {
 	if err := c.History.validate(); err != nil {
 		errs = append(errs, err)
 	}
+	if err := c.Identity.validate(c.Node, brokerUser(c.Brokers()[0])); err != nil {
+		errs = append(errs, err)
+	}
 	if err := c.CheckConsumerTimeout(c.Module, true); err != nil {
 		errs = append(errs, err)
 	}
@@ -596,6 +641,15 @@ func (m ModuleConfig) validate() error {
 	}
 	if m.Prefetch < 1 || m.Prefetch > 65535 {
 		errs = append(errs, fmt.Errorf("prefetch: %d is not within 1..65535", m.Prefetch))
+	}
+	if m.MaxDelay < 0 || m.MaxDelay > delay.Max {
+		errs = append(errs, fmt.Errorf("max_delay: %v is not within 0..%v (the cascade's longest)", m.MaxDelay, delay.Max))
+	}
+	if m.MaxScheduled < 0 {
+		errs = append(errs, fmt.Errorf("max_scheduled: %d is negative", m.MaxScheduled))
+	}
+	if m.MaxScheduledBytes < 0 {
+		errs = append(errs, fmt.Errorf("max_scheduled_bytes: %d is negative", m.MaxScheduledBytes))
 	}
 	if m.Concurrency < 1 || m.Concurrency > m.Prefetch {
 		errs = append(errs, fmt.Errorf("concurrency: %d is not within 1..prefetch (%d)", m.Concurrency, m.Prefetch))

@@ -178,6 +178,11 @@ func (n *Node) openBook() error {
 			"what it listed is still delivered, but not listed nor cancellable", "path", path)
 	}
 	n.book = b
+	entries, _, err := b.List(schedbook.Filter{}, -1)
+	if err != nil {
+		n.log.Warn("delays: the book of scheduled events could not be read; each module's schedules count from now", "path", path, "err", err)
+	}
+	n.sched.fill(entries)
 	return nil
 }
 
@@ -414,14 +419,39 @@ func (n *Node) move(s *session, d amqp.Delivery) {
 		return
 	}
 	entry := schedbook.Key(d.MessageId, headerString(d.Headers, headerDelayQueue))
+	var booked schedbook.Entry // what the book says of it (zero if nothing)
 	if n.book != nil {
-		if e, err := n.book.Get(entry); err == nil && e.Cancelled {
+		e, err := n.book.Get(entry)
+		if err == nil {
+			booked = e
+		}
+		if err == nil && e.Cancelled {
 			if err := d.Ack(false); err != nil {
 				return // delivered again, and dropped again
 			}
 			_ = n.book.Delete(entry)
+			n.releaseSchedule(e)
 			n.stats.delaysCancelled.Add(1)
 			n.log.Info("delays: a cancelled event came due and is dropped", "event_id", e.ID, "event_type", e.Type)
+			return
+		}
+	}
+	if _, isRetry := d.Headers[headerDelayQueue]; !isRetry && d.UserId == n.userID {
+		if why := n.whyNotDue(headerString(d.Headers, wire.HeaderSource), key); why != "" {
+			if err := d.Ack(false); err != nil {
+				return // delivered again, and dropped again
+			}
+			if n.book != nil {
+				_ = n.book.Delete(entry)
+				n.releaseSchedule(booked)
+			}
+			n.stats.delaysDropped.Add(1)
+			n.log.Warn("delays: a due event is dropped: "+why, "event_id", d.MessageId, "event_type", key)
+			e := booked
+			if e.ID == "" {
+				e = schedbook.Entry{ID: d.MessageId, Type: key, Source: headerString(d.Headers, wire.HeaderSource)}
+			}
+			n.record(wire.NodeDelayDropped, e)
 			return
 		}
 	}
@@ -464,6 +494,7 @@ func (n *Node) move(s *session, d amqp.Delivery) {
 		if err := n.book.Delete(entry); err != nil {
 			n.log.Warn("delays: a delivered event could not be crossed out of the node's book; it stays listed", "event_id", d.MessageId, "err", err)
 		}
+		n.releaseSchedule(booked)
 	}
 	n.stats.delivered.Add(1) // after the book: whoever sees it counted sees it crossed out
 	if due, err := time.Parse(time.RFC3339Nano, headerString(d.Headers, wire.HeaderDue)); err == nil {
@@ -547,6 +578,10 @@ func (n *Node) dueMessage(d amqp.Delivery) (exchange, key string, msg amqp.Publi
 		}
 	}
 	if !isRetry {
+		if msg.Headers == nil {
+			msg.Headers = amqp.Table{}
+		}
+		msg.Headers[wire.HeaderScheduledBy] = d.UserId
 		return wire.ExchangeEvents, eventType, msg, nil
 	}
 	// A retry back to the queue a module of the node took it from: its own

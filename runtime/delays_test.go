@@ -256,15 +256,15 @@ func TestMoverIsNoConfusedDeputy(t *testing.T) {
 	}
 	// What the node's own user schedules is still delivered, after them.
 	forge(ch, "guest", "fine", amqp.Table{wire.HeaderRoutingKey: "node.deputy.fine", wire.HeaderEventID: "fine"}, "deputy", 0)
-	if d := receive(t, published, "the node's own schedule"); d.MessageId != "fine" {
+	if d := receive(t, published, "the node's own schedule"); d.MessageId != "fine" || d.Headers[wire.HeaderScheduledBy] != "guest" {
 		t.Errorf("published %q (%s) before the node's own schedule; the forged ones must never be", d.MessageId, d.RoutingKey)
 	}
 	// A node that trusts the other user (delay_publishers) delivers its
 	// schedule, as its own user.
 	testNode(t, url, "trusting", func(c *runtime.Config) { withDelays(c); c.DelayPublishers = []string{user} })
 	forge(attacker, user, "trusted", amqp.Table{wire.HeaderRoutingKey: "node.trusting.ops", wire.HeaderEventID: "trusted"}, "trusting", 0)
-	if d := receive(t, published, "the trusted user's schedule"); d.MessageId != "trusted" || d.UserId != "guest" {
-		t.Errorf("published %q as %q; want the trusted schedule, as the node's user", d.MessageId, d.UserId)
+	if d := receive(t, published, "the trusted user's schedule"); d.MessageId != "trusted" || d.UserId != "guest" || d.Headers[wire.HeaderScheduledBy] != user {
+		t.Errorf("published %q as %q, scheduled by %v; want the trusted schedule, as the node's user, saying %s scheduled it", d.MessageId, d.UserId, d.Headers[wire.HeaderScheduledBy], user)
 	}
 	// Even a trusted user may not have the node put a "retry" into a queue.
 	forge(attacker, user, "forged-retry", amqp.Table{wire.HeaderRoutingKey: "node.trusting.ops", "x-mesh-delay-queue": "mesh.dead-letters",
@@ -522,4 +522,96 @@ func TestConsumedQueueRetryWaitsInTheCascade(t *testing.T) {
 		t.Errorf("scheduled retries: %v", seen)
 	}
 	waitFor(t, 10*time.Second, func() bool { return queueDepth(t, ch, "jobs.quorum") == 0 && queueDepth(t, ch, "jobs.classic") == 0 })
+}
+
+// TestModuleSchedulesAreBounded: a module may schedule no further ahead
+// than its entry's max_delay, and no more at once than max_scheduled and
+// max_scheduled_bytes; the refusals are ErrForbidden naming the key, and
+// a schedule that comes due gives its room back.
+func TestModuleSchedulesAreBounded(t *testing.T) {
+	t.Parallel()
+	url := brokertest.VHost(t)
+	n := testNode(t, url, "bounded", withDelays)
+	ctx := emitCtx(t)
+	m := load(t, n, sdk.Module{Name: "reminder", Emits: []string{"nudge"}}, runtime.ModuleConfig{MaxDelay: time.Hour, MaxScheduled: 2, MaxScheduledBytes: 64})
+	mesh := m.Mesh()
+	if _, err := mesh.Emit(ctx, "nudge", 1, sdk.After(2*time.Hour)); !errors.Is(err, sdk.ErrForbidden) || !strings.Contains(err.Error(), "max_delay: 1h0m0s") {
+		t.Errorf("a delay past max_delay: %v", err)
+	}
+	if _, err := mesh.Emit(ctx, "nudge", strings.Repeat("x", 100), sdk.After(time.Second)); !errors.Is(err, sdk.ErrForbidden) || !strings.Contains(err.Error(), "max_scheduled_bytes: 64") {
+		t.Errorf("a schedule past max_scheduled_bytes: %v", err)
+	}
+	tap := brokertest.Tap(t, url, wire.ExchangeEvents, "module.reminder.nudge")
+	for range 2 {
+		if _, err := mesh.Emit(ctx, "nudge", 1, sdk.After(time.Second)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := mesh.Emit(ctx, "nudge", 1, sdk.After(time.Second)); !errors.Is(err, sdk.ErrForbidden) || !strings.Contains(err.Error(), "max_scheduled: 2") {
+		t.Errorf("a third schedule past max_scheduled 2: %v", err)
+	}
+	// Each delivered schedule gives its room back (the mover crosses it
+	// out after its publish is confirmed: the stats count it then).
+	for range 2 {
+		receive(t, tap, "a due nudge")
+	}
+	waitFor(t, 30*time.Second, func() bool { return n.Stats().DelaysDelivered >= 2 })
+	if _, err := mesh.Emit(ctx, "nudge", 1, sdk.After(time.Second)); err != nil {
+		t.Errorf("a schedule after the others came due: %v", err)
+	}
+	if st := n.Stats(); st.Scheduled != 3 {
+		t.Errorf("refused schedules were sent: %+v", st)
+	}
+}
+
+// TestDueScheduleOfAGoneModuleIsDropped: a schedule that comes due after
+// its module left the node's configuration, or lost the grant of its
+// type, is dropped, counted, and recorded as node.NODE.delay.dropped; a
+// schedule of a module still configured and granted is delivered.
+func TestDueScheduleOfAGoneModuleIsDropped(t *testing.T) {
+	t.Parallel()
+	url := brokertest.VHost(t)
+	n := testNode(t, url, "dropper", withDelays)
+	ctx := emitCtx(t)
+	n.SetModules([]string{"gone", "granted", "kept"})
+	gone := load(t, n, sdk.Module{Name: "gone", Emits: []string{"nudge"}}, runtime.ModuleConfig{})
+	granted := load(t, n, sdk.Module{Name: "granted"}, runtime.ModuleConfig{EmitGrants: []string{"mesh.reminders.#"}})
+	kept := load(t, n, sdk.Module{Name: "kept", Emits: []string{"nudge"}}, runtime.ModuleConfig{})
+	events := brokertest.Tap(t, url, wire.ExchangeEvents, "#.nudge")
+	reminders := brokertest.Tap(t, url, wire.ExchangeEvents, "mesh.reminders.#")
+	dropped := brokertest.Tap(t, url, wire.ExchangeEvents, "node.dropper.delay.dropped")
+	if _, err := gone.Mesh().Emit(ctx, "nudge", 1, sdk.After(2*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := granted.Mesh().Emit(ctx, "mesh.reminders.due", 1, sdk.After(2*time.Second), sdk.AsFullType()); err != nil {
+		t.Fatal(err)
+	}
+	// Before they come due, gone leaves the configuration, and granted
+	// is loaded again without its grant (as meshd does on a reload).
+	n.SetModules([]string{"granted", "kept"})
+	if err := granted.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	load(t, n, sdk.Module{Name: "granted"}, runtime.ModuleConfig{EmitGrants: []string{}})
+	waitFor(t, 30*time.Second, func() bool { return n.Stats().DelaysDropped >= 2 })
+	for range 2 {
+		d := receive(t, dropped, "the record of a dropped schedule")
+		var e schedbook.Entry
+		if err := json.Unmarshal(d.Body, &e); err != nil || (e.Source != "gone" && e.Source != "granted") {
+			t.Errorf("the record of a dropped schedule: %s (%v)", d.Body, err)
+		}
+	}
+	// A schedule of a module still configured and granted comes due after
+	// them, and is delivered: the first event on the taps is its.
+	if _, err := kept.Mesh().Emit(ctx, "nudge", 1, sdk.After(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if d := receive(t, events, "kept's nudge"); d.RoutingKey != "module.kept.nudge" {
+		t.Errorf("a dropped schedule was delivered: %s from %v", d.RoutingKey, d.Headers[wire.HeaderSource])
+	}
+	select {
+	case d := <-reminders:
+		t.Errorf("the schedule of a revoked grant was delivered: %s", d.RoutingKey)
+	default:
+	}
 }

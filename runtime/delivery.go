@@ -56,6 +56,12 @@ func (m *Module) handle(d amqp.Delivery, deliveries <-chan amqp.Delivery, a *ack
 		m.deadLetter(src, d, eventType, attempt, wire.DeadReasonMalformed, err)
 		return false
 	}
+	// Its x-node against the broker user that published it, as the
+	// node's identity rule names them (identity.go).
+	if err := m.identity(d, "event", meta.ID, eventType, meta.Node, o.userID); err != nil {
+		m.deadLetter(src, d, eventType, attempt, wire.DeadReasonIdentity, err)
+		return false
+	}
 	ev := eventOf(d, meta, eventType, attempt)
 	ev.UserID = o.userID
 	if attempt == 1 {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/meshkit/mesh/internal/asyncemit"
 	"github.com/meshkit/mesh/internal/causation"
@@ -50,6 +51,9 @@ func (m *Module) emit(ctx context.Context, name string, body any, o wire.EmitOpt
 	eventType, err := m.eventType(name, o.FullType)
 	if err != nil {
 		return "", fmt.Errorf("emit: %w", err)
+	}
+	if err := m.checkDelay(eventType, o, time.Now()); err != nil {
+		return "", err
 	}
 	raw, err := m.node.encodeBody(body)
 	if err == nil {

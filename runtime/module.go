@@ -63,6 +63,7 @@ type Module struct {
 	attrs          attribute.Set             // module=<name>, for its metrics
 	outcomeOpts    map[string]metric.RecordOption
 	failures       failureBudget           // of its failure warnings
+	identityWarns  failureBudget           // of its identity warnings (identity.go)
 	queueTimeOpt   metric.RecordOption     // module=<name>, for its time in queue (made once: a set costs allocations)
 	attachable     bool                    // Setup has returned and the record of handled ids is open
 	attachedOn     atomic.Pointer[session] // the session its consumers and servers were last attached on (Ready reads it without the lock)

@@ -56,6 +56,7 @@ type Node struct {
 
 	spool     *spool.Spool    // nil on an ephemeral node
 	book      *schedbook.Book // what it scheduled and has not delivered; nil without delays or when ephemeral
+	sched     schedLedger     // what each source has waiting in the book (schedlimits.go)
 	spoolGate sync.RWMutex    // appends hold it shared; the drain takes it to end spooling
 	spooling  atomic.Bool     // emits go to the spool: it holds events not resent yet
 	drainKick chan struct{}
@@ -65,7 +66,10 @@ type Node struct {
 
 	mu      sync.Mutex
 	modules map[string]*Module
-	plugins []*PluginModule
+	// configured are the modules the node's configuration names
+	// (SetModules); nil: not told.
+	configured map[string]bool
+	plugins    []*PluginModule
 	// failed holds why an in-process module stopped by itself (its Run
 	// failed), by name, until a module of that name is loaded again.
 	failed map[string]error
@@ -454,6 +458,18 @@ func (n *Node) emit(ctx context.Context, source, eventType string, raw []byte, o
 	} else {
 		due = time.Time{}
 	}
+	if delayed && n.book != nil {
+		// Room for the schedule among what its module has waiting; given
+		// back if it is not made.
+		var maxCount int
+		var maxBytes int64
+		if m := n.module(source); m != nil {
+			maxCount, maxBytes = m.cfg.MaxScheduled, m.cfg.MaxScheduledBytes
+		}
+		if err := n.sched.reserve(source, int64(len(raw)), maxCount, maxBytes); err != nil {
+			return "", fmt.Errorf("emit %s: %w", eventType, err)
+		}
+	}
 	ctx, span := n.startPublish(ctx, eventType, id)
 	injectTrace(ctx, headers)
 	var err error
@@ -465,10 +481,13 @@ func (n *Node) emit(ctx context.Context, source, eventType string, raw []byte, o
 	}
 	endSpan(span, err)
 	if err != nil {
+		if delayed && n.book != nil {
+			n.sched.release(source, int64(len(raw)))
+		}
 		return "", fmt.Errorf("emit %s: %w", eventType, err)
 	}
 	if delayed {
-		n.writeDown(schedbook.Entry{ID: id, Type: eventType, Source: source, Due: due, Scheduled: now})
+		n.writeDown(schedbook.Entry{ID: id, Type: eventType, Source: source, Due: due, Scheduled: now, Bytes: len(raw)})
 	}
 	return id, nil
 }

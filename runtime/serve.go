@@ -102,6 +102,13 @@ func (m *Module) answer(ch *amqp.Channel, t tool, d amqp.Delivery) {
 		m.settle(d)
 		return
 	}
+	// Its x-node against the broker user that published it (identity.go),
+	// before the callers rule trusts the node it names.
+	if err := m.identity(d, "request", meta.ID, t.key, meta.Node, d.UserId); err != nil {
+		m.log.Warn("request refused: its x-node is not its publisher's (identity)", "tool", t.key, "request_id", meta.ID, "err", err)
+		m.reply(ch, d, nil, &sdk.ToolError{Code: wire.CodeForbidden, Message: err.Error(), Permanent: true})
+		return
+	}
 	if err := m.checkCaller(t.key, Caller{Node: meta.Node, Module: meta.Source, User: d.UserId}); err != nil {
 		m.log.Warn("request from a caller the tool does not take refused", "tool", t.key, "request_id", meta.ID, "err", err)
 		m.reply(ch, d, nil, &sdk.ToolError{Code: wire.CodeForbidden, Message: err.Error(), Permanent: true})

@@ -560,6 +560,7 @@ type counters struct {
 	emitted, spooled, resent, refused, expired, backPressure atomic.Uint64
 	scheduled, atMostOnce, delivered, retriesScheduled       atomic.Uint64
 	delaysCancelled                                          atomic.Uint64
+	delaysDropped                                            atomic.Uint64
 	spoolDeadLettered, spoolUnrouted                         atomic.Uint64
 	blocks, serverChecks                                     atomic.Uint64
 	disconnects, reconnects, refusingChannels                atomic.Uint64
@@ -605,6 +606,10 @@ type Stats struct {
 	// DelaysCancelled counts delayed events that came due cancelled
 	// (meshctl delayed cancel) and were dropped.
 	DelaysCancelled uint64
+	// DelaysDropped counts delayed events that came due from a module no
+	// longer in the node's configuration or no longer granted their type
+	// (Node.SetModules), and were dropped.
+	DelaysDropped uint64
 	// DelaysWaiting is what the node's book holds now: what it scheduled
 	// (delayed events and retries) and has not delivered yet.
 	DelaysWaiting int
@@ -658,6 +663,7 @@ func (n *Node) Stats() Stats {
 		DelaysDelivered:   n.stats.delivered.Load(),
 		RetriesScheduled:  n.stats.retriesScheduled.Load(),
 		DelaysCancelled:   n.stats.delaysCancelled.Load(),
+		DelaysDropped:     n.stats.delaysDropped.Load(),
 		Spooled:           n.stats.spooled.Load(),
 		Resent:            n.stats.resent.Load(),
 		Expired:           n.stats.expired.Load(),

@@ -57,7 +57,7 @@ type moduleCounts struct {
 type originCounts struct {
 	attrs                                                          attribute.Set // module=<module>, origin=<origin>
 	delivered, handled, failed, deadLettered, duplicates, filtered atomic.Uint64
-	conflicts                                                      atomic.Uint64
+	conflicts, identity                                            atomic.Uint64
 }
 
 // The origin attribute of what carries no usable x-source (a message
@@ -176,6 +176,7 @@ func (n *Node) startTelemetry() error {
 		deadLet     = counter("mesh.events.dead_lettered", "Events a module gave up on, by module and origin.")
 		duplicates  = counter("mesh.events.duplicates", "Deliveries of events a module had handled, acknowledged without handling, by module and origin.")
 		conflicts   = counter("mesh.events.conflicts", "Deliveries of an event id a module had handled with other content (type, body or the headers of its meaning): not handled, dead-lettered with reason conflict, by module and origin.")
+		identity    = counter("mesh.identity.mismatches", "Events and tool requests a module took whose x-node another broker user published than the node's identity rule names (identity:), by module and origin: dead-lettered with reason identity or refused as forbidden (enforce), or delivered with a warning (warn).")
 		filtered    = counter("mesh.events.filtered", "Deliveries no filter of a module's handlers accepted (sdk.Filter), acknowledged without handling, by module and origin.")
 		restarts    = counter("mesh.module.restarts", "Times a module process was started again after it went away, by module.")
 		queuesDown  = gauge("mesh.module.queues_down", "Consumed queues a module cannot consume now (deleted, say), by module; each is tried again.")
@@ -247,13 +248,14 @@ func (n *Node) startTelemetry() error {
 				o.ObserveInt64(deadLet, int64(c.deadLettered.Load()), attrs)
 				o.ObserveInt64(duplicates, int64(c.duplicates.Load()), attrs)
 				o.ObserveInt64(conflicts, int64(c.conflicts.Load()), attrs)
+				o.ObserveInt64(identity, int64(c.identity.Load()), attrs)
 				o.ObserveInt64(filtered, int64(c.filtered.Load()), attrs)
 				return true
 			})
 		}
 		return nil
 	}, connected, blocked, blocks, reconnects, disconnects, confirmed, scheduled, delays, atMostOnce, waiting, cancelled, refused, backPress, spooled, resent, expired, spoolDead, returned,
-		spoolEvents, spoolBytes, checks, emitted, delivered, handled, failed, deadLet, duplicates, conflicts, filtered, restarts, queuesDown, depth, consumers,
+		spoolEvents, spoolBytes, checks, emitted, delivered, handled, failed, deadLet, duplicates, conflicts, identity, filtered, restarts, queuesDown, depth, consumers,
 		obUnsent, obOldest, obAside, obErrors)
 	if err != nil {
 		return fmt.Errorf("node %s: metrics: %w", n.cfg.Node, err)

@@ -32,6 +32,7 @@ go build -ldflags "$ldflags" -o bin/ordersource ./examples/ordersource
 bin/ordersource -declare-only
 seconds="${DEMO_SECONDS:-6}"
 echo "== meshd runs umami, notifier, billing, tax, the audit logger, the dispatcher and the agent as module processes for ${seconds}s; meshctl tail 'module.#' shows the events =="
+echo "== a demo setup: meshd and meshctl log in to the local broker as guest/guest, and meshd warns of it; a real mesh gives each node a broker user of its own and turns identity: on (docs/security.md) =="
 bin/meshctl tail 'module.#' &
 tail_pid=$!
 config=examples/mesh.yaml

@@ -68,7 +68,9 @@ type Event struct {
 	// the handler reads, Module.Reads: the handler did not run),
 	// "expired" (a consumed queue's message whose x-deadline passed) or
 	// "conflict" (its id was handled with other content: the handler did
-	// not run; DeadError names both digests).
+	// not run; DeadError names both digests) or "identity" (its x-node
+	// was published by another broker user than the receiving node's
+	// identity rule names: the handler did not run; DeadError names both).
 	DeadReason string
 	// DeadError is the last error, as text.
 	DeadError string

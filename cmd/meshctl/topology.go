@@ -12,6 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/urfave/cli/v2"
 
+	"github.com/meshkit/mesh/internal/guest"
 	"github.com/meshkit/mesh/runtime"
 	"github.com/meshkit/mesh/runtime/nodeconfig"
 )
@@ -36,7 +37,7 @@ func topologyCommand() *cli.Command {
 				Usage: "compare the live broker with what a node declares: each exchange and queue missing or declared with other " +
 					"arguments, and each binding missing or not the mesh's, is reported (exit 1). Bindings are read from the management " +
 					"API (AMQP cannot list them); a module queue's are compared with the node's binding record, so run it where the " +
-					"node's state_dir is",
+					"node's state_dir is. A broker that accepts guest/guest from this host is a WARNING, no difference",
 				Flags: []cli.Flag{configFlag(), &cli.StringFlag{Name: "node", Usage: "the node's `NAME` (default: the config's)"},
 					&cli.StringFlag{Name: "management-url", EnvVars: []string{"MESH_MANAGEMENT_URL"},
 						Usage: "the broker's management API, http(s)://HOST:PORT (default: the AMQP host, port 15672; the AMQP URL's user)"},
@@ -176,17 +177,18 @@ func topologyPrint(c *cli.Context) error {
 }
 
 // finding is one line of topology check: a verdict (ok, MISSING, DIFFERS,
-// EXTRA, UNCHECKED, ERROR) on an object or a binding.
+// EXTRA, UNCHECKED, ERROR) on an object or a binding, or a WARNING of what
+// the broker lets anyone do (the user guest).
 type finding struct {
 	Verdict string `json:"verdict"`
-	Kind    string `json:"kind"` // exchange, queue or binding
+	Kind    string `json:"kind"` // exchange, queue, binding or user
 	Name    string `json:"name"` // a binding's is "exchange \"key\" -> queue"
 	Detail  string `json:"detail,omitempty"`
 }
 
 // problem says the finding is a difference from what the node declares.
 func (f finding) problem() bool {
-	return f.Verdict != "ok" && f.Verdict != "UNCHECKED"
+	return f.Verdict != "ok" && f.Verdict != "UNCHECKED" && f.Verdict != "WARNING"
 }
 
 func topologyCheck(c *cli.Context) error {
@@ -248,6 +250,15 @@ func topologyCheck(c *cli.Context) error {
 				if err := report(fd.finding); err != nil {
 					return err
 				}
+			}
+		}
+	}
+	// No difference, but what anyone on this host may do as guest
+	// (internal/guest), as meshd says at start.
+	if tc, err := tlsSettings(c).ClientConfig(); err == nil {
+		for _, w := range guest.Probe(ctx, f.Runtime().Brokers()[0], tc).Warnings() {
+			if err := report(finding{Verdict: "WARNING", Kind: "user", Name: guest.Name, Detail: w}); err != nil {
+				return err
 			}
 		}
 	}

@@ -156,6 +156,14 @@ modules:
 	if strings.Contains(out, "ok ") || !regexp.MustCompile(`(?m)^checked [0-9]+ exchanges, [0-9]+ queues and [0-9]+ bindings of node n1: all as declared \(--all lists every one\)$`).MatchString(out) {
 		t.Errorf("check without --all printed:\n%s", out)
 	}
+	// The test broker accepts guest/guest, and the node logs in as guest:
+	// warned of, no difference.
+	for _, want := range []string{"WARNING   user guest: the broker at " + brokertest.Host() + " accepts guest/guest from this host: any local process can publish as any node and module",
+		"WARNING   user guest: this node logs in to the broker at " + brokertest.Host() + " as guest"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("check lacks %q:\n%s", want, out)
+		}
+	}
 	out, err = run("topology", "check", "--config", cfg, "--all")
 	if err != nil {
 		t.Fatalf("check --all of a node's own broker: %v\n%s", err, out)

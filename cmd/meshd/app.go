@@ -201,6 +201,7 @@ func run(c *cli.Context) error {
 		return errors.Join(err, shutdown())
 	}
 	running := map[string]*loaded{}
+	node.SetModules(moduleNames(f)) // a due schedule of a module gone from the config is dropped
 	for i, m := range f.Modules {
 		l, err := start.start(ctx, i, m)
 		if err != nil {
@@ -212,6 +213,7 @@ func run(c *cli.Context) error {
 	}
 	ready.loading.Store(false)
 	logProtections(log, iso, c.String("config"), running)
+	warnGuest(ctx, log, f)
 	if _, err := node.Emit(ctx, node.Name(), "node."+node.Name()+".joined", map[string]any{"modules": len(f.Modules)}); err != nil {
 		log.Warn("could not announce the node", "err", err)
 	}
@@ -279,6 +281,7 @@ func reload(ctx context.Context, c *cli.Context, was nodeconfig.File, start *sta
 	if !reflect.DeepEqual(f.Runtime(), was.Runtime()) {
 		log.Warn("reload: the node's own settings changed; they apply when meshd restarts")
 	}
+	start.node.SetModules(moduleNames(f))
 	stop := func(name string) {
 		stopCtx, cancel := context.WithTimeout(context.Background(), was.Grace+5*time.Second)
 		defer cancel()
@@ -456,4 +459,13 @@ func (r *readiness) check() error {
 		return nil
 	}
 	return r.node.Ready()
+}
+
+// moduleNames are the names of f's modules.
+func moduleNames(f nodeconfig.File) []string {
+	names := make([]string, 0, len(f.Modules))
+	for _, m := range f.Modules {
+		names = append(names, m.Name)
+	}
+	return names
 }

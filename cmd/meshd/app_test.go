@@ -145,6 +145,13 @@ func TestRunAnnouncesAndStopsOnSIGTERM(t *testing.T) {
 	if strings.Contains(logs.String(), "guest:guest") {
 		t.Errorf("the broker password is in the log:\n%s", logs.String())
 	}
+	// The test broker accepts guest/guest, and the node logs in as guest:
+	// meshd says both at start.
+	for _, want := range []string{"accepts guest/guest from this host", "this node logs in to the broker at " + brokertest.Host() + " as guest"} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("meshd's log does not say %q:\n%s", want, logs.String())
+		}
+	}
 }
 
 func TestRunRequiresANode(t *testing.T) {

@@ -52,6 +52,9 @@ type Entry struct {
 	Attempts int    `json:"attempts,omitempty"`
 	// Cancelled says its delivery is to be dropped.
 	Cancelled bool `json:"cancelled,omitempty"`
+	// Bytes is its body's size, counted against its source's bound
+	// (0 in an entry of v0.1.0's book).
+	Bytes int `json:"bytes,omitempty"`
 }
 
 // Key is the entry's key in the book: its id, or for a retry its queue

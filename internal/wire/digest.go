@@ -62,7 +62,7 @@ func Digest(eventType string, m Meta, body []byte) uint64 {
 // outsideMeaning tells the x- headers Digest leaves out.
 func outsideMeaning(k string) bool {
 	switch k {
-	case "x-death", "x-delivery-count", "x-received-from", HeaderDue, HeaderReplayID, HeaderDeadline:
+	case "x-death", "x-delivery-count", "x-received-from", HeaderDue, HeaderScheduledBy, HeaderReplayID, HeaderDeadline:
 		return true
 	}
 	return strings.HasPrefix(k, "x-first-death-") || strings.HasPrefix(k, "x-last-death-") || strings.HasPrefix(k, "x-mesh-")

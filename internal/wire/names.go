@@ -94,6 +94,14 @@ const (
 // delay cascade's routing key, not this header, is what delays an event.
 const HeaderDue = "x-due"
 
+// HeaderScheduledBy is, on a delayed event the mover delivered, the
+// broker user that scheduled it (the schedule's user-id, which the broker
+// verified): the mover publishes as its node's own user, so this is what
+// keeps an operator's schedule sent through a node (meshctl emit --after)
+// the operator's in the audit log. Set by the mover, whatever the
+// schedule carried; like x-due it informs and decides nothing.
+const HeaderScheduledBy = "x-scheduled-by"
+
 // The records a node emits of its schedules (ADR 32), as
 // node.<node>.delay.<what>: one that it scheduled an event or a retry
 // (caused by that event, its book entry as the body), one that it was
@@ -101,6 +109,9 @@ const HeaderDue = "x-due"
 const (
 	NodeDelayScheduled = "scheduled"
 	NodeDelayCancelled = "cancelled"
+	// NodeDelayDropped: a schedule came due whose module is no longer
+	// on the node or no longer granted its type, and was not delivered.
+	NodeDelayDropped = "dropped"
 )
 
 // NodeDelayEvent is the type of node's record what of a schedule.
@@ -122,6 +133,7 @@ const (
 	DeadReasonExpired       = "expired"        // its x-deadline passed before a handler took it (a consumed queue's message)
 	DeadReasonConflict      = "conflict"       // its id was handled with other content (type, body or the headers of its meaning): wire.Digest differs
 	DeadReasonRefused       = "refused"        // the broker refused a spooled event until emit_timeout (no queue gave up: x-mesh-dead-queue is absent)
+	DeadReasonIdentity      = "identity"       // its x-node was published by another broker user than the node's identity rule names (identity: in mesh.yaml), or by none
 )
 
 // Origins are the reserved first words of an event type.

@@ -94,6 +94,9 @@ type File struct {
 	// History names the stream that keeps the mesh's history, replicated
 	// on the broker, for the audit logger (runtime.HistoryConfig; ADR 35).
 	History History `yaml:"history"`
+	// Identity ties each node's name (x-node) to its broker user
+	// (user-id): runtime.IdentityConfig.
+	Identity Identity `yaml:"identity"`
 	// Defaults apply to every module unless it says otherwise.
 	Defaults Module   `yaml:"defaults"`
 	Modules  []Module `yaml:"modules"`
@@ -129,6 +132,11 @@ type Module struct {
 	// holding the delivery (runtime.ModuleConfig.Retry).
 	Retry       []time.Duration `yaml:"retry"`
 	MaxPriority int             `yaml:"max_priority"`
+	// MaxDelay, MaxScheduled and MaxScheduledBytes bound what the module
+	// schedules (runtime.ModuleConfig.MaxDelay).
+	MaxDelay          time.Duration `yaml:"max_delay"`
+	MaxScheduled      int           `yaml:"max_scheduled"`
+	MaxScheduledBytes int64         `yaml:"max_scheduled_bytes"`
 	// EmitGrants are patterns of full event types under mesh. or node. the
 	// module may emit (sdk.AsFullType).
 	EmitGrants []string `yaml:"emit_grants"`
@@ -191,6 +199,16 @@ type History struct {
 	MaxBytes     int64         `yaml:"max_bytes"`
 	SegmentBytes int64         `yaml:"segment_bytes"`
 	Replicas     int           `yaml:"replicas"`
+}
+
+// Identity is the node's identity rule (runtime.IdentityConfig): what it
+// does with an event or a tool request whose x-node another broker user
+// published than the one users (or user_pattern) names for that node.
+type Identity struct {
+	Mode        string            `yaml:"mode"`
+	Users       map[string]string `yaml:"users"`
+	UserPattern string            `yaml:"user_pattern"`
+	Operators   []string          `yaml:"operators"`
 }
 
 // TLS names the PEM files of an amqps:// connection.
@@ -281,6 +299,8 @@ func (f File) Runtime() runtime.Config {
 		ManagementURL:     f.ManagementURL,
 		History: runtime.HistoryConfig{Stream: f.History.Stream, MaxAge: f.History.MaxAge, MaxBytes: f.History.MaxBytes,
 			SegmentBytes: f.History.SegmentBytes, Replicas: f.History.Replicas},
+		Identity: runtime.IdentityConfig{Mode: f.Identity.Mode, Users: f.Identity.Users, UserPattern: f.Identity.UserPattern,
+			Operators: f.Identity.Operators},
 	}
 }
 
@@ -312,6 +332,7 @@ func (m Module) runtime() runtime.ModuleConfig {
 	return runtime.ModuleConfig{
 		QueueType: m.QueueType, Prefetch: m.Prefetch, Concurrency: m.Concurrency, MaxAttempts: m.MaxAttempts,
 		HandlerTimeout: m.HandlerTimeout, Retry: m.Retry, MaxPriority: m.MaxPriority, EmitGrants: m.EmitGrants,
+		MaxDelay: m.MaxDelay, MaxScheduled: m.MaxScheduled, MaxScheduledBytes: m.MaxScheduledBytes,
 		AllowDuplicates: m.AllowDuplicates, AllowUndeclaredEmits: m.AllowUndeclaredEmits,
 		SkipBodyValidation: m.SkipBodyValidation, DenyHistory: !m.History,
 		CallGrants: m.Calls, ConsumeGrants: m.Consumes, DeadLetterGrants: m.DeadLetters, Callers: m.Callers,

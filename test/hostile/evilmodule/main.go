@@ -136,7 +136,7 @@ func (s *server) Describe(context.Context, *pb.Empty) (*pb.Description, error) {
 		// The mesh's history, past the sdk: every event routed, which
 		// its entry does not grant it.
 		d.History, d.HistoryFrom = true, -1
-	case "bigerror":
+	case "bigerror", "receive":
 		d.Patterns = []string{cfg.Pattern}
 	case "schemas":
 		// Schemas the host compiles: one that refers to a file meshd
@@ -344,6 +344,9 @@ func (s *server) Deliver(stream pb.Module_DeliverServer) error {
 			return err
 		}
 		for _, d := range b.Deliveries {
+			if cfg.Attack == "receive" { // an honest consumer: says what it got
+				report("delivery", d.Id, nil)
+			}
 			if cfg.Attack == "bigerror" {
 				report("delivery", d.Id, nil)
 				huge := strings.Repeat("x", cfg.Size)
