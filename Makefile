@@ -72,7 +72,7 @@ lint: ## Fail on unformatted files (gofmt -l), on packages and exported names wi
 	$(GO) vet ./...
 	$(GO) run ./cmd/apicheck
 
-fuzz: ## Fuzz event-type validation, subscription filters, emit naming and bodies, header decoding, topic matching, the dedup log, dead-letter headers (as meshctl and a DeadLetters handler read them), replay targets, meshctl's terminal escaping, caller patterns, permission patterns, coalesced acks, the console's login redirect and audit filter, the CloudEvents reader, body schemas and their compatibility checker, event digests, the dedup digest file, outbox rows' options, the shape of mesh.yaml, the audit chain's hash and checkpoints, 20s each
+fuzz: ## Fuzz event-type validation, subscription filters, emit naming and bodies, header decoding, topic matching, the dedup log, dead-letter headers (as meshctl and a DeadLetters handler read them), replay targets, meshctl's terminal escaping, caller patterns, permission patterns, coalesced acks, the console's login redirect, audit filter and tokens file, the CloudEvents reader, body schemas (and the bounds on what checking a body may cost) and their compatibility checker, event digests, the dedup digest file, outbox rows' options, the shape of mesh.yaml, the audit chain's hash and checkpoints, 20s each
 	$(GO) test -run='^$$' -fuzz=FuzzValidateEventType -fuzztime=20s ./internal/wire
 	$(GO) test -run='^$$' -fuzz=FuzzDecodeMeta -fuzztime=20s ./internal/wire
 	$(GO) test -run='^$$' -fuzz=FuzzMatchPattern -fuzztime=20s ./internal/wire
@@ -98,7 +98,9 @@ fuzz: ## Fuzz event-type validation, subscription filters, emit naming and bodie
 	$(GO) test -run='^$$' -fuzz=FuzzRead -fuzztime=20s ./internal/cloudevents
 	$(GO) test -run='^$$' -fuzz=FuzzSafeNext -fuzztime=20s ./cmd/meshctl/console
 	$(GO) test -run='^$$' -fuzz=FuzzAuditFilterOf -fuzztime=20s ./cmd/meshctl/console
+	$(GO) test -run='^$$' -fuzz=FuzzParseTokens -fuzztime=20s ./cmd/meshctl/console
 	$(GO) test -run='^$$' -fuzz=FuzzValidate -fuzztime=20s ./internal/schema
+	$(GO) test -run='^$$' -fuzz=FuzzCompileAndValidate -fuzztime=20s ./internal/schema
 	$(GO) test -run='^$$' -fuzz=FuzzCanRead -fuzztime=20s ./internal/schema
 	$(GO) test -run='^$$' -fuzz=FuzzFile -fuzztime=20s ./sdk/schema
 	$(GO) test -run='^$$' -fuzz=FuzzDigest -fuzztime=20s ./internal/wire

@@ -11,7 +11,8 @@
 #                   check compares it with the README's).
 #   DEMO_LIVE=1     (make demo-live) keep the mesh running after the show,
 #                   with the web console on DEMO_CONSOLE_ADDR (default
-#                   127.0.0.1:8080), until Ctrl-C.
+#                   127.0.0.1:8080), until Ctrl-C; open the login URL
+#                   meshctl console prints.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin"
@@ -69,7 +70,7 @@ bin/meshctl audit replay --dry-run --type 'module.umami.#'
 if [ -n "${DEMO_LIVE:-}" ]; then
   addr="${DEMO_CONSOLE_ADDR:-127.0.0.1:8080}"
   kill "$tail_pid" 2>/dev/null || true # the console's Live page shows the events now
-  echo "== the demo mesh keeps running: the console is on http://$addr/ (open it in a browser); in another shell try bin/meshctl nodes, bin/meshctl tail '#', bin/meshctl call invoice.create '{\"site\":\"x\",\"cents\":1}'; Ctrl-C stops it all =="
+  echo "== the demo mesh keeps running with the web console on $addr: open the login URL meshctl console prints next in a browser (it works once, for 10 minutes; where you have tokens of your own, from bin/meshctl console token add NAME, it prints none: log in at http://$addr/login with one); in another shell try bin/meshctl nodes, bin/meshctl tail '#', bin/meshctl call invoice.create '{\"site\":\"x\",\"cents\":1}'; Ctrl-C stops it all =="
   bin/meshctl console --addr "$addr" &
   console_pid=$!
   trap 'kill "$tail_pid" "$meshd_pid" "$console_pid" 2>/dev/null || true' EXIT

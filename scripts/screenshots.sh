@@ -44,7 +44,7 @@ console_out=bin/screenshots-console.out
 out_dir=docs/images
 # meshd and meshctl read these before the config: only this script's
 # broker URL may count.
-unset MESH_AMQP_URLS MESH_NODE MESH_STATE_DIR MESH_HTTP_ADDR MESH_CONSOLE_ADDR MESH_CONSOLE_TOKEN_FILE MESH_MANAGEMENT_URL
+unset MESH_AMQP_URLS MESH_NODE MESH_STATE_DIR MESH_HTTP_ADDR MESH_CONSOLE_ADDR MESH_CONSOLE_TOKEN_FILE MESH_CONSOLE_TOKENS MESH_CONSOLE_TLS_CERT MESH_CONSOLE_TLS_KEY MESH_MANAGEMENT_URL
 export MESH_AMQP_URL="$url"
 
 meshd_pid=
@@ -57,6 +57,9 @@ cleanup() {
   done
   rmq delete_vhost "$vhost" >/dev/null 2>&1 || echo "screenshots: could not delete the virtual host $vhost: rabbitmqctl delete_vhost $vhost" >&2
   rm -rf "$state" "$config" "$console_out"
+  if [ -n "${MESH_CONSOLE_TOKENS:-}" ]; then
+    rm -f "$MESH_CONSOLE_TOKENS" "$MESH_CONSOLE_TOKENS.lock"
+  fi
   if [ "$status" = 0 ]; then
     rm -f bin/screenshots-meshd.log bin/screenshots-console.log
   else
@@ -148,12 +151,17 @@ bin/meshctl unrouted replay --type 'node.demo.#'
 wait_until "mesh.unrouted to be empty" unrouted_empty
 
 log "meshctl console"
+# A token of this script's own, in a tokens file of its own (removed at
+# the end): the console always wants one, and the user's file is theirs.
+export MESH_CONSOLE_TOKENS="$PWD/bin/screenshots-console-tokens"
+rm -f "$MESH_CONSOLE_TOKENS"
+console_token=$(bin/meshctl console token add screenshots)
 bin/meshctl console --addr 127.0.0.1:0 > "$console_out" 2> bin/screenshots-console.log &
 console_pid=$!
 wait_until "the console to listen" grep -q '^meshctl console on http://' "$console_out"
 console_url=$(sed -n 's|^meshctl console on \(http://[^/]*\)/.*|\1|p' "$console_out" | head -n 1)
 log "console on $console_url; the pictures go to $out_dir"
 mkdir -p "$out_dir"
-MESH_SCREENSHOTS_URL="$console_url" MESH_SCREENSHOTS_DIR="$PWD/$out_dir" \
+MESH_SCREENSHOTS_URL="$console_url" MESH_SCREENSHOTS_TOKEN="$console_token" MESH_SCREENSHOTS_DIR="$PWD/$out_dir" \
   go test -tags screenshots -count=1 -timeout 10m -run '^TestScreenshots$' -v ./cmd/meshctl
 ls -l "$out_dir"/console-*.png
