@@ -23,17 +23,12 @@ type held struct {
 // number of messages the queue held when it opened, so it ends even while
 // messages keep arriving. One goroutine owns it and its channel.
 //
-// It reads in windows: a consumer's prefetch is the window, and once the
-// window is read the browser cancels that consumer (its deliveries stay
-// held by the channel) and starts another, which the broker sends the
-// next window. So the broker never sends more than a window ahead of the
-// reader, and the client never buffers more than a window of bodies,
-// however deep the queue. A window is sized by bytes: the first is
-// firstWindow messages, each later one as many as browseBytes holds at
-// the largest body read so far (at least 1, at most browseWindow). So
-// what waits in the client is at most about browseBytes (or one body,
-// when a body is larger), plus the window's growth when a body is larger
-// than every one before it.
+// It reads in windows of browseWindow messages: a consumer's prefetch is
+// the window, and once the window is read the browser cancels that
+// consumer (its deliveries stay held by the channel) and starts another,
+// which the broker sends the next window. So the broker never sends more
+// than a window ahead of the reader, and the client never buffers more
+// than a window of bodies, however deep the queue.
 type browser struct {
 	ch         *amqp.Channel
 	queue      string
@@ -43,28 +38,15 @@ type browser struct {
 	conn       *amqp.Connection
 	tag        string // the current consumer's tag
 	count      int    // messages ready when the browse began
-	window     int    // the current consumer's prefetch
+	window     int    // each consumer's prefetch
 	granted    int    // deliveries the consumers so far may get in all
 	read       int    // deliveries read
 	acked      int    // deliveries acknowledged (replayed or purged)
-	largest    int    // the largest body read so far
 }
 
-// browseWindow is the most messages a browse asks the broker for at a
-// time; firstWindow how many it asks for before it knows how large they
-// are; browseBytes the bodies it asks for at a time, at the largest size
-// read so far.
-const (
-	browseWindow = 512
-	firstWindow  = 4
-	browseBytes  = 8 << 20
-)
-
-// nextWindowSize is the window after one whose largest body was largest
-// bytes: as many as browseBytes holds, between 1 and browseWindow.
-func nextWindowSize(largest int) int {
-	return min(max(browseBytes/max(largest, 1), 1), browseWindow)
-}
+// browseWindow is how many messages a browse asks the broker for at a
+// time.
+const browseWindow = 512
 
 // openBrowser opens a channel on conn and starts reading queue. It returns
 // the browser and how many messages the queue held; when that is 0 it
@@ -88,7 +70,11 @@ func openBrowser(conn *amqp.Connection, queue string, o options) (*browser, int,
 	if q.Messages == 0 {
 		return b, 0, nil
 	}
-	b.window = min(q.Messages, firstWindow)
+	b.window = min(q.Messages, browseWindow)
+	if err := ch.Qos(b.window, 0, false); err != nil {
+		_ = ch.Close()
+		return nil, 0, fmt.Errorf("set prefetch on %s: %w", queue, err)
+	}
 	if err := b.consume(); err != nil {
 		_ = ch.Close()
 		return nil, 0, err
@@ -96,13 +82,8 @@ func openBrowser(conn *amqp.Connection, queue string, o options) (*browser, int,
 	return b, q.Messages, nil
 }
 
-// consume starts a consumer for the next window, of b.window messages.
+// consume starts a consumer for the next window.
 func (b *browser) consume() error {
-	// The prefetch of the consumers started from now on (global false):
-	// the consumers before keep theirs.
-	if err := b.ch.Qos(b.window, 0, false); err != nil {
-		return fmt.Errorf("set prefetch on %s: %w", b.queue, err)
-	}
 	b.tag = consumerTag()
 	deliveries, err := b.ch.Consume(b.queue, b.tag, false, false, false, false, nil)
 	if err != nil {
@@ -120,7 +101,6 @@ func (b *browser) nextWindow() error {
 	if err := b.ch.Cancel(b.tag, false); err != nil {
 		return fmt.Errorf("read %s past %d messages: %w", b.queue, b.read, err)
 	}
-	b.window = nextWindowSize(b.largest)
 	return b.consume()
 }
 
@@ -143,7 +123,6 @@ func (b *browser) next(ctx context.Context) (d amqp.Delivery, ok bool, err error
 			return d, false, fmt.Errorf("read %s: the broker stopped the browse: %w", b.queue, b.closeReason())
 		}
 		b.read++
-		b.largest = max(b.largest, len(d.Body))
 		return d, true, nil
 	case <-t.C:
 		return d, false, nil
@@ -232,11 +211,8 @@ func (b *browser) ack(h held) error {
 }
 
 // giveBackWait bounds how long close waits for a quorum queue to take back
-// more of what the browse held, and giveBackMax how long in all.
-const (
-	giveBackWait = 2 * time.Second
-	giveBackMax  = 30 * time.Second
-)
+// what the browse held.
+const giveBackWait = 2 * time.Second
 
 // close gives back to the queue every delivery not acknowledged, by
 // cancelling the consumer, giving them back with one basic.nack (multiple,
@@ -259,13 +235,9 @@ const (
 // no ack was lost in any run.
 //
 // A quorum queue also takes given-back messages back a little after the
-// channel closed (about a millisecond for a few small ones; seconds for
-// a thousand of 1 MiB on a busy broker), so a browse right after this
-// one would count too few, and a replay would miss what it did not
-// count: close waits until the queue holds at least what it held at the
-// start minus what was acknowledged, as long as the count keeps rising
-// (giveBackWait without a rise ends the wait: another consumer may have
-// taken some), for giveBackMax at most.
+// channel closed (about a millisecond), so a browse right after this one
+// would count too few: close waits, up to giveBackWait, until the queue
+// holds at least what it held at the start minus what was acknowledged.
 func (b *browser) close() error {
 	var cancelErr error
 	if b.deliveries != nil {
@@ -291,23 +263,13 @@ func (b *browser) close() error {
 		return nil // the messages are back; only the wait is skipped
 	}
 	defer ch.Close()
-	start := time.Now()
-	last, rose := -1, start
-	poll := 2 * time.Millisecond
+	deadline := time.Now().Add(giveBackWait)
 	for {
 		q, err := ch.QueueDeclarePassive(b.queue, true, false, false, false, nil)
-		now := time.Now()
-		if err != nil || q.Messages >= want {
+		if err != nil || q.Messages >= want || time.Now().After(deadline) {
 			return nil
 		}
-		if q.Messages > last {
-			last, rose = q.Messages, now
-		}
-		if now.Sub(rose) > giveBackWait || now.Sub(start) > giveBackMax {
-			return nil
-		}
-		time.Sleep(poll)
-		poll = min(2*poll, 50*time.Millisecond)
+		time.Sleep(2 * time.Millisecond)
 	}
 }
 
