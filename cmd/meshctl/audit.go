@@ -20,6 +20,7 @@ import (
 	"github.com/meshkit/mesh/auditlogger"
 	"github.com/meshkit/mesh/auditlogger/store"
 	"github.com/meshkit/mesh/cmd/meshctl/console"
+	"github.com/meshkit/mesh/internal/csvsafe"
 	"github.com/meshkit/mesh/runtime"
 )
 
@@ -549,7 +550,9 @@ func auditExport(c *cli.Context) error {
 		if err := w.Write(store.CSVHeader); err != nil {
 			return err
 		}
-		write = func(ev store.Event) error { return w.Write(ev.CSVRecord()) }
+		// What anyone who can publish wrote, as cells a spreadsheet
+		// shows and does not run.
+		write = func(ev store.Event) error { return w.Write(csvsafe.Row(ev.CSVRecord())) }
 		flush = func() error { w.Flush(); return w.Error() }
 	default:
 		return usagef("export: --format %q is not jsonl, csv or cloudevents", c.String("format"))

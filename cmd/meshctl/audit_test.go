@@ -13,9 +13,12 @@ import (
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/meshkit/mesh/auditlogger"
 	"github.com/meshkit/mesh/auditlogger/store"
 	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/runtime"
 	"github.com/meshkit/mesh/sdk"
 )
@@ -130,6 +133,37 @@ func TestAudit(t *testing.T) {
 	rows, err := csv.NewReader(mustOpen(t, csvFile)).ReadAll()
 	if err != nil || len(rows) != 2 || rows[0][1] != "id" || rows[1][1] != order || rows[1][13] != `{"order":7}` || !strings.Contains(rows[1][12], `"x-source":"web"`) {
 		t.Errorf("export csv: %v, %v", rows, err)
+	}
+	// A formula in what a publisher wrote (the id, the source, a body
+	// of -1) is a cell a spreadsheet shows, not one it runs.
+	evil := `=HYPERLINK("http://evil.example")` // no comma: --id takes a list
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.PublishWithContext(ctx, wire.ExchangeEvents, "mesh.order.evil", false, false, amqp.Publishing{MessageId: evil,
+		ContentType: wire.ContentTypeJSON, Headers: amqp.Table{wire.HeaderSource: "@SUM(A1)"}, Body: []byte(`-1`)}); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if n, _ := l.Store().Count(ctx, store.Filter{IDs: []string{evil}}); n == 1 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("the audit logger never stored the event of a formula")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	run("audit", "export", "--format", "csv", "--out", csvFile, "--type", "mesh.order.evil") // --id would split the id at its comma
+	rows, err = csv.NewReader(mustOpen(t, csvFile)).ReadAll()
+	if err != nil || len(rows) != 2 || rows[1][1] != "'"+evil || rows[1][3] != "'@SUM(A1)" || rows[1][13] != "'-1" || rows[1][2] != "mesh.order.evil" {
+		t.Errorf("export csv of a formula: %q, %v", rows, err)
 	}
 	var ce map[string]any
 	if err := json.Unmarshal([]byte(run("audit", "export", "--format", "cloudevents", "--id", order)), &ce); err != nil ||

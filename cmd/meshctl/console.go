@@ -386,9 +386,12 @@ func (m *consoleMesh) withBroker(ctx context.Context, f func(*amqp.Connection) e
 	return f(conn)
 }
 
-func (m *consoleMesh) Kept(ctx context.Context, queue string, f deadletters.Filter, limit int) (out []deadletters.Message, err error) {
+// Kept lists a keeper queue's messages, keeping of each what q says
+// (summaries for a page of groups, a bounded part of a body for one
+// message's page), so that a page holds no body it does not show.
+func (m *consoleMesh) Kept(ctx context.Context, queue string, q console.KeptQuery) (out []deadletters.Message, err error) {
 	err = m.withBroker(ctx, func(conn *amqp.Connection) error {
-		out, err = deadletters.List(ctx, conn, queue, f, deadletters.WithLimit(limit))
+		out, err = deadletters.List(ctx, conn, queue, q.Filter, q.Options()...)
 		return err
 	})
 	return out, err

@@ -23,12 +23,17 @@ type held struct {
 // number of messages the queue held when it opened, so it ends even while
 // messages keep arriving. One goroutine owns it and its channel.
 //
-// It reads in windows of browseWindow messages: a consumer's prefetch is
-// the window, and once the window is read the browser cancels that
-// consumer (its deliveries stay held by the channel) and starts another,
-// which the broker sends the next window. So the broker never sends more
-// than a window ahead of the reader, and the client never buffers more
-// than a window of bodies, however deep the queue.
+// It reads in windows: a consumer's prefetch is the window, and once the
+// window is read the browser cancels that consumer (its deliveries stay
+// held by the channel) and starts another, which the broker sends the
+// next window. So the broker never sends more than a window ahead of the
+// reader, and the client never buffers more than a window of bodies,
+// however deep the queue. A window is sized by bytes: the first is
+// firstWindow messages, each later one as many as browseBytes holds at
+// the largest body read so far (at least 1, at most browseWindow). So
+// what waits in the client is at most about browseBytes (or one body,
+// when a body is larger), plus the window's growth when a body is larger
+// than every one before it.
 type browser struct {
 	ch         *amqp.Channel
 	queue      string
@@ -38,15 +43,47 @@ type browser struct {
 	conn       *amqp.Connection
 	tag        string // the current consumer's tag
 	count      int    // messages ready when the browse began
-	window     int    // each consumer's prefetch
+	window     int    // the current consumer's prefetch
 	granted    int    // deliveries the consumers so far may get in all
 	read       int    // deliveries read
 	acked      int    // deliveries acknowledged (replayed or purged)
+	largest    int    // the largest body read so far
+	// acks are the delivery tags acknowledged (ack) but not yet sent:
+	// an acknowledgement gives a consumer its credit back, and the broker
+	// would send it more than its window; one sent after the reader
+	// cancelled it can reach the client after the cancel's reply, for
+	// no consumer, unread (seen on a quorum queue under load: a purge
+	// read 119 of 120). So a window's acks are sent once its consumer is
+	// cancelled (nextWindow), or at close.
+	acks []uint64
 }
 
-// browseWindow is how many messages a browse asks the broker for at a
-// time.
-const browseWindow = 512
+// browseWindow is the most messages a browse asks the broker for at a
+// time; firstWindow how many it asks for before it knows how large they
+// are; browseBytes the bodies it asks for at a time, at the largest size
+// read so far.
+const (
+	browseWindow = 512
+	firstWindow  = 4
+	browseBytes  = 8 << 20
+)
+
+// countedWait is how long a browse waits for the next delivery while it
+// has read fewer messages than the queue held when it began: those
+// messages are there, so a gap means a slow broker, not an empty queue. A
+// quorum queue registers a consumer through its log (a write to disk),
+// and a busy broker (or a busy client: a race-built test binary beside
+// others on two cores) may take seconds over that, or between two
+// deliveries, far longer than the idle timeout that ends a browse past
+// the messages it counted. A queue emptied meanwhile by another consumer
+// costs a browse this wait, once.
+const countedWait = 10 * time.Second
+
+// nextWindowSize is the window after one whose largest body was largest
+// bytes: as many as browseBytes holds, between 1 and browseWindow.
+func nextWindowSize(largest int) int {
+	return min(max(browseBytes/max(largest, 1), 1), browseWindow)
+}
 
 // openBrowser opens a channel on conn and starts reading queue. It returns
 // the browser and how many messages the queue held; when that is 0 it
@@ -70,11 +107,7 @@ func openBrowser(conn *amqp.Connection, queue string, o options) (*browser, int,
 	if q.Messages == 0 {
 		return b, 0, nil
 	}
-	b.window = min(q.Messages, browseWindow)
-	if err := ch.Qos(b.window, 0, false); err != nil {
-		_ = ch.Close()
-		return nil, 0, fmt.Errorf("set prefetch on %s: %w", queue, err)
-	}
+	b.window = min(q.Messages, firstWindow)
 	if err := b.consume(); err != nil {
 		_ = ch.Close()
 		return nil, 0, err
@@ -82,8 +115,13 @@ func openBrowser(conn *amqp.Connection, queue string, o options) (*browser, int,
 	return b, q.Messages, nil
 }
 
-// consume starts a consumer for the next window.
+// consume starts a consumer for the next window, of b.window messages.
 func (b *browser) consume() error {
+	// The prefetch of the consumers started from now on (global false):
+	// the consumers before keep theirs.
+	if err := b.ch.Qos(b.window, 0, false); err != nil {
+		return fmt.Errorf("set prefetch on %s: %w", b.queue, err)
+	}
 	b.tag = consumerTag()
 	deliveries, err := b.ch.Consume(b.queue, b.tag, false, false, false, false, nil)
 	if err != nil {
@@ -101,21 +139,45 @@ func (b *browser) nextWindow() error {
 	if err := b.ch.Cancel(b.tag, false); err != nil {
 		return fmt.Errorf("read %s past %d messages: %w", b.queue, b.read, err)
 	}
+	if err := b.flushAcks(); err != nil {
+		return err
+	}
+	b.window = nextWindowSize(b.largest)
 	return b.consume()
 }
 
+// moreCredit lets the broker send more once the window is read: a new
+// window while the browse reads the messages it counted; past them
+// (cameBack), the window's acknowledgements, which give the same consumer
+// as many more, or a new window when there are none.
+func (b *browser) moreCredit() error {
+	if n := len(b.acks); b.read >= b.count && n > 0 {
+		if err := b.flushAcks(); err != nil {
+			return err
+		}
+		b.granted += n
+		return nil
+	}
+	return b.nextWindow()
+}
+
 // next returns the next delivery, or ok=false when none arrives within the
-// idle timeout.
+// idle timeout (countedWait, while fewer than the counted messages are
+// read).
 func (b *browser) next(ctx context.Context) (d amqp.Delivery, ok bool, err error) {
 	if b.deliveries == nil {
 		return d, false, nil
 	}
-	if b.read == b.granted && b.read < b.count {
-		if err := b.nextWindow(); err != nil {
+	if b.read == b.granted {
+		if err := b.moreCredit(); err != nil {
 			return d, false, err
 		}
 	}
-	t := time.NewTimer(b.idle)
+	wait := b.idle
+	if b.read < b.count {
+		wait = max(wait, countedWait)
+	}
+	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {
 	case d, open := <-b.deliveries:
@@ -123,6 +185,7 @@ func (b *browser) next(ctx context.Context) (d amqp.Delivery, ok bool, err error
 			return d, false, fmt.Errorf("read %s: the broker stopped the browse: %w", b.queue, b.closeReason())
 		}
 		b.read++
+		b.largest = max(b.largest, len(d.Body))
 		return d, true, nil
 	case <-t.C:
 		return d, false, nil
@@ -201,18 +264,32 @@ func (b *browser) cameBack(ctx context.Context, ids map[string]int, want int) (i
 	return seen, nil
 }
 
-// ack acknowledges a held delivery: it leaves the queue.
+// ack acknowledges a held delivery: it leaves the queue once the
+// acknowledgement is sent, when its window ends or at close (acks).
 func (b *browser) ack(h held) error {
-	if err := h.d.Ack(false); err != nil {
-		return err
-	}
+	b.acks = append(b.acks, h.d.DeliveryTag)
 	b.acked++
 	return nil
 }
 
+// flushAcks sends the acknowledgements ack deferred.
+func (b *browser) flushAcks() error {
+	for i, tag := range b.acks {
+		if err := b.ch.Ack(tag, false); err != nil {
+			b.acks = b.acks[i:]
+			return fmt.Errorf("remove messages from %s: %w", b.queue, err)
+		}
+	}
+	b.acks = b.acks[:0]
+	return nil
+}
+
 // giveBackWait bounds how long close waits for a quorum queue to take back
-// what the browse held.
-const giveBackWait = 2 * time.Second
+// more of what the browse held, and giveBackMax how long in all.
+const (
+	giveBackWait = 2 * time.Second
+	giveBackMax  = 30 * time.Second
+)
 
 // close gives back to the queue every delivery not acknowledged, by
 // cancelling the consumer, giving them back with one basic.nack (multiple,
@@ -235,13 +312,22 @@ const giveBackWait = 2 * time.Second
 // no ack was lost in any run.
 //
 // A quorum queue also takes given-back messages back a little after the
-// channel closed (about a millisecond), so a browse right after this one
-// would count too few: close waits, up to giveBackWait, until the queue
-// holds at least what it held at the start minus what was acknowledged.
+// channel closed (about a millisecond for a few small ones; seconds for
+// a thousand of 1 MiB on a busy broker), so a browse right after this
+// one would count too few, and a replay would miss what it did not
+// count: close waits until the queue holds at least what it held at the
+// start minus what was acknowledged, as long as the count keeps rising
+// (giveBackWait without a rise ends the wait: another consumer may have
+// taken some), for giveBackMax at most.
 func (b *browser) close() error {
 	var cancelErr error
 	if b.deliveries != nil {
-		cancelErr = b.ch.Cancel(b.tag, false)
+		// The acknowledgements go before the cancel, which the queue
+		// applies synchronously (below).
+		cancelErr = b.flushAcks()
+		if cancelErr == nil {
+			cancelErr = b.ch.Cancel(b.tag, false)
+		}
 		if cancelErr == nil {
 			// Tag 0 with multiple: every delivery outstanding on the
 			// channel, read or not.
@@ -263,13 +349,23 @@ func (b *browser) close() error {
 		return nil // the messages are back; only the wait is skipped
 	}
 	defer ch.Close()
-	deadline := time.Now().Add(giveBackWait)
+	start := time.Now()
+	last, rose := -1, start
+	poll := 2 * time.Millisecond
 	for {
 		q, err := ch.QueueDeclarePassive(b.queue, true, false, false, false, nil)
-		if err != nil || q.Messages >= want || time.Now().After(deadline) {
+		now := time.Now()
+		if err != nil || q.Messages >= want {
 			return nil
 		}
-		time.Sleep(2 * time.Millisecond)
+		if q.Messages > last {
+			last, rose = q.Messages, now
+		}
+		if now.Sub(rose) > giveBackWait || now.Sub(start) > giveBackMax {
+			return nil
+		}
+		time.Sleep(poll)
+		poll = min(2*poll, 50*time.Millisecond)
 	}
 }
 

@@ -1,11 +1,13 @@
 package deadletters
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -114,10 +116,12 @@ type options struct {
 	idle     time.Duration
 	now      func() time.Time
 	limit    int
+	body     int  // bytes of each body List keeps; < 0: all of it
+	summary  bool // List keeps each message's fields alone (Summaries)
 }
 
 func collectOptions(opts []Option) options {
-	o := options{idle: DefaultIdleTimeout, now: time.Now}
+	o := options{idle: DefaultIdleTimeout, now: time.Now, body: -1}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -136,11 +140,11 @@ const DefaultIdleTimeout = 500 * time.Millisecond
 // still checks that each target queue exists.
 func DryRun() Option { return func(o *options) { o.dryRun = true } }
 
-// WithProgress has Replay and Purge call f(done, total) once with done 0
-// and then after each message: Replay over the matches it replays, Purge
-// over the messages it reads (total is how many the queue held when it
-// began; it reads no further). It is called from the calling goroutine
-// and must return quickly.
+// WithProgress has Replay, Purge and List call f(done, total) once with
+// done 0 and then after each message: Replay over the matches it
+// replays, Purge and List over the messages they read (total is how many
+// the queue held when they began; they read no further). It is called
+// from the calling goroutine and must return quickly.
 func WithProgress(f func(done, total int)) Option {
 	return func(o *options) { o.progress = f }
 }
@@ -150,6 +154,64 @@ func WithProgress(f func(done, total int)) Option {
 // A Replay holds the messages it replays in memory until it has replayed
 // them: the limit bounds that.
 func WithLimit(n int) Option { return func(o *options) { o.limit = max(n, 0) } }
+
+// WithBodyLimit makes List and Show keep at most the first n bytes of
+// each message's body: Message.Body is a copy of them (so the whole body
+// read from the broker is not held), and Message.Size is still the whole
+// body's length. n < 0 keeps every body whole (the default). Replay and
+// Purge ignore it.
+func WithBodyLimit(n int) Option { return func(o *options) { o.body = n } }
+
+// Summaries makes List and Show keep of each message its fields alone,
+// in a bounded size whatever its publisher wrote: no Headers, no Body
+// (Size still says the body's length), the Error cut to SummaryError
+// bytes and every other text field to SummaryText, each cut one ending
+// in "…". N summaries take at most about N × (13 × SummaryText +
+// SummaryError + 400) bytes (8 KiB each), and typically well under 1 KiB
+// each: what a list of many messages (a console's groups) needs, however
+// large the bodies. A field cut short no longer matches the whole text
+// (an id longer than SummaryText cannot be looked up by what it shows).
+// Replay and Purge ignore it.
+func Summaries() Option { return func(o *options) { o.summary = true } }
+
+// SummaryText and SummaryError bound the text of a summary's fields
+// (Summaries): every field's but the error's at SummaryText bytes (the
+// protocol bounds what the runtime writes there, names and ids, at 255),
+// the error's at SummaryError (the runtime cuts what it writes at 4096).
+const (
+	SummaryText  = 256
+	SummaryError = 4096
+)
+
+// keep is what List keeps of m, as the options say.
+func (o options) keep(m Message) Message {
+	switch {
+	case o.summary:
+		m.Headers, m.Body = nil, nil
+		m.Error = cut(m.Error, SummaryError)
+		for _, f := range []*string{&m.ID, &m.Type, &m.UserID, &m.DeadBy, &m.Exchange, &m.RoutingKey, &m.Source, &m.SourceNode,
+			&m.Queue, &m.Node, &m.Module, &m.Reason, &m.ContentType} {
+			*f = cut(*f, SummaryText)
+		}
+	case o.body >= 0 && len(m.Body) > o.body:
+		m.Body = bytes.Clone(m.Body[:o.body])
+	}
+	return m
+}
+
+// cut is a copy of s if it has at most n bytes; otherwise of its first n
+// bytes, at most, up to a whole rune, and "…". A copy of its own: a
+// summary holds nothing of what it was read from (a field read from a
+// body, or a part of another field, would hold all of it).
+func cut(s string, n int) string {
+	if len(s) <= n {
+		return strings.Clone(s)
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return strings.Clone(s[:n]) + "…"
+}
 
 // WithIdleTimeout sets how long a browse waits for the next message before
 // it stops reading (default DefaultIdleTimeout).
@@ -182,7 +244,7 @@ func List(ctx context.Context, conn *amqp.Connection, queue string, f Filter, op
 		return nil, err
 	}
 	err = b.walk(ctx, n, dead, f, o, func(h held) (bool, error) {
-		out = append(out, h.m)
+		out = append(out, o.keep(h.m))
 		return o.limit > 0 && len(out) >= o.limit, nil
 	})
 	if err != nil {
@@ -194,7 +256,8 @@ func List(ctx context.Context, conn *amqp.Connection, queue string, f Filter, op
 // Show returns the messages of a keeper queue with the given ids (message
 // id or x-event-id), in queue order; every message stays in the queue. If
 // some id matches no message, it returns the messages found and an error
-// wrapping ErrNotFound that names the missing ids.
+// wrapping ErrNotFound that names the missing ids. With Summaries, a
+// message is found by its Message.ID alone (its headers are not kept).
 func Show(ctx context.Context, conn *amqp.Connection, queue string, ids []string, opts ...Option) ([]Message, error) {
 	if len(ids) == 0 {
 		return nil, fmt.Errorf("%w: no id given", ErrBadFilter)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"runtime"
 	"runtime/debug"
+	"runtime/metrics"
 	"strings"
 	"sync"
 	"testing"
@@ -16,10 +17,26 @@ import (
 // peakHeap samples the heap in use every millisecond while f runs and
 // returns how far above its level before f it rose at most.
 func peakHeap(f func()) uint64 {
+	h := heapAround(f)
+	return h.grew
+}
+
+// heap is what heapAround measured: the heap in use before f (after a
+// collection), how far above it the heap in use rose at most while f
+// ran, and how far above the live heap before f (what the collector
+// found live) the live heap rose at most.
+type heap struct {
+	base, grew, live uint64
+}
+
+func heapAround(f func()) heap {
 	runtime.GC()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
+	live := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	metrics.Read(live)
 	base, peak := ms.HeapAlloc, ms.HeapAlloc
+	baseLive, peakLive := live[0].Value.Uint64(), live[0].Value.Uint64()
 	stop, done := make(chan struct{}), make(chan struct{})
 	var mu sync.Mutex
 	go func() {
@@ -32,18 +49,18 @@ func peakHeap(f func()) uint64 {
 			case <-time.After(time.Millisecond):
 			}
 			runtime.ReadMemStats(&ms)
+			metrics.Read(live)
 			mu.Lock()
 			peak = max(peak, ms.HeapAlloc)
+			peakLive = max(peakLive, live[0].Value.Uint64())
 			mu.Unlock()
 		}
 	}()
 	f()
 	close(stop)
 	<-done
-	if peak < base {
-		return 0
-	}
-	return peak - base
+	runtime.ReadMemStats(&ms) // the last sample, should f end between two
+	return heap{base: base, grew: max(peak, ms.HeapAlloc) - base, live: peakLive - baseLive}
 }
 
 // TestBrowseKeepsMemoryBounded: a keeper queue much larger than what a
@@ -108,3 +125,72 @@ func TestBrowseKeepsMemoryBounded(t *testing.T) {
 		t.Fatalf("%d dead letters left, want %d", n, count-3)
 	}
 }
+
+// TestSummariesHoldNoBodies: listing a keeper queue of 1 MiB unrouted
+// events as summaries, or with a 4 KiB preview of each body, keeps the
+// heap within twice what the browse may buffer (its window, about 8 MiB
+// of bodies, and the body being read) and what it keeps, far below the
+// bodies' total; every message stays, and the fields are read whole.
+func TestSummariesHoldNoBodies(t *testing.T) {
+	m := newMesh(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const count, size = 96, 1 << 20
+	body := `{"pad":"` + strings.Repeat("x", size-10) + `"}`
+	var pending []func() bool
+	for i := range count {
+		e := newEvent("mesh.nobody.listens", "shop", body)
+		dc, err := m.ch.PublishWithDeferredConfirmWithContext(ctx, wire.ExchangeEvents, e.typ, false, false, e.publishing())
+		if err != nil {
+			t.Fatal(err)
+		}
+		pending = append(pending, func() bool { ok, _ := dc.WaitContext(ctx); return ok })
+		if len(pending) == 16 || i == count-1 {
+			for _, wait := range pending {
+				if !wait() {
+					t.Fatal("an unrouted event was not confirmed")
+				}
+			}
+			pending = pending[:0]
+		}
+	}
+	if n := m.count(wire.QueueUnrouted, count); n != count {
+		t.Fatalf("%d unrouted events, want %d", n, count)
+	}
+	// What a browse may hold live: its window (8 MiB of bodies), the
+	// body being read and the one being handed over, and what it keeps
+	// (under 1 KiB a summary, 4 KiB more with the preview). The heap in
+	// use grows to twice what the collector found live before it runs
+	// again (GOGC=100), and what it finds live includes what was
+	// allocated while it marked (here 2 MiB a message: the body and its
+	// frames): the heap may grow by the heap before and 4 times the
+	// bound.
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	bound := uint64(8<<20 + 2*size + count*(1<<10+4<<10))
+	for _, tc := range []struct {
+		name string
+		opt  deadletters.Option
+		body int
+	}{{"summaries", deadletters.Summaries(), 0}, {"4 KiB previews", deadletters.WithBodyLimit(4 << 10), 4 << 10}} {
+		var msgs []deadletters.Message
+		var err error
+		h := heapAround(func() { msgs, err = deadletters.List(ctx, m.conn, wire.QueueUnrouted, deadletters.Filter{}, tc.opt) })
+		t.Logf("%s of %d unrouted events of %d KiB: the live heap grew by %.1f MiB at most, the heap in use by %.1f MiB from %.1f MiB (bound %.1f MiB live)",
+			tc.name, count, size>>10, mib(h.live), mib(h.grew), mib(h.base), mib(bound))
+		if h.grew > h.base+4*bound {
+			t.Errorf("%s: the heap in use grew by %.1f MiB, over %.1f MiB", tc.name, mib(h.grew), mib(h.base+4*bound))
+		}
+		if err != nil || len(msgs) != count {
+			t.Fatalf("%s: %d messages, %v", tc.name, len(msgs), err)
+		}
+		if g := msgs[0]; g.Size != len(body) || len(g.Body) != tc.body || g.Type != "mesh.nobody.listens" || g.Source != "shop" || g.ID == "" ||
+			(g.Headers == nil) != (tc.body == 0) {
+			t.Errorf("%s: the first read as ID %q type %q source %q size %d, %d bytes of body, headers %v", tc.name, g.ID, g.Type, g.Source, g.Size, len(g.Body), g.Headers != nil)
+		}
+		if n := m.count(wire.QueueUnrouted, count); n != count {
+			t.Fatalf("%s: %d unrouted events left, want %d", tc.name, n, count)
+		}
+	}
+}
+
+func mib(n uint64) float64 { return float64(n) / (1 << 20) }

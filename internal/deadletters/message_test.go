@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
+	"unsafe"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -392,5 +394,42 @@ func TestMessageOfACloudEvent(t *testing.T) {
 	d = amqp.Delivery{ContentType: "application/cloudevents+json", Body: []byte(`{"specversion":"1.0","id":"s-1","source":"/s","type":"t"}`)}
 	if m := messageOf(d, false); m.ID != "s-1" || m.Source != "/s" {
 		t.Errorf("structured: %+v", m)
+	}
+}
+
+// TestKeepSummariesAndPreviews: a summary keeps the fields, cut to their
+// bounds, in copies of their own, and neither headers nor body; a body
+// limit keeps a copy of the body's first bytes and the whole size.
+func TestKeepSummariesAndPreviews(t *testing.T) {
+	long := strings.Repeat("é", SummaryError) // 2 bytes a rune: cut on a rune
+	body := []byte(strings.Repeat("b", 1000))
+	m := Message{ID: "id-1", Type: long, Error: long, Queue: "n1.billing.events", Node: "n1", Module: "billing",
+		Headers: amqp.Table{"x": long}, Body: body, Size: len(body)}
+
+	s := collectOptions([]Option{Summaries()}).keep(m)
+	if s.Headers != nil || s.Body != nil || s.Size != 1000 || s.ID != "id-1" || s.Queue != "n1.billing.events" || s.Module != "billing" {
+		t.Errorf("summary: %+v", s)
+	}
+	if len(s.Type) > SummaryText+len("…") || !strings.HasSuffix(s.Type, "…") || !utf8.ValidString(s.Type) {
+		t.Errorf("summary type: %d bytes %q", len(s.Type), s.Type[max(0, len(s.Type)-8):])
+	}
+	if len(s.Error) > SummaryError+len("…") || len(s.Error) < SummaryError-1 || !utf8.ValidString(s.Error) {
+		t.Errorf("summary error: %d bytes", len(s.Error))
+	}
+	if unsafe.StringData(s.ID) == unsafe.StringData(m.ID) {
+		t.Error("a summary's field shares the memory it was read from")
+	}
+
+	p := collectOptions([]Option{WithBodyLimit(10)}).keep(m)
+	if string(p.Body) != "bbbbbbbbbb" || p.Size != 1000 || cap(p.Body) >= 1000 || p.Headers == nil || p.Type != long {
+		t.Errorf("body limit 10: body %q (cap %d), size %d", p.Body, cap(p.Body), p.Size)
+	}
+	if w := collectOptions(nil).keep(m); len(w.Body) != 1000 {
+		t.Errorf("no option: %d bytes of body, want all 1000", len(w.Body))
+	}
+	for largest, want := range map[int]int{0: browseWindow, 100: browseWindow, 64 << 10: 128, 1 << 20: 8, 100 << 20: 1} {
+		if got := nextWindowSize(largest); got != want {
+			t.Errorf("the window after bodies of %d bytes: %d, want %d", largest, got, want)
+		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/meshkit/mesh/auditlogger"
 	"github.com/meshkit/mesh/auditlogger/store"
+	"github.com/meshkit/mesh/internal/csvsafe"
 	"github.com/meshkit/mesh/sdk"
 )
 
@@ -195,13 +196,13 @@ func (s *Server) auditExport(w http.ResponseWriter, r *http.Request) {
 		cw := csv.NewWriter(w)
 		_ = cw.Write(store.CSVHeader) // buffered: sent with the first page, or lost with an error before it
 		write = func(ev store.Event) error {
-			if err := cw.Write(csvSafe(ev.CSVRecord())); err != nil {
+			if err := cw.Write(csvsafe.Row(ev.CSVRecord())); err != nil {
 				return err
 			}
 			cw.Flush()
 			return cw.Error()
 		}
-		fail = func(err error) { _ = cw.Write(csvSafe([]string{"export_error", err.Error()})); cw.Flush() }
+		fail = func(err error) { _ = cw.Write(csvsafe.Row([]string{"export_error", err.Error()})); cw.Flush() }
 		done = cw.Flush
 	default:
 		writeJSONError(w, http.StatusBadRequest, fmt.Sprintf("format %q: want jsonl or csv", format))
@@ -237,20 +238,6 @@ func (s *Server) auditExport(w http.ResponseWriter, r *http.Request) {
 		}
 		req.Page.After = page.Next
 	}
-}
-
-// csvSafe neutralises the cells of a CSV row that a spreadsheet would
-// read as a formula (OWASP's rule: a cell beginning with =, +, -, @, a
-// tab or a carriage return gets a single quote before it), since ids,
-// types, user ids, headers and errors are anyone's who can publish. A
-// body of -1 becomes '-1: the JSON Lines export has it as it was.
-func csvSafe(row []string) []string {
-	for i, cell := range row {
-		if cell != "" && strings.ContainsRune("=+-@\t\r", rune(cell[0])) {
-			row[i] = "'" + cell
-		}
-	}
-	return row
 }
 
 // auditEventView is an event's page data.

@@ -83,10 +83,12 @@ type Mesh interface {
 	AuditGet(ctx context.Context, id string) (store.Event, error)
 	AuditTrace(ctx context.Context, id string, depth int) (store.Trace, error)
 
-	// Kept lists at most limit messages of a keeper queue (wire.QueueDead
-	// or wire.QueueUnrouted) that f selects; Replay and Purge act on them,
-	// reporting progress.
-	Kept(ctx context.Context, queue string, f deadletters.Filter, limit int) ([]deadletters.Message, error)
+	// Kept lists the messages of a keeper queue (wire.QueueDead or
+	// wire.QueueUnrouted) that q selects, keeping of each what q says
+	// (deadletters.List with q.Options()); Replay and Purge act on them,
+	// reporting progress. The console calls Kept at most maxBrowses at
+	// once, and never for a queue while it replays or purges in it.
+	Kept(ctx context.Context, queue string, q KeptQuery) ([]deadletters.Message, error)
 	Replay(ctx context.Context, queue string, f deadletters.Filter, progress func(done, total int)) (deadletters.Result, error)
 	Purge(ctx context.Context, queue string, f deadletters.Filter, progress func(done, total int)) (deadletters.Result, error)
 
@@ -250,6 +252,7 @@ type Server struct {
 	mux   *http.ServeMux
 	pages *pages
 	jobs  *jobs
+	kept  *browses        // the reads of the keeper queues, shared
 	hosts map[string]bool // Host headers that name this console, lower case
 	// origin is PublicURL's origin, which actions may come from besides
 	// the Host's own.
@@ -261,8 +264,9 @@ type Server struct {
 	sessions []Token     // the browsers logged in by a login URL
 	tokenErr string      // Config.Tokens' last error, logged once
 
-	// work is the context of the replays and purges, which outlive their
-	// requests; Close cancels it and waits for them.
+	// work is the context of the replays and purges, and of the reads of
+	// the keeper queues, which outlive their requests; Close cancels it
+	// and waits for them.
 	work     context.Context
 	stopWork context.CancelFunc
 	working  sync.WaitGroup
@@ -306,12 +310,14 @@ func New(cfg Config) (*Server, error) {
 		s.static = &Token{Name: cfg.TokenName, SHA256: HashToken(cfg.Token)}
 	}
 	s.work, s.stopWork = context.WithCancel(context.Background())
+	s.kept = newBrowses(cfg.Mesh, cfg.Now, s.work, &s.working)
 	s.routes()
 	return s, nil
 }
 
 // Close stops the replays and purges still running (what they had not
-// moved stays in its keeper queue) and waits for them.
+// moved stays in its keeper queue) and the reads of the keeper queues,
+// and waits for them.
 func (s *Server) Close() {
 	s.stopWork()
 	s.working.Wait()
@@ -615,8 +621,10 @@ type job struct {
 	Summary  string   `json:"summary,omitempty"`
 	Left     []string `json:"left,omitempty"`
 	Missing  int      `json:"missing,omitempty"` // ids asked for and not found
-	seq      int      // its order of start
-	Error    string   `json:"error,omitempty"`
+	// Waiting, while it waits for its turn, says for what.
+	Waiting string `json:"waiting,omitempty"`
+	seq     int    // its order of start
+	Error   string `json:"error,omitempty"`
 }
 
 func newJobs() *jobs { return &jobs{byID: map[string]*job{}} }

@@ -37,10 +37,14 @@ type fakeMesh struct {
 	replayed []deadletters.Filter
 	sent     []string      // id@queue of each message replayed
 	block    chan struct{} // if not nil, a replay waits for it to close
-	paused   []string
-	purged   []deadletters.Filter
-	actions  []Action
-	nodes    []Node
+	reads    []string      // the queue and query of each Kept
+	// reading, if not nil, is where Kept says it reads, with a channel
+	// it then waits on to be closed.
+	reading chan chan struct{}
+	paused  []string
+	purged  []deadletters.Filter
+	actions []Action
+	nodes   []Node
 }
 
 var _ Mesh = (*fakeMesh)(nil)
@@ -70,10 +74,33 @@ func (f *fakeMesh) AuditTrace(_ context.Context, id string, _ int) (store.Trace,
 	ev, err := f.AuditGet(context.Background(), id)
 	return store.Trace{Root: &store.Caused{Event: ev}}, err
 }
-func (f *fakeMesh) Kept(_ context.Context, _ string, flt deadletters.Filter, limit int) ([]deadletters.Message, error) {
+func (f *fakeMesh) Kept(ctx context.Context, queue string, q KeptQuery) ([]deadletters.Message, error) {
+	f.mu.Lock()
+	f.reads = append(f.reads, queue+" "+q.key())
+	reading := f.reading
+	f.mu.Unlock()
+	if q.Progress != nil {
+		q.Progress(1, len(f.kept))
+	}
+	if reading != nil {
+		release := make(chan struct{})
+		reading <- release
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 	var out []deadletters.Message
 	for _, m := range f.kept {
-		if len(flt.IDs) == 0 || flt.IDs[0] == m.ID {
+		if len(q.Filter.IDs) == 0 || q.Filter.IDs[0] == m.ID {
+			// Kept as deadletters.List keeps it.
+			switch {
+			case q.Summaries:
+				m.Headers, m.Body = nil, nil
+			case q.Body > 0 && len(m.Body) > q.Body:
+				m.Body = m.Body[:q.Body]
+			}
 			out = append(out, m)
 		}
 	}

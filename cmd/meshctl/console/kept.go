@@ -4,12 +4,17 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"mime"
 	"net/http"
+	"net/url"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/meshkit/mesh/internal/deadletters"
 	"github.com/meshkit/mesh/internal/wire"
@@ -30,8 +35,13 @@ var (
 )
 
 // keptLimit bounds the messages a keeper page reads (a browse of the
-// queue: they stay in it).
+// queue: they stay in it). The page keeps of each its summary
+// (deadletters.Summaries): under 1 KiB, at most 8 KiB, whatever its body.
 const keptLimit = 10000
+
+// messageBodyShown is how much of a message's body its page shows; the
+// whole body is a download (keptBody).
+const messageBodyShown = 64 << 10
 
 // group is the kept messages that share a queue, a reason and an error
 // (dead letters), or a type and a source (unrouted events).
@@ -53,6 +63,9 @@ type keptView struct {
 	Group   *group
 	Total   int
 	Limited bool
+	// Read is when the queue was read: pages that ask within keptFresh
+	// of it are shown the same read.
+	Read time.Time
 }
 
 // groupsOf groups msgs, the most recently active group first.
@@ -93,33 +106,48 @@ func groupsOf(k keeper, msgs []deadletters.Message) []*group {
 	return out
 }
 
-func (s *Server) keptList(r *http.Request, k keeper) ([]deadletters.Message, error) {
+// keptList reads the summaries of a keeper queue's messages, up to
+// keptLimit, or is given a read of them that is running or fresh.
+func (s *Server) keptList(r *http.Request, k keeper) ([]deadletters.Message, time.Time, error) {
 	ctx, cancel := ask(r)
 	defer cancel()
-	return s.cfg.Mesh.Kept(ctx, k.Queue, deadletters.Filter{}, keptLimit)
+	return s.kept.get(ctx, k.Queue, KeptQuery{Limit: keptLimit, Summaries: true})
+}
+
+// keptFailed renders the page of a read that failed: 503 with
+// Retry-After when it may be asked again in a moment (the reads are
+// busy, a replay or purge of the queue runs, the read goes on), 502
+// otherwise.
+func (s *Server) keptFailed(w http.ResponseWriter, r *http.Request, k keeper, err error) {
+	status := http.StatusBadGateway
+	if errors.Is(err, errBrowsesBusy) || errors.Is(err, errActing) || errors.Is(err, errStillRead) {
+		status = http.StatusServiceUnavailable
+		w.Header().Set("Retry-After", "5")
+	}
+	s.fail(w, r, status, k.Title, err.Error())
 }
 
 func (s *Server) keptGroups(w http.ResponseWriter, r *http.Request, k keeper) {
 	v := view{Title: k.Title, Nav: k.Path}
-	msgs, err := s.keptList(r, k)
+	msgs, at, err := s.keptList(r, k)
 	if err != nil {
-		s.fail(w, r, http.StatusBadGateway, k.Title, err.Error())
+		s.keptFailed(w, r, k, err)
 		return
 	}
-	v.Data = keptView{Keeper: k, Groups: groupsOf(k, msgs), Total: len(msgs), Limited: len(msgs) == keptLimit}
+	v.Data = keptView{Keeper: k, Groups: groupsOf(k, msgs), Total: len(msgs), Limited: len(msgs) == keptLimit, Read: at}
 	s.render(w, r, "kept", v)
 }
 
 func (s *Server) keptGroup(w http.ResponseWriter, r *http.Request, k keeper) {
 	v := view{Title: k.Title, Nav: k.Path}
-	msgs, err := s.keptList(r, k)
+	msgs, at, err := s.keptList(r, k)
 	if err != nil {
-		s.fail(w, r, http.StatusBadGateway, k.Title, err.Error())
+		s.keptFailed(w, r, k, err)
 		return
 	}
 	for _, g := range groupsOf(k, msgs) {
 		if g.Key == r.PathValue("group") {
-			v.Data = keptView{Keeper: k, Group: g, Total: len(msgs)}
+			v.Data = keptView{Keeper: k, Group: g, Total: len(msgs), Read: at}
 			s.render(w, r, "group", v)
 			return
 		}
@@ -133,15 +161,21 @@ type keptMessageView struct {
 	Message deadletters.Message
 	Headers []header
 	Event   string // its page in the audit log
+	// Body is the part of the body shown: all of it, or its first
+	// messageBodyShown bytes (Cut), up to a whole character.
+	Body []byte
+	Cut  bool
+	// Download is the whole body's link.
+	Download string
 }
 
 func (s *Server) keptMessage(w http.ResponseWriter, r *http.Request, k keeper) {
 	id := r.PathValue("id")
 	ctx, cancel := ask(r)
 	defer cancel()
-	msgs, err := s.cfg.Mesh.Kept(ctx, k.Queue, deadletters.Filter{IDs: []string{id}}, 1)
+	msgs, _, err := s.kept.get(ctx, k.Queue, KeptQuery{Filter: deadletters.Filter{IDs: []string{id}}, Limit: 1, Body: messageBodyShown})
 	if err != nil {
-		s.fail(w, r, http.StatusBadGateway, k.Title, err.Error())
+		s.keptFailed(w, r, k, err)
 		return
 	}
 	if len(msgs) == 0 {
@@ -149,12 +183,71 @@ func (s *Server) keptMessage(w http.ResponseWriter, r *http.Request, k keeper) {
 		return
 	}
 	m := msgs[0]
-	d := keptMessageView{Keeper: k, Message: m, Event: eventLink(m.ID)}
+	d := keptMessageView{Keeper: k, Message: m, Event: eventLink(m.ID), Body: m.Body, Cut: m.Size > len(m.Body),
+		Download: "/" + k.Path + "/message/" + url.PathEscape(id) + "/body"}
+	if d.Cut {
+		d.Body = wholeRunes(d.Body)
+	}
 	for name, val := range m.Headers {
 		d.Headers = append(d.Headers, header{name, deadletters.HeaderText(val)})
 	}
 	sort.Slice(d.Headers, func(i, j int) bool { return d.Headers[i].Name < d.Headers[j].Name })
 	s.render(w, r, "message", view{Title: k.One + " " + id, Nav: k.Path, Data: d})
+}
+
+// wholeRunes is b without the bytes of a character cut at its end.
+func wholeRunes(b []byte) []byte {
+	for i := len(b) - 1; i >= 0 && i >= len(b)-utf8.UTFMax; i-- {
+		if utf8.RuneStart(b[i]) {
+			if !utf8.FullRune(b[i:]) {
+				return b[:i]
+			}
+			break
+		}
+	}
+	return b
+}
+
+// keptBody sends one kept message's whole body, as a download of bytes
+// (never as a page: it is anyone's who can publish). It is read for this
+// request alone.
+func (s *Server) keptBody(w http.ResponseWriter, r *http.Request, k keeper) {
+	id := r.PathValue("id")
+	ctx, cancel := context.WithTimeout(r.Context(), keptReadTimeout) // a download may take a while
+	defer cancel()
+	msgs, err := s.kept.getOwn(ctx, k.Queue, KeptQuery{Filter: deadletters.Filter{IDs: []string{id}}, Limit: 1})
+	if err != nil {
+		s.keptFailed(w, r, k, err)
+		return
+	}
+	if len(msgs) == 0 {
+		s.fail(w, r, http.StatusNotFound, k.Title, fmt.Sprintf("no %s %s in %s", k.One, id, k.Queue))
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/octet-stream")
+	h.Set("Content-Disposition", mime.FormatMediaType("attachment", map[string]string{"filename": fileName(id) + ".body"}))
+	h.Set("Cache-Control", "no-store")
+	h.Set("Content-Length", strconv.Itoa(len(msgs[0].Body)))
+	_, _ = w.Write(msgs[0].Body)
+}
+
+// fileName is id as a file's name: its letters, digits, '.', '-' and '_'
+// (others as '_'), at most 100.
+func fileName(id string) string {
+	b := []byte(id)
+	if len(b) > 100 {
+		b = b[:100]
+	}
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '-' || c == '_') {
+			b[i] = '_'
+		}
+	}
+	if len(b) == 0 || b[0] == '.' {
+		return "message"
+	}
+	return string(b)
 }
 
 // keptRequest is the body of a replay or a purge: the ids of the
@@ -211,15 +304,26 @@ func (s *Server) keptAct(w http.ResponseWriter, r *http.Request, k keeper, actio
 		defer cancel()
 		progress := func(done, total int) { s.jobs.update(jb, func(j *job) { j.Done, j.Total = done, total }) }
 		var res deadletters.Result
-		var err error
-		if action == "replay" {
-			res, err = s.cfg.Mesh.Replay(ctx, k.Queue, f, progress)
-		} else {
-			res, err = s.cfg.Mesh.Purge(ctx, k.Queue, f, progress)
+		// Its turn: no page reads the queue meanwhile (it would hold
+		// messages this replay or purge would miss), nor does another
+		// replay or purge of it run.
+		endTurn, err := s.kept.act(ctx, k.Queue, func() {
+			s.jobs.update(jb, func(j *job) {
+				j.Waiting = "for the pages reading " + k.Queue + ", or another replay or purge of it, to end"
+			})
+		})
+		if err == nil {
+			s.jobs.update(jb, func(j *job) { j.Waiting = "" })
+			if action == "replay" {
+				res, err = s.cfg.Mesh.Replay(ctx, k.Queue, f, progress)
+			} else {
+				res, err = s.cfg.Mesh.Purge(ctx, k.Queue, f, progress)
+			}
+			endTurn()
 		}
 		summary := summaryOf(k, action, res)
 		if missing := len(ids) - res.Matched; missing > 0 {
-			summary += fmt.Sprintf("; %d of the %d asked for not found (replayed, purged or taken since the page was drawn)", missing, len(ids))
+			summary += fmt.Sprintf("; %d of the %d asked for not found (replayed or purged since the page was drawn, perhaps by another meshctl)", missing, len(ids))
 		}
 		a.Result = summary
 		if err != nil {
@@ -229,7 +333,7 @@ func (s *Server) keptAct(w http.ResponseWriter, r *http.Request, k keeper, actio
 		// shows done is in the log.
 		s.record(r, a)
 		s.jobs.update(jb, func(j *job) {
-			j.Finished, j.Summary, j.Done = true, summary, res.Matched
+			j.Finished, j.Summary, j.Done, j.Waiting = true, summary, res.Matched, ""
 			j.Missing = len(ids) - res.Matched
 			for _, l := range res.Left {
 				j.Left = append(j.Left, l.ID+": "+l.Err.Error())

@@ -34,6 +34,7 @@ func (s *Server) routes() {
 		m.HandleFunc("GET /"+k.Path, func(w http.ResponseWriter, r *http.Request) { s.keptGroups(w, r, k) })
 		m.HandleFunc("GET /"+k.Path+"/group/{group}", func(w http.ResponseWriter, r *http.Request) { s.keptGroup(w, r, k) })
 		m.HandleFunc("GET /"+k.Path+"/message/{id}", func(w http.ResponseWriter, r *http.Request) { s.keptMessage(w, r, k) })
+		m.HandleFunc("GET /"+k.Path+"/message/{id}/body", func(w http.ResponseWriter, r *http.Request) { s.keptBody(w, r, k) })
 		m.HandleFunc("POST /api/"+k.Path+"/replay", func(w http.ResponseWriter, r *http.Request) { s.keptAct(w, r, k, "replay") })
 		m.HandleFunc("POST /api/"+k.Path+"/purge", func(w http.ResponseWriter, r *http.Request) { s.keptAct(w, r, k, "purge") })
 	}

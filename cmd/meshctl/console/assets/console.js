@@ -92,7 +92,7 @@
           if (!resp.ok) throw new Error("the console lost track of the job (" + resp.status + "); reload to see what is left");
           const j = await resp.json();
           bar.max = Math.max(j.total, 1); bar.value = j.done;
-          ptext.textContent = j.done + " of " + j.total;
+          ptext.textContent = j.waiting ? "waiting " + j.waiting : j.done + " of " + j.total;
           if (j.finished) {
             let text = j.summary;
             if (j.left && j.left.length) text += " — left: " + j.left.join("; ");
