@@ -317,8 +317,8 @@ const (
 // one would count too few, and a replay would miss what it did not
 // count: close waits until the queue holds at least what it held at the
 // start minus what was acknowledged, as long as the count keeps rising
-// (giveBackWait without a rise ends the wait: another consumer may have
-// taken some), for giveBackMax at most.
+// once it has begun to (giveBackWait without a rise ends the wait:
+// another consumer may have taken some), for giveBackMax at most.
 func (b *browser) close() error {
 	var cancelErr error
 	if b.deliveries != nil {
@@ -350,7 +350,7 @@ func (b *browser) close() error {
 	}
 	defer ch.Close()
 	start := time.Now()
-	last, rose := -1, start
+	first, last, rose := -1, -1, start
 	poll := 2 * time.Millisecond
 	for {
 		q, err := ch.QueueDeclarePassive(b.queue, true, false, false, false, nil)
@@ -358,10 +358,16 @@ func (b *browser) close() error {
 		if err != nil || q.Messages >= want {
 			return nil
 		}
+		if first < 0 {
+			first = q.Messages
+		}
 		if q.Messages > last {
 			last, rose = q.Messages, now
 		}
-		if now.Sub(rose) > giveBackWait || now.Sub(start) > giveBackMax {
+		// Until the count first rises the give-back has not landed (a
+		// quorum queue applies it in one command, which a broker busy
+		// writing may take seconds over): only giveBackMax ends that wait.
+		if (last > first && now.Sub(rose) > giveBackWait) || now.Sub(start) > giveBackMax {
 			return nil
 		}
 		time.Sleep(poll)

@@ -160,6 +160,11 @@ type moduleServer struct {
 	host        pb.HostClient
 	callTimeout time.Duration
 	emits       chan emitRequest
+	// handling counts the deliveries being handled, emitting the emits
+	// sent to batchEmits and not yet answered: when every handler is
+	// waiting for an emit and none is queued, no more is coming soon,
+	// and the batch goes at once (flushEmits).
+	handling, emitting atomic.Int64
 	runCtx      context.Context
 	runDone     chan struct{}
 }
@@ -296,6 +301,7 @@ func (s *moduleServer) Deliver(stream pb.Module_DeliverServer) error {
 	// Outcomes go back as soon as every delivery received is handled: the
 	// host sends in batches, so they come back in batches.
 	idle := func() bool { return inflight.Load() == 0 && len(outcomes) == 0 }
+	defer func() { s.handling.Add(-inflight.Load()) }()
 	go func() {
 		for batch := range plugin.Batches(outcomes, done, idle) {
 			if err := stream.Send(&pb.OutcomeBatch{Outcomes: batch}); err != nil {
@@ -307,6 +313,7 @@ func (s *moduleServer) Deliver(stream pb.Module_DeliverServer) error {
 	work := newHandlerPool(done, func(d *pb.Delivery) {
 		o := s.handle(d)
 		inflight.Add(-1)
+		s.handling.Add(-1)
 		outcomes <- o
 	})
 	for {
@@ -317,6 +324,7 @@ func (s *moduleServer) Deliver(stream pb.Module_DeliverServer) error {
 		// The host sends no more at once than the module's concurrency
 		// allows, in queue order: each runs on its own goroutine.
 		inflight.Add(int64(len(b.Deliveries)))
+		s.handling.Add(int64(len(b.Deliveries)))
 		for _, d := range b.Deliveries {
 			if d.HistoryBatch != 0 {
 				// A batch of the history may come over several messages:
@@ -330,6 +338,7 @@ func (s *moduleServer) Deliver(stream pb.Module_DeliverServer) error {
 				go func() {
 					for _, o := range s.handleHistory(batch) {
 						inflight.Add(-1)
+						s.handling.Add(-1)
 						outcomes <- o
 					}
 				}()
@@ -507,7 +516,7 @@ type emitResult struct {
 // batchEmits sends the module's emits to the host in batches, each cut to
 // the size meshd takes.
 func (s *moduleServer) batchEmits() {
-	for batch := range plugin.Batches(s.emits, make(chan struct{}), nil) {
+	for batch := range plugin.Batches(s.emits, make(chan struct{}), s.flushEmits) {
 		for len(batch) > 0 {
 			n, size := 1, emitSize(batch[0].emit)
 			for n < len(batch) {
@@ -520,6 +529,16 @@ func (s *moduleServer) batchEmits() {
 			batch = batch[n:]
 		}
 	}
+}
+
+// flushEmits says a batch of emits need not wait for more: none is queued,
+// and every delivery being handled waits for an emit's answer (or none
+// is being handled). A batch that waited for more here would wait for
+// its timer alone, and a timer under a millisecond fires a millisecond
+// late in a process with nothing else to do (the runtime's poller sleeps
+// in whole milliseconds): a lone event's emit took 1 ms longer.
+func (s *moduleServer) flushEmits() bool {
+	return len(s.emits) == 0 && s.emitting.Load() >= s.handling.Load()
 }
 
 // emitSize is about what e takes in a message.
@@ -546,6 +565,7 @@ func (s *moduleServer) sendEmits(batch []emitRequest) {
 			r := res.Results[i]
 			e.result <- emitResult{id: r.Id, err: errorOf(r.ErrorKind, r.Error)}
 		}
+		s.emitting.Add(-1) // answered, whether its emitter still waits or not
 	}
 }
 
@@ -647,9 +667,11 @@ func (pm *pluginMesh) Emit(ctx context.Context, name string, body any, opts ...s
 		return "", ctx.Err()
 	}
 	req := emitRequest{emit: e, result: make(chan emitResult, 1)}
+	pm.server.emitting.Add(1)
 	select {
 	case pm.server.emits <- req:
 	case <-ctx.Done():
+		pm.server.emitting.Add(-1) // never sent
 		return "", ctx.Err()
 	}
 	select {

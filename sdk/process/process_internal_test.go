@@ -180,3 +180,27 @@ func TestHandlerPoolRunsEachAtOnceAndEnds(t *testing.T) {
 		}
 	}
 }
+
+// TestEmitBatchesGoWhenEveryHandlerWaits: a batch of emits goes at once
+// when none is queued and every delivery being handled waits for an
+// emit's answer; while a handler still runs (it may emit), or an emit is
+// queued, the batch waits for more.
+func TestEmitBatchesGoWhenEveryHandlerWaits(t *testing.T) {
+	s := &moduleServer{emits: make(chan emitRequest, 4)}
+	if !s.flushEmits() {
+		t.Error("no handler runs and nothing is queued: the batch should go")
+	}
+	s.handling.Store(2)
+	s.emitting.Store(1)
+	if s.flushEmits() {
+		t.Error("a handler still runs and may emit: the batch should wait")
+	}
+	s.emitting.Store(2)
+	if !s.flushEmits() {
+		t.Error("both handlers wait for their emits: the batch should go")
+	}
+	s.emits <- emitRequest{}
+	if s.flushEmits() {
+		t.Error("an emit is queued: the batch should take it first")
+	}
+}
