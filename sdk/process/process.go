@@ -165,8 +165,8 @@ type moduleServer struct {
 	// waiting for an emit and none is queued, no more is coming soon,
 	// and the batch goes at once (flushEmits).
 	handling, emitting atomic.Int64
-	runCtx      context.Context
-	runDone     chan struct{}
+	runCtx             context.Context
+	runDone            chan struct{}
 }
 
 func (s *moduleServer) Describe(context.Context, *pb.Empty) (*pb.Description, error) {
