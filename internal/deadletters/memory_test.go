@@ -2,65 +2,21 @@ package deadletters_test
 
 import (
 	"context"
-	"runtime"
 	"runtime/debug"
-	"runtime/metrics"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/meshkit/mesh/internal/deadletters"
+	"github.com/meshkit/mesh/internal/heaptest"
 	"github.com/meshkit/mesh/internal/wire"
 )
 
 // peakHeap samples the heap in use every millisecond while f runs and
 // returns how far above its level before f it rose at most.
 func peakHeap(f func()) uint64 {
-	h := heapAround(f)
-	return h.grew
-}
-
-// heap is what heapAround measured: the heap in use before f (after a
-// collection), how far above it the heap in use rose at most while f
-// ran, and how far above the live heap before f (what the collector
-// found live) the live heap rose at most.
-type heap struct {
-	base, grew, live uint64
-}
-
-func heapAround(f func()) heap {
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	live := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
-	metrics.Read(live)
-	base, peak := ms.HeapAlloc, ms.HeapAlloc
-	baseLive, peakLive := live[0].Value.Uint64(), live[0].Value.Uint64()
-	stop, done := make(chan struct{}), make(chan struct{})
-	var mu sync.Mutex
-	go func() {
-		defer close(done)
-		var ms runtime.MemStats
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(time.Millisecond):
-			}
-			runtime.ReadMemStats(&ms)
-			metrics.Read(live)
-			mu.Lock()
-			peak = max(peak, ms.HeapAlloc)
-			peakLive = max(peakLive, live[0].Value.Uint64())
-			mu.Unlock()
-		}
-	}()
-	f()
-	close(stop)
-	<-done
-	runtime.ReadMemStats(&ms) // the last sample, should f end between two
-	return heap{base: base, grew: max(peak, ms.HeapAlloc) - base, live: peakLive - baseLive}
+	h := heaptest.Around(f)
+	return h.Grew
 }
 
 // TestBrowseKeepsMemoryBounded: a keeper queue much larger than what a
@@ -174,11 +130,11 @@ func TestSummariesHoldNoBodies(t *testing.T) {
 	}{{"summaries", deadletters.Summaries(), 0}, {"4 KiB previews", deadletters.WithBodyLimit(4 << 10), 4 << 10}} {
 		var msgs []deadletters.Message
 		var err error
-		h := heapAround(func() { msgs, err = deadletters.List(ctx, m.conn, wire.QueueUnrouted, deadletters.Filter{}, tc.opt) })
+		h := heaptest.Around(func() { msgs, err = deadletters.List(ctx, m.conn, wire.QueueUnrouted, deadletters.Filter{}, tc.opt) })
 		t.Logf("%s of %d unrouted events of %d KiB: the live heap grew by %.1f MiB at most, the heap in use by %.1f MiB from %.1f MiB (bound %.1f MiB live)",
-			tc.name, count, size>>10, mib(h.live), mib(h.grew), mib(h.base), mib(bound))
-		if h.grew > h.base+4*bound {
-			t.Errorf("%s: the heap in use grew by %.1f MiB, over %.1f MiB", tc.name, mib(h.grew), mib(h.base+4*bound))
+			tc.name, count, size>>10, mib(h.Live), mib(h.Grew), mib(h.Base), mib(bound))
+		if h.Grew > h.Base+4*bound {
+			t.Errorf("%s: the heap in use grew by %.1f MiB, over %.1f MiB", tc.name, mib(h.Grew), mib(h.Base+4*bound))
 		}
 		if err != nil || len(msgs) != count {
 			t.Fatalf("%s: %d messages, %v", tc.name, len(msgs), err)

@@ -6,9 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"runtime"
 	"runtime/debug"
-	"runtime/metrics"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,6 +18,7 @@ import (
 
 	"github.com/meshkit/mesh/internal/brokertest"
 	"github.com/meshkit/mesh/internal/deadletters"
+	"github.com/meshkit/mesh/internal/heaptest"
 	"github.com/meshkit/mesh/internal/wire"
 )
 
@@ -44,49 +43,6 @@ func (m *brokerMesh) Kept(ctx context.Context, queue string, q KeptQuery) ([]dea
 	}
 	defer conn.Close()
 	return deadletters.List(ctx, conn, queue, q.Filter, q.Options()...)
-}
-
-// heapUse is what heapAround measured: the heap in use before f (after a
-// collection), how far above it the heap in use rose at most while f
-// ran, and how far above the live heap before f the live heap (what the
-// collector found live) rose at most.
-type heapUse struct {
-	base, grew, live uint64
-}
-
-// heapAround samples the heap every millisecond while f runs.
-func heapAround(f func()) heapUse {
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	live := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
-	metrics.Read(live)
-	base, peak := ms.HeapAlloc, ms.HeapAlloc
-	baseLive, peakLive := live[0].Value.Uint64(), live[0].Value.Uint64()
-	stop, done := make(chan struct{}), make(chan struct{})
-	var mu sync.Mutex
-	go func() {
-		defer close(done)
-		var ms runtime.MemStats
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(time.Millisecond):
-			}
-			runtime.ReadMemStats(&ms)
-			metrics.Read(live)
-			mu.Lock()
-			peak = max(peak, ms.HeapAlloc)
-			peakLive = max(peakLive, live[0].Value.Uint64())
-			mu.Unlock()
-		}
-	}()
-	f()
-	close(stop)
-	<-done
-	runtime.ReadMemStats(&ms)
-	return heapUse{base: base, grew: max(peak, ms.HeapAlloc) - base, live: peakLive - baseLive}
 }
 
 func mib(n uint64) float64 { return float64(n) / (1 << 20) }
@@ -214,19 +170,19 @@ func TestAPageViewHoldsNoBodies(t *testing.T) {
 
 	defer debug.SetGCPercent(debug.SetGCPercent(100))
 	L := uint64(8<<20 + 2*size + count*(2<<10))
-	check := func(what string, h heapUse, extra uint64) {
+	check := func(what string, h heaptest.Use, extra uint64) {
 		t.Helper()
 		bound := L + extra
 		t.Logf("%s with %d unrouted events of %d KiB (%.0f MiB): the live heap grew by %.1f MiB, the heap in use by %.1f MiB from %.1f MiB; "+
-			"L %.1f MiB, bound %.1f MiB", what, count, size>>10, float64(count)*float64(size)/(1<<20), mib(h.live), mib(h.grew), mib(h.base), mib(bound), mib(h.base+4*bound))
-		if h.grew > h.base+4*bound {
-			t.Errorf("%s: the heap in use grew by %.1f MiB, over %.1f MiB", what, mib(h.grew), mib(h.base+4*bound))
+			"L %.1f MiB, bound %.1f MiB", what, count, size>>10, float64(count)*float64(size)/(1<<20), mib(h.Live), mib(h.Grew), mib(h.Base), mib(bound), mib(h.Base+4*bound))
+		if h.Grew > h.Base+4*bound {
+			t.Errorf("%s: the heap in use grew by %.1f MiB, over %.1f MiB", what, mib(h.Grew), mib(h.Base+4*bound))
 		}
 	}
 
 	var status int
 	var page string
-	check("a view of /unrouted", heapAround(func() { status, page = view("/unrouted") }), 0)
+	check("a view of /unrouted", heaptest.Around(func() { status, page = view("/unrouted") }), 0)
 	if status != http.StatusOK || !strings.Contains(page, fmt.Sprintf("%d unrouted events", count)) {
 		t.Fatalf("/unrouted: %d %.500s", status, page)
 	}
@@ -235,7 +191,7 @@ func TestAPageViewHoldsNoBodies(t *testing.T) {
 
 	c.add(keptFresh + time.Second)
 	var pages [4]int
-	check("four views of /unrouted at once", heapAround(func() {
+	check("four views of /unrouted at once", heaptest.Around(func() {
 		var wg sync.WaitGroup
 		for i := range pages {
 			wg.Go(func() { pages[i], _ = view("/unrouted") })
@@ -247,12 +203,12 @@ func TestAPageViewHoldsNoBodies(t *testing.T) {
 	}
 
 	c.add(keptFresh + time.Second)
-	check("a view of a group's page", heapAround(func() { status, page = view("/unrouted/group/" + group) }), 0)
+	check("a view of a group's page", heaptest.Around(func() { status, page = view("/unrouted/group/" + group) }), 0)
 	if status != http.StatusOK || strings.Count(page, `class="pick"`) != count/5 {
 		t.Errorf("the group's page: %d, %d messages, want %d", status, strings.Count(page, `class="pick"`), count/5)
 	}
 
-	check("a view of the last message's page", heapAround(func() { status, page = view("/unrouted/message/" + last) }), messageBodyShown)
+	check("a view of the last message's page", heaptest.Around(func() { status, page = view("/unrouted/message/" + last) }), messageBodyShown)
 	if status != http.StatusOK || !strings.Contains(page, fmt.Sprintf("of %d:", len(body))) {
 		t.Errorf("the message's page: %d %.500s", status, page)
 	}
