@@ -25,7 +25,7 @@ func benchAudit(url string, o options) error {
 	fmt.Printf("\n== audit ingest: %d events a round stored by the audit logger, beside the event path ==\n", o.events)
 	var path, live, drain []float64
 	for r := 0; r < o.rounds; r++ {
-		c, err := countThroughput(url, o, "")
+		c, err := countOnce(url, runtime.QueueQuorum, o, "")
 		if err != nil {
 			return fmt.Errorf("event path: %w", err)
 		}

@@ -119,6 +119,11 @@ func run(o options) error {
 			}
 		}
 	}
+	if o.only == "" || o.only == "goals" {
+		if err := benchGoals(url, o); err != nil {
+			return fmt.Errorf("goals: %w", err)
+		}
+	}
 	if o.only == "" || o.only == "broker" {
 		if err := benchBrokerCost(url, o); err != nil {
 			return fmt.Errorf("broker cost: %w", err)
@@ -251,9 +256,14 @@ func benchQueueType(url, qt string, o options) error {
 	return nil
 }
 
+// median is the middle of xs, or the mean of the two middles when their
+// number is even.
 func median(xs []float64) float64 {
 	s := slices.Clone(xs)
 	slices.Sort(s)
+	if len(s)%2 == 0 {
+		return (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
 	return s[len(s)/2]
 }
 

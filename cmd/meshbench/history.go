@@ -33,7 +33,7 @@ func benchHistory(url string, o options) error {
 	fmt.Printf("\n== audit on the history: %d events a round indexed from a stream, beside the event path and the logger's own queue ==\n", o.events)
 	var path, queue, live, catchUp, catchUpProc []float64
 	for r := 0; r < o.rounds; r++ {
-		c, err := countThroughput(url, o, "")
+		c, err := countOnce(url, runtime.QueueQuorum, o, "")
 		if err != nil {
 			return fmt.Errorf("event path: %w", err)
 		}

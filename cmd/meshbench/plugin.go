@@ -20,42 +20,15 @@ import (
 	"github.com/meshkit/mesh/sdk"
 )
 
-// benchPlugin measures emit→handle throughput of the same module run as a
-// module process and in-process, beside the raw baseline, in one run.
+// benchPlugin measures the round trip of a lone event through the same
+// module run as a module process and in-process (their throughput and CPU
+// are in benchGoals).
 func benchPlugin(url string, o options) error {
 	bin, remove, err := buildBinary("./cmd/meshbench/countplugin")
 	if err != nil {
 		return err
 	}
 	defer remove()
-	fmt.Printf("\n== module process: %d events a round through the plugin boundary, the same module in-process, and raw ==\n", o.events)
-	var raw, inproc, plugin, rawCPU, plCPU, rawBroker, plBroker []float64
-	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
-	for r := 0; r < o.rounds; r++ {
-		rt, rc, rb, err := throughputCPU(func(s *sink) (side, error) { return newRawBest(url, runtime.QueueQuorum, s, o.window) }, o)
-		if err != nil {
-			return fmt.Errorf("raw: %w", err)
-		}
-		in, err := countThroughput(url, o, "")
-		if err != nil {
-			return fmt.Errorf("in-process: %w", err)
-		}
-		pl, err := countThroughput(url, o, bin)
-		if err != nil {
-			return fmt.Errorf("module process: %w", err)
-		}
-		fmt.Printf("round %d  raw %6.0f events/s (client %5.1f µs, broker %5.1f µs)   in-process %6.0f (%5.1f, %5.1f)   module process %6.0f (%5.1f, %5.1f)\n",
-			r+1, rt, us(rc), us(rb), in.rate, us(in.client), us(in.broker), pl.rate, us(pl.client), us(pl.broker))
-		raw, inproc, plugin = append(raw, rt), append(inproc, in.rate), append(plugin, pl.rate)
-		rawCPU, plCPU = append(rawCPU, us(rc)), append(plCPU, us(pl.client))
-		rawBroker, plBroker = append(rawBroker, us(rb)), append(plBroker, us(pl.broker))
-	}
-	fmt.Printf("module process %.0f events/s, in-process %.0f, raw at its best %.0f: module process / in-process %.2f, module process / raw %.2f, in-process / raw %.2f\n",
-		median(plugin), median(inproc), median(raw), median(plugin)/median(inproc), median(plugin)/median(raw), median(inproc)/median(raw))
-	fmt.Printf("CPU per event, client (meshbench and the module process) %.1f µs against raw's %.1f µs; broker %.1f µs against %.1f µs\n",
-		median(plCPU), median(rawCPU), median(plBroker), median(rawBroker))
-	record("module process throughput / raw at its best", pairedRatio(plugin, raw), 0.85, true, "")
-
 	// At a low rate a batch has nothing to wait for: what a lone event
 	// costs is the boundary's latency, both ways (the delivery in, the
 	// handler's emit out).
@@ -141,78 +114,149 @@ func echoLatency(url, bin string) (p50, p99 float64, err error) {
 	return lat[len(lat)/2], lat[len(lat)*99/100], nil
 }
 
-// counted is what countThroughput measured: events handled per second, and
-// the client's CPU per event (this process's and the module process's) and
-// the broker's (0 when it is not known).
+// counted is what one batch of a countRun measured: events handled per
+// second, the client's CPU per event (client, the sum of host, this
+// process's, and module, the module process's: 0 in-process) and the
+// broker's (0 when it is not known), and the module process's resident
+// set at its peak while the batch ran (0 in-process).
 type counted struct {
-	rate           float64
-	client, broker time.Duration
+	rate                 float64
+	client, host, module time.Duration
+	broker               time.Duration
+	peakRSS              int // kB
 }
 
-// countThroughput runs countmodule in-process (bin == "") or as the module
-// process bin, publishes o.events to it from o.publishers goroutines, and
-// measures, until the module says it is done, events handled per second
-// and the CPU each took.
-func countThroughput(url string, o options, bin string) (counted, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
+// countRun is a node running countmodule on a queue of its own type,
+// in-process or as a module process, to which batches of events are
+// emitted: the module says done at the end of each batch.
+type countRun struct {
+	node      *runtime.Node
+	pm        *runtime.PluginModule // nil in-process
+	done      chan struct{}         // a value for each module.count.done
+	closeNode func()
+	url       string
+}
+
+// startCount starts a node and countmodule expecting batch events a batch,
+// in-process (bin == "") or as the module process bin, consuming from a
+// queue of type qt.
+func startCount(ctx context.Context, url, qt string, batch int, bin string) (*countRun, error) {
 	node, _, closeNode, err := benchNode(ctx, url)
 	if err != nil {
-		return counted{}, err
+		return nil, err
 	}
-	defer closeNode()
-	done := make(chan struct{})
-	var once sync.Once
+	c := &countRun{node: node, done: make(chan struct{}, 16), closeNode: closeNode, url: url}
 	if _, err := node.Load(ctx, sdk.Module{Name: "watch", Setup: func(m sdk.Mesh) error {
 		return m.On("module.count.done", sdk.HandlerFunc(func(context.Context, sdk.Event) error {
-			once.Do(func() { close(done) })
+			c.done <- struct{}{}
 			return nil
 		}))
 	}}, runtime.ModuleConfig{}); err != nil {
-		return counted{}, err
+		c.close()
+		return nil, err
 	}
-	mc := runtime.ModuleConfig{Concurrency: runtime.DefaultPrefetch} // the same on both sides: the whole window at once
+	// The same on both sides: the whole window at once.
+	mc := runtime.ModuleConfig{Concurrency: runtime.DefaultPrefetch, QueueType: qt}
 	if path := os.Getenv("MESHBENCH_PLUGIN_CPUPROFILE"); path != "" && bin != "" {
 		// The node passes a module process none of its environment: the
 		// profile's path goes through a launcher.
 		mc.Launcher = []string{"/usr/bin/env", "MESHBENCH_PLUGIN_CPUPROFILE=" + path}
 	}
-	var pm *runtime.PluginModule
 	if bin == "" {
-		_, err = node.Load(ctx, countmodule.Module(int64(o.events)), mc)
+		_, err = node.Load(ctx, countmodule.Module(int64(batch)), mc)
 	} else {
-		pm, err = node.LoadPlugin(ctx, bin, []string{strconv.Itoa(o.events)}, mc)
-		if err == nil {
-			defer pm.Stop(context.Background())
-		}
+		c.pm, err = node.LoadPlugin(ctx, bin, []string{strconv.Itoa(batch)}, mc)
 	}
 	if err != nil {
-		return counted{}, err
+		c.close()
+		return nil, err
 	}
-	defer func() { _ = deleteQueue(url, "bench.count.events"); _ = deleteQueue(url, "bench.watch.events") }()
+	return c, nil
+}
+
+// close stops the module process, closes the node and deletes the queues.
+func (c *countRun) close() {
+	if c.pm != nil {
+		_ = c.pm.Stop(context.Background())
+	}
+	c.closeNode()
+	_ = deleteQueue(c.url, "bench.count.events")
+	_ = deleteQueue(c.url, "bench.watch.events")
+}
+
+// rss is the module process's resident set now, in kB (0 in-process).
+func (c *countRun) rss() int {
+	if c.pm == nil {
+		return 0
+	}
+	return rssKB(c.pm.PID())
+}
+
+// batch emits o.events from o.meshPublishers goroutines and measures,
+// until the module says it handled them, events handled per second, the
+// CPU each took and the module process's peak resident set.
+func (c *countRun) batch(ctx context.Context, o options) (counted, error) {
 	// The module process's CPU, read from /proc while it runs (it is not
 	// this process's, nor reaped before the round ends).
 	moduleCPU := func() time.Duration { return 0 }
-	if pm != nil {
-		pid := pm.PID()
+	if c.pm != nil {
+		pid := c.pm.PID()
 		moduleCPU = func() time.Duration { return max(processCPU(pid), 0) }
 	}
+	peak := make(chan int, 1)
+	stop := make(chan struct{})
+	go func() {
+		top := c.rss()
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				peak <- max(top, c.rss())
+				return
+			case <-t.C:
+				top = max(top, c.rss())
+			}
+		}
+	}()
 	cpu0, module0, broker0 := cpuTime(), moduleCPU(), brokerCPU()
 	start := time.Now()
-	if err := emitAll(ctx, node, o, "mesh.bench.measured"); err != nil {
+	err := emitAll(ctx, c.node, o, "mesh.bench.measured")
+	if err == nil {
+		select {
+		case <-c.done:
+		case <-ctx.Done():
+			err = fmt.Errorf("the module did not handle %d events in time", o.events)
+		}
+	}
+	elapsed := time.Since(start)
+	host, module := cpuTime()-cpu0, moduleCPU()-module0
+	broker := brokerCPU() - broker0
+	close(stop)
+	rss := <-peak
+	if err != nil {
 		return counted{}, err
 	}
-	select {
-	case <-done:
-	case <-ctx.Done():
-		return counted{}, fmt.Errorf("the module did not handle %d events in time", o.events)
-	}
-	c := counted{rate: float64(o.events) / time.Since(start).Seconds()}
-	c.client = (cpuTime() - cpu0 + moduleCPU() - module0) / time.Duration(o.events)
+	n := time.Duration(o.events)
+	got := counted{rate: float64(o.events) / elapsed.Seconds(), host: host / n, module: module / n, peakRSS: rss}
+	got.client = got.host + got.module
 	if brokerPID != 0 {
-		c.broker = (brokerCPU() - broker0) / time.Duration(o.events)
+		got.broker = broker / n
 	}
-	return c, nil
+	return got, nil
+}
+
+// countOnce runs countmodule in-process (bin == "") or as the module
+// process bin on a queue of type qt for one batch of o.events.
+func countOnce(url, qt string, o options, bin string) (counted, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	c, err := startCount(ctx, url, qt, o.events, bin)
+	if err != nil {
+		return counted{}, err
+	}
+	defer c.close()
+	return c.batch(ctx, o)
 }
 
 // emitAll emits o.events of eventType through node from o.publishers

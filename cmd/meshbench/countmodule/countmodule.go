@@ -1,7 +1,9 @@
 // Package countmodule is the module the benchmark runs both in-process and
 // as a module process: it decodes every mesh.bench.* event and, when it has
-// handled the number it expects, emits module.count.done. Expecting 0, it
-// answers every event: module.count.done carries the event's seq.
+// handled the number it expects, emits module.count.done, and again at each
+// multiple of that number (so one process can count several batches).
+// Expecting 0, it answers every event: module.count.done carries the
+// event's seq.
 package countmodule
 
 import (
@@ -36,8 +38,8 @@ func Named(name string, expect int64) sdk.Module {
 					_, err := mesh.Emit(ctx, "done", map[string]int{"seq": body.Seq})
 					return err
 				}
-				if handled.Add(1) == expect {
-					_, err := mesh.Emit(ctx, "done", map[string]int64{"handled": expect})
+				if n := handled.Add(1); n%expect == 0 {
+					_, err := mesh.Emit(ctx, "done", map[string]int64{"handled": n})
 					return err
 				}
 				return nil
