@@ -117,7 +117,14 @@ func TestAStaleModuleNeverStopsTheNode(t *testing.T) {
 		t.Errorf("node.anchor.module.failed: %v", failed)
 	}
 	eventually(t, ctx, "the good module serving", func() bool { return consumers("serve.tax.rate") == 1 }, logs)
-	code, body := httpGet(addr, "/readyz")
+	// The tax tool's consumer can be up before meshd's loading of the
+	// modules ends: /readyz says "loading the modules" until it has.
+	var code int
+	var body string
+	eventually(t, ctx, "meshd done loading the modules", func() bool {
+		code, body = httpGet(addr, "/readyz")
+		return !strings.Contains(body, "loading the modules")
+	}, logs)
 	if code != http.StatusServiceUnavailable || !strings.Contains(body, "notifier") || !strings.Contains(body, "module protocol 99") || !strings.Contains(body, "upgrade meshd") {
 		t.Errorf("/readyz with a stale module: %d %s", code, body)
 	}
