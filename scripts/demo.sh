@@ -6,7 +6,8 @@
 # Environment:
 #   MESH_AMQP_URL   the broker, with its virtual host (default the local
 #                   broker's /); everything the demo makes is made there.
-#   DEMO_SECONDS    how long the mesh runs before the calls (default 6).
+#   DEMO_SECONDS    how long the mesh runs, once meshd says every module
+#                   started (/readyz), before the calls (default 6).
 #   DEMO_GRAPH_FILE where to write meshctl graph's picture too (the doc
 #                   check compares it with the README's).
 #   DEMO_LIVE=1     (make demo-live) keep the mesh running after the show,
@@ -46,9 +47,28 @@ if [ "$(id -u)" = 0 ] && ! setpriv --reuid=65534 --regid=65534 --clear-groups te
   config=bin/demo-root.yaml
   sed 's/^  - name: \(.*\)$/  - name: \1\n    user: root/' examples/mesh.yaml > "$config"
 fi
-bin/meshd run --config "$config" --log-level warn &
+# meshd answers /readyz on a loopback port nothing listens on yet: the
+# demo goes on once every module has started (a busy machine takes longer
+# than the show's seconds), then lets the mesh run for them.
+port=18480
+while (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do port=$((port + 1)); done
+bin/meshd run --config "$config" --log-level warn --http-addr "127.0.0.1:$port" &
 meshd_pid=$!
 trap 'kill "$tail_pid" "$meshd_pid" 2>/dev/null || true' EXIT
+ready() {
+  exec 3<>"/dev/tcp/127.0.0.1/$port" || return 1
+  printf 'GET /readyz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' >&3
+  local status
+  read -r _ status _ <&3 || true
+  exec 3<&-
+  [ "$status" = 200 ]
+}
+for _ in $(seq 1200); do
+  ready 2>/dev/null && break
+  kill -0 "$meshd_pid" 2>/dev/null || { echo "== meshd exited =="; exit 1; }
+  sleep 0.1
+done
+ready 2>/dev/null || echo "== meshd is not ready after 2 minutes (see its log above); the demo goes on with what runs =="
 sleep "$seconds"
 echo "== meshctl call invoice.create (served by the billing module process, which calls tax.rate) =="
 bin/meshctl call invoice.create '{"site":"demo.example","cents":1000}'
