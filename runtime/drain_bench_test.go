@@ -81,17 +81,34 @@ func timeDrain(b *testing.B, drain func()) {
 	b.ReportMetric(float64(w-w0)/n, "writes/event")
 }
 
-func drainRaw(b *testing.B, qt string) {
-	url := brokertest.VHost(b)
+// drainChannel is a channel on url of a connection of its own, closed
+// when b ends.
+func drainChannel(b *testing.B, url string) *amqp.Channel {
+	b.Helper()
 	conn, err := amqp.Dial(url)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer conn.Close()
+	b.Cleanup(func() { conn.Close() })
 	ch, err := conn.Channel()
 	if err != nil {
 		b.Fatal(err)
 	}
+	return ch
+}
+
+// decodeDrainBody decodes what a drained event carries, as a handler
+// would.
+func decodeDrainBody(body []byte) error {
+	var p struct {
+		SentNanos int64 `json:"sent_ns"`
+		Seq       int   `json:"seq"`
+	}
+	return json.Unmarshal(body, &p)
+}
+
+func drainRaw(b *testing.B, qt string) {
+	ch := drainChannel(b, brokertest.VHost(b))
 	q, err := ch.QueueDeclare("raw.drain", true, false, false, false, amqp.Table{"x-queue-type": qt})
 	if err != nil {
 		b.Fatal(err)
@@ -107,11 +124,7 @@ func drainRaw(b *testing.B, qt string) {
 		}
 		for i := 0; i < b.N; i++ {
 			d := <-deliveries
-			var p struct {
-				SentNanos int64 `json:"sent_ns"`
-				Seq       int   `json:"seq"`
-			}
-			if err := json.Unmarshal(d.Body, &p); err != nil {
+			if err := decodeDrainBody(d.Body); err != nil {
 				b.Fatal(err)
 			}
 			if err := d.Ack(false); err != nil {
@@ -178,11 +191,7 @@ func drainMesh(b *testing.B, qt string, concurrency int) {
 	want := int64(b.N)
 	def := sdk.Module{Name: "drain", Setup: func(m sdk.Mesh) error {
 		return m.On("module.src.#", sdk.HandlerFunc(func(_ context.Context, ev sdk.Event) error {
-			var p struct {
-				SentNanos int64 `json:"sent_ns"`
-				Seq       int   `json:"seq"`
-			}
-			if err := ev.Decode(&p); err != nil {
+			if err := decodeDrainBody(ev.Body); err != nil {
 				return sdk.Permanent(err)
 			}
 			if handled.Add(1) == want {
@@ -201,15 +210,7 @@ func drainMesh(b *testing.B, qt string, concurrency int) {
 	if err := m.Stop(ctx); err != nil {
 		b.Fatal(err)
 	}
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		b.Fatal(err)
-	}
+	ch := drainChannel(b, url)
 	fill(b, ch, "mesh.events", "module.src.measured")
 	timeDrain(b, func() {
 		m, err := n.Load(ctx, def, mc)
