@@ -412,18 +412,23 @@ func TestRetryLongerThanConsumerTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	controlled := make(chan error, 1)
+	// What the control saw, logged by the test itself (never from the
+	// goroutine, which may outlive a test that failed first).
+	type control struct {
+		after time.Duration
+		err   error
+	}
+	controlled := make(chan control, 1)
 	go func() {
 		select {
 		case e := <-closed:
 			if e == nil || e.Code != amqp.PreconditionFailed {
-				controlled <- fmt.Errorf("the held delivery's channel closed with %v, want 406 (delivery acknowledgement timed out)", e)
+				controlled <- control{err: fmt.Errorf("the held delivery's channel closed with %v, want 406 (delivery acknowledgement timed out)", e)}
 				return
 			}
-			t.Logf("the broker closed the channel holding a delivery after %v", time.Since(start).Round(100*time.Millisecond))
-			controlled <- nil
+			controlled <- control{after: time.Since(start)}
 		case <-time.After(3 * time.Minute):
-			controlled <- errors.New("the broker never enforced its consumer_timeout of 2 s: this test proves nothing")
+			controlled <- control{err: errors.New("the broker never enforced its consumer_timeout of 2 s: this test proves nothing")}
 		}
 	}()
 
@@ -463,9 +468,11 @@ func TestRetryLongerThanConsumerTimeout(t *testing.T) {
 			t.Fatalf("attempts %+v", got)
 		}
 	}
-	if err := <-controlled; err != nil {
-		t.Fatal(err)
+	c := <-controlled
+	if c.err != nil {
+		t.Fatal(c.err)
 	}
+	t.Logf("the broker closed the channel holding a delivery after %v", c.after.Round(100*time.Millisecond))
 	if got[1].attempt != 2 || got[1].redelivered || got[1].at.Sub(got[0].at) < 70*time.Second {
 		t.Errorf("the retry: %+v after %+v; want attempt 2, a fresh delivery, 70 s or more later", got[1], got[0])
 	}
