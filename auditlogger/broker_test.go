@@ -71,7 +71,7 @@ func TestCompleteAcrossDuplicatesAndAKill(t *testing.T) {
 	}
 	defer pm.Stop(context.Background())
 
-	raw := rawChannel(t, url)
+	raw := brokertest.Channel(t, url)
 	const perSource = 300
 	publishRaw := func(i int, id string) {
 		err := raw.PublishWithContext(ctx, "mesh.events", "mesh.raw.tick", false, false, amqp.Publishing{
@@ -168,7 +168,7 @@ func TestMalformedAndDeadLettersRecorded(t *testing.T) {
 	}
 	defer ledger.Stop(context.Background())
 
-	raw := rawChannel(t, url)
+	raw := brokertest.Channel(t, url)
 	body := []byte("\x00not json")
 	if err := raw.PublishWithContext(ctx, "mesh.events", "mesh.raw.bad", false, false, amqp.Publishing{
 		Headers: amqp.Table{"x-source": "forged", "x-time": int64(7)}, ContentType: "text/plain", DeliveryMode: amqp.Persistent, Body: body,
@@ -238,7 +238,7 @@ func TestConflictRecordedAsAFate(t *testing.T) {
 	}
 	defer ledger.Stop(context.Background())
 
-	raw := rawChannel(t, url)
+	raw := brokertest.Channel(t, url)
 	id := ulid.Make().String()
 	for _, body := range []string{`{"amount":10}`, `{"amount":99}`} {
 		if err := raw.PublishWithContext(ctx, "mesh.events", "mesh.orders.placed", false, false, amqp.Publishing{
@@ -290,20 +290,4 @@ func nodeWithLogger(ctx context.Context, t *testing.T) (string, *runtime.Node) {
 	}
 	t.Cleanup(func() { pm.Stop(context.Background()) })
 	return url, node
-}
-
-// rawChannel dials url with plain amqp091-go, closed when the test ends,
-// and returns a channel on it: what a publisher outside the mesh uses.
-func rawChannel(t *testing.T, url string) *amqp.Channel {
-	t.Helper()
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	raw, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return raw
 }

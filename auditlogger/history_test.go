@@ -96,7 +96,7 @@ func TestHistoryLoggersConvergeAndCheckEachOther(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	raw := rawChannel(t, url)
+	raw := brokertest.Channel(t, url)
 	mine := store.Filter{Types: []string{"mesh.emitted.#", "mesh.raw.#"}}
 	count := func() int64 {
 		var n int64

@@ -81,22 +81,6 @@ func timeDrain(b *testing.B, drain func()) {
 	b.ReportMetric(float64(w-w0)/n, "writes/event")
 }
 
-// drainChannel is a channel on url of a connection of its own, closed
-// when b ends.
-func drainChannel(b *testing.B, url string) *amqp.Channel {
-	b.Helper()
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { conn.Close() })
-	ch, err := conn.Channel()
-	if err != nil {
-		b.Fatal(err)
-	}
-	return ch
-}
-
 // decodeDrainBody decodes what a drained event carries, as a handler
 // would.
 func decodeDrainBody(body []byte) error {
@@ -108,7 +92,7 @@ func decodeDrainBody(body []byte) error {
 }
 
 func drainRaw(b *testing.B, qt string) {
-	ch := drainChannel(b, brokertest.VHost(b))
+	ch := brokertest.Channel(b, brokertest.VHost(b))
 	q, err := ch.QueueDeclare("raw.drain", true, false, false, false, amqp.Table{"x-queue-type": qt})
 	if err != nil {
 		b.Fatal(err)
@@ -210,7 +194,7 @@ func drainMesh(b *testing.B, qt string, concurrency int) {
 	if err := m.Stop(ctx); err != nil {
 		b.Fatal(err)
 	}
-	ch := drainChannel(b, url)
+	ch := brokertest.Channel(b, url)
 	fill(b, ch, "mesh.events", "module.src.measured")
 	timeDrain(b, func() {
 		m, err := n.Load(ctx, def, mc)

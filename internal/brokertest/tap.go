@@ -6,21 +6,30 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
+// Channel is a channel of plain amqp091-go on a connection of its own to
+// url, to check the wire without the mesh's code (or to be a publisher
+// outside the mesh); the connection closes when t ends.
+func Channel(t testing.TB, url string) *amqp.Channel {
+	t.Helper()
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatalf("channel: %v", err)
+	}
+	return ch
+}
+
 // Tap is what a test sees of an exchange with raw amqp091-go, not through
 // the mesh's own code: a server-named, exclusive queue of its own
 // connection, bound to exchange with each of keys, consumed with
 // auto-ack. The connection closes when t ends. The exchange must exist.
 func Tap(t testing.TB, url, exchange string, keys ...string) <-chan amqp.Delivery {
 	t.Helper()
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatalf("tap: dial: %v", err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatalf("tap: channel: %v", err)
-	}
+	ch := Channel(t, url)
 	q, err := ch.QueueDeclare("", false, true, true, false, nil)
 	if err != nil {
 		t.Fatalf("tap: declare: %v", err)

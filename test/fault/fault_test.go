@@ -297,7 +297,7 @@ func TestQueueAtLengthLimit(t *testing.T) {
 	if _, err := n.Load(ctx, sinkModule(handled), runtime.ModuleConfig{Prefetch: 64, Concurrency: 4}); err != nil {
 		t.Fatal(err)
 	}
-	ch := rawChannel(t, url)
+	ch := brokertest.Channel(t, url)
 	if _, err := ch.QueueDeclare("fault.capped", true, false, false, false, amqp.Table{
 		"x-queue-type": "classic", "x-max-length": int64(10), "x-overflow": "reject-publish"}); err != nil {
 		t.Fatal(err)
@@ -400,7 +400,7 @@ func TestRetryLongerThanConsumerTimeout(t *testing.T) {
 	// The control: a delivery held past 2 s closes its channel with 406.
 	// It runs beside the module's part, each waiting for a check of the
 	// broker's (a minute apart), so the test waits for one, not two.
-	ch := rawChannel(t, url)
+	ch := brokertest.Channel(t, url)
 	if _, err := ch.QueueDeclare("held", true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
 		t.Fatal(err)
 	}

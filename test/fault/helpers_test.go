@@ -39,23 +39,6 @@ func (s summary) report(t *testing.T) {
 	}
 }
 
-// rawChannel dials url with plain amqp091-go and opens a channel, to
-// check the wire without our API; the connection closes when the test
-// ends.
-func rawChannel(t *testing.T, url string) *amqp.Channel {
-	t.Helper()
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ch
-}
-
 // rabbitmqctl runs the broker's control tool against the fault tests'
 // private broker node (brokertest's MESH_TEST_RABBITMQ_NODE, set by
 // TestMain), never the user's.

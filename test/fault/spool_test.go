@@ -31,7 +31,7 @@ func TestRefusedSpooledEvents(t *testing.T) {
 	n := newNode(t, strings.Replace(url, brokertest.Host(), proxy.Addr(), 1), "spooler", func(c *runtime.Config) {
 		c.EmitTimeout = emitTimeout
 	})
-	ch := rawChannel(t, url)
+	ch := brokertest.Channel(t, url)
 	if _, err := ch.QueueDeclare("full", false, false, false, false, amqp.Table{
 		"x-queue-type": "classic", "x-max-length": int64(1), "x-overflow": "reject-publish",
 	}); err != nil {
