@@ -71,12 +71,8 @@ func (pm *PluginModule) forward(i uint32) sdk.Handler {
 			}
 			p.mu.Unlock()
 		}()
-		select {
-		case p.sendq <- d:
-		case <-p.exited:
-			return errors.New("module process exited")
-		case <-ctx.Done():
-			return ctx.Err()
+		if err := p.hand(ctx, d); err != nil {
+			return err
 		}
 		select {
 		case o := <-result:
@@ -143,12 +139,8 @@ func (pm *PluginModule) forwardHistory(i uint32) func(context.Context, []sdk.Eve
 			p.mu.Unlock()
 		}()
 		for _, d := range ds {
-			select {
-			case p.sendq <- d:
-			case <-p.exited:
-				return errors.New("module process exited")
-			case <-ctx.Done():
-				return ctx.Err()
+			if err := p.hand(ctx, d); err != nil {
+				return err
 			}
 		}
 		var failed error
@@ -197,6 +189,19 @@ func (pm *PluginModule) answer(i uint32) sdk.ToolHandler {
 		}
 		return json.RawMessage(a.Body), nil
 	})
+}
+
+// hand queues d for the process's sender (send), unless the process
+// exits or ctx ends first.
+func (p *moduleProcess) hand(ctx context.Context, d *pb.Delivery) error {
+	select {
+	case p.sendq <- d:
+		return nil
+	case <-p.exited:
+		return errors.New("module process exited")
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // send crosses deliveries in batches that end with their burst (at most a
