@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -65,19 +66,25 @@ func benchGoals(url string, o options) error {
 				return fmt.Errorf("raw on %s: %w", qt, err)
 			}
 			gr.raw[qt] = counted{rate: tp, client: client, host: client, broker: broker}
-			if gr.mesh[qt], err = countOnce(url, qt, o, ""); err != nil {
+			pprof.Do(context.Background(), pprof.Labels("goal", "in-process"), func(context.Context) {
+				gr.mesh[qt], err = countOnce(url, qt, o, "")
+			})
+			if err != nil {
 				return fmt.Errorf("in-process on %s: %w", qt, err)
 			}
 			if qt != runtime.QueueQuorum {
 				continue
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-			c, err := startCount(ctx, url, qt, o.events, bin)
-			if err == nil {
-				idleRSS = max(idleRSS, c.rss())
-				gr.plugin, err = c.batch(ctx, o)
-				c.close()
-			}
+			pprof.Do(ctx, pprof.Labels("goal", "module-process"), func(ctx context.Context) {
+				var c *countRun
+				c, err = startCount(ctx, url, qt, o.events, bin)
+				if err == nil {
+					idleRSS = max(idleRSS, c.rss())
+					gr.plugin, err = c.batch(ctx, o)
+					c.close()
+				}
+			})
 			cancel()
 			if err != nil {
 				return fmt.Errorf("module process: %w", err)
@@ -127,12 +134,18 @@ func benchGoals(url string, o options) error {
 
 	// Where the module process's CPU goes, host and process apart.
 	var host, module, inproc []float64
+	var inRuns, inSwitches, hostRuns, hostSwitches, moduleSwitches []float64
 	for _, g := range rounds {
 		host, module = append(host, us(g.plugin.host)), append(module, us(g.plugin.module))
 		inproc = append(inproc, us(g.mesh[q].client))
+		inRuns, inSwitches = append(inRuns, g.mesh[q].hostRuns), append(inSwitches, g.mesh[q].hostSwitches)
+		hostRuns, hostSwitches = append(hostRuns, g.plugin.hostRuns), append(hostSwitches, g.plugin.hostSwitches)
+		moduleSwitches = append(moduleSwitches, g.plugin.moduleSwitches)
 	}
 	fmt.Printf("module process, client CPU per event: host (meshbench: emitters and node) %.1f µs + module process %.1f µs, against in-process %.1f µs (medians)\n",
 		median(host), median(module), median(inproc))
+	fmt.Printf("hand-offs per event on quorum (medians): in-process %.1f goroutine runs, %.1f thread switches; module process: host %.1f goroutine runs, %.1f thread switches, and the process's %.1f thread switches\n",
+		median(inRuns), median(inSwitches), median(hostRuns), median(hostSwitches), median(moduleSwitches))
 	return moduleMemory(url, o, bin, idleRSS, rounds)
 }
 

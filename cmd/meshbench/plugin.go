@@ -124,6 +124,10 @@ type counted struct {
 	client, host, module time.Duration
 	broker               time.Duration
 	peakRSS              int // kB
+	// Hand-offs per event: this process's goroutines scheduled to run
+	// and its threads switched off a CPU; the module process's threads
+	// switched (0 in-process). See handoffs.go.
+	hostRuns, hostSwitches, moduleSwitches float64
 }
 
 // countRun is a node running countmodule on a queue of its own type,
@@ -199,10 +203,13 @@ func (c *countRun) batch(ctx context.Context, o options) (counted, error) {
 	// The module process's CPU, read from /proc while it runs (it is not
 	// this process's, nor reaped before the round ends).
 	moduleCPU := func() time.Duration { return 0 }
+	moduleSwitches := func() int64 { return 0 }
 	if c.pm != nil {
 		pid := c.pm.PID()
 		moduleCPU = func() time.Duration { return max(processCPU(pid), 0) }
+		moduleSwitches = func() int64 { return max(threadSwitches(pid), 0) }
 	}
+	self := os.Getpid()
 	peak := make(chan int, 1)
 	stop := make(chan struct{})
 	go func() {
@@ -220,6 +227,7 @@ func (c *countRun) batch(ctx context.Context, o options) (counted, error) {
 		}
 	}()
 	cpu0, module0, broker0 := cpuTime(), moduleCPU(), brokerCPU()
+	runs0, switches0, moduleSwitches0 := goroutineRuns(), threadSwitches(self), moduleSwitches()
 	start := time.Now()
 	err := emitAll(ctx, c.node, o, "mesh.bench.measured")
 	if err == nil {
@@ -232,6 +240,7 @@ func (c *countRun) batch(ctx context.Context, o options) (counted, error) {
 	elapsed := time.Since(start)
 	host, module := cpuTime()-cpu0, moduleCPU()-module0
 	broker := brokerCPU() - broker0
+	runs, switches, modSwitches := goroutineRuns()-runs0, threadSwitches(self)-switches0, moduleSwitches()-moduleSwitches0
 	close(stop)
 	rss := <-peak
 	if err != nil {
@@ -240,6 +249,8 @@ func (c *countRun) batch(ctx context.Context, o options) (counted, error) {
 	n := time.Duration(o.events)
 	got := counted{rate: float64(o.events) / elapsed.Seconds(), host: host / n, module: module / n, peakRSS: rss}
 	got.client = got.host + got.module
+	perEvent := func(n int64) float64 { return float64(n) / float64(o.events) }
+	got.hostRuns, got.hostSwitches, got.moduleSwitches = perEvent(int64(runs)), perEvent(switches), perEvent(modSwitches)
 	if brokerPID != 0 {
 		got.broker = broker / n
 	}
