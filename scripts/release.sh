@@ -55,6 +55,7 @@ for arch in $archs; do
 	find "$stage" -type d -exec chmod 0755 {} +
 	find "$stage" -type f -exec chmod 0644 {} +
 	chmod 0755 "$stage"/bin/* "$stage"/modules/*
+	find "$stage" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} + # nfpm keeps a tree's own times
 	(cd "$out/.stage" && tar --sort=name --format=gnu --mtime="@$SOURCE_DATE_EPOCH" \
 		--owner=0 --group=0 --numeric-owner -cf - "$name") | gzip -n -9 >"$out/$name.tar.gz"
 	GOOS=linux GOARCH=$arch "$tools/cyclonedx-gomod" mod -json -noserial -notimestamp -std -licenses \
