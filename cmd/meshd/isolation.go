@@ -188,7 +188,7 @@ func (iso *isolation) tempDir(name string, c *runtime.Credential) (string, error
 // userSetting is the entry's user: as meshd reads it.
 func userSetting(m nodeconfig.Module) string {
 	if m.User == "" {
-		return "auto, by default as meshd runs as root"
+		return "auto, by default as meshd can change users"
 	}
 	return m.User
 }
@@ -280,8 +280,8 @@ func logProtections(log *slog.Logger, iso *isolation, configPath string, running
 	switch {
 	case root && len(asMeshd) > 0:
 		log.Warn("modules run as root (user: root): they can do anything on this host", "modules", asMeshd)
-	case !root && iso.landlock < 1 && len(asMeshd) > 0:
-		log.Warn("modules run as meshd's user without Landlock: they can read the state dir, the config and each other's files; run meshd as root to give each a user of its own (docs/security.md)",
+	case !changesUsers() && iso.landlock < 1 && len(asMeshd) > 0:
+		log.Warn("modules run as meshd's user without Landlock: they can read the state dir, the config and each other's files; run meshd as root, or with the packaged unit's capabilities, to give each a user of its own (docs/security.md)",
 			"modules", asMeshd)
 	}
 	if fi, err := os.Stat(configPath); err == nil && otherUsers && len(unconfined) > 0 && fi.Mode().Perm()&0o044 != 0 {

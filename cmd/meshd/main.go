@@ -22,6 +22,10 @@ func main() {
 		os.Exit(1)
 	}
 	hideFromModules()
+	if err := dropAmbientCaps(); err != nil {
+		fmt.Fprintln(os.Stderr, "meshd:", err)
+		os.Exit(1)
+	}
 	if err := app().Run(os.Args); err != nil {
 		fmt.Fprintln(os.Stderr, "meshd:", err)
 		os.Exit(1)

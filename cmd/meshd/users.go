@@ -29,13 +29,13 @@ const (
 
 // moduleUser resolves the entry's user: (nodeconfig.Module.User) into the
 // credential its process runs as: nil for meshd's own. Left out, it is
-// auto where meshd runs as root (a module runs as root only if its entry
-// says user: root) and meshd's own user elsewhere. Any user but meshd's
-// needs meshd to run as root.
+// auto where meshd runs as root or holds the capabilities to change users
+// (changesUsers; a module runs as root only if its entry says user: root)
+// and meshd's own user elsewhere. Any user but meshd's needs them.
 func moduleUser(node string, m nodeconfig.Module) (*runtime.Credential, error) {
 	var c runtime.Credential
 	u := m.User
-	if u == "" && os.Geteuid() == 0 {
+	if u == "" && changesUsers() {
 		u = "auto"
 	}
 	switch {
@@ -56,8 +56,8 @@ func moduleUser(node string, m nodeconfig.Module) (*runtime.Credential, error) {
 	if c.UID == uint32(os.Geteuid()) && c.GID == uint32(os.Getegid()) {
 		return nil, nil
 	}
-	if os.Geteuid() != 0 {
-		return nil, fmt.Errorf("user: %q: meshd runs as uid %d and cannot run a module as another user; run meshd as root (or with CAP_SETUID and CAP_SETGID), or leave user: out", m.User, os.Geteuid())
+	if !changesUsers() {
+		return nil, fmt.Errorf("user: %q: meshd runs as uid %d and cannot run a module as another user; run meshd as root (or with CAP_SETUID, CAP_SETGID, CAP_CHOWN, CAP_KILL and CAP_DAC_OVERRIDE, as the packaged unit does), or leave user: out", m.User, os.Geteuid())
 	}
 	return &c, nil
 }
@@ -132,8 +132,13 @@ func prepareModuleDir(stateDir, name string, c *runtime.Credential) (string, err
 	if err := ownAll(dir, c); err != nil {
 		return "", fmt.Errorf("the module's directory: %w", err)
 	}
-	if err := os.Chmod(dir, 0o700); err != nil {
-		return "", fmt.Errorf("the module's directory: %w", err)
+	// Only where it is not 0700 already: the directory is the module's
+	// now, and a meshd that is not root has no CAP_FOWNER to change the
+	// mode of another user's file.
+	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o700 {
+		if err := os.Chmod(dir, 0o700); err != nil {
+			return "", fmt.Errorf("the module's directory: %w (its mode was changed; chmod 0700 it)", err)
+		}
 	}
 	return dir, nil
 }

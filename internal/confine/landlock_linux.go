@@ -10,6 +10,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/meshkit/mesh/internal/caps"
 )
 
 // ABI is the version of Landlock the kernel offers: 0 for none.
@@ -166,6 +168,12 @@ func restrictAndExec(rules []Rule, user *User, network *Network, binary string, 
 		if _, _, errno := unix.RawSyscall(unix.SYS_SETRESUID, uintptr(user.UID), uintptr(user.UID), uintptr(user.UID)); errno != 0 {
 			return fmt.Errorf("confine: set uid %d: %w", user.UID, errno)
 		}
+	}
+	// The module gets no capability: a meshd running as a user of its own
+	// started this launcher with CAP_SETUID and CAP_SETGID (ambient), which
+	// a change between two users other than root keeps.
+	if err := caps.DropAllForExec(); err != nil {
+		return fmt.Errorf("confine: %w", err)
 	}
 	// The descriptor's /proc link reaches the binary whatever the
 	// directories on its path allow the user.

@@ -160,11 +160,36 @@ func writeOwned(t *testing.T, path, content string) {
 // their own (user: auto, and so by default), each with a directory of its
 // own; a hostile one can read neither the config (though its mode lets
 // others read it), nor meshd's state, nor the other module's directory,
-// write into neither, nor signal meshd.
+// write into neither, nor signal meshd, and holds no capability.
 func TestModulesRunAsTheirOwnUsers(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("meshd changes users only as root")
+		t.Skip("meshd changes users only as root or with capabilities, which only root can give it here")
 	}
+	modulesRunAsTheirOwnUsers(t, nil, "")
+}
+
+// TestModulesOfAMeshdWithCapabilities (as root): meshd runs as an
+// unprivileged user holding only the capabilities the packaged unit gives
+// it (ambient, as systemd's AmbientCapabilities puts them; built without
+// cgo, as make release builds it), and still runs each module as a user of
+// its own, confined; the hostile module inherits none of meshd's
+// capabilities: it cannot become root, give its directory away, signal
+// init or read /etc/shadow.
+func TestModulesOfAMeshdWithCapabilities(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("only root can start meshd as another user with capabilities")
+	}
+	c := "+setuid,+setgid,+chown,+kill,+dac_override" // packaging/meshd.service's AmbientCapabilities
+	setpriv := []string{"setpriv", fmt.Sprintf("--reuid=%d", nobody), fmt.Sprintf("--regid=%d", nobody), "--clear-groups",
+		"--inh-caps=" + c, "--ambient-caps=" + c, "--bounding-set=-all," + c}
+	modulesRunAsTheirOwnUsers(t, setpriv, "0")
+}
+
+// modulesRunAsTheirOwnUsers runs meshd (built with CGO_ENABLED=cgo, the
+// go command's default if empty) under prefix (a setpriv command, or none
+// for root) with a victim module and a hostile one, and checks what the
+// hostile one could reach.
+func modulesRunAsTheirOwnUsers(t *testing.T, prefix []string, cgo string) {
 	dir, err := os.MkdirTemp("", "hostile-users-")
 	if err != nil {
 		t.Fatal(err)
@@ -174,7 +199,14 @@ func TestModulesRunAsTheirOwnUsers(t *testing.T) {
 		t.Fatal(err)
 	}
 	meshd := filepath.Join(filepath.Dir(evilBin), "meshd")
-	if out, err := exec.Command("go", "build", "-o", meshd, "../../cmd/meshd").CombinedOutput(); err != nil {
+	if cgo != "" {
+		meshd += "-cgo" + cgo
+	}
+	build := exec.Command("go", "build", "-o", meshd, "../../cmd/meshd")
+	if cgo != "" {
+		build.Env = append(os.Environ(), "CGO_ENABLED="+cgo)
+	}
+	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build meshd: %v\n%s", err, out)
 	}
 	state := filepath.Join(dir, "state")
@@ -196,7 +228,7 @@ modules:
 `, brokertest.VHost(t), state, evilBin, victimReport.path, evilBin, evilReport.path, targets)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	lines := runMeshdUntilReported(t, []string{meshd, "run", "--config", cfg}, nil, evilReport)
+	lines := runMeshdUntilReported(t, append(prefix, meshd, "run", "--config", cfg), nil, evilReport)
 	victim := readReport(victimReport)
 	own := func(lines []reportLine, name string) string {
 		for _, l := range lines {
@@ -211,8 +243,8 @@ modules:
 		return ""
 	}
 	evilUID, victimUID := own(lines, "evil"), own(victim, "victim")
-	if evilUID == "uid 0" || victimUID == "uid 0" || evilUID == victimUID {
-		t.Errorf("the modules run as %s and %s: want two users of their own, neither root", evilUID, victimUID)
+	if evilUID == "uid 0" || victimUID == "uid 0" || evilUID == victimUID || evilUID == fmt.Sprintf("uid %d", nobody) {
+		t.Errorf("the modules run as %s and %s: want two users of their own, neither root nor meshd's", evilUID, victimUID)
 	}
 	for _, path := range strings.Split(targets, ",") {
 		l := step(lines, "read "+path)
@@ -228,7 +260,31 @@ modules:
 	if l := step(lines, "signal meshd"); l.Step == "" || !strings.Contains(l.Err, "operation not permitted") {
 		t.Errorf("the hostile module may signal meshd: %+v", l)
 	}
+	checkNoPrivileges(t, lines)
 	if b, err := os.ReadFile(victimSecret); err != nil || string(b) != "of victim" {
 		t.Errorf("the victim's own file: %q %v", b, err)
+	}
+}
+
+// checkNoPrivileges checks the hostile module's report of tryPrivileges:
+// no capability in any set, and every attempt refused.
+func checkNoPrivileges(t *testing.T, lines []reportLine) {
+	t.Helper()
+	caps := step(lines, "capabilities")
+	if caps.Step == "" {
+		t.Errorf("the hostile module reported no capabilities: %+v", lines)
+	}
+	for _, set := range []string{"CapInh", "CapPrm", "CapEff", "CapAmb"} {
+		if !strings.Contains(caps.Got, set+":\t0000000000000000") {
+			t.Errorf("the hostile module holds capabilities in %s:\n%s", set, caps.Got)
+		}
+	}
+	for _, what := range []string{"setuid root", "setgid root", "chown own dir to root", "signal init"} {
+		if l := step(lines, what); l.Step == "" || !strings.Contains(l.Err, "operation not permitted") {
+			t.Errorf("the hostile module tried %s: %+v, want operation not permitted", what, l)
+		}
+	}
+	if l := step(lines, "read /etc/shadow"); l.Step == "" || !strings.Contains(l.Err, "permission denied") {
+		t.Errorf("the hostile module read /etc/shadow: %+v, want permission denied", l)
 	}
 }
