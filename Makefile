@@ -20,7 +20,7 @@ BUILD   := $(GO) build -ldflags "$(LDFLAGS)"
 LONGEST_FIRST := ./runtime ./cmd/meshctl ./test/conformance ./test/docs ./cmd/meshd ./cmd/meshctl/console ./test/hostile ./internal/deadletters
 
 .DEFAULT_GOAL := help
-.PHONY: help build test soak bench demo demo-live screenshots lint fuzz generate clean
+.PHONY: help build test soak bench demo demo-live screenshots lint fuzz generate clean release
 
 help: ## List targets with their descriptions
 	@grep -E '^[a-zA-Z_-]+:.*?## .*$$' $(MAKEFILE_LIST) | \
@@ -56,6 +56,9 @@ test: ## Run the whole test suite (race detector, about 35 min on 2 cores) again
 soak: ## Run the nemesis soak (test/soak): SOAK=10m of seeded faults on three nodes and a three-node cluster, then a checker over the history; SOAK_SEEDS=S1,S2 repeats schedules
 	$(ENSURE)
 	$(GO) test -count=1 -v -tags soak -timeout 0 -run TestSoak ./test/soak
+
+release: ## Build the release of this commit into dist/ (RELEASE_DIR): for linux/amd64 and linux/arm64 (RELEASE_ARCHS), an archive of meshd, meshctl, the shipped modules, the docs, a sample config and the systemd unit, its CycloneDX SBOM, a .deb and an .rpm (nfpm; tools pinned in tools/go.mod), and SHA256SUMS; reproducible: two builds of one commit are the same bytes (docs/adr/0047-packages-and-the-hardened-unit.md)
+	scripts/release.sh $(or $(RELEASE_DIR),dist)
 
 bench: ## Run throughput/latency benchmarks beside a raw amqp091-go baseline
 	$(ENSURE)
@@ -120,5 +123,5 @@ generate: ## Regenerate the plugin protocol's Go code from internal/plugin/pb/mo
 		--go_out=. --go_opt=paths=source_relative \
 		--go-grpc_out=. --go-grpc_opt=paths=source_relative module.proto
 
-clean: ## Remove built binaries
-	rm -rf bin
+clean: ## Remove built binaries and release artifacts (dist)
+	rm -rf bin dist
