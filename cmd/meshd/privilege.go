@@ -18,9 +18,9 @@ func changesUsers() bool {
 	return err == nil && s.Effective.Has(caps.ForModuleUsers...)
 }
 
-// dropAmbientCaps empties the ambient capability set of a meshd that is
-// not root (systemd's AmbientCapabilities put them there), so that no
-// program meshd starts inherits one: a module running as meshd's user or
+// dropAmbientCaps empties the ambient and inheritable capability sets of
+// a meshd that is not root (systemd's AmbientCapabilities put them there),
+// so that no program meshd starts inherits one: a module running as meshd's user or
 // as another, unconfined, would otherwise keep CAP_SETUID and could become
 // root. meshd keeps them effective, for itself; a module's launcher gets
 // the two it needs, and drops them (runtime, internal/confine). It fails

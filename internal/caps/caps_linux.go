@@ -5,9 +5,11 @@ package caps
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -53,9 +55,10 @@ func ambient() (Set, error) {
 	return 0, fmt.Errorf("caps: no CapAmb in /proc/thread-self/status")
 }
 
-// ClearAmbient empties the ambient set of every thread of this process, so
-// that no program it executes inherits a capability (a module process
-// above all); the effective and permitted sets stay. It fails with
+// ClearAmbient empties the ambient and inheritable sets of every thread of
+// this process, so that no program it executes inherits a capability (a
+// module process above all, even one whose binary carries inheritable file
+// capabilities); the effective and permitted sets stay. It fails with
 // ErrUnsupported in a build with cgo, where Go cannot change every thread.
 func ClearAmbient() error {
 	_, _, errno := syscall.AllThreadsSyscall(syscall.SYS_PRCTL, unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0)
@@ -64,6 +67,18 @@ func ClearAmbient() error {
 	}
 	if errno != 0 {
 		return fmt.Errorf("caps: clear the ambient set: %w", errno)
+	}
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("caps: capget: %w", err)
+	}
+	data[0].Inheritable, data[1].Inheritable = 0, 0
+	_, _, errno = syscall.AllThreadsSyscall(syscall.SYS_CAPSET, uintptr(unsafe.Pointer(&hdr)), uintptr(unsafe.Pointer(&data[0])), 0)
+	runtime.KeepAlive(&hdr)
+	runtime.KeepAlive(&data)
+	if errno != 0 {
+		return fmt.Errorf("caps: clear the inheritable set: %w", errno)
 	}
 	return nil
 }
