@@ -6,6 +6,7 @@ GO     ?= go
 ENSURE := scripts/ensure-rabbitmq.sh
 BROWSER := scripts/ensure-chromium.sh
 POSTGRES := scripts/ensure-postgres.sh
+PACKAGING := scripts/ensure-packaging.sh
 
 # Every binary says which release and commit it is (meshd version): VERSION, and the commit for
 # builds the go command stamps none into (-buildvcs=false).
@@ -39,10 +40,11 @@ build: ## Build all packages, the binaries bin/meshd and bin/meshctl, the shippe
 	$(BUILD) -o bin/modules/ ./examples/modules/...
 	$(BUILD) -o bin/ordersource ./examples/ordersource
 
-test: ## Run the whole test suite (race detector, about 35 min on 2 cores) against a local RabbitMQ (each test in a virtual host of its own, deleted after) and, for the console, Debian's headless Chromium, and PostgreSQL's server binaries for the database tests (all installed where missing), then the fault tests on a private broker node and the failover tests on a private three-node cluster, one after the other, beside a two-minute soak on another cluster; it checks the shared broker was never stopped or changed
+test: ## Run the whole test suite (race detector, about 35 min on 2 cores) against a local RabbitMQ (each test in a virtual host of its own, deleted after) and, for the console, Debian's headless Chromium, and PostgreSQL's server binaries for the database tests, and rpm to read the release's .rpm (all installed where missing), then the fault tests on a private broker node and the failover tests on a private three-node cluster, one after the other, beside a two-minute soak on another cluster; it checks the shared broker was never stopped or changed
 	$(ENSURE)
 	$(BROWSER)
 	$(POSTGRES)
+	$(PACKAGING)
 	@mkdir -p bin && scripts/broker-untouched.sh mark bin/.shared-broker
 	$(GO) test -race -count=1 -timeout 20m $(LONGEST_FIRST) ./...
 	@echo "on brokers of their own, at once: the fault tests, then the failover tests; and the soak (each prints when both are done):"

@@ -102,11 +102,23 @@ func TestRelease(t *testing.T) {
 	checkSBOM(t, out1, sums)
 	checkUnit(t, filepath.Join(root, "packaging", "meshd.service"))
 
-	deb := ""
+	deb, rpm := "", ""
 	for name := range sums {
-		if strings.HasSuffix(name, "_"+arch+".deb") {
+		switch {
+		case strings.HasSuffix(name, "_"+arch+".deb"):
 			deb = filepath.Join(out1, name)
+		case strings.HasSuffix(name, ".rpm"):
+			rpm = filepath.Join(out1, name)
 		}
+	}
+	version, err := os.ReadFile(filepath.Join(root, "VERSION"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rpm == "" {
+		t.Errorf("no .rpm among %v", sums)
+	} else {
+		checkRPM(t, rpm, strings.TrimPrefix(strings.TrimSpace(string(version)), "v"))
 	}
 	if deb == "" {
 		t.Fatalf("no .deb for %s among %v", arch, sums)
@@ -291,31 +303,26 @@ func install(t *testing.T, deb string) {
 	}
 	uid, _ := strconv.Atoi(mesh.Uid)
 	gid, _ := strconv.Atoi(mesh.Gid)
-	for _, f := range []struct {
-		path     string
-		mode     fs.FileMode
-		uid, gid int
-	}{
-		{"/usr/bin/meshd", 0o755, 0, 0},
-		{"/usr/bin/meshctl", 0o755, 0, 0},
-		{"/usr/lib/mesh/modules/audit-logger", 0o755, 0, 0},
-		{"/usr/lib/mesh/modules/dispatcher", 0o755, 0, 0},
-		{"/usr/lib/mesh/modules/agent", 0o755, 0, 0},
-		{"/usr/lib/systemd/system/meshd.service", 0o644, 0, 0},
-		{"/etc/mesh", fs.ModeDir | 0o750, 0, gid},
-		{"/etc/mesh/mesh.yaml", 0o640, 0, gid},
-		{"/etc/mesh/meshd.env", 0o600, 0, 0},
-		{"/var/lib/mesh", fs.ModeDir | 0o711, uid, gid},
-		{"/usr/share/doc/mesh/operator-guide.md", 0o644, 0, 0},
-	} {
+	for _, f := range packaged {
 		fi, err := os.Lstat(f.path)
 		if err != nil {
 			t.Errorf("installed: %v", err)
 			continue
 		}
 		st := fi.Sys().(*syscall.Stat_t)
-		if fi.Mode() != f.mode || int(st.Uid) != f.uid || int(st.Gid) != f.gid {
-			t.Errorf("%s: %v %d:%d, want %v %d:%d", f.path, fi.Mode(), st.Uid, st.Gid, f.mode, f.uid, f.gid)
+		ids := map[string]int{"root": 0, "mesh": uid}
+		gids := map[string]int{"root": 0, "mesh": gid}
+		if fi.Mode() != f.mode || int(st.Uid) != ids[f.owner] || int(st.Gid) != gids[f.group] {
+			t.Errorf("%s: %v %d:%d, want %v %s:%s", f.path, fi.Mode(), st.Uid, st.Gid, f.mode, f.owner, f.group)
+		}
+	}
+	if out, err := exec.Command("dpkg-query", "-W", "-f=${Conffiles}", "mesh").Output(); err != nil {
+		t.Errorf("dpkg-query: %v", err)
+	} else {
+		for _, c := range conffiles {
+			if !strings.Contains(string(out), " "+c+" ") {
+				t.Errorf("%s is not a conffile of the installed package: %q", c, out)
+			}
 		}
 	}
 	if mesh.HomeDir != "/var/lib/mesh" {
@@ -369,6 +376,81 @@ func install(t *testing.T, deb string) {
 	}
 	if _, err := user.Lookup("mesh"); err == nil {
 		t.Errorf("after purge, the user mesh is still there")
+	}
+}
+
+// packaged is what the package installs that the tests check: each path
+// with its mode and owners (the .deb installed, the .rpm read).
+var packaged = []struct {
+	path         string
+	mode         fs.FileMode
+	owner, group string
+}{
+	{"/usr/bin/meshd", 0o755, "root", "root"},
+	{"/usr/bin/meshctl", 0o755, "root", "root"},
+	{"/usr/lib/mesh/modules/audit-logger", 0o755, "root", "root"},
+	{"/usr/lib/mesh/modules/dispatcher", 0o755, "root", "root"},
+	{"/usr/lib/mesh/modules/agent", 0o755, "root", "root"},
+	{"/usr/lib/systemd/system/meshd.service", 0o644, "root", "root"},
+	{"/etc/mesh", fs.ModeDir | 0o750, "root", "mesh"},
+	{"/etc/mesh/mesh.yaml", 0o640, "root", "mesh"},
+	{"/etc/mesh/meshd.env", 0o600, "root", "root"},
+	{"/var/lib/mesh", fs.ModeDir | 0o711, "mesh", "mesh"},
+	{"/usr/share/doc/mesh/operator-guide.md", 0o644, "root", "root"},
+}
+
+// conffiles are the package's configuration files: an upgrade keeps them
+// once edited.
+var conffiles = []string{"/etc/mesh/mesh.yaml", "/etc/mesh/meshd.env"}
+
+// checkRPM reads the .rpm (where rpm is installed: scripts/ensure-packaging.sh):
+// its name and version, every packaged path with its mode and owners, its
+// configuration files marked noreplace, and its four scriptlets.
+func checkRPM(t *testing.T, rpm, version string) {
+	t.Helper()
+	if _, err := exec.LookPath("rpm"); err != nil {
+		t.Log("no rpm here (scripts/ensure-packaging.sh installs it): the .rpm is not read")
+		return
+	}
+	query := func(args ...string) string {
+		out, err := exec.Command("rpm", append([]string{"-qp"}, append(args, rpm)...)...).Output()
+		if err != nil {
+			t.Fatalf("rpm -qp %v: %v", args, err)
+		}
+		return string(out)
+	}
+	if got, want := query("--queryformat", "%{NAME} %{VERSION} %{RELEASE}"), "mesh "+version+" 1"; got != want {
+		t.Errorf("the .rpm is %q, want %q", got, want)
+	}
+	files := map[string][]string{} // path → mode (octal), owner, group, flags
+	for line := range strings.Lines(query("--queryformat", "[%{FILENAMES} %{FILEMODES:octal} %{FILEUSERNAME} %{FILEGROUPNAME} %{FILEFLAGS:fflags}\n]")) {
+		f := strings.Fields(line)
+		if len(f) >= 4 {
+			files[f[0]] = f[1:]
+		}
+	}
+	for _, p := range packaged {
+		f, ok := files[p.path]
+		if !ok {
+			t.Errorf("the .rpm holds no %s", p.path)
+			continue
+		}
+		mode, _ := strconv.ParseUint(f[0], 8, 32)
+		perm, dir := fs.FileMode(mode)&fs.ModePerm, mode&0o170000 == 0o040000
+		if perm != p.mode.Perm() || dir != p.mode.IsDir() || f[1] != p.owner || f[2] != p.group {
+			t.Errorf("the .rpm's %s: %s, want %v %s:%s", p.path, strings.Join(f, " "), p.mode, p.owner, p.group)
+		}
+	}
+	for _, c := range conffiles {
+		if f := files[c]; len(f) < 4 || !strings.Contains(f[3], "c") || !strings.Contains(f[3], "n") {
+			t.Errorf("the .rpm's %s is not a configuration file kept on upgrade (noreplace): %v", c, f)
+		}
+	}
+	scripts := query("--scripts")
+	for _, s := range []string{"preinstall scriptlet", "postinstall scriptlet", "preuninstall scriptlet", "postuninstall scriptlet"} {
+		if !strings.Contains(scripts, s) {
+			t.Errorf("the .rpm has no %s", s)
+		}
 	}
 }
 
