@@ -1,3 +1,5 @@
+//go:build release
+
 // Package release tests make release (scripts/release.sh) and the package
 // it makes: two builds of one commit from two directories give the same
 // bytes; the archive, SBOM and checksums hold what they should; the unit
@@ -5,7 +7,9 @@
 // dpkg, the .deb installs, runs its meshd with its config as the unit
 // would (a module as a user of its own, confined), upgrades over itself
 // keeping an edited config, removes and purges cleanly
-// (docs/adr/0047-packages-and-the-hardened-unit.md).
+// (docs/adr/0047-packages-and-the-hardened-unit.md). Build tag release:
+// make test runs it beside the fault tests, after the soak, rather than
+// within go test ./..., where its two builds slowed every other package.
 package release
 
 import (
