@@ -284,7 +284,7 @@ func logProtections(log *slog.Logger, iso *isolation, configPath string, running
 		log.Warn("modules run as meshd's user without Landlock: they can read the state dir, the config and each other's files; run meshd as root, or with the packaged unit's capabilities, to give each a user of its own (docs/security.md)",
 			"modules", asMeshd)
 	}
-	if fi, err := os.Stat(configPath); err == nil && otherUsers && len(unconfined) > 0 && fi.Mode().Perm()&0o044 != 0 {
+	if fi, err := os.Stat(configPath); err == nil && otherUsers && len(unconfined) > 0 && readableByModules(fi) {
 		log.Warn("the config is readable by other users, modules' users among them: chmod 0600 it", "config", configPath, "mode", fmt.Sprintf("%04o", fi.Mode().Perm()))
 	}
 }
@@ -307,4 +307,17 @@ func loadWith(ctx context.Context, node *runtime.Node, iso *isolation, i int, m 
 		return nil, errors.Join(err, stopNow(pm))
 	}
 	return &loaded{entry: m, pm: pm, how: h}, nil
+}
+
+// readableByModules reports whether a file's mode lets users other than
+// meshd's read it: others may, or its group may and that group is not
+// meshd's own (a module runs with a group of its own and no other, so the
+// package's 0640 root:mesh config is not theirs to read).
+func readableByModules(fi os.FileInfo) bool {
+	perm := fi.Mode().Perm()
+	if perm&0o004 != 0 {
+		return true
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	return perm&0o040 != 0 && (!ok || int(st.Gid) != os.Getegid())
 }
