@@ -319,6 +319,22 @@ func dropConsumer(t *testing.T, vhostURL, queue string) {
 	}
 }
 
+// waitReadyAgain waits until n is ready once its modules consume again:
+// Ready says so once a module's attach has returned, and a module's
+// handlers may run on the consumers it made before then (a resume after a
+// first attach the busy broker could not give at once, say).
+func waitReadyAgain(t *testing.T, n *runtime.Node) {
+	t.Helper()
+	var err error
+	limit := time.Now().Add(30 * time.Second)
+	for err = n.Ready(); err != nil && time.Now().Before(limit); err = n.Ready() {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		t.Errorf("not ready 30s after consuming again: %v", err)
+	}
+}
+
 // TestLostConsumerIsConsumedAgain: the broker drops the consumers of a
 // module's queue and of a queue it consumes without a word to their
 // channels (as RabbitMQ 3.10 can, see checkConsumers). The module finds
@@ -371,9 +387,7 @@ func TestLostConsumerIsConsumedAgain(t *testing.T) {
 	if lost := n.Stats().ConsumersLost; lost < 2 {
 		t.Errorf("Stats.ConsumersLost = %d, want 2 or more", lost)
 	}
-	if err := n.Ready(); err != nil {
-		t.Errorf("ready after consuming again: %v", err)
-	}
+	waitReadyAgain(t, n)
 }
 
 // TestStalledConsumerIsConsumedAgain: the broker checks a whole prefetch
@@ -444,9 +458,7 @@ func TestStalledConsumerIsConsumedAgain(t *testing.T) {
 	if lost := n.Stats().ConsumersLost; lost < 2 {
 		t.Errorf("Stats.ConsumersLost = %d, want 2 or more", lost)
 	}
-	if err := n.Ready(); err != nil {
-		t.Errorf("ready after consuming again: %v", err)
-	}
+	waitReadyAgain(t, n)
 }
 
 // TestHandlerPastTheGraceIsNotRunAgain: a module stops while a handler
