@@ -363,6 +363,11 @@ func (pm *PluginModule) supervise(p *moduleProcess) {
 		if pm.stopping.Load() {
 			return
 		}
+		// Its stream ended, but the process may live on (a stream the host
+		// broke on a message past its bound, say): it is ended before
+		// another takes its place, or it would outlive the host's
+		// supervision, its connection to the host still open.
+		p.kill(2 * time.Second)
 		// Deliveries wait for the restart from now on: one retried while
 		// the crash is announced must not go to the dead process and burn
 		// an attempt without being tried. (current may have taken it out

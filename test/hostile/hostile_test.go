@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -451,7 +452,14 @@ func TestBoundedAcrossTheBoundary(t *testing.T) {
 	if _, err := w.honest.Emit(w.ctx, "ping", map[string]int{}); err != nil {
 		t.Fatal(err)
 	}
-	waitReport(t, report, "sent the big error")
+	sent := step(waitReport(t, report, "sent the big error"), "sent the big error")
+	// The host broke the stream on the error past its bound and started
+	// the module again: the process that sent it must not live on.
+	if pid, err := strconv.Atoi(sent.Got); err != nil {
+		t.Errorf("the module reported no pid: %+v", sent)
+	} else {
+		waitGone(t, pid)
+	}
 	_, report, err = w.load("evil2", map[string]any{"attack": "hugebatch", "size": 100_000}, runtime.ModuleConfig{AllowUndeclaredEmits: true})
 	if err != nil {
 		t.Fatal(err)
@@ -471,6 +479,20 @@ func TestBoundedAcrossTheBoundary(t *testing.T) {
 	w.honestStillServed()
 	if grew := peakRSS(t) - before; grew > 100<<20 {
 		t.Errorf("peak RSS grew by %d MiB across the attacks, want under 100 MiB", grew>>20)
+	}
+}
+
+// waitGone waits until process pid has ended and been reaped (the host
+// reaps the module processes it starts), up to a minute.
+func waitGone(t *testing.T, pid int) {
+	t.Helper()
+	limit := time.Now().Add(time.Minute)
+	for syscall.Kill(pid, 0) == nil {
+		if time.Now().After(limit) {
+			t.Errorf("the module process %d that broke its stream still runs a minute later: the host left it behind", pid)
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	goruntime "runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -395,7 +396,7 @@ func (s *server) Deliver(stream pb.Module_DeliverServer) error {
 				report("delivery", d.Id, nil)
 				huge := strings.Repeat("x", cfg.Size)
 				err := stream.Send(&pb.OutcomeBatch{Outcomes: []*pb.Outcome{{Seq: d.Seq, Kind: pb.Outcome_FAILED, Error: huge}}})
-				report("sent the big error", "", err)
+				report("sent the big error", strconv.Itoa(os.Getpid()), err)
 				continue
 			}
 			_ = stream.Send(&pb.OutcomeBatch{Outcomes: []*pb.Outcome{{Seq: d.Seq, Kind: pb.Outcome_OK}}})
