@@ -38,8 +38,9 @@ import (
 //     it is started again, so deliveries wait for the restart instead of
 //     burning an attempt on the dead process.
 //   - supervise starts the process again, with back-off, whenever it goes
-//     away (it exited, its stream ended, or it failed its ping: it is
-//     killed), until Stop. A first load starts a process that went away
+//     away (it exited, its stream ended, or it failed its ping), until
+//     Stop; the process that went away is ended first, whichever it was,
+//     so none outlives its stream (TestBoundedAcrossTheBoundary). A first load starts a process that went away
 //     while starting up to firstLaunches times.
 //   - Stop wins over a restart: stopping is set under mu, so a restart
 //     either sees it before it installs its process or leaves that process
