@@ -326,13 +326,12 @@ func dropConsumer(t *testing.T, vhostURL, queue string) {
 func waitReadyAgain(t *testing.T, n *runtime.Node) {
 	t.Helper()
 	var err error
-	limit := time.Now().Add(30 * time.Second)
-	for err = n.Ready(); err != nil && time.Now().Before(limit); err = n.Ready() {
-		time.Sleep(20 * time.Millisecond)
-	}
-	if err != nil {
-		t.Errorf("not ready 30s after consuming again: %v", err)
-	}
+	defer func() {
+		if t.Failed() {
+			t.Logf("Ready, last asked: %v", err)
+		}
+	}()
+	waitFor(t, 30*time.Second, func() bool { err = n.Ready(); return err == nil })
 }
 
 // TestLostConsumerIsConsumedAgain: the broker drops the consumers of a

@@ -17,11 +17,12 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/meshkit/mesh/internal/brokertest"
 	"github.com/meshkit/mesh/internal/causation"
@@ -482,17 +483,30 @@ func TestBoundedAcrossTheBoundary(t *testing.T) {
 	}
 }
 
-// waitGone waits until process pid has ended and been reaped (the host
-// reaps the module processes it starts), up to a minute.
+// waitGone waits, up to a minute, for process pid to end: its pidfd
+// becomes readable when it does.
 func waitGone(t *testing.T, pid int) {
 	t.Helper()
-	limit := time.Now().Add(time.Minute)
-	for syscall.Kill(pid, 0) == nil {
-		if time.Now().After(limit) {
-			t.Errorf("the module process %d that broke its stream still runs a minute later: the host left it behind", pid)
-			return
+	fd, err := unix.PidfdOpen(pid, 0)
+	if errors.Is(err, unix.ESRCH) {
+		return // ended and reaped already
+	}
+	if err != nil {
+		t.Fatalf("pidfd_open %d: %v", pid, err)
+	}
+	defer unix.Close(fd)
+	for {
+		n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, int(time.Minute/time.Millisecond))
+		if errors.Is(err, unix.EINTR) {
+			continue
 		}
-		time.Sleep(20 * time.Millisecond)
+		if err != nil {
+			t.Fatalf("poll the pidfd of %d: %v", pid, err)
+		}
+		if n == 0 {
+			t.Errorf("the module process %d that broke its stream still runs a minute later: the host left it behind", pid)
+		}
+		return
 	}
 }
 
