@@ -54,17 +54,6 @@ func (s Set) Has(cs ...Cap) bool {
 	return true
 }
 
-// Missing is those of cs that s does not hold.
-func (s Set) Missing(cs ...Cap) []Cap {
-	var m []Cap
-	for _, c := range cs {
-		if !s.Has(c) {
-			m = append(m, c)
-		}
-	}
-	return m
-}
-
 // Sets are a thread's capability sets.
 type Sets struct {
 	Effective, Permitted, Inheritable, Ambient Set
