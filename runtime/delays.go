@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -250,7 +251,7 @@ func DelayedTool(node, what string) string { return "delays." + node + "." + wha
 
 // delaysModule is the module that answers for the node's book.
 func (n *Node) delaysModule() sdk.Module {
-	return sdk.Module{Name: DelaysModule, Callers: map[string][]string{"delays.#": {"meshctl"}}, Setup: func(m sdk.Mesh) error {
+	return sdk.Module{Name: DelaysModule, Callers: map[string][]string{"delays.#": {OperatorSource}}, Setup: func(m sdk.Mesh) error {
 		if err := m.Serve(DelayedTool(n.cfg.Node, "ls"), sdk.TypedTool(func(ctx context.Context, _ sdk.Request, r DelayedListRequest) (DelayedList, error) {
 			if r.Type != "" {
 				if err := wire.ValidateSubscription(r.Type); err != nil {
@@ -438,15 +439,17 @@ func (n *Node) move(s *session, d amqp.Delivery) {
 	}
 	if _, isRetry := d.Headers[headerDelayQueue]; !isRetry && d.UserId == n.userID {
 		if why := n.whyNotDue(headerString(d.Headers, wire.HeaderSource), key); why != "" {
-			if err := d.Ack(false); err != nil {
-				return // delivered again, and dropped again
+			// Not delivered, and not lost either: set aside in the dead
+			// letters, where the operator sees why and may replay it.
+			if !n.setAsideDue(s, d, key, msg, why) {
+				return // back in the due queue, judged again
 			}
 			if n.book != nil {
 				_ = n.book.Delete(entry)
 				n.releaseSchedule(booked)
 			}
 			n.stats.delaysDropped.Add(1)
-			n.log.Warn("delays: a due event is dropped: "+why, "event_id", d.MessageId, "event_type", key)
+			n.log.Warn("delays: a due event is not delivered but dead-lettered (reason "+wire.DeadReasonRevoked+"; meshctl dlq replay delivers it): "+why, "event_id", d.MessageId, "event_type", key)
 			e := booked
 			if e.ID == "" {
 				e = schedbook.Entry{ID: d.MessageId, Type: key, Source: headerString(d.Headers, wire.HeaderSource)}
@@ -635,6 +638,43 @@ func (n *Node) deadLetterDue(s *session, d amqp.Delivery, why error) {
 	}
 	n.log.Warn("delays: a malformed due message was dead-lettered", "message_id", d.MessageId, "err", why)
 	_ = d.Ack(false)
+}
+
+// setAsideDue dead-letters a due event that must not be delivered (its
+// module was removed from the node's configuration, or lost the grant of
+// its type): msg as the mover would have published it, with reason
+// revoked and why, and no x-mesh-dead-queue (no queue gave up on it), so
+// that a replay sends it to mesh.events. It reports whether d was
+// settled; if the dead letter could not be published, d goes back to the
+// due queue after a pause.
+func (n *Node) setAsideDue(s *session, d amqp.Delivery, key string, msg amqp.Publishing, why string) bool {
+	msg.Headers = maps.Clone(msg.Headers)
+	if msg.Headers == nil {
+		msg.Headers = amqp.Table{}
+	}
+	msg.Expiration = "" // a dead letter is kept until someone looks
+	msg.Headers[wire.HeaderUserID] = d.UserId
+	msg.Headers[wire.HeaderDeadAttempts] = int64(1)
+	msg.Headers[wire.HeaderDeadReason] = wire.DeadReasonRevoked
+	msg.Headers[wire.HeaderDeadError] = truncateText(why, 4096)
+	msg.Headers[wire.HeaderDeadTime] = time.Now().UTC().Format(time.RFC3339Nano)
+	ctx, cancel := context.WithTimeout(n.life, n.cfg.EmitTimeout)
+	defer cancel()
+	if err := s.pub.publish(ctx, wire.ExchangeDead, key, msg); err != nil {
+		n.log.Error("delays: a revoked due event could not be dead-lettered; it goes back to the due queue", "event_id", d.MessageId, "err", err)
+		select {
+		case <-time.After(time.Second):
+		case <-s.lost:
+			return false
+		case <-n.closing:
+		}
+		_ = d.Nack(false, true)
+		return false
+	}
+	if err := d.Ack(false); err != nil {
+		return false // delivered again: dead-lettered again, with the same id
+	}
+	return true
 }
 
 // headerString is h[name] if it is a string, else "".

@@ -12,6 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/internal/deadletters"
 	"github.com/meshkit/mesh/internal/delay"
 	"github.com/meshkit/mesh/internal/schedbook"
 	"github.com/meshkit/mesh/internal/wire"
@@ -564,11 +565,15 @@ func TestModuleSchedulesAreBounded(t *testing.T) {
 	}
 }
 
-// TestDueScheduleOfAGoneModuleIsDropped: a schedule that comes due after
-// its module left the node's configuration, or lost the grant of its
-// type, is dropped, counted, and recorded as node.NODE.delay.dropped; a
-// schedule of a module still configured and granted is delivered.
-func TestDueScheduleOfAGoneModuleIsDropped(t *testing.T) {
+// TestDueScheduleOfAGoneModuleIsDeadLettered: a schedule that comes due
+// after its module left the node's configuration, or lost the grant of its
+// type, is not delivered but not lost either: it is dead-lettered with
+// reason revoked and why (as raw amqp091-go reads it on mesh.events.dead),
+// counted, and recorded as node.NODE.delay.dropped, and the operator's
+// replay delivers it. A schedule of a module still configured and granted
+// is delivered, and so is the operator's (source meshctl, which is no
+// module of the configuration: the issue 60 loss).
+func TestDueScheduleOfAGoneModuleIsDeadLettered(t *testing.T) {
 	t.Parallel()
 	url := brokertest.VHost(t)
 	n := testNode(t, url, "dropper", withDelays)
@@ -579,11 +584,15 @@ func TestDueScheduleOfAGoneModuleIsDropped(t *testing.T) {
 	kept := load(t, n, sdk.Module{Name: "kept", Emits: []string{"nudge"}}, runtime.ModuleConfig{})
 	events := brokertest.Tap(t, url, wire.ExchangeEvents, "#.nudge")
 	reminders := brokertest.Tap(t, url, wire.ExchangeEvents, "mesh.reminders.#")
+	operator := brokertest.Tap(t, url, wire.ExchangeEvents, "mesh.ops.#")
 	dropped := brokertest.Tap(t, url, wire.ExchangeEvents, "node.dropper.delay.dropped")
-	if _, err := gone.Mesh().Emit(ctx, "nudge", 1, sdk.After(2*time.Second)); err != nil {
+	dead := brokertest.Tap(t, url, wire.ExchangeDead, "#")
+	goneID, err := gone.Mesh().Emit(ctx, "nudge", 1, sdk.After(2*time.Second))
+	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := granted.Mesh().Emit(ctx, "mesh.reminders.due", 1, sdk.After(2*time.Second), sdk.AsFullType()); err != nil {
+	grantedID, err := granted.Mesh().Emit(ctx, "mesh.reminders.due", 1, sdk.After(2*time.Second), sdk.AsFullType())
+	if err != nil {
 		t.Fatal(err)
 	}
 	// Before they come due, gone leaves the configuration, and granted
@@ -601,17 +610,61 @@ func TestDueScheduleOfAGoneModuleIsDropped(t *testing.T) {
 			t.Errorf("the record of a dropped schedule: %s (%v)", d.Body, err)
 		}
 	}
+	want := map[string]struct{ key, why string }{
+		goneID:    {"module.gone.nudge", "module gone is no longer in node dropper's configuration"},
+		grantedID: {"mesh.reminders.due", "module granted may no longer emit mesh.reminders.due"},
+	}
+	for range 2 {
+		d := receive(t, dead, "a revoked schedule's dead letter")
+		w, ok := want[d.MessageId]
+		errText, _ := d.Headers[wire.HeaderDeadError].(string)
+		switch {
+		case !ok:
+			t.Errorf("dead letter %q (%s): not one of the revoked schedules %v", d.MessageId, d.RoutingKey, want)
+		case d.RoutingKey != w.key || d.Headers[wire.HeaderDeadReason] != wire.DeadReasonRevoked || !strings.Contains(errText, w.why) ||
+			d.Headers[wire.HeaderDeadQueue] != nil || d.Headers[wire.HeaderEventID] != d.MessageId || d.DeliveryMode != amqp.Persistent:
+			t.Errorf("dead letter %s: key %s, headers %v, mode %d; want key %s, reason %s, error saying %q, no dead queue, persistent",
+				d.MessageId, d.RoutingKey, d.Headers, d.DeliveryMode, w.key, wire.DeadReasonRevoked, w.why)
+		}
+		delete(want, d.MessageId)
+	}
 	// A schedule of a module still configured and granted comes due after
-	// them, and is delivered: the first event on the taps is its.
+	// them, and is delivered: the first event on the taps is its. So is
+	// the operator's.
 	if _, err := kept.Mesh().Emit(ctx, "nudge", 1, sdk.After(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	opID, err := n.Emit(ctx, runtime.OperatorSource, "mesh.ops.later", map[string]int{"n": 1}, sdk.After(time.Second))
+	if err != nil {
 		t.Fatal(err)
 	}
 	if d := receive(t, events, "kept's nudge"); d.RoutingKey != "module.kept.nudge" {
 		t.Errorf("a dropped schedule was delivered: %s from %v", d.RoutingKey, d.Headers[wire.HeaderSource])
 	}
+	if d := receive(t, operator, "the operator's schedule"); d.MessageId != opID {
+		t.Errorf("the operator's schedule: got %s, want %s", d.MessageId, opID)
+	}
 	select {
 	case d := <-reminders:
 		t.Errorf("the schedule of a revoked grant was delivered: %s", d.RoutingKey)
 	default:
+	}
+	// The operator replays what was set aside: it reaches mesh.events with
+	// its id.
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	waitFor(t, 30*time.Second, func() bool {
+		l, err := deadletters.List(ctx, conn, wire.QueueDead, deadletters.Filter{Type: "mesh.reminders.#"})
+		return err == nil && len(l) == 1
+	})
+	res, err := deadletters.Replay(ctx, conn, wire.QueueDead, deadletters.Filter{Type: "mesh.reminders.#"})
+	if err != nil || res.Done != 1 {
+		t.Fatalf("replay the revoked schedule: %+v, %v", res, err)
+	}
+	if d := receive(t, reminders, "the replayed schedule"); d.MessageId != grantedID {
+		t.Errorf("replayed: got %s, want %s", d.MessageId, grantedID)
 	}
 }

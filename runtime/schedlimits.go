@@ -123,12 +123,19 @@ func (n *Node) releaseSchedule(e schedbook.Entry) {
 	}
 }
 
+// OperatorSource is the source (x-source) of what the operator's meshctl
+// emits and calls: no module may be named so (nodeconfig.OperatorCaller
+// is the same name), so a schedule of this source is the operator's, not
+// a module's.
+const OperatorSource = "meshctl"
+
 // SetModules tells the node which modules its configuration names now
 // (meshd calls it at start and at each reload). A schedule that comes due
 // from a module of the node no longer among them, or no longer granted
-// its event type, is dropped (counted, and recorded on the mesh as
-// node.NODE.delay.dropped), not delivered. Until it is called, no
-// schedule is dropped for its source.
+// its event type, is not delivered: it is set aside in the dead letters
+// with reason revoked (counted, and recorded on the mesh as
+// node.NODE.delay.dropped), where the operator can replay it. Until it is
+// called, no schedule is set aside for its source.
 func (n *Node) SetModules(names []string) {
 	set := make(map[string]bool, len(names))
 	for _, name := range names {
@@ -142,10 +149,11 @@ func (n *Node) SetModules(names []string) {
 // whyNotDue says why the due event of eventType from source, scheduled
 // by the node's own user, must not be delivered: its module is no longer
 // in the node's configuration, or no longer may emit the type; "" if it
-// may be (or the node cannot tell: a module of the configuration not
-// loaded now, a node that was never told its modules).
+// may be (the node's own schedules, the operator's through meshctl, or
+// one the node cannot judge: a module of the configuration not loaded
+// now, a node that was never told its modules).
 func (n *Node) whyNotDue(source, eventType string) string {
-	if source == n.cfg.Node {
+	if source == n.cfg.Node || source == OperatorSource {
 		return ""
 	}
 	n.mu.Lock()

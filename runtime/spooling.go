@@ -608,7 +608,8 @@ type Stats struct {
 	DelaysCancelled uint64
 	// DelaysDropped counts delayed events that came due from a module no
 	// longer in the node's configuration or no longer granted their type
-	// (Node.SetModules), and were dropped.
+	// (Node.SetModules), and were set aside in the dead letters (reason
+	// revoked) instead of delivered.
 	DelaysDropped uint64
 	// DelaysWaiting is what the node's book holds now: what it scheduled
 	// (delayed events and retries) and has not delivered yet.

@@ -461,9 +461,11 @@ func dryReplayOne(conn *amqp.Connection, h held, dead bool, res *Result, exists 
 
 // toExchange says whether a dead letter goes back to mesh.events rather
 // than to a queue: no queue gave up on it, the broker refused it as a node
-// resent it from its spool (reason refused).
+// resent it from its spool (reason refused), or a node's mover set aside a
+// schedule whose module was removed or lost its grant (reason revoked),
+// which the operator's replay delivers after all.
 func toExchange(h held) bool {
-	return h.m.Queue == "" && h.m.Reason == wire.DeadReasonRefused
+	return h.m.Queue == "" && (h.m.Reason == wire.DeadReasonRefused || h.m.Reason == wire.DeadReasonRevoked)
 }
 
 // checkTarget checks the queue a dead letter names before publishing to it.

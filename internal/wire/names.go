@@ -110,7 +110,8 @@ const (
 	NodeDelayScheduled = "scheduled"
 	NodeDelayCancelled = "cancelled"
 	// NodeDelayDropped: a schedule came due whose module is no longer
-	// on the node or no longer granted its type, and was not delivered.
+	// on the node or no longer granted its type, and was not delivered:
+	// it was set aside in the dead letters (reason DeadReasonRevoked).
 	NodeDelayDropped = "dropped"
 )
 
@@ -134,6 +135,7 @@ const (
 	DeadReasonConflict      = "conflict"       // its id was handled with other content (type, body or the headers of its meaning): wire.Digest differs
 	DeadReasonRefused       = "refused"        // the broker refused a spooled event until emit_timeout (no queue gave up: x-mesh-dead-queue is absent)
 	DeadReasonIdentity      = "identity"       // its x-node was published by another broker user than the node's identity rule names (identity: in mesh.yaml), or by none
+	DeadReasonRevoked       = "revoked"        // a schedule came due whose module is no longer in its node's configuration, or no longer may emit its type (no queue gave up: x-mesh-dead-queue is absent; a replay sends it to mesh.events)
 )
 
 // Origins are the reserved first words of an event type.
