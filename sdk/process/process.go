@@ -66,9 +66,11 @@ func Settings(v any) error {
 	return nil
 }
 
-// Dir is the directory meshd gave the module for what it stores (its
-// entry runs it as a user of its own: user: in meshd's config), or ""
-// when it has none. The module alone may read and write it.
+// Dir is the directory meshd gave the module for what it stores,
+// STATE_DIR/modules/NAME (MESH_MODULE_DIR, also its HOME), or "" when it
+// has none (a process not started by meshd). meshd gives every module one,
+// whatever user it runs as; the module alone may read and write it, and
+// with Landlock it is the only place in the state dir open to the module.
 func Dir() string { return os.Getenv(plugin.EnvModuleDir) }
 
 // Run serves m as a module process under meshd. It returns an error at
