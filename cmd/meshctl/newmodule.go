@@ -52,7 +52,7 @@ func newCommand() *cli.Command {
 				&cli.StringFlag{Name: "dir", Usage: "where to write it (default ./NAME); it must not exist or be empty"},
 				&cli.StringFlag{Name: "mesh", Usage: "the mesh source `DIR` to build against (default: the one this meshctl was built in, or above the working directory)"},
 				&cli.StringFlag{Name: "go-module", Usage: "the new module's Go module `PATH` (default example.com/NAME)"},
-				&cli.BoolFlag{Name: "with-db", Usage: "keep state in a SQLite database: the handler runs through the inbox and emits through the outbox (sdk/outbox), exactly once (kind plain)"},
+				&cli.BoolFlag{Name: "with-db", Usage: "keep state in a SQLite database, NAME.db in the directory meshd gives the module (MESH_MODULE_DIR): the handler runs through the inbox and emits through the outbox (sdk/outbox), exactly once (kind plain)"},
 				&cli.BoolFlag{Name: "no-tidy", Usage: "do not run go mod tidy afterwards"},
 			},
 			Action: newModule,
