@@ -53,7 +53,8 @@ func Describe(ctx context.Context, path string, args []string, settings []byte, 
 // directory, TMPDIR and launcher (the confinement), but no tool grants:
 // the description says every tool it serves, for CheckGrants to judge. A
 // binary of a module protocol outside the window is refused with
-// plugin.ErrProtocol.
+// plugin.ErrProtocol; one that exits as it starts, with its exit status
+// and the last lines of its stderr, as meshd run reports it.
 func DescribeModule(ctx context.Context, path string, args []string, mc ModuleConfig, log *slog.Logger) (Description, error) {
 	var d Description
 	if log == nil {
@@ -63,7 +64,9 @@ func DescribeModule(ctx context.Context, path string, args []string, mc ModuleCo
 	var procLog atomic.Pointer[slog.Logger]
 	procLog.Store(log)
 	const limit = 16 << 20 // a description of many schemas; a check, not the node, reads it
+	tail := &stderrTail{}
 	client := goplugin.NewClient(&goplugin.ClientConfig{
+		Stderr:           tail, // its last words, if it exits while starting (startError)
 		HandshakeConfig:  plugin.Handshake(),
 		VersionedPlugins: plugin.HostPlugins(),
 		Cmd:              cmd,
@@ -77,7 +80,7 @@ func DescribeModule(ctx context.Context, path string, args []string, mc ModuleCo
 	defer client.Kill()
 	rpc, err := client.Client()
 	if err != nil {
-		return d, fmt.Errorf("start module %s: %w", path, versionError(err))
+		return d, fmt.Errorf("start module %s: %w", path, startError(client, cmd, tail, err))
 	}
 	raw, err := rpc.Dispense(plugin.Name)
 	if err != nil {

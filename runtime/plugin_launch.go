@@ -167,18 +167,7 @@ func (pm *PluginModule) launch(ctx context.Context) (*moduleProcess, error) {
 	}()
 	rpc, err := client.Client()
 	if err != nil {
-		if verr := versionError(err); verr != err {
-			return fail(verr)
-		}
-		if words := lastWords(client, cmd, tail); words != "" && client.Exited() {
-			// The process's own words: go-plugin's are about the
-			// handshake it never made ("Unrecognized remote plugin
-			// message ... not compiled for this architecture").
-			err = errors.New(words)
-		} else if words != "" {
-			err = fmt.Errorf("%s (%w)", words, err)
-		}
-		return fail(err)
+		return fail(startError(client, cmd, tail, err))
 	}
 	raw, err := rpc.Dispense(plugin.Name)
 	if err != nil {

@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os/exec"
 	"strings"
@@ -17,8 +18,9 @@ import (
 // remote plugin message...", "plugin exited before we could connect")
 // names a cause that is rarely the one. The host keeps the last lines of
 // each process's stderr (stderrTail) and, when the process went away while
-// starting, reports them with its exit status as the start's error: in the
-// log at error, in /readyz and in the module's failure event.
+// starting, reports them with its exit status as the start's error
+// (startError): in the log at error, in /readyz and in the module's failure
+// event under meshd run, and in meshd config check's report (DescribeModule).
 
 const (
 	tailLines    = 8   // lines of stderr kept
@@ -93,6 +95,26 @@ func (t *stderrTail) String() string {
 		lines = append(lines[:len(lines):len(lines)], readableLine(s))
 	}
 	return strings.Join(lines, " | ")
+}
+
+// startError is the error of a start whose client.Client() returned err,
+// the process's stderr kept in tail: a protocol refusal as such; else, if
+// the process went away, its own last words in place of go-plugin's (which
+// are about the handshake it never made: "Unrecognized remote plugin
+// message ... not compiled for this architecture"); else err with what it
+// said so far.
+func startError(client *goplugin.Client, cmd *exec.Cmd, tail *stderrTail, err error) error {
+	if verr := versionError(err); verr != err {
+		return verr
+	}
+	words := lastWords(client, cmd, tail)
+	switch {
+	case words != "" && client.Exited():
+		return errors.New(words)
+	case words != "":
+		return fmt.Errorf("%s (%w)", words, err)
+	}
+	return err
 }
 
 // exitWait bounds how long a start's failure waits for go-plugin to see

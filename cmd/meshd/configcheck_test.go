@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -8,7 +9,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/meshkit/mesh/internal/brokertest"
 	"github.com/meshkit/mesh/internal/confine"
 	"github.com/meshkit/mesh/internal/testdir"
 )
@@ -130,5 +133,41 @@ func TestConfigCheckHoldsBinariesToTheirEntries(t *testing.T) {
 	}
 	if out, err := exec.Command(meshd, "config", "check", "--skip-binaries", "--config", cfg).CombinedOutput(); err != nil || !strings.Contains(string(out), "config ok: node anchor, 7 modules\n") {
 		t.Errorf("--skip-binaries: %v\n%s", err, out)
+	}
+}
+
+// TestConfigCheckSaysWhyAModuleDied: a module binary that writes its
+// reason to stderr and exits as it starts is reported by meshd config
+// check with its own words and its exit status, as meshd run reports it
+// (here with required: true, so meshd exits naming it), not with
+// go-plugin's text about the handshake it never made.
+func TestConfigCheckSaysWhyAModuleDied(t *testing.T) {
+	dir := testdir.Reachable(t)
+	meshd, module := buildMeshdAndEcho(t, dir)
+	const words = "open /var/lib/mesh/ledger.db: permission denied"
+	entry := fmt.Sprintf("modules:\n  - name: ledger\n    path: %s\n    args: [\"exit-at-start\"]\n", module)
+	cfg := filepath.Join(t.TempDir(), "mesh.yaml")
+	if err := os.WriteFile(cfg, []byte("node: anchor\nstate_dir: "+filepath.Join(t.TempDir(), "state")+"\n"+entry), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(meshd, "config", "check", "--config", cfg).CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Fatalf("config check of a module that exits at start: %v, want exit 1\n%s", err, out)
+	}
+	for _, want := range []string{"modules[0] (ledger, " + module + "): start module " + module, "exit status 3", words} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("config check does not say %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(string(out), "Unrecognized remote plugin message") {
+		t.Errorf("config check gives go-plugin's words for the module's:\n%s", out)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd, _, logs, _ := startMeshd(t, ctx, "node: anchor\namqp_url: "+brokertest.VHost(t)+"\n"+strings.Replace(entry, "  - name: ledger\n", "  - name: ledger\n    required: true\n", 1))
+	if err := cmd.Wait(); !errors.As(err, &exit) || !strings.Contains(logs.String(), "exit status 3") || !strings.Contains(logs.String(), words) {
+		t.Errorf("meshd run with a required module that exits at start: %v, want exit naming its words\n%s", err, logs.String())
 	}
 }
