@@ -8,8 +8,8 @@ BROWSER := scripts/ensure-chromium.sh
 POSTGRES := scripts/ensure-postgres.sh
 PACKAGING := scripts/ensure-packaging.sh
 
-# Every binary says which release and commit it is (meshd version): VERSION, and the commit for
-# builds the go command stamps none into (-buildvcs=false).
+# Every binary says which release and commit it is (meshd version): VERSION, and the commit (which
+# wins over the go command's stamp, and stands in where it stamps none: -buildvcs=false, a git worktree).
 VERSION_PKG := github.com/meshkit/mesh/internal/version
 COMMIT  := $(shell git rev-parse --short=12 HEAD 2>/dev/null)$(shell git diff --quiet HEAD -- 2>/dev/null || echo +dirty)
 LDFLAGS := -X $(VERSION_PKG).release=$(shell cat VERSION) -X $(VERSION_PKG).commit=$(COMMIT)

@@ -274,7 +274,7 @@ func Build() BuildInfo {
 func (b BuildInfo) String() string {
 	commit := b.Commit
 	if commit == "" {
-		commit = "unknown"
+		commit = "unknown (" + version.NoCommit + ")"
 	}
 	first := plugin.Release(b.ModuleProtocols.Min)
 	if first == "" {

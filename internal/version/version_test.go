@@ -54,4 +54,21 @@ func TestCommitOf(t *testing.T) {
 			t.Errorf("commitOf(%v) = %q, want %q", tc.settings, got, tc.want)
 		}
 	}
+	// go install ...@COMMIT stamps no VCS settings; its main module's
+	// pseudo-version names the commit.
+	for version, want := range map[string]string{
+		"v0.0.0-20261207043528-8ba640e225d1":                "8ba640e225d1",
+		"v0.2.1-0.20261207043528-8ba640e225d1":              "8ba640e225d1",
+		"v0.3.0-rc.1.0.20261207043528-8ba640e225d1":         "8ba640e225d1",
+		"v0.0.0-20261207043528-8ba640e225d1+dirty":          "8ba640e225d1+dirty",
+		"v2.0.1-0.20261207043528-8ba640e225d1+incompatible": "8ba640e225d1",
+		"v0.2.0":  "",
+		"(devel)": "",
+		"":        "",
+	} {
+		info := &debug.BuildInfo{Main: debug.Module{Version: version}}
+		if got := commitOf(info); got != want {
+			t.Errorf("commitOf of main module version %q = %q, want %q", version, got, want)
+		}
+	}
 }
