@@ -38,7 +38,10 @@ func app() *cli.App {
 			&cli.StringFlag{Name: "tls-cert-file", EnvVars: []string{"MESH_TLS_CERT_FILE"}, Usage: "a client certificate, a PEM `FILE`"},
 			&cli.StringFlag{Name: "tls-key-file", EnvVars: []string{"MESH_TLS_KEY_FILE"}, Usage: "the client certificate's key, a PEM `FILE`"},
 			&cli.StringFlag{Name: "tls-server-name", EnvVars: []string{"MESH_TLS_SERVER_NAME"}, Usage: "the `NAME` checked in the broker's certificate (default the URL's host)"},
+			&cli.StringFlag{Name: "env-file", EnvVars: []string{"MESH_ENV_FILE"}, Value: nodeEnvFile,
+				Usage: "the node's environment `FILE` (a packaged meshd's): where neither --amqp-url nor --amqp-urls nor their variables name the broker, its MESH_AMQP_URL, MESH_AMQP_URLS, MESH_AMQP_PASSWORD_FILE and MESH_TLS_ settings are taken, when it can be read ('' to read none)"},
 		},
+		Before: applyEnvFile,
 		Commands: []*cli.Command{
 			versionCommand(),
 			{

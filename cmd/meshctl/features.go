@@ -51,7 +51,7 @@ func features(c *cli.Context) error {
 		return nil
 	}
 	if len(hbs) == 0 {
-		_, err := fmt.Fprintf(c.App.Writer, "no node heard within %v\n", heardWithin(c))
+		_, err := fmt.Fprintf(c.App.Writer, "no node heard within %v %s\n", heardWithin(c), brokerPlace(c))
 		return err
 	}
 	tw := tabwriter.NewWriter(c.App.Writer, 0, 0, 2, ' ', 0)
