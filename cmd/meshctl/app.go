@@ -75,6 +75,7 @@ func app() *cli.App {
 				ArgsUsage: "PATTERN",
 				Flags: []cli.Flag{
 					&cli.BoolFlag{Name: "json", Usage: "print one JSON object per line"},
+					&cli.StringSliceFlag{Name: "exclude", Usage: "leave out the events whose type matches this AMQP topic `PATTERN` (repeatable; 'node.*.heartbeat' leaves out the heartbeats)"},
 				},
 				Action: tail,
 			},
@@ -225,11 +226,28 @@ func tail(c *cli.Context) error {
 	if err := wire.ValidateSubscription(pattern); err != nil {
 		return err
 	}
+	excludes := c.StringSlice("exclude")
+	for _, x := range excludes {
+		if err := wire.ValidateSubscription(x); err != nil {
+			return usagef("--exclude %q: %v", x, err)
+		}
+	}
 	ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	print := printHuman
 	if c.Bool("json") {
 		print = printJSON
+	}
+	if len(excludes) > 0 {
+		printAll := print
+		print = func(w io.Writer, ev runtime.TailedEvent) error {
+			for _, x := range excludes {
+				if wire.MatchPattern(x, ev.Event.Type) {
+					return nil
+				}
+			}
+			return printAll(w, ev)
+		}
 	}
 	var lostAt time.Time // when the last connection was lost; zero before the first
 	for attempt := 1; ; attempt++ {
@@ -252,7 +270,7 @@ func tail(c *cli.Context) error {
 		}
 		ready := func() {
 			if lostAt.IsZero() {
-				fmt.Fprintf(c.App.ErrWriter, "tail: following %s\n", pattern)
+				fmt.Fprintf(c.App.ErrWriter, "tail: following %s%s\n", pattern, excluding(excludes))
 				return
 			}
 			fmt.Fprintf(c.App.ErrWriter, "tail: resumed; events from %s to %s were not seen (connection lost)\n",
@@ -271,6 +289,14 @@ func tail(c *cli.Context) error {
 		lostAt, attempt = time.Now().UTC(), 0
 		fmt.Fprintf(c.App.ErrWriter, "tail: connection lost at %s; reconnecting\n", lostAt.Format(time.RFC3339Nano))
 	}
+}
+
+// excluding is how tail says what it leaves out: "" for nothing.
+func excluding(excludes []string) string {
+	if len(excludes) == 0 {
+		return ""
+	}
+	return ", leaving out " + strings.Join(excludes, ", ")
 }
 
 // tailLine is the --json shape of one event.
