@@ -124,12 +124,22 @@ func config(c *cli.Context) (nodeconfig.File, error) {
 	return f, nil
 }
 
+// readableDuration is the log handler's ReplaceAttr: a duration is logged
+// as Go writes it ("1.5s", "100ms"), as the config takes it, where the
+// JSON handler writes nanoseconds (1500000000).
+func readableDuration(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		return slog.String(a.Key, a.Value.Duration().String())
+	}
+	return a
+}
+
 func run(c *cli.Context) error {
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(c.String("log-level"))); err != nil {
 		return fmt.Errorf("--log-level: %w", err)
 	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level, ReplaceAttr: readableDuration}))
 	f, err := config(c)
 	if err != nil {
 		return err

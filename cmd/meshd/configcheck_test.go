@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -169,5 +170,36 @@ func TestConfigCheckSaysWhyAModuleDied(t *testing.T) {
 	cmd, _, logs, _ := startMeshd(t, ctx, "node: anchor\namqp_url: "+brokertest.VHost(t)+"\n"+strings.Replace(entry, "  - name: ledger\n", "  - name: ledger\n    required: true\n", 1))
 	if err := cmd.Wait(); !errors.As(err, &exit) || !strings.Contains(logs.String(), "exit status 3") || !strings.Contains(logs.String(), words) {
 		t.Errorf("meshd run with a required module that exits at start: %v, want exit naming its words\n%s", err, logs.String())
+	}
+}
+
+// TestLogDurationsAreReadable: meshd logs a duration as Go writes it
+// ("100ms"), not as the JSON handler's nanoseconds (100000000): here the
+// retry_in of a module process that went away as it started.
+func TestLogDurationsAreReadable(t *testing.T) {
+	_, module := buildMeshdAndEcho(t, testdir.Reachable(t))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd, _, logs, _ := startMeshd(t, ctx, fmt.Sprintf("node: anchor\namqp_url: %s\nmodules:\n  - name: ledger\n    required: true\n    path: %s\n    args: [\"exit-at-start\"]\n", brokertest.VHost(t), module))
+	_ = cmd.Wait() // it exits: its required module did not start
+	retries := 0
+	for line := range strings.Lines(logs.String()) {
+		var entry map[string]any
+		if json.Unmarshal([]byte(line), &entry) != nil {
+			continue
+		}
+		v, ok := entry["retry_in"]
+		if !ok {
+			continue
+		}
+		retries++
+		if s, ok := v.(string); !ok {
+			t.Errorf("retry_in is %v, not a duration as Go writes it: %s", v, line)
+		} else if _, err := time.ParseDuration(s); err != nil {
+			t.Errorf("retry_in %q: %v", s, err)
+		}
+	}
+	if retries == 0 {
+		t.Fatalf("meshd logged no retry_in:\n%s", logs.String())
 	}
 }
