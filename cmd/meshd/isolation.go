@@ -285,7 +285,7 @@ func logProtections(log *slog.Logger, iso *isolation, configPath string, running
 			"modules", asMeshd)
 	}
 	if fi, err := os.Stat(configPath); err == nil && otherUsers && len(unconfined) > 0 && readableByModules(fi) {
-		log.Warn("the config is readable by other users, modules' users among them: chmod 0600 it", "config", configPath, "mode", fmt.Sprintf("%04o", fi.Mode().Perm()))
+		log.Warn("the config is readable by other users, modules' users among them: chmod 0600 it (or 0640 with meshd's own group, as the package installs it)", "config", configPath, "mode", fmt.Sprintf("%04o", fi.Mode().Perm()))
 	}
 }
 

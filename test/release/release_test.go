@@ -320,6 +320,17 @@ func install(t *testing.T, deb string) {
 			t.Errorf("%s: %v %d:%d, want %v %s:%s", f.path, fi.Mode(), st.Uid, st.Gid, f.mode, f.owner, f.group)
 		}
 	}
+	for _, c := range conffiles { // what its comment says is what it is (TestPackagedConfigsSayTheirModes)
+		b, err := os.ReadFile(c)
+		fi, serr := os.Stat(c)
+		if err != nil || serr != nil {
+			t.Errorf("installed %s: %v %v", c, err, serr)
+			continue
+		}
+		if stated, ok := statedMode(string(b)); !ok || stated != fi.Mode().Perm() {
+			t.Errorf("installed %s says mode %04o (stated: %v) and is %04o", c, stated, ok, fi.Mode().Perm())
+		}
+	}
 	if out, err := exec.Command("dpkg-query", "-W", "-f=${Conffiles}", "mesh").Output(); err != nil {
 		t.Errorf("dpkg-query: %v", err)
 	} else {
