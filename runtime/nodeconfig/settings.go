@@ -264,7 +264,8 @@ meshd reads its settings from the configuration file (` + "`--config mesh.yaml`"
 its flags: each overrides the one before. ` + "`meshd config check --config mesh.yaml`" + ` validates a file without starting
 anything, and names every key that breaks a rule. Durations are Go durations (` + "`200ms`, `30s`, `1h`" + `); a key left out,
 or set to 0, takes its default. meshctl reads the broker and node name the same way (` + "`MESH_AMQP_URL`, `MESH_AMQP_URLS`, `MESH_NODE`" + `,
-or ` + "`--amqp-url`, `--amqp-urls`, `--node`" + `).
+or ` + "`--amqp-url`, `--amqp-urls`, `--node`" + `), and, when neither names the broker, the node's environment file
+(` + "`/etc/mesh/meshd.env`, `--env-file`; [docs/commands.md](commands.md)" + `).
 `)
 	section := func(title, intro, scope string) {
 		fmt.Fprintf(&b, "\n## %s\n\n%s\n\n", title, intro)
