@@ -116,7 +116,7 @@ func (m *Module) checkCaller(tool string, c Caller) error {
 // checkCallGrant refuses a call the module is not granted.
 func (m *Module) checkCallGrant(tool string) error {
 	err := grant.Call(m.def.Name, tool, m.cfg.CallGrants)
-	if err != nil {
+	if errors.Is(err, wire.ErrForbidden) { // not a key against the naming rules
 		m.log.Warn("call of a tool the node config does not grant refused", "tool", tool)
 	}
 	return err

@@ -14,8 +14,13 @@ import (
 
 // Call refuses a call of tool by module unless a pattern of grants (its
 // calls:) matches it; nil grants place no limit. The error is
-// wire.ErrForbidden and names the key to add.
+// wire.ErrForbidden and names the key to add; for a key against the
+// naming rules, which no grant could name, it is wire.ErrInvalid, as a
+// module process's sdk says before it asks its node.
 func Call(module, tool string, grants []string) error {
+	if err := wire.ValidateToolKey(tool); err != nil {
+		return fmt.Errorf("call: %w", err) // no grant could name it
+	}
 	if grants == nil {
 		return nil
 	}

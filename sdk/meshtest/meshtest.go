@@ -1320,7 +1320,9 @@ func (mm moduleMesh) Call(ctx context.Context, tool string, req, resp any) error
 		return fmt.Errorf("call %s: %w", tool, wire.ErrNotStarted)
 	}
 	if err := grant.Call(mm.mod.def.Name, tool, mm.mod.callGrants); err != nil {
-		mm.mod.log.Warn("call of a tool the node config does not grant refused", "tool", tool)
+		if errors.Is(err, sdk.ErrForbidden) { // not a key against the naming rules
+			mm.mod.log.Warn("call of a tool the node config does not grant refused", "tool", tool)
+		}
 		mm.mod.mesh.noteRefused(ctx, mm.mod.def.Name, "call of "+tool, err)
 		return err
 	}
