@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/meshkit/mesh/internal/plugin"
 	"github.com/meshkit/mesh/internal/plugin/pb"
@@ -77,20 +76,7 @@ func (pm *PluginModule) forward(i uint32) sdk.Handler {
 		select {
 		case o := <-result:
 			p.outcomesDue.Add(-1)
-			switch o.Kind {
-			case pb.Outcome_OK:
-				return nil
-			case pb.Outcome_PERMANENT:
-				// The process sent the text of an sdk.Permanent error:
-				// marked permanent again here, it keeps one prefix.
-				return sdk.Permanent(errors.New(truncateText(strings.TrimPrefix(o.Error, "permanent: "), maxModuleErrorText)))
-			case pb.Outcome_FORBIDDEN:
-				// An emit or call the host refused for want of a grant:
-				// dead-lettered at once, as forbidden, in the process's words.
-				return refusedGrant(truncateText(o.Error, maxModuleErrorText))
-			default:
-				return errors.New(truncateText(o.Error, maxModuleErrorText))
-			}
+			return handlerError(o)
 		case <-p.exited:
 			return errors.New("module process exited while handling the event")
 		case <-ctx.Done():
@@ -148,8 +134,8 @@ func (pm *PluginModule) forwardHistory(i uint32) func(context.Context, []sdk.Eve
 			select {
 			case o := <-result:
 				p.outcomesDue.Add(-1)
-				if o.Kind != pb.Outcome_OK && failed == nil {
-					failed = errors.New(truncateText(o.Error, maxModuleErrorText))
+				if err := handlerError(o); err != nil && failed == nil {
+					failed = err
 				}
 			case <-p.exited:
 				return errors.New("module process exited while handling the history")
@@ -183,7 +169,7 @@ func (pm *PluginModule) answer(i uint32) sdk.ToolHandler {
 		case a.IsError && a.Code != "":
 			return nil, &sdk.ToolError{Code: truncateText(a.Code, 64), Message: msg, Permanent: a.Permanent}
 		case a.IsError && a.Permanent:
-			return nil, sdk.Permanent(errors.New(msg)) // toolError makes it "rejected"
+			return nil, permanentText(msg) // toolError makes it "rejected", in the module's words
 		case a.IsError:
 			return nil, errors.New(msg) // and this "failed"
 		}
@@ -265,6 +251,38 @@ func (p *moduleProcess) receive() {
 		p.mu.Unlock()
 	}
 }
+
+// handlerError is the handler's error a module process reported in o,
+// in the process's words and of the same kind (execute.Of) as the error
+// the handler returned: nil for OK.
+func handlerError(o *pb.Outcome) error {
+	text := truncateText(o.Error, maxModuleErrorText)
+	switch o.Kind {
+	case pb.Outcome_OK:
+		return nil
+	case pb.Outcome_PERMANENT:
+		// The text of an error marked permanent (sdk.Permanent's says
+		// "permanent: " itself; a permanent ToolError's does not): kept
+		// as it is, as in-process.
+		return permanentText(text)
+	case pb.Outcome_FORBIDDEN:
+		// An emit or call the host refused for want of a grant:
+		// dead-lettered at once, as forbidden, in the process's words.
+		return refusedGrant(text)
+	}
+	return errors.New(text)
+}
+
+// permanentText is a module process's error that was permanent (a handler's
+// error marked sdk.Permanent, or a permanent ToolError; a tool's error with
+// no code of its own that cannot succeed if called again): its text as the
+// process sent it, and sdk.ErrPermanent to errors.Is.
+type permanentText string
+
+func (e permanentText) Error() string { return string(e) }
+
+// Is reports sdk.ErrPermanent.
+func (e permanentText) Is(target error) bool { return target == sdk.ErrPermanent }
 
 // refusedGrant is a module process's handler error that was a refused
 // grant: its text as the process sent it, and sdk.ErrForbidden to errors.Is,

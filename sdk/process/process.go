@@ -603,8 +603,12 @@ func (s *moduleServer) Answer(_ context.Context, r *pb.ToolRequest) (*pb.ToolAns
 	if errors.As(err, &te) {
 		return &pb.ToolAnswer{IsError: true, Code: te.Code, Message: te.Message, Permanent: te.Permanent}, nil
 	}
-	// No code: the host gives it one by the same rules as in-process.
-	return &pb.ToolAnswer{IsError: true, Message: err.Error(), Permanent: errors.Is(err, sdk.ErrPermanent)}, nil
+	// No code: the host gives it one by the same rules as in-process
+	// (execute.ToolFailure), from Permanent: an error marked permanent, or
+	// a refused grant (an emit or call of the tool's that its node config
+	// does not grant), which no call again can change.
+	_, permanent := execute.ToolFailure(err)
+	return &pb.ToolAnswer{IsError: true, Message: err.Error(), Permanent: permanent}, nil
 }
 
 // pluginMesh is a module's Mesh inside its own process: emits and calls go

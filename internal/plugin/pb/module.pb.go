@@ -967,7 +967,7 @@ type ToolAnswer struct {
 	IsError       bool                   `protobuf:"varint,2,opt,name=is_error,json=isError,proto3" json:"is_error,omitempty"`
 	Code          string                 `protobuf:"bytes,3,opt,name=code,proto3" json:"code,omitempty"` // empty: the host classifies the error, as in-process
 	Message       string                 `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
-	Permanent     bool                   `protobuf:"varint,5,opt,name=permanent,proto3" json:"permanent,omitempty"`
+	Permanent     bool                   `protobuf:"varint,5,opt,name=permanent,proto3" json:"permanent,omitempty"` // calling again cannot succeed; with no code: an error marked permanent, or a refused grant (the host says "rejected")
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
