@@ -65,6 +65,7 @@ var scenarios = []scenario{
 	{name: "RetryWithOtherBodyIsNotLost", run: retryWithOtherBody},
 	{name: "FreshIDOnRequest", run: freshID},
 	{name: "ToolOutcomes", run: toolOutcomes},
+	{name: "ErrorKindsAreTheSameOnEveryHost", run: errorKinds},
 	{name: "RetriedCallRunsToolOnce", run: retriedCallRunsToolOnce},
 	{name: "CallDefaultDeadlineIsTheNodes", run: callDefaultDeadline},
 	{name: "RunCtxEndsAtStop", run: runCtxEndsAtStop},
@@ -101,7 +102,9 @@ func TestConformance(t *testing.T) {
 		// history, under this meshd: the protocol window's promise
 		// (docs/compatibility.md). Every scenario here existed then.
 		{"process-" + previous.Version, func(t *testing.T, delays bool) Host {
-			return newBrokerHost(t, releasetest.Build(t, previous, "./test/conformance/module"), delays)
+			h := newBrokerHost(t, releasetest.Build(t, previous, "./test/conformance/module"), delays)
+			h.(*brokerHost).previous = true
+			return h
 		}},
 	}
 	for _, host := range hosts {

@@ -102,6 +102,9 @@ type Host interface {
 	Advance(d time.Duration)
 	// Clocked says whether time passes only by Advance (meshtest).
 	Clocked() bool
+	// Previous says whether the host runs the previous release's module
+	// binary, which has only the modules of that release.
+	Previous() bool
 }
 
 // Log reads what one module recorded.
@@ -373,6 +376,8 @@ func (h *memHost) Advance(d time.Duration) {
 
 func (h *memHost) Clocked() bool { return true }
 
+func (h *memHost) Previous() bool { return false }
+
 // ---- the runtime on RabbitMQ, in-process or as module processes ----
 
 type brokerHost struct {
@@ -380,6 +385,8 @@ type brokerHost struct {
 	url     string
 	dir     string
 	process string // the module binary; "" runs modules in-process
+	// previous: process is the previous release's module binary.
+	previous bool
 
 	mu      sync.Mutex
 	stops   map[string]func(context.Context) error
@@ -627,6 +634,8 @@ func (h *brokerHost) Settle() {}
 func (h *brokerHost) Advance(time.Duration) {}
 
 func (h *brokerHost) Clocked() bool { return false }
+
+func (h *brokerHost) Previous() bool { return h.previous }
 
 // buildModule builds the conformance module binary once per test run.
 var buildModule = sync.OnceValues(func() (string, error) {

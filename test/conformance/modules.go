@@ -163,6 +163,28 @@ type Steer struct {
 	Negative bool `json:"negative,omitempty"`
 	// Rollback makes the ledger roll its transaction back.
 	Rollback bool `json:"rollback,omitempty"`
+	// The kinds module (and only it) reads these:
+	//
+	// Transient makes the ToolError of Code transient.
+	Transient bool `json:"transient,omitempty"`
+	// Return fails with an error that wraps the sentinel of that name
+	// (Sentinels).
+	Return string `json:"return,omitempty"`
+	// Call calls that tool first, with Inner as the request, and fails
+	// with what the call returned, if it failed.
+	Call  string `json:"call,omitempty"`
+	Inner *Steer `json:"inner,omitempty"`
+	// Emit emits an event of that name first, and fails with what the
+	// emit returned, if it failed.
+	Emit string `json:"emit,omitempty"`
+}
+
+// Sentinels are the errors Steer.Return names: what a handler may return
+// that the hosts classify.
+var Sentinels = map[string]error{
+	"invalid": sdk.ErrInvalid, "forbidden": sdk.ErrForbidden, "no_server": sdk.ErrNoServer,
+	"deadline": context.DeadlineExceeded, "closed": sdk.ErrClosed, "transient": sdk.ErrTransient,
+	"permanent": sdk.ErrPermanent, "not_started": wire.ErrNotStarted,
 }
 
 // barrier is met once n handler calls are in it at once.
@@ -214,10 +236,44 @@ func act(ctx context.Context, s Steer, attempt int) error {
 	return nil
 }
 
+// actKinds does what s asks of the kinds module's handler or tool, in
+// m: first the call or emit it asks for (recorded as kind, Value the
+// payload number, with what the call or emit returned), then the error it
+// asks to return, then what act does.
+func actKinds(ctx context.Context, m sdk.Mesh, probe *Probe, kind string, s Steer, attempt int) error {
+	inner := func(err error) error {
+		probe.Add(Record{Kind: kind, Value: fmt.Sprint(s.N), Attempt: attempt, Err: errText(err), Is: Classify(err)})
+		return err
+	}
+	switch {
+	case s.Call != "":
+		var req any = Steer{}
+		if s.Inner != nil {
+			req = *s.Inner
+		}
+		if err := inner(m.Call(ctx, s.Call, req, nil)); err != nil {
+			return fmt.Errorf("the inner call failed: %w", err)
+		}
+	case s.Emit != "":
+		if _, err := m.Emit(ctx, s.Emit, map[string]int{"n": s.N}); inner(err) != nil {
+			return fmt.Errorf("the inner emit failed: %w", err)
+		}
+	case s.Return != "":
+		sentinel, ok := Sentinels[s.Return]
+		if !ok {
+			return fmt.Errorf("no sentinel %q", s.Return)
+		}
+		return fmt.Errorf("asked to return %s: %w", s.Return, sentinel)
+	case s.Code != "":
+		return &sdk.ToolError{Code: s.Code, Message: "asked for " + s.Code, Permanent: !s.Transient}
+	}
+	return act(ctx, s, attempt)
+}
+
 // Module returns the conformance module of that name, reporting to probe.
 // The names: watcher, worker, setup, namer, streamer, relay, tools, caller,
 // undertaker, taker, runner, filterer, drainer, failer, ctxprobe, typed,
-// pricer, pricewatch, oldreader, quoter.
+// pricer, pricewatch, oldreader, quoter, kinds.
 func Module(name string, probe *Probe) (sdk.Module, error) {
 	seen := func(kind string, ev sdk.Event) {
 		r := Record{Kind: kind, ID: ev.ID, Type: ev.Type, Source: ev.Source, Node: ev.Node, CausationID: ev.CausationID,
@@ -469,7 +525,7 @@ func Module(name string, probe *Probe) (sdk.Module, error) {
 						probe.Add(Record{Kind: "echo_block", Caller: req.Caller, Value: time.Until(req.Deadline).String()})
 					}
 					if s.Code != "" {
-						return nil, &sdk.ToolError{Code: s.Code, Message: "asked for " + s.Code, Permanent: true}
+						return nil, &sdk.ToolError{Code: s.Code, Message: "asked for " + s.Code, Permanent: !s.Transient}
 					}
 					if err := act(ctx, s, 1); err != nil {
 						return nil, err
@@ -510,6 +566,26 @@ func Module(name string, probe *Probe) (sdk.Module, error) {
 			err := m.Call(ctx, "conf.echo", Steer{Block: true}, nil)
 			probe.Add(Record{Kind: "default_deadline", Err: errText(err), Is: Classify(err)})
 			return nil
+		}}, nil
+
+	case "kinds":
+		// Handles mesh.kinds.# and serves conf.kinds, each as the body
+		// steers it (actKinds): what every host makes of each error a
+		// handler or tool may come to. Its inner calls and emits are
+		// recorded as "kinds_event_inner" and "kinds_tool_inner".
+		return sdk.Module{Name: name, Emits: []string{"kinds.done"}, Calls: []string{"conf.echo", "conf.nobody", "conf.invoice"}, Setup: func(m sdk.Mesh) error {
+			return errors.Join(
+				m.On("mesh.kinds.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+					seen("kinds_attempt", ev)
+					return actKinds(ctx, m, probe, "kinds_event_inner", steer(ev.Body), ev.Attempt)
+				})),
+				m.Serve("conf.kinds", sdk.ToolHandlerFunc(func(ctx context.Context, req sdk.Request) (any, error) {
+					s := steer(req.Body)
+					if err := actKinds(ctx, m, probe, "kinds_tool_inner", s, 1); err != nil {
+						return nil, err
+					}
+					return map[string]int{"n": s.N}, nil
+				})))
 		}}, nil
 
 	case "undertaker":
