@@ -66,11 +66,20 @@ func EncodeBody(body any, maxBytes int) ([]byte, error) {
 	if len(raw) > maxBytes {
 		return nil, fmt.Errorf("%w: body too large: %d bytes, the limit is %d (max_body_bytes)", ErrInvalid, len(raw), maxBytes)
 	}
+	if len(raw) == 0 {
+		return nil, fmt.Errorf("%w: %s", ErrInvalid, EmptyBodyRefusal)
+	}
 	if !json.Valid(raw) {
 		return nil, fmt.Errorf("%w: body is not JSON: %d bytes are not valid JSON", ErrInvalid, len(raw))
 	}
 	return raw, nil
 }
+
+// EmptyBodyRefusal is EncodeBody's words for an empty body. A module
+// process whose body could not be encoded sends its node an empty one, for
+// the node to refuse it where it refuses a body in-process (after the
+// name, the grants and a delay), and knows that refusal by these words.
+const EmptyBodyRefusal = "body is not JSON: 0 bytes are not valid JSON"
 
 // SourceEmit checks an emit made from outside the modules (an operator,
 // the node itself, a test): source is one word, eventType a full valid

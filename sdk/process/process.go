@@ -644,9 +644,9 @@ func (pm *pluginMesh) Emit(ctx context.Context, name string, body any, opts ...s
 	if err != nil {
 		return "", err
 	}
-	raw, err := toJSON(body)
-	if err != nil {
-		return "", fmt.Errorf("emit %s: %w", name, err)
+	raw, bodyErr := toJSON(body) // an error is the node's to weigh first (unencodable)
+	if bodyErr != nil {
+		raw = nil
 	}
 	cause := causation.From(ctx)
 	if o.CausationID == "" {
@@ -682,10 +682,28 @@ func (pm *pluginMesh) Emit(ctx context.Context, name string, body any, opts ...s
 	}
 	select {
 	case r := <-req.result:
+		if bodyErr != nil {
+			return "", unencodable(r.err, bodyErr, "emit "+name)
+		}
 		return r.id, r.err
 	case <-ctx.Done():
 		return "", ctx.Err()
 	}
+}
+
+// unencodable is the error of an emit or call (what) whose body toJSON
+// could not encode (bodyErr), once its node answered for it (err): the
+// node was sent an empty body, which it refuses as not JSON where a node
+// refuses a body in-process, after what it checks first (the name, the
+// grants, a delay). Refused for one of those, the emit or call gets that
+// error, as in-process (a call the node config does not grant is
+// forbidden, whatever its body); refused for its body, bodyErr, in the
+// module's words.
+func unencodable(err, bodyErr error, what string) error {
+	if err == nil || (errors.Is(err, sdk.ErrInvalid) && strings.Contains(err.Error(), wire.EmptyBodyRefusal)) {
+		return fmt.Errorf("%s: %w", what, bodyErr)
+	}
+	return err
 }
 
 // toJSON takes json.RawMessage and []byte as JSON as they are (the host
@@ -761,9 +779,9 @@ func (pm *pluginMesh) Call(ctx context.Context, tool string, req, resp any) erro
 	if err := wire.ValidateToolKey(tool); err != nil {
 		return fmt.Errorf("call: %w", err)
 	}
-	raw, err := toJSON(req)
-	if err != nil {
-		return fmt.Errorf("call %s: %w", tool, err)
+	raw, bodyErr := toJSON(req) // an error is the node's to weigh first (unencodable)
+	if bodyErr != nil {
+		raw = nil
 	}
 	id, _ := causation.Derive(ctx, pm.server.module.Name, causation.KindCall, tool, raw)
 	select {
@@ -782,6 +800,9 @@ func (pm *pluginMesh) Call(ctx context.Context, tool string, req, resp any) erro
 			return fmt.Errorf("call %s: no answer in time: %w", tool, ctx.Err())
 		}
 		return fmt.Errorf("call %s: %w: %v", tool, wire.ErrConnectionLost, err)
+	}
+	if bodyErr != nil {
+		return unencodable(errorOf(r.ErrorKind, r.Error), bodyErr, "call "+tool)
 	}
 	switch r.ErrorKind {
 	case pb.ErrorKind_NONE:

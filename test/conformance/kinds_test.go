@@ -91,6 +91,10 @@ var kindRows = []kindRow{
 		callerIs: []string{"permanent", "tool:rejected"}, permanent: true, reason: "forbidden", attempts: 1, text: "the inner call failed: call conf.invoice"},
 	{name: "inner emit not granted", steer: conformance.Steer{Emit: "kinds.undeclared"}, inner: []string{"forbidden"},
 		callerIs: []string{"permanent", "tool:rejected"}, permanent: true, reason: "forbidden", attempts: 1, text: "the inner emit failed: "},
+	{name: "inner call not granted, its request unmarshalable", steer: conformance.Steer{Call: "conf.invoice", Unmarshalable: true}, inner: []string{"forbidden"},
+		callerIs: []string{"permanent", "tool:rejected"}, permanent: true, reason: "forbidden", attempts: 1, text: "the inner call failed: call conf.invoice: forbidden"},
+	{name: "inner emit not granted, its body unmarshalable", steer: conformance.Steer{Emit: "kinds.undeclared", Unmarshalable: true}, inner: []string{"forbidden"},
+		callerIs: []string{"permanent", "tool:rejected"}, permanent: true, reason: "forbidden", attempts: 1, text: "the inner emit failed: "},
 	{name: "inner call to a key nobody serves", steer: conformance.Steer{Call: "conf.nobody"}, inner: []string{"no_server"},
 		callerIs: []string{"tool:failed"}, reason: "delivery_limit", attempts: maxAttempts, text: "the inner call failed: call conf.nobody"},
 	{name: "inner call to a bad key", steer: conformance.Steer{Call: "conf..bad"}, inner: []string{"invalid"}, // not forbidden: no grant could name it

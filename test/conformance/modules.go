@@ -177,6 +177,9 @@ type Steer struct {
 	// Emit emits an event of that name first, and fails with what the
 	// emit returned, if it failed.
 	Emit string `json:"emit,omitempty"`
+	// Unmarshalable makes the body of that call or emit a value
+	// encoding/json cannot marshal.
+	Unmarshalable bool `json:"unmarshalable,omitempty"`
 }
 
 // Sentinels are the errors Steer.Return names: what a handler may return
@@ -251,11 +254,18 @@ func actKinds(ctx context.Context, m sdk.Mesh, probe *Probe, kind string, s Stee
 		if s.Inner != nil {
 			req = *s.Inner
 		}
+		if s.Unmarshalable {
+			req = func() {}
+		}
 		if err := inner(m.Call(ctx, s.Call, req, nil)); err != nil {
 			return fmt.Errorf("the inner call failed: %w", err)
 		}
 	case s.Emit != "":
-		if _, err := m.Emit(ctx, s.Emit, map[string]int{"n": s.N}); inner(err) != nil {
+		var body any = map[string]int{"n": s.N}
+		if s.Unmarshalable {
+			body = func() {}
+		}
+		if _, err := m.Emit(ctx, s.Emit, body); inner(err) != nil {
 			return fmt.Errorf("the inner emit failed: %w", err)
 		}
 	case s.Return != "":
