@@ -163,7 +163,8 @@ type Steer struct {
 	Negative bool `json:"negative,omitempty"`
 	// Rollback makes the ledger roll its transaction back.
 	Rollback bool `json:"rollback,omitempty"`
-	// The kinds module (and only it) reads these:
+	// The kinds module reads these (conf.echo reads Transient too; the
+	// previous release's modules read none):
 	//
 	// Transient makes the ToolError of Code transient.
 	Transient bool `json:"transient,omitempty"`
