@@ -194,6 +194,16 @@ type Config struct {
 	// argument as in v0.1.0. Off by default (meshd turns it on unless its
 	// config says queue_policies: false).
 	QueuePolicies bool
+	// QueueLimitPolicyOnly declares a new queue's attempt limit in its
+	// policy alone, without the argument x-delivery-limit, so that a
+	// higher max_attempts applies in place too (a policy can only lower
+	// an argument's limit). Off (the zero value), a node that keeps
+	// policies declares a new queue with the argument as well, as the
+	// previous release (v0.1.0) declares it, so that a rollback to that
+	// release declares the same queue rather than being refused (406
+	// inequivalent arg, which stops v0.1.0's meshd); its policy still
+	// lowers the limit in place. Only with QueuePolicies.
+	QueueLimitPolicyOnly bool
 	// ManagementURL is the broker's management API (http(s)://HOST:PORT),
 	// for QueuePolicies; default the AMQP host's port 15672 (15671 for
 	// amqps://), with the broker URL's user.

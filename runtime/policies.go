@@ -18,11 +18,17 @@ import (
 // A quorum queue's attempt limit, declared as the argument
 // x-delivery-limit, cannot change: the broker refuses a declare with
 // another value (406), so max_attempts could change only by deleting the
-// queue. A node that may set policies declares its queues without the
-// argument and keeps the limit in a policy of its own per queue,
-// mesh.queue.<queue>, which the broker applies to the live queue with its
-// messages in place. What a queue is (its type, its priorities, where its
-// dead letters go) stays an argument: no policy may take it away.
+// queue. A node that may set policies keeps the limit in a policy of its
+// own per queue, mesh.queue.<queue>, which the broker applies to the live
+// queue with its messages in place. It declares a new queue with the
+// argument too, as v0.1.0 declares it, so that a rollback to v0.1.0
+// declares the same queue (v0.1.0's meshd stops on a queue without it);
+// the broker applies the lower of the two, so the policy lowers the limit
+// in place and a higher one needs meshctl queue migrate. With
+// Config.QueueLimitPolicyOnly it declares the queue without the argument,
+// and the limit rises in place too. What a queue is (its type, its
+// priorities, where its dead letters go) stays an argument: no policy may
+// take it away.
 
 // limitArg is the quorum queue argument of the attempt limit, and
 // limitKey the policy key the broker reads the same limit from.
@@ -143,10 +149,11 @@ func (n *Node) findPolicyAPI(s *session, brokerURL string) (api *brokerapi.Clien
 // declareQueue declares a durable queue with args. An attempt limit in
 // args (x-delivery-limit) goes to the queue's policy when the node keeps
 // policies (policyAPI), set before the queue is declared so it never runs
-// without one; a queue an earlier release declared with the argument is
-// declared with the argument it has (the declare must be equivalent), and
-// its policy can then lower the limit, not raise it (the broker applies
-// the lower one). Without policies, a queue that carries its limit in a
+// without one; a new queue is declared with the argument as well unless
+// Config.QueueLimitPolicyOnly, and a queue that exists with the argument
+// is declared with the argument it has (the declare must be equivalent),
+// and its policy can then lower the limit, not raise it (the broker
+// applies the lower one). Without policies, a queue that carries its limit in a
 // policy (made by a node that keeps them) is declared without the
 // argument, with a warning, rather than refused.
 //
@@ -197,13 +204,18 @@ func (n *Node) declareWithPolicy(ctx context.Context, api *brokerapi.Client, ch 
 	q, err := api.Queue(ctx, queue)
 	switch {
 	case errors.Is(err, brokerapi.ErrNotFound):
+		if !n.cfg.QueueLimitPolicyOnly {
+			// As the previous release declares it, so a rollback to it
+			// declares the same queue (ADR 43, amendment).
+			declared[limitArg] = policy[limitKey]
+		}
 	case err != nil:
 		return false, fmt.Errorf("read queue %s through the management API: %w", queue, err)
 	default:
 		if was, ok := q.IntArgument(limitArg); ok {
 			declared[limitArg] = was
 			if want := toInt64(policy[limitKey]); want > was {
-				n.log.Warn("max_attempts is above the limit the queue was declared with by an earlier release (an argument, which the broker keeps): the lower one applies; meshctl queue migrate moves the queue to a limit by policy", "queue", queue, "max_attempts", want+1, "queue_attempts", was+1)
+				n.log.Warn("max_attempts is above the limit the queue was declared with (an argument, which the broker keeps, declared by v0.1.0 or, for a rollback to it, by this release: queue_limit_policy_only): the lower one applies; meshctl queue migrate moves the queue to the new limit", "queue", queue, "max_attempts", want+1, "queue_attempts", was+1)
 			}
 		}
 	}

@@ -108,7 +108,8 @@ func effectiveLimit(t *testing.T, api *brokerapi.Client, queue string, want int6
 	t.Fatalf("queue %s: delivery limit not %d within 30 s: %s", queue, want, last)
 }
 
-// TestMaxAttemptsChangesInPlace: with queue settings in policies (ADR 43),
+// TestMaxAttemptsChangesInPlace: with queue settings in policies alone
+// (ADR 43, queue_limit_policy_only),
 // max_attempts goes 5 → 3 → 8 on a quorum queue holding 1,000 events, the
 // module stopped and loaded again with each (what a reload does): each
 // load is accepted (not 406), the policy carries the new limit, the queue
@@ -119,7 +120,7 @@ func effectiveLimit(t *testing.T, api *brokerapi.Client, queue string, want int6
 func TestMaxAttemptsChangesInPlace(t *testing.T) {
 	t.Parallel()
 	url := brokertest.VHost(t)
-	n := testNode(t, url, "keeper", func(c *runtime.Config) { c.QueuePolicies = true })
+	n := testNode(t, url, "keeper", func(c *runtime.Config) { c.QueuePolicies, c.QueueLimitPolicyOnly = true, true })
 	api := mgmt(t, url)
 	queue := wire.ModuleQueue("keeper", "ledger")
 	ctx := context.Background()
@@ -281,7 +282,7 @@ func TestV010QueueKeepsItsArgument(t *testing.T) {
 
 	// A node of v0.1.0's way (no policies) on a queue made with one.
 	fresh := wire.ModuleQueue("mixed", "ledger")
-	withPolicies := testNode(t, url, "mixed", func(c *runtime.Config) { c.QueuePolicies = true })
+	withPolicies := testNode(t, url, "mixed", func(c *runtime.Config) { c.QueuePolicies, c.QueueLimitPolicyOnly = true, true })
 	stop(t, load(t, withPolicies, newGatedLedger().module(), runtime.ModuleConfig{MaxAttempts: 4}))
 	closeCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -299,6 +300,43 @@ func TestV010QueueKeepsItsArgument(t *testing.T) {
 	}
 	effectiveLimit(t, api, fresh, 3)
 	stop(t, m)
+}
+
+// TestNewQueueIsDeclaredAsThePreviousRelease (issue 60, defect 4): by
+// default a node that keeps policies declares a new queue with its limit
+// as the argument too, as v0.1.0 declares it, so that v0.1.0's declare of
+// the same queue (a rollback) is accepted, as raw amqp091-go shows; the
+// policy still lowers the limit in place, and a higher max_attempts
+// leaves the argument's (the broker applies the lower).
+func TestNewQueueIsDeclaredAsThePreviousRelease(t *testing.T) {
+	t.Parallel()
+	url := brokertest.VHost(t)
+	n := testNode(t, url, "today", func(c *runtime.Config) { c.QueuePolicies = true })
+	api := mgmt(t, url)
+	queue := wire.ModuleQueue("today", "ledger")
+	m := load(t, n, newGatedLedger().module(), runtime.ModuleConfig{MaxAttempts: 5})
+	q, err := api.Queue(context.Background(), queue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, has := q.IntArgument("x-delivery-limit"); !has || v != 4 {
+		t.Errorf("a new queue's arguments %v: want x-delivery-limit 4, as v0.1.0 declares it", q.Arguments)
+	}
+	if p, err := api.Policy(context.Background(), runtime.QueuePolicyName(queue)); err != nil || p.Definition["delivery-limit"] != float64(4) {
+		t.Errorf("its policy: %+v, %v; want delivery-limit 4", p, err)
+	}
+	stop(t, m)
+	for _, c := range []struct{ attempts, limit int64 }{{3, 2}, {8, 4}} {
+		m := load(t, n, newGatedLedger().module(), runtime.ModuleConfig{MaxAttempts: int(c.attempts)})
+		effectiveLimit(t, api, queue, c.limit)
+		stop(t, m)
+	}
+	// What v0.1.0's meshd declares for max_attempts 5, on the queue this
+	// release made: accepted.
+	raw := rawConn(t, url)
+	if _, err := raw.QueueDeclare(queue, true, false, false, false, amqp.Table{"x-queue-type": "quorum", "x-dead-letter-exchange": wire.ExchangeDead, "x-delivery-limit": int64(4)}); err != nil {
+		t.Errorf("v0.1.0's declare of a queue this release made: %v", err)
+	}
 }
 
 // TestNoPoliciesWithoutTheTag: a node whose broker user may not set

@@ -80,7 +80,12 @@ func queueMigrate(c *cli.Context) error {
 		}
 		if declared, limits := runtime.PolicyArgs(target.Args); limits != nil && can {
 			p := runtime.QueuePolicy(queue, limits)
-			plan.Args, plan.Policy = declared, &p
+			plan.Policy = &p
+			if f.Runtime().QueueLimitPolicyOnly {
+				// Without the argument, as the node declares a new queue
+				// then; with it otherwise, so v0.1.0 may declare it (ADR 43).
+				plan.Args = declared
+			}
 		}
 	}
 	w := c.App.Writer

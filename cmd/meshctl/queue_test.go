@@ -36,6 +36,7 @@ func TestQueueMigrateUnderLoad(t *testing.T) {
 amqp_url: %s
 state_dir: %s
 delays: false
+queue_limit_policy_only: true
 modules:
   - name: ledger
     path: /bin/true
@@ -47,7 +48,7 @@ modules:
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	var logs lockedLog
-	n, err := runtime.New(ctx, runtime.Config{Node: "n1", AMQPURL: url, StateDir: state, QueuePolicies: true,
+	n, err := runtime.New(ctx, runtime.Config{Node: "n1", AMQPURL: url, StateDir: state, QueuePolicies: true, QueueLimitPolicyOnly: true,
 		ConsumerCheckInterval: 200 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
 		t.Fatal(err)

@@ -169,7 +169,11 @@ func topologyPrint(c *cli.Context) error {
 		args := argsText(o.Args)
 		if _, limits := runtime.PolicyArgs(o.Args); limits != nil && f.Runtime().QueuePolicies {
 			// ADR 43: where the node's user may set policies.
-			args += " (x-delivery-limit as policy " + runtime.QueuePolicyName(o.Name) + " where the node may set policies)"
+			if f.Runtime().QueueLimitPolicyOnly {
+				args += " (x-delivery-limit as policy " + runtime.QueuePolicyName(o.Name) + " where the node may set policies)"
+			} else {
+				args += " (and policy " + runtime.QueuePolicyName(o.Name) + ", which may lower it, where the node may set policies)"
+			}
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", o.Kind, escape(o.Name), escape(o.Type), strings.Join(flags, ","), escape(args), escape(binds))
 	}

@@ -84,6 +84,11 @@ type File struct {
 	// QueuePolicies; ADR 43); default true, used where the broker user may
 	// set policies.
 	QueuePolicies *bool `yaml:"queue_policies"`
+	// QueueLimitPolicyOnly declares new queues' attempt limits in their
+	// policies alone (runtime.Config.QueueLimitPolicyOnly); default
+	// false while v0.1.0, which cannot declare such a queue, is in the
+	// release window.
+	QueueLimitPolicyOnly bool `yaml:"queue_limit_policy_only"`
 	// ManagementURL is the broker's management API, for QueuePolicies
 	// (default the AMQP host's port 15672).
 	ManagementURL string `yaml:"management_url"`
@@ -292,11 +297,12 @@ func (f File) Runtime() runtime.Config {
 		ConsumerTimeout: f.ConsumerTimeout, SpoolMaxBytes: f.SpoolMaxBytes, EmitTimeout: f.EmitTimeout,
 		ReconnectMin: f.ReconnectMin, ReconnectMax: f.ReconnectMax, LockWait: f.LockWait,
 		DedupRetention: f.DedupRetention, DedupMaxEntries: f.DedupMaxEntries,
-		HeartbeatInterval: f.heartbeatInterval(),
-		Delays:            f.Delays == nil || *f.Delays,
-		DelayPublishers:   f.DelayPublishers,
-		QueuePolicies:     f.QueuePolicies == nil || *f.QueuePolicies,
-		ManagementURL:     f.ManagementURL,
+		HeartbeatInterval:    f.heartbeatInterval(),
+		Delays:               f.Delays == nil || *f.Delays,
+		DelayPublishers:      f.DelayPublishers,
+		QueuePolicies:        f.QueuePolicies == nil || *f.QueuePolicies,
+		QueueLimitPolicyOnly: f.QueueLimitPolicyOnly,
+		ManagementURL:        f.ManagementURL,
 		History: runtime.HistoryConfig{Stream: f.History.Stream, MaxAge: f.History.MaxAge, MaxBytes: f.History.MaxBytes,
 			SegmentBytes: f.History.SegmentBytes, Replicas: f.History.Replicas},
 		Identity: runtime.IdentityConfig{Mode: f.Identity.Mode, Users: f.Identity.Users, UserPattern: f.Identity.UserPattern,

@@ -113,14 +113,17 @@ func (n *node) start(ctx context.Context, bin string) {
 // ready waits for /readyz 200.
 func (n *node) ready(ctx context.Context) {
 	n.t.Helper()
-	n.until(ctx, n.name+" ready", func() bool {
-		resp, err := http.Get("http://" + n.addr + "/readyz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
+	n.until(ctx, n.name+" ready", n.readyNow)
+}
+
+// readyNow says whether /readyz answers 200 now.
+func (n *node) readyNow() bool {
+	resp, err := http.Get("http://" + n.addr + "/readyz")
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
 }
 
 // until polls cond until it holds; the test fails with the node's log when
