@@ -324,6 +324,62 @@ func TestOneRelayHoldsTheLease(t *testing.T) {
 	})
 }
 
+// TestTheRelayLockIsOneAtATime: the relay lock is held by one store at
+// a time (two stores on one database, as two processes would be); once
+// its holder gives it up, another takes it and seizes the lease at once,
+// learning whose it was. On PostgreSQL a holder whose lease ran out
+// unrenewed has its session ended (EndLapsedHolder), which frees the lock.
+func TestTheRelayLockIsOneAtATime(t *testing.T) {
+	t.Parallel()
+	databases(t, func(t *testing.T, db *sql.DB, dialect outboxstore.Dialect) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		a, b := open(t, db, dialect), open(t, db, dialect)
+		la, err := a.TryRelayLock(ctx)
+		if err != nil || la == nil {
+			t.Fatalf("a free relay lock: %v %v", la, err)
+		}
+		now := time.Now()
+		if _, err := a.Seize(ctx, la, "a", now, 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if lb, err := b.TryRelayLock(ctx); err != nil || lb != nil {
+			t.Fatalf("b took the relay lock a holds: %v %v", lb, err)
+		}
+		if ended, err := b.EndLapsedHolder(ctx, outboxstore.LeaseRow{Holder: "a", Until: now.Add(10 * time.Second)}); err != nil || ended != (dialect == outboxstore.PostgreSQL) {
+			t.Fatalf("ending a's session: %v %v, want it ended on PostgreSQL alone", ended, err)
+		}
+		if dialect == outboxstore.SQLite {
+			if err := la.Close(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var lb *outboxstore.RelayLock
+		for lb == nil { // PostgreSQL frees the lock as the ended session goes
+			if lb, err = b.TryRelayLock(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		defer lb.Close()
+		was, err := b.Seize(ctx, lb, "b", now.Add(time.Second), 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if was.Holder != "a" || !was.Until.Equal(time.Unix(0, now.Add(10*time.Second).UnixNano())) {
+			t.Errorf("b seized the lease from %+v, want a's until %v", was, now.Add(10*time.Second))
+		}
+		if row, err := a.LeaseHolder(ctx); err != nil || row.Holder != "b" {
+			t.Errorf("the lease is %+v %v, want b's", row, err)
+		}
+		if dialect == outboxstore.PostgreSQL {
+			if _, err := a.Seize(ctx, la, "a", now.Add(2*time.Second), 10*time.Second); err == nil {
+				t.Error("a renewed its lease on the session that was ended")
+			}
+			la.Close()
+		}
+	})
+}
+
 // FuzzDecodeOptions: no stored options crash the decoder, and what it
 // accepts encodes back to options it accepts the same.
 func FuzzDecodeOptions(f *testing.F) {

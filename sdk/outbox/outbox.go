@@ -336,7 +336,11 @@ func (o *Outbox) Backlog(ctx context.Context) (Backlog, error) {
 //
 // Several processes may share the database (PostgreSQL, several nodes
 // running the module): one relay at a time holds the outbox, by a lease
-// it renews, and another takes over within about 15 s once it is gone.
+// it renews and a lock the system frees when its process ends (a flock
+// beside a SQLite database, an advisory lock of its own session on
+// PostgreSQL). Another takes over within about a second once that
+// process is gone, and within about 15 s of its last renewal where
+// PostgreSQL has not seen its session end (a lost machine).
 //
 // It returns nil when ctx ends or the mesh closes, ErrRelaying while
 // another Relay of o runs.
@@ -389,7 +393,10 @@ type relay struct {
 	m      sdk.Mesh
 	log    *slog.Logger
 	holder string
-	until  time.Time // the lease held, if after now
+	until  time.Time              // the lease held, if after now
+	lock   *outboxstore.RelayLock // held with the lease
+	noLock bool                   // the database has no relay lock: the lease alone
+	lapsed outboxstore.LeaseRow   // a lease seen run out while another held the lock (standBy)
 	pruned time.Time
 	// errors counts the failed passes and leases; reported is when the
 	// backlog was last reported to the host (report).
@@ -434,7 +441,7 @@ func (r *relay) run(ctx context.Context) error {
 			backoff = nextBackoff(backoff)
 			wait = backoff
 		case !held:
-			wait = o.cfg.lease / 3 // another relay has it: look again before it runs out
+			wait = min(o.cfg.lease/3, time.Second) // another relay has it: look again soon
 		default:
 			sent, full, err := r.pass(ctx)
 			if o.afterPass != nil {
@@ -472,18 +479,18 @@ func (r *relay) run(ctx context.Context) error {
 	}
 }
 
-// release gives the lease up, if the relay holds it, so another takes
-// over at once.
+// release gives the lease up, if the relay holds it, and the relay
+// lock, so another takes over at once.
 func (r *relay) release(ctx context.Context) {
+	defer r.unlock()
 	if !time.Now().Before(r.until) {
 		return
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
 	if err := r.o.store.Release(rctx, r.holder); err != nil {
-		r.log.Warn("outbox relay: lease not released; another relay takes over when it runs out", "err", err)
+		r.log.Warn("outbox relay: lease not released; another relay takes over once this one's lock is free", "err", err)
 	}
-	r.until = time.Time{}
 }
 
 func nextBackoff(d time.Duration) time.Duration {
@@ -497,18 +504,85 @@ func nextBackoff(d time.Duration) time.Duration {
 }
 
 // lease holds the outbox's lease, renewing it once half of it is spent.
+// A relay holds the outbox's relay lock (outboxstore.RelayLock) for as
+// long as it holds the lease: taking the lock proves that the lease's
+// holder, if another, is gone (its process ended), so the lease is taken
+// at once rather than waited out. A database without the lock (SQLite in
+// memory) goes by the lease alone.
 func (r *relay) lease(ctx context.Context) (bool, error) {
 	now := time.Now()
 	if now.Before(r.until.Add(-r.o.cfg.lease / 2)) {
 		return true, nil
 	}
-	ok, err := r.o.store.Lease(ctx, r.holder, now, r.o.cfg.lease)
-	if err != nil || !ok {
-		r.until = time.Time{}
+	if r.noLock {
+		ok, err := r.o.store.Lease(ctx, r.holder, now, r.o.cfg.lease)
+		if err != nil || !ok {
+			r.until = time.Time{}
+			return false, err
+		}
+		r.until = now.Add(r.o.cfg.lease)
+		return true, nil
+	}
+	if r.lock == nil {
+		l, err := r.o.store.TryRelayLock(ctx)
+		switch {
+		case errors.Is(err, outboxstore.ErrNoRelayLock):
+			r.noLock = true
+			return r.lease(ctx)
+		case err != nil:
+			r.until = time.Time{}
+			return false, err
+		case l == nil:
+			r.until = time.Time{}
+			r.standBy(ctx, now)
+			return false, nil
+		}
+		r.lock = l
+	}
+	was, err := r.o.store.Seize(ctx, r.lock, r.holder, now, r.o.cfg.lease)
+	if err != nil {
+		r.unlock()
 		return false, err
+	}
+	if was.Holder != "" && was.Holder != r.holder && was.Until.After(now) {
+		r.log.Info("outbox relay: holder gone, its lease taken over at once (its relay lock was free)",
+			"previous_holder", was.Holder, "lease_until", was.Until.UTC().Format(time.RFC3339Nano))
 	}
 	r.until = now.Add(r.o.cfg.lease)
 	return true, nil
+}
+
+// standBy is a relay's look at the lease while another holds the relay
+// lock: a lease seen run out twice in a row, unrenewed, is that of a
+// holder whose session the database has not yet seen end (PostgreSQL: a
+// lost machine); that session is ended, so the lock comes free.
+func (r *relay) standBy(ctx context.Context, now time.Time) {
+	row, err := r.o.store.LeaseHolder(ctx)
+	if err != nil || row.Holder == "" || !row.Until.Before(now) {
+		r.lapsed = outboxstore.LeaseRow{}
+		return
+	}
+	if row != r.lapsed {
+		r.lapsed = row // seen once: looked at again at the next stand-by
+		return
+	}
+	ended, err := r.o.store.EndLapsedHolder(ctx, row)
+	switch {
+	case err != nil:
+		r.log.Warn("outbox relay: the lease ran out and its holder still holds the relay lock; could not end its session", "holder", row.Holder, "err", err)
+	case ended:
+		r.log.Warn("outbox relay: the lease ran out while its holder's session still held the relay lock: that session is ended", "holder", row.Holder,
+			"lease_until", row.Until.UTC().Format(time.RFC3339Nano))
+	}
+}
+
+// unlock gives the relay lock up, and with it the lease.
+func (r *relay) unlock() {
+	r.until = time.Time{}
+	if r.lock != nil {
+		_ = r.lock.Close()
+		r.lock = nil
+	}
 }
 
 // pass publishes one batch of pending rows in order. It says how many

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -65,11 +66,20 @@ func TestMain(m *testing.M) {
 }
 
 // startNode starts node anchor on url, its metrics read by reader, and
-// closes it when t ends.
-func startNode(t *testing.T, ctx context.Context, url string, reader *sdkmetric.ManualReader) *runtime.Node {
+// closes it when t ends. Its log goes to logger (nil: nowhere).
+func startNode(t *testing.T, ctx context.Context, url string, reader *sdkmetric.ManualReader, logger *slog.Logger) *runtime.Node {
 	t.Helper()
-	node, err := runtime.New(ctx, runtime.Config{Node: "anchor", AMQPURL: url, StateDir: t.TempDir(),
-		RetryMin: 5 * time.Millisecond, RetryMax: 20 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	return startNodeNamed(t, ctx, "anchor", url, reader, logger)
+}
+
+// startNodeNamed is startNode for a node of another name.
+func startNodeNamed(t *testing.T, ctx context.Context, name, url string, reader *sdkmetric.ManualReader, logger *slog.Logger) *runtime.Node {
+	t.Helper()
+	if logger == nil {
+		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	node, err := runtime.New(ctx, runtime.Config{Node: name, AMQPURL: url, StateDir: t.TempDir(),
+		RetryMin: 5 * time.Millisecond, RetryMax: 20 * time.Millisecond, Logger: logger,
 		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
 	if err != nil {
 		t.Fatal(err)
@@ -80,6 +90,31 @@ func startNode(t *testing.T, ctx context.Context, url string, reader *sdkmetric.
 		_ = node.Close(ctx)
 	})
 	return node
+}
+
+// logWatch is a slog handler that closes seen once a record's message
+// contains want (a module process's lines arrive in its node's log).
+type logWatch struct {
+	want string
+	seen chan struct{}
+	once *sync.Once
+}
+
+// watchLog is a logger whose handler closes the channel returned once a
+// record's message contains want.
+func watchLog(want string) (*slog.Logger, <-chan struct{}) {
+	w := logWatch{want: want, seen: make(chan struct{}), once: new(sync.Once)}
+	return slog.New(w), w.seen
+}
+
+func (w logWatch) Enabled(context.Context, slog.Level) bool { return true }
+func (w logWatch) WithAttrs([]slog.Attr) slog.Handler       { return w }
+func (w logWatch) WithGroup(string) slog.Handler            { return w }
+func (w logWatch) Handle(_ context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, w.want) {
+		w.once.Do(func() { close(w.seen) })
+	}
+	return nil
 }
 
 // events receives what an in-process module handles.
@@ -128,7 +163,8 @@ func TestKilledAtEachPointPublishesOnce(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
 			reader := sdkmetric.NewManualReader()
-			node := startNode(t, ctx, url, reader)
+			logger, tookOver := watchLog("outbox relay: holder gone")
+			node := startNode(t, ctx, url, reader, logger)
 			wire := brokertest.Tap(t, url, "mesh.events", "module.ledger.#")
 			handled, lifecycle := make(events, 16), make(events, 16)
 			if _, err := node.Load(ctx, sdk.Module{Name: "shipping", Setup: func(m sdk.Mesh) error {
@@ -188,10 +224,32 @@ func TestKilledAtEachPointPublishesOnce(t *testing.T) {
 				t.Fatalf("handled %s of order %d, want order 1", first.ID, order(first))
 			}
 
-			// Killed after the publish, before the row is marked sent.
+			db, err := sql.Open(driver, dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+
+			// Killed after the publish, before the row is marked sent,
+			// holding the relay's lease: the next process's relay (held
+			// back until the test has read the lease the killed one left)
+			// takes the lease at once, its holder provably gone, and sends
+			// the row again before that lease would have run out.
+			marker("hold-relay")
 			marker("kill-after-publish-2")
 			book(2)
 			restarted()
+			var killedHolder string
+			var killedUntil int64
+			if err := db.QueryRow(`SELECT holder, until FROM mesh_outbox_relay WHERE id = 1`).Scan(&killedHolder, &killedUntil); err != nil {
+				t.Fatal(err)
+			}
+			if killedHolder == "" || killedUntil == 0 {
+				t.Fatalf("the killed relay left the lease %q until %d, want it held", killedHolder, killedUntil)
+			}
+			if err := os.Remove(filepath.Join(dir, "hold-relay")); err != nil {
+				t.Fatal(err)
+			}
 			second := handled.next(t, "order 2's event")
 			if order(second) != 2 {
 				t.Fatalf("handled %s of order %d, want order 2", second.ID, order(second))
@@ -253,11 +311,29 @@ func TestKilledAtEachPointPublishesOnce(t *testing.T) {
 				<-time.After(50 * time.Millisecond) // the relay reports about once a second
 			}
 
-			db, err := sql.Open(driver, dsn)
-			if err != nil {
+			// The row sent again was marked sent before the killed relay's
+			// lease ran out (both times are the same machine's clock), and
+			// the relay that took it over said why.
+			var secondSent int64
+			var holder string
+			if err := db.QueryRow(`SELECT (SELECT sent_at FROM mesh_outbox WHERE id = '`+second.ID+`'), (SELECT holder FROM mesh_outbox_relay WHERE id = 1)`).Scan(&secondSent, &holder); err != nil {
 				t.Fatal(err)
 			}
-			defer db.Close()
+			if secondSent >= killedUntil {
+				t.Errorf("order 2's row was sent again at %v, once the killed relay's lease ran out (%v): the restarted relay waited it out",
+					time.Unix(0, secondSent), time.Unix(0, killedUntil))
+			}
+			if holder == killedHolder {
+				t.Errorf("the lease is still the killed relay's (%s)", holder)
+			}
+			if !t.Failed() {
+				select {
+				case <-tookOver:
+				case <-ctx.Done():
+					t.Error(`the restarted relay never logged "outbox relay: holder gone"`)
+				}
+			}
+
 			var orders, applied, rows, unsent, inbox int
 			if err := db.QueryRow(`SELECT (SELECT count(*) FROM applied), (SELECT coalesce(sum(times), 0) FROM applied), (SELECT count(*) FROM mesh_outbox),
 				(SELECT count(*) FROM mesh_outbox WHERE sent_at IS NULL), (SELECT count(*) FROM mesh_inbox)`).Scan(&orders, &applied, &rows, &unsent, &inbox); err != nil {

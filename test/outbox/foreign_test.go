@@ -64,7 +64,7 @@ func TestForeignPublisherEffectsOnce(t *testing.T) {
 	url := brokertest.VHost(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	node := startNode(t, ctx, url, sdkmetric.NewManualReader())
+	node := startNode(t, ctx, url, sdkmetric.NewManualReader(), nil)
 	dead := brokertest.Tap(t, url, "mesh.events.dead", "#")
 	booked := brokertest.Tap(t, url, "mesh.events", "module.ledger.booked")
 

@@ -11,7 +11,9 @@
 // the delivery is acknowledged; kill-after-publish right after the mesh
 // confirmed a row, before the relay marks it sent. While no-relay exists
 // when the process starts, its relay does not run (a handler that kills
-// itself after its commit removes it, so the next process relays).
+// itself after its commit removes it, so the next process relays); while
+// hold-relay exists, the relay waits to start (the test reads the lease
+// a killed relay left before the next one takes it).
 package main
 
 import (
@@ -23,6 +25,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib"
 
@@ -99,6 +102,16 @@ func run() error {
 	def.Run = func(ctx context.Context, m sdk.Mesh) error {
 		if _, err := os.Stat(filepath.Join(dir, "no-relay")); err == nil {
 			return nil
+		}
+		for {
+			if _, err := os.Stat(filepath.Join(dir, "hold-relay")); err != nil {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(10 * time.Millisecond):
+			}
 		}
 		return ob.Relay(ctx, killingMesh{Mesh: m, dir: dir})
 	}
