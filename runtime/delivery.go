@@ -361,9 +361,13 @@ func (m *Module) backoff(attempt int) time.Duration {
 // cause is never nil (a nil is OK: acknowledged by the caller).
 func (m *Module) failed(src source, d amqp.Delivery, eventType string, attempt int, cause error) {
 	o := execute.Of(cause)
-	if o == execute.Failed {
+	switch o {
+	case execute.Failed:
 		m.node.stats.failed.Add(1)
 		m.from(d).failed.Add(1)
+	case execute.Conflict: // the handler's inbox found it, not the node's record: counted as one
+		m.node.stats.conflicts.Add(1)
+		m.from(d).conflicts.Add(1)
 	}
 	v := m.retryPolicy(src.quorum).decide(o, attempt)
 	switch v.settle {

@@ -9,6 +9,7 @@ import (
 	"github.com/meshkit/mesh/internal/plugin"
 	"github.com/meshkit/mesh/internal/plugin/pb"
 	"github.com/meshkit/mesh/internal/tracecontext"
+	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/sdk"
 )
 
@@ -269,6 +270,10 @@ func handlerError(o *pb.Outcome) error {
 		// An emit or call the host refused for want of a grant:
 		// dead-lettered at once, as forbidden, in the process's words.
 		return refusedGrant(text)
+	case pb.Outcome_CONFLICT:
+		// The handler's inbox holds the id with other content:
+		// dead-lettered at once, reason conflict.
+		return fmt.Errorf("%w: %s", wire.ErrConflict, text)
 	}
 	return errors.New(text)
 }

@@ -21,6 +21,13 @@ var (
 	// module may emit, and by Serve for a tool its node config does not
 	// grant (the tools key of the module in meshd's config).
 	ErrForbidden = wire.ErrForbidden
+	// ErrConflict marks a handler's error for an event whose id the
+	// handler's own record (an inbox: sdk/outbox's Handler) holds with
+	// other content: the same id with another type, body or headers of
+	// its meaning. The event is dead-lettered at once with reason
+	// "conflict", as one the node's own de-duplication finds, and
+	// counted as a conflict. Wrap it with %w.
+	ErrConflict = wire.ErrConflict
 	// ErrClosed is returned once the mesh has been closed.
 	ErrClosed = wire.ErrClosed
 	// ErrNoServer is returned by Call at once when nobody serves the tool:

@@ -32,10 +32,14 @@ const (
 	// Forbidden dead-letters it at once: the handler's emit or call was
 	// refused for want of a grant, which no retry can change.
 	Forbidden
+	// Conflict dead-letters it at once: the handler's own record (an
+	// inbox) holds the event's id with other content.
+	Conflict
 )
 
 // Of classifies what a handler returned: nil is OK, a refused grant
-// (wire.ErrForbidden, sdk.ErrForbidden) Forbidden, an error marked
+// (wire.ErrForbidden, sdk.ErrForbidden) Forbidden, a conflict
+// (wire.ErrConflict, sdk.ErrConflict) Conflict, an error marked
 // permanent (sdk.Permanent, a permanent ToolError) Permanent, any other
 // Failed.
 func Of(err error) Outcome {
@@ -44,6 +48,8 @@ func Of(err error) Outcome {
 		return OK
 	case errors.Is(err, wire.ErrForbidden):
 		return Forbidden
+	case errors.Is(err, wire.ErrConflict):
+		return Conflict
 	case errors.Is(err, wire.ErrPermanent):
 		return Permanent
 	}
@@ -132,7 +138,8 @@ const (
 // Decide is the failure policy every host settles by: the verdict on the
 // attempt-th handling (1-based) of a delivery that came to o, with the
 // reason when it gives up. OK is acknowledged; Permanent given up at once
-// (wire.DeadReasonPermanent), Forbidden too (wire.DeadReasonForbidden);
+// (wire.DeadReasonPermanent), Forbidden too (wire.DeadReasonForbidden),
+// and Conflict (wire.DeadReasonConflict);
 // Failed retried while attempts remain, then given up as past the limit
 // (wire.DeadReasonDeliveryLimit).
 func Decide(o Outcome, attempt, maxAttempts int) (Verdict, string) {
@@ -143,6 +150,8 @@ func Decide(o Outcome, attempt, maxAttempts int) (Verdict, string) {
 		return GiveUp, wire.DeadReasonPermanent
 	case o == Forbidden:
 		return GiveUp, wire.DeadReasonForbidden
+	case o == Conflict:
+		return GiveUp, wire.DeadReasonConflict
 	case attempt >= maxAttempts:
 		return GiveUp, wire.DeadReasonDeliveryLimit
 	}
@@ -167,10 +176,10 @@ func Backoff(attempt int, lo, hi time.Duration, jitter func(int64) int64) time.D
 
 // ToolFailure is what a tool handler's error becomes for its caller when
 // it is not a tool error of its own (an *sdk.ToolError, sent as it is):
-// code "rejected" and permanent for an error marked permanent or a
-// refused grant, "failed" and transient for any other.
+// code "rejected" and permanent for an error marked permanent, a
+// refused grant or a conflict, "failed" and transient for any other.
 func ToolFailure(err error) (code string, permanent bool) {
-	if o := Of(err); o == Permanent || o == Forbidden {
+	if o := Of(err); o == Permanent || o == Forbidden || o == Conflict {
 		return wire.CodeRejected, true
 	}
 	return wire.CodeFailed, false

@@ -20,7 +20,9 @@ func TestOf(t *testing.T) {
 		errors.Join(errors.New("z"), fmt.Errorf("%w", wire.ErrPermanent)): Permanent,
 		fmt.Errorf("call x: %w: add it to calls:", wire.ErrForbidden):     Forbidden,
 		fmt.Errorf("both: %w, %w", wire.ErrPermanent, wire.ErrForbidden):  Forbidden,
-		wire.ErrTransient: Failed,
+		wire.ErrTransient:                                                  Failed,
+		fmt.Errorf("inbox: %w", wire.ErrConflict):                          Conflict,
+		errors.Join(wire.ErrPermanent, fmt.Errorf("%w", wire.ErrConflict)): Conflict,
 	} {
 		if got := Of(err); got != want {
 			t.Errorf("Of(%v) = %v, want %v", err, got, want)
@@ -81,6 +83,7 @@ func TestDecide(t *testing.T) {
 		{Permanent, 1, GiveUp, wire.DeadReasonPermanent},
 		{Permanent, 3, GiveUp, wire.DeadReasonPermanent},
 		{Forbidden, 1, GiveUp, wire.DeadReasonForbidden},
+		{Conflict, 1, GiveUp, wire.DeadReasonConflict},
 		{Failed, 1, Retry, ""},
 		{Failed, 2, Retry, ""},
 		{Failed, 3, GiveUp, wire.DeadReasonDeliveryLimit},

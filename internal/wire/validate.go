@@ -34,6 +34,12 @@ var ErrForbidden = errors.New("forbidden")
 // this error.
 var ErrPermanent = errors.New("permanent")
 
+// ErrConflict marks the error of a handling that found its event's id
+// handled already with other content (an inbox's record, wire.Digest
+// differs): the event is dead-lettered at once with reason
+// DeadReasonConflict. sdk.ErrConflict is this error.
+var ErrConflict = errors.New("conflict")
+
 // ErrClosed is returned once a mesh has been closed; sdk.ErrClosed is
 // this error.
 var ErrClosed = errors.New("mesh closed")

@@ -165,8 +165,10 @@ type DeadLetter struct {
 	// handler's emit or call was refused for want of a grant, which no
 	// retry changes), "delivery_limit" (every attempt failed), "expired" (the event's time to live, see
 	// sdk.WithTTL, ran out on the mesh's clock before a handler took it)
-	// or "schema" (its x-schema is not a version the handler reads, see
-	// sdk.Module.Reads: the handler did not run).
+	// "schema" (its x-schema is not a version the handler reads, see
+	// sdk.Module.Reads: the handler did not run) or "conflict" (its id
+	// was handled with other content: the node's record says so, or the
+	// handler's error is sdk.ErrConflict, as sdk/outbox's inbox returns).
 	Reason string
 	// Attempts is how many times the handler was tried (for "schema",
 	// the delivery's attempt, as a node counts it: 1).

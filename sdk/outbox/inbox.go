@@ -14,9 +14,21 @@ import (
 
 // ErrConflict is wrapped by the error of a handling whose event (or
 // request) id the inbox recorded with other content: the same id with
-// another type, body or headers. The handler does not run; the error is
-// permanent, so the event is dead-lettered at once.
+// another type, body or headers. The handler does not run. The error is
+// sdk.ErrConflict too (and permanent), so the host dead-letters the event
+// at once with reason "conflict" and counts it as a conflict, whatever
+// its node's own de-duplication knew of the id (nothing, with
+// allow_duplicates or for a node that shares the database with the one
+// that handled it).
 var ErrConflict = outboxstore.ErrConflict
+
+// conflictError is the error of a handling the inbox found in conflict.
+type conflictError struct{ err error }
+
+func (c conflictError) Error() string { return "outbox inbox: " + c.err.Error() }
+func (c conflictError) Unwrap() []error {
+	return []error{c.err, sdk.ErrConflict, sdk.ErrPermanent}
+}
 
 // ErrNoID is wrapped by the error of a handling of a message without an
 // id (a foreign message consumed from a queue without a message id): the
@@ -32,7 +44,8 @@ var ErrNoID = errors.New("outbox: the message has no id for the inbox to record"
 // durable. An event whose id is already recorded with the same content
 // (a redelivery after any crash, from this node or another sharing the
 // database) is acknowledged without running fn; with other content, it is
-// a conflict (ErrConflict, permanent). fn returning an error rolls the
+// a conflict (ErrConflict and sdk.ErrConflict: the host dead-letters it
+// at once with reason "conflict"). fn returning an error rolls the
 // transaction back, its record with it: the event is retried, as any
 // handler's. What fn emits with Emit in tx commits with its effect, under
 // ids derived from the event.
@@ -51,7 +64,7 @@ func (o *Outbox) Handler(fn func(ctx context.Context, tx *sql.Tx, ev sdk.Event) 
 		seen, _, err := o.store.Record(ctx, tx, inboxKey(ev), eventDigest(ev), o.now())
 		switch {
 		case seen == outboxstore.Conflict:
-			return sdk.Permanent(fmt.Errorf("outbox inbox: %w", err))
+			return conflictError{err}
 		case err != nil:
 			return err
 		case seen == outboxstore.Duplicate:

@@ -112,7 +112,7 @@ func TestInboxAppliesEachEventOnce(t *testing.T) {
 		}
 		third.Settle()
 		dead := third.DeadLetters()
-		if len(dead) != 1 || !strings.Contains(dead[0].Err, "other content") || balance(t, db) != 1000 || runs.Load() != 2 {
+		if len(dead) != 1 || !strings.Contains(dead[0].Err, "other content") || dead[0].Reason != "conflict" || balance(t, db) != 1000 || runs.Load() != 2 {
 			t.Errorf("a conflicting copy: dead letters %+v, balance %d, %d runs; want it dead-lettered as a conflict, nothing applied", dead, balance(t, db), runs.Load())
 		}
 

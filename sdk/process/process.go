@@ -415,6 +415,8 @@ func (s *moduleServer) handle(d *pb.Delivery) *pb.Outcome {
 		return &pb.Outcome{Seq: d.Seq, Kind: pb.Outcome_PERMANENT, Error: errorText(err)}
 	case execute.Forbidden:
 		return &pb.Outcome{Seq: d.Seq, Kind: pb.Outcome_FORBIDDEN, Error: errorText(err)}
+	case execute.Conflict:
+		return &pb.Outcome{Seq: d.Seq, Kind: pb.Outcome_CONFLICT, Error: errorText(err)}
 	default:
 		return &pb.Outcome{Seq: d.Seq, Kind: pb.Outcome_FAILED, Error: errorText(err)}
 	}
@@ -445,6 +447,8 @@ func (s *moduleServer) handleHistory(batch []*pb.Delivery) []*pb.Outcome {
 			outcome = &pb.Outcome{Kind: pb.Outcome_PERMANENT, Error: errorText(err)}
 		case execute.Forbidden:
 			outcome = &pb.Outcome{Kind: pb.Outcome_FORBIDDEN, Error: errorText(err)}
+		case execute.Conflict:
+			outcome = &pb.Outcome{Kind: pb.Outcome_CONFLICT, Error: errorText(err)}
 		default:
 			outcome = &pb.Outcome{Kind: pb.Outcome_FAILED, Error: errorText(err)}
 		}

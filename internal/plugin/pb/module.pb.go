@@ -122,6 +122,7 @@ const (
 	Outcome_FAILED    Outcome_Kind = 1 // retry with back-off
 	Outcome_PERMANENT Outcome_Kind = 2 // dead-letter at once
 	Outcome_FORBIDDEN Outcome_Kind = 3 // dead-letter at once: an emit or call of the handling was refused for want of a grant (protocol 8)
+	Outcome_CONFLICT  Outcome_Kind = 4 // dead-letter at once, reason conflict: the handler's inbox holds the event's id with other content (protocol 8)
 )
 
 // Enum value maps for Outcome_Kind.
@@ -131,12 +132,14 @@ var (
 		1: "FAILED",
 		2: "PERMANENT",
 		3: "FORBIDDEN",
+		4: "CONFLICT",
 	}
 	Outcome_Kind_value = map[string]int32{
 		"OK":        0,
 		"FAILED":    1,
 		"PERMANENT": 2,
 		"FORBIDDEN": 3,
+		"CONFLICT":  4,
 	}
 )
 
@@ -2121,17 +2124,18 @@ const file_module_proto_rawDesc = "" +
 	"\rDeliveryBatch\x128\n" +
 	"\n" +
 	"deliveries\x18\x01 \x03(\v2\x18.mesh.plugin.v1.DeliveryR\n" +
-	"deliveries\"\x9d\x01\n" +
+	"deliveries\"\xab\x01\n" +
 	"\aOutcome\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x120\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x1c.mesh.plugin.v1.Outcome.KindR\x04kind\x12\x14\n" +
-	"\x05error\x18\x03 \x01(\tR\x05error\"8\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"F\n" +
 	"\x04Kind\x12\x06\n" +
 	"\x02OK\x10\x00\x12\n" +
 	"\n" +
 	"\x06FAILED\x10\x01\x12\r\n" +
 	"\tPERMANENT\x10\x02\x12\r\n" +
-	"\tFORBIDDEN\x10\x03\"C\n" +
+	"\tFORBIDDEN\x10\x03\x12\f\n" +
+	"\bCONFLICT\x10\x04\"C\n" +
 	"\fOutcomeBatch\x123\n" +
 	"\boutcomes\x18\x01 \x03(\v2\x17.mesh.plugin.v1.OutcomeR\boutcomes\"\xff\x03\n" +
 	"\x04Emit\x12\x12\n" +
