@@ -340,7 +340,10 @@ func (o *Outbox) Backlog(ctx context.Context) (Backlog, error) {
 // beside a SQLite database, an advisory lock of its own session on
 // PostgreSQL). Another takes over within about a second once that
 // process is gone, and within about 15 s of its last renewal where
-// PostgreSQL has not seen its session end (a lost machine).
+// PostgreSQL has not seen its session end (a lost machine). On
+// PostgreSQL the relay keeps one connection of db's pool for itself
+// while it holds the outbox: a pool limited to one connection
+// (SetMaxOpenConns(1)) would leave it none to read the rows with.
 //
 // It returns nil when ctx ends or the mesh closes, ErrRelaying while
 // another Relay of o runs.
