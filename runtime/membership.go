@@ -18,7 +18,6 @@ import (
 	"github.com/meshkit/mesh/internal/schema"
 	"github.com/meshkit/mesh/internal/version"
 	"github.com/meshkit/mesh/internal/wire"
-	"github.com/meshkit/mesh/sdk"
 )
 
 // Membership: every node that is not ephemeral sends node.<node>.heartbeat
@@ -394,9 +393,7 @@ func (m *Module) summary() ModuleSummary {
 }
 
 // beat sends a heartbeat every HeartbeatInterval and checks the peers for
-// silence, until the node closes. A heartbeat expires after the interval
-// that follows it (nobody needs an old one), so one sent while the broker
-// is away is spooled and dropped on resend rather than delivered late.
+// silence, until the node closes.
 func (n *Node) beat() {
 	t := time.NewTicker(n.cfg.HeartbeatInterval)
 	defer t.Stop()
@@ -412,12 +409,25 @@ func (n *Node) beat() {
 	}
 }
 
-// sendHeartbeat emits the node's heartbeat.
+// sendHeartbeat emits the node's heartbeat, unless the node is cut off
+// from the broker or blocked by it: nobody needs an old heartbeat, so
+// none is spooled to be delivered late (the next goes out on time).
+//
+// A heartbeat carries no time to live on the broker (ADR 19, amended): a
+// copy that expired in a queue without a consumer (the audit logger's "#"
+// queue of a node that stopped) would be dead-lettered, every interval,
+// into mesh.dead-letters and every dead-letter queue granted "#". It
+// waits there with the node's other events instead, for its audit logger
+// to record when the node comes back, or until meshctl node remove
+// deletes the queues of a node that is gone. The nodes that follow
+// heartbeats do so from queues that drop a stale one (watchPeers).
 func (n *Node) sendHeartbeat() {
+	if s := n.session(); s == nil || s.isBlocked() {
+		return
+	}
 	ctx, cancel := context.WithTimeout(n.life, n.cfg.HeartbeatInterval)
 	defer cancel()
-	_, err := n.Emit(ctx, n.cfg.Node, "node."+n.cfg.Node+".heartbeat", n.heartbeat(),
-		sdk.WithTTL(2*n.cfg.HeartbeatInterval))
+	_, err := n.Emit(ctx, n.cfg.Node, "node."+n.cfg.Node+".heartbeat", n.heartbeat())
 	if err != nil && n.life.Err() == nil {
 		n.log.Debug("heartbeat not sent", "err", err)
 	}
@@ -519,6 +529,11 @@ func (n *Node) watchPeers(s *session) error {
 	q, err := ch.QueueDeclare("", false, true, true, false, amqp.Table{
 		"x-queue-type": QueueClassic,
 		"x-max-length": int64(10_000), // a stalled watcher drops the oldest
+		// A heartbeat older than two intervals says nothing of now (a
+		// stalled watcher would take a peer gone since for alive): it is
+		// dropped, not dead-lettered (the queue has no dead-letter
+		// exchange). Heartbeats carry no TTL of their own (sendHeartbeat).
+		"x-message-ttl": max(2*n.cfg.HeartbeatInterval.Milliseconds(), 1),
 	})
 	if err == nil {
 		// node.*.schemas is bound so that an announcement is routed

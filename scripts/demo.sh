@@ -55,6 +55,14 @@ while (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do port=$((port + 1)); d
 bin/meshd run --config "$config" --log-level warn --http-addr "127.0.0.1:$port" &
 meshd_pid=$!
 trap 'kill "$tail_pid" "$meshd_pid" 2>/dev/null || true' EXIT
+# The demo node is gone once the show ends: its queues (the audit
+# logger's bound to "#") would otherwise keep every event the mesh carries
+# (other nodes' heartbeats among them) for a node that never comes back.
+# meshctl node remove deletes them; a later run declares them anew.
+remove_node() {
+  echo "== meshctl node remove demo --yes: the broker forgets the demo node (its modules' queues and their policies) =="
+  bin/meshctl node remove demo --yes || echo "== the demo node's queues were not removed: run bin/meshctl node remove demo =="
+}
 ready() {
   exec 3<>"/dev/tcp/127.0.0.1/$port" || return 1
   printf 'GET /readyz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' >&3
@@ -94,8 +102,16 @@ if [ -n "${DEMO_LIVE:-}" ]; then
   bin/meshctl console --addr "$addr" &
   console_pid=$!
   trap 'kill "$tail_pid" "$meshd_pid" "$console_pid" 2>/dev/null || true' EXIT
-  trap 'echo; echo "== stopping the demo mesh =="; exit 0' INT TERM
-  wait "$meshd_pid" || echo "== meshd exited with status $? =="
+  trap 'echo; echo "== stopping the demo mesh =="; kill -TERM "$meshd_pid" "$console_pid" 2>/dev/null || true' INT TERM
+  status=0
+  wait "$meshd_pid" || status=$?
+  if [ "$status" -gt 128 ] && kill -0 "$meshd_pid" 2>/dev/null; then # Ctrl-C: wait for meshd's drain
+    status=0
+    wait "$meshd_pid" || status=$?
+  fi
+  [ "$status" = 0 ] || echo "== meshd exited with status $status =="
+  kill "$console_pid" 2>/dev/null || true
+  remove_node
   exit 0
 fi
 kill -TERM "$meshd_pid"
@@ -103,4 +119,5 @@ wait "$meshd_pid" && echo "== meshd stopped cleanly (exit 0) on SIGTERM ==" || e
 sleep 0.5
 kill "$tail_pid" 2>/dev/null || true
 wait "$tail_pid" 2>/dev/null || true
+remove_node
 echo "== done. The mesh stopped; make demo-live runs it until Ctrl-C with the web console. Try: bin/meshctl tail --json '#'   and in another shell: bin/meshctl emit mesh.demo.hello '{\"hi\":1}' =="

@@ -87,6 +87,7 @@ func app() *cli.App {
 			topologyCommand(),
 			queueCommand(),
 			moduleCommand(),
+			nodeCommand(),
 			nodesCommand(),
 			featuresCommand(),
 			graphCommand(),

@@ -244,6 +244,14 @@ func (c *Client) Queue(ctx context.Context, queue string) (Queue, error) {
 	return q, err
 }
 
+// Queues lists the virtual host's queues. Their message and consumer
+// counts are the API's statistics, a few seconds old.
+func (c *Client) Queues(ctx context.Context) ([]Queue, error) {
+	var qs []Queue
+	err := c.do(ctx, http.MethodGet, nil, &qs, "queues", c.vhost)
+	return qs, err
+}
+
 // Binding is one binding of a queue: from Exchange with Key.
 type Binding struct {
 	Exchange string
