@@ -83,3 +83,83 @@ func TestModuleRemove(t *testing.T) {
 		t.Errorf("remove of a bad name: %v", err)
 	}
 }
+
+// TestNodeRemove: meshctl node remove refuses a node that runs (it holds
+// its lock queue), asks before it deletes (refused without a terminal and
+// --yes), then deletes every queue of the stopped node with its policy,
+// and nothing of another node's. Checked with raw amqp091-go and
+// rabbitmqctl.
+func TestNodeRemove(t *testing.T) {
+	url := brokertest.VHost(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	noop := sdk.HandlerFunc(func(context.Context, sdk.Event) error { return nil })
+	start := func(name string) *runtime.Node {
+		n, err := runtime.New(ctx, runtime.Config{Node: name, AMQPURL: url, StateDir: t.TempDir(), QueuePolicies: true, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mod := range []string{"shop", "audit"} {
+			if _, err := n.Load(ctx, sdk.Module{Name: mod, Setup: func(m sdk.Mesh) error { return m.On("#", noop) },
+				DeadLetters: noop}, runtime.ModuleConfig{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return n
+	}
+	dev, other := start("dev"), start("devx")
+	defer other.Close(ctx)
+	if out, err := runMeshctl(url, "node", "remove", "--yes", "dev"); err == nil || !strings.Contains(err.Error(), "node dev runs") {
+		t.Errorf("remove of a running node: %v\n%s", err, out)
+	}
+	if err := dev.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := runMeshctl(url, "node", "remove", "dev"); err == nil || !strings.Contains(out, "node dev: dev.audit.dead (0 events), dev.audit.events") || !strings.Contains(err.Error(), "--yes") {
+		t.Errorf("remove without a terminal or --yes: %v\n%s", err, out)
+	}
+	out, err := runMeshctl(url, "node", "remove", "--yes", "dev")
+	if err != nil {
+		t.Fatalf("remove --yes: %v\n%s", err, out)
+	}
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	for _, q := range []string{"dev.shop.events", "dev.shop.dead", "dev.audit.events", "dev.audit.dead"} {
+		if !strings.Contains(out, "deleted "+q+" and its bindings") {
+			t.Errorf("remove --yes does not say it deleted %s:\n%s", q, out)
+		}
+		pc, err := conn.Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = pc.QueueDeclarePassive(q, true, false, false, false, nil)
+		var ae *amqp.Error
+		if !errors.As(err, &ae) || ae.Code != amqp.NotFound {
+			t.Errorf("queue %s after remove: %v, want NOT_FOUND", q, err)
+		}
+	}
+	vhost := url[strings.LastIndex(url, "/")+1:]
+	policies, err := brokertest.CtlOutput("list_policies", "-p", vhost, "--no-table-headers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(policies), "mesh.queue.dev.") || !strings.Contains(string(policies), "mesh.queue.devx.shop.events") {
+		t.Errorf("policies after removing node dev (devx's stay):\n%s", policies)
+	}
+	pc, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pc.QueueDeclarePassive("devx.shop.events", true, false, false, false, nil); err != nil {
+		t.Errorf("node devx's queue after removing node dev: %v", err)
+	}
+	if out, err := runMeshctl(url, "node", "remove", "--yes", "dev"); err != nil || !strings.Contains(out, "nothing to remove") {
+		t.Errorf("remove again: %v\n%s", err, out)
+	}
+	if _, err := runMeshctl(url, "node", "remove", "--yes", "dev.shop"); err == nil || !strings.Contains(err.Error(), "single word") {
+		t.Errorf("remove of a bad name: %v", err)
+	}
+}
