@@ -15,8 +15,10 @@ import (
 // sitting (issue 9). Raised from 30 to 32 for the time of an emit (After,
 // At) and its delivery mode (AtMostOnce): ADR 32, "The sdk's names"; to 33
 // for the declared schema of a body (Schema): ADR 34; to 34 for reading
-// the replicated history (History): ADR 35.
-const maxExportedNames = 34
+// the replicated history (History): ADR 35; to 35 for an id handled with
+// other content (ErrConflict, which a handler's inbox returns and every
+// host dead-letters with reason conflict): ADR 44's 2026-12-07 amendment.
+const maxExportedNames = 35
 
 // TestSurface: package sdk exports at most maxExportedNames names, each
 // with a doc comment, and no exported signature mentions an internal
