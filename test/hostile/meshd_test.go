@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/meshkit/mesh/internal/brokertest"
 	"github.com/meshkit/mesh/internal/confine"
+	"github.com/meshkit/mesh/internal/unitfile"
 )
 
 // nobody is the unprivileged user meshd runs as when the test runs as
@@ -168,21 +170,37 @@ func TestModulesRunAsTheirOwnUsers(t *testing.T) {
 	modulesRunAsTheirOwnUsers(t, nil, "")
 }
 
-// TestModulesOfAMeshdWithCapabilities (as root): meshd runs as an
-// unprivileged user holding only the capabilities the packaged unit gives
-// it (ambient, as systemd's AmbientCapabilities puts them; built without
-// cgo, as make release builds it), and still runs each module as a user of
-// its own, confined; the hostile module inherits none of meshd's
-// capabilities: it cannot become root, give its directory away, signal
-// init or read /etc/shadow.
+// TestModulesOfAMeshdWithCapabilities (as root): meshd runs as the
+// packaged unit runs it (packaging/meshd.service, read: its capabilities
+// ambient and bounding, as systemd puts them, no new privileges, its
+// umask; nobody standing in for its user; built without cgo, as make
+// release builds it), and still runs each module as a user of its own,
+// confined; the hostile module inherits none of meshd's capabilities: it
+// cannot become root, give its directory away, signal init or read
+// /etc/shadow, nor list or write the other module's TMPDIR.
 func TestModulesOfAMeshdWithCapabilities(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("only root can start meshd as another user with capabilities")
 	}
-	c := "+setuid,+setgid,+chown,+kill,+dac_override" // packaging/meshd.service's AmbientCapabilities
-	setpriv := []string{"setpriv", fmt.Sprintf("--reuid=%d", nobody), fmt.Sprintf("--regid=%d", nobody), "--clear-groups",
-		"--inh-caps=" + c, "--ambient-caps=" + c, "--bounding-set=-all," + c}
-	modulesRunAsTheirOwnUsers(t, setpriv, "0")
+	modulesRunAsTheirOwnUsers(t, asTheUnit(t, nil), "0")
+}
+
+// asTheUnit is the command prefix that starts a program as
+// packaging/meshd.service starts meshd (unitfile.Service.Setpriv and
+// Shell), as nobody, less the capabilities named in without.
+func asTheUnit(t *testing.T, without []string) []string {
+	t.Helper()
+	u, err := unitfile.Read("../../packaging/meshd.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := u.Service()
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.AmbientCapabilities = slices.DeleteFunc(svc.AmbientCapabilities, func(c string) bool { return slices.Contains(without, c) })
+	svc.CapabilityBoundingSet = slices.DeleteFunc(svc.CapabilityBoundingSet, func(c string) bool { return slices.Contains(without, c) })
+	return append(svc.Setpriv(nobody, nobody), svc.Shell()...)
 }
 
 // modulesRunAsTheirOwnUsers runs meshd (built with CGO_ENABLED=cgo, the
@@ -213,7 +231,13 @@ func modulesRunAsTheirOwnUsers(t *testing.T, prefix []string, cgo string) {
 	cfg := filepath.Join(dir, "mesh.yaml")
 	victimReport, evilReport := newReports(t, dir, "victim"), newReports(t, dir, "evil")
 	victimSecret := filepath.Join(state, "modules", "victim", "secret")
-	targets := strings.Join([]string{cfg, state, filepath.Join(state, "spool.db"), filepath.Join(state, "modules", "victim"), victimSecret}, ",")
+	targetList := []string{cfg, state, filepath.Join(state, "spool.db"), filepath.Join(state, "modules", "victim"), victimSecret}
+	writable := []string{state, filepath.Join(state, "modules", "victim")}
+	if confine.ABI() >= 1 { // each confined module has a TMPDIR of its own, beside the others'
+		victimTmp := "$TMPDIR/../victim"
+		targetList, writable = append(targetList, victimTmp), append(writable, victimTmp)
+	}
+	targets := strings.Join(targetList, ",")
 	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`node: anchor
 amqp_url: %s
 state_dir: %s
@@ -252,8 +276,8 @@ modules:
 			t.Errorf("the hostile module read %s: %+v, want permission denied", path, l)
 		}
 	}
-	for _, dir := range []string{state, filepath.Join(state, "modules", "victim")} {
-		if l := step(lines, "write "+filepath.Join(dir, "planted-by-evil")); l.Step == "" || !strings.Contains(l.Err, "permission denied") {
+	for _, dir := range writable {
+		if l := step(lines, "write "+dir+"/planted-by-evil"); l.Step == "" || !strings.Contains(l.Err, "permission denied") {
 			t.Errorf("the hostile module wrote into %s: %+v", dir, l)
 		}
 	}

@@ -239,18 +239,22 @@ func (s *server) snoop() {
 		close(tried)
 	}()
 	<-tried
-	for _, path := range strings.Split(cfg.Queue, ",") { // files of meshd's it must not read
+	// Files of meshd's and other modules' it must not read; $TMPDIR in
+	// one is its own TMPDIR (another module's is beside it), reported as
+	// written.
+	for _, path := range strings.Split(cfg.Queue, ",") {
 		if path == "" {
 			continue
 		}
-		if st, err := os.Stat(path); err == nil && st.IsDir() {
-			entries, err := os.ReadDir(path)
+		real := strings.ReplaceAll(path, "$TMPDIR", os.Getenv("TMPDIR"))
+		if st, err := os.Stat(real); err == nil && st.IsDir() {
+			entries, err := os.ReadDir(real)
 			report("read "+path, fmt.Sprint(len(entries)), err)
-			planted := filepath.Join(path, "planted-by-evil")
-			report("write "+planted, "", os.WriteFile(planted, []byte("x"), 0o644))
+			planted := filepath.Join(real, "planted-by-evil")
+			report("write "+path+"/planted-by-evil", "", os.WriteFile(planted, []byte("x"), 0o644))
 			continue
 		}
-		b, err := os.ReadFile(path)
+		b, err := os.ReadFile(real)
 		report("read "+path, string(b), err)
 	}
 }
