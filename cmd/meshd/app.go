@@ -223,6 +223,7 @@ func run(c *cli.Context) error {
 	}
 	ready.loading.Store(false)
 	logProtections(log, iso, c.String("config"), running)
+	warnModuleUsersAtStart(log, f)
 	warnGuest(ctx, log, f)
 	if _, err := node.Emit(ctx, node.Name(), "node."+node.Name()+".joined", map[string]any{"modules": len(f.Modules)}); err != nil {
 		log.Warn("could not announce the node", "err", err)

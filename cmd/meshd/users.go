@@ -56,8 +56,8 @@ func moduleUser(node string, m nodeconfig.Module) (*runtime.Credential, error) {
 	if c.UID == uint32(os.Geteuid()) && c.GID == uint32(os.Getegid()) {
 		return nil, nil
 	}
-	if !changesUsers() {
-		return nil, fmt.Errorf("user: %q: meshd runs as uid %d and cannot run a module as another user; run meshd as root (or with CAP_SETUID, CAP_SETGID, CAP_CHOWN, CAP_KILL and CAP_DAC_OVERRIDE, as the packaged unit does), or leave user: out", m.User, os.Geteuid())
+	if missing := missingForModuleUsers(); len(missing) > 0 {
+		return nil, fmt.Errorf("user: %q: meshd runs as uid %d without %s and cannot run a module as another user; %s; or leave user: out", m.User, os.Geteuid(), capNames(missing), capsFix(missing))
 	}
 	return &c, nil
 }

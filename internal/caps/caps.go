@@ -54,6 +54,17 @@ func (s Set) Has(cs ...Cap) bool {
 	return true
 }
 
+// Missing is those of cs that s does not hold, in cs's order.
+func (s Set) Missing(cs ...Cap) []Cap {
+	var m []Cap
+	for _, c := range cs {
+		if !s.Has(c) {
+			m = append(m, c)
+		}
+	}
+	return m
+}
+
 // Sets are a thread's capability sets.
 type Sets struct {
 	Effective, Permitted, Inheritable, Ambient Set

@@ -8,10 +8,13 @@ import (
 	"github.com/meshkit/mesh/internal/caps"
 )
 
-func TestSetHas(t *testing.T) {
+func TestSetHasAndMissing(t *testing.T) {
 	s := caps.Set(1<<caps.SetUID | 1<<caps.SetGID)
 	if !s.Has(caps.SetUID, caps.SetGID) || s.Has(caps.SetUID, caps.Kill) {
 		t.Errorf("Has on %#x", uint64(s))
+	}
+	if got := s.Missing(caps.ForModuleUsers...); len(got) != 3 || got[0] != caps.Chown || got[1] != caps.DACOverride || got[2] != caps.Kill {
+		t.Errorf("Missing = %v, want CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_KILL", got)
 	}
 	if caps.SetUID.String() != "CAP_SETUID" || caps.Cap(40).String() != "capability 40" {
 		t.Errorf("names: %s, %s", caps.SetUID, caps.Cap(40))
