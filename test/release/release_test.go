@@ -34,6 +34,7 @@ import (
 
 	"github.com/meshkit/mesh/internal/brokertest"
 	"github.com/meshkit/mesh/internal/confine"
+	"github.com/meshkit/mesh/internal/unitfile"
 )
 
 // root is the repository's root, from this package's directory.
@@ -349,7 +350,7 @@ func install(t *testing.T, deb string) {
 	if b, err := exec.Command("systemd-analyze", "verify", "/usr/lib/systemd/system/meshd.service").CombinedOutput(); err != nil {
 		t.Errorf("systemd-analyze verify meshd.service: %v\n%s", err, b)
 	}
-	runAsTheUnit(t, uid, gid)
+	runAsTheUnit(t)
 
 	// Upgrade over itself, the config edited: the edit stays.
 	edited := "\n# edited by the operator\n"
@@ -477,18 +478,35 @@ func dpkg(args ...string) ([]byte, error) {
 	return cmd.CombinedOutput()
 }
 
-// unitCaps are packaging/meshd.service's AmbientCapabilities, as setpriv
-// writes them.
-const unitCaps = "+setuid,+setgid,+chown,+kill,+dac_override"
+// installedUnit is where the package installs meshd's unit.
+const installedUnit = "/usr/lib/systemd/system/meshd.service"
 
 // runAsTheUnit runs the packaged meshd with the packaged config as the
-// unit would start it (user mesh, its capabilities ambient and bounding,
-// no new privileges, the working directory /var/lib/mesh, umask 0077),
-// against a virtual host of the test broker, until its start log says how
-// its module is isolated: the audit logger as a user of its own, confined
-// by Landlock.
-func runAsTheUnit(t *testing.T, uid, gid int) {
+// installed unit starts it, each setting read from the unit file
+// (unitfile: its User=, its capabilities ambient and bounding, no new
+// privileges, its umask, working directory and ExecStart=), against a
+// virtual host of the test broker, until its start log says how its
+// module is isolated: the audit logger as a user of its own, confined by
+// Landlock, with no warning that it could not be.
+func runAsTheUnit(t *testing.T) {
 	t.Helper()
+	u, err := unitfile.Read(installedUnit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := u.Service()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if svc.User == "" || len(svc.ExecStart) == 0 {
+		t.Fatalf("%s: no User= or ExecStart=: %+v", installedUnit, svc)
+	}
+	usr, err := user.Lookup(svc.User)
+	if err != nil {
+		t.Fatalf("the unit's User=%s: %v", svc.User, err)
+	}
+	uid, _ := strconv.Atoi(usr.Uid)
+	gid, _ := strconv.Atoi(usr.Gid)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -497,10 +515,9 @@ func runAsTheUnit(t *testing.T, uid, gid int) {
 	l.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "setpriv", "--reuid="+strconv.Itoa(uid), "--regid="+strconv.Itoa(gid), "--init-groups",
-		"--inh-caps="+unitCaps, "--ambient-caps="+unitCaps, "--bounding-set=-all,"+unitCaps, "--no-new-privs",
-		"bash", "-c", "umask 0077 && exec /usr/bin/meshd run --config /etc/mesh/mesh.yaml")
-	cmd.Dir = "/var/lib/mesh"
+	argv := append(svc.Setpriv(uid, gid), svc.Shell(svc.ExecStart...)...)
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Dir = svc.WorkingDirectory
 	cmd.Env = append(os.Environ(), "MESH_AMQP_URL="+brokertest.VHost(t), "MESH_HTTP_ADDR="+httpAddr)
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 30 * time.Second
@@ -512,17 +529,28 @@ func runAsTheUnit(t *testing.T, uid, gid int) {
 		t.Fatal(err)
 	}
 	var logs strings.Builder
-	isolation := ""
+	isolation, running, warned := "", false, ""
 	sc := bufio.NewScanner(stderr)
 	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
 		logs.WriteString(sc.Text() + "\n")
 		var line struct {
-			Msg     string            `json:"msg"`
-			Modules map[string]string `json:"modules"`
+			Level   string          `json:"level"`
+			Msg     string          `json:"msg"`
+			Modules json.RawMessage `json:"modules"`
 		}
-		if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "module isolation" && len(line.Modules) > 0 {
-			isolation = line.Modules["audit-logger"]
+		if json.Unmarshal(sc.Bytes(), &line) != nil {
+			continue
+		}
+		var modules map[string]string
+		if line.Msg == "module isolation" && json.Unmarshal(line.Modules, &modules) == nil {
+			isolation = modules["audit-logger"]
+		}
+		if line.Level == "WARN" && strings.Contains(line.Msg, "users of their own") {
+			warned = line.Msg
+		}
+		if strings.HasPrefix(line.Msg, "node running") { // after every start warning
+			running = true
 			break
 		}
 	}
@@ -532,6 +560,12 @@ func runAsTheUnit(t *testing.T, uid, gid int) {
 	want := "its own user mesh-audit-logger, confined by Landlock"
 	if confine.ABI() < 1 {
 		want = "its own user mesh-audit-logger, without Landlock"
+	}
+	if !running {
+		t.Errorf("the packaged meshd, run as its unit would, did not say it runs (exit: %v); its log:\n%s", werr, logs.String())
+	}
+	if warned != "" {
+		t.Errorf("the packaged meshd, run as its unit would, warns: %s", warned)
 	}
 	if !strings.HasPrefix(isolation, want) {
 		t.Errorf("the packaged meshd, run as its unit would, isolates the audit logger as %q, want %q (exit: %v); its log:\n%s",
