@@ -3,8 +3,11 @@
 package shipped
 
 // The command table (issue 60, "The seam, closed"): every command line the
-// README and docs/commands.md show that acts on a node, run as a user runs
-// it, against one node of the release.
+// README and docs/commands.md show that acts on a node, and the guides'
+// lines of another shape (docs/where-did-my-event-go.md, docs/console.md,
+// docs/operator-guide.md), run as a user runs it, against one node of the
+// release. (test/docs runs the guides' runnable blocks whole, with the
+// binaries of make build; this table runs their lines with the release's.)
 //
 // What the table covers. The release's meshd runs once (meshd run --config,
 // as startNode runs it) with the three modules the release ships, each with
@@ -21,17 +24,23 @@ package shipped
 // unrouted replay and purge, module remove). The rows run in order as
 // subtests, each with a bounded context of its own: meshd version, config
 // check, config reference and run (its /healthz, /readyz and /metrics);
-// meshctl version, emit (the README's, --schema 2 --node, --schema '',
-// --after --via, --at --via, --at-most-once), tail (three lines, each read
-// until the event it waits for, then stopped), call (and a call nobody
-// serves), nodes, graph, features, topology print, check and permissions
-// (node and operator), queue migrate, dlq ls, show, replay (dry and real)
-// and purge, unrouted ls, show, replay and purge, audit query, count, get,
-// trace, export (CSV and CloudEvents), stats, verify and replay --dry-run,
-// delayed ls, count and cancel, dispatcher fires, pause and resume, schema
-// ls, show, diff and check, console (started, its login URL visited, a page
-// read, stopped) and console token add, list and revoke, module remove,
-// new module and completion bash, zsh and fish.
+// meshctl version, emit (the README's, --schema 2 --node, --causation,
+// --schema '', --after --via, --at --via, --at-most-once), tail (three
+// lines, each read until the event it waits for, then stopped; --exclude
+// checked against a heartbeat seen first), call (an object and a string
+// body, and a call nobody serves: exit 1), a flag the command lacks (exit
+// 2), nodes, graph (mermaid and dot), features, topology print, check and
+// permissions (node and operator), queue migrate, dlq ls, show, purge
+// --dry-run, replay (dry and real, into the module's queue) and purge (and
+// purge without a filter: exit 2), unrouted ls, show, purge --dry-run,
+// replay (dry and real, onto mesh.events) and purge, audit query (by type,
+// --causation, --dead), count, get, trace, export (CSV and CloudEvents),
+// stats, verify and replay --dry-run, delayed ls, count and cancel (and a
+// cancel of an id the node does not hold: exit 1), dispatcher fires, pause
+// and resume, schema ls, show, diff and check, console (with its one-time
+// login URL; with a token file, read-only: a page served, a page without
+// the token sent to log in, an action refused), console token add, list
+// and revoke, module remove, new module, completion bash, zsh and fish.
 //
 // TestEveryCommandHasARow reads meshctl --help and meshd --help of the
 // release (and each command's own --help, down the tree) and fails when a
@@ -94,6 +103,8 @@ type cmdRow struct {
 	code int
 	// want are substrings of its standard output ({placeholders} filled).
 	want []string
+	// wantErr are substrings of its standard error.
+	wantErr []string
 	// eventually reruns it (at most until the row's deadline) until want
 	// and check are satisfied: for what the audit logger stores, or the
 	// dispatcher records, a moment after it happened.
@@ -181,6 +192,14 @@ func commandRows() []cmdRow {
 				}
 				return nil
 			})},
+		{doc: "[--causation ID]", from: "docs/commands.md", run: `meshctl emit mesh.ops.done '{}' --schema '' --causation {event}`,
+			before: tapEvents("mesh.ops.done"),
+			check: emitted("caused", func(d amqp.Delivery) error {
+				if d.Headers[wire.HeaderCausationID] == nil {
+					return fmt.Errorf("--causation sent no %s: %v", wire.HeaderCausationID, d.Headers)
+				}
+				return nil
+			})},
 		{doc: "`--schema ''` sends none", from: "docs/commands.md", run: `meshctl emit mesh.ops.note '{"n":1}' --schema ''`,
 			before: tapEvents("mesh.ops.note"),
 			check: emitted("", func(d amqp.Delivery) error {
@@ -226,12 +245,19 @@ func commandRows() []cmdRow {
 			want: []string{`"invoice":"INV-1"`, `"site":"blog.example"`}, check: isJSON},
 		{doc: `bin/meshctl call invoice.create '{"site":"demo.example","cents":1000}'`, from: "README.md",
 			want: []string{`"invoice":"INV-1"`, `"site":"demo.example"`}, check: isJSON},
-		{doc: "on error print it (with the tool's code) and exit 1", from: "docs/commands.md", run: `meshctl call nobody.serves '{}' --timeout 10s`, code: 1},
+		{doc: `meshctl call tax.rate '"shop.example"'`, from: "docs/console.md", run: `meshctl call invoice.create '"shop.example"'`,
+			want: []string{`"request":"shop.example"`}, check: isJSON},
+		{doc: "on error print it (with the tool's code) and exit 1", from: "docs/commands.md", run: `meshctl call nobody.serves '{}' --timeout 10s`, code: 1,
+			wantErr: []string{"nobody.serves"}},
+		{doc: "`meshctl audit get ID\n  --bogus`: `flag provided but not defined: -bogus`, exit 2", from: "docs/commands.md",
+			run: "meshctl audit get {event} --bogus", code: 2, wantErr: []string{"flag provided but not defined: -bogus"}},
 
 		// the mesh as its heartbeats tell it
 		{doc: "bin/meshctl nodes", from: "README.md", want: []string{"{node}", "v0.", "audit-logger", "agent (agent)", "dispatcher (dispatcher)"}},
 		{doc: "meshctl nodes --wait 3s --json", from: "docs/commands.md", want: []string{`"node":"{node}"`}, check: isJSON},
 		{doc: "meshctl nodes --within 5s --json", from: "docs/commands.md", want: []string{`"node":"{node}"`}, check: isJSON},
+		{doc: "meshctl nodes --wait 2s", from: "docs/where-did-my-event-go.md", want: []string{"{node}", "audit-logger"}},
+		{doc: "meshctl graph --wait 2s", from: "docs/where-did-my-event-go.md", want: []string{"flowchart LR", "invoice.create"}},
 		{doc: "meshctl graph --format dot --wait 3s", from: "docs/commands.md", want: []string{"digraph", "invoice.create", "audit.query", "shop.orders"}},
 		{doc: "`meshctl features`", from: "docs/commands.md", run: "meshctl features", want: []string{"FEATURE", "delays", "{node}"}},
 
@@ -255,6 +281,9 @@ func commandRows() []cmdRow {
 		{doc: "meshctl topology permissions --config examples/mesh.yaml --node demo --user mesh-demo", from: "docs/commands.md",
 			run:  "meshctl topology permissions --config {config} --node {node} --user mesh-demo",
 			want: []string{"rabbitmqctl set_permissions", "'mesh-demo'", "{node}\\.(?:audit-logger|agent|dispatcher)", "shop\\.orders"}},
+		{doc: "meshctl topology permissions --config mesh.yaml --user mesh-anchor", from: "docs/operator-guide.md",
+			run:  "meshctl topology permissions --config {config} --user mesh-anchor",
+			want: []string{"# node {node}: broker user mesh-anchor", "rabbitmqctl set_topic_permissions"}},
 		{doc: "meshctl topology permissions --for operator --user mesh-ops", from: "docs/commands.md",
 			want: []string{"# operator (meshctl): broker user mesh-ops", "rabbitmqctl set_permissions"}},
 		{doc: "meshctl queue migrate --config examples/mesh.yaml --module notifier", from: "docs/commands.md",
@@ -270,6 +299,9 @@ func commandRows() []cmdRow {
 		{doc: "meshctl dlq replay --module billing --type 'module.umami.#' --dry-run", from: "docs/commands.md",
 			run: "meshctl dlq replay --module ghost --type 'module.shipped.#' --dry-run", want: []string{"2"},
 			check: func(t *testing.T, f *fixture, out string) error { return queueHolds(t, f, f.get("ghost"), 0) }},
+		{doc: `meshctl dlq purge --id "$bad" --dry-run`, from: "docs/where-did-my-event-go.md", run: "meshctl dlq purge --id {dead} --dry-run",
+			want:  []string{"dry run: would purge 1 dead letter"},
+			check: func(t *testing.T, f *fixture, out string) error { return queueHolds(t, f, wire.QueueDead, 2) }},
 		{doc: "`replay` sends a dead letter, with its original body, headers and id,\n  back to the one queue that gave up on it", from: "docs/commands.md",
 			run: "meshctl dlq replay --id {dead}",
 			check: func(t *testing.T, f *fixture, out string) error {
@@ -287,7 +319,7 @@ func commandRows() []cmdRow {
 				}
 				return nil
 			}},
-		{doc: "without a filter it wants `--all`", from: "docs/commands.md", run: "meshctl dlq purge", code: 2},
+		{doc: "without a filter it wants `--all`", from: "docs/commands.md", run: "meshctl dlq purge", code: 2, wantErr: []string{"--all"}},
 
 		// unrouted events: forged onto mesh.events.unrouted (the audit logger takes every event, so none is unrouted here)
 		{doc: "meshctl unrouted ls|show|replay|purge", from: "docs/commands.md", before: forgeUnrouted, run: "meshctl unrouted ls --json",
@@ -295,6 +327,9 @@ func commandRows() []cmdRow {
 		{doc: "meshctl unrouted ls|show|replay|purge", from: "docs/commands.md", run: "meshctl unrouted show {unrouted}",
 			want: []string{"{unrouted}", "module.shipped.lost", `"lost": 1`}},
 		{doc: "meshctl unrouted purge --older-than 24h --dry-run", from: "docs/commands.md", want: []string{"2"},
+			check: func(t *testing.T, f *fixture, out string) error { return queueHolds(t, f, wire.QueueUnrouted, 2) }},
+		{doc: "meshctl unrouted replay --type node.anchor.module.started --dry-run", from: "docs/where-did-my-event-go.md",
+			run: "meshctl unrouted replay --type module.shipped.lost --dry-run", want: []string{"2"},
 			check: func(t *testing.T, f *fixture, out string) error { return queueHolds(t, f, wire.QueueUnrouted, 2) }},
 		{doc: "An unrouted event is\n  published to `mesh.events` again", from: "docs/commands.md", run: "meshctl unrouted replay --id {unrouted}",
 			before: tapEvents("module.shipped.lost"),
@@ -308,8 +343,11 @@ func commandRows() []cmdRow {
 		{doc: "bin/meshctl audit query --type 'module.umami.#' --limit 5", from: "README.md", want: []string{"{readme_event}"}},
 		{doc: "meshctl audit get 01JSITECREATED000000000000 --json", from: "docs/commands.md", run: "meshctl audit get {event} --json", eventually: true,
 			want: []string{`"id":"{event}"`, `"type":"mesh.ops.deploy"`, `"schema":"2"`, `"version":"1.4.2"`}, check: isJSON},
+		{doc: `meshctl audit query --causation "$site" --json`, from: "docs/where-did-my-event-go.md", run: "meshctl audit query --causation {event} --json",
+			eventually: true, want: []string{`"id":"{caused}"`, `"causation_id":"{event}"`}, check: isJSON},
 		{doc: "meshctl audit trace 01JSITECREATED000000000000 --depth 3", from: "docs/commands.md", run: "meshctl audit trace {event} --depth 3",
-			want: []string{"{event}", "mesh.ops.deploy", "meshctl@ops"}},
+			want: []string{"{event}", "mesh.ops.deploy", "meshctl@ops", "{caused}", "mesh.ops.done"}},
+		{doc: "meshctl audit query --dead", from: "docs/where-did-my-event-go.md", eventually: true, want: []string{"{dead}"}},
 		{doc: "meshctl audit export --type 'module.#' --format csv --out events.csv", from: "docs/commands.md",
 			check: fileHas("events.csv", "seq,id,type,", "{readme_event},module.umami.site.created")},
 		{doc: "meshctl audit export --type 'module.#' --format cloudevents --out events.jsonl", from: "docs/commands.md",
@@ -336,7 +374,7 @@ func commandRows() []cmdRow {
 		{doc: "meshctl delayed cancel --via NODE ID", from: "docs/commands.md", run: "meshctl delayed cancel --via {node} {delayed}",
 			want: []string{"cancelled {delayed}"}},
 		{doc: "an\n  id NODE does not hold (delivered already, or scheduled elsewhere) fails with why", from: "docs/commands.md",
-			run: "meshctl delayed cancel --via {node} {event}", code: 1},
+			run: "meshctl delayed cancel --via {node} {event}", code: 1, wantErr: []string{"holds no delayed event {event}"}},
 
 		// the dispatcher: an order an outside system puts into shop.orders
 		{doc: "meshctl dispatcher fires orders --limit 20 --json", from: "docs/commands.md", before: publishOrder, eventually: true,
@@ -372,6 +410,8 @@ func commandRows() []cmdRow {
 				}
 				return nil
 			}},
+		{doc: "meshctl console --addr 127.0.0.1:18461 --token-file console.token --read-only", from: "docs/console.md",
+			run: "meshctl console --addr {console2} --token-file console.token --read-only", before: writeConsoleToken, live: consoleGuards},
 		{doc: "meshctl console --addr 127.0.0.1:8080 --read-only", from: "docs/commands.md", run: "meshctl console --addr {console} --read-only", live: consoleServes},
 
 		// what the broker keeps of a module that no longer runs (the ghost of the dead letters)
@@ -447,7 +487,7 @@ heartbeat_interval: 1s
 		t.Fatal(err)
 	}
 	f := &fixture{url: url, dir: testdir.Reachable(t), n: n, ch: raw, vars: map[string]string{
-		"node": name, "config": n.config, "release": release, "mesh": mesh, "console": freeAddr(t),
+		"node": name, "config": n.config, "release": release, "mesh": mesh, "console": freeAddr(t), "console2": freeAddr(t),
 		// a time a month ahead, to the second, as the doc's --at shows one
 		"at": time.Now().UTC().Add(30 * 24 * time.Hour).Truncate(time.Second).Format(time.RFC3339),
 	}}
@@ -546,6 +586,11 @@ func runRow(ctx context.Context, t *testing.T, f *fixture, r cmdRow, line string
 		for _, w := range r.want {
 			if problem == nil && !strings.Contains(out, f.fill(w)) {
 				problem = fmt.Errorf("printed no %q", f.fill(w))
+			}
+		}
+		for _, w := range r.wantErr {
+			if problem == nil && !strings.Contains(res.stderr, f.fill(w)) {
+				problem = fmt.Errorf("said no %q on stderr", f.fill(w))
 			}
 		}
 		if problem == nil && r.check != nil {
@@ -706,6 +751,49 @@ func consoleServes(t *testing.T, f *fixture, out, errs <-chan string) {
 	again.Body.Close()
 	if again.StatusCode == http.StatusOK {
 		t.Errorf("the one-time login URL let a second visit in")
+	}
+}
+
+// writeConsoleToken writes the operator's token file console.token, as
+// docs/console.md does.
+func writeConsoleToken(t *testing.T, f *fixture) {
+	if err := os.WriteFile(filepath.Join(f.dir, "console.token"), []byte("a-console-token-of-my-own\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// consoleGuards is the row of a read-only console with a token file:
+// with the token a page is served; without it a page sends to the login
+// page (303); an action with it is refused (403), read-only.
+func consoleGuards(t *testing.T, f *fixture, out, errs <-chan string) {
+	await(t, out, "meshctl console on http://"+f.get("console2")+"/ (read-only)")
+	base := "http://" + f.get("console2")
+	client := &http.Client{Timeout: time.Minute, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	do := func(method, path, token, body string) (*http.Response, string) {
+		req, err := http.NewRequest(method, base+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s: %v", method, path, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp, string(b)
+	}
+	const token = "a-console-token-of-my-own"
+	if resp, body := do("GET", "/", token, ""); resp.StatusCode != http.StatusOK {
+		t.Errorf("GET / with the token: %s\n%.1000s", resp.Status, body)
+	}
+	if resp, _ := do("GET", "/audit", "", ""); resp.StatusCode != http.StatusSeeOther || !strings.Contains(resp.Header.Get("Location"), "/login") {
+		t.Errorf("GET /audit without a token: %s to %q, want 303 to the login page", resp.Status, resp.Header.Get("Location"))
+	}
+	if resp, body := do("POST", "/api/dispatcher/pause", token, `{"trigger":"orders"}`); resp.StatusCode != http.StatusForbidden || !strings.Contains(body, "read-only") {
+		t.Errorf("an action on a read-only console: %s %s, want 403", resp.Status, body)
 	}
 }
 
