@@ -158,6 +158,9 @@ func (f *fixture) fill(s string) string {
 	return s
 }
 
+// unfilled is a placeholder no row has set yet.
+var unfilled = regexp.MustCompile(`\{[a-z0-9_]+\}`)
+
 var ulidLine = regexp.MustCompile(`^[0-9A-HJKMNP-TV-Z]{26}\n$`)
 
 // commandRows is the table. Rows run in order: later rows act on what
@@ -510,6 +513,9 @@ heartbeat_interval: 1s
 			line := r.run
 			if line == "" {
 				line = r.doc
+			}
+			if left := unfilled.FindString(f.fill(line)); left != "" {
+				t.Fatalf("%s needs %s, which an earlier row did not make (see its failure)", line, left)
 			}
 			switch {
 			case r.probe != nil:
