@@ -51,6 +51,8 @@ func app() *cli.App {
 				Flags: []cli.Flag{
 					&cli.StringFlag{Name: "schema", Usage: "the body's schema `VERSION` (x-schema); by default the version the live modules declare as current for the type, the body checked against it as a module's emit is ('' for none)"},
 					&cli.DurationFlag{Name: "within", Value: 3 * time.Second, Usage: "how long to wait for the nodes' answers to the roll call that finds the declared schema"},
+					&cli.DurationFlag{Name: "schema-max-age", EnvVars: []string{"MESH_SCHEMA_MAX_AGE"}, Value: defaultSchemaMaxAge,
+						Usage: "how long the declared schemas a roll call found are used without calling the roll again (kept in the user's cache directory, per broker and virtual host; 0 calls it on every emit); a body they refuse is checked again by a roll call before it is refused"},
 					&cli.DurationFlag{Name: "timeout", Value: 10 * time.Second, Usage: "how long to wait for the audit logger's schema documents"},
 					&cli.StringFlag{Name: "causation", Usage: "the causing event's `ID` (x-causation-id)"},
 					&cli.DurationFlag{Name: "after", Usage: "deliver it this `DURATION` from now (rounded up to the second; at most 2^28-1 s), by --via's mover"},
