@@ -143,7 +143,7 @@ func count(got []string, pattern string) int {
 // against a mesh whose module "shop" declares the schema of its
 // order.placed, with a tap on the roll call's routing key, the schemas
 // announcements and the events:
-//   - --schema 1 and --schema ” send at once, calling no roll;
+//   - --schema 1 and an empty --schema send at once, calling no roll;
 //   - the first emit without --schema calls the roll, the second of the
 //     same type does not (no announcements either, so no audit rows);
 //   - a body the kept schema refuses is refused only on a fresh roll
