@@ -6,13 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	neturl "net/url"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/urfave/cli/v2"
 
 	"github.com/meshkit/mesh/internal/schema"
@@ -179,22 +179,11 @@ func schemaCachePath(urls []string) (string, error) {
 	}
 	var keys []string
 	for _, u := range urls {
-		p, err := neturl.Parse(u)
+		p, err := amqp.ParseURI(u) // the client's reading: its default port and virtual host
 		if err != nil {
 			return "", errors.New("an unparsable broker URL")
 		}
-		port := p.Port()
-		if port == "" {
-			port = map[string]string{"amqps": "5671"}[p.Scheme]
-			if port == "" {
-				port = "5672"
-			}
-		}
-		vhost := strings.TrimPrefix(p.Path, "/")
-		if p.Path == "" {
-			vhost = "/" // the URL without a path names the default virtual host
-		}
-		keys = append(keys, p.Scheme+"://"+strings.ToLower(p.Hostname())+":"+port+" "+vhost)
+		keys = append(keys, fmt.Sprintf("%s://%s:%d %s", p.Scheme, strings.ToLower(p.Host), p.Port, p.Vhost))
 	}
 	slices.Sort(keys)
 	sum := sha256.Sum256([]byte(strings.Join(slices.Compact(keys), "\n")))

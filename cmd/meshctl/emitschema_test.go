@@ -258,3 +258,44 @@ func TestEmitFindsSchemasWithoutARollCallEachTime(t *testing.T) {
 		t.Errorf("emit after shop rolled back: the tap got %q, want one roll call and no event", got)
 	}
 }
+
+// TestSchemaCachePath: emit keeps one file per broker and virtual host,
+// whoever logs in, and the URL's defaults are the client's.
+func TestSchemaCachePath(t *testing.T) {
+	path := func(urls ...string) string {
+		t.Helper()
+		p, err := schemaCachePath(urls)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	same := [][2][]string{
+		{{"amqp://guest:guest@127.0.0.1:5672/"}, {"amqp://ops:secret@127.0.0.1"}},
+		{{"amqp://h/%2f"}, {"amqp://h:5672"}},
+		{{"amqp://a/v", "amqp://b/v"}, {"amqp://b/v", "amqp://a/v"}},
+		{{"amqps://H/v"}, {"amqps://h:5671/v"}},
+	}
+	for _, c := range same {
+		if path(c[0]...) != path(c[1]...) {
+			t.Errorf("%q and %q are kept apart", c[0], c[1])
+		}
+	}
+	other := [][2][]string{
+		{{"amqp://h/a"}, {"amqp://h/b"}},
+		{{"amqp://h:5672/a"}, {"amqp://h:5673/a"}},
+		{{"amqp://h/a"}, {"amqps://h/a"}},
+		{{"amqp://h/a"}, {"amqp://g/a"}},
+	}
+	for _, c := range other {
+		if path(c[0]...) == path(c[1]...) {
+			t.Errorf("%q and %q share a file", c[0], c[1])
+		}
+	}
+	if p := path("amqp://guest:guest@127.0.0.1/"); !strings.HasPrefix(p, filepath.Join(os.Getenv("XDG_CACHE_HOME"), "mesh", "schemas")+"/") || strings.Contains(p, "guest") {
+		t.Errorf("the cache file is %s", p)
+	}
+	if _, err := schemaCachePath([]string{"http://h/"}); err == nil {
+		t.Error("a URL that is not AMQP has a cache file")
+	}
+}
