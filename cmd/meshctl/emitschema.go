@@ -59,7 +59,7 @@ func emitSchema(c *cli.Context, typ string, body []byte) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if pathErr == nil {
+	if pathErr == nil && learned.heard > 0 { // a roll call no node answered teaches nothing to keep
 		if err := writeSchemaCache(path, learned); err != nil {
 			fmt.Fprintf(c.App.ErrWriter, "meshctl: the declared schemas are not kept for the next emit (each emit calls the roll): %v\n", err)
 		}
@@ -100,7 +100,7 @@ func learnSchemas(c *cli.Context, typ string) (*schemaCache, error) {
 	for _, h := range heard {
 		beats = append(beats, h.Heartbeat)
 	}
-	sc := &schemaCache{Taken: taken, Types: map[string][]schemaVersion{}, Docs: map[string]json.RawMessage{}}
+	sc := &schemaCache{Taken: taken, Types: map[string][]schemaVersion{}, Docs: map[string]json.RawMessage{}, heard: len(heard)}
 	for _, st := range schemaTypes(beats) {
 		if len(st.Versions) > 0 {
 			sc.Types[st.Type] = st.Versions
@@ -141,6 +141,7 @@ type schemaCache struct {
 	Docs map[string]json.RawMessage `json:"docs,omitempty"`
 
 	docErr error // why the audit log's documents could not be read
+	heard  int   // how many nodes answered the roll call
 }
 
 // fresh says sc was learned at most maxAge before now (and not later:
