@@ -426,6 +426,31 @@ func commandRows() []cmdRow {
 				return nil
 			}},
 
+		// a node gone for good: refused while it runs, its queues deleted once it is gone
+		{doc: "meshctl node remove demo --yes", from: "docs/commands.md", run: "meshctl node remove {node} --yes", code: 1,
+			wantErr: []string{"{node}"},
+			check: func(t *testing.T, f *fixture, out string) error {
+				return queueExists(t, f, f.fill("{node}.audit-logger.events"))
+			}},
+		{doc: "meshctl node remove demo --yes", from: "docs/commands.md", run: "meshctl node remove gone --yes",
+			before: func(t *testing.T, f *fixture) {
+				// What a node named gone left: its module's queue, as a
+				// node declares it, holding an event.
+				ch := brokertest.Channel(t, f.url)
+				if _, err := ch.QueueDeclare("gone.ledger.events", true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
+					t.Fatal(err)
+				}
+				if err := ch.PublishWithContext(context.Background(), "", "gone.ledger.events", false, false, amqp.Publishing{Body: []byte("{}")}); err != nil {
+					t.Fatal(err)
+				}
+			},
+			check: func(t *testing.T, f *fixture, out string) error {
+				if err := queueGone(t, f, "gone.ledger.events"); err != nil {
+					return err
+				}
+				return queueExists(t, f, f.fill("{node}.audit-logger.events"))
+			}},
+
 		// a new module, written against the mesh source (the release's meshctl was not built in a clone)
 		{doc: "meshctl new module greeter --kind agent --dir ./greeter", from: "docs/commands.md",
 			run: "meshctl new module greeter --kind agent --dir ./greeter --mesh {mesh}", want: []string{"module greeter (kind agent)"},
@@ -1015,6 +1040,15 @@ func queueGone(t *testing.T, f *fixture, queue string) error {
 	ch := brokertest.Channel(t, f.url)
 	if _, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil); err == nil {
 		return fmt.Errorf("%s still exists", queue)
+	}
+	return nil
+}
+
+// queueExists says why queue is not on the broker, or nil.
+func queueExists(t *testing.T, f *fixture, queue string) error {
+	ch := brokertest.Channel(t, f.url)
+	if _, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("%s is gone: %w", queue, err)
 	}
 	return nil
 }

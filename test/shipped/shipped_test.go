@@ -160,15 +160,15 @@ func startNode(t *testing.T, url, name, modules string) *node {
 	if err := n.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	exited := make(chan struct{}) // closed when meshd has exited, and waited for
+	go func() { _ = n.cmd.Wait(); close(exited) }()
 	t.Cleanup(func() {
 		_ = n.cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _ = n.cmd.Wait(); close(done) }()
 		select {
-		case <-done:
+		case <-exited:
 		case <-time.After(60 * time.Second):
 			_ = n.cmd.Process.Kill()
-			<-done
+			<-exited
 		}
 		if t.Failed() {
 			t.Logf("meshd %s's log:\n%s", name, n.log.String())
@@ -184,6 +184,8 @@ func startNode(t *testing.T, url, name, modules string) *node {
 			}
 		}
 		select {
+		case <-exited:
+			t.Fatalf("meshd %s exited before it was ready (%v); its log:\n%s", name, n.cmd.ProcessState, n.log.String())
 		case <-ctx.Done():
 			t.Fatalf("meshd %s was not ready within 90s; its log:\n%s", name, n.log.String())
 		case <-time.After(100 * time.Millisecond):
