@@ -81,6 +81,13 @@ func TestRelease(t *testing.T) {
 	copyTree(t, elsewhere)
 	release(t, root, out1)
 	release(t, elsewhere, out2)
+	if keep := os.Getenv("RELEASE_KEEP_DIST"); keep != "" {
+		// The as-shipped suite (test/shipped, SHIPPED_DIST) tests these
+		// artifacts rather than building them a third time.
+		if out, err := exec.Command("cp", "-R", out1+"/.", keep).CombinedOutput(); err != nil {
+			t.Fatalf("keep the release in %s: %v\n%s", keep, err, out)
+		}
+	}
 
 	sums := readSums(t, out1)
 	if len(sums) != 4 {
