@@ -385,6 +385,10 @@ type ModuleConfig struct {
 	// outcomes handed to their waiting handlers and not yet taken: the
 	// workers they wake are about to hold their acks (nextDelivery).
 	outcomesDue *atomic.Int64
+	// isolation, set by LoadPlugin, is the module process's gate: a
+	// suspect (an event in flight when the process exited) is handled
+	// alone (isolation.go).
+	isolation *isolation
 }
 
 // Credential is a user a module process runs as.

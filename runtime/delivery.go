@@ -270,6 +270,14 @@ func (m *Module) conflict(src source, d amqp.Delivery, counts *originCounts, id,
 // ignored. Running inline, rather than on a goroutine per event, spares
 // every event a goroutine start and stack growth.
 func (m *Module) call(h sdk.Handler, ev sdk.Event, d amqp.Delivery, queue string, overran func()) (err error, timedOut bool) {
+	// A module process's suspect waits for the process to be its alone,
+	// and other events for the suspects (isolation.go): before its
+	// deadline starts.
+	leave, err := m.isolate(d)
+	if err != nil {
+		return err, false
+	}
+	defer leave()
 	traced, span := m.node.startProcess(m.handleCtx, d, queue, ev.Type, m.def.Name)
 	defer func() {
 		if timedOut {
@@ -360,6 +368,10 @@ func (m *Module) backoff(attempt int) time.Duration {
 // classic queue). A Permanent failure is no failed attempt in the counts.
 // cause is never nil (a nil is OK: acknowledged by the caller).
 func (m *Module) failed(src source, d amqp.Delivery, eventType string, attempt int, cause error) {
+	if c, ok := isCrash(cause); ok {
+		m.crashed(src, d, eventType, attempt, c)
+		return
+	}
 	o := execute.Of(cause)
 	switch o {
 	case execute.Failed:
@@ -387,7 +399,7 @@ func (m *Module) failed(src source, d amqp.Delivery, eventType string, attempt i
 			}
 			return
 		}
-		m.requeueClassic(src, d, eventType, attempt)
+		m.copyBack(src, d, eventType, attempt, -1)
 	})
 }
 
@@ -396,7 +408,7 @@ func (m *Module) failed(src source, d amqp.Delivery, eventType string, attempt i
 // queue after delay (the node's mover puts it there: delays.go). Until the
 // copy is confirmed d stays unacknowledged; if the copy cannot be made, d
 // goes back to its queue as a held retry would, after the delay's first
-// step. The copy is the node's, as requeueClassic's is.
+// step. The copy is the node's, as copyBack's is.
 func (m *Module) scheduleRetry(src source, d amqp.Delivery, eventType string, attempts int, delay time.Duration) {
 	o, _ := m.node.originOf(d)
 	msg := amqpmsg.Republishing(d, amqpmsg.Bookkeeping)
@@ -433,20 +445,26 @@ func (m *Module) scheduleRetry(src source, d amqp.Delivery, eventType string, at
 	}
 }
 
-// requeueClassic puts a copy of d at the back of its classic queue with the
-// attempts made so far, then acknowledges d. Until the copy is confirmed d
+// copyBack puts a copy of d at the back of its queue with the attempts
+// made so far (a classic queue's retry; on either queue type, an event
+// that was in flight when its module process exited, marked a suspect with
+// the times the process exited handling it alone, unless suspect < 0:
+// isolation.go), then acknowledges d. Until the copy is confirmed d
 // stays unacknowledged, so nothing is lost if either step fails. The copy
 // is the node's: published as its broker user (the broker checks it),
 // with the type in x-mesh-routing-key and the original publisher's user
 // in x-mesh-user-id, which the node honours on its own copies only
 // (owned.go).
-func (m *Module) requeueClassic(src source, d amqp.Delivery, eventType string, attempts int) {
+func (m *Module) copyBack(src source, d amqp.Delivery, eventType string, attempts, suspect int) {
 	o, _ := m.node.originOf(d)
 	msg := amqpmsg.Republishing(d, amqpmsg.Bookkeeping)
 	msg.UserId = m.node.userID
 	msg.Headers[wire.HeaderAttempt] = int64(attempts)
 	msg.Headers[wire.HeaderRoutingKey] = eventType
 	msg.Headers[wire.HeaderUserID] = o.userID
+	if suspect >= 0 {
+		msg.Headers[wire.HeaderSuspect] = int64(suspect)
+	}
 	s, ok := m.liveSession(d)
 	if !ok {
 		return // the delivery's channel is gone: the broker delivers it again

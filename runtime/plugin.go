@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"os/exec"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -38,6 +39,9 @@ type PluginModule struct {
 	// to their handlings (forward), not yet taken by them: the workers
 	// they wake are about to hold acks (ModuleConfig.outcomesDue).
 	outcomesDue atomic.Int64
+	// isolation hands a suspect (an event in flight when a process of
+	// the module exited) to the process alone (isolation.go).
+	isolation isolation
 	// toolGrants are passed to the process, which refuses an ungranted
 	// Serve when it is made, as in-process.
 	toolGrants []string
@@ -100,6 +104,15 @@ type moduleProcess struct {
 	mu        sync.Mutex
 	pending   map[uint64]chan *pb.Outcome
 	streamErr error // why the delivery stream ended
+	// events is how many event handlings are in the process (forward),
+	// and eventsAtExit how many were when its stream ended (ended): each
+	// of those knows from it whether it was alone (isolation.go).
+	events, eventsAtExit int
+	ended                bool
+
+	cmd      *exec.Cmd // its command, whose ProcessState says how it ended
+	exitOnce sync.Once
+	exitDesc string
 }
 
 // LoadPlugin starts the module binary at path, asks it what it is, and
@@ -113,6 +126,7 @@ func (n *Node) LoadPlugin(ctx context.Context, path string, args []string, mc Mo
 		log: n.log.With("plugin", path), stopped: make(chan struct{}), done: make(chan struct{})}
 	pm.procLog.Store(pm.log)
 	mc.outcomesDue = &pm.outcomesDue
+	mc.isolation = &pm.isolation
 	proc, err := pm.launchFirst(ctx)
 	if err != nil {
 		return nil, err

@@ -190,7 +190,7 @@ func (pm *PluginModule) launch(ctx context.Context) (*moduleProcess, error) {
 	if err != nil {
 		return fail(fmt.Errorf("open the delivery stream: %w", err))
 	}
-	p := &moduleProcess{client: client, rpc: rpc, remote: remote, desc: desc, version: binaryVersion(pm.path), protocol: uint(client.NegotiatedVersion()), stream: stream, window: pm.window,
+	p := &moduleProcess{client: client, cmd: cmd, rpc: rpc, remote: remote, desc: desc, version: binaryVersion(pm.path), protocol: uint(client.NegotiatedVersion()), stream: stream, window: pm.window,
 		sendq: make(chan *pb.Delivery, 256), exited: make(chan struct{}), pending: make(map[uint64]chan *pb.Outcome), outcomesDue: &pm.outcomesDue}
 	go p.send()
 	go p.receive()

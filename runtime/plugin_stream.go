@@ -33,7 +33,9 @@ import (
 //     begun before it is sent and ended when its handler returns.
 //   - A delivery goes to the process now running, waiting while it
 //     restarts (current); the process going away (exited) fails the
-//     deliveries waiting on it, failed attempts the broker redelivers.
+//     deliveries waiting on it with a processCrash that says whether each
+//     was alone in the process: only those are charged an attempt, the
+//     others go back uncharged as suspects (isolation.go).
 //   - Text from the process is bounded before the host logs, stores or
 //     passes it on: its error texts by maxModuleErrorText, a tool's error
 //     code by 64 bytes.
@@ -51,6 +53,20 @@ func (pm *PluginModule) forward(i uint32) sdk.Handler {
 		if err != nil {
 			return err
 		}
+		// Counted in the process before it is handed over: if the process
+		// exits, the count then says whether this event was alone in it.
+		p.mu.Lock()
+		if p.ended {
+			p.mu.Unlock()
+			return &processCrash{exit: p.exitStatus()}
+		}
+		p.events++
+		p.mu.Unlock()
+		defer func() {
+			p.mu.Lock()
+			p.events--
+			p.mu.Unlock()
+		}()
 		token, end := pm.handlings.begin(ctx)
 		defer end()
 		deadline, _ := ctx.Deadline()
@@ -72,6 +88,9 @@ func (pm *PluginModule) forward(i uint32) sdk.Handler {
 			p.mu.Unlock()
 		}()
 		if err := p.hand(ctx, d); err != nil {
+			if errors.Is(err, errExited) {
+				return &processCrash{exit: p.exitStatus()}
+			}
 			return err
 		}
 		select {
@@ -79,7 +98,16 @@ func (pm *PluginModule) forward(i uint32) sdk.Handler {
 			p.outcomesDue.Add(-1)
 			return handlerError(o)
 		case <-p.exited:
-			return errors.New("module process exited while handling the event")
+			select {
+			case o := <-result: // its outcome came before the end
+				p.outcomesDue.Add(-1)
+				return handlerError(o)
+			default:
+			}
+			p.mu.Lock()
+			others := p.eventsAtExit - 1
+			p.mu.Unlock()
+			return &processCrash{handed: true, others: others, exit: p.exitStatus()}
 		case <-ctx.Done():
 			return ctx.Err()
 		}
@@ -185,11 +213,15 @@ func (p *moduleProcess) hand(ctx context.Context, d *pb.Delivery) error {
 	case p.sendq <- d:
 		return nil
 	case <-p.exited:
-		return errors.New("module process exited")
+		return errExited
 	case <-ctx.Done():
 		return ctx.Err()
 	}
 }
+
+// errExited is hand's error when the process exited before the delivery
+// was queued for it.
+var errExited = errors.New("module process exited")
 
 // send crosses deliveries in batches that end with their burst (at most a
 // millisecond: docs/adr/0025-plugin-batches.md), or at once when the
@@ -227,6 +259,7 @@ func (p *moduleProcess) receive() {
 		if err != nil {
 			p.mu.Lock()
 			p.streamErr = err
+			p.ended, p.eventsAtExit = true, p.events
 			p.mu.Unlock()
 			return
 		}

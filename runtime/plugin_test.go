@@ -204,6 +204,77 @@ func TestPluginCrashIsRestarted(t *testing.T) {
 	}
 }
 
+// TestCrashChargesOnlyTheEventAlone: a module process of concurrency 8
+// holds 7 events in flight when a poison event SIGKILLs it. None of the
+// eight is charged an attempt (which one killed it cannot be known): each
+// goes back as a suspect and is handed to the restarted process alone.
+// The seven are then handled, each exactly once, and never dead-lettered;
+// the poison kills each process it is alone in, and is dead-lettered at
+// its max_attempts, delivery_limit, the crash named as the cause, with its
+// original headers. (Before, the crash charged all eight, and with
+// max_attempts 2 the second crash dead-lettered healthy events beside the
+// poison.)
+func TestCrashChargesOnlyTheEventAlone(t *testing.T) {
+	t.Parallel()
+	for _, qt := range []string{runtime.QueueQuorum, runtime.QueueClassic} {
+		t.Run(qt, func(t *testing.T) {
+			t.Parallel()
+			bin, _ := echoModule(t)
+			url := brokertest.VHost(t)
+			n := testNode(t, url, "anchor", nil)
+			rec := newRecorder(nil)
+			load(t, n, sdk.Module{Name: "watch", Setup: func(m sdk.Mesh) error { return m.On("module.echo.pong", rec) }}, runtime.ModuleConfig{})
+			const holds, maxAttempts = 7, 2
+			loadPlugin(t, n, bin, runtime.ModuleConfig{MaxAttempts: maxAttempts, Concurrency: holds + 1, QueueType: qt})
+			dir := t.TempDir()
+			poison, err := n.Emit(emitCtx(t), "test", "mesh.test.poison", map[string]any{"do": "poison", "n": holds, "log": dir})
+			if err != nil {
+				t.Fatal(err)
+			}
+			held := map[string]bool{}
+			for range holds {
+				id, err := n.Emit(emitCtx(t), "test", "mesh.test.hold", map[string]any{"do": "hold", "log": dir})
+				if err != nil {
+					t.Fatal(err)
+				}
+				held[id] = true
+			}
+			handled := map[string]int{}
+			for len(handled) < holds {
+				ev := rec.nextWithin(t, 60*time.Second)
+				var body struct{ Ping string }
+				_ = ev.Decode(&body)
+				if !held[body.Ping] {
+					t.Fatalf("pong for %s, which is no held event", body.Ping)
+				}
+				if handled[body.Ping]++; handled[body.Ping] > 1 {
+					t.Errorf("event %s handled %d times", body.Ping, handled[body.Ping])
+				}
+			}
+			raw := rawConn(t, url)
+			d := nextFrom(t, raw, wire.QueueDead)
+			deadErr := fmt.Sprint(d.Headers[wire.HeaderDeadError])
+			if d.MessageId != poison || d.Headers[wire.HeaderEventID] != poison {
+				t.Fatalf("dead letter %s (%v, %s), want only the poison %s", d.MessageId, d.Headers[wire.HeaderDeadReason], deadErr, poison)
+			}
+			if d.Headers[wire.HeaderDeadReason] != wire.DeadReasonDeliveryLimit || d.Headers[wire.HeaderDeadAttempts] != int64(maxAttempts) ||
+				!strings.Contains(deadErr, "signal: killed") || !strings.Contains(deadErr, fmt.Sprintf("alone (signal: killed) %d time", maxAttempts)) {
+				t.Errorf("the poison dead-lettered %v after %v attempts: %s", d.Headers[wire.HeaderDeadReason], d.Headers[wire.HeaderDeadAttempts], deadErr)
+			}
+			if d.Headers[wire.HeaderSource] != "test" || d.Headers[wire.HeaderSuspect] != nil || d.RoutingKey != "mesh.test.poison" {
+				t.Errorf("the dead letter's headers %v, routing key %s: want the original's, and no mark of the node's", d.Headers, d.RoutingKey)
+			}
+			q, err := raw.QueueDeclarePassive(wire.QueueDead, true, false, false, false, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if q.Messages != 0 {
+				t.Errorf("%d more dead letters beside the poison", q.Messages)
+			}
+		})
+	}
+}
+
 // TestRetryAfterACrashWaitsForTheRestart: an event retried right after its
 // module process crashed, before the supervisor took the dead process out,
 // waits for the restart and is tried by the new process, so every attempt

@@ -75,6 +75,15 @@ const (
 	// its own user-id); a dead letter's is honoured when the dead letter
 	// carries a user-id (the dead-lettering node's, deadletters.Message).
 	HeaderUserID = "x-mesh-user-id"
+	// HeaderSuspect marks a copy of an event that was in flight when its
+	// module process exited: a suspect, which the node hands its module
+	// process alone until the process survives it (ADR 38, amendment).
+	// Its value is how many times the process exited while handling the
+	// event alone (0: only in a crowd, which counts no attempt). Honoured
+	// only on a message the node itself sent straight to the queue
+	// (user-id its own), as HeaderAttempt; never carried into a dead
+	// letter.
+	HeaderSuspect = "x-mesh-suspect"
 
 	// HeaderDeadQueue names the queue that gave up on a dead letter.
 	HeaderDeadQueue = "x-mesh-dead-queue"

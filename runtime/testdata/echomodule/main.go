@@ -9,10 +9,21 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/meshkit/mesh/sdk"
 	"github.com/meshkit/mesh/sdk/process"
+)
+
+// The state of "hold" and "poison" (TestCrashChargesOnlyTheEventAlone):
+// how many holds are in flight, and whether a poison came to this process.
+var (
+	holding  = sync.NewCond(&sync.Mutex{})
+	held     int
+	poisoned atomic.Bool
 )
 
 func main() {
@@ -79,6 +90,36 @@ func main() {
 					return err
 				case "crash":
 					os.Exit(3)
+				case "hold":
+					// Held in flight until the process dies, in a process
+					// where a poison came or before any did (no marker in
+					// Log yet); handled (a pong) otherwise.
+					if _, err := os.Stat(filepath.Join(cmd.Log, "killed")); err == nil && !poisoned.Load() {
+						_, err := mesh.Emit(ctx, "pong", map[string]any{"ping": ev.ID, "attempt": ev.Attempt}, sdk.WithSchema("1"))
+						return err
+					}
+					holding.L.Lock()
+					held++
+					holding.Broadcast()
+					holding.L.Unlock()
+					select {} // until the poison kills the process
+				case "poison":
+					// Kills its own process with SIGKILL: the first time
+					// once N holds are in flight beside it, then at once.
+					poisoned.Store(true)
+					marker := filepath.Join(cmd.Log, "killed")
+					if _, err := os.Stat(marker); err != nil {
+						holding.L.Lock()
+						for held < cmd.N {
+							holding.Wait()
+						}
+						holding.L.Unlock()
+					}
+					if err := os.WriteFile(marker, nil, 0o600); err != nil {
+						return err
+					}
+					_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+					select {}
 				case "panic":
 					panic("the module broke")
 				case "hang":
