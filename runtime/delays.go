@@ -603,6 +603,9 @@ func (n *Node) dueMessage(d amqp.Delivery) (exchange, key string, msg amqp.Publi
 	msg.Headers[wire.HeaderRoutingKey] = eventType
 	msg.Headers[wire.HeaderAttempt] = attempts
 	msg.Headers[wire.HeaderUserID] = user
+	if n, ok := d.Headers[wire.HeaderSuspect].(int64); ok && n >= 0 {
+		msg.Headers[wire.HeaderSuspect] = n // still handled alone (isolation.go)
+	}
 	delete(msg.Headers, wire.HeaderDue) // a retry, not a delayed event
 	return "", q, msg, nil
 }

@@ -388,7 +388,7 @@ func (m *Module) failed(src source, d amqp.Delivery, eventType string, attempt i
 		return
 	case settleSchedule:
 		m.warnFailed("handler failed; its retry is scheduled", eventType, d.MessageId, attempt, v.delay, cause)
-		m.scheduleRetry(src, d, eventType, attempt, v.delay)
+		m.scheduleRetry(src, d, eventType, attempt, v.delay, -1)
 		return
 	}
 	m.warnFailed("handler failed; will retry", eventType, d.MessageId, attempt, v.delay, cause)
@@ -409,7 +409,7 @@ func (m *Module) failed(src source, d amqp.Delivery, eventType string, attempt i
 // copy is confirmed d stays unacknowledged; if the copy cannot be made, d
 // goes back to its queue as a held retry would, after the delay's first
 // step. The copy is the node's, as copyBack's is.
-func (m *Module) scheduleRetry(src source, d amqp.Delivery, eventType string, attempts int, delay time.Duration) {
+func (m *Module) scheduleRetry(src source, d amqp.Delivery, eventType string, attempts int, delay time.Duration, suspect int) {
 	o, _ := m.node.originOf(d)
 	msg := amqpmsg.Republishing(d, amqpmsg.Bookkeeping)
 	msg.UserId = m.node.userID
@@ -417,6 +417,9 @@ func (m *Module) scheduleRetry(src source, d amqp.Delivery, eventType string, at
 	msg.Headers[wire.HeaderAttempt] = int64(attempts)
 	msg.Headers[wire.HeaderUserID] = o.userID
 	msg.Headers[headerDelayQueue] = src.queue
+	if suspect >= 0 {
+		msg.Headers[wire.HeaderSuspect] = int64(suspect)
+	}
 	delayedPublishing(&msg, eventType, time.Now().Add(delay))
 	s, ok := m.liveSession(d)
 	if !ok {

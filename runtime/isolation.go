@@ -59,6 +59,7 @@ func (g *isolation) enter(ctx context.Context, suspect bool) (leave func(), err 
 	g.mu.Lock()
 	if suspect {
 		g.waiting++
+		g.wake()
 	}
 	for {
 		switch {
@@ -199,8 +200,13 @@ func (m *Module) crashed(src source, d amqp.Delivery, eventType string, attempt 
 		return
 	}
 	// A copy, on either queue type, so that the mark goes with it: it is
-	// handled alone from now on. (A long back-off waits in the queue, as
-	// a quorum requeue's does: a crash loop is not a long back-off.)
+	// handled alone from now on (through the delay cascade for a long
+	// back-off, as any retry).
+	if v.settle == settleSchedule {
+		m.warnFailed("module process exited while handling the event alone; its retry, alone, is scheduled", eventType, d.MessageId, attempt, v.delay, cause)
+		m.scheduleRetry(src, d, eventType, attempt, v.delay, crashes)
+		return
+	}
 	m.warnFailed("module process exited while handling the event alone; will retry it alone", eventType, d.MessageId, attempt, v.delay, cause)
 	m.later(v.delay, func() { m.copyBack(src, d, eventType, attempt, crashes) })
 }

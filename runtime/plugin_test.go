@@ -149,8 +149,9 @@ func TestPluginEmitHandleAndCall(t *testing.T) {
 // TestPluginCrashIsRestarted: a module process that exits on one event is
 // restarted; that event is dead-lettered after the attempt limit, and the
 // other events are all handled, none lost. (Prefetch 1, so that only the
-// crashing event is in flight when the process dies: every delivery in
-// flight at a crash counts as a failed attempt.)
+// crashing event is in flight when the process dies: a crash counts an
+// attempt only on an event the process was alone with, and this test
+// counts the restarts; TestCrashChargesOnlyTheEventAlone has a crowd.)
 func TestPluginCrashIsRestarted(t *testing.T) {
 	t.Parallel()
 	bin, _ := echoModule(t)
