@@ -129,6 +129,7 @@ func (l *logBuffer) String() string {
 // node is a meshd of the release, run as a user runs it.
 type node struct {
 	name, config, http string
+	state              string // its state dir
 	cmd                *exec.Cmd
 	log                *logBuffer
 }
@@ -136,8 +137,9 @@ type node struct {
 // startNode writes a config for node name (the broker from MESH_AMQP_URL,
 // as the package's meshd.env gives it; a state dir and a free loopback
 // HTTP address of its own; then modules, the YAML of its modules: list,
-// or "") and runs the release's meshd run --config on it, until the test
-// ends. It returns once /readyz answers 200.
+// {state} standing for the state dir, or "") and runs the release's meshd
+// run --config on it, until the test ends. It returns once /readyz
+// answers 200.
 func startNode(t *testing.T, url, name, modules string) *node {
 	t.Helper()
 	dir := testdir.Reachable(t) // as root, each module runs as a user of its own
@@ -150,12 +152,12 @@ func startNode(t *testing.T, url, name, modules string) *node {
 	cfg := filepath.Join(dir, "mesh.yaml")
 	text := fmt.Sprintf("node: %s\nstate_dir: %s\nhttp_addr: %s\n", name, filepath.Join(dir, "state"), addr)
 	if modules != "" {
-		text += "modules:\n" + modules
+		text += "modules:\n" + strings.ReplaceAll(modules, "{state}", filepath.Join(dir, "state"))
 	}
 	if err := os.WriteFile(cfg, []byte(text), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	n := &node{name: name, config: cfg, http: addr, log: &logBuffer{}}
+	n := &node{name: name, config: cfg, http: addr, state: filepath.Join(dir, "state"), log: &logBuffer{}}
 	n.cmd = exec.Command(binary("bin/meshd"), "run", "--config", cfg)
 	n.cmd.Dir = dir
 	n.cmd.Env = append(os.Environ(), "MESH_AMQP_URL="+url)
@@ -194,6 +196,24 @@ func startNode(t *testing.T, url, name, modules string) *node {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// moduleDir is the directory meshd gives module name in the node's state
+// dir (MESH_MODULE_DIR), the one place there open to it.
+func (n *node) moduleDir(name string) string { return filepath.Join(n.state, "modules", name) }
+
+// userModule builds the module binary of package pkg of the repository
+// (a module author's binary, on the sdk) where every user may run it: the
+// modules a user writes, beside the release's own.
+func userModule(t *testing.T, pkg string) string {
+	t.Helper()
+	bin := filepath.Join(testdir.Reachable(t), filepath.Base(pkg))
+	cmd := exec.Command("go", "build", "-o", bin, pkg)
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build %s: %v\n%s", pkg, err, out)
+	}
+	return bin
 }
 
 // meshctl runs the release's meshctl with args, the broker given as a
