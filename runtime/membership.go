@@ -423,6 +423,7 @@ func (n *Node) beat() {
 // heartbeats do so from queues that drop a stale one (watchPeers).
 func (n *Node) sendHeartbeat() {
 	if s := n.session(); s == nil || s.isBlocked() {
+		n.stats.heartbeatsSkipped.Add(1)
 		return
 	}
 	ctx, cancel := context.WithTimeout(n.life, n.cfg.HeartbeatInterval)

@@ -124,11 +124,12 @@ func TestCutOffNodeReportsNoOne(t *testing.T) {
 		}
 		return false
 	})
-	spooledAtCut := b.Stats().Spooled
+	skippedAtCut := b.Stats().HeartbeatsSkipped
 	proxy.Down()
-	// Beta's heartbeats go to its spool while it is cut off: ten of them
-	// are more than the three intervals of silence that make a report.
-	waitFor(t, 30*time.Second, func() bool { return b.Stats().Spooled >= spooledAtCut+10 })
+	// Beta sends no heartbeat while it is cut off (none is spooled): ten
+	// it skipped are more than the three intervals of silence that make
+	// a report.
+	waitFor(t, 30*time.Second, func() bool { return b.Stats().HeartbeatsSkipped >= skippedAtCut+10 })
 	proxy.Up()
 	waitFor(t, 30*time.Second, func() bool { st := b.Stats(); return st.Connected && st.SpoolEvents == 0 })
 	if _, err := raw.QueuePurge(betaBeats, false); err != nil {

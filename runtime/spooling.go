@@ -567,6 +567,7 @@ type counters struct {
 	handled, failed, deadLettered, duplicates, filtered      atomic.Uint64
 	conflicts                                                atomic.Uint64
 	consumersLost                                            atomic.Uint64
+	heartbeatsSkipped                                        atomic.Uint64
 	lastRefusedLog                                           atomic.Int64
 }
 
@@ -606,6 +607,10 @@ type Stats struct {
 	// DelaysCancelled counts delayed events that came due cancelled
 	// (meshctl delayed cancel) and were dropped.
 	DelaysCancelled uint64
+	// HeartbeatsSkipped counts heartbeats the node did not send because
+	// it was cut off from the broker or blocked by it (none is spooled to
+	// arrive late).
+	HeartbeatsSkipped uint64
 	// DelaysDropped counts delayed events that came due from a module no
 	// longer in the node's configuration or no longer granted their type
 	// (Node.SetModules), and were set aside in the dead letters (reason
@@ -659,6 +664,7 @@ func (n *Node) Stats() Stats {
 		Reconnects:        n.stats.reconnects.Load(),
 		RefusingChannels:  n.stats.refusingChannels.Load(),
 		Emitted:           n.stats.emitted.Load(),
+		HeartbeatsSkipped: n.stats.heartbeatsSkipped.Load(),
 		Scheduled:         n.stats.scheduled.Load(),
 		AtMostOnce:        n.stats.atMostOnce.Load(),
 		DelaysDelivered:   n.stats.delivered.Load(),
