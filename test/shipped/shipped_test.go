@@ -3,9 +3,14 @@
 // Package shipped is the as-shipped suite (issue 60): it touches only what
 // a user touches. Its binaries are the release's (the archive that
 // scripts/release.sh makes, unpacked: bin/meshd, bin/meshctl, modules/),
-// meshd runs as its own process with a config file, meshctl runs as a
-// subprocess with its environment, and what comes out is read on the wire
-// with raw amqp091-go. Nothing here reaches the code through an in-process
+// meshd runs as its own process with a config file, started as the
+// release's systemd unit starts it (as root: its user, capabilities, no
+// new privileges and umask read from the unit file; asTheUnit), meshctl
+// runs as a subprocess with its environment, module authors' binaries are
+// built as authors build them, and what comes out is read on the wire
+// with raw amqp091-go. What it cannot run here is systemd as PID 1: the
+// unit's sandbox (ProtectSystem= and the rest) is test/release's, which
+// installs the .deb. Nothing here reaches the code through an in-process
 // node: a behaviour that has an in-process test and a user-facing path is
 // tested here on that path.
 //
@@ -26,6 +31,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -33,6 +39,7 @@ import (
 	"time"
 
 	"github.com/meshkit/mesh/internal/testdir"
+	"github.com/meshkit/mesh/internal/unitfile"
 )
 
 // root is the repository's root, from this package's directory.
@@ -158,8 +165,9 @@ func startNode(t *testing.T, url, name, modules string) *node {
 		t.Fatal(err)
 	}
 	n := &node{name: name, config: cfg, http: addr, state: filepath.Join(dir, "state"), log: &logBuffer{}}
-	n.cmd = exec.Command(binary("bin/meshd"), "run", "--config", cfg)
-	n.cmd.Dir = dir
+	argv := append(asTheUnit(t, dir, cfg), binary("bin/meshd"), "run", "--config", cfg)
+	n.cmd = exec.Command(argv[0], argv[1:]...)
+	n.cmd.Dir = dir // the unit's WorkingDirectory, /var/lib/mesh, stood in for (asTheUnit)
 	n.cmd.Env = append(os.Environ(), "MESH_AMQP_URL="+url)
 	n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
 	if err := n.cmd.Start(); err != nil {
@@ -196,6 +204,48 @@ func startNode(t *testing.T, url, name, modules string) *node {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// nobody stands in for the unit's User=mesh, which only the package makes.
+const nobody = 65534
+
+// asTheUnit is the command prefix that starts meshd as the release's unit
+// (systemd/meshd.service in the archive, what the package installs)
+// starts it, read from that file (internal/unitfile): its capabilities,
+// ambient and bounding, no new privileges and umask, as nobody for its
+// User=mesh. The unit's StateDirectory=mesh, WorkingDirectory=/var/lib/mesh
+// (mode StateDirectoryMode, owned by the user) is stood in for by dir,
+// made so; the config, root's 0640 group mesh in the package, is the
+// user's here. As anyone but root, meshd runs as that user, as a
+// developer runs it, and the prefix is empty.
+func asTheUnit(t *testing.T, dir, cfg string) []string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		return nil
+	}
+	u, err := unitfile.Read(binary("systemd/meshd.service"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := u.Service()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mode := os.FileMode(0o755)
+	if m, ok := u.Value("Service", "StateDirectoryMode"); ok {
+		if v, err := strconv.ParseUint(m, 8, 32); err == nil {
+			mode = os.FileMode(v)
+		}
+	}
+	for _, p := range []string{dir, cfg} {
+		if err := os.Chown(p, nobody, nobody); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chmod(dir, mode); err != nil {
+		t.Fatal(err)
+	}
+	return append(svc.Setpriv(nobody, nobody), svc.Shell()...)
 }
 
 // moduleDir is the directory meshd gives module name in the node's state
