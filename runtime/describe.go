@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -42,9 +43,17 @@ type Description struct {
 // stops it, without attaching it to any mesh: what meshctl schema check
 // reads of a module about to be deployed. The sdk.Module it returns holds
 // the declarations only (Name, Kind, Emits, Calls, Schemas, Reads), no
-// handlers; patterns are the patterns its Setup subscribed.
+// handlers; patterns are the patterns its Setup subscribed. As meshd gives
+// every module a directory of its own (MESH_MODULE_DIR, where a module
+// keeps its database: the audit logger, a --with-db scaffold), the binary
+// gets a scratch one, removed when it has described itself.
 func Describe(ctx context.Context, path string, args []string, settings []byte, log *slog.Logger) (def sdk.Module, patterns []string, err error) {
-	d, err := DescribeModule(ctx, path, args, ModuleConfig{Settings: settings}, log)
+	dir, err := os.MkdirTemp("", "mesh-describe-")
+	if err != nil {
+		return def, nil, fmt.Errorf("a directory for module %s: %w", path, err)
+	}
+	defer os.RemoveAll(dir)
+	d, err := DescribeModule(ctx, path, args, ModuleConfig{Settings: settings, Dir: dir}, log)
 	return d.Def, d.Patterns, err
 }
 

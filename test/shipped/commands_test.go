@@ -393,8 +393,12 @@ func commandRows() []cmdRow {
 		{doc: "`check FILE --type T\n  --version V`", from: "docs/commands.md", run: "meshctl schema check v2.json --type mesh.ops.note --version 2",
 			want: []string{"COMPATIBLE"}},
 		{doc: "`--offline` checks a binary against the\n  earlier versions it declares itself", from: "docs/commands.md",
-			run:  "meshctl schema check {release}/modules/audit-logger --offline",
-			skip: "issue 60 follow-up: meshctl schema check BINARY --offline fails on every module the release ships: the audit logger exits 2 (--db PATH is required outside meshd), the agent 1 (no tools configured), the dispatcher 1 (no triggers): meshctl starts the binary without the directory and config meshd gives it"},
+			// The audit logger keeps its database in the directory meshd
+			// gives it: described, it gets a scratch one (it exited 2,
+			// "--db PATH is required outside meshd"), and it declares no
+			// schema, which is the answer.
+			run: "meshctl schema check {release}/modules/audit-logger --offline", code: 1,
+			wantErr: []string{"module audit-logger", "declares no schema"}},
 
 		// the console
 		{doc: "meshctl console token add alice --read-only --tokens console-tokens", from: "docs/commands.md",
