@@ -6,6 +6,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -159,5 +161,48 @@ func TestTheInboxConflictUnderMeshd(t *testing.T) {
 		}
 	case <-ctx.Done():
 		t.Fatalf("no dead letter of the conflicting copy; meshd's log:\n%s", n.log.String())
+	}
+}
+
+// TestARestartedRelayTakesOverAtOnce (defect 7): the ledger's relay is
+// killed (SIGKILL, by a marker the test leaves in the module's directory)
+// right after the mesh confirmed its row, before it marked it sent, so it
+// dies holding the outbox's lease. meshd restarts the module, whose new
+// relay sends the row again: it takes the lease over at once, the holder
+// being provably gone ("outbox relay: holder gone" in meshd's log, which
+// carries the module's), rather than waiting out the dead one's lease
+// (15 s, before the fix, and no such line).
+func TestARestartedRelayTakesOverAtOnce(t *testing.T) {
+	url := brokertest.VHost(t)
+	ledger := userModule(t, "./test/outbox/ledger")
+	dir := "{state}/modules/ledger"
+	n := startNode(t, url, uniqueName("relay"), fmt.Sprintf("  - name: ledger\n    path: %s\n    args: [\"sqlite\", \"%s/ledger.db\", \"%s\"]\n", ledger, dir, dir))
+	if err := os.WriteFile(filepath.Join(n.moduleDir("ledger"), "kill-after-publish-7"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	booked := brokertest.Tap(t, url, wire.ExchangeEvents, "module.ledger.booked")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if _, err := meshctl(ctx, url, "emit", "--schema", "", "mesh.ledger.book", `{"n":7}`); err != nil {
+		t.Fatal(err)
+	}
+	// The row, sent by the relay that was then killed, and sent again by
+	// the restarted one: the same id twice.
+	var first string
+	for copies := 0; copies < 2; {
+		select {
+		case d := <-booked:
+			if first == "" {
+				first = d.MessageId
+			}
+			if d.MessageId == first {
+				copies++
+			}
+		case <-ctx.Done():
+			t.Fatalf("the booked row did not come twice (sent, the relay killed, sent again); meshd's log:\n%s", n.log.String())
+		}
+	}
+	if !strings.Contains(n.log.String(), "outbox relay: holder gone") {
+		t.Errorf("the restarted relay sent the row without taking the dead relay's lease over at once (no 'outbox relay: holder gone'); meshd's log:\n%s", n.log.String())
 	}
 }
