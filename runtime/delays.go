@@ -626,21 +626,9 @@ func (n *Node) deadLetterDue(s *session, d amqp.Delivery, why error) {
 	if wire.ValidateEventType(key) != nil {
 		key = d.RoutingKey
 	}
-	ctx, cancel := context.WithTimeout(n.life, n.cfg.EmitTimeout)
-	defer cancel()
-	if err := s.pub.publish(ctx, wire.ExchangeDead, key, msg); err != nil {
-		n.log.Error("delays: a malformed due message could not be dead-lettered; it goes back to the due queue", "message_id", d.MessageId, "err", err)
-		select {
-		case <-time.After(time.Second):
-		case <-s.lost:
-			return
-		case <-n.closing:
-		}
-		_ = d.Nack(false, true)
-		return
+	if n.settleDueAsDead(s, d, key, msg, "malformed due message") {
+		n.log.Warn("delays: a malformed due message was dead-lettered", "message_id", d.MessageId, "err", why)
 	}
-	n.log.Warn("delays: a malformed due message was dead-lettered", "message_id", d.MessageId, "err", why)
-	_ = d.Ack(false)
 }
 
 // setAsideDue dead-letters a due event that must not be delivered (its
@@ -661,10 +649,19 @@ func (n *Node) setAsideDue(s *session, d amqp.Delivery, key string, msg amqp.Pub
 	msg.Headers[wire.HeaderDeadReason] = wire.DeadReasonRevoked
 	msg.Headers[wire.HeaderDeadError] = truncateText(why, 4096)
 	msg.Headers[wire.HeaderDeadTime] = time.Now().UTC().Format(time.RFC3339Nano)
+	return n.settleDueAsDead(s, d, key, msg, "revoked due event")
+}
+
+// settleDueAsDead publishes msg, the dead letter of due message d (what it
+// is, for the log), to mesh.events.dead with key, confirmed, then
+// acknowledges d, and reports whether d was settled. If the publish
+// fails, d goes back to the due queue after a pause; if the ack does, the
+// broker delivers d again, to be dead-lettered again with the same id.
+func (n *Node) settleDueAsDead(s *session, d amqp.Delivery, key string, msg amqp.Publishing, what string) bool {
 	ctx, cancel := context.WithTimeout(n.life, n.cfg.EmitTimeout)
 	defer cancel()
 	if err := s.pub.publish(ctx, wire.ExchangeDead, key, msg); err != nil {
-		n.log.Error("delays: a revoked due event could not be dead-lettered; it goes back to the due queue", "event_id", d.MessageId, "err", err)
+		n.log.Error("delays: a "+what+" could not be dead-lettered; it goes back to the due queue", "message_id", d.MessageId, "err", err)
 		select {
 		case <-time.After(time.Second):
 		case <-s.lost:
@@ -674,10 +671,7 @@ func (n *Node) setAsideDue(s *session, d amqp.Delivery, key string, msg amqp.Pub
 		_ = d.Nack(false, true)
 		return false
 	}
-	if err := d.Ack(false); err != nil {
-		return false // delivered again: dead-lettered again, with the same id
-	}
-	return true
+	return d.Ack(false) == nil
 }
 
 // headerString is h[name] if it is a string, else "".
