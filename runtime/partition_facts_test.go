@@ -80,14 +80,14 @@ func TestSingleActiveConsumerHandover(t *testing.T) {
 			a, da := consume("A", 3)
 			var held []amqp.Delivery
 			for len(held) < 3 {
-				held = append(held, next(t, da, "A's deliveries"))
+				held = append(held, nextDelivery(t, da, "A's deliveries"))
 			}
 			_, db := consume("B", 20)
 			var got []string
 			take := func(n int) {
 				t.Helper()
 				for range n {
-					d := next(t, db, "B's deliveries")
+					d := nextDelivery(t, db, "B's deliveries")
 					s := string(d.Body)
 					if d.Redelivered {
 						s += "*"
@@ -185,8 +185,8 @@ func TestHeadersExchangeMatch(t *testing.T) {
 	}
 }
 
-// next is the next delivery of ds, or the test fails after 30 s.
-func next(t *testing.T, ds <-chan amqp.Delivery, what string) amqp.Delivery {
+// nextDelivery is the next delivery of ds, or the test fails after 30 s.
+func nextDelivery(t *testing.T, ds <-chan amqp.Delivery, what string) amqp.Delivery {
 	t.Helper()
 	select {
 	case d, ok := <-ds:
