@@ -406,3 +406,34 @@ func FuzzDecodeOptions(f *testing.F) {
 		}
 	})
 }
+
+// TestAClosedRelayLockIsFreeAtOnce: a relay that gives its lock up (Close)
+// leaves it free when Close returns, so the next relay, or a Flush, that
+// tries at once takes it. On PostgreSQL the lock is a session's, and the
+// server ends a closed session on its own time: unlocked only by the
+// session's end, a try right after Close could find it still held (the
+// make test of issue 60's landing saw a Flush refused so).
+func TestAClosedRelayLockIsFreeAtOnce(t *testing.T) {
+	t.Parallel()
+	databases(t, func(t *testing.T, db *sql.DB, dialect outboxstore.Dialect) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		a, b := open(t, db, dialect), open(t, db, dialect)
+		for i := range 100 {
+			l, err := a.TryRelayLock(ctx)
+			if err != nil || l == nil {
+				t.Fatalf("try %d: a free relay lock: %v %v", i, l, err)
+			}
+			if err := l.Close(); err != nil {
+				t.Fatal(err)
+			}
+			lb, err := b.TryRelayLock(ctx)
+			if err != nil || lb == nil {
+				t.Fatalf("try %d: the lock was still held right after its holder closed it: %v %v", i, lb, err)
+			}
+			if err := lb.Close(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+}

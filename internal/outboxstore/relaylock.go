@@ -102,13 +102,19 @@ func (s *Store) relayLockPath(ctx context.Context) (string, error) {
 	return "", ErrNoRelayLock
 }
 
-// Close gives the lock up. On PostgreSQL its connection is closed, not
-// put back in the pool, so no pooled session keeps the lock.
+// Close gives the lock up. On PostgreSQL the lock is unlocked first, so
+// that it is free when Close returns (the server ends a closed session on
+// its own time: a relay that tried at once could find it still held),
+// then its connection is closed, not put back in the pool, so no pooled
+// session keeps the lock should the unlock have failed.
 func (l *RelayLock) Close() error {
 	if l == nil {
 		return nil
 	}
 	if l.conn != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_, _ = l.conn.ExecContext(ctx, `SELECT pg_advisory_unlock_all()`)
 		discard(l.conn)
 		return nil
 	}
