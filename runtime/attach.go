@@ -295,7 +295,11 @@ func (m *Module) addTag(ch *amqp.Channel, tag, queue string) {
 }
 
 // consume declares the module's queue, reconciles its bindings and starts
-// the workers.
+// the workers. A module of a group (ModuleConfig.Group) consumes its
+// group's queue beside its own, on the same channel: the group's queue is
+// bound to its patterns and its own to none (what the node retries waits
+// there), so that events its own queue held before it joined the group are
+// still handled, and none arrive there any more.
 func (m *Module) consume(ctx context.Context, s *session, subs []subscription) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -311,7 +315,25 @@ func (m *Module) consume(ctx context.Context, s *session, subs []subscription) e
 	for i, s := range subs {
 		want[i] = s.pattern
 	}
-	if err := m.reconcileBindings(ch, want); err != nil {
+	own := want
+	if m.groupQueue != "" {
+		own = nil
+		first := true
+		open := func() (*amqp.Channel, error) {
+			if first {
+				first = false
+				return ch, nil
+			}
+			return m.openTracked(s)()
+		}
+		if ch, err = m.node.declareQueue(ctx, s, open, m.untrack, m.groupQueue, moduleQueueArgs(m.cfg)); err != nil {
+			return fmt.Errorf("declare queue %s of group %s (the group's members declare it alike: their queue_type, max_attempts and max_priority must agree): %w", m.groupQueue, m.cfg.Group, err)
+		}
+		if err := m.reconcileBindings(ch, m.groupQueue, want); err != nil {
+			return err
+		}
+	}
+	if err := m.reconcileBindings(ch, m.queue, own); err != nil {
 		return err
 	}
 	if err := ch.Qos(m.cfg.Prefetch, 0, false); err != nil {
@@ -323,6 +345,14 @@ func (m *Module) consume(ctx context.Context, s *session, subs []subscription) e
 		return fmt.Errorf("consume %s: %w", m.queue, err)
 	}
 	m.addTag(ch, tag, m.queue)
+	if m.groupQueue != "" {
+		fromGroup, err := ch.Consume(m.groupQueue, m.groupTag, false, false, false, false, nil)
+		if err != nil {
+			return fmt.Errorf("consume %s: %w", m.groupQueue, err)
+		}
+		m.addTag(ch, m.groupTag, m.groupQueue)
+		deliveries = merged(deliveries, fromGroup)
+	}
 	a := newAcker(ch, m.cfg.Prefetch)
 	a.flow = m.flowOf(ch)
 	if m.dedup != nil {
@@ -335,44 +365,85 @@ func (m *Module) consume(ctx context.Context, s *session, subs []subscription) e
 	return nil
 }
 
-// reconcileBindings binds the module's queue to every pattern in want and
-// unbinds the patterns recorded for it that want no longer has.
-func (m *Module) reconcileBindings(ch *amqp.Channel, want []string) error {
-	had, err := m.node.bindings.load(m.queue)
+// merged is the deliveries of a and b on one channel, which closes when
+// both have closed (their amqp channel closed, or both consumers were
+// cancelled).
+func merged(a, b <-chan amqp.Delivery) <-chan amqp.Delivery {
+	out := make(chan amqp.Delivery)
+	go func() {
+		defer close(out)
+		for a != nil || b != nil {
+			select {
+			case d, ok := <-a:
+				if !ok {
+					a = nil
+					continue
+				}
+				out <- d
+			case d, ok := <-b:
+				if !ok {
+					b = nil
+					continue
+				}
+				out <- d
+			}
+		}
+	}()
+	return out
+}
+
+// reconcileBindings binds queue to every pattern in want and unbinds the
+// patterns recorded for it that want no longer has.
+func (m *Module) reconcileBindings(ch *amqp.Channel, queue string, want []string) error {
+	had, err := m.node.bindings.load(queue)
 	if err != nil {
 		return err
 	}
 	for _, p := range want {
-		if err := ch.QueueBind(m.queue, p, wire.ExchangeEvents, false, nil); err != nil {
-			return fmt.Errorf("bind %s to %q: %w", m.queue, p, err)
+		if err := ch.QueueBind(queue, p, wire.ExchangeEvents, false, nil); err != nil {
+			return fmt.Errorf("bind %s to %q: %w", queue, p, err)
 		}
 	}
 	for _, p := range had {
 		if slices.Contains(want, p) {
 			continue
 		}
-		if err := ch.QueueUnbind(m.queue, p, wire.ExchangeEvents, nil); err != nil {
-			return fmt.Errorf("unbind %s from %q: %w", m.queue, p, err)
+		if err := ch.QueueUnbind(queue, p, wire.ExchangeEvents, nil); err != nil {
+			return fmt.Errorf("unbind %s from %q: %w", queue, p, err)
 		}
-		m.log.Info("unbound a pattern the module no longer consumes", "pattern", p)
+		m.log.Info("unbound a pattern the module no longer consumes here", "pattern", p, "queue", queue)
 	}
-	return m.node.bindings.store(m.queue, want)
+	return m.node.bindings.store(queue, want)
 }
 
 // unbindAll unbinds a module that consumes nothing (any more) from what it
-// consumed before, so its queue stops filling. The queue and what is in it
-// stay for the operator.
+// consumed before, so its queues stop filling. The queues and what is in
+// them stay for the operator.
 func (m *Module) unbindAll(s *session) error {
-	had, err := m.node.bindings.load(m.queue)
-	if err != nil || len(had) == 0 {
-		return err
+	queues := []string{m.queue}
+	if m.groupQueue != "" {
+		queues = append(queues, m.groupQueue)
 	}
-	ch, err := s.subConn.Channel()
-	if err != nil {
-		return fmt.Errorf("open channel: %w", err)
+	var ch *amqp.Channel
+	for _, q := range queues {
+		had, err := m.node.bindings.load(q)
+		if err != nil {
+			return err
+		}
+		if len(had) == 0 {
+			continue
+		}
+		if ch == nil {
+			if ch, err = s.subConn.Channel(); err != nil {
+				return fmt.Errorf("open channel: %w", err)
+			}
+			defer ch.Close()
+		}
+		if err := m.reconcileBindings(ch, q, nil); err != nil {
+			return err
+		}
 	}
-	defer ch.Close()
-	return m.reconcileBindings(ch, nil)
+	return nil
 }
 
 // watch notices when the broker ends the module's consumption on its own

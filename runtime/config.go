@@ -354,6 +354,17 @@ type ModuleConfig struct {
 	// user-id the broker verified; a refused request gets the permanent
 	// error code "forbidden" without running.
 	Callers map[string][]string
+	// Group, when not empty, makes the module's copies on every node that
+	// names the same group one group (ADR 48): they share the queue
+	// group.<group>.<module>.events, bound to the module's patterns, and
+	// compete for its events, instead of each node's copy handling every
+	// event from <node>.<module>.events. The node's own queue stays, bound
+	// to nothing: what this node retries (a classic queue's copy, a retry
+	// through the delay cascade, a suspect) waits there, for this node
+	// alone, as the node's own copies always have (owned.go). Empty (the
+	// default): the node's own queue, as ever. Never taken from the
+	// node's defaults.
+	Group string
 	// Name, when set, is the name the module must report: a module
 	// process that says another is refused before it may emit or call
 	// anything (meshd sets it from the config entry's name).
@@ -648,6 +659,11 @@ func (c Config) heldRetry(retry []time.Duration) time.Duration {
 
 func (m ModuleConfig) validate() error {
 	var errs []error
+	if m.Group != "" {
+		if err := wire.ValidateWord("group", m.Group); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	switch m.QueueType {
 	case QueueQuorum, QueueClassic:
 	default:

@@ -36,7 +36,7 @@ import (
 func (m *Module) handle(d amqp.Delivery, deliveries <-chan amqp.Delivery, a *acker) (replaced bool) {
 	counts := m.from(d)
 	counts.delivered.Add(1)
-	src := m.own(a)
+	src := m.own(d, a)
 	meta, err := wire.DecodeMeta(d.Headers, d.ContentType, d.Body)
 	// The runtime's own headers count only where the runtime put them
 	// (owned.go): the type, the publisher and the attempts made.
@@ -106,7 +106,7 @@ func (m *Module) handle(d amqp.Delivery, deliveries <-chan amqp.Delivery, a *ack
 		m.failed(src, d, eventType, attempt, errors.New("the consumer stopped before the handler finished"))
 		return false
 	}
-	err, overran := m.call(sub.handler, ev, d, m.queue, func() {
+	err, overran := m.call(sub.handler, ev, d, src.queue, func() {
 		release() // settled as failed: a redelivery must not wait for the hung handler
 		m.startWorker(deliveries, a)
 		m.failed(src, d, eventType, attempt, fmt.Errorf("handler timed out after %v", m.cfg.HandlerTimeout))
@@ -329,11 +329,29 @@ type source struct {
 	queue  string
 	quorum bool   // a failed attempt goes back by reject, which counts attempts
 	acks   *acker // the acker of the delivery's channel; nil: settled one by one
+	// back, if not queue, is where the node's copies of the delivery go
+	// (a classic queue's retry, a retry through the delay cascade, a
+	// suspect): a group's event is retried in the node's own queue, whose
+	// copies the node alone takes and trusts (owned.go).
+	back string
 }
 
-// own is the module's event queue as a source.
-func (m *Module) own(a *acker) source {
-	return source{queue: m.queue, quorum: m.cfg.QueueType == QueueQuorum, acks: a}
+// copiesTo is the queue the node's copies of a delivery from src go to.
+func (src source) copiesTo() string {
+	if src.back != "" {
+		return src.back
+	}
+	return src.queue
+}
+
+// own is the queue d came from, the module's own event queue or its
+// group's, as a source.
+func (m *Module) own(d amqp.Delivery, a *acker) source {
+	src := source{queue: m.queue, quorum: m.cfg.QueueType == QueueQuorum, acks: a}
+	if m.groupTag != "" && d.ConsumerTag == m.groupTag {
+		src.queue, src.back = m.groupQueue, m.queue
+	}
+	return src
 }
 
 // policy is the module's delivery policy for a queue of that type.
@@ -416,7 +434,7 @@ func (m *Module) scheduleRetry(src source, d amqp.Delivery, eventType string, at
 	msg.Expiration = "" // an event's TTL does not end its retry's wait
 	msg.Headers[wire.HeaderAttempt] = int64(attempts)
 	msg.Headers[wire.HeaderUserID] = o.userID
-	msg.Headers[headerDelayQueue] = src.queue
+	msg.Headers[headerDelayQueue] = src.copiesTo()
 	if suspect >= 0 {
 		msg.Headers[wire.HeaderSuspect] = int64(suspect)
 	}
@@ -437,7 +455,7 @@ func (m *Module) scheduleRetry(src source, d amqp.Delivery, eventType string, at
 	m.node.stats.retriesScheduled.Add(1)
 	source, _ := d.Headers[wire.HeaderSource].(string)
 	m.node.writeDown(schedbook.Entry{ID: d.MessageId, Type: eventType, Source: source, Due: time.Now().Add(delay), Scheduled: time.Now(),
-		Queue: src.queue, Attempts: attempts})
+		Queue: src.copiesTo(), Attempts: attempts})
 	if err := src.ack(d); err != nil {
 		m.log.Warn("ack after scheduling a retry failed; the event may be handled an extra time", "err", err)
 	}
@@ -474,7 +492,7 @@ func (m *Module) copyBack(src source, d amqp.Delivery, eventType string, attempt
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := s.pub.publish(ctx, "", src.queue, msg); err != nil {
+	if err := s.pub.publish(ctx, "", src.copiesTo(), msg); err != nil {
 		m.log.Warn("requeue failed; the event will be delivered again", "err", err)
 		_ = src.reject(d)
 		return

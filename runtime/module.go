@@ -34,9 +34,13 @@ type Module struct {
 	def   sdk.Module
 	cfg   ModuleConfig
 	queue string
-	log   *slog.Logger
-	mesh  *moduleMesh
-	setup *setup.Recorder // what Setup subscribes and serves
+	// groupQueue is the queue of the module's group (ModuleConfig.Group),
+	// which the module consumes beside queue, with groupTag; "" if the
+	// module is no group's.
+	groupQueue, groupTag string
+	log                  *slog.Logger
+	mesh                 *moduleMesh
+	setup                *setup.Recorder // what Setup subscribes and serves
 	// contracts are the module's declared schemas, compiled at load
 	// (nil: it declares none): emits and deliveries are checked on them.
 	contracts *schema.Contracts
@@ -155,11 +159,19 @@ func (n *Node) Load(ctx context.Context, def sdk.Module, mc ModuleConfig) (*Modu
 	if err := wire.ValidateQueueName(queue); err != nil {
 		return nil, fmt.Errorf("load module %s: %w", def.Name, err)
 	}
+	var groupQueue string
+	if mc.Group != "" {
+		groupQueue = wire.GroupQueue(mc.Group, def.Name)
+		if err := wire.ValidateQueueName(groupQueue); err != nil {
+			return nil, fmt.Errorf("load module %s: group %s: %w", def.Name, mc.Group, err)
+		}
+	}
 	m := &Module{
 		node:           n,
 		def:            def,
 		cfg:            mc,
 		queue:          queue,
+		groupQueue:     groupQueue,
 		log:            n.log.With("module", def.Name),
 		retries:        make(map[*time.Timer]struct{}),
 		claimed:        make(map[string]chan struct{}),
@@ -174,6 +186,9 @@ func (n *Node) Load(ctx context.Context, def sdk.Module, mc ModuleConfig) (*Modu
 		queueTimeOpt:   metric.WithAttributeSet(attribute.NewSet(attribute.String("module", def.Name))),
 		setup:          setup.New(def.Name, mc.ToolGrants),
 		contracts:      contracts,
+	}
+	if groupQueue != "" {
+		m.groupTag = m.consumerTag(".group")
 	}
 	m.setup.GrantConsumes(mc.ConsumeGrants)
 	m.mesh = &moduleMesh{module: m, async: asyncemit.New()}
@@ -287,7 +302,11 @@ func (m *Module) start(ctx context.Context) error {
 			m.runFailed(err)
 		}
 	}()
-	m.log.Info("module loaded", "queue", m.queue, "patterns", len(subs), "queue_type", m.cfg.QueueType)
+	if m.groupQueue != "" {
+		m.log.Info("module loaded", "queue", m.queue, "group", m.cfg.Group, "group_queue", m.groupQueue, "patterns", len(subs), "queue_type", m.cfg.QueueType)
+	} else {
+		m.log.Info("module loaded", "queue", m.queue, "patterns", len(subs), "queue_type", m.cfg.QueueType)
+	}
 	return nil
 }
 

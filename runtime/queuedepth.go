@@ -62,7 +62,7 @@ type queueLook struct {
 }
 
 // modules records the queue of every module of n attached on its current
-// session, and forgets that of the others (not attached: its queue may not
+// session (with its group's, for a member of a group), and forgets that of the others (not attached: its queue may not
 // be declared yet; the node not connected: it cannot know).
 func (l *queueLook) modules(n *Node) {
 	s := n.session()
@@ -78,7 +78,20 @@ func (l *queueLook) modules(n *Node) {
 			m.log.Debug("could not read the depth of the module's queue", "queue", m.queue, "err", err)
 			continue
 		}
-		m.counts.queue.Store(&queueStat{messages: int64(q.Messages), consumers: int64(q.Consumers)})
+		stat := &queueStat{messages: int64(q.Messages), consumers: int64(q.Consumers)}
+		if m.groupQueue != "" {
+			// A group's member: the events wait in the group's queue,
+			// which every member consumes; its own holds its retries.
+			g, err := l.inspect(s, m.groupQueue)
+			if err != nil {
+				m.counts.queue.Store(nil)
+				m.log.Debug("could not read the depth of the module's group queue", "queue", m.groupQueue, "err", err)
+				continue
+			}
+			stat.messages += int64(g.Messages)
+			stat.consumers = int64(g.Consumers)
+		}
+		m.counts.queue.Store(stat)
 	}
 }
 

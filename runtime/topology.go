@@ -79,20 +79,34 @@ func NodeObjects(cfg Config, mcs map[string]ModuleConfig) ([]BrokerObject, error
 		mc := mcs[name].over(cfg.Module)
 		queue := BrokerObject{Kind: "queue", Name: wire.ModuleQueue(cfg.Node, name), Type: mc.QueueType, Durable: true, Args: moduleQueueArgs(mc),
 			Binds: wire.ExchangeEvents + " with the patterns the module subscribes"}
-		patterns, ok, err := record.recorded(queue.Name)
+		events := &queue
+		var group BrokerObject
+		if mc.Group != "" {
+			// A group's member: its group's queue takes the events, its
+			// own is bound to nothing and keeps what it retries.
+			group = BrokerObject{Kind: "queue", Name: wire.GroupQueue(mc.Group, name), Type: mc.QueueType, Durable: true, Args: moduleQueueArgs(mc),
+				Binds: wire.ExchangeEvents + " with the patterns the module subscribes (group " + mc.Group + ", shared by its members)"}
+			events = &group
+			queue.Binds = "nothing: the node's retries of the group's events (group " + mc.Group + ")"
+			queue.BindingsKnown = true
+		}
+		patterns, ok, err := record.recorded(events.Name)
 		if err != nil {
 			return nil, err
 		}
 		if ok {
-			queue.BindingsKnown = true
+			events.BindingsKnown = true
 			for _, p := range patterns {
-				queue.Bindings = append(queue.Bindings, Binding{wire.ExchangeEvents, p})
+				events.Bindings = append(events.Bindings, Binding{wire.ExchangeEvents, p})
 			}
 		}
 		if len(patterns) == 0 {
 			// A module that subscribes no pattern (an agent serving tools)
 			// has no event queue; without a record, that is not known here.
 			queue.When = "only if the module subscribes event patterns"
+			if mc.Group != "" {
+				group.When = queue.When
+			}
 		}
 		// The dead-letter queue is bound with the module's dead_letters
 		// grant (# with none in-process), as its binding record says.
@@ -110,7 +124,11 @@ func NodeObjects(cfg Config, mcs map[string]ModuleConfig) ([]BrokerObject, error
 		for _, p := range deadPatterns {
 			dead.Bindings = append(dead.Bindings, Binding{wire.ExchangeDead, p})
 		}
-		objs = append(objs, queue, dead)
+		objs = append(objs, queue)
+		if mc.Group != "" {
+			objs = append(objs, group)
+		}
+		objs = append(objs, dead)
 	}
 	if cfg.Delays {
 		objs = append(objs, dueQueueObject(cfg.Node))

@@ -155,6 +155,35 @@ func ModuleQueue(node, module string) string {
 	return node + "." + module + ".events"
 }
 
+// GroupQueuePrefix begins the name of every group's queue.
+const GroupQueuePrefix = "group."
+
+// GroupQueue is the durable queue a module's group shares (ADR 48): its
+// copies on every node of the group consume it and compete for its
+// events. Its four words never meet a node's three (ModuleQueue,
+// ModuleDeadQueue), whatever the names.
+func GroupQueue(group, module string) string {
+	return GroupQueuePrefix + group + "." + module + ".events"
+}
+
+// GroupOfQueue reads a group queue's name: its group and module, and
+// whether it is one.
+func GroupOfQueue(queue string) (group, module string, ok bool) {
+	rest, found := strings.CutPrefix(queue, GroupQueuePrefix)
+	if !found {
+		return "", "", false
+	}
+	rest, found = strings.CutSuffix(rest, ".events")
+	if !found {
+		return "", "", false
+	}
+	group, module, found = strings.Cut(rest, ".")
+	if !found || group == "" || module == "" || strings.Contains(module, ".") {
+		return "", "", false
+	}
+	return group, module, true
+}
+
 // ModuleDeadQueue is the durable queue on which a module with a
 // DeadLetters handler receives the mesh's dead letters (bound to
 // ExchangeDead with "#").

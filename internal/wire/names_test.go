@@ -25,3 +25,21 @@ func TestConsumeGrantedKeepsTheMeshsQueues(t *testing.T) {
 		}
 	}
 }
+
+func TestAGroupQueueNeverMeetsANodesQueue(t *testing.T) {
+	q := wire.GroupQueue("eu", "billing")
+	if q != "group.eu.billing.events" {
+		t.Fatalf("GroupQueue = %q", q)
+	}
+	if g, m, ok := wire.GroupOfQueue(q); !ok || g != "eu" || m != "billing" {
+		t.Fatalf("GroupOfQueue(%q) = %q, %q, %v", q, g, m, ok)
+	}
+	// A node named "group" with a module named like a group keeps a queue
+	// of three words; a group's has four.
+	for _, q := range []string{wire.ModuleQueue("group", "eu"), wire.ModuleDeadQueue("group", "eu"), "group.eu.events", "group..billing.events",
+		"group.eu.billing.dead", "group.eu.a.b.events", "mesh.group.eu.billing.events"} {
+		if g, m, ok := wire.GroupOfQueue(q); ok {
+			t.Errorf("GroupOfQueue(%q) = %q, %q: a group's queue", q, g, m)
+		}
+	}
+}

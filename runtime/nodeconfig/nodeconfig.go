@@ -124,7 +124,12 @@ type Module struct {
 	// Required makes meshd exit when the module does not load or start;
 	// by default meshd reports it and tries it again with back-off while
 	// the node and its other modules run.
-	Required  bool   `yaml:"required"`
+	Required bool `yaml:"required"`
+	// Group makes the module's copies on every node whose entry names the
+	// same group one group: they share group.GROUP.NAME.events and
+	// compete for its events (runtime.ModuleConfig.Group; ADR 48). Each
+	// entry says it; defaults cannot.
+	Group     string `yaml:"group"`
 	QueueType string `yaml:"queue_type"`
 	Prefetch  int    `yaml:"prefetch"`
 	// Concurrency is how many handler calls run at once (1 to prefetch,
@@ -340,7 +345,7 @@ func (m Module) runtime() runtime.ModuleConfig {
 		HandlerTimeout: m.HandlerTimeout, Retry: m.Retry, MaxPriority: m.MaxPriority, EmitGrants: m.EmitGrants,
 		MaxDelay: m.MaxDelay, MaxScheduled: m.MaxScheduled, MaxScheduledBytes: m.MaxScheduledBytes,
 		AllowDuplicates: m.AllowDuplicates, AllowUndeclaredEmits: m.AllowUndeclaredEmits,
-		SkipBodyValidation: m.SkipBodyValidation, DenyHistory: !m.History,
+		SkipBodyValidation: m.SkipBodyValidation, DenyHistory: !m.History, Group: m.Group,
 		CallGrants: m.Calls, ConsumeGrants: m.Consumes, DeadLetterGrants: m.DeadLetters, Callers: m.Callers,
 	}
 }
@@ -357,6 +362,9 @@ func (f File) Validate() error {
 	}
 	if f.Defaults.Required {
 		errs = append(errs, errors.New("defaults.required: a module is required entry by entry (required: true in an entry)"))
+	}
+	if f.Defaults.Group != "" {
+		errs = append(errs, errors.New("defaults.group: a module joins a group entry by entry (group: NAME in an entry)"))
 	}
 	if f.HTTPAddr != "" {
 		if _, _, err := net.SplitHostPort(f.HTTPAddr); err != nil {
