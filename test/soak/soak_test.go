@@ -458,6 +458,16 @@ func soak(t *testing.T, bins binaries, length, pace time.Duration, seed uint64) 
 		pause(time.Second)
 		unacked, left = queueCounts(t, vhost)
 	}
+	if unacked > 0 {
+		// Who holds them: each channel's consumers and unacknowledged
+		// count, to tell a node's worker from a reader.
+		if out, err := cluster.CtlAny("list_channels", "-p", vhost, "name", "consumer_count", "messages_unacknowledged", "prefetch_count"); err == nil {
+			t.Logf("channels:\n%s", out)
+		}
+		if out, err := cluster.CtlAny("list_consumers", "-p", vhost, "queue_name", "channel_pid", "consumer_tag", "prefetch_count", "active"); err == nil {
+			t.Logf("consumers:\n%s", out)
+		}
+	}
 	dead, err := readDeadLetters(vhost)
 	if err != nil {
 		t.Errorf("the dead letters: %v", err)
@@ -779,6 +789,10 @@ func queueCounts(t *testing.T, vhost string) (unacked, ready int) {
 		t.Errorf("list_queues: %v: %s", err, out)
 	}
 	for _, q := range qs {
+		if q.Unacked > 0 {
+			// Which queue holds it, for the report when it stays.
+			t.Logf("queue %s: %d unacknowledged, %d ready", q.Name, q.Unacked, q.Ready)
+		}
 		unacked += q.Unacked
 		if q.Name != wire.QueueDead {
 			ready += q.Ready
