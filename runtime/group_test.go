@@ -5,10 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/internal/deadletters"
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/runtime"
 	"github.com/meshkit/mesh/sdk"
@@ -233,4 +237,48 @@ func TestJoiningAndLeavingAGroupLosesNothing(t *testing.T) {
 	if g := queueDepth(t, raw, group); g != 5 {
 		t.Errorf("%s holds %d after its member left, want the 3 it kept and the 2 since, for the group", group, g)
 	}
+}
+
+// TestAGroupsDeadLetterGoesBackToTheGroup: an event a member gives up on is
+// dead-lettered naming the group's queue (read on the wire), and a replay
+// of it goes back to the group's queue, where a member handles it.
+func TestAGroupsDeadLetterGoesBackToTheGroup(t *testing.T) {
+	t.Parallel()
+	url := brokertest.VHost(t)
+	n := testNode(t, url, "a", nil)
+	h := &handlings{}
+	var replayed atomic.Bool
+	member(t, n, "a", h, runtime.ModuleConfig{}, func(ev sdk.Event) error {
+		if replayed.Load() {
+			return nil
+		}
+		return fmt.Errorf("%w: not yet", sdk.ErrPermanent)
+	})
+	raw := rawConn(t, url)
+	id, err := n.Emit(emitCtx(t), "test", "mesh.invoice.due", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, func() bool { return queueDepth(t, raw, wire.QueueDead) == 1 })
+	d, ok, err := raw.Get(wire.QueueDead, false)
+	if err != nil || !ok {
+		t.Fatalf("get the dead letter: %v, %v", ok, err)
+	}
+	if d.MessageId != id || d.Headers[wire.HeaderDeadQueue] != wire.GroupQueue("g", "billing") {
+		t.Fatalf("dead letter %s from %v, want %s from %s", d.MessageId, d.Headers[wire.HeaderDeadQueue], id, wire.GroupQueue("g", "billing"))
+	}
+	if err := d.Nack(false, true); err != nil { // back, for the replay
+		t.Fatal(err)
+	}
+	replayed.Store(true)
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	res, err := deadletters.Replay(emitCtx(t), conn, wire.QueueDead, deadletters.Filter{IDs: []string{id}})
+	if err != nil || res.Done != 1 || res.Queues[wire.GroupQueue("g", "billing")] != 1 {
+		t.Fatalf("replay: %+v, %v; want the one dead letter back to the group's queue", res, err)
+	}
+	waitFor(t, 10*time.Second, func() bool { return h.succeeded() == 1 })
 }

@@ -57,8 +57,10 @@ type Message struct {
 	// that died, from whoever published it, and are not the runtime's.
 	Queue string
 	// Node and Module are read from Queue when it is a module queue
-	// (<node>.<module>.events), and empty otherwise.
-	Node, Module string
+	// (<node>.<module>.events), and empty otherwise; Group and Module when
+	// it is a group's (group.<group>.<module>.events: the node is not
+	// known from the queue, which the group's members share).
+	Node, Module, Group string
 	// Reason is why the message was dead-lettered (x-mesh-dead-reason, or
 	// the broker's x-death reason such as "delivery_limit" or "expired").
 	Reason string
@@ -183,6 +185,9 @@ func messageOf(d amqp.Delivery, dead bool) Message {
 		m.Reason = death.Reason
 	}
 	m.Node, m.Module, _ = splitModuleQueue(m.Queue)
+	if g, module, ok := wire.GroupOfQueue(m.Queue); ok {
+		m.Group, m.Module = g, module
+	}
 	// A dead letter's timestamp and x-time say when the event was emitted,
 	// not when it died, so they are no stand-in for the dead time.
 	times := []time.Time{death.Time}

@@ -68,6 +68,15 @@ func TestMessageOf(t *testing.T) {
 				Node: "n1", Module: "billing", Reason: "permanent", Error: "boom", Attempts: 5, Time: dead, Size: 2},
 		},
 		{
+			name: "runtime dead letter of a group's queue",
+			dead: true,
+			d: amqp.Delivery{MessageId: "01ID", RoutingKey: "module.shop.order.created", Exchange: wire.ExchangeDead, Body: []byte(`{}`),
+				Headers: with(base(), amqp.Table{wire.HeaderDeadQueue: "group.eu.billing.events", wire.HeaderDeadAttempts: int64(5),
+					wire.HeaderDeadReason: "permanent", wire.HeaderDeadError: "boom", wire.HeaderDeadTime: dead.Format(time.RFC3339Nano)})},
+			want: Message{ID: "01ID", Type: "module.shop.order.created", Source: "shop", SourceNode: "n0", Queue: "group.eu.billing.events",
+				Group: "eu", Module: "billing", Reason: "permanent", Error: "boom", Attempts: 5, Time: dead, Size: 2},
+		},
+		{
 			name: "broker dead letter of a classic retry copy",
 			dead: true,
 			d: amqp.Delivery{MessageId: "01ID", RoutingKey: "n2.audit.events", Timestamp: emitted, UserId: "n2-user",
