@@ -103,6 +103,10 @@ type ModuleSummary struct {
 	// Outbox is the backlog of the module's outbox (sdk/outbox) as its
 	// relay last reported it; nil for a module without one.
 	Outbox *OutboxSummary `json:"outbox,omitempty"`
+	// Group is the group the module is a member of on the node
+	// (ModuleConfig.Group; ADR 48), empty for none, as a node of a
+	// release before groups says of every module.
+	Group string `json:"group,omitempty"`
 }
 
 // OutboxSummary is a module's outbox backlog in a heartbeat.
@@ -357,7 +361,7 @@ func runtimeVersion() string {
 // summary is what membership tells of m.
 func (m *Module) summary() ModuleSummary {
 	sum := ModuleSummary{Name: m.def.Name, Kind: string(m.def.Kind), Calls: slices.Clone(m.def.Calls), DeadLetters: m.def.DeadLetters != nil,
-		History: m.def.History != nil, Reads: m.contracts.Reads()}
+		History: m.def.History != nil, Reads: m.contracts.Reads(), Group: m.cfg.Group}
 	for _, d := range m.contracts.Declared() {
 		if d.Tool != "" {
 			sum.ToolSchemas = append(sum.ToolSchemas, d)

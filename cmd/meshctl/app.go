@@ -91,6 +91,7 @@ func app() *cli.App {
 			moduleCommand(),
 			nodeCommand(),
 			nodesCommand(),
+			groupsCommand(),
 			featuresCommand(),
 			graphCommand(),
 			schemaCommand(),

@@ -509,3 +509,58 @@ func clockNode(ctx context.Context, t *testing.T, url string) *runtime.Node {
 	t.Cleanup(func() { node.Close(context.Background()) })
 	return node
 }
+
+// TestGroups: `meshctl groups` lists a group with its queue, the events
+// waiting in it and its consumers (the broker's), and its members (their
+// heartbeats'): two nodes running billing in group eu, one of them with a
+// module of no group, which is no group's.
+func TestGroups(t *testing.T) {
+	url := brokertest.VHost(t)
+	bin := build(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, bin, "--amqp-url", url, "groups", "--within", "2s").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "no group heard") {
+		t.Fatalf("groups with no node: %v\n%s", err, out)
+	}
+	for _, name := range []string{"east", "west"} {
+		n, err := runtime.New(ctx, runtime.Config{Node: name, AMQPURL: url, StateDir: t.TempDir(),
+			HeartbeatInterval: time.Hour, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer n.Close(context.Background())
+		if _, err := n.Load(ctx, sdk.Module{Name: "billing", Setup: func(m sdk.Mesh) error {
+			return m.On("module.shop.#", sdk.HandlerFunc(func(context.Context, sdk.Event) error { return nil }))
+		}}, runtime.ModuleConfig{Group: "eu"}); err != nil {
+			t.Fatal(err)
+		}
+		if name == "east" {
+			if _, err := n.Load(ctx, sdk.Module{Name: "shop", Setup: func(m sdk.Mesh) error {
+				return m.On("module.tax.#", sdk.HandlerFunc(func(context.Context, sdk.Event) error { return nil }))
+			}}, runtime.ModuleConfig{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	out, err = exec.CommandContext(ctx, bin, "--amqp-url", url, "groups", "--within", "30s").CombinedOutput()
+	if err != nil {
+		t.Fatalf("groups: %v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) != 2 || !strings.HasPrefix(lines[0], "GROUP") || strings.Join(strings.Fields(lines[1]), " ") != "eu billing group.eu.billing.events 0 2 east, west" {
+		t.Errorf("groups printed:\n%s", out)
+	}
+	out, err = exec.CommandContext(ctx, bin, "--amqp-url", url, "groups", "--json", "--within", "30s").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Group, Module, Queue string
+		Ready, Consumers     *int
+		Members              map[string]string
+	}
+	if err := json.Unmarshal(out, &got); err != nil || got.Group != "eu" || got.Consumers == nil || *got.Consumers != 2 || len(got.Members) != 2 || got.Members["west"] != "running" {
+		t.Errorf("groups --json printed %s: %v", out, err)
+	}
+}

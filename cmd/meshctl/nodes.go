@@ -234,6 +234,9 @@ func moduleLine(h runtime.Heartbeat, m runtime.ModuleSummary) string {
 	if m.Kind != "" {
 		mod += " (" + m.Kind + ")"
 	}
+	if m.Group != "" {
+		mod += " [group " + m.Group + "]"
+	}
 	if m.Status != "" && m.Status != "running" {
 		mod += " " + strings.ToUpper(m.Status)
 	}

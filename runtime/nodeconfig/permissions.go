@@ -45,7 +45,8 @@ type TopicPermission struct {
 // (docs/adr/0018-least-privilege.md lists them, operation by operation):
 //   - configure: what it declares: the mesh's exchanges and keeper queues
 //     (every node declares them, identically), its own lock queue, its
-//     modules' queues (<node>.<module>.events and .dead), the serve queues
+//     modules' queues (<node>.<module>.events and .dead, and the queue
+//     group.<group>.<module>.events of a module in a group), the serve queues
 //     of the tools they are granted, and server-named queues (amq.gen-*:
 //     reply queues, the membership queue);
 //   - write: the exchanges it publishes to (mesh.events, mesh.rpc,
@@ -111,6 +112,11 @@ func (f File) Permissions(user string, consumed []string) Permissions {
 	var own []string // the node's queues, which it declares, binds and consumes
 	if len(modules) > 0 {
 		own = append(own, node+`\.(?:`+strings.Join(modules, "|")+`)\.(?:events|dead)`)
+	}
+	for _, m := range f.Modules {
+		if m.Group != "" { // the queue its group shares, which every member declares, binds and consumes
+			own = append(own, q(wire.GroupQueue(m.Group, m.Name)))
+		}
 	}
 	if len(tools) > 0 {
 		own = append(own, `serve\.(?:`+strings.Join(tools, "|")+`)`)

@@ -39,7 +39,7 @@ func TestLeastPrivilegeOnTheBroker(t *testing.T) {
 	user, password := brokertest.User(t)
 	nodeURL := fmt.Sprintf("amqp://%s:%s@%s/%s", user, password, brokertest.Host(), vhost)
 	f := nodeconfig.File{Node: "n1", AMQPURL: nodeURL, DelayPublishers: []string{"guest"}, Modules: []nodeconfig.Module{
-		{Name: "shop", Tools: []string{"shop.*"}, QueueType: "classic", MaxAttempts: 2},
+		{Name: "shop", Tools: []string{"shop.*"}, QueueType: "classic", MaxAttempts: 2, Group: "eu"}, // its events through its group's queue, its retries through its own
 		{Name: "mail", DeadLetters: []string{"#"}, Calls: []string{"shop.*"}},
 	}}
 	p := f.Permissions("", nil)

@@ -45,7 +45,7 @@ func FuzzPatternRegexp(f *testing.F) {
 // keepers for a node's reads, a node's queues for the operator.
 func TestPermissionsNames(t *testing.T) {
 	f := File{Node: "n1", AMQPURL: "amqp://mesh-n1:secret@broker:5672/prod", Modules: []Module{
-		{Name: "shop", Tools: []string{"shop.*"}}, {Name: "mail"},
+		{Name: "shop", Tools: []string{"shop.*"}}, {Name: "mail", Group: "eu"},
 	}}
 	node := f.Permissions("", []string{"orders.incoming"})
 	if node.User != "mesh-n1" || node.VHost != "prod" {
@@ -64,17 +64,17 @@ func TestPermissionsNames(t *testing.T) {
 	}{
 		{"node configure", node.Configure,
 			[]string{wire.ExchangeEvents, wire.ExchangeRPC, wire.ExchangeDead, wire.ExchangeUnrouted, wire.QueueDead, wire.QueueUnrouted,
-				"mesh.node.n1.lock", "n1.shop.events", "n1.mail.dead", "serve.shop.price", server},
+				"mesh.node.n1.lock", "n1.shop.events", "n1.mail.dead", "serve.shop.price", "group.eu.mail.events", server},
 			[]string{"mesh.node.n2.lock", "n2.shop.events", "n1.billing.events", "serve.billing.charge", "serve.shop.price.x", "amq.default",
-				"orders.incoming", "n1.shop.events.x", "xn1.shop.events"}},
+				"orders.incoming", "n1.shop.events.x", "xn1.shop.events", "group.eu.shop.events", "group.us.mail.events"}},
 		{"node write", node.Write,
 			[]string{wire.ExchangeEvents, wire.ExchangeRPC, wire.ExchangeDead, wire.ExchangeUnrouted, wire.QueueDead, wire.QueueUnrouted,
-				"n1.shop.events", "n1.mail.dead", "serve.shop.price", server, "amq.default"},
-			[]string{"mesh.node.n1.lock", "n2.shop.events", "serve.billing.charge", "orders.incoming"}},
+				"n1.shop.events", "n1.mail.dead", "serve.shop.price", server, "amq.default", "group.eu.mail.events"},
+			[]string{"mesh.node.n1.lock", "n2.shop.events", "serve.billing.charge", "orders.incoming", "group.eu.shop.events"}},
 		{"node read", node.Read,
 			[]string{wire.ExchangeEvents, wire.ExchangeRPC, wire.ExchangeDead, wire.ExchangeUnrouted, "n1.shop.events", "n1.mail.dead",
-				"serve.shop.price", server, "orders.incoming"},
-			[]string{wire.QueueDead, wire.QueueUnrouted, "mesh.node.n1.lock", "n2.shop.events", "serve.billing.charge", "amq.default"}},
+				"serve.shop.price", server, "orders.incoming", "group.eu.mail.events"},
+			[]string{"group.eu.shop.events", wire.QueueDead, wire.QueueUnrouted, "mesh.node.n1.lock", "n2.shop.events", "serve.billing.charge", "amq.default"}},
 		{"read of a node that serves nothing", bare.Read, []string{wire.ExchangeEvents, "n3.mail.events"}, []string{wire.ExchangeRPC}},
 		{"operator configure", op.Configure,
 			[]string{wire.ExchangeEvents, wire.ExchangeRPC, wire.ExchangeDead, wire.ExchangeUnrouted, wire.QueueDead, wire.QueueUnrouted, server},

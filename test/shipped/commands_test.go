@@ -177,7 +177,7 @@ func commandRows() []cmdRow {
 				return nil
 			}},
 		{doc: "meshd config check [--config FILE]", from: "docs/commands.md", run: "meshd config check --config {config}",
-			want: []string{"config ok: node {node}, 3 modules", "audit-logger", "agent", "dispatcher"}},
+			want: []string{"config ok: node {node}, 4 modules", "audit-logger", "agent", "dispatcher", "echo"}},
 		{doc: "meshd config reference", from: "docs/commands.md",
 			want: []string{"MESH_AMQP_URL", "`heartbeat_interval`", "`state_dir`"}},
 		{doc: "meshd run [--config FILE]", from: "docs/commands.md", probe: probeNode},
@@ -259,6 +259,7 @@ func commandRows() []cmdRow {
 		{doc: "bin/meshctl nodes", from: "README.md", want: []string{"{node}", "v0.", "audit-logger", "agent (agent)", "dispatcher (dispatcher)"}},
 		{doc: "meshctl nodes --wait 3s --json", from: "docs/commands.md", want: []string{`"node":"{node}"`}, check: isJSON},
 		{doc: "meshctl nodes --within 5s --json", from: "docs/commands.md", want: []string{`"node":"{node}"`}, check: isJSON},
+		{doc: "meshctl groups --within 5s", from: "docs/commands.md", want: []string{"GROUP", "echoes", "group.echoes.echo.events", "{node}"}},
 		{doc: "meshctl nodes --wait 2s", from: "docs/where-did-my-event-go.md", want: []string{"{node}", "audit-logger"}},
 		{doc: "meshctl graph --wait 2s", from: "docs/where-did-my-event-go.md", want: []string{"flowchart LR", "invoice.create"}},
 		{doc: "meshctl graph --format dot --wait 3s", from: "docs/commands.md", want: []string{"digraph", "invoice.create", "audit.query", "shop.orders"}},
@@ -283,7 +284,7 @@ func commandRows() []cmdRow {
 			}},
 		{doc: "meshctl topology permissions --config examples/mesh.yaml --node demo --user mesh-demo", from: "docs/commands.md",
 			run:  "meshctl topology permissions --config {config} --node {node} --user mesh-demo",
-			want: []string{"rabbitmqctl set_permissions", "'mesh-demo'", "{node}\\.(?:audit-logger|agent|dispatcher)", "shop\\.orders"}},
+			want: []string{"rabbitmqctl set_permissions", "'mesh-demo'", "{node}\\.(?:audit-logger|agent|dispatcher|echo)", "shop\\.orders", "group\\.echoes\\.echo\\.events"}},
 		{doc: "meshctl topology permissions --config mesh.yaml --user mesh-anchor", from: "docs/operator-guide.md",
 			run:  "meshctl topology permissions --config {config} --user mesh-anchor",
 			want: []string{"# node {node}: broker user mesh-anchor", "rabbitmqctl set_topic_permissions"}},
@@ -511,9 +512,13 @@ func TestCommandTable(t *testing.T) {
           queue: shop.orders
           tool: invoice.create
           timeout: 25s
+  - name: echo
+    path: %s
+    tools: ["echo.upper"]
+    group: echoes
 # a node setting after the list: heartbeats every second, so --wait 3s hears them
 heartbeat_interval: 1s
-`, binary("modules/audit-logger"), binary("modules/agent"), script, binary("modules/dispatcher")))
+`, binary("modules/audit-logger"), binary("modules/agent"), script, binary("modules/dispatcher"), userModule(t, "./runtime/testdata/echomodule")))
 	mesh, err := filepath.Abs(root)
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,145 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"text/tabwriter"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/urfave/cli/v2"
+
+	"github.com/meshkit/mesh/internal/wire"
+)
+
+// groupsCommand is `meshctl groups`: the mesh's module groups (ADR 48),
+// their members from the heartbeats, and their queues from the broker.
+func groupsCommand() *cli.Command {
+	return &cli.Command{
+		Name: "groups",
+		Usage: "list the module groups (a module entry's group:): each group's module, its shared queue group.GROUP.MODULE.events with the events " +
+			"waiting in it and its consumers (from the broker), and its members (the nodes whose heartbeats say the module runs there in the " +
+			"group, with their status). A queue with no member heard keeps filling: a group every node left is removed by deleting its queue",
+		Flags: append(waitFlags(),
+			&cli.BoolFlag{Name: "json", Usage: "print one JSON object per group"},
+		),
+		Action: groups,
+	}
+}
+
+// groupRow is a group as meshctl groups prints it.
+type groupRow struct {
+	Group  string `json:"group"`
+	Module string `json:"module"`
+	Queue  string `json:"queue"`
+	// Ready and Consumers are the queue's, from a passive declare; nil
+	// when the broker has no such queue (Missing says why).
+	Ready     *int   `json:"ready,omitempty"`
+	Consumers *int   `json:"consumers,omitempty"`
+	Missing   string `json:"missing,omitempty"`
+	// Members are the nodes heard running the module in the group, by
+	// name, with the module's status there.
+	Members map[string]string `json:"members"`
+}
+
+func groups(c *cli.Context) error {
+	if c.NArg() > 0 {
+		return usagef("groups takes no arguments, got %q", c.Args().Slice())
+	}
+	heard, err := listenHeartbeats(c)
+	if err != nil {
+		return err
+	}
+	rows := map[string]*groupRow{}
+	for _, h := range heard {
+		for _, m := range h.Modules {
+			if m.Group == "" || wire.ValidateWord("group", m.Group) != nil || wire.ValidateWord("module name", m.Name) != nil {
+				continue // what a heartbeat says is anyone's: a name that makes no queue is no group
+			}
+			q := wire.GroupQueue(m.Group, m.Name)
+			r := rows[q]
+			if r == nil {
+				r = &groupRow{Group: m.Group, Module: m.Name, Queue: q, Members: map[string]string{}}
+				rows[q] = r
+			}
+			status := m.Status
+			if status == "" {
+				status = "running"
+			}
+			r.Members[h.Node] = status
+		}
+	}
+	if err := readGroupQueues(c, rows); err != nil {
+		return err
+	}
+	queues := slices.Sorted(maps.Keys(rows))
+	if c.Bool("json") {
+		enc := json.NewEncoder(jsonWriter{c.App.Writer})
+		for _, q := range queues {
+			if err := enc.Encode(rows[q]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if len(queues) == 0 {
+		_, err := fmt.Fprintf(c.App.Writer, "no group heard within %v %s (%d nodes heard)\n", heardWithin(c), brokerPlace(c), len(heard))
+		return err
+	}
+	tw := tabwriter.NewWriter(c.App.Writer, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "GROUP\tMODULE\tQUEUE\tREADY\tCONSUMERS\tMEMBERS")
+	for _, q := range queues {
+		r := rows[q]
+		var members []string
+		for _, n := range slices.Sorted(maps.Keys(r.Members)) {
+			m := n
+			if s := r.Members[n]; s != "running" {
+				m += " " + strings.ToUpper(s)
+			}
+			members = append(members, m)
+		}
+		ready, consumers := "-", "-"
+		if r.Ready != nil {
+			ready, consumers = fmt.Sprint(*r.Ready), fmt.Sprint(*r.Consumers)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", escape(r.Group), escape(r.Module), escape(r.Queue), ready, consumers, escape(strings.Join(members, ", ")))
+	}
+	return tw.Flush()
+}
+
+// readGroupQueues reads each group queue's depth and consumers from the
+// broker, a passive declare each (a queue not there closes the channel:
+// it is opened again for the next).
+func readGroupQueues(c *cli.Context, rows map[string]*groupRow) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	conn, _, err := dialBroker(c, "meshctl groups")
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	var ch *amqp.Channel
+	for _, q := range slices.Sorted(maps.Keys(rows)) {
+		if ch == nil || ch.IsClosed() {
+			if ch, err = conn.Channel(); err != nil {
+				return fmt.Errorf("open channel: %w", err)
+			}
+		}
+		got, err := ch.QueueDeclarePassive(q, true, false, false, false, nil)
+		var ae *amqp.Error
+		switch {
+		case errors.As(err, &ae) && ae.Code == amqp.NotFound:
+			rows[q].Missing = "the broker has no such queue (no member has attached yet)"
+		case err != nil:
+			return fmt.Errorf("read queue %s: %w", q, err)
+		default:
+			ready, consumers := got.Messages, got.Consumers
+			rows[q].Ready, rows[q].Consumers = &ready, &consumers
+		}
+	}
+	return nil
+}

@@ -1,0 +1,92 @@
+//go:build shipped
+
+package shipped
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/internal/wire"
+)
+
+// TestAGroupSharesItsEventsUnderMeshd (issue 61, groups): a module binary
+// of the user's, its entry saying group: echoes on two nodes of the
+// release's meshd (each as the unit runs it, its module as a user of its
+// own), shares the events: forty events from a foreign publisher (raw
+// amqp091-go) and the release's meshctl are each handled once by the
+// group (a pong each), both nodes handle some (the pongs' x-node), and
+// meshctl groups lists the group with both members and its queue's two
+// consumers.
+func TestAGroupSharesItsEventsUnderMeshd(t *testing.T) {
+	url := brokertest.VHost(t)
+	echo := userModule(t, "./runtime/testdata/echomodule")
+	entry := fmt.Sprintf("  - name: echo\n    path: %s\n    tools: [\"echo.upper\"]\n    group: echoes\n    prefetch: 1\n", echo)
+	names := []string{uniqueName("east"), uniqueName("west")}
+	for _, name := range names {
+		startNode(t, url, name, entry)
+	}
+	pongs := brokertest.Tap(t, url, wire.ExchangeEvents, "module.echo.pong")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	raw := brokertest.Channel(t, url)
+	if err := raw.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	sent := map[string]bool{}
+	for i := range 40 {
+		if i%8 == 0 {
+			out, err := meshctl(ctx, url, "emit", "--schema", "", "mesh.test.ping", `{"do":"pong"}`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sent[strings.TrimSpace(out)] = true
+			continue
+		}
+		id := ulid.Make().String()
+		conf, err := raw.PublishWithDeferredConfirmWithContext(ctx, wire.ExchangeEvents, "mesh.test.ping", true, false, amqp.Publishing{
+			MessageId: id, ContentType: wire.ContentTypeJSON, DeliveryMode: amqp.Persistent, Timestamp: time.Now(),
+			Headers: amqp.Table{wire.HeaderEventID: id, wire.HeaderSource: "foreign", wire.HeaderNode: "outside", wire.HeaderTime: time.Now().UTC().Format(time.RFC3339Nano)},
+			Body:    []byte(`{"do":"pong"}`)})
+		if err != nil || !conf.Wait() {
+			t.Fatalf("publish %d: %v", i, err)
+		}
+		sent[id] = true
+	}
+	handled, by := map[string]int{}, map[string]int{}
+	for len(handled) < len(sent) {
+		select {
+		case p := <-pongs:
+			var body struct{ Ping string }
+			_ = json.Unmarshal(p.Body, &body)
+			if !sent[body.Ping] {
+				t.Fatalf("a pong for %s, which was not sent", body.Ping)
+			}
+			if handled[body.Ping]++; handled[body.Ping] > 1 {
+				t.Errorf("event %s handled %d times by the group", body.Ping, handled[body.Ping])
+			}
+			node, _ := p.Headers[wire.HeaderNode].(string)
+			by[node]++
+		case <-ctx.Done():
+			t.Fatalf("%d of %d events handled", len(handled), len(sent))
+		}
+	}
+	if by[names[0]] == 0 || by[names[1]] == 0 || len(by) != 2 {
+		t.Errorf("events handled by node: %v; want both members to share them", by)
+	}
+	out, err := meshctl(ctx, url, "groups", "--within", "20s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("echoes echo %s 0 2 %s, %s", wire.GroupQueue("echoes", "echo"), names[0], names[1])
+	if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 2 || strings.Join(strings.Fields(lines[1]), " ") != want {
+		t.Errorf("meshctl groups printed:\n%s\nwant a line %q", out, want)
+	}
+}
