@@ -365,6 +365,16 @@ type ModuleConfig struct {
 	// default): the node's own queue, as ever. Never taken from the
 	// node's defaults.
 	Group string
+	// Partitions, when above 0, makes the group keep order by key
+	// (ADR 48): its events go to Partitions queues
+	// group.<group>.<module>.pNNN by their key's slot (wire.Slot), each
+	// consumed by one member at a time (single active consumer), which
+	// handles the events of one key one at a time, in queue order, and
+	// those of other keys in parallel up to Concurrency; a failed event
+	// holds its key's later ones until it succeeds or is dead-lettered.
+	// 1 is a single consumer of the whole group. Needs Group; at most
+	// wire.Slots. 0 (the default): no order.
+	Partitions int
 	// Name, when set, is the name the module must report: a module
 	// process that says another is refused before it may emit or call
 	// anything (meshd sets it from the config entry's name).
@@ -663,6 +673,14 @@ func (m ModuleConfig) validate() error {
 		if err := wire.ValidateWord("group", m.Group); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	switch {
+	case m.Partitions < 0 || m.Partitions > wire.Slots:
+		errs = append(errs, fmt.Errorf("partitions: %d is not within 0..%d", m.Partitions, wire.Slots))
+	case m.Partitions > 0 && m.Group == "":
+		errs = append(errs, fmt.Errorf("partitions: %d needs group: order by key is a group's (a group of one node is one)", m.Partitions))
+	case m.Partitions > 0 && m.QueueType != QueueQuorum:
+		errs = append(errs, fmt.Errorf("partitions: %d needs queue_type %s: a partition hands over to its next consumer in order only as a quorum queue returns what its consumer held first", m.Partitions, QueueQuorum))
 	}
 	switch m.QueueType {
 	case QueueQuorum, QueueClassic:

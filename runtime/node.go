@@ -438,6 +438,12 @@ func (n *Node) emit(ctx context.Context, source, eventType string, raw []byte, o
 	if o.Schema != "" {
 		headers[wire.HeaderSchema] = o.Schema
 	}
+	// Its slot, for the groups that keep order (ADR 48): of its key, or
+	// of the empty key, the key of every event that has none.
+	if o.HasKey {
+		headers[wire.HeaderPartitionKey] = o.Key
+	}
+	headers[wire.HeaderSlot] = wire.SlotText(o.Key)
 	msg := amqp.Publishing{
 		Headers:      headers,
 		ContentType:  wire.ContentTypeJSON,

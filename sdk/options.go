@@ -8,8 +8,8 @@ import (
 	"github.com/meshkit/mesh/internal/wire"
 )
 
-// EmitOption is a per-emit setting: WithSchema, WithTTL, WithPriority,
-// AsFullType, WithFreshID, After, At, AtMostOnce. A nil EmitOption is
+// EmitOption is a per-emit setting: WithSchema, WithKey, WithTTL,
+// WithPriority, AsFullType, WithFreshID, After, At, AtMostOnce. A nil EmitOption is
 // ignored.
 type EmitOption interface {
 	isEmitOption()
@@ -33,6 +33,22 @@ func WithSchema(version string) EmitOption {
 			return err
 		}
 		o.Schema = version
+		return nil
+	})
+}
+
+// WithKey gives the event a key: a module group that keeps order by key
+// (partitions: in its config) handles the events of one key one at a
+// time, in the order the broker received them, and those of other keys in
+// parallel. At most 256 bytes of UTF-8 without control characters, or
+// the emit fails with ErrInvalid. An event without a key has the empty
+// key, which orders every such event after the other.
+func WithKey(key string) EmitOption {
+	return emitOption(func(o *wire.EmitOptions) error {
+		if err := wire.CheckKey(key); err != nil {
+			return err
+		}
+		o.Key, o.HasKey = key, true
 		return nil
 	})
 }

@@ -17,8 +17,10 @@ import (
 // for the declared schema of a body (Schema): ADR 34; to 34 for reading
 // the replicated history (History): ADR 35; to 35 for an id handled with
 // other content (ErrConflict, which a handler's inbox returns and every
-// host dead-letters with reason conflict): ADR 44's 2026-12-07 amendment.
-const maxExportedNames = 35
+// host dead-letters with reason conflict): ADR 44's 2026-12-07 amendment;
+// to 36 for an event's key (WithKey), by which a group keeps order:
+// ADR 48.
+const maxExportedNames = 36
 
 // TestSurface: package sdk exports at most maxExportedNames names, each
 // with a doc comment, and no exported signature mentions an internal

@@ -1,8 +1,12 @@
 package wire
 
 import (
+	"fmt"
+	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 )
 
 // Exchanges, all durable, declared identically by every node.
@@ -166,22 +170,104 @@ func GroupQueue(group, module string) string {
 	return GroupQueuePrefix + group + "." + module + ".events"
 }
 
-// GroupOfQueue reads a group queue's name: its group and module, and
-// whether it is one.
+// GroupOfQueue reads the name of a group's queue (GroupQueue,
+// PartitionQueue, GroupIntake): its group and module, and whether it is
+// one.
 func GroupOfQueue(queue string) (group, module string, ok bool) {
 	rest, found := strings.CutPrefix(queue, GroupQueuePrefix)
 	if !found {
 		return "", "", false
 	}
-	rest, found = strings.CutSuffix(rest, ".events")
-	if !found {
+	i := strings.LastIndexByte(rest, '.')
+	if i < 0 {
 		return "", "", false
 	}
-	group, module, found = strings.Cut(rest, ".")
+	switch last := rest[i+1:]; {
+	case last == "events", last == "intake":
+	case len(last) == 4 && last[0] == 'p' && strings.Trim(last[1:], "0123456789") == "":
+	default:
+		return "", "", false
+	}
+	group, module, found = strings.Cut(rest[:i], ".")
 	if !found || group == "" || module == "" || strings.Contains(module, ".") {
 		return "", "", false
 	}
 	return group, module, true
+}
+
+// Per-key order (ADR 48). An event's key is x-partition-key (at most
+// MaxKeyBytes of UTF-8; none is the empty key); its slot, which the
+// emitting node stamps in HeaderSlot, is Slot(key). A group that keeps
+// order has Slots slots over its partitions: partition i of n takes the
+// slots s with s mod n == i, each bound on its slot in the group's headers
+// exchange (GroupExchange), which the broker matches on headers whose
+// names do not begin with "x-" (rabbitmq-3.10-facts.md: partition facts).
+const (
+	// HeaderPartitionKey is an event's key: events of one key are
+	// handled one at a time, in broker order, by a group that keeps
+	// order (sdk.WithKey sets it; a foreign publisher may).
+	HeaderPartitionKey = "x-partition-key"
+	// HeaderSlot is the event's slot, Slot of its key in decimal, a
+	// string ("0" to "255"): the header the group's partitions are bound
+	// on (the headers exchange tells a string from an integer). Its name
+	// has no x- prefix, for the headers exchange to match it.
+	HeaderSlot = "mesh-slot"
+	// Slots is how many slots a key falls into: the most partitions a
+	// group may have.
+	Slots = 256
+	// MaxKeyBytes bounds a key.
+	MaxKeyBytes = 256
+)
+
+// Slot is the slot of key: its 32-bit FNV-1a hash modulo Slots. A foreign
+// publisher that stamps HeaderSlot computes the same.
+func Slot(key string) int {
+	h := uint32(2166136261)
+	for i := 0; i < len(key); i++ {
+		h ^= uint32(key[i])
+		h *= 16777619
+	}
+	return int(h % Slots)
+}
+
+// SlotText is Slot of key in decimal, HeaderSlot's value.
+func SlotText(key string) string { return strconv.Itoa(Slot(key)) }
+
+// CheckKey checks an event's key: at most MaxKeyBytes of UTF-8 without
+// control characters.
+func CheckKey(key string) error {
+	if len(key) > MaxKeyBytes {
+		return fmt.Errorf("%w: a key of %d bytes is over %d", ErrInvalid, len(key), MaxKeyBytes)
+	}
+	if !utf8.ValidString(key) {
+		return fmt.Errorf("%w: the key is not UTF-8", ErrInvalid)
+	}
+	for _, r := range key {
+		if unicode.IsControl(r) {
+			return fmt.Errorf("%w: the key holds a control character", ErrInvalid)
+		}
+	}
+	return nil
+}
+
+// GroupExchange is the headers exchange of a group that keeps order,
+// bound to mesh.events with the module's patterns; its partitions are
+// bound to it on their slots.
+func GroupExchange(group, module string) string {
+	return GroupQueuePrefix + group + "." + module
+}
+
+// PartitionQueue is partition i of a group that keeps order.
+func PartitionQueue(group, module string, i int) string {
+	return fmt.Sprintf("%s%s.%s.p%03d", GroupQueuePrefix, group, module, i)
+}
+
+// GroupIntake is the exchange and queue that take an event of a group that
+// keeps order which bears no HeaderSlot (its publisher did not stamp it):
+// the alternate exchange of GroupExchange. A member slots it and sends it
+// on, in order.
+func GroupIntake(group, module string) string {
+	return GroupQueuePrefix + group + "." + module + ".intake"
 }
 
 // ModuleDeadQueue is the durable queue on which a module with a

@@ -1,6 +1,9 @@
 package wire_test
 
 import (
+	"errors"
+	"hash/fnv"
+	"strings"
 	"testing"
 
 	"github.com/meshkit/mesh/internal/wire"
@@ -31,15 +34,43 @@ func TestAGroupQueueNeverMeetsANodesQueue(t *testing.T) {
 	if q != "group.eu.billing.events" {
 		t.Fatalf("GroupQueue = %q", q)
 	}
-	if g, m, ok := wire.GroupOfQueue(q); !ok || g != "eu" || m != "billing" {
-		t.Fatalf("GroupOfQueue(%q) = %q, %q, %v", q, g, m, ok)
+	for _, q := range []string{q, wire.PartitionQueue("eu", "billing", 7), wire.GroupIntake("eu", "billing")} {
+		if g, m, ok := wire.GroupOfQueue(q); !ok || g != "eu" || m != "billing" {
+			t.Fatalf("GroupOfQueue(%q) = %q, %q, %v", q, g, m, ok)
+		}
+	}
+	if p := wire.PartitionQueue("eu", "billing", 7); p != "group.eu.billing.p007" {
+		t.Errorf("PartitionQueue = %q", p)
 	}
 	// A node named "group" with a module named like a group keeps a queue
 	// of three words; a group's has four.
 	for _, q := range []string{wire.ModuleQueue("group", "eu"), wire.ModuleDeadQueue("group", "eu"), "group.eu.events", "group..billing.events",
-		"group.eu.billing.dead", "group.eu.a.b.events", "mesh.group.eu.billing.events"} {
+		"group.eu.billing.dead", "group.eu.a.b.events", "mesh.group.eu.billing.events", "group.eu.billing.p7", "group.eu.billing.pxyz", "group.eu.billing"} {
 		if g, m, ok := wire.GroupOfQueue(q); ok {
 			t.Errorf("GroupOfQueue(%q) = %q, %q: a group's queue", q, g, m)
 		}
+	}
+}
+
+// TestSlotIsFNV1a: the slot a foreign publisher must compute, pinned:
+// FNV-1a (32 bits) of the key's bytes, modulo 256, in decimal.
+func TestSlotIsFNV1a(t *testing.T) {
+	for key, want := range map[string]string{"": "197", "a": "44", "order-42": wire.SlotText("order-42")} {
+		if got := wire.SlotText(key); got != want {
+			t.Errorf("SlotText(%q) = %s, want %s", key, got, want)
+		}
+	}
+	h := fnv.New32a()
+	h.Write([]byte("order-42"))
+	if got, want := wire.Slot("order-42"), int(h.Sum32()%wire.Slots); got != want {
+		t.Errorf("Slot(order-42) = %d, hash/fnv says %d", got, want)
+	}
+	for _, bad := range []string{strings.Repeat("k", wire.MaxKeyBytes+1), "a\nb", "\xff"} {
+		if err := wire.CheckKey(bad); !errors.Is(err, wire.ErrInvalid) {
+			t.Errorf("CheckKey(%q): %v, want ErrInvalid", bad, err)
+		}
+	}
+	if err := wire.CheckKey(strings.Repeat("k", wire.MaxKeyBytes)); err != nil {
+		t.Errorf("a key of %d bytes: %v", wire.MaxKeyBytes, err)
 	}
 }

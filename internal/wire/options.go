@@ -30,6 +30,11 @@ type EmitOptions struct {
 	// when due. At most one of them is set; a zero value is none.
 	After time.Duration
 	At    time.Time
+	// Key is the event's key (sdk.WithKey): events of one key are handled
+	// in order by a group that keeps order (ADR 48). HasKey says it was
+	// set (the empty key is a key).
+	Key    string
+	HasKey bool
 	// AtMostOnce publishes the event not persistent and without waiting
 	// for the broker's confirm or spooling it (sdk.AtMostOnce).
 	AtMostOnce bool

@@ -129,9 +129,12 @@ type Module struct {
 	// same group one group: they share group.GROUP.NAME.events and
 	// compete for its events (runtime.ModuleConfig.Group; ADR 48). Each
 	// entry says it; defaults cannot.
-	Group     string `yaml:"group"`
-	QueueType string `yaml:"queue_type"`
-	Prefetch  int    `yaml:"prefetch"`
+	Group string `yaml:"group"`
+	// Partitions makes the group keep order by key over that many
+	// partitions (runtime.ModuleConfig.Partitions).
+	Partitions int    `yaml:"partitions"`
+	QueueType  string `yaml:"queue_type"`
+	Prefetch   int    `yaml:"prefetch"`
 	// Concurrency is how many handler calls run at once (1 to prefetch,
 	// default 1: in queue order), in a module process as in-process.
 	Concurrency    int           `yaml:"concurrency"`
@@ -345,7 +348,7 @@ func (m Module) runtime() runtime.ModuleConfig {
 		HandlerTimeout: m.HandlerTimeout, Retry: m.Retry, MaxPriority: m.MaxPriority, EmitGrants: m.EmitGrants,
 		MaxDelay: m.MaxDelay, MaxScheduled: m.MaxScheduled, MaxScheduledBytes: m.MaxScheduledBytes,
 		AllowDuplicates: m.AllowDuplicates, AllowUndeclaredEmits: m.AllowUndeclaredEmits,
-		SkipBodyValidation: m.SkipBodyValidation, DenyHistory: !m.History, Group: m.Group,
+		SkipBodyValidation: m.SkipBodyValidation, DenyHistory: !m.History, Group: m.Group, Partitions: m.Partitions,
 		CallGrants: m.Calls, ConsumeGrants: m.Consumes, DeadLetterGrants: m.DeadLetters, Callers: m.Callers,
 	}
 }
@@ -362,6 +365,9 @@ func (f File) Validate() error {
 	}
 	if f.Defaults.Required {
 		errs = append(errs, errors.New("defaults.required: a module is required entry by entry (required: true in an entry)"))
+	}
+	if f.Defaults.Partitions != 0 {
+		errs = append(errs, errors.New("defaults.partitions: a group keeps order entry by entry (partitions: N in an entry)"))
 	}
 	if f.Defaults.Group != "" {
 		errs = append(errs, errors.New("defaults.group: a module joins a group entry by entry (group: NAME in an entry)"))

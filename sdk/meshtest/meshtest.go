@@ -877,6 +877,9 @@ func (m *Mesh) publish(ctx context.Context, source, eventType string, raw []byte
 	if due.After(m.now) {
 		ev.Headers[wire.HeaderDue] = due.UTC().Format(time.RFC3339Nano)
 	}
+	if o.HasKey { // as a node's event carries it (sdk.WithKey)
+		ev.Headers[wire.HeaderPartitionKey] = o.Key
+	}
 	m.emitted = append(m.emitted, ev)
 	if ev.CausationID != "" {
 		m.note(id, "emitted as %s by %s, caused by %s", eventType, source, ev.CausationID)
