@@ -162,15 +162,28 @@ func (a *acker) flushLocked(all bool) error {
 
 // ack acknowledges d, which came from src: held by the acker of its
 // channel if it has one (the module's event queue), at once otherwise.
+// A delivery of an ordered partition's lane (src.lane) is acknowledged
+// at once, and its lane goes on to its key's next event.
 func (src source) ack(d amqp.Delivery) error {
+	if src.lane != nil {
+		err := d.Ack(false)
+		src.lane.settled()
+		return err
+	}
 	if src.acks != nil {
 		return src.acks.ack(d.DeliveryTag)
 	}
 	return d.Ack(false)
 }
 
-// reject rejects d, requeued, and then tells its channel's acker.
+// reject rejects d, requeued, and then tells its channel's acker. A
+// delivery of an ordered partition's lane is not requeued (that would
+// put it behind its key's later events): its lane tries it again.
 func (src source) reject(d amqp.Delivery) error {
+	if src.lane != nil {
+		src.lane.retry(0)
+		return nil
+	}
 	err := d.Reject(true)
 	if src.acks != nil {
 		src.acks.settled(d.DeliveryTag)

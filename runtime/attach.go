@@ -316,7 +316,12 @@ func (m *Module) consume(ctx context.Context, s *session, subs []subscription) e
 		want[i] = s.pattern
 	}
 	own := want
-	if m.groupQueue != "" {
+	if m.cfg.Partitions > 0 {
+		own = nil
+		if err := m.consumePartitions(ctx, s, want); err != nil {
+			return err
+		}
+	} else if m.groupQueue != "" {
 		own = nil
 		first := true
 		open := func() (*amqp.Channel, error) {
@@ -345,7 +350,7 @@ func (m *Module) consume(ctx context.Context, s *session, subs []subscription) e
 		return fmt.Errorf("consume %s: %w", m.queue, err)
 	}
 	m.addTag(ch, tag, m.queue)
-	if m.groupQueue != "" {
+	if m.groupQueue != "" && m.cfg.Partitions == 0 {
 		fromGroup, err := ch.Consume(m.groupQueue, m.groupTag, false, false, false, false, nil)
 		if err != nil {
 			return fmt.Errorf("consume %s: %w", m.groupQueue, err)

@@ -94,6 +94,9 @@ func (m *Module) checkConsumersOnce(suspect map[consumerKey]suspicion) map[consu
 	var cs []consumer
 	m.mu.Lock()
 	for _, c := range m.consumers {
+		if c.ordered {
+			continue // a waiting single active consumer is fed nothing, rightly
+		}
 		for _, q := range c.queues {
 			cs = append(cs, consumer{consumerKey{c.ch, q}, c.flow})
 		}

@@ -34,9 +34,18 @@ import (
 // the delivery was settled as failed and a new worker started in the
 // calling worker's place.
 func (m *Module) handle(d amqp.Delivery, deliveries <-chan amqp.Delivery, a *acker) (replaced bool) {
+	return m.handleFrom(m.own(d, a), d, 0, func() { m.startWorker(deliveries, a) })
+}
+
+// handleFrom is handle of d from src, tried times before by its lane (an
+// ordered partition's, which tries a failed event again in place), with
+// replace, if not nil, starting a worker in the place of one whose handler
+// overran its timeout.
+func (m *Module) handleFrom(src source, d amqp.Delivery, tried int, replace func()) (replaced bool) {
 	counts := m.from(d)
-	counts.delivered.Add(1)
-	src := m.own(d, a)
+	if tried == 0 {
+		counts.delivered.Add(1)
+	}
 	meta, err := wire.DecodeMeta(d.Headers, d.ContentType, d.Body)
 	// The runtime's own headers count only where the runtime put them
 	// (owned.go): the type, the publisher and the attempts made.
@@ -45,7 +54,7 @@ func (m *Module) handle(d amqp.Delivery, deliveries <-chan amqp.Delivery, a *ack
 	if !o.own {
 		meta.Attempt = 0
 	}
-	attempt := m.attempt(d, meta)
+	attempt := m.attempt(d, meta) + tried
 	if err == nil {
 		err = oerr
 	}
@@ -108,14 +117,18 @@ func (m *Module) handle(d amqp.Delivery, deliveries <-chan amqp.Delivery, a *ack
 	}
 	err, overran := m.call(sub.handler, ev, d, src.queue, func() {
 		release() // settled as failed: a redelivery must not wait for the hung handler
-		m.startWorker(deliveries, a)
+		if replace != nil {
+			replace()
+		}
 		m.failed(src, d, eventType, attempt, fmt.Errorf("handler timed out after %v", m.cfg.HandlerTimeout))
 		// Settled outside any worker: the replacement may be waiting for
 		// a delivery already, with no linger to send a held ack, so the
 		// ack (after a dead letter, or of a classic queue's retried
 		// original) goes now rather than with the next delivery.
-		if err := a.flush(); err != nil {
-			m.log.Warn("ack after a timed-out handler failed; the event will be delivered again", "event_id", ev.ID, "err", err)
+		if src.acks != nil {
+			if err := src.acks.flush(); err != nil {
+				m.log.Warn("ack after a timed-out handler failed; the event will be delivered again", "event_id", ev.ID, "err", err)
+			}
 		}
 	})
 	switch {
@@ -334,6 +347,18 @@ type source struct {
 	// suspect): a group's event is retried in the node's own queue, whose
 	// copies the node alone takes and trusts (owned.go).
 	back string
+	// lane, if not nil, is the ordered partition's lane of the delivery's
+	// key (partitions.go): a failed attempt is tried again in the lane,
+	// holding the key's later events, never requeued or copied.
+	lane laneOf
+}
+
+// laneOf is what settling a delivery of an ordered partition tells its
+// lane: it is settled (acknowledged, dead-lettered), or to be tried again
+// after delay.
+type laneOf interface {
+	settled()
+	retry(delay time.Duration)
 }
 
 // copiesTo is the queue the node's copies of a delivery from src go to.
@@ -386,7 +411,7 @@ func (m *Module) backoff(attempt int) time.Duration {
 // classic queue). A Permanent failure is no failed attempt in the counts.
 // cause is never nil (a nil is OK: acknowledged by the caller).
 func (m *Module) failed(src source, d amqp.Delivery, eventType string, attempt int, cause error) {
-	if c, ok := isCrash(cause); ok {
+	if c, ok := isCrash(cause); ok && src.lane == nil {
 		m.crashed(src, d, eventType, attempt, c)
 		return
 	}
@@ -400,11 +425,17 @@ func (m *Module) failed(src source, d amqp.Delivery, eventType string, attempt i
 		m.from(d).conflicts.Add(1)
 	}
 	v := m.retryPolicy(src.quorum).decide(o, attempt)
-	switch v.settle {
-	case settleDead:
+	switch {
+	case v.settle == settleDead:
 		m.deadLetter(src, d, eventType, attempt, v.reason, cause)
 		return
-	case settleSchedule:
+	case src.lane != nil:
+		// An ordered partition's: tried again in its lane, its key's
+		// later events waiting behind it.
+		m.warnFailed("handler failed; will retry, holding its key's later events", eventType, d.MessageId, attempt, v.delay, cause)
+		src.lane.retry(v.delay)
+		return
+	case v.settle == settleSchedule:
 		m.warnFailed("handler failed; its retry is scheduled", eventType, d.MessageId, attempt, v.delay, cause)
 		m.scheduleRetry(src, d, eventType, attempt, v.delay, -1)
 		return

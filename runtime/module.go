@@ -38,6 +38,9 @@ type Module struct {
 	// which the module consumes beside queue, with groupTag; "" if the
 	// module is no group's.
 	groupQueue, groupTag string
+	// partitionSlots bounds the handler calls of an ordered group's lanes
+	// at once to Concurrency (partitions.go).
+	partitionSlots chan struct{}
 	log                  *slog.Logger
 	mesh                 *moduleMesh
 	setup                *setup.Recorder // what Setup subscribes and serves
@@ -114,6 +117,11 @@ type consumerChannel struct {
 	tags   []string
 	queues []string // the queue each tag consumes
 	flow   *consumerFlow
+	// ordered says the channel consumes an ordered group's partition or
+	// intake (partitions.go): Stop closes it once its handlers settled,
+	// never cancelling its consumer, and checkConsumers leaves it alone
+	// (a single active consumer's waiting consumer gets nothing).
+	ordered bool
 }
 
 // consumerFlow is what the workers of one consumer say of its deliveries,
@@ -189,6 +197,9 @@ func (n *Node) Load(ctx context.Context, def sdk.Module, mc ModuleConfig) (*Modu
 	}
 	if groupQueue != "" {
 		m.groupTag = m.consumerTag(".group")
+	}
+	if mc.Partitions > 0 {
+		m.partitionSlots = make(chan struct{}, mc.Concurrency)
 	}
 	m.setup.GrantConsumes(mc.ConsumeGrants)
 	m.mesh = &moduleMesh{module: m, async: asyncemit.New()}
@@ -387,6 +398,12 @@ func (m *Module) Stop(ctx context.Context) error {
 	m.mu.Unlock()
 	var errs []error
 	for _, c := range consumers {
+		if c.ordered {
+			// Cancelling would hand the partition over at once, before
+			// what it holds comes back: closed below, once its
+			// handlers settled, it comes back first (partitions.go).
+			continue
+		}
 		for _, tag := range c.tags {
 			if err := c.ch.Cancel(tag, false); err != nil && !errors.Is(err, amqp.ErrClosed) {
 				errs = append(errs, fmt.Errorf("cancel consumer %s: %w", tag, err))

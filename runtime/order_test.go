@@ -1,0 +1,234 @@
+package runtime_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/internal/wire"
+	"github.com/meshkit/mesh/runtime"
+	"github.com/meshkit/mesh/sdk"
+)
+
+// orderLog is what an ordered group's handlers saw: per key, the sequence
+// numbers in the order their handling succeeded, and every breach of
+// order (a handling of a key's event other than the next, or two of one
+// key at once).
+type orderLog struct {
+	mu       sync.Mutex
+	next     map[string]int // the sequence number each key expects next
+	inFlight map[string]int
+	breaches []string
+	handled  int
+	by       map[string]int // successes by node
+}
+
+func newOrderLog() *orderLog {
+	return &orderLog{next: map[string]int{}, inFlight: map[string]int{}, by: map[string]int{}}
+}
+
+// body is an ordered event's body: its key and its place in the key's
+// order (from 1).
+type body struct {
+	Key string `json:"key"`
+	Seq int    `json:"seq"`
+}
+
+// handler is node's handler: it checks order and calls fail, which may
+// fail the handling (nil: it succeeds).
+func (o *orderLog) handler(node string, fail func(b body, attempt int) error) sdk.Handler {
+	return sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+		var b body
+		if err := json.Unmarshal(ev.Body, &b); err != nil {
+			return sdk.Permanent(err)
+		}
+		if ev.Headers[wire.HeaderPartitionKey] != b.Key && b.Key != "" {
+			o.breach("event %s of key %q arrived with key header %q", ev.ID, b.Key, ev.Headers[wire.HeaderPartitionKey])
+		}
+		o.mu.Lock()
+		o.inFlight[b.Key]++
+		if o.inFlight[b.Key] > 1 {
+			o.breaches = append(o.breaches, fmt.Sprintf("key %q: two events handled at once (seq %d on %s)", b.Key, b.Seq, node))
+		}
+		if want := o.next[b.Key] + 1; b.Seq != want {
+			o.breaches = append(o.breaches, fmt.Sprintf("key %q: seq %d handled on %s (attempt %d) when %d was next", b.Key, b.Seq, node, ev.Attempt, want))
+		}
+		o.mu.Unlock()
+		var err error
+		if fail != nil {
+			err = fail(b, ev.Attempt)
+		}
+		o.mu.Lock()
+		o.inFlight[b.Key]--
+		if err == nil {
+			o.next[b.Key] = b.Seq
+			o.handled++
+			o.by[node]++
+		}
+		o.mu.Unlock()
+		return err
+	})
+}
+
+func (o *orderLog) breach(format string, args ...any) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.breaches = append(o.breaches, fmt.Sprintf(format, args...))
+}
+
+func (o *orderLog) count() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.handled
+}
+
+// ordered loads billing on n as a member of group g keeping order over
+// partitions partitions.
+func ordered(t *testing.T, n *runtime.Node, h sdk.Handler, partitions int) *runtime.Module {
+	t.Helper()
+	return load(t, n, sdk.Module{Name: "billing", Setup: func(m sdk.Mesh) error { return m.On("mesh.ledger.#", h) }},
+		runtime.ModuleConfig{Group: "g", Partitions: partitions, Concurrency: 8, MaxAttempts: 5})
+}
+
+// TestAGroupKeepsEachKeysOrder: billing in group g on two nodes, keeping
+// order over 4 partitions with 8 handler calls at once: 20 keys of 15
+// events each, emitted key by key in turns from both nodes, and a foreign
+// publisher's key (raw amqp091-go, x-partition-key and no slot: through
+// the group's intake), are each handled once, a key's events one at a time
+// and in their order, while other keys run beside them (key k0's first
+// event waits until another key's handling starts, which only parallel
+// lanes allow). Key k3's third event fails twice: its later events wait
+// for its third attempt. Every partition is on the wire as ADR 48 names
+// it, a single active consumer queue with its active consumer.
+func TestAGroupKeepsEachKeysOrder(t *testing.T) {
+	t.Parallel()
+	url := brokertest.VHost(t)
+	a, b := testNode(t, url, "a", nil), testNode(t, url, "b", nil)
+	log := newOrderLog()
+	other := make(chan struct{})
+	var otherOnce sync.Once
+	fail := func(bd body, attempt int) error {
+		switch {
+		case bd.Key == "k0" && bd.Seq == 1:
+			select {
+			case <-other:
+			case <-time.After(20 * time.Second):
+				return sdk.Permanent(fmt.Errorf("no other key's handling began while k0's first was in hand"))
+			}
+		case bd.Key != "k0":
+			otherOnce.Do(func() { close(other) })
+		}
+		if bd.Key == "k3" && bd.Seq == 3 && attempt < 3 {
+			return fmt.Errorf("attempt %d of k3's third fails", attempt)
+		}
+		return nil
+	}
+	ordered(t, a, log.handler("a", fail), 4)
+	ordered(t, b, log.handler("b", fail), 4)
+
+	raw := rawConn(t, url)
+	for i := range 4 {
+		q, err := raw.QueueDeclarePassive(wire.PartitionQueue("g", "billing", i), true, false, false, false, nil)
+		if err != nil || q.Consumers != 1 { // a single active consumer queue counts its active one
+			t.Fatalf("partition %d: %+v, %v; want a queue with its active consumer", i, q, err)
+		}
+	}
+	const keys, each = 20, 15
+	total := keys*each + 10
+	for seq := 1; seq <= each; seq++ {
+		for k := range keys {
+			n := a
+			if k%2 == 1 {
+				n = b
+			}
+			key := fmt.Sprintf("k%d", k)
+			if _, err := n.Emit(emitCtx(t), "test", "mesh.ledger.entry", body{Key: key, Seq: seq}, sdk.WithKey(key)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := raw.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	for seq := 1; seq <= 10; seq++ {
+		id := ulid.Make().String()
+		b, _ := json.Marshal(body{Key: "foreign", Seq: seq})
+		conf, err := raw.PublishWithDeferredConfirmWithContext(emitCtx(t), wire.ExchangeEvents, "mesh.ledger.entry", true, false, amqp.Publishing{
+			MessageId: id, ContentType: wire.ContentTypeJSON, DeliveryMode: amqp.Persistent, Body: b,
+			Headers: amqp.Table{wire.HeaderEventID: id, wire.HeaderSource: "outside", wire.HeaderNode: "outside",
+				wire.HeaderTime: time.Now().UTC().Format(time.RFC3339Nano), wire.HeaderPartitionKey: "foreign"}})
+		if err != nil || !conf.Wait() {
+			t.Fatalf("foreign publish %d: %v", seq, err)
+		}
+	}
+	waitFor(t, 60*time.Second, func() bool { return log.count() == total })
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	for _, b := range log.breaches {
+		t.Error(b)
+	}
+	for k := range keys {
+		if got := log.next[fmt.Sprintf("k%d", k)]; got != each {
+			t.Errorf("key k%d: handled up to %d, want %d", k, got, each)
+		}
+	}
+	if log.next["foreign"] != 10 {
+		t.Errorf("the foreign key: handled up to %d, want 10", log.next["foreign"])
+	}
+}
+
+// TestAnOrderedPartitionMovesWithoutReordering: billing keeps order over 2
+// partitions on node a, which owns them (it consumed first), and on b,
+// waiting. a stops while its handlers are mid-way: it lets each partition
+// go once what it started has settled (drain, then close), and b takes
+// the rest, what a held and had not started first. Every event is handled
+// once, each key in order.
+func TestAnOrderedPartitionMovesWithoutReordering(t *testing.T) {
+	t.Parallel()
+	url := brokertest.VHost(t)
+	a, b := testNode(t, url, "a", nil), testNode(t, url, "b", nil)
+	log := newOrderLog()
+	stopA := make(chan struct{})
+	var stopOnce sync.Once
+	slow := func(bd body, attempt int) error {
+		if bd.Seq == 5 {
+			stopOnce.Do(func() { close(stopA) }) // a has events in hand and more waiting
+		}
+		return nil
+	}
+	first := ordered(t, a, log.handler("a", slow), 2)
+	ordered(t, b, log.handler("b", nil), 2)
+	const keys, each = 6, 40
+	go func() {
+		<-stopA
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := first.Stop(ctx); err != nil {
+			log.breach("stop a: %v", err)
+		}
+	}()
+	for seq := 1; seq <= each; seq++ {
+		for k := range keys {
+			key := fmt.Sprintf("k%d", k)
+			if _, err := a.Emit(emitCtx(t), "test", "mesh.ledger.entry", body{Key: key, Seq: seq}, sdk.WithKey(key)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	waitFor(t, 60*time.Second, func() bool { return log.count() == keys*each })
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	for _, br := range log.breaches {
+		t.Error(br)
+	}
+	if log.by["b"] == 0 {
+		t.Errorf("handled by node: %v; b took nothing over", log.by)
+	}
+}

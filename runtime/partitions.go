@@ -1,0 +1,361 @@
+package runtime
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/meshkit/mesh/internal/amqpmsg"
+	"github.com/meshkit/mesh/internal/wire"
+)
+
+// A group that keeps order by key (ModuleConfig.Partitions; ADR 48):
+//
+//   - its headers exchange group.<group>.<module> is bound to mesh.events
+//     with the module's patterns, and each partition queue
+//     group.<group>.<module>.pNNN to it on each of its slots (the slots s
+//     with s mod Partitions == NNN, on the header mesh-slot, which every
+//     node stamps from the event's key: wire.Slot);
+//   - an event without mesh-slot (a foreign publisher's that did not stamp
+//     it) matches no binding and goes to the exchange's alternate,
+//     group.<group>.<module>.intake, a fanout exchange and its queue, which
+//     one member at a time (single active consumer) slots and sends on
+//     to the group's exchange, confirmed, before it acknowledges it: in
+//     order;
+//   - every member consumes every partition, each on a channel of its own;
+//     the broker feeds one consumer of each at a time (single active
+//     consumer), and hands the partition over to the next when its
+//     channel closes: what the closed one held comes first, in order
+//     (TestSingleActiveConsumerHandover). A member lets a partition go only
+//     by closing its channel, never by cancelling its consumer, which would
+//     hand over at once and reorder (same test); and it closes it only once
+//     the handlers it started have settled (drain, then close);
+//   - the deliveries of a partition go to lanes by key: one lane runs one
+//     event at a time, in delivery order, the lanes of other keys in
+//     parallel, at most Concurrency handler calls for the module; a failed
+//     event is tried again in its lane (source.lane), holding its key's
+//     later events, until it succeeds or is dead-lettered.
+
+// partitionsOf consumes the ordered partitions of m's group on s (and its
+// intake): it declares what the group needs, binds and consumes.
+func (m *Module) consumePartitions(ctx context.Context, s *session, patterns []string) error {
+	g, name, n := m.cfg.Group, m.def.Name, m.cfg.Partitions
+	exchange, intake := wire.GroupExchange(g, name), wire.GroupIntake(g, name)
+	ch, err := m.openTracked(s)()
+	if err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	if err := ch.ExchangeDeclare(intake, amqp.ExchangeFanout, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("declare exchange %s: %w", intake, err)
+	}
+	if err := ch.ExchangeDeclare(exchange, amqp.ExchangeHeaders, true, false, false, false, amqp.Table{"alternate-exchange": intake}); err != nil {
+		return fmt.Errorf("declare exchange %s of group %s: %w", exchange, g, err)
+	}
+	if err := m.reconcileExchangeBindings(ch, exchange, patterns); err != nil {
+		return err
+	}
+	// The slots' bindings are n's: a node that bound them for another
+	// count would leave slots bound to two partitions.
+	record := exchange + ".partitions"
+	had, err := m.node.bindings.load(record)
+	if err != nil {
+		return err
+	}
+	if len(had) == 1 && had[0] != strconv.Itoa(n) {
+		return fmt.Errorf("partitions: this node bound group %s's slots over %s partitions, and its entry now says %d: a group's partition count does not change yet (issue 61); give it %s again", g, had[0], n, had[0])
+	}
+	args := moduleQueueArgs(m.cfg)
+	args["x-single-active-consumer"] = true
+	queues := append([]string{intake}, make([]string, n)...)
+	for i := range n {
+		queues[i+1] = wire.PartitionQueue(g, name, i)
+	}
+	for _, q := range queues {
+		first := true
+		open := func() (*amqp.Channel, error) {
+			if first {
+				first = false
+				return ch, nil
+			}
+			return m.openTracked(s)()
+		}
+		if ch, err = m.node.declareQueue(ctx, s, open, m.untrack, q, args); err != nil {
+			return fmt.Errorf("declare queue %s of group %s (the group's members declare it alike: their max_attempts and partitions must agree): %w", q, g, err)
+		}
+	}
+	if err := ch.QueueBind(intake, "", intake, false, nil); err != nil {
+		return fmt.Errorf("bind %s: %w", intake, err)
+	}
+	for slot := range wire.Slots {
+		q := wire.PartitionQueue(g, name, slot%n)
+		if err := ch.QueueBind(q, "", exchange, false, amqp.Table{"x-match": "all", wire.HeaderSlot: strconv.Itoa(slot)}); err != nil {
+			return fmt.Errorf("bind %s to slot %d: %w", q, slot, err)
+		}
+	}
+	if err := m.node.bindings.store(record, []string{strconv.Itoa(n)}); err != nil {
+		return err
+	}
+	m.untrack(ch) // declared; each queue is consumed on a channel of its own
+	if err := m.consumeIntake(s, intake, exchange); err != nil {
+		return err
+	}
+	for i := range n {
+		if err := m.consumePartition(s, i, queues[i+1]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// reconcileExchangeBindings binds the group's exchange to mesh.events with
+// every pattern in want and unbinds those recorded for it that want no
+// longer has.
+func (m *Module) reconcileExchangeBindings(ch *amqp.Channel, exchange string, want []string) error {
+	had, err := m.node.bindings.load(exchange)
+	if err != nil {
+		return err
+	}
+	for _, p := range want {
+		if err := ch.ExchangeBind(exchange, p, wire.ExchangeEvents, false, nil); err != nil {
+			return fmt.Errorf("bind exchange %s to %q: %w", exchange, p, err)
+		}
+	}
+	for _, p := range had {
+		if !containsString(want, p) {
+			if err := ch.ExchangeUnbind(exchange, p, wire.ExchangeEvents, false, nil); err != nil {
+				return fmt.Errorf("unbind exchange %s from %q: %w", exchange, p, err)
+			}
+		}
+	}
+	return m.node.bindings.store(exchange, want)
+}
+
+func containsString(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// consumeOrdered opens a tracked channel with prefetch and consumes queue
+// on it with tag; the channel is an ordered one, which Stop closes without
+// cancelling its consumer (see above).
+func (m *Module) consumeOrdered(s *session, queue, tag string, prefetch int) (*amqp.Channel, <-chan amqp.Delivery, error) {
+	ch, err := m.openTracked(s)()
+	if err != nil {
+		return nil, nil, fmt.Errorf("open channel: %w", err)
+	}
+	if err := ch.Qos(prefetch, 0, false); err != nil {
+		return nil, nil, fmt.Errorf("set prefetch: %w", err)
+	}
+	deliveries, err := ch.Consume(queue, tag, false, false, false, false, nil)
+	if err != nil {
+		return nil, nil, fmt.Errorf("consume %s: %w", queue, err)
+	}
+	m.addTag(ch, tag, queue)
+	m.mu.Lock()
+	for i := range m.consumers {
+		if m.consumers[i].ch == ch {
+			m.consumers[i].ordered = true
+		}
+	}
+	m.mu.Unlock()
+	go m.watch(s, ch, ch.NotifyClose(make(chan *amqp.Error, 1)), ch.NotifyCancel(make(chan string, 1)))
+	return ch, deliveries, nil
+}
+
+// consumePartition consumes partition i (queue), dispatching its
+// deliveries to lanes by key.
+func (m *Module) consumePartition(s *session, i int, queue string) error {
+	_, deliveries, err := m.consumeOrdered(s, queue, m.consumerTag(fmt.Sprintf(".p%03d", i)), m.cfg.Prefetch)
+	if err != nil {
+		return err
+	}
+	p := &partition{m: m, index: i, queue: queue, lanes: map[string]*lane{}}
+	go p.dispatch(deliveries)
+	return nil
+}
+
+// partition is one ordered partition's consumer on this node.
+type partition struct {
+	m     *Module
+	index int
+	queue string
+
+	mu    sync.Mutex
+	lanes map[string]*lane // by key: the keys with an event in hand or waiting
+}
+
+// lane is the events of one key of a partition in hand: the first is
+// being handled (or waits to be tried again), the others wait behind it.
+type lane struct {
+	p       *partition
+	key     string
+	waiting []amqp.Delivery // waiting[0] is in hand
+	tried   int             // attempts the lane made of waiting[0]
+}
+
+// dispatch hands each delivery to the lane of its key, starting the lane
+// when it was idle, until the channel closes.
+func (p *partition) dispatch(deliveries <-chan amqp.Delivery) {
+	for d := range deliveries {
+		key, err := keyOf(d)
+		if err != nil {
+			o, _ := p.m.node.originOf(d)
+			p.m.from(d).delivered.Add(1)
+			p.m.deadLetter(p.source(nil), d, o.eventType, 1, wire.DeadReasonMalformed, err)
+			continue
+		}
+		p.mu.Lock()
+		l := p.lanes[key]
+		start := l == nil
+		if start {
+			l = &lane{p: p, key: key}
+			p.lanes[key] = l
+		}
+		l.waiting = append(l.waiting, d)
+		p.mu.Unlock()
+		if start {
+			l.run()
+		}
+	}
+}
+
+// keyOf is a delivery's key: its x-partition-key, "" when it has none.
+func keyOf(d amqp.Delivery) (string, error) {
+	v, ok := d.Headers[wire.HeaderPartitionKey]
+	if !ok {
+		return "", nil
+	}
+	key, isText := v.(string)
+	if !isText {
+		return "", &wire.MalformedError{Reason: fmt.Sprintf("header %s is %T, want a string", wire.HeaderPartitionKey, v)}
+	}
+	if err := wire.CheckKey(key); err != nil {
+		return "", &wire.MalformedError{Reason: fmt.Sprintf("header %s: %v", wire.HeaderPartitionKey, err)}
+	}
+	return key, nil
+}
+
+// source is the partition as the source of a delivery of lane l.
+func (p *partition) source(l *lane) source {
+	src := source{queue: p.queue, quorum: true}
+	if l != nil {
+		src.lane = l
+	}
+	return src
+}
+
+// run handles the lane's first event in a goroutine of its own (one of
+// the module's workers), unless the module is stopping: then it leaves it
+// unacknowledged, for the partition's next consumer once the channel
+// closes.
+func (l *lane) run() {
+	m := l.p.m
+	m.mu.Lock()
+	if m.stopped {
+		m.mu.Unlock()
+		return
+	}
+	m.workers.Add(1)
+	m.mu.Unlock()
+	go func() {
+		defer m.workers.Done()
+		select {
+		case m.partitionSlots <- struct{}{}:
+		case <-m.stopping:
+			return
+		}
+		defer func() { <-m.partitionSlots }()
+		l.p.mu.Lock()
+		d, tried := l.waiting[0], l.tried
+		l.p.mu.Unlock()
+		m.handleFrom(l.p.source(l), d, tried, nil)
+	}()
+}
+
+// settled is the lane's first event settled: the lane goes on to the next,
+// or ends.
+func (l *lane) settled() {
+	l.p.mu.Lock()
+	l.waiting = l.waiting[1:]
+	l.tried = 0
+	more := len(l.waiting) > 0
+	if !more {
+		delete(l.p.lanes, l.key)
+	}
+	l.p.mu.Unlock()
+	if more {
+		l.run()
+	}
+}
+
+// retry tries the lane's first event again after delay.
+func (l *lane) retry(delay time.Duration) {
+	l.p.mu.Lock()
+	l.tried++
+	l.p.mu.Unlock()
+	l.p.m.later(delay, l.run)
+}
+
+// consumeIntake consumes the group's intake: one member at a time (single
+// active consumer) slots each event there by its key and sends it on to
+// the group's exchange, confirmed, then acknowledges it; one at a time,
+// so in order.
+func (m *Module) consumeIntake(s *session, intake, exchange string) error {
+	_, deliveries, err := m.consumeOrdered(s, intake, m.consumerTag(".intake"), 1)
+	if err != nil {
+		return err
+	}
+	go func() {
+		for d := range deliveries {
+			m.slotOnward(s, d, exchange)
+		}
+	}()
+	return nil
+}
+
+// slotOnward sends d on to the group's exchange with its key's slot, then
+// acknowledges it. An event whose key is malformed is dead-lettered.
+func (m *Module) slotOnward(s *session, d amqp.Delivery, exchange string) {
+	key, err := keyOf(d)
+	src := source{queue: d.RoutingKey, quorum: true}
+	if err != nil {
+		o, _ := m.node.originOf(d)
+		src.queue = wire.GroupIntake(m.cfg.Group, m.def.Name)
+		m.deadLetter(src, d, o.eventType, 1, wire.DeadReasonMalformed, err)
+		return
+	}
+	o, _ := m.node.originOf(d)
+	msg := amqpmsg.Republishing(d, amqpmsg.Bookkeeping)
+	msg.UserId = m.node.userID
+	msg.Headers[wire.HeaderUserID] = o.userID
+	msg.Headers[wire.HeaderSlot] = wire.SlotText(key)
+	for attempt := 1; ; attempt++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err := m.node.publishConfirmed(ctx, s, exchange, d.RoutingKey, msg)
+		cancel()
+		if err == nil {
+			break
+		}
+		delay := expBackoff(100*time.Millisecond, 10*time.Second, attempt)
+		m.log.Warn("an event of the group's intake could not be sent on to its partition; it waits in the intake, and is tried again", "event_id", d.MessageId, "err", err, "retry_in", delay)
+		select {
+		case <-time.After(delay):
+		case <-m.stopping:
+			return // unacknowledged: it waits, in order, for the next member
+		}
+		if s.isLost() {
+			return
+		}
+	}
+	if err := d.Ack(false); err != nil {
+		m.log.Warn("ack of an event sent on from the group's intake failed; it may reach its partition twice", "event_id", d.MessageId, "err", err)
+	}
+}
