@@ -41,9 +41,9 @@ type Module struct {
 	// partitionSlots bounds the handler calls of an ordered group's lanes
 	// at once to Concurrency (partitions.go).
 	partitionSlots chan struct{}
-	log                  *slog.Logger
-	mesh                 *moduleMesh
-	setup                *setup.Recorder // what Setup subscribes and serves
+	log            *slog.Logger
+	mesh           *moduleMesh
+	setup          *setup.Recorder // what Setup subscribes and serves
 	// contracts are the module's declared schemas, compiled at load
 	// (nil: it declares none): emits and deliveries are checked on them.
 	contracts *schema.Contracts
