@@ -107,6 +107,12 @@ type ModuleSummary struct {
 	// (ModuleConfig.Group; ADR 48), empty for none, as a node of a
 	// release before groups says of every module.
 	Group string `json:"group,omitempty"`
+	// Partitions is the group's partition count if it keeps order by key
+	// (ModuleConfig.Partitions), and Owns the partitions this node's
+	// consumers are fed now (as far as the node can tell: an active
+	// consumer of an idle partition is not known to be one).
+	Partitions int   `json:"partitions,omitempty"`
+	Owns       []int `json:"owns,omitempty"`
 }
 
 // OutboxSummary is a module's outbox backlog in a heartbeat.
@@ -361,7 +367,10 @@ func runtimeVersion() string {
 // summary is what membership tells of m.
 func (m *Module) summary() ModuleSummary {
 	sum := ModuleSummary{Name: m.def.Name, Kind: string(m.def.Kind), Calls: slices.Clone(m.def.Calls), DeadLetters: m.def.DeadLetters != nil,
-		History: m.def.History != nil, Reads: m.contracts.Reads(), Group: m.cfg.Group}
+		History: m.def.History != nil, Reads: m.contracts.Reads(), Group: m.cfg.Group, Partitions: m.cfg.Partitions}
+	if m.cfg.Partitions > 0 {
+		sum.Owns = m.ownedPartitions()
+	}
 	for _, d := range m.contracts.Declared() {
 		if d.Tool != "" {
 			sum.ToolSchemas = append(sum.ToolSchemas, d)

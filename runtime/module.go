@@ -41,6 +41,9 @@ type Module struct {
 	// partitionSlots bounds the handler calls of an ordered group's lanes
 	// at once to Concurrency (partitions.go).
 	partitionSlots chan struct{}
+	// partitions are the consumers of an ordered group's partitions on the
+	// current session, by index (guarded by mu).
+	partitions map[int]*partition
 	log            *slog.Logger
 	mesh           *moduleMesh
 	setup          *setup.Recorder // what Setup subscribes and serves
@@ -306,6 +309,9 @@ func (m *Module) start(ctx context.Context) error {
 	}
 	m.mu.Unlock()
 	go m.checkConsumers(runCtx)
+	if m.cfg.Partitions > 0 {
+		go m.balance(runCtx)
+	}
 	go func() {
 		err := m.run(runCtx)
 		close(m.runDone)

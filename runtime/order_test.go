@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -230,5 +232,108 @@ func TestAnOrderedPartitionMovesWithoutReordering(t *testing.T) {
 	}
 	if log.by["b"] == 0 {
 		t.Errorf("handled by node: %v; b took nothing over", log.by)
+	}
+}
+
+// activeOwners counts, per node, the partitions of group g's billing whose
+// active consumer (single active consumer, as the broker says:
+// rabbitmqctl list_consumers) is that node's; and how many partitions
+// have one.
+func activeOwners(t *testing.T, url string) (by map[string]int, owned int) {
+	t.Helper()
+	vhost := url[strings.LastIndex(url, "/")+1:]
+	out, err := brokertest.CtlOutput("list_consumers", "-p", vhost, "queue_name", "consumer_tag", "active", "--formatter", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cs []struct {
+		Queue  string `json:"queue_name"`
+		Tag    string `json:"consumer_tag"`
+		Active bool   `json:"active"`
+	}
+	if err := json.Unmarshal(out, &cs); err != nil {
+		t.Fatalf("list_consumers: %v: %s", err, out)
+	}
+	by = map[string]int{}
+	for _, c := range cs {
+		if !c.Active || !strings.HasPrefix(c.Queue, "group.g.billing.p") {
+			continue
+		}
+		node := strings.Split(c.Tag, ".")[1] // mesh.NODE.billing.pNNN
+		by[node]++
+		owned++
+	}
+	return by, owned
+}
+
+// balanced reports whether by spreads 16 partitions over nodes, max - min
+// at most 1.
+func balanced(by map[string]int, owned int, nodes ...string) bool {
+	if owned != 16 || len(by) != len(nodes) {
+		return false
+	}
+	lo, hi := owned, 0
+	for _, n := range nodes {
+		lo, hi = min(lo, by[n]), max(hi, by[n])
+	}
+	return hi-lo <= 1
+}
+
+// TestAGroupsPartitionsSpreadOverItsMembers: with three members and 16
+// partitions, each member's consumer is the active one of 5 or 6 (read
+// from the broker), whatever member consumed first; when one leaves, the
+// two left share its partitions, 8 each, and its keys' order holds
+// through every move.
+func TestAGroupsPartitionsSpreadOverItsMembers(t *testing.T) {
+	t.Parallel()
+	url := brokertest.VHost(t)
+	fast := func(c *runtime.Config) { c.HeartbeatInterval = 200 * time.Millisecond }
+	nodes := map[string]*runtime.Node{}
+	log := newOrderLog()
+	for _, name := range []string{"a", "b", "c"} {
+		nodes[name] = testNode(t, url, name, fast)
+		ordered(t, nodes[name], log.handler(name, nil), 16)
+	}
+	// Keys enough to feed every partition: a member learns it owns one
+	// only from its deliveries.
+	var keys []string
+	covered := map[int]bool{}
+	for k := 0; len(covered) < 16; k++ {
+		key := fmt.Sprintf("k%d", k)
+		keys = append(keys, key)
+		covered[wire.Slot(key)%16] = true
+	}
+	var stopping atomic.Bool
+	emitted := make(chan int, 1)
+	go func() {
+		n := 0
+		defer func() { emitted <- n }()
+		for seq := 1; !stopping.Load(); seq++ {
+			for _, key := range keys {
+				if _, err := nodes["a"].Emit(context.Background(), "test", "mesh.ledger.entry", body{Key: key, Seq: seq}, sdk.WithKey(key)); err != nil {
+					log.breach("emit: %v", err)
+					return
+				}
+				n++
+			}
+		}
+	}()
+	waitFor(t, 60*time.Second, func() bool { by, owned := activeOwners(t, url); return balanced(by, owned, "a", "b", "c") })
+	closeCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := nodes["c"].Close(closeCtx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, func() bool { by, owned := activeOwners(t, url); return balanced(by, owned, "a", "b") })
+	stopping.Store(true)
+	n := <-emitted
+	waitFor(t, 60*time.Second, func() bool { return log.count() >= n })
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	for _, br := range log.breaches {
+		t.Error(br)
+	}
+	if log.handled != n {
+		t.Errorf("%d handlings for %d events", log.handled, n)
 	}
 }

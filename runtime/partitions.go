@@ -3,8 +3,10 @@ package runtime
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -173,23 +175,160 @@ func (m *Module) consumeOrdered(s *session, queue, tag string, prefetch int) (*a
 // consumePartition consumes partition i (queue), dispatching its
 // deliveries to lanes by key.
 func (m *Module) consumePartition(s *session, i int, queue string) error {
-	_, deliveries, err := m.consumeOrdered(s, queue, m.consumerTag(fmt.Sprintf(".p%03d", i)), m.cfg.Prefetch)
+	ch, deliveries, err := m.consumeOrdered(s, queue, m.consumerTag(fmt.Sprintf(".p%03d", i)), m.cfg.Prefetch)
 	if err != nil {
 		return err
 	}
-	p := &partition{m: m, index: i, queue: queue, lanes: map[string]*lane{}}
+	p := &partition{m: m, s: s, ch: ch, index: i, queue: queue, lanes: map[string]*lane{}}
+	m.mu.Lock()
+	if m.partitions == nil {
+		m.partitions = map[int]*partition{}
+	}
+	m.partitions[i] = p
+	m.mu.Unlock()
 	go p.dispatch(deliveries)
 	return nil
 }
 
-// partition is one ordered partition's consumer on this node.
+// partition is one ordered partition's consumer on this node, on one
+// channel: a partition let go (yield) is consumed again by a new one.
 type partition struct {
 	m     *Module
+	s     *session
+	ch    *amqp.Channel
 	index int
 	queue string
+	// fed says the broker delivered to this consumer: it is the
+	// partition's active one (single active consumer), or was.
+	fed atomic.Bool
 
-	mu    sync.Mutex
-	lanes map[string]*lane // by key: the keys with an event in hand or waiting
+	mu       sync.Mutex
+	lanes    map[string]*lane // by key: the keys with an event in hand or waiting
+	draining bool             // letting go: no event is started any more
+	running  sync.WaitGroup   // lanes' handler calls under way
+}
+
+// owned reports whether this node's consumer is the partition's active
+// one, as far as it can tell: it was fed, and is not letting go.
+func (p *partition) owned() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.fed.Load() && !p.draining
+}
+
+// yield lets the partition go to the next member in the broker's line:
+// it starts no event any more, waits for the handler calls under way to
+// return (at most the handler timeout and a grace), closes the channel,
+// so that what it held and had not settled comes back first, in order,
+// to the next consumer (TestSingleActiveConsumerHandover), and consumes
+// the partition again, at the back of the line.
+func (p *partition) yield() {
+	m := p.m
+	p.mu.Lock()
+	if p.draining {
+		p.mu.Unlock()
+		return
+	}
+	p.draining = true
+	p.mu.Unlock()
+	done := make(chan struct{})
+	go func() { p.running.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(m.cfg.HandlerTimeout + 5*time.Second):
+		m.log.Warn("a partition is let go with a handler still running past its timeout", "queue", p.queue)
+	}
+	m.untrack(p.ch)
+	m.log.Info("partition let go to another member of the group", "queue", p.queue)
+	if m.node.session() != p.s || p.s.isLost() {
+		return // the next session consumes it again
+	}
+	m.mu.Lock()
+	stopped := m.stopped
+	m.mu.Unlock()
+	if stopped {
+		return
+	}
+	if err := m.consumePartition(p.s, p.index, p.queue); err != nil {
+		m.log.Warn("consuming a partition again after letting it go failed; it is consumed again when the module resumes", "queue", p.queue, "err", err)
+	}
+}
+
+// balance spreads the group's partitions over its members, while the
+// module runs: at each heartbeat, a partition this node's consumer is fed
+// that the spread (spread) gives another live member is let go (yield),
+// so that the broker feeds the next in line; in the end each member owns
+// its share (max - min <= 1). Without membership (HeartbeatInterval) it
+// does nothing: the broker's first consumer keeps every partition.
+func (m *Module) balance(ctx context.Context) {
+	if !m.node.membership() {
+		return
+	}
+	t := time.NewTicker(m.node.cfg.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		members := m.groupMembers()
+		m.mu.Lock()
+		var give []*partition
+		for i, p := range m.partitions {
+			if owner := spread(members, i); owner != m.node.cfg.Node && owner != "" && p.owned() {
+				give = append(give, p)
+			}
+		}
+		m.mu.Unlock()
+		for _, p := range give {
+			p.yield()
+		}
+	}
+}
+
+// spread is the member that owns partition i: the members, sorted by
+// name, take the partitions in turn. "" when there is none.
+func spread(members []string, i int) string {
+	if len(members) == 0 {
+		return ""
+	}
+	return members[i%len(members)]
+}
+
+// groupMembers are the live members of m's group, sorted: this node, and
+// each peer heard within two of its heartbeats that runs the module in the
+// group with as many partitions.
+func (m *Module) groupMembers() []string {
+	members := []string{m.node.cfg.Node}
+	now := time.Now()
+	for _, p := range m.node.Peers() {
+		if p.Unreachable || now.Sub(p.LastSeen) > 2*max(p.Interval, m.node.cfg.HeartbeatInterval) {
+			continue
+		}
+		for _, s := range p.Modules {
+			if s.Name == m.def.Name && s.Group == m.cfg.Group && s.Partitions == m.cfg.Partitions && s.Status == "running" {
+				members = append(members, p.Node)
+			}
+		}
+	}
+	slices.Sort(members)
+	return slices.Compact(members)
+}
+
+// ownedPartitions are the partitions this node's consumers are fed, as far
+// as it can tell, sorted.
+func (m *Module) ownedPartitions() []int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var owned []int
+	for i, p := range m.partitions {
+		if p.owned() {
+			owned = append(owned, i)
+		}
+	}
+	slices.Sort(owned)
+	return owned
 }
 
 // lane is the events of one key of a partition in hand: the first is
@@ -205,6 +344,7 @@ type lane struct {
 // when it was idle, until the channel closes.
 func (p *partition) dispatch(deliveries <-chan amqp.Delivery) {
 	for d := range deliveries {
+		p.fed.Store(true)
 		key, err := keyOf(d)
 		if err != nil {
 			o, _ := p.m.node.originOf(d)
@@ -257,26 +397,30 @@ func (p *partition) source(l *lane) source {
 // unacknowledged, for the partition's next consumer once the channel
 // closes.
 func (l *lane) run() {
-	m := l.p.m
+	m, p := l.p.m, l.p
 	m.mu.Lock()
+	defer m.mu.Unlock()
 	if m.stopped {
-		m.mu.Unlock()
 		return
 	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.draining {
+		return // left unacknowledged: the next consumer gets it first
+	}
 	m.workers.Add(1)
-	m.mu.Unlock()
+	p.running.Add(1)
+	d, tried := l.waiting[0], l.tried
 	go func() {
 		defer m.workers.Done()
+		defer p.running.Done()
 		select {
 		case m.partitionSlots <- struct{}{}:
 		case <-m.stopping:
 			return
 		}
 		defer func() { <-m.partitionSlots }()
-		l.p.mu.Lock()
-		d, tried := l.waiting[0], l.tried
-		l.p.mu.Unlock()
-		m.handleFrom(l.p.source(l), d, tried, nil)
+		m.handleFrom(p.source(l), d, tried, nil)
 	}()
 }
 
