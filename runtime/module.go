@@ -44,9 +44,9 @@ type Module struct {
 	// partitions are the consumers of an ordered group's partitions on the
 	// current session, by index (guarded by mu).
 	partitions map[int]*partition
-	log            *slog.Logger
-	mesh           *moduleMesh
-	setup          *setup.Recorder // what Setup subscribes and serves
+	log        *slog.Logger
+	mesh       *moduleMesh
+	setup      *setup.Recorder // what Setup subscribes and serves
 	// contracts are the module's declared schemas, compiled at load
 	// (nil: it declares none): emits and deliveries are checked on them.
 	contracts *schema.Contracts
