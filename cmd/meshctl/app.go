@@ -55,6 +55,7 @@ func app() *cli.App {
 						Usage: "how long the declared schemas a roll call found are used without calling the roll again (kept in the user's cache directory, per broker and virtual host; 0 calls it on every emit); a body they refuse is checked again by a roll call before it is refused"},
 					&cli.DurationFlag{Name: "timeout", Value: 10 * time.Second, Usage: "how long to wait for the audit logger's schema documents"},
 					&cli.StringFlag{Name: "causation", Usage: "the causing event's `ID` (x-causation-id)"},
+					&cli.StringFlag{Name: "key", Usage: "the event's `KEY` (x-partition-key): a group that keeps order by key handles the events of one key in order (sdk.WithKey; none is the empty key)"},
 					&cli.DurationFlag{Name: "after", Usage: "deliver it this `DURATION` from now (rounded up to the second; at most 2^28-1 s), by --via's mover"},
 					&cli.TimestampFlag{Name: "at", Layout: time.RFC3339, Usage: "deliver it at this `TIME` (RFC 3339), by --via's mover"},
 					&cli.StringFlag{Name: "via", Usage: "the `NODE` whose mover delivers a delayed event when due (it must run with delays on, and deliver for your broker user: its own, or one of its delay_publishers)"},
@@ -162,6 +163,9 @@ func emit(c *cli.Context) error {
 	}
 	if c.Bool("at-most-once") {
 		opts = append(opts, sdk.AtMostOnce())
+	}
+	if c.IsSet("key") {
+		opts = append(opts, sdk.WithKey(c.String("key")))
 	}
 	ctx, cancel := context.WithTimeout(c.Context, 30*time.Second)
 	defer cancel()

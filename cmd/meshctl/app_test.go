@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"errors"
 	"io"
 	"log/slog"
@@ -513,7 +514,9 @@ func clockNode(ctx context.Context, t *testing.T, url string) *runtime.Node {
 // TestGroups: `meshctl groups` lists a group with its queue, the events
 // waiting in it and its consumers (the broker's), and its members (their
 // heartbeats'): two nodes running billing in group eu, one of them with a
-// module of no group, which is no group's.
+// module of no group, which is no group's, and both ledger in group books,
+// which keeps order over 4 partitions: the partitions, and how many each
+// member owns.
 func TestGroups(t *testing.T) {
 	url := brokertest.VHost(t)
 	bin := build(t)
@@ -523,6 +526,8 @@ func TestGroups(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "no group heard") {
 		t.Fatalf("groups with no node: %v\n%s", err, out)
 	}
+	var east *runtime.Node
+	handled := make(chan struct{}, 100)
 	for _, name := range []string{"east", "west"} {
 		n, err := runtime.New(ctx, runtime.Config{Node: name, AMQPURL: url, StateDir: t.TempDir(),
 			HeartbeatInterval: time.Hour, Logger: slog.New(slog.DiscardHandler)})
@@ -535,7 +540,13 @@ func TestGroups(t *testing.T) {
 		}}, runtime.ModuleConfig{Group: "eu"}); err != nil {
 			t.Fatal(err)
 		}
+		if _, err := n.Load(ctx, sdk.Module{Name: "ledger", Setup: func(m sdk.Mesh) error {
+			return m.On("module.bank.#", sdk.HandlerFunc(func(context.Context, sdk.Event) error { handled <- struct{}{}; return nil }))
+		}}, runtime.ModuleConfig{Group: "books", Partitions: 4}); err != nil {
+			t.Fatal(err)
+		}
 		if name == "east" {
+			east = n
 			if _, err := n.Load(ctx, sdk.Module{Name: "shop", Setup: func(m sdk.Mesh) error {
 				return m.On("module.tax.#", sdk.HandlerFunc(func(context.Context, sdk.Event) error { return nil }))
 			}}, runtime.ModuleConfig{}); err != nil {
@@ -543,12 +554,24 @@ func TestGroups(t *testing.T) {
 			}
 		}
 	}
+	// Events on every partition of books, which east owns: it consumed
+	// first (its heartbeat, an hour apart, moves none).
+	fed := map[int]bool{}
+	for k := 0; len(fed) < 4; k++ {
+		key := fmt.Sprintf("acct-%d", k)
+		fed[wire.Slot(key)%4] = true
+		if _, err := east.Emit(ctx, "bank", "module.bank.paid", k, sdk.WithKey(key)); err != nil {
+			t.Fatal(err)
+		}
+		<-handled
+	}
 	out, err = exec.CommandContext(ctx, bin, "--amqp-url", url, "groups", "--within", "30s").CombinedOutput()
 	if err != nil {
 		t.Fatalf("groups: %v\n%s", err, out)
 	}
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	if len(lines) != 2 || !strings.HasPrefix(lines[0], "GROUP") || strings.Join(strings.Fields(lines[1]), " ") != "eu billing group.eu.billing.events 0 2 east, west" {
+	if len(lines) != 3 || !strings.HasPrefix(lines[0], "GROUP") || strings.Join(strings.Fields(lines[1]), " ") != "books ledger group.books.ledger.p000..p003 0 4 east (4 of 4 partitions), west (0 of 4 partitions)" ||
+		strings.Join(strings.Fields(lines[2]), " ") != "eu billing group.eu.billing.events 0 2 east, west" {
 		t.Errorf("groups printed:\n%s", out)
 	}
 	out, err = exec.CommandContext(ctx, bin, "--amqp-url", url, "groups", "--json", "--within", "30s").Output()
@@ -560,7 +583,22 @@ func TestGroups(t *testing.T) {
 		Ready, Consumers     *int
 		Members              map[string]string
 	}
-	if err := json.Unmarshal(out, &got); err != nil || got.Group != "eu" || got.Consumers == nil || *got.Consumers != 2 || len(got.Members) != 2 || got.Members["west"] != "running" {
+	jsonLines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(jsonLines) != 2 {
+		t.Fatalf("groups --json printed %s", out)
+	}
+	if err := json.Unmarshal([]byte(jsonLines[1]), &got); err != nil || got.Group != "eu" || got.Consumers == nil || *got.Consumers != 2 || len(got.Members) != 2 || got.Members["west"] != "running" {
 		t.Errorf("groups --json printed %s: %v", out, err)
+	}
+	var books struct {
+		Partitions int
+		Each       []struct {
+			Queue, Owner string
+			Ready        *int
+		}
+	}
+	if err := json.Unmarshal([]byte(jsonLines[0]), &books); err != nil || books.Partitions != 4 || len(books.Each) != 4 || books.Each[3].Owner != "east" ||
+		books.Each[3].Queue != "group.books.ledger.p003" || books.Each[3].Ready == nil || *books.Each[3].Ready != 0 {
+		t.Errorf("groups --json printed %s: %v", jsonLines[0], err)
 	}
 }

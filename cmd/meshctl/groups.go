@@ -22,7 +22,9 @@ func groupsCommand() *cli.Command {
 		Name: "groups",
 		Usage: "list the module groups (a module entry's group:): each group's module, its shared queue group.GROUP.MODULE.events with the events " +
 			"waiting in it and its consumers (from the broker), and its members (the nodes whose heartbeats say the module runs there in the " +
-			"group, with their status). A queue with no member heard keeps filling: a group every node left is removed by deleting its queue",
+			"group, with their status). A group that keeps order by key (partitions:) shows its partitions group.GROUP.MODULE.p000..pNNN, the " +
+			"events waiting in them and in its intake, how many have an active consumer, and how many each member owns (--json: each " +
+			"partition's waiting events and owner). A queue with no member heard keeps filling: a group every node left is removed by deleting its queues",
 		Flags: append(waitFlags(),
 			&cli.BoolFlag{Name: "json", Usage: "print one JSON object per group"},
 		),
@@ -43,6 +45,22 @@ type groupRow struct {
 	// Members are the nodes heard running the module in the group, by
 	// name, with the module's status there.
 	Members map[string]string `json:"members"`
+	// Partitions is the group's partition count when it keeps order by
+	// key (0: it does not), and Each each partition's queue, its ready
+	// events and its owner (the member whose heartbeat says it owns it;
+	// "" for none heard). Queue then names the first partition; Ready and
+	// Consumers are the sums over the partitions and the intake: the
+	// events waiting, and the partitions with an active consumer.
+	Partitions int              `json:"partitions,omitempty"`
+	Each       []partitionState `json:"each,omitempty"`
+}
+
+// partitionState is one partition of an ordered group.
+type partitionState struct {
+	Partition int    `json:"partition"`
+	Queue     string `json:"queue"`
+	Ready     *int   `json:"ready,omitempty"`
+	Owner     string `json:"owner,omitempty"`
 }
 
 func groups(c *cli.Context) error {
@@ -60,6 +78,9 @@ func groups(c *cli.Context) error {
 				continue // what a heartbeat says is anyone's: a name that makes no queue is no group
 			}
 			q := wire.GroupQueue(m.Group, m.Name)
+			if m.Partitions > 0 && m.Partitions <= wire.Slots {
+				q = wire.PartitionQueue(m.Group, m.Name, 0)
+			}
 			r := rows[q]
 			if r == nil {
 				r = &groupRow{Group: m.Group, Module: m.Name, Queue: q, Members: map[string]string{}}
@@ -70,6 +91,19 @@ func groups(c *cli.Context) error {
 				status = "running"
 			}
 			r.Members[h.Node] = status
+			if m.Partitions > 0 && m.Partitions <= wire.Slots {
+				if r.Partitions == 0 {
+					r.Partitions = m.Partitions
+					for i := range m.Partitions {
+						r.Each = append(r.Each, partitionState{Partition: i, Queue: wire.PartitionQueue(m.Group, m.Name, i)})
+					}
+				}
+				for _, i := range m.Owns {
+					if i >= 0 && i < len(r.Each) {
+						r.Each[i].Owner = h.Node
+					}
+				}
+			}
 		}
 	}
 	if err := readGroupQueues(c, rows); err != nil {
@@ -93,11 +127,20 @@ func groups(c *cli.Context) error {
 	fmt.Fprintln(tw, "GROUP\tMODULE\tQUEUE\tREADY\tCONSUMERS\tMEMBERS")
 	for _, q := range queues {
 		r := rows[q]
+		owns := map[string]int{}
+		for _, p := range r.Each {
+			if p.Owner != "" {
+				owns[p.Owner]++
+			}
+		}
 		var members []string
 		for _, n := range slices.Sorted(maps.Keys(r.Members)) {
 			m := n
 			if s := r.Members[n]; s != "running" {
 				m += " " + strings.ToUpper(s)
+			}
+			if r.Partitions > 0 {
+				m += fmt.Sprintf(" (%d of %d partitions)", owns[n], r.Partitions)
 			}
 			members = append(members, m)
 		}
@@ -105,7 +148,11 @@ func groups(c *cli.Context) error {
 		if r.Ready != nil {
 			ready, consumers = fmt.Sprint(*r.Ready), fmt.Sprint(*r.Consumers)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", escape(r.Group), escape(r.Module), escape(r.Queue), ready, consumers, escape(strings.Join(members, ", ")))
+		queue := r.Queue
+		if r.Partitions > 1 {
+			queue = fmt.Sprintf("%s..p%03d", r.Queue, r.Partitions-1)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", escape(r.Group), escape(r.Module), escape(queue), ready, consumers, escape(strings.Join(members, ", ")))
 	}
 	return tw.Flush()
 }
@@ -123,23 +170,60 @@ func readGroupQueues(c *cli.Context, rows map[string]*groupRow) error {
 	}
 	defer conn.Close()
 	var ch *amqp.Channel
-	for _, q := range slices.Sorted(maps.Keys(rows)) {
+	inspect := func(q string) (*amqp.Queue, error) {
 		if ch == nil || ch.IsClosed() {
 			if ch, err = conn.Channel(); err != nil {
-				return fmt.Errorf("open channel: %w", err)
+				return nil, fmt.Errorf("open channel: %w", err)
 			}
 		}
 		got, err := ch.QueueDeclarePassive(q, true, false, false, false, nil)
 		var ae *amqp.Error
 		switch {
 		case errors.As(err, &ae) && ae.Code == amqp.NotFound:
-			rows[q].Missing = "the broker has no such queue (no member has attached yet)"
+			return nil, nil
 		case err != nil:
-			return fmt.Errorf("read queue %s: %w", q, err)
-		default:
-			ready, consumers := got.Messages, got.Consumers
-			rows[q].Ready, rows[q].Consumers = &ready, &consumers
+			return nil, fmt.Errorf("read queue %s: %w", q, err)
 		}
+		return &got, nil
+	}
+	for _, key := range slices.Sorted(maps.Keys(rows)) {
+		r := rows[key]
+		if r.Partitions == 0 {
+			got, err := inspect(r.Queue)
+			switch {
+			case err != nil:
+				return err
+			case got == nil:
+				r.Missing = "the broker has no such queue (no member has attached yet)"
+			default:
+				ready, consumers := got.Messages, got.Consumers
+				r.Ready, r.Consumers = &ready, &consumers
+			}
+			continue
+		}
+		// An ordered group: its partitions and its intake.
+		ready, consumers := 0, 0
+		for i := range r.Each {
+			got, err := inspect(r.Each[i].Queue)
+			if err != nil {
+				return err
+			}
+			if got == nil {
+				r.Missing = "the broker lacks partitions of the group (no member has attached yet)"
+				continue
+			}
+			n := got.Messages
+			r.Each[i].Ready = &n
+			ready += n
+			consumers += got.Consumers
+		}
+		g, m, _ := wire.GroupOfQueue(r.Queue)
+		if got, err := inspect(wire.GroupIntake(g, m)); err != nil {
+			return err
+		} else if got != nil {
+			ready += got.Messages
+		}
+		r.Ready, r.Consumers = &ready, &consumers
 	}
 	return nil
 }
