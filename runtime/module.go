@@ -44,6 +44,9 @@ type Module struct {
 	// partitions are the consumers of an ordered group's partitions on the
 	// current session, by index (guarded by mu).
 	partitions map[int]*partition
+	// mismatched are the peers found keeping order over another partition
+	// count, each said once (groupMembers).
+	mismatched sync.Map
 	log        *slog.Logger
 	mesh       *moduleMesh
 	setup      *setup.Recorder // what Setup subscribes and serves

@@ -42,6 +42,10 @@ import (
 //     event is tried again in its lane (source.lane), holding its key's
 //     later events, until it succeeds or is dead-lettered.
 
+// partitionMoves is how many moves of its partition an event outlasts
+// before the broker's delivery limit counts them as attempts.
+const partitionMoves = 16
+
 // partitionsOf consumes the ordered partitions of m's group on s (and its
 // intake): it declares what the group needs, binds and consumes.
 func (m *Module) consumePartitions(ctx context.Context, s *session, patterns []string) error {
@@ -72,6 +76,14 @@ func (m *Module) consumePartitions(ctx context.Context, s *session, patterns []s
 	}
 	args := moduleQueueArgs(m.cfg)
 	args["x-single-active-consumer"] = true
+	// A partition let go returns what its consumer held and had not
+	// started, which the broker counts as a delivery of each: room for
+	// partitionMoves moves beside the attempts, which a lane counts and
+	// bounds itself (the broker's limit is for a node that dies handling
+	// an event, again and again).
+	if limit, ok := args[limitArg].(int64); ok {
+		args[limitArg] = limit + partitionMoves
+	}
 	queues := append([]string{intake}, make([]string, n)...)
 	for i := range n {
 		queues[i+1] = wire.PartitionQueue(g, name, i)
@@ -307,9 +319,19 @@ func (m *Module) groupMembers() []string {
 			continue
 		}
 		for _, s := range p.Modules {
-			if s.Name == m.def.Name && s.Group == m.cfg.Group && s.Partitions == m.cfg.Partitions && s.Status == "running" {
-				members = append(members, p.Node)
+			if s.Name != m.def.Name || s.Group != m.cfg.Group || s.Status != "running" {
+				continue
 			}
+			if s.Partitions != m.cfg.Partitions {
+				// Its slots are bound over another count: a key may be in
+				// two partitions. Said once per peer and count.
+				if _, said := m.mismatched.LoadOrStore(fmt.Sprintf("%s/%d", p.Node, s.Partitions), true); !said {
+					m.log.Error("a member of the group keeps order over another partition count: the events of a key may reach two partitions and lose their order; give every member the same partitions:",
+						"group", m.cfg.Group, "peer", p.Node, "peer_partitions", s.Partitions, "partitions", m.cfg.Partitions)
+				}
+				continue
+			}
+			members = append(members, p.Node)
 		}
 	}
 	slices.Sort(members)
