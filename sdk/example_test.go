@@ -572,3 +572,36 @@ func ExampleHistory() {
 	// 1 mesh.order.paid
 	// next 2
 }
+
+// WithKey gives an event a key: a module group that keeps order by key
+// (partitions: in meshd's config) handles one key's events one at a time,
+// in order, and other keys' beside them. The handler finds the key in the
+// event's headers.
+func ExampleWithKey() {
+	ledger := sdk.Module{Name: "ledger", Emits: []string{"entry.booked"}, Setup: func(m sdk.Mesh) error {
+		return errors.Join(
+			m.On("mesh.payment.#", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+				var p struct{ Account string }
+				if err := ev.Decode(&p); err != nil {
+					return sdk.Permanent(err)
+				}
+				_, err := m.Emit(ctx, "entry.booked", ev.Body, sdk.WithKey(p.Account))
+				return err
+			})),
+			m.On("module.ledger.entry.booked", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+				fmt.Println("booked for", ev.Headers["x-partition-key"])
+				return nil
+			})),
+		)
+	}}
+	mt := meshtest.New(meshtest.Config{})
+	defer mt.Close()
+	_ = mt.Load(ledger, meshtest.ModuleConfig{})
+	_, _ = mt.Emit(context.Background(), "bank", "mesh.payment.received", map[string]any{"account": "account-7", "cents": 1250})
+	mt.Settle()
+	_, err := mt.Emit(context.Background(), "bank", "mesh.payment.received", 1, sdk.WithKey(strings.Repeat("k", 257)))
+	fmt.Println(errors.Is(err, sdk.ErrInvalid))
+	// Output:
+	// booked for account-7
+	// true
+}
