@@ -90,3 +90,83 @@ func TestAGroupSharesItsEventsUnderMeshd(t *testing.T) {
 		t.Errorf("meshctl groups printed:\n%s\nwant a line %q", out, want)
 	}
 }
+
+// TestAGroupKeepsOrderUnderMeshd (issue 61, per-key order): the user's
+// module binary in group ordered with 4 partitions on two nodes of the
+// release's meshd (each as the unit runs it) handles each key's events in
+// the order they were published: keys the release's meshctl gives
+// (--key), keys a foreign publisher (raw amqp091-go) gives without a slot
+// (through the group's intake), and one it gives with the slot it
+// computed. The pongs the handler emits, one per event, reach a tap in the
+// order of their pings, key by key; each event is handled once.
+func TestAGroupKeepsOrderUnderMeshd(t *testing.T) {
+	url := brokertest.VHost(t)
+	echo := userModule(t, "./runtime/testdata/echomodule")
+	entry := fmt.Sprintf("  - name: echo\n    path: %s\n    tools: [\"echo.upper\"]\n    group: ordered\n    partitions: 4\n    concurrency: 4\n", echo)
+	for _, name := range []string{uniqueName("east"), uniqueName("west")} {
+		startNode(t, url, name, entry)
+	}
+	pongs := brokertest.Tap(t, url, wire.ExchangeEvents, "module.echo.pong")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	raw := brokertest.Channel(t, url)
+	if err := raw.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	order := map[string][]string{} // key → ids in publish order
+	keyOf := map[string]string{}
+	publish := func(key string, slot bool) {
+		t.Helper()
+		id := ulid.Make().String()
+		h := amqp.Table{wire.HeaderEventID: id, wire.HeaderSource: "foreign", wire.HeaderNode: "outside",
+			wire.HeaderTime: time.Now().UTC().Format(time.RFC3339Nano), wire.HeaderPartitionKey: key}
+		if slot {
+			h[wire.HeaderSlot] = wire.SlotText(key)
+		}
+		conf, err := raw.PublishWithDeferredConfirmWithContext(ctx, wire.ExchangeEvents, "mesh.test.ping", true, false, amqp.Publishing{
+			MessageId: id, ContentType: wire.ContentTypeJSON, DeliveryMode: amqp.Persistent, Headers: h, Body: []byte(`{"do":"pong"}`)})
+		if err != nil || !conf.Wait() {
+			t.Fatalf("publish: %v", err)
+		}
+		order[key] = append(order[key], id)
+		keyOf[id] = key
+	}
+	for i := range 10 {
+		if i < 5 {
+			for _, key := range []string{"cli-a", "cli-b"} {
+				out, err := meshctl(ctx, url, "emit", "--schema", "", "--key", key, "mesh.test.ping", `{"do":"pong"}`)
+				if err != nil {
+					t.Fatal(err)
+				}
+				id := strings.TrimSpace(out)
+				order[key] = append(order[key], id)
+				keyOf[id] = key
+			}
+		}
+		publish("raw-c", false)
+		publish("raw-d", false)
+		publish("raw-e", true)
+	}
+	seen := map[string][]string{}
+	total := 0
+	for total < len(keyOf) {
+		select {
+		case p := <-pongs:
+			var body struct{ Ping string }
+			_ = json.Unmarshal(p.Body, &body)
+			key, ok := keyOf[body.Ping]
+			if !ok {
+				t.Fatalf("a pong for %s, which was not sent", body.Ping)
+			}
+			seen[key] = append(seen[key], body.Ping)
+			total++
+		case <-ctx.Done():
+			t.Fatalf("%d of %d events handled", total, len(keyOf))
+		}
+	}
+	for key, want := range order {
+		if got := seen[key]; strings.Join(got, " ") != strings.Join(want, " ") {
+			t.Errorf("key %s: handled in the order\n%v\nwant\n%v", key, got, want)
+		}
+	}
+}
