@@ -46,8 +46,8 @@ import (
 // before the broker's delivery limit counts them as attempts.
 const partitionMoves = 16
 
-// partitionsOf consumes the ordered partitions of m's group on s (and its
-// intake): it declares what the group needs, binds and consumes.
+// consumePartitions consumes the ordered partitions of m's group on s
+// (and its intake): it declares what the group needs, binds and consumes.
 func (m *Module) consumePartitions(ctx context.Context, s *session, patterns []string) error {
 	g, name, n := m.cfg.Group, m.def.Name, m.cfg.Partitions
 	exchange, intake := wire.GroupExchange(g, name), wire.GroupIntake(g, name)
@@ -139,22 +139,13 @@ func (m *Module) reconcileExchangeBindings(ch *amqp.Channel, exchange string, wa
 		}
 	}
 	for _, p := range had {
-		if !containsString(want, p) {
+		if !slices.Contains(want, p) {
 			if err := ch.ExchangeUnbind(exchange, p, wire.ExchangeEvents, false, nil); err != nil {
 				return fmt.Errorf("unbind exchange %s from %q: %w", exchange, p, err)
 			}
 		}
 	}
 	return m.node.bindings.store(exchange, want)
-}
-
-func containsString(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // consumeOrdered opens a tracked channel with prefetch and consumes queue
@@ -427,7 +418,7 @@ func (l *lane) run() {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.draining {
+	if p.draining || p.ch.IsClosed() {
 		return // left unacknowledged: the next consumer gets it first
 	}
 	m.workers.Add(1)
