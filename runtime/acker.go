@@ -162,11 +162,11 @@ func (a *acker) flushLocked(all bool) error {
 
 // ack acknowledges d, which came from src: held by the acker of its
 // channel if it has one (the module's event queue), at once otherwise.
-// A delivery of an ordered partition's lane (src.lane) is acknowledged
-// at once, and its lane goes on to its key's next event.
+// A delivery of an ordered partition's lane (src.lane) is held by its
+// partition's acker too, and its lane goes on to its key's next event.
 func (src source) ack(d amqp.Delivery) error {
 	if src.lane != nil {
-		err := d.Ack(false)
+		err := src.acks.ack(d.DeliveryTag)
 		src.lane.settled()
 		return err
 	}

@@ -441,7 +441,14 @@ func (m *Module) Stop(ctx context.Context) error {
 	for t := range m.retries {
 		t.Stop() // its event returns to the queue when the channel closes
 	}
+	parts := make([]*partition, 0, len(m.partitions))
+	for _, p := range m.partitions {
+		parts = append(parts, p)
+	}
 	m.mu.Unlock()
+	for _, p := range parts {
+		p.flush() // what the lanes settled, acknowledged before the channel closes
+	}
 	for _, c := range consumers {
 		if err := c.ch.Close(); err != nil && !errors.Is(err, amqp.ErrClosed) {
 			errs = append(errs, fmt.Errorf("close channel: %w", err))

@@ -443,7 +443,7 @@ func (n *Node) emit(ctx context.Context, source, eventType string, raw []byte, o
 	if o.HasKey {
 		headers[wire.HeaderPartitionKey] = o.Key
 	}
-	headers[wire.HeaderSlot] = wire.SlotText(o.Key)
+	headers[wire.SlotHeader(o.Key)] = wire.SlotMark
 	msg := amqp.Publishing{
 		Headers:      headers,
 		ContentType:  wire.ContentTypeJSON,

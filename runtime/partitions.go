@@ -19,10 +19,10 @@ import (
 //
 //   - its headers exchange group.<group>.<module> is bound to mesh.events
 //     with the module's patterns, and each partition queue
-//     group.<group>.<module>.pNNN to it on each of its slots (the slots s
-//     with s mod Partitions == NNN, on the header mesh-slot, which every
-//     node stamps from the event's key: wire.Slot);
-//   - an event without mesh-slot (a foreign publisher's that did not stamp
+//     group.<group>.<module>.pNNN to it once, on any of its slots (the
+//     slots s with s mod Partitions == NNN, each a header mesh-slot-S,
+//     which every node stamps from the event's key: wire.SlotHeader);
+//   - an event without a slot header (a foreign publisher's that did not stamp
 //     it) matches no binding and goes to the exchange's alternate,
 //     group.<group>.<module>.intake, a fanout exchange and its queue, which
 //     one member at a time (single active consumer) slots and sends on
@@ -104,10 +104,14 @@ func (m *Module) consumePartitions(ctx context.Context, s *session, patterns []s
 	if err := ch.QueueBind(intake, "", intake, false, nil); err != nil {
 		return fmt.Errorf("bind %s: %w", intake, err)
 	}
-	for slot := range wire.Slots {
-		q := wire.PartitionQueue(g, name, slot%n)
-		if err := ch.QueueBind(q, "", exchange, false, amqp.Table{"x-match": "all", wire.HeaderSlot: strconv.Itoa(slot)}); err != nil {
-			return fmt.Errorf("bind %s to slot %d: %w", q, slot, err)
+	for i := range n {
+		q := wire.PartitionQueue(g, name, i)
+		match := amqp.Table{"x-match": "any"}
+		for slot := i; slot < wire.Slots; slot += n {
+			match[wire.SlotHeaderOf(slot)] = wire.SlotMark
+		}
+		if err := ch.QueueBind(q, "", exchange, false, match); err != nil {
+			return fmt.Errorf("bind %s to its slots: %w", q, err)
 		}
 	}
 	if err := m.node.bindings.store(record, []string{strconv.Itoa(n)}); err != nil {
@@ -182,7 +186,11 @@ func (m *Module) consumePartition(s *session, i int, queue string) error {
 	if err != nil {
 		return err
 	}
-	p := &partition{m: m, s: s, ch: ch, index: i, queue: queue, lanes: map[string]*lane{}}
+	p := &partition{m: m, s: s, ch: ch, index: i, queue: queue, lanes: map[string]*lane{}, acks: newAcker(ch, m.cfg.Prefetch), kick: make(chan struct{}, 1)}
+	if m.dedup != nil {
+		p.acks.records = m.writeRecords // no ack before the handled ids are written down
+	}
+	go p.flusher()
 	m.mu.Lock()
 	if m.partitions == nil {
 		m.partitions = map[int]*partition{}
@@ -204,6 +212,11 @@ type partition struct {
 	// fed says the broker delivered to this consumer: it is the
 	// partition's active one (single active consumer), or was.
 	fed atomic.Bool
+	// acks coalesces the lanes' acknowledgements (ADR 23), sent within
+	// ackLinger of the first held (flusher), and all of them before the
+	// channel closes (yield, Module.Stop).
+	acks *acker
+	kick chan struct{}
 
 	mu       sync.Mutex
 	lanes    map[string]*lane // by key: the keys with an event in hand or waiting
@@ -241,6 +254,7 @@ func (p *partition) yield() {
 	case <-time.After(m.cfg.HandlerTimeout + 5*time.Second):
 		m.log.Warn("a partition is let go with a handler still running past its timeout", "queue", p.queue)
 	}
+	p.flush()
 	m.untrack(p.ch)
 	m.log.Info("partition let go to another member of the group", "queue", p.queue)
 	if m.node.session() != p.s || p.s.isLost() {
@@ -380,6 +394,44 @@ func (p *partition) dispatch(deliveries <-chan amqp.Delivery) {
 	}
 }
 
+// flushSoon has the flusher send the held acks within ackLinger.
+func (p *partition) flushSoon() {
+	select {
+	case p.kick <- struct{}{}:
+	default: // a flush is due already
+	}
+}
+
+// flusher sends the acks the lanes hold, ackLinger after the first, so
+// that the acks of events settled together go as one, until the channel
+// closes.
+func (p *partition) flusher() {
+	closed := p.ch.NotifyClose(make(chan *amqp.Error, 1))
+	t := time.NewTimer(ackLinger)
+	t.Stop()
+	for {
+		select {
+		case <-closed:
+			return
+		case <-p.kick:
+		}
+		t.Reset(ackLinger)
+		select {
+		case <-closed:
+			return
+		case <-t.C:
+		}
+		p.flush()
+	}
+}
+
+// flush sends every ack the lanes hold.
+func (p *partition) flush() {
+	if err := p.acks.flush(); err != nil && !p.ch.IsClosed() {
+		p.m.log.Warn("acks of a partition failed; its events will be delivered again (and recognised as handled)", "queue", p.queue, "err", err)
+	}
+}
+
 // keyOf is a delivery's key: its x-partition-key, "" when it has none.
 func keyOf(d amqp.Delivery) (string, error) {
 	v, ok := d.Headers[wire.HeaderPartitionKey]
@@ -398,7 +450,7 @@ func keyOf(d amqp.Delivery) (string, error) {
 
 // source is the partition as the source of a delivery of lane l.
 func (p *partition) source(l *lane) source {
-	src := source{queue: p.queue, quorum: true}
+	src := source{queue: p.queue, quorum: true, acks: p.acks}
 	if l != nil {
 		src.lane = l
 	}
@@ -440,6 +492,7 @@ func (l *lane) run() {
 // settled is the lane's first event settled: the lane goes on to the next,
 // or ends.
 func (l *lane) settled() {
+	l.p.flushSoon()
 	l.p.mu.Lock()
 	l.waiting = l.waiting[1:]
 	l.tried = 0
@@ -493,7 +546,7 @@ func (m *Module) slotOnward(s *session, d amqp.Delivery, exchange string) {
 	msg := amqpmsg.Republishing(d, amqpmsg.Bookkeeping)
 	msg.UserId = m.node.userID
 	msg.Headers[wire.HeaderUserID] = o.userID
-	msg.Headers[wire.HeaderSlot] = wire.SlotText(key)
+	msg.Headers[wire.SlotHeader(key)] = wire.SlotMark
 	for attempt := 1; ; attempt++ {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		err := m.node.publishConfirmed(ctx, s, exchange, d.RoutingKey, msg)

@@ -119,6 +119,11 @@ func run(o options) error {
 			}
 		}
 	}
+	if o.only == "" || o.only == "groups" {
+		if err := benchGroups(url, o); err != nil {
+			return fmt.Errorf("groups: %w", err)
+		}
+	}
 	if o.only == "" || o.only == "goals" {
 		if err := benchGoals(url, o); err != nil {
 			return fmt.Errorf("goals: %w", err)
@@ -478,6 +483,19 @@ func (m *meshSide) close() error {
 	defer cancel()
 	err := m.node.Close(ctx)
 	return errors.Join(err, deleteQueue(m.url, m.queue))
+}
+
+func deleteExchange(url, exchange string) error {
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	return ch.ExchangeDelete(exchange, false, false)
 }
 
 func deleteQueue(url, queue string) error {

@@ -30,7 +30,7 @@ func main() {
 	flag.DurationVar(&o.latencyFor, "latency-for", 0, "length of a latency round (default 5s)")
 	flag.IntVar(&o.rounds, "rounds", 5, "alternating rounds per figure; the median is reported")
 	flag.StringVar(&o.queueTypes, "queue-types", "quorum,classic", "queue types to measure, the first is the headline")
-	flag.StringVar(&o.only, "only", "", "run only \"events\", \"goals\", \"broker\", \"rpc\", \"plugin\", \"tracing\", \"rss\", \"audit\", \"history\", \"delays\", \"schemas\" or \"outbox\"")
+	flag.StringVar(&o.only, "only", "", "run only \"events\", \"groups\", \"goals\", \"broker\", \"rpc\", \"plugin\", \"tracing\", \"rss\", \"audit\", \"history\", \"delays\", \"schemas\" or \"outbox\"")
 	flag.IntVar(&o.rpcSequential, "rpc-sequential", 2000, "sequential calls per round for the round-trip latency")
 	flag.IntVar(&o.rpcCalls, "rpc-calls", 20000, "calls per round for the concurrent throughput")
 	flag.IntVar(&o.rpcCallers, "rpc-callers", 32, "concurrent callers")

@@ -196,31 +196,39 @@ func GroupOfQueue(queue string) (group, module string, ok bool) {
 }
 
 // Per-key order (ADR 48). An event's key is x-partition-key (at most
-// MaxKeyBytes of UTF-8; none is the empty key); its slot, which the
-// emitting node stamps in HeaderSlot, is Slot(key). A group that keeps
-// order has Slots slots over its partitions: partition i of n takes the
-// slots s with s mod n == i, each bound on its slot in the group's headers
-// exchange (GroupExchange), which the broker matches on headers whose
-// names do not begin with "x-" (rabbitmq-3.10-facts.md: partition facts).
+// MaxKeyBytes of UTF-8; none is the empty key); its slot is Slot(key),
+// which the emitting node stamps as a header of its own, SlotHeader(key)
+// with the value SlotMark. A group that keeps order over n partitions binds
+// partition i to its headers exchange (GroupExchange) once, matching any
+// of the slot headers of the slots s with s mod n == i: n bindings a group
+// and Slots arguments in all, which the broker goes through for each event
+// it routes there. Their count is the cost (make bench, -only groups: a
+// binding a slot over 256 slots cost the broker 6 times an unordered
+// event's CPU for matching, one binding a partition over 256 slots twice,
+// over 64 slots half again: ADR 48). The headers exchange matches only
+// headers whose names do not begin with "x-" (rabbitmq-3.10-facts.md:
+// partition facts).
 const (
 	// HeaderPartitionKey is an event's key: events of one key are
 	// handled one at a time, in broker order, by a group that keeps
 	// order (sdk.WithKey sets it; a foreign publisher may).
 	HeaderPartitionKey = "x-partition-key"
-	// HeaderSlot is the event's slot, Slot of its key in decimal, a
-	// string ("0" to "255"): the header the group's partitions are bound
-	// on (the headers exchange tells a string from an integer). Its name
-	// has no x- prefix, for the headers exchange to match it.
-	HeaderSlot = "mesh-slot"
+	// SlotHeaderPrefix begins the name of an event's slot header,
+	// SlotHeader: mesh-slot-0 to mesh-slot-63. Its name has no x-
+	// prefix, for the headers exchange to match it.
+	SlotHeaderPrefix = "mesh-slot-"
+	// SlotMark is the value of the slot header (a string: the headers
+	// exchange tells "1" from 1).
+	SlotMark = "1"
 	// Slots is how many slots a key falls into: the most partitions a
 	// group may have.
-	Slots = 256
+	Slots = 64
 	// MaxKeyBytes bounds a key.
 	MaxKeyBytes = 256
 )
 
 // Slot is the slot of key: its 32-bit FNV-1a hash modulo Slots. A foreign
-// publisher that stamps HeaderSlot computes the same.
+// publisher that stamps the slot header computes the same.
 func Slot(key string) int {
 	h := uint32(2166136261)
 	for i := 0; i < len(key); i++ {
@@ -230,8 +238,12 @@ func Slot(key string) int {
 	return int(h % Slots)
 }
 
-// SlotText is Slot of key in decimal, HeaderSlot's value.
-func SlotText(key string) string { return strconv.Itoa(Slot(key)) }
+// SlotHeader is the name of the header that says key's slot: mesh-slot-
+// and the slot in decimal.
+func SlotHeader(key string) string { return SlotHeaderOf(Slot(key)) }
+
+// SlotHeaderOf is the name of slot's header.
+func SlotHeaderOf(slot int) string { return SlotHeaderPrefix + strconv.Itoa(slot) }
 
 // CheckKey checks an event's key: at most MaxKeyBytes of UTF-8 without
 // control characters.
@@ -263,7 +275,7 @@ func PartitionQueue(group, module string, i int) string {
 }
 
 // GroupIntake is the exchange and queue that take an event of a group that
-// keeps order which bears no HeaderSlot (its publisher did not stamp it):
+// keeps order which bears no slot header (its publisher did not stamp it):
 // the alternate exchange of GroupExchange. A member slots it and sends it
 // on, in order.
 func GroupIntake(group, module string) string {

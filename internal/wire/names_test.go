@@ -53,11 +53,12 @@ func TestAGroupQueueNeverMeetsANodesQueue(t *testing.T) {
 }
 
 // TestSlotIsFNV1a: the slot a foreign publisher must compute, pinned:
-// FNV-1a (32 bits) of the key's bytes, modulo 256, in decimal.
+// FNV-1a (32 bits) of the key's bytes, modulo 64, named in decimal in
+// its header.
 func TestSlotIsFNV1a(t *testing.T) {
-	for key, want := range map[string]string{"": "197", "a": "44", "order-42": wire.SlotText("order-42")} {
-		if got := wire.SlotText(key); got != want {
-			t.Errorf("SlotText(%q) = %s, want %s", key, got, want)
+	for key, want := range map[string]string{"": "mesh-slot-5", "a": "mesh-slot-44"} {
+		if got := wire.SlotHeader(key); got != want {
+			t.Errorf("SlotHeader(%q) = %s, want %s", key, got, want)
 		}
 	}
 	h := fnv.New32a()

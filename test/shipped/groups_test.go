@@ -121,7 +121,7 @@ func TestAGroupKeepsOrderUnderMeshd(t *testing.T) {
 		h := amqp.Table{wire.HeaderEventID: id, wire.HeaderSource: "foreign", wire.HeaderNode: "outside",
 			wire.HeaderTime: time.Now().UTC().Format(time.RFC3339Nano), wire.HeaderPartitionKey: key}
 		if slot {
-			h[wire.HeaderSlot] = wire.SlotText(key)
+			h[wire.SlotHeader(key)] = wire.SlotMark
 		}
 		conf, err := raw.PublishWithDeferredConfirmWithContext(ctx, wire.ExchangeEvents, "mesh.test.ping", true, false, amqp.Publishing{
 			MessageId: id, ContentType: wire.ContentTypeJSON, DeliveryMode: amqp.Persistent, Headers: h, Body: []byte(`{"do":"pong"}`)})
