@@ -125,7 +125,10 @@ func NodeObjects(cfg Config, mcs map[string]ModuleConfig) ([]BrokerObject, error
 			dead.Bindings = append(dead.Bindings, Binding{wire.ExchangeDead, p})
 		}
 		objs = append(objs, queue)
-		if mc.Group != "" {
+		switch {
+		case mc.Partitions > 0:
+			objs = append(objs, orderedObjects(mc, name, group.When)...)
+		case mc.Group != "":
 			objs = append(objs, group)
 		}
 		objs = append(objs, dead)
@@ -137,6 +140,34 @@ func NodeObjects(cfg Config, mcs map[string]ModuleConfig) ([]BrokerObject, error
 		objs = append(objs, HistoryObject(cfg.History))
 	}
 	return objs, nil
+}
+
+// orderedObjects are what a group that keeps order by key declares
+// (partitions.go): its headers exchange, bound to mesh.events with the
+// module's patterns, its intake exchange and queue, and its partitions,
+// each bound to the headers exchange on its slots (the binding is
+// checked, not the slots it matches; nor the exchange's own bindings to
+// mesh.events).
+func orderedObjects(mc ModuleConfig, module, when string) []BrokerObject {
+	exchange, intake := wire.GroupExchange(mc.Group, module), wire.GroupIntake(mc.Group, module)
+	args := moduleQueueArgs(mc)
+	args["x-single-active-consumer"] = true
+	if limit, ok := args[limitArg].(int64); ok {
+		args[limitArg] = limit + partitionMoves
+	}
+	objs := []BrokerObject{
+		{Kind: "exchange", Name: intake, Type: amqp.ExchangeFanout, Durable: true, When: when},
+		{Kind: "exchange", Name: exchange, Type: amqp.ExchangeHeaders, Durable: true, Args: amqp.Table{"alternate-exchange": intake},
+			Binds: wire.ExchangeEvents + " with the patterns the module subscribes (group " + mc.Group + ", ordered by key)", When: when},
+		{Kind: "queue", Name: intake, Type: QueueQuorum, Durable: true, Args: args, Binds: intake,
+			Bindings: []Binding{{intake, ""}}, BindingsKnown: true, When: when},
+	}
+	for i := range mc.Partitions {
+		objs = append(objs, BrokerObject{Kind: "queue", Name: wire.PartitionQueue(mc.Group, module, i), Type: QueueQuorum, Durable: true, Args: args,
+			Binds:    fmt.Sprintf("%s on its slots (those equal to %d modulo %d)", exchange, i, mc.Partitions),
+			Bindings: []Binding{{exchange, ""}}, BindingsKnown: true, When: when})
+	}
+	return objs
 }
 
 // declareTopology declares the mesh's exchanges and the queues that keep

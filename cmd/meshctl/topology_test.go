@@ -102,6 +102,10 @@ modules:
   - name: mail
     path: /bin/true
     queue_type: classic
+  - name: ledger
+    path: /bin/true
+    group: books
+    partitions: 4
 `, url, state)), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +125,8 @@ modules:
 		"x-delivery-limit=", "x-queue-type=quorum", "n1.mail.events", "x-queue-type=classic", "mesh.node.n1.lock",
 		`mesh.events.dead "#"`, "the patterns the module subscribes (no binding record here)",
 		"exchange  mesh.delay ", "queue     mesh.delay.27", "x-message-ttl=134217728000", "x-dead-letter-strategy=at-least-once",
-		"queue     mesh.node.n1.due", `mesh.delay.due "#.n1"`} {
+		"queue     mesh.node.n1.due", `mesh.delay.due "#.n1"`, "exchange  group.books.ledger ", "alternate-exchange=group.books.ledger.intake",
+		"queue     group.books.ledger.p003", "x-single-active-consumer=true", "queue     group.books.ledger.intake"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("print lacks %q:\n%s", want, out)
 		}
@@ -137,7 +142,7 @@ modules:
 	for _, m := range []struct {
 		name string
 		mc   runtime.ModuleConfig
-	}{{"shop", runtime.ModuleConfig{}}, {"mail", runtime.ModuleConfig{QueueType: runtime.QueueClassic}}} {
+	}{{"shop", runtime.ModuleConfig{}}, {"mail", runtime.ModuleConfig{QueueType: runtime.QueueClassic}}, {"ledger", runtime.ModuleConfig{Group: "books", Partitions: 4}}} {
 		if _, err := n.Load(ctx, sdk.Module{Name: m.name, Setup: func(s sdk.Mesh) error {
 			return s.On("mesh.topo.#", sdk.HandlerFunc(func(context.Context, sdk.Event) error { return nil }))
 		}}, m.mc); err != nil {
