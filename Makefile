@@ -82,10 +82,11 @@ lint: ## Fail on unformatted files (gofmt -l), on packages and exported names wi
 	$(GO) vet ./...
 	$(GO) run ./cmd/apicheck
 
-fuzz: ## Fuzz event-type validation, subscription filters, emit naming and bodies, header decoding, topic matching, the dedup log, dead-letter headers (as meshctl and a DeadLetters handler read them), replay targets, meshctl's terminal escaping, caller patterns, permission patterns, coalesced acks, the console's login redirect, audit filter and tokens file, the CloudEvents reader, body schemas (and the bounds on what checking a body may cost) and their compatibility checker, event digests, the dedup digest file, outbox rows' options, the shape of mesh.yaml, the audit chain's hash and checkpoints, 20s each
+fuzz: ## Fuzz event-type validation, subscription filters, emit naming and bodies, header decoding, topic matching, event keys and slots, the dedup log, dead-letter headers (as meshctl and a DeadLetters handler read them), replay targets, meshctl's terminal escaping, caller patterns, permission patterns, coalesced acks, the console's login redirect, audit filter and tokens file, the CloudEvents reader, body schemas (and the bounds on what checking a body may cost) and their compatibility checker, event digests, the dedup digest file, outbox rows' options, the shape of mesh.yaml, the audit chain's hash and checkpoints, 20s each
 	$(GO) test -run='^$$' -fuzz=FuzzValidateEventType -fuzztime=20s ./internal/wire
 	$(GO) test -run='^$$' -fuzz=FuzzDecodeMeta -fuzztime=20s ./internal/wire
 	$(GO) test -run='^$$' -fuzz=FuzzMatchPattern -fuzztime=20s ./internal/wire
+	$(GO) test -run='^$$' -fuzz=FuzzCheckKey -fuzztime=20s ./internal/wire
 	$(GO) test -run='^$$' -fuzz=FuzzValidateSubscription -fuzztime=20s ./internal/wire
 	$(GO) test -run='^$$' -fuzz=FuzzFilter -fuzztime=20s ./internal/filter
 	$(GO) test -run='^$$' -fuzz=FuzzValidateToolKey -fuzztime=20s ./internal/wire

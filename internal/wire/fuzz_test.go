@@ -433,3 +433,29 @@ func FuzzValidateToolKey(f *testing.F) {
 		}
 	})
 }
+
+// FuzzCheckKey: a key CheckKey accepts is at most MaxKeyBytes of UTF-8
+// without control characters, one it refuses is refused with ErrInvalid,
+// and every key has a slot in range whose header is a single word the
+// headers exchange matches (no x- prefix).
+func FuzzCheckKey(f *testing.F) {
+	for _, s := range []string{"", "account-7", "a\nb", "\xff", strings.Repeat("k", MaxKeyBytes+1), "ключ"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, key string) {
+		err := CheckKey(key)
+		ok := len(key) <= MaxKeyBytes && utf8.ValidString(key) && !strings.ContainsFunc(key, unicode.IsControl)
+		switch {
+		case err == nil && !ok:
+			t.Fatalf("CheckKey(%q) accepted it", key)
+		case err != nil && (ok || !errors.Is(err, ErrInvalid)):
+			t.Fatalf("CheckKey(%q) = %v", key, err)
+		}
+		if s := Slot(key); s < 0 || s >= Slots {
+			t.Fatalf("Slot(%q) = %d", key, s)
+		}
+		if h := SlotHeader(key); !strings.HasPrefix(h, SlotHeaderPrefix) || strings.HasPrefix(h, "x-") {
+			t.Fatalf("SlotHeader(%q) = %q", key, h)
+		}
+	})
+}
