@@ -71,6 +71,9 @@ func (h *hostServer) Emit(ctx context.Context, b *pb.EmitBatch) (*pb.EmitResults
 				FreshID:    e.Id == "",
 				AtMostOnce: e.AtMostOnce,
 			}
+			if e.HasKey && h.pm.Protocol() >= plugin.ProtocolKeys {
+				o.Key, o.HasKey = e.Key, true
+			}
 			o.After, o.At = plugin.TimingFrom(e.AfterMillis, e.AtUnixMillis)
 			if e.Outbox && h.pm.Protocol() >= plugin.ProtocolOutbox {
 				// The id is derived from the module's name, which the host

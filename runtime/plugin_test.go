@@ -125,6 +125,25 @@ func TestPluginEmitHandleAndCall(t *testing.T) {
 		t.Errorf("pong body %+v %v", body, err)
 	}
 
+	// A key from the module process reaches the wire (module protocol 8):
+	// the header, and the slot header of the key's slot.
+	tap := brokertest.Tap(t, url, wire.ExchangeEvents, "module.echo.pong")
+	keyed, err := n.Emit(emitCtx(t), "test", "mesh.test.keyed", map[string]string{"do": "keyed", "key": "acct-7"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev := rec.next(t); ev.Headers[wire.HeaderPartitionKey] != "acct-7" || ev.CausationID != keyed {
+		t.Errorf("keyed pong %+v: want the key acct-7", ev)
+	}
+	select {
+	case d := <-tap:
+		if d.Headers[wire.HeaderPartitionKey] != "acct-7" || d.Headers[wire.SlotHeader("acct-7")] != wire.SlotMark {
+			t.Errorf("keyed pong on the wire: %v; want x-partition-key acct-7 and %s", d.Headers, wire.SlotHeader("acct-7"))
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the keyed pong never reached the wire")
+	}
+
 	if _, err := n.Emit(emitCtx(t), "test", "mesh.test.call", map[string]string{"do": "call"}); err != nil {
 		t.Fatal(err)
 	}

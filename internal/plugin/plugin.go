@@ -41,6 +41,11 @@ var oldestProtocol = "7"
 // older one would give each resend of a row a fresh id.
 const ProtocolOutbox = 8
 
+// ProtocolKeys is the first module protocol whose emits may carry a key
+// (pb.Emit's key, sdk.WithKey; ADR 48): a host of an older one would
+// publish the event without it, out of its key's order.
+const ProtocolKeys = 8
+
 // ProtocolVersion is the plugin protocol version this build speaks: the
 // one a module process built with this sdk offers, and the newest meshd
 // serves.

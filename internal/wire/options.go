@@ -131,6 +131,11 @@ func (o EmitOptions) Check() error {
 	if o.TTL < 0 {
 		return fmt.Errorf("%w: time to live %v is negative", ErrInvalid, o.TTL)
 	}
+	if o.HasKey {
+		if err := CheckKey(o.Key); err != nil {
+			return err
+		}
+	}
 	return o.checkTiming()
 }
 

@@ -19,12 +19,14 @@ func TestHeaderBounds(t *testing.T) {
 		{EmitOptions{Schema: strings.Repeat("v", MaxSchemaBytes+1)}, "over 128"},
 		{EmitOptions{Schema: "1\n2"}, "control character"},
 		{EmitOptions{CausationID: strings.Repeat("c", MaxCausationBytes+1)}, "over 255"},
+		{EmitOptions{Key: strings.Repeat("k", MaxKeyBytes+1), HasKey: true}, "over 256"},
+		{EmitOptions{Key: "a\x00b", HasKey: true}, "control character"},
 	} {
 		if err := c.o.Check(); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: %v, want ErrInvalid saying %q", c.o, err, c.want)
 		}
 	}
-	ok := EmitOptions{Schema: strings.Repeat("v", MaxSchemaBytes), CausationID: strings.Repeat("c", MaxCausationBytes)}
+	ok := EmitOptions{Schema: strings.Repeat("v", MaxSchemaBytes), CausationID: strings.Repeat("c", MaxCausationBytes), Key: strings.Repeat("k", MaxKeyBytes), HasKey: true}
 	if err := ok.Check(); err != nil {
 		t.Errorf("at the bounds: %v", err)
 	}

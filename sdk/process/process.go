@@ -648,11 +648,6 @@ func (pm *pluginMesh) Emit(ctx context.Context, name string, body any, opts ...s
 	if err != nil {
 		return "", err
 	}
-	if o.HasKey {
-		// Refused, not dropped: a key the host never saw would leave the
-		// event unordered without a word.
-		return "", fmt.Errorf("emit %s: %w: an event's key (sdk.WithKey) reaches meshd from a module process from module protocol 9 on, which this sdk does not speak yet; emit it from an in-process module, or have the group take its key from the event", name, sdk.ErrInvalid)
-	}
 	raw, bodyErr := toJSON(body) // an error is the node's to weigh first (unencodable)
 	if bodyErr != nil {
 		raw = nil
@@ -663,7 +658,7 @@ func (pm *pluginMesh) Emit(ctx context.Context, name string, body any, opts ...s
 	}
 	e := &pb.Emit{Name: name, Body: raw, Schema: o.Schema, CausationId: o.CausationID,
 		TtlMillis: o.TTL.Milliseconds(), Priority: uint32(o.Priority), HasPriority: o.HasPriority, FullType: o.FullType,
-		Handling: handlingOf(ctx), AtMostOnce: o.AtMostOnce}
+		Handling: handlingOf(ctx), AtMostOnce: o.AtMostOnce, Key: o.Key, HasKey: o.HasKey}
 	e.AfterMillis, e.AtUnixMillis = plugin.TimingOf(o)
 	switch {
 	case o.Outbox != nil: // the host derives the row's id from these (protocol 8)

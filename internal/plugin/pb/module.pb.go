@@ -1535,8 +1535,14 @@ type Emit struct {
 	OutboxScope      string `protobuf:"bytes,15,opt,name=outbox_scope,json=outboxScope,proto3" json:"outbox_scope,omitempty"`
 	OutboxN          uint64 `protobuf:"varint,16,opt,name=outbox_n,json=outboxN,proto3" json:"outbox_n,omitempty"`
 	OutboxUnixMillis int64  `protobuf:"varint,17,opt,name=outbox_unix_millis,json=outboxUnixMillis,proto3" json:"outbox_unix_millis,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The event's key (sdk.WithKey; protocol 8 on), when has_key: a group
+	// that keeps order by key handles one key's events in order (ADR 48).
+	// A host of protocol 7 would not read it; a process of protocol 8 runs
+	// only under a host that serves it.
+	Key           string `protobuf:"bytes,18,opt,name=key,proto3" json:"key,omitempty"`
+	HasKey        bool   `protobuf:"varint,19,opt,name=has_key,json=hasKey,proto3" json:"has_key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Emit) Reset() {
@@ -1686,6 +1692,20 @@ func (x *Emit) GetOutboxUnixMillis() int64 {
 		return x.OutboxUnixMillis
 	}
 	return 0
+}
+
+func (x *Emit) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *Emit) GetHasKey() bool {
+	if x != nil {
+		return x.HasKey
+	}
+	return false
 }
 
 type EmitBatch struct {
@@ -2137,7 +2157,7 @@ const file_module_proto_rawDesc = "" +
 	"\tFORBIDDEN\x10\x03\x12\f\n" +
 	"\bCONFLICT\x10\x04\"C\n" +
 	"\fOutcomeBatch\x123\n" +
-	"\boutcomes\x18\x01 \x03(\v2\x17.mesh.plugin.v1.OutcomeR\boutcomes\"\xff\x03\n" +
+	"\boutcomes\x18\x01 \x03(\v2\x17.mesh.plugin.v1.OutcomeR\boutcomes\"\xaa\x04\n" +
 	"\x04Emit\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04body\x18\x02 \x01(\fR\x04body\x12\x16\n" +
@@ -2158,7 +2178,9 @@ const file_module_proto_rawDesc = "" +
 	"\x06outbox\x18\x0e \x01(\bR\x06outbox\x12!\n" +
 	"\foutbox_scope\x18\x0f \x01(\tR\voutboxScope\x12\x19\n" +
 	"\boutbox_n\x18\x10 \x01(\x04R\aoutboxN\x12,\n" +
-	"\x12outbox_unix_millis\x18\x11 \x01(\x03R\x10outboxUnixMillis\"7\n" +
+	"\x12outbox_unix_millis\x18\x11 \x01(\x03R\x10outboxUnixMillis\x12\x10\n" +
+	"\x03key\x18\x12 \x01(\tR\x03key\x12\x17\n" +
+	"\ahas_key\x18\x13 \x01(\bR\x06hasKey\"7\n" +
 	"\tEmitBatch\x12*\n" +
 	"\x05emits\x18\x01 \x03(\v2\x14.mesh.plugin.v1.EmitR\x05emits\"l\n" +
 	"\n" +

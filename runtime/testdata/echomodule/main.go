@@ -80,6 +80,7 @@ func main() {
 					Do  string
 					N   int
 					Log string
+					Key string
 				}
 				if err := ev.Decode(&cmd); err != nil {
 					return sdk.Permanent(err)
@@ -87,6 +88,9 @@ func main() {
 				switch cmd.Do {
 				case "pong":
 					_, err := mesh.Emit(ctx, "pong", map[string]any{"ping": ev.ID, "attempt": ev.Attempt}, sdk.WithSchema("1"))
+					return err
+				case "keyed": // a pong with a key (module protocol 8)
+					_, err := mesh.Emit(ctx, "pong", map[string]any{"ping": ev.ID, "attempt": ev.Attempt}, sdk.WithSchema("1"), sdk.WithKey(cmd.Key))
 					return err
 				case "crash":
 					os.Exit(3)
