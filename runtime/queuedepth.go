@@ -4,6 +4,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/meshkit/mesh/internal/wire"
 )
 
 // The depth of the modules' queues, for the metrics mesh.queue.depth and
@@ -79,6 +81,29 @@ func (l *queueLook) modules(n *Node) {
 			continue
 		}
 		stat := &queueStat{messages: int64(q.Messages), consumers: int64(q.Consumers)}
+		if m.cfg.Partitions > 0 {
+			// An ordered group's: its partitions and its intake, whose
+			// consumers are each partition's active one.
+			queues := []string{wire.GroupIntake(m.cfg.Group, m.def.Name)}
+			for i := range m.cfg.Partitions {
+				queues = append(queues, wire.PartitionQueue(m.cfg.Group, m.def.Name, i))
+			}
+			stat.consumers = 0
+			for _, pq := range queues {
+				g, err := l.inspect(s, pq)
+				if err != nil {
+					stat = nil
+					m.log.Debug("could not read the depth of the module's group partition", "queue", pq, "err", err)
+					break
+				}
+				stat.messages += int64(g.Messages)
+				if pq != queues[0] {
+					stat.consumers += int64(g.Consumers)
+				}
+			}
+			m.counts.queue.Store(stat)
+			continue
+		}
 		if m.groupQueue != "" {
 			// A group's member: the events wait in the group's queue,
 			// which every member consumes; its own holds its retries.

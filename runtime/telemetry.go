@@ -186,6 +186,7 @@ func (n *Node) startTelemetry() error {
 		obOldest    = gauge("mesh.outbox.oldest_age_seconds", "Age of the oldest unpublished row of a module's outbox, by module (0 for none).")
 		obAside     = gauge("mesh.outbox.set_aside", "Rows of a module's outbox the node refused for good (an ungranted type, say), kept in its database, by module.")
 		obErrors    = counter("mesh.outbox.relay_errors", "Failed passes of a module's outbox relay (each retried with back-off), by module.")
+		owned       = gauge("mesh.group.partitions_owned", "Partitions of a module's ordered group (partitions:) this node's consumers are fed now, by module: its share of the group's partitions, as far as it can tell (an idle partition it owns is not known to be one).")
 	)
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("node %s: metrics: %w", n.cfg.Node, err)
@@ -225,6 +226,9 @@ func (n *Node) startTelemetry() error {
 			o.ObserveInt64(emitted, int64(m.counts.emitted.Load()), attrs)
 			o.ObserveInt64(restarts, int64(m.counts.restarts.Load()), attrs)
 			o.ObserveInt64(queuesDown, int64(len(m.QueuesDown())), attrs)
+			if m.cfg.Partitions > 0 {
+				o.ObserveInt64(owned, int64(len(m.ownedPartitions())), attrs)
+			}
 			if q := m.counts.queue.Load(); q != nil { // unknown: not observed
 				o.ObserveInt64(depth, q.messages, attrs)
 				o.ObserveInt64(consumers, q.consumers, attrs)
@@ -256,7 +260,7 @@ func (n *Node) startTelemetry() error {
 		return nil
 	}, connected, blocked, blocks, reconnects, disconnects, confirmed, scheduled, delays, atMostOnce, waiting, cancelled, refused, backPress, spooled, resent, expired, spoolDead, returned,
 		spoolEvents, spoolBytes, checks, emitted, delivered, handled, failed, deadLet, duplicates, conflicts, identity, filtered, restarts, queuesDown, depth, consumers,
-		obUnsent, obOldest, obAside, obErrors)
+		obUnsent, obOldest, obAside, obErrors, owned)
 	if err != nil {
 		return fmt.Errorf("node %s: metrics: %w", n.cfg.Node, err)
 	}
