@@ -46,7 +46,9 @@ type TopicPermission struct {
 //   - configure: what it declares: the mesh's exchanges and keeper queues
 //     (every node declares them, identically), its own lock queue, its
 //     modules' queues (<node>.<module>.events and .dead, and the queue
-//     group.<group>.<module>.events of a module in a group), the serve queues
+//     group.<group>.<module>.events of a module in a group, or the
+//     exchange group.<group>.<module>, its intake and its partitions
+//     .pNNN for one that keeps order), the serve queues
 //     of the tools they are granted, and server-named queues (amq.gen-*:
 //     reply queues, the membership queue);
 //   - write: the exchanges it publishes to (mesh.events, mesh.rpc,
@@ -114,7 +116,12 @@ func (f File) Permissions(user string, consumed []string) Permissions {
 		own = append(own, node+`\.(?:`+strings.Join(modules, "|")+`)\.(?:events|dead)`)
 	}
 	for _, m := range f.Modules {
-		if m.Group != "" { // the queue its group shares, which every member declares, binds and consumes
+		switch {
+		case m.Group != "" && m.Partitions > 0:
+			// An ordered group's exchange, intake (exchange and queue) and
+			// partitions, which every member declares, binds and consumes.
+			own = append(own, q(wire.GroupExchange(m.Group, m.Name))+`(?:\.(?:intake|p[0-9]{3}))?`)
+		case m.Group != "": // the queue its group shares, which every member declares, binds and consumes
 			own = append(own, q(wire.GroupQueue(m.Group, m.Name)))
 		}
 	}

@@ -41,6 +41,7 @@ func TestLeastPrivilegeOnTheBroker(t *testing.T) {
 	f := nodeconfig.File{Node: "n1", AMQPURL: nodeURL, DelayPublishers: []string{"guest"}, Modules: []nodeconfig.Module{
 		{Name: "shop", Tools: []string{"shop.*"}, QueueType: "classic", MaxAttempts: 2, Group: "eu"}, // its events through its group's queue, its retries through its own
 		{Name: "mail", DeadLetters: []string{"#"}, Calls: []string{"shop.*"}},
+		{Name: "ledger", Group: "books", Partitions: 2}, // its group's exchanges, intake and partitions
 	}}
 	p := f.Permissions("", nil)
 	if p.User != user || p.VHost != vhost {
@@ -78,9 +79,23 @@ func TestLeastPrivilegeOnTheBroker(t *testing.T) {
 	if err != nil {
 		t.Fatalf("load mail: %v", err)
 	}
-	id, err := mail.Mesh().Emit(ctx, "sent", map[string]int{"n": 1})
+	booked := make(chan sdk.Event, 10)
+	if _, err := n.Load(ctx, sdk.Module{Name: "ledger", Setup: func(m sdk.Mesh) error {
+		return m.On("module.mail.sent", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error { booked <- ev; return nil }))
+	}}, f.Modules[2].ModuleConfig()); err != nil {
+		t.Fatalf("load ledger, an ordered group's member: %v", err)
+	}
+	id, err := mail.Mesh().Emit(ctx, "sent", map[string]int{"n": 1}, sdk.WithKey("acct-1"))
 	if err != nil {
 		t.Fatalf("emit module.mail.sent: %v", err)
+	}
+	select {
+	case ev := <-booked:
+		if ev.ID != id || ev.Headers[wire.HeaderPartitionKey] != "acct-1" {
+			t.Errorf("ledger got %s (key %q), want %s of key acct-1", ev.ID, ev.Headers[wire.HeaderPartitionKey], id)
+		}
+	case <-ctx.Done():
+		t.Fatal("ledger, through its ordered group's partition, never got module.mail.sent")
 	}
 	select {
 	case ev := <-got:

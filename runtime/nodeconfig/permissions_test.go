@@ -45,7 +45,7 @@ func FuzzPatternRegexp(f *testing.F) {
 // keepers for a node's reads, a node's queues for the operator.
 func TestPermissionsNames(t *testing.T) {
 	f := File{Node: "n1", AMQPURL: "amqp://mesh-n1:secret@broker:5672/prod", Modules: []Module{
-		{Name: "shop", Tools: []string{"shop.*"}}, {Name: "mail", Group: "eu"},
+		{Name: "shop", Tools: []string{"shop.*"}}, {Name: "mail", Group: "eu"}, {Name: "ledger", Group: "books", Partitions: 4},
 	}}
 	node := f.Permissions("", []string{"orders.incoming"})
 	if node.User != "mesh-n1" || node.VHost != "prod" {
@@ -64,9 +64,11 @@ func TestPermissionsNames(t *testing.T) {
 	}{
 		{"node configure", node.Configure,
 			[]string{wire.ExchangeEvents, wire.ExchangeRPC, wire.ExchangeDead, wire.ExchangeUnrouted, wire.QueueDead, wire.QueueUnrouted,
-				"mesh.node.n1.lock", "n1.shop.events", "n1.mail.dead", "serve.shop.price", "group.eu.mail.events", server},
+				"mesh.node.n1.lock", "n1.shop.events", "n1.mail.dead", "serve.shop.price", "group.eu.mail.events", server,
+				"group.books.ledger", "group.books.ledger.intake", "group.books.ledger.p003"},
 			[]string{"mesh.node.n2.lock", "n2.shop.events", "n1.billing.events", "serve.billing.charge", "serve.shop.price.x", "amq.default",
-				"orders.incoming", "n1.shop.events.x", "xn1.shop.events", "group.eu.shop.events", "group.us.mail.events"}},
+				"orders.incoming", "n1.shop.events.x", "xn1.shop.events", "group.eu.shop.events", "group.us.mail.events",
+				"group.books.ledger.events", "group.books.ledger.p003.x", "group.books.ledgers", "group.books.other.p000"}},
 		{"node write", node.Write,
 			[]string{wire.ExchangeEvents, wire.ExchangeRPC, wire.ExchangeDead, wire.ExchangeUnrouted, wire.QueueDead, wire.QueueUnrouted,
 				"n1.shop.events", "n1.mail.dead", "serve.shop.price", server, "amq.default", "group.eu.mail.events"},
