@@ -323,15 +323,7 @@ func (m *Module) consume(ctx context.Context, s *session, subs []subscription) e
 		}
 	} else if m.groupQueue != "" {
 		own = nil
-		first := true
-		open := func() (*amqp.Channel, error) {
-			if first {
-				first = false
-				return ch, nil
-			}
-			return m.openTracked(s)()
-		}
-		if ch, err = m.node.declareQueue(ctx, s, open, m.untrack, m.groupQueue, moduleQueueArgs(m.cfg)); err != nil {
+		if ch, err = m.node.declareQueue(ctx, s, m.reusing(s, ch), m.untrack, m.groupQueue, moduleQueueArgs(m.cfg)); err != nil {
 			return fmt.Errorf("declare queue %s of group %s (the group's members declare it alike: their queue_type, max_attempts and max_priority must agree): %w", m.groupQueue, m.cfg.Group, err)
 		}
 		if err := m.reconcileBindings(ch, m.groupQueue, want); err != nil {
@@ -400,25 +392,47 @@ func merged(a, b <-chan amqp.Delivery) <-chan amqp.Delivery {
 // reconcileBindings binds queue to every pattern in want and unbinds the
 // patterns recorded for it that want no longer has.
 func (m *Module) reconcileBindings(ch *amqp.Channel, queue string, want []string) error {
-	had, err := m.node.bindings.load(queue)
+	return m.reconcile(queue, want,
+		func(p string) error { return ch.QueueBind(queue, p, wire.ExchangeEvents, false, nil) },
+		func(p string) error { return ch.QueueUnbind(queue, p, wire.ExchangeEvents, nil) })
+}
+
+// reconcile binds name (a queue, or a group's exchange) to mesh.events
+// with every pattern in want and unbinds the patterns its binding record
+// holds that want no longer has, then records want.
+func (m *Module) reconcile(name string, want []string, bind, unbind func(pattern string) error) error {
+	had, err := m.node.bindings.load(name)
 	if err != nil {
 		return err
 	}
 	for _, p := range want {
-		if err := ch.QueueBind(queue, p, wire.ExchangeEvents, false, nil); err != nil {
-			return fmt.Errorf("bind %s to %q: %w", queue, p, err)
+		if err := bind(p); err != nil {
+			return fmt.Errorf("bind %s to %q: %w", name, p, err)
 		}
 	}
 	for _, p := range had {
 		if slices.Contains(want, p) {
 			continue
 		}
-		if err := ch.QueueUnbind(queue, p, wire.ExchangeEvents, nil); err != nil {
-			return fmt.Errorf("unbind %s from %q: %w", queue, p, err)
+		if err := unbind(p); err != nil {
+			return fmt.Errorf("unbind %s from %q: %w", name, p, err)
 		}
-		m.log.Info("unbound a pattern the module no longer consumes here", "pattern", p, "queue", queue)
+		m.log.Info("unbound a pattern the module no longer consumes here", "pattern", p, "bound", name)
 	}
-	return m.node.bindings.store(queue, want)
+	return m.node.bindings.store(name, want)
+}
+
+// reusing is an open (for Node.declareQueue) that gives ch first, then
+// new channels the module tracks on s.
+func (m *Module) reusing(s *session, ch *amqp.Channel) func() (*amqp.Channel, error) {
+	return func() (*amqp.Channel, error) {
+		if ch != nil {
+			first := ch
+			ch = nil
+			return first, nil
+		}
+		return m.openTracked(s)()
+	}
 }
 
 // unbindAll unbinds a module that consumes nothing (any more) from what it

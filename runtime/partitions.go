@@ -46,6 +46,22 @@ import (
 // before the broker's delivery limit counts them as attempts.
 const partitionMoves = 16
 
+// partitionQueueArgs are the arguments of an ordered group's partitions
+// and intake: the module's, with a single active consumer, and room in the
+// delivery limit for partitionMoves moves. A partition let go returns what
+// its consumer held and had not started, which the broker counts as a
+// delivery of each; a lane counts and bounds its attempts itself (the
+// broker's limit is for a node that dies handling an event, again and
+// again).
+func partitionQueueArgs(mc ModuleConfig) amqp.Table {
+	args := moduleQueueArgs(mc)
+	args["x-single-active-consumer"] = true
+	if limit, ok := args[limitArg].(int64); ok {
+		args[limitArg] = limit + partitionMoves
+	}
+	return args
+}
+
 // consumePartitions consumes the ordered partitions of m's group on s
 // (and its intake): it declares what the group needs, binds and consumes.
 func (m *Module) consumePartitions(ctx context.Context, s *session, patterns []string) error {
@@ -74,30 +90,13 @@ func (m *Module) consumePartitions(ctx context.Context, s *session, patterns []s
 	if len(had) == 1 && had[0] != strconv.Itoa(n) {
 		return fmt.Errorf("partitions: this node bound group %s's slots over %s partitions, and its entry now says %d: a group's partition count does not change yet (issue 61); give it %s again", g, had[0], n, had[0])
 	}
-	args := moduleQueueArgs(m.cfg)
-	args["x-single-active-consumer"] = true
-	// A partition let go returns what its consumer held and had not
-	// started, which the broker counts as a delivery of each: room for
-	// partitionMoves moves beside the attempts, which a lane counts and
-	// bounds itself (the broker's limit is for a node that dies handling
-	// an event, again and again).
-	if limit, ok := args[limitArg].(int64); ok {
-		args[limitArg] = limit + partitionMoves
-	}
+	args := partitionQueueArgs(m.cfg)
 	queues := append([]string{intake}, make([]string, n)...)
 	for i := range n {
 		queues[i+1] = wire.PartitionQueue(g, name, i)
 	}
 	for _, q := range queues {
-		first := true
-		open := func() (*amqp.Channel, error) {
-			if first {
-				first = false
-				return ch, nil
-			}
-			return m.openTracked(s)()
-		}
-		if ch, err = m.node.declareQueue(ctx, s, open, m.untrack, q, args); err != nil {
+		if ch, err = m.node.declareQueue(ctx, s, m.reusing(s, ch), m.untrack, q, args); err != nil {
 			return fmt.Errorf("declare queue %s of group %s (the group's members declare it alike: their max_attempts and partitions must agree): %w", q, g, err)
 		}
 	}
@@ -133,23 +132,9 @@ func (m *Module) consumePartitions(ctx context.Context, s *session, patterns []s
 // every pattern in want and unbinds those recorded for it that want no
 // longer has.
 func (m *Module) reconcileExchangeBindings(ch *amqp.Channel, exchange string, want []string) error {
-	had, err := m.node.bindings.load(exchange)
-	if err != nil {
-		return err
-	}
-	for _, p := range want {
-		if err := ch.ExchangeBind(exchange, p, wire.ExchangeEvents, false, nil); err != nil {
-			return fmt.Errorf("bind exchange %s to %q: %w", exchange, p, err)
-		}
-	}
-	for _, p := range had {
-		if !slices.Contains(want, p) {
-			if err := ch.ExchangeUnbind(exchange, p, wire.ExchangeEvents, false, nil); err != nil {
-				return fmt.Errorf("unbind exchange %s from %q: %w", exchange, p, err)
-			}
-		}
-	}
-	return m.node.bindings.store(exchange, want)
+	return m.reconcile(exchange, want,
+		func(p string) error { return ch.ExchangeBind(exchange, p, wire.ExchangeEvents, false, nil) },
+		func(p string) error { return ch.ExchangeUnbind(exchange, p, wire.ExchangeEvents, false, nil) })
 }
 
 // consumeOrdered opens a tracked channel with prefetch and consumes queue

@@ -150,11 +150,7 @@ func NodeObjects(cfg Config, mcs map[string]ModuleConfig) ([]BrokerObject, error
 // mesh.events).
 func orderedObjects(mc ModuleConfig, module, when string) []BrokerObject {
 	exchange, intake := wire.GroupExchange(mc.Group, module), wire.GroupIntake(mc.Group, module)
-	args := moduleQueueArgs(mc)
-	args["x-single-active-consumer"] = true
-	if limit, ok := args[limitArg].(int64); ok {
-		args[limitArg] = limit + partitionMoves
-	}
+	args := partitionQueueArgs(mc)
 	objs := []BrokerObject{
 		{Kind: "exchange", Name: intake, Type: amqp.ExchangeFanout, Durable: true, When: when},
 		{Kind: "exchange", Name: exchange, Type: amqp.ExchangeHeaders, Durable: true, Args: amqp.Table{"alternate-exchange": intake},

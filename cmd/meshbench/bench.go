@@ -486,19 +486,18 @@ func (m *meshSide) close() error {
 }
 
 func deleteExchange(url, exchange string) error {
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return err
-	}
-	return ch.ExchangeDelete(exchange, false, false)
+	return onChannel(url, func(ch *amqp.Channel) error { return ch.ExchangeDelete(exchange, false, false) })
 }
 
 func deleteQueue(url, queue string) error {
+	return onChannel(url, func(ch *amqp.Channel) error {
+		_, err := ch.QueueDelete(queue, false, false, false)
+		return err
+	})
+}
+
+// onChannel runs do on a channel of a connection of its own to url.
+func onChannel(url string, do func(*amqp.Channel) error) error {
 	conn, err := amqp.Dial(url)
 	if err != nil {
 		return err
@@ -508,8 +507,7 @@ func deleteQueue(url, queue string) error {
 	if err != nil {
 		return err
 	}
-	_, err = ch.QueueDelete(queue, false, false, false)
-	return err
+	return do(ch)
 }
 
 // rawSide is the baseline: plain amqp091-go with the same settings.

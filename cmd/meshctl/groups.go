@@ -217,8 +217,7 @@ func readGroupQueues(c *cli.Context, rows map[string]*groupRow) error {
 			ready += n
 			consumers += got.Consumers
 		}
-		g, m, _ := wire.GroupOfQueue(r.Queue)
-		if got, err := inspect(wire.GroupIntake(g, m)); err != nil {
+		if got, err := inspect(wire.GroupIntake(r.Group, r.Module)); err != nil {
 			return err
 		} else if got != nil {
 			ready += got.Messages

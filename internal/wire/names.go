@@ -242,8 +242,17 @@ func Slot(key string) int {
 // and the slot in decimal.
 func SlotHeader(key string) string { return SlotHeaderOf(Slot(key)) }
 
-// SlotHeaderOf is the name of slot's header.
-func SlotHeaderOf(slot int) string { return SlotHeaderPrefix + strconv.Itoa(slot) }
+// SlotHeaderOf is the name of slot's header (0 <= slot < Slots).
+func SlotHeaderOf(slot int) string { return slotHeaders[slot] }
+
+// slotHeaders are the slot headers' names, made once: every event a node
+// publishes bears one.
+var slotHeaders = func() (names [Slots]string) {
+	for i := range names {
+		names[i] = SlotHeaderPrefix + strconv.Itoa(i)
+	}
+	return names
+}()
 
 // CheckKey checks an event's key: at most MaxKeyBytes of UTF-8 without
 // control characters.
