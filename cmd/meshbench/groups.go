@@ -25,7 +25,9 @@ const (
 	groupPartitions = 16
 )
 
-// benchGroups measures, in alternating rounds on quorum queues: the module
+// benchGroups measures, in alternating rounds on quorum queues: raw
+// amqp091-go at its best (the baseline of every figure of make bench), the
+// module
 // unordered on one node at concurrency 32 (the reference), the same module
 // as a group of three nodes, and the group keeping order by key (1,000
 // keys, 16 partitions), each with concurrency 32 a node, emitted by
@@ -34,8 +36,9 @@ const (
 func benchGroups(url string, o options) error {
 	fmt.Printf("\n== groups (quorum; %d nodes; ordered: %d keys over %d partitions) ==\n", groupNodes, groupKeys, groupPartitions)
 	type series struct{ tp, cpu, broker, p99 []float64 }
-	names := []string{"unordered", "group", "ordered"}
+	names := []string{"raw-best", "unordered", "group", "ordered"}
 	mk := map[string]func(*sink) (side, error){
+		"raw-best":  func(s *sink) (side, error) { return newRawBest(url, runtime.QueueQuorum, s, o.window) },
 		"unordered": func(s *sink) (side, error) { return newGroupSide(url, s, 1, 0) },
 		"group":     func(s *sink) (side, error) { return newGroupSide(url, s, groupNodes, 0) },
 		"ordered":   func(s *sink) (side, error) { return newGroupSide(url, s, groupNodes, groupPartitions) },
@@ -45,6 +48,9 @@ func benchGroups(url string, o options) error {
 		for _, name := range names {
 			ro := o
 			ro.publishers = o.meshPublishers
+			if name == "raw-best" {
+				ro.publishers = 1 // its one publisher keeps o.window confirms in flight
+			}
 			tp, cpu, bcpu, err := throughputCPU(mk[name], ro)
 			if err != nil {
 				return fmt.Errorf("%s throughput: %w", name, err)
@@ -62,12 +68,14 @@ func benchGroups(url string, o options) error {
 			sr.tp, sr.cpu, sr.broker, sr.p99 = append(sr.tp, tp), append(sr.cpu, us), append(sr.broker, bus), append(sr.p99, p99)
 		}
 	}
-	ref, group, ordered := got["unordered"], got["group"], got["ordered"]
+	raw, ref, group, ordered := got["raw-best"], got["unordered"], got["group"], got["ordered"]
 	fmt.Printf("throughput  unordered %8.0f  group %8.0f  ordered %8.0f events/s   group/unordered %.2f  ordered/unordered %.2f\n",
 		median(ref.tp), median(group.tp), median(ordered.tp), pairedRatio(group.tp, ref.tp), pairedRatio(ordered.tp, ref.tp))
 	fmt.Printf("client CPU  unordered %5.1f  group %5.1f  ordered %5.1f µs/event;  broker CPU  unordered %5.1f  group %5.1f  ordered %5.1f µs/event\n",
 		median(ref.cpu), median(group.cpu), median(ordered.cpu), median(ref.broker), median(group.broker), median(ordered.broker))
 	fmt.Printf("p99 latency at %d events/s  unordered %.2f ms  group %.2f ms  ordered %.2f ms\n", o.rate, median(ref.p99), median(group.p99), median(ordered.p99))
+	fmt.Printf("beside raw at its best (%8.0f events/s, client CPU %5.1f, broker CPU %5.1f µs/event, p99 %.2f ms):  unordered %.2f  group %.2f  ordered %.2f\n",
+		median(raw.tp), median(raw.cpu), median(raw.broker), median(raw.p99), pairedRatio(ref.tp, raw.tp), pairedRatio(group.tp, raw.tp), pairedRatio(ordered.tp, raw.tp))
 	record("groups: a group of 3 nodes / the module unordered on one", pairedRatio(group.tp, ref.tp), 0.90, true, "")
 	record("groups: ordered by 1,000 keys over 16 partitions / unordered", pairedRatio(ordered.tp, ref.tp), 0.80, true, "")
 	return nil
