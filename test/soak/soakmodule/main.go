@@ -8,6 +8,13 @@
 //	soakmodule ledger NODE HISTORY           books module.shop.order in ledger.db, in
 //	                                         its module directory, through the inbox;
 //	                                         emits booked through the outbox (sdk/outbox)
+//	soakmodule orderer NODE HISTORY DSN      handles module.*.keyed in its group, in order by
+//	                                         key: "seen" each time, and its effect (a row
+//	                                         of effects) once, through the inbox on the
+//	                                         PostgreSQL of DSN (TestSoakOrder)
+//	soakmodule feeder NODE HISTORY           handles module.shop.feed: emits keyed, each
+//	                                         key of the feed's range 1 to its count, in
+//	                                         order, by the module protocol's keyed emit
 package main
 
 import (
@@ -19,6 +26,8 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // the orderer's PostgreSQL
 
 	"github.com/meshkit/mesh/sdk"
 	"github.com/meshkit/mesh/sdk/outbox"
@@ -68,6 +77,17 @@ func main() {
 		m = worker(h, queue)
 	case "tax":
 		m = tax(h)
+	case "orderer":
+		if len(os.Args) < 5 {
+			fmt.Fprintln(os.Stderr, "usage: soakmodule orderer NODE HISTORY DSN")
+			os.Exit(2)
+		}
+		if m, err = orderer(h, os.Args[4]); err != nil {
+			fmt.Fprintln(os.Stderr, "soakmodule:", err)
+			os.Exit(1)
+		}
+	case "feeder":
+		m = feeder()
 	case "ledger":
 		if m, err = ledger(filepath.Join(process.Dir(), "ledger.db")); err != nil {
 			fmt.Fprintln(os.Stderr, "soakmodule:", err)
@@ -169,4 +189,104 @@ func ledger(path string) (sdk.Module, error) {
 	}
 	m.Run = ob.Relay
 	return m, nil
+}
+
+// keyed is an event of TestSoakOrder: the Seq-th of its key, sent At
+// (Unix nanoseconds; 0 from the feeder, whose events sent again after a
+// crash must be the same).
+type keyed struct {
+	Key string `json:"key"`
+	Seq int    `json:"seq"`
+	At  int64  `json:"at,omitempty"`
+}
+
+// orderer handles the keyed events of every publisher, as a member of
+// its group: it writes "seen KEY/SEQ/AT" to the history on each call, and
+// applies each event's effect (a row of effects, whose id is the order
+// of application) through the inbox on the shared PostgreSQL, so that a
+// redelivery to any member is recognised and applies nothing.
+func orderer(h *history, dsn string) (sdk.Module, error) {
+	m := sdk.Module{Name: "orderer"}
+	var ob *outbox.Outbox
+	// The members start at once against one database: a create that
+	// loses a race to another member's is tried again.
+	var err error
+	for attempt := range 20 {
+		if err = openOrderer(dsn, m, &ob); err == nil {
+			break
+		}
+		time.Sleep(time.Duration(attempt+1) * 100 * time.Millisecond)
+	}
+	if err != nil {
+		return sdk.Module{}, err
+	}
+	m.Setup = func(mesh sdk.Mesh) error {
+		return mesh.On("module.*.keyed", ob.Handler(func(ctx context.Context, tx *sql.Tx, ev sdk.Event) error {
+			var k keyed
+			if err := ev.Decode(&k); err != nil {
+				return sdk.Permanent(err)
+			}
+			if err := h.add("seen", fmt.Sprintf("%s/%d/%d", k.Key, k.Seq, k.At)); err != nil {
+				return err
+			}
+			if _, err := tx.ExecContext(ctx, `INSERT INTO effects (key, seq, node, event_id) VALUES ($1, $2, $3, $4)`, k.Key, k.Seq, h.node, ev.ID); err != nil {
+				return fmt.Errorf("orderer: %w", err)
+			}
+			return nil
+		}))
+	}
+	return m, nil
+}
+
+func openOrderer(dsn string, m sdk.Module, ob **outbox.Outbox) error {
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		return err
+	}
+	db.SetMaxOpenConns(32)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS effects (id BIGSERIAL PRIMARY KEY, key TEXT NOT NULL, seq INTEGER NOT NULL, node TEXT NOT NULL, event_id TEXT NOT NULL)`); err != nil {
+		db.Close()
+		return err
+	}
+	if *ob, err = outbox.New(ctx, db, m, outbox.PostgreSQL()); err != nil {
+		db.Close()
+		return err
+	}
+	return nil
+}
+
+// feed is a feeder's order: emit keyed for each key Prefix+From to
+// Prefix+(To-1), Seq 1 to Count.
+type feed struct {
+	Prefix string `json:"prefix"`
+	From   int    `json:"from"`
+	To     int    `json:"to"`
+	Count  int    `json:"count"`
+}
+
+// feeder emits the keyed events of each feed it handles, a key's in
+// order (one emit at a time, each confirmed before the next). A feed
+// handled again (after a crash) emits the same events again, under the
+// same ids (derived from the feed's), which the orderers' inbox
+// recognises.
+func feeder() sdk.Module {
+	return sdk.Module{Name: "feeder", Emits: []string{"keyed"}, Setup: func(m sdk.Mesh) error {
+		return m.On("module.shop.feed", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
+			var f feed
+			if err := ev.Decode(&f); err != nil {
+				return sdk.Permanent(err)
+			}
+			for seq := 1; seq <= f.Count; seq++ {
+				for i := f.From; i < f.To; i++ {
+					key := fmt.Sprintf("%s%d", f.Prefix, i)
+					if _, err := m.Emit(ctx, "keyed", keyed{Key: key, Seq: seq}, sdk.WithKey(key)); err != nil {
+						return fmt.Errorf("emit keyed %s/%d: %w", key, seq, err)
+					}
+				}
+			}
+			return nil
+		}))
+	}}
 }
