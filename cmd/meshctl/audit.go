@@ -21,6 +21,7 @@ import (
 	"github.com/meshkit/mesh/auditlogger/store"
 	"github.com/meshkit/mesh/cmd/meshctl/console"
 	"github.com/meshkit/mesh/internal/csvsafe"
+	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/runtime"
 )
 
@@ -82,10 +83,12 @@ func auditCommands() *cli.Command {
 			},
 			{
 				Name:      "trace",
-				Usage:     "draw the causal chain of an event: what caused it, and what it caused",
-				ArgsUsage: "ID",
-				Flags:     []cli.Flag{&cli.IntFlag{Name: "depth", Usage: "levels to follow each way (0: all)"}, asJSON, timeout},
-				Action:    auditTrace,
+				Usage:     "draw the causal chain of an event: what caused it, and what it caused; or, with --key, list a key's events in order",
+				ArgsUsage: "ID | --key KEY",
+				Flags: []cli.Flag{&cli.IntFlag{Name: "depth", Usage: "levels to follow each way (0: all)"},
+					&cli.StringFlag{Name: "key", Usage: "list the events of `KEY` (their x-partition-key: sdk.WithKey, meshctl emit --key) in the order the audit logger received them, which is the order the broker received them and an ordered group handles them, with what became of each"},
+					asJSON, timeout},
+				Action: auditTrace,
 			},
 			{
 				Name:  "export",
@@ -427,6 +430,12 @@ func printAuditEvent(w io.Writer, ev store.Event) error {
 }
 
 func auditTrace(c *cli.Context) error {
+	if c.IsSet("key") {
+		if c.NArg() != 0 {
+			return usagef("trace --key lists a key's events: it wants no ID, got %d arguments", c.NArg())
+		}
+		return auditTraceKey(c, c.String("key"))
+	}
 	if c.NArg() != 1 {
 		return usagef("trace wants one ID, got %d arguments", c.NArg())
 	}
@@ -438,6 +447,54 @@ func auditTrace(c *cli.Context) error {
 		return json.NewEncoder(jsonWriter{c.App.Writer}).Encode(tr)
 	}
 	return drawTrace(c.App.Writer, tr)
+}
+
+// auditTraceKey lists the events of key in the order the audit logger
+// received them, every page, each with what became of it.
+func auditTraceKey(c *cli.Context, key string) error {
+	if err := wire.CheckKey(key); err != nil || key == "" {
+		return usagef("--key %q: want a key of 1 to 256 bytes of UTF-8 without control characters", key)
+	}
+	req := auditlogger.QueryRequest{Filter: store.Filter{Headers: map[string]string{wire.HeaderPartitionKey: key}}, Page: store.Page{Limit: 1000}}
+	a, err := newAuditCaller(c)
+	if err != nil {
+		return err
+	}
+	defer a.close()
+	w := c.App.Writer
+	enc := json.NewEncoder(jsonWriter{w})
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	if !c.Bool("json") {
+		fmt.Fprintln(tw, "#\tSEQ\tEMITTED\tTYPE\tSOURCE\tNODE\tID\t")
+	}
+	n := 0
+	for {
+		var page auditlogger.QueryResponse
+		if err := a.call(auditlogger.ToolQuery, req, &page); err != nil {
+			return err
+		}
+		for _, ev := range page.Events {
+			n++
+			if c.Bool("json") {
+				if err := enc.Encode(ev); err != nil {
+					return err
+				}
+				continue
+			}
+			fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", n, ev.Seq, timeText(ev.Time), escape(ev.Type), escape(ev.Source), escape(ev.Node), escape(ev.ID), strings.TrimSpace(fatesText(ev.Fates)))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		if page.Next == 0 {
+			break
+		}
+		req.Page.After = page.Next
+	}
+	if n == 0 && !c.Bool("json") {
+		fmt.Fprintf(w, "no events of key %s in the audit log\n", escape(key))
+	}
+	return nil
 }
 
 // fatesText says where an event died and how often it was replayed, for

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/csv"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -84,6 +85,48 @@ func TestAudit(t *testing.T) {
 	if len(lines) != 2 || !strings.Contains(lines[0], order) || !strings.Contains(lines[0], "mesh.order.placed") ||
 		!strings.HasPrefix(lines[1], "└─ ") || !strings.Contains(lines[1], "module.shop.order.accepted  shop@anchor") {
 		t.Errorf("trace:\n%s", trace)
+	}
+	// A key's events, in the order the broker received them.
+	for i, key := range []string{"cart-9", "cart-1", "cart-9", "cart-9"} {
+		if _, err := node.Emit(ctx, "web", "mesh.cart.changed", map[string]int{"step": i}, sdk.WithKey(key)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for {
+		if n, _ := l.Store().Count(ctx, store.Filter{Types: []string{"mesh.cart.#"}}); n == 4 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("the audit logger never stored the carts' events")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	byKey := strings.Split(strings.TrimSpace(run("audit", "trace", "--key", "cart-9")), "\n")
+	if len(byKey) != 4 || !strings.HasPrefix(byKey[0], "#") || !strings.HasPrefix(byKey[1], "1 ") || !strings.HasPrefix(byKey[3], "3 ") {
+		t.Fatalf("trace --key cart-9:\n%s", strings.Join(byKey, "\n"))
+	}
+	var steps []int
+	for _, line := range strings.Split(strings.TrimSpace(run("audit", "trace", "--key", "cart-9", "--json")), "\n") {
+		var ev store.Event
+		var b struct{ Step int }
+		if err := json.Unmarshal([]byte(line), &ev); err != nil {
+			t.Fatalf("trace --key --json line %q: %v", line, err)
+		}
+		ev, err := l.Store().Get(ctx, ev.ID)
+		if err != nil || json.Unmarshal(ev.Body, &b) != nil {
+			t.Fatalf("event %s: %v", ev.ID, err)
+		}
+		steps = append(steps, b.Step)
+	}
+	if fmt.Sprint(steps) != "[0 2 3]" {
+		t.Errorf("trace --key cart-9 --json lists steps %v, want [0 2 3]: the key's own, in order", steps)
+	}
+	if got := run("audit", "trace", "--key", "cart-404"); !strings.Contains(got, "no events of key cart-404") {
+		t.Errorf("trace --key of a key never seen: %q", got)
+	}
+	if out, err := exec.CommandContext(ctx, bin, "--amqp-url", url, "audit", "trace", "--key", "cart-9", "some-id").CombinedOutput(); err == nil || !strings.Contains(string(out), "wants no ID") {
+		t.Errorf("trace --key with an ID: %v\n%s", err, out)
 	}
 	table := run("audit", "query", "--type", "mesh.order.#")
 	if !strings.Contains(table, "SEQ") || !strings.Contains(table, order) || strings.Contains(table, "module.shop") {
