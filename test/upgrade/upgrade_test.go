@@ -299,7 +299,7 @@ modules:
 	alpha.ready(ctx)
 
 	began := time.Now()
-	load := startLoad(t, url)
+	load := startLoad(t, url, false)
 	// Each phase runs until alpha's umami has emitted under it and the
 	// loader's events have gone through it (20 more notified).
 	phase := func(what string) {
@@ -514,7 +514,7 @@ func (l *ledger) missingFrom(export []byte) []string {
 
 // loader publishes site events as a foreign producer would (raw
 // amqp091-go, the contract's headers, confirmed), one every 50 ms, until
-// stopped.
+// stopped; keyed, each with the site's name as its x-partition-key.
 type loader struct {
 	stopOnce sync.Once
 	quit     chan struct{}
@@ -523,7 +523,7 @@ type loader struct {
 	n        int
 }
 
-func startLoad(t *testing.T, url string) *loader {
+func startLoad(t *testing.T, url string, keyed bool) *loader {
 	conn, err := amqp.Dial(url)
 	if err != nil {
 		t.Fatal(err)
@@ -549,9 +549,14 @@ func startLoad(t *testing.T, url string) *loader {
 			case <-tick.C:
 			}
 			now := time.Now().UTC()
-			body, _ := json.Marshal(map[string]any{"id": 100000 + i, "name": fmt.Sprintf("load-%d.example", i)})
+			name := fmt.Sprintf("load-%d.example", i)
+			body, _ := json.Marshal(map[string]any{"id": 100000 + i, "name": name})
+			headers := amqp.Table{"x-event-id": ulid.Make().String(), "x-source": "umami", "x-node": "loader", "x-time": now.Format(time.RFC3339Nano), "x-schema": "1"}
+			if keyed {
+				headers["x-partition-key"] = name
+			}
 			c, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), "mesh.events", "module.umami.site.created", true, false, amqp.Publishing{
-				Headers:     amqp.Table{"x-event-id": ulid.Make().String(), "x-source": "umami", "x-node": "loader", "x-time": now.Format(time.RFC3339Nano), "x-schema": "1"},
+				Headers:     headers,
 				ContentType: "application/json", DeliveryMode: amqp.Persistent, Timestamp: now, Body: body,
 			})
 			if err != nil || !c.Wait() {
