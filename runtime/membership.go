@@ -113,7 +113,13 @@ type ModuleSummary struct {
 	// consumer of an idle partition is not known to be one).
 	Partitions int   `json:"partitions,omitempty"`
 	Owns       []int `json:"owns,omitempty"`
+	// Hot are the keys of the group with the most events held on the
+	// node (at most hotKeysHeard, two or more each), the most first.
+	Hot []HotKey `json:"hot,omitempty"`
 }
+
+// hotKeysHeard is how many hot keys a heartbeat tells of a module.
+const hotKeysHeard = 3
 
 // OutboxSummary is a module's outbox backlog in a heartbeat.
 type OutboxSummary struct {
@@ -370,6 +376,7 @@ func (m *Module) summary() ModuleSummary {
 		History: m.def.History != nil, Reads: m.contracts.Reads(), Group: m.cfg.Group, Partitions: m.cfg.Partitions}
 	if m.cfg.Partitions > 0 {
 		sum.Owns = m.ownedPartitions()
+		sum.Hot = m.hotKeys(hotKeysHeard)
 	}
 	for _, d := range m.contracts.Declared() {
 		if d.Tool != "" {

@@ -3,8 +3,10 @@ package runtime
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -341,6 +343,42 @@ func (m *Module) ownedPartitions() []int {
 	}
 	slices.Sort(owned)
 	return owned
+}
+
+// HotKey is a key of an ordered group with events waiting on this node:
+// its partition, and how many of its events the node holds (the one in
+// hand and those behind it). A key that holds about Prefetch events holds
+// up the other keys of its partition: the broker delivers no more of the
+// partition until it has fewer.
+type HotKey struct {
+	Key       string `json:"key"`
+	Partition int    `json:"partition"`
+	Waiting   int    `json:"waiting"`
+}
+
+// hotKeys are the n keys of m's partitions with the most events held here,
+// those with two or more (one in hand and one behind it), the most first.
+func (m *Module) hotKeys(n int) []HotKey {
+	m.mu.Lock()
+	parts := slices.Collect(maps.Values(m.partitions))
+	m.mu.Unlock()
+	var hot []HotKey
+	for _, p := range parts {
+		p.mu.Lock()
+		for key, l := range p.lanes {
+			if len(l.waiting) >= 2 {
+				hot = append(hot, HotKey{Key: key, Partition: p.index, Waiting: len(l.waiting)})
+			}
+		}
+		p.mu.Unlock()
+	}
+	slices.SortFunc(hot, func(a, b HotKey) int {
+		if a.Waiting != b.Waiting {
+			return b.Waiting - a.Waiting
+		}
+		return strings.Compare(a.Key, b.Key)
+	})
+	return hot[:min(n, len(hot))]
 }
 
 // lane is the events of one key of a partition in hand: the first is

@@ -186,6 +186,7 @@ func (n *Node) startTelemetry() error {
 		obOldest    = gauge("mesh.outbox.oldest_age_seconds", "Age of the oldest unpublished row of a module's outbox, by module (0 for none).")
 		obAside     = gauge("mesh.outbox.set_aside", "Rows of a module's outbox the node refused for good (an ungranted type, say), kept in its database, by module.")
 		obErrors    = counter("mesh.outbox.relay_errors", "Failed passes of a module's outbox relay (each retried with back-off), by module.")
+		hottest     = gauge("mesh.group.key_waiting_max", "Events of one key an ordered group's member holds (in hand and waiting behind it), for its hottest key, by module (0 when none holds more than one): near prefetch, that key holds up the other keys of its partition (meshctl groups names it).")
 		owned       = gauge("mesh.group.partitions_owned", "Partitions of a module's ordered group (partitions:) this node's consumers are fed now, by module: its share of the group's partitions, as far as it can tell (an idle partition it owns is not known to be one).")
 	)
 	if err := errors.Join(errs...); err != nil {
@@ -228,6 +229,11 @@ func (n *Node) startTelemetry() error {
 			o.ObserveInt64(queuesDown, int64(len(m.QueuesDown())), attrs)
 			if m.cfg.Partitions > 0 {
 				o.ObserveInt64(owned, int64(len(m.ownedPartitions())), attrs)
+				hot, most := m.hotKeys(1), int64(0)
+				if len(hot) > 0 {
+					most = int64(hot[0].Waiting)
+				}
+				o.ObserveInt64(hottest, most, attrs)
 			}
 			if q := m.counts.queue.Load(); q != nil { // unknown: not observed
 				o.ObserveInt64(depth, q.messages, attrs)
@@ -260,7 +266,7 @@ func (n *Node) startTelemetry() error {
 		return nil
 	}, connected, blocked, blocks, reconnects, disconnects, confirmed, scheduled, delays, atMostOnce, waiting, cancelled, refused, backPress, spooled, resent, expired, spoolDead, returned,
 		spoolEvents, spoolBytes, checks, emitted, delivered, handled, failed, deadLet, duplicates, conflicts, identity, filtered, restarts, queuesDown, depth, consumers,
-		obUnsent, obOldest, obAside, obErrors, owned)
+		obUnsent, obOldest, obAside, obErrors, owned, hottest)
 	if err != nil {
 		return fmt.Errorf("node %s: metrics: %w", n.cfg.Node, err)
 	}

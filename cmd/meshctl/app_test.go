@@ -528,6 +528,7 @@ func TestGroups(t *testing.T) {
 	}
 	var east *runtime.Node
 	handled := make(chan struct{}, 100)
+	release := make(chan struct{})
 	for _, name := range []string{"east", "west"} {
 		n, err := runtime.New(ctx, runtime.Config{Node: name, AMQPURL: url, StateDir: t.TempDir(),
 			HeartbeatInterval: time.Hour, Logger: slog.New(slog.DiscardHandler)})
@@ -541,8 +542,14 @@ func TestGroups(t *testing.T) {
 			t.Fatal(err)
 		}
 		if _, err := n.Load(ctx, sdk.Module{Name: "ledger", Setup: func(m sdk.Mesh) error {
-			return m.On("module.bank.#", sdk.HandlerFunc(func(context.Context, sdk.Event) error { handled <- struct{}{}; return nil }))
-		}}, runtime.ModuleConfig{Group: "books", Partitions: 4}); err != nil {
+			return m.On("module.bank.#", sdk.HandlerFunc(func(_ context.Context, ev sdk.Event) error {
+				if ev.Headers[wire.HeaderPartitionKey] == "acct-hot" {
+					<-release // held: its key's later events wait behind it
+				}
+				handled <- struct{}{}
+				return nil
+			}))
+		}}, runtime.ModuleConfig{Group: "books", Partitions: 4, Concurrency: 4}); err != nil {
 			t.Fatal(err)
 		}
 		if name == "east" {
@@ -570,7 +577,7 @@ func TestGroups(t *testing.T) {
 		t.Fatalf("groups: %v\n%s", err, out)
 	}
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	if len(lines) != 3 || !strings.HasPrefix(lines[0], "GROUP") || strings.Join(strings.Fields(lines[1]), " ") != "books ledger group.books.ledger.p000..p003 0 4 east (4 of 4 partitions), west (0 of 4 partitions)" ||
+	if len(lines) != 3 || !strings.HasPrefix(lines[0], "GROUP") || strings.Join(strings.Fields(lines[1]), " ") != "books ledger group.books.ledger.p000..p003 0 4 east (4 of 4 partitions), west (0 of 4 partitions) -" ||
 		strings.Join(strings.Fields(lines[2]), " ") != "eu billing group.eu.billing.events 0 2 east, west" {
 		t.Errorf("groups printed:\n%s", out)
 	}
@@ -600,5 +607,51 @@ func TestGroups(t *testing.T) {
 	if err := json.Unmarshal([]byte(jsonLines[0]), &books); err != nil || books.Partitions != 4 || len(books.Each) != 4 || books.Each[3].Owner != "east" ||
 		books.Each[3].Queue != "group.books.ledger.p003" || books.Each[3].Ready == nil || *books.Each[3].Ready != 0 {
 		t.Errorf("groups --json printed %s: %v", jsonLines[0], err)
+	}
+
+	// A hot key: its first event held in the handler, two behind it, all
+	// three on east; another key of its partition goes past it.
+	for range 3 {
+		if _, err := east.Emit(ctx, "bank", "module.bank.paid", 0, sdk.WithKey("acct-hot")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	part := wire.Slot("acct-hot") % 4
+	var past string
+	for k := 0; past == ""; k++ {
+		if key := fmt.Sprintf("acct-%d", k); wire.Slot(key)%4 == part {
+			past = key
+		}
+	}
+	if _, err := east.Emit(ctx, "bank", "module.bank.paid", 0, sdk.WithKey(past)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-handled: // past's, while acct-hot's first is in hand
+	case <-ctx.Done():
+		t.Fatalf("key %s, behind no event of its own, waited for acct-hot's first (in the same partition) to be released", past)
+	}
+	want := fmt.Sprintf("acct-hot (3 on east, p%03d)", part)
+	for {
+		out, err = exec.CommandContext(ctx, bin, "--amqp-url", url, "groups", "--within", "30s").CombinedOutput()
+		if err != nil {
+			t.Fatalf("groups: %v\n%s", err, out)
+		}
+		if strings.Contains(string(out), want) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("groups never named the hot key as %q:\n%s", want, out)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	close(release)
+	for range 3 {
+		select {
+		case <-handled:
+		case <-ctx.Done():
+			t.Fatal("acct-hot's events were not handled once released")
+		}
 	}
 }

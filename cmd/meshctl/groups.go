@@ -13,6 +13,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/meshkit/mesh/internal/wire"
+	"github.com/meshkit/mesh/runtime"
 )
 
 // groupsCommand is `meshctl groups`: the mesh's module groups (ADR 48),
@@ -23,8 +24,8 @@ func groupsCommand() *cli.Command {
 		Usage: "list the module groups (a module entry's group:): each group's module, its shared queue group.GROUP.MODULE.events with the events " +
 			"waiting in it and its consumers (from the broker), and its members (the nodes whose heartbeats say the module runs there in the " +
 			"group, with their status). A group that keeps order by key (partitions:) shows its partitions group.GROUP.MODULE.p000..pNNN, the " +
-			"events waiting in them and in its intake, how many have an active consumer, and how many each member owns (--json: each " +
-			"partition's waiting events and owner). A queue with no member heard keeps filling: a group every node left is removed by deleting its queues",
+			"events waiting in them and in its intake, how many have an active consumer, how many each member owns, and its hot keys (those " +
+			"a member holds two or more events of, the most first; --json: each partition's waiting events and owner). A queue with no member heard keeps filling: a group every node left is removed by deleting its queues",
 		Flags: append(waitFlags(),
 			&cli.BoolFlag{Name: "json", Usage: "print one JSON object per group"},
 		),
@@ -53,7 +54,21 @@ type groupRow struct {
 	// events waiting, and the partitions with an active consumer.
 	Partitions int              `json:"partitions,omitempty"`
 	Each       []partitionState `json:"each,omitempty"`
+	// Hot are the group's keys with the most events held by a member (two
+	// or more: one in hand and more behind it), the most first, at most
+	// hotKeysShown: a key near the members' prefetch holds up the other
+	// keys of its partition.
+	Hot []hotKey `json:"hot,omitempty"`
 }
+
+// hotKey is a key a member of an ordered group holds events of.
+type hotKey struct {
+	runtime.HotKey
+	Node string `json:"node"`
+}
+
+// hotKeysShown is how many hot keys a group's row shows.
+const hotKeysShown = 3
 
 // partitionState is one partition of an ordered group.
 type partitionState struct {
@@ -103,8 +118,20 @@ func groups(c *cli.Context) error {
 						r.Each[i].Owner = h.Node
 					}
 				}
+				for _, k := range m.Hot {
+					r.Hot = append(r.Hot, hotKey{HotKey: k, Node: h.Node})
+				}
 			}
 		}
+	}
+	for _, r := range rows {
+		slices.SortFunc(r.Hot, func(a, b hotKey) int {
+			if a.Waiting != b.Waiting {
+				return b.Waiting - a.Waiting
+			}
+			return strings.Compare(a.Key, b.Key)
+		})
+		r.Hot = r.Hot[:min(hotKeysShown, len(r.Hot))]
 	}
 	if err := readGroupQueues(c, rows); err != nil {
 		return err
@@ -124,7 +151,7 @@ func groups(c *cli.Context) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(c.App.Writer, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "GROUP\tMODULE\tQUEUE\tREADY\tCONSUMERS\tMEMBERS")
+	fmt.Fprintln(tw, "GROUP\tMODULE\tQUEUE\tREADY\tCONSUMERS\tMEMBERS\tHOT KEYS")
 	for _, q := range queues {
 		r := rows[q]
 		owns := map[string]int{}
@@ -152,7 +179,18 @@ func groups(c *cli.Context) error {
 		if r.Partitions > 1 {
 			queue = fmt.Sprintf("%s..p%03d", r.Queue, r.Partitions-1)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", escape(r.Group), escape(r.Module), escape(queue), ready, consumers, escape(strings.Join(members, ", ")))
+		hot := "-"
+		if len(r.Hot) > 0 {
+			var keys []string
+			for _, k := range r.Hot {
+				keys = append(keys, fmt.Sprintf("%s (%d on %s, p%03d)", k.Key, k.Waiting, k.Node, k.Partition))
+			}
+			hot = strings.Join(keys, ", ")
+		}
+		if r.Partitions == 0 {
+			hot = ""
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", escape(r.Group), escape(r.Module), escape(queue), ready, consumers, escape(strings.Join(members, ", ")), escape(hot))
 	}
 	return tw.Flush()
 }

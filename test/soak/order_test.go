@@ -278,7 +278,7 @@ func TestSoakOrder(t *testing.T) {
 			last, quiet = have, time.Now()
 		}
 	}
-	fmt.Printf("order soak: settled %v after the faults: %d of %d effects\n", time.Since(began).Round(time.Second), have, want)
+	fmt.Printf("order soak: settled %v after the faults began: %d of %d effects\n", time.Since(began).Round(time.Second), have, want)
 
 	// The spread, with a trickle on every partition (a consumer knows it
 	// owns a partition once it is fed).
