@@ -536,6 +536,15 @@ func TestConsole(t *testing.T) {
 		notified = evs[0].ID
 	}
 
+	// A group that keeps order by key, for the groups page.
+	tally, err := w.node.Load(ctx, sdk.Module{Name: "tally", Setup: func(m sdk.Mesh) error {
+		return m.On("mesh.tally.#", sdk.HandlerFunc(func(context.Context, sdk.Event) error { return nil }))
+	}}, runtime.ModuleConfig{Group: "counts", Partitions: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tally.Stop(context.Background())
+
 	// The operator's token, made as an operator makes one; the browser
 	// logs in with it, the test's requests send it as a bearer token.
 	tokens := filepath.Join(t.TempDir(), "console-tokens")
@@ -563,6 +572,7 @@ func TestConsole(t *testing.T) {
 			{"/dlq", "Dead letters", "#groups"},
 			{"/unrouted", "Unrouted events", "main p"}, // none: the audit logger's queue takes every event
 			{"/dispatcher", "Dispatcher", "#triggers"},
+			{"/groups", "Groups", "#groups-list"},
 			{"/live?pattern=module.%23", "Live", "#live"},
 			{"/login", "Log in", "form.login"},
 		}
@@ -589,6 +599,13 @@ func TestConsole(t *testing.T) {
 			if errs := b.takeErrors(); len(errs) > 0 {
 				t.Errorf("%s: %v", p.path, errs)
 			}
+		}
+		// The groups page names the ordered group, its member and its
+		// partitions.
+		b.run(t, chromedp.Navigate(c.base+"/groups"), chromedp.WaitVisible("#groups-list", chromedp.ByQuery))
+		if s := b.text(t, "#groups-list"); !strings.Contains(s, "counts · tally") || !strings.Contains(s, "ordered by key over 2 partitions") ||
+			!strings.Contains(s, "anchor") || !strings.Contains(s, "group.counts.tally.p001") || !strings.Contains(s, "group.counts.tally.intake") {
+			t.Errorf("the groups page: %q", s)
 		}
 		// The overview names the node, its modules and the dead letters
 		// first among what is unhealthy.
@@ -1027,7 +1044,7 @@ func TestConsoleGuards(t *testing.T) {
 		// The attacker: a process of this host, which can open connections
 		// to 127.0.0.1 and has no cookie, no token, no login URL. Every page
 		// sends it to the login page: no page has a CSRF token for it.
-		for _, p := range []string{"/", "/unrouted", "/audit/export", "/audit/export?format=csv", "/live", "/dispatcher"} {
+		for _, p := range []string{"/", "/unrouted", "/audit/export", "/audit/export?format=csv", "/live", "/dispatcher", "/groups"} {
 			resp, body := c.do(t, http.MethodGet, p, "", "", nil)
 			if resp.StatusCode != http.StatusSeeOther || !strings.HasPrefix(resp.Header.Get("Location"), "/login?next=") {
 				t.Errorf("GET %s: %s to %q, want 303 to the login page", p, resp.Status, resp.Header.Get("Location"))

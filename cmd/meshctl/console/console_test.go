@@ -45,6 +45,7 @@ type fakeMesh struct {
 	purged  []deadletters.Filter
 	actions []Action
 	nodes   []Node
+	queues  []Queue
 }
 
 var _ Mesh = (*fakeMesh)(nil)
@@ -52,7 +53,7 @@ var _ Mesh = (*fakeMesh)(nil)
 func (f *fakeMesh) Nodes() []Node { return f.nodes }
 func (f *fakeMesh) Graph() Graph  { return Graph{} }
 func (f *fakeMesh) Broker(context.Context) Broker {
-	return Broker{Connected: true, URL: "amqp://127.0.0.1:5672/"}
+	return Broker{Connected: true, URL: "amqp://127.0.0.1:5672/", Queues: f.queues}
 }
 func (f *fakeMesh) AuditQuery(_ context.Context, req auditlogger.QueryRequest) (auditlogger.QueryResponse, error) {
 	f.mu.Lock()
@@ -604,5 +605,38 @@ func TestOverviewShowsTheOutbox(t *testing.T) {
 	}
 	if !strings.Contains(body, "outbox 3 unsent, oldest 3m ago, 1 set aside") || strings.Count(body, " unsent") != 1 {
 		t.Errorf("the overview does not show the ledger's outbox (and only its):\n%s", body)
+	}
+}
+
+func TestGroupsPageShowsMembersPartitionsAndHotKeys(t *testing.T) {
+	now := time.Now()
+	hb := func(node string, mods ...runtime.ModuleSummary) Node {
+		return Node{LastSeen: now, Heartbeat: runtime.Heartbeat{Node: node, Started: now, Interval: time.Second, Modules: mods}}
+	}
+	f := &fakeMesh{nodes: []Node{
+		hb("east", runtime.ModuleSummary{Name: "ledger", Group: "books", Partitions: 2, Owns: []int{0},
+			Hot: []runtime.HotKey{{Key: "<b>acct</b>", Partition: 0, Waiting: 4}}},
+			runtime.ModuleSummary{Name: "billing", Group: "eu"}),
+		hb("west", runtime.ModuleSummary{Name: "ledger", Group: "books", Partitions: 2, Owns: []int{1}},
+			runtime.ModuleSummary{Name: "billing", Group: "eu"}, runtime.ModuleSummary{Name: "shop", Group: "../x"}),
+	}, queues: []Queue{{Name: "group.books.ledger.p000", Ready: 7, Consumers: 1}, {Name: "group.eu.billing.events", Ready: 3, Consumers: 2}}}
+	_, ts := serve(t, f, Config{})
+	resp, body := do(t, http.MethodGet, ts.URL+"/groups", "", nil)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("/groups: %d", resp.StatusCode)
+	}
+	for _, want := range []string{
+		`data-group="books" data-module="ledger"`, "ordered by key over 2 partitions", `data-group="eu" data-module="billing"`, "shared queue",
+		`<tr data-queue="group.books.ledger.p000"><td>group.books.ledger.p000</td><td class="owner">east</td><td class="num">7</td>`,
+		`<tr data-queue="group.books.ledger.p001"><td>group.books.ledger.p001</td><td class="owner">west</td><td class="num" colspan="5">not listed</td>`,
+		`<tr data-queue="group.eu.billing.events"><td>group.eu.billing.events</td><td class="num">3</td>`,
+		"group.books.ledger.intake", `<td class="key">&lt;b&gt;acct&lt;/b&gt;</td><td class="num">4</td><td>east</td>`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/groups lacks %q:\n%s", want, body)
+		}
+	}
+	if strings.Count(body, "1 of 2 partitions") != 2 || strings.Contains(body, "<b>acct") || strings.Contains(body, "../x") {
+		t.Errorf("/groups: each member owns 1 of 2, the key escaped, no group of a name that makes no queue:\n%s", body)
 	}
 }

@@ -38,6 +38,7 @@ var funcs = template.FuncMap{
 	"rate":         func(f float64) string { return fmt.Sprintf("%.1f/s", f) },
 	"upper":        strings.ToUpper,
 	"add":          func(a, b int) int { return a + b },
+	"ownsText":     ownsText,
 	"filterFields": func() []filterField { return filterFields },
 	"sortedHeaders": func(h map[string]string) []header {
 		out := make([]header, 0, len(h))

@@ -40,6 +40,7 @@ func (s *Server) routes() {
 	}
 	m.HandleFunc("GET /api/jobs/{id}", s.jobStatus)
 	m.HandleFunc("GET /dispatcher", s.dispatcherPage)
+	m.HandleFunc("GET /groups", s.groupsPage)
 	m.HandleFunc("POST /api/dispatcher/pause", func(w http.ResponseWriter, r *http.Request) { s.pause(w, r, true) })
 	m.HandleFunc("POST /api/dispatcher/resume", func(w http.ResponseWriter, r *http.Request) { s.pause(w, r, false) })
 	m.HandleFunc("GET /live", s.livePage)
