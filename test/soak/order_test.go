@@ -341,20 +341,8 @@ func TestSoakOrder(t *testing.T) {
 // orderer, in its group, granted the PostgreSQL's port; on n1 the feeder.
 func orderConfig(name string, urls []string, state, httpAddr, module, hist, dsn, pgPort string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "node: %s\namqp_urls:\n", name)
-	for _, u := range urls {
-		fmt.Fprintf(&b, "  - %s\n", u)
-	}
-	fmt.Fprintf(&b, `state_dir: %s
-http_addr: %s
-reconnect_min: 50ms
-reconnect_max: 1s
-retry_min: 20ms
-retry_max: 2s
-heartbeat_interval: 1s
-grace: 5s
-modules:
-  - name: orderer
+	meshdHead(&b, name, urls, state, httpAddr)
+	fmt.Fprintf(&b, `  - name: orderer
     path: %s
     args: [orderer, %s, %s, %q]
     group: orders
@@ -364,7 +352,7 @@ modules:
     handler_timeout: 10s
     network:
       connect: ["127.0.0.1:%s"]
-`, state, httpAddr, module, name, hist, dsn, orderPartitions, pgPort)
+`, module, name, hist, dsn, orderPartitions, pgPort)
 	if name == "n1" {
 		fmt.Fprintf(&b, `  - name: feeder
     path: %s

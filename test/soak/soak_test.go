@@ -614,14 +614,15 @@ func readLedger(path string) (map[string]int, error) {
 	return applied, rows.Err()
 }
 
-// meshdConfig is the config of meshd node name.
-func meshdConfig(name string, urls []string, state, httpAddr string, bins binaries, hist string) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "node: %s\namqp_urls:\n", name)
+// meshdHead writes what every soak node's config begins with: its name,
+// brokers, state dir and HTTP address, quick reconnects and retries,
+// heartbeats every second; then "modules:".
+func meshdHead(b *strings.Builder, name string, urls []string, state, httpAddr string) {
+	fmt.Fprintf(b, "node: %s\namqp_urls:\n", name)
 	for _, u := range urls {
-		fmt.Fprintf(&b, "  - %s\n", u)
+		fmt.Fprintf(b, "  - %s\n", u)
 	}
-	fmt.Fprintf(&b, `state_dir: %s
+	fmt.Fprintf(b, `state_dir: %s
 http_addr: %s
 reconnect_min: 50ms
 reconnect_max: 1s
@@ -631,6 +632,12 @@ heartbeat_interval: 1s
 grace: 5s
 modules:
 `, state, httpAddr)
+}
+
+// meshdConfig is the config of meshd node name.
+func meshdConfig(name string, urls []string, state, httpAddr string, bins binaries, hist string) string {
+	var b strings.Builder
+	meshdHead(&b, name, urls, state, httpAddr)
 	worker := fmt.Sprintf(`  - name: worker
     path: %s
     args: [worker, %s, %s%%s]

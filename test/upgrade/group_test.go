@@ -35,21 +35,7 @@ func TestAGroupBesideAPreviousReleaseNode(t *testing.T) {
 	old := previousRelease(t)
 	cur, meshctl := thisRelease(t)
 	url := brokertest.VHost(t)
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ch.ExchangeDeclare("mesh.events.unrouted", "fanout", true, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	if err := ch.ExchangeDeclare("mesh.events", "topic", true, false, false, false, amqp.Table{"alternate-exchange": "mesh.events.unrouted"}); err != nil {
-		t.Fatal(err)
-	}
+	declareEvents(t, url)
 	seen := newNotifiers()
 	go seen.follow(brokertest.Tap(t, url, "mesh.events", "module.umami.site.created", "module.notifier.notification.sent"))
 

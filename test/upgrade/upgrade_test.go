@@ -243,22 +243,7 @@ func TestUpgradeInPlace(t *testing.T) {
 	proxy := brokertest.NewProxy(t)
 	alphaURL := strings.Replace(url, brokertest.Host(), proxy.Addr(), 1)
 
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The exchanges as meshd declares them, for the tap to bind before any node runs.
-	if err := ch.ExchangeDeclare("mesh.events.unrouted", "fanout", true, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	if err := ch.ExchangeDeclare("mesh.events", "topic", true, false, false, false, amqp.Table{"alternate-exchange": "mesh.events.unrouted"}); err != nil {
-		t.Fatal(err)
-	}
+	declareEvents(t, url)
 	seen := newLedger()
 	go seen.follow(brokertest.Tap(t, url, "mesh.events", "module.umami.site.created", "module.notifier.notification.sent"))
 
@@ -383,6 +368,27 @@ modules:
 		time.Since(began).Round(time.Millisecond), sites, load.sent(), fromAlpha, notes, copies, copies-notes, strings.TrimSpace(string(out)))
 	alpha.stop()
 	beta.stop()
+}
+
+// declareEvents declares mesh.events and its alternate as meshd does, for
+// a tap to bind before any node runs.
+func declareEvents(t *testing.T, url string) {
+	t.Helper()
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.ExchangeDeclare("mesh.events.unrouted", "fanout", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.ExchangeDeclare("mesh.events", "topic", true, false, false, false, amqp.Table{"alternate-exchange": "mesh.events.unrouted"}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // ledger is what the tap saw: site events and the notifications they caused.

@@ -70,11 +70,7 @@ func (s *Server) groupsPage(w http.ResponseWriter, r *http.Request) {
 	}
 	byKey := map[string]*groupView{}
 	for _, n := range s.cfg.Mesh.Nodes() {
-		interval := n.Interval
-		if interval <= 0 {
-			interval = runtime.DefaultHeartbeatInterval
-		}
-		stale := now.Sub(n.LastSeen) > staleAfter*interval
+		stale := silent(n, now)
 		for _, m := range n.Modules {
 			if m.Group == "" || wire.ValidateWord("group", m.Group) != nil || wire.ValidateWord("module name", m.Name) != nil {
 				continue // what a heartbeat says is anyone's: a name that makes no queue is no group

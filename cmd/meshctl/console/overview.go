@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/meshkit/mesh/internal/wire"
 	"github.com/meshkit/mesh/runtime"
@@ -48,6 +49,18 @@ type queueView struct {
 // stale.
 const staleAfter = 3
 
+// intervalOf is n's heartbeat interval (the default where it says none).
+func intervalOf(n Node) time.Duration {
+	if n.Interval <= 0 {
+		return runtime.DefaultHeartbeatInterval
+	}
+	return n.Interval
+}
+
+// silent reports whether n has not been heard for staleAfter of its
+// heartbeat intervals at now.
+func silent(n Node, now time.Time) bool { return now.Sub(n.LastSeen) > staleAfter*intervalOf(n) }
+
 func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := ask(r)
 	defer cancel()
@@ -65,11 +78,8 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 	}
 	for _, n := range s.cfg.Mesh.Nodes() {
 		nv := nodeView{Node: n}
-		interval := n.Interval
-		if interval <= 0 {
-			interval = runtime.DefaultHeartbeatInterval
-		}
-		if now.Sub(n.LastSeen) > staleAfter*interval {
+		if silent(n, now) {
+			interval := intervalOf(n)
 			nv.Stale = true
 			v.Problems = append(v.Problems, problem{Text: fmt.Sprintf("node %s silent for %s (heartbeat every %s)", n.Node, roughly(now.Sub(n.LastSeen)), interval)})
 		}
