@@ -118,7 +118,7 @@ func groups(c *cli.Context) error {
 						r.Each[i].Owner = h.Node
 					}
 				}
-				for _, k := range m.Hot {
+				for _, k := range m.Hot[:min(hotKeysShown, len(m.Hot))] { // a heartbeat's list is the sender's: bounded here
 					r.Hot = append(r.Hot, hotKey{HotKey: k, Node: h.Node})
 				}
 			}

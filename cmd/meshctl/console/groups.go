@@ -105,7 +105,7 @@ func (s *Server) groupsPage(w http.ResponseWriter, r *http.Request) {
 						mv.Owns++
 					}
 				}
-				for _, k := range m.Hot {
+				for _, k := range m.Hot[:min(hotKeysShown, len(m.Hot))] { // a heartbeat's list is the sender's: bounded here
 					g.Hot = append(g.Hot, hotKeyView{HotKey: k, Node: n.Node})
 				}
 			}
