@@ -150,12 +150,16 @@ func TestSoakOrder(t *testing.T) {
 	publishers.Go(func() {
 		for from := 0; from < fKeys; from += 50 {
 			f := feedOrder{Prefix: "f-", From: from, To: min(from+50, fKeys), Count: events}
-			for {
+			for attempt := 1; ; attempt++ {
 				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 				_, err := edge.Emit(ctx, "shop", "module.shop.feed", f)
 				cancel()
 				if err == nil {
 					break
+				}
+				if attempt == 10 {
+					t.Errorf("feed %d-%d not emitted after %d attempts: %v", f.From, f.To, attempt, err)
+					return
 				}
 				t.Logf("feed %d-%d not emitted, again: %v", f.From, f.To, err)
 			}
