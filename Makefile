@@ -87,6 +87,7 @@ fuzz: ## Fuzz event-type validation, subscription filters, emit naming and bodie
 	$(GO) test -run='^$$' -fuzz=FuzzDecodeMeta -fuzztime=20s ./internal/wire
 	$(GO) test -run='^$$' -fuzz=FuzzMatchPattern -fuzztime=20s ./internal/wire
 	$(GO) test -run='^$$' -fuzz=FuzzCheckKey -fuzztime=20s ./internal/wire
+	$(GO) test -run='^$$' -fuzz=FuzzOrderKeyOf -fuzztime=20s ./runtime
 	$(GO) test -run='^$$' -fuzz=FuzzValidateSubscription -fuzztime=20s ./internal/wire
 	$(GO) test -run='^$$' -fuzz=FuzzFilter -fuzztime=20s ./internal/filter
 	$(GO) test -run='^$$' -fuzz=FuzzValidateToolKey -fuzztime=20s ./internal/wire

@@ -375,6 +375,15 @@ type ModuleConfig struct {
 	// 1 is a single consumer of the whole group. Needs Group; at most
 	// wire.Slots. 0 (the default): no order.
 	Partitions int
+	// OrderKey, with Partitions, is the group's rule for an event's key,
+	// over any key its emitter gave: "source" (its x-source) or
+	// "body.FIELD" (a field of its JSON body, a string or a number; names
+	// joined by dots reach into objects). Every event then reaches the
+	// group through its intake, which keys it by the rule; one that has
+	// no key there is dead-lettered as malformed, naming the rule. Every
+	// member must give the same rule. Empty (the default): the emitter's
+	// key (sdk.WithKey, x-partition-key; none is the empty key).
+	OrderKey string
 	// Name, when set, is the name the module must report: a module
 	// process that says another is refused before it may emit or call
 	// anything (meshd sets it from the config entry's name).
@@ -681,6 +690,11 @@ func (m ModuleConfig) validate() error {
 		errs = append(errs, fmt.Errorf("partitions: %d needs group: order by key is a group's (a group of one node is one)", m.Partitions))
 	case m.Partitions > 0 && m.QueueType != QueueQuorum:
 		errs = append(errs, fmt.Errorf("partitions: %d needs queue_type %s: a partition hands over to its next consumer in order only as a quorum queue returns what its consumer held first", m.Partitions, QueueQuorum))
+	}
+	if _, err := parseOrderKey(m.OrderKey); err != nil {
+		errs = append(errs, err)
+	} else if m.OrderKey != "" && m.Partitions == 0 {
+		errs = append(errs, fmt.Errorf("order_key: %q needs partitions: it keys a group that keeps order", m.OrderKey))
 	}
 	switch m.QueueType {
 	case QueueQuorum, QueueClassic:

@@ -113,6 +113,9 @@ type ModuleSummary struct {
 	// consumer of an idle partition is not known to be one).
 	Partitions int   `json:"partitions,omitempty"`
 	Owns       []int `json:"owns,omitempty"`
+	// OrderKey is the group's rule for an event's key
+	// (ModuleConfig.OrderKey), empty for the emitter's.
+	OrderKey string `json:"order_key,omitempty"`
 	// Hot are the keys of the group with the most events held on the
 	// node (at most hotKeysHeard, two or more each), the most first.
 	Hot []HotKey `json:"hot,omitempty"`
@@ -373,7 +376,7 @@ func runtimeVersion() string {
 // summary is what membership tells of m.
 func (m *Module) summary() ModuleSummary {
 	sum := ModuleSummary{Name: m.def.Name, Kind: string(m.def.Kind), Calls: slices.Clone(m.def.Calls), DeadLetters: m.def.DeadLetters != nil,
-		History: m.def.History != nil, Reads: m.contracts.Reads(), Group: m.cfg.Group, Partitions: m.cfg.Partitions}
+		History: m.def.History != nil, Reads: m.contracts.Reads(), Group: m.cfg.Group, Partitions: m.cfg.Partitions, OrderKey: m.cfg.OrderKey}
 	if m.cfg.Partitions > 0 {
 		sum.Owns = m.ownedPartitions()
 		sum.Hot = m.hotKeys(hotKeysHeard)

@@ -337,3 +337,58 @@ func TestAGroupsPartitionsSpreadOverItsMembers(t *testing.T) {
 		t.Errorf("%d handlings for %d events", log.handled, n)
 	}
 }
+
+// TestAGroupKeysEventsByItsRule: billing keeps order over 4 partitions on
+// two nodes by order_key body.key: events emitted with no key, or with
+// another (sdk.WithKey("decoy")), are keyed by their body's field, every
+// one through the group's intake; each key's events are handled once, in
+// order, the handler seeing the rule's key in x-partition-key. An event
+// whose body has no such field is dead-lettered as malformed, naming the
+// rule.
+func TestAGroupKeysEventsByItsRule(t *testing.T) {
+	t.Parallel()
+	url := brokertest.VHost(t)
+	a, b := testNode(t, url, "a", nil), testNode(t, url, "b", nil)
+	log := newOrderLog()
+	byRule := func(n *runtime.Node, node string) {
+		load(t, n, sdk.Module{Name: "billing", Setup: func(m sdk.Mesh) error { return m.On("mesh.ledger.#", log.handler(node, nil)) }},
+			runtime.ModuleConfig{Group: "g", Partitions: 4, OrderKey: "body.key", Concurrency: 8, MaxAttempts: 5})
+	}
+	byRule(a, "a")
+	byRule(b, "b")
+	dead := brokertest.Tap(t, url, wire.ExchangeDead, "#")
+	const keys, each = 8, 10
+	for seq := 1; seq <= each; seq++ {
+		for k := range keys {
+			var opts []sdk.EmitOption
+			if k%2 == 1 {
+				opts = append(opts, sdk.WithKey("decoy")) // the rule's key wins
+			}
+			if _, err := a.Emit(emitCtx(t), "test", "mesh.ledger.entry", body{Key: fmt.Sprintf("k%d", k), Seq: seq}, opts...); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if _, err := a.Emit(emitCtx(t), "test", "mesh.ledger.entry", map[string]int{"seq": 1}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, func() bool { return log.count() == keys*each })
+	select {
+	case d := <-dead:
+		if d.Headers[wire.HeaderDeadReason] != wire.DeadReasonMalformed || !strings.Contains(fmt.Sprint(d.Headers[wire.HeaderDeadError]), "order_key body.key: the body has no field key") {
+			t.Errorf("the event with no key by the rule was dead-lettered with %v: %v, want malformed naming the rule", d.Headers[wire.HeaderDeadReason], d.Headers[wire.HeaderDeadError])
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the event with no key by the rule was not dead-lettered")
+	}
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	for _, b := range log.breaches {
+		t.Error(b)
+	}
+	for k := range keys {
+		if got := log.next[fmt.Sprintf("k%d", k)]; got != each {
+			t.Errorf("key k%d: handled up to %d, want %d", k, got, each)
+		}
+	}
+}

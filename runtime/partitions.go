@@ -79,18 +79,39 @@ func (m *Module) consumePartitions(ctx context.Context, s *session, patterns []s
 	if err := ch.ExchangeDeclare(exchange, amqp.ExchangeHeaders, true, false, false, false, amqp.Table{"alternate-exchange": intake}); err != nil {
 		return fmt.Errorf("declare exchange %s of group %s: %w", exchange, g, err)
 	}
-	if err := m.reconcileExchangeBindings(ch, exchange, patterns); err != nil {
+	// The slots' bindings are n's, and the way in the rule's: a node that
+	// bound them for another count would leave slots bound to two
+	// partitions, one that changed the rule would key a key's later events
+	// apart from its earlier ones.
+	rule, err := parseOrderKey(m.cfg.OrderKey)
+	if err != nil {
 		return err
 	}
-	// The slots' bindings are n's: a node that bound them for another
-	// count would leave slots bound to two partitions.
 	record := exchange + ".partitions"
 	had, err := m.node.bindings.load(record)
 	if err != nil {
 		return err
 	}
-	if len(had) == 1 && had[0] != strconv.Itoa(n) {
+	if len(had) >= 1 && had[0] != strconv.Itoa(n) {
 		return fmt.Errorf("partitions: this node bound group %s's slots over %s partitions, and its entry now says %d: a group's partition count does not change yet (issue 61); give it %s again", g, had[0], n, had[0])
+	}
+	if len(had) >= 1 {
+		if was := strings.Join(had[1:], ""); was != rule.rule {
+			return fmt.Errorf("order_key: this node keyed group %s's events by %q, and its entry now says %q: a group's key does not change (its keys' order would break across the change); give it %q again", g, was, rule.rule, was)
+		}
+	}
+	// The way in: the group's exchange, by the slot every node stamps from
+	// the emitter's key; under a rule, the intake, which keys each event by
+	// it. The new way is bound before the other is unbound.
+	in, other := exchange, intake
+	if rule.rule != "" {
+		in, other = intake, exchange
+	}
+	if err := m.reconcileExchangeBindings(ch, in, patterns); err != nil {
+		return err
+	}
+	if err := m.reconcileExchangeBindings(ch, other, nil); err != nil {
+		return err
 	}
 	args := partitionQueueArgs(m.cfg)
 	queues := append([]string{intake}, make([]string, n)...)
@@ -115,11 +136,15 @@ func (m *Module) consumePartitions(ctx context.Context, s *session, patterns []s
 			return fmt.Errorf("bind %s to its slots: %w", q, err)
 		}
 	}
-	if err := m.node.bindings.store(record, []string{strconv.Itoa(n)}); err != nil {
+	stored := []string{strconv.Itoa(n)}
+	if rule.rule != "" {
+		stored = append(stored, rule.rule)
+	}
+	if err := m.node.bindings.store(record, stored); err != nil {
 		return err
 	}
 	m.untrack(ch) // declared; each queue is consumed on a channel of its own
-	if err := m.consumeIntake(s, intake, exchange); err != nil {
+	if err := m.consumeIntake(s, intake, exchange, rule); err != nil {
 		return err
 	}
 	for i := range n {
@@ -130,9 +155,9 @@ func (m *Module) consumePartitions(ctx context.Context, s *session, patterns []s
 	return nil
 }
 
-// reconcileExchangeBindings binds the group's exchange to mesh.events with
-// every pattern in want and unbinds those recorded for it that want no
-// longer has.
+// reconcileExchangeBindings binds exchange (the group's or its intake) to
+// mesh.events with every pattern in want and unbinds those recorded for it
+// that want no longer has.
 func (m *Module) reconcileExchangeBindings(ch *amqp.Channel, exchange string, want []string) error {
 	return m.reconcile(exchange, want,
 		func(p string) error { return ch.ExchangeBind(exchange, p, wire.ExchangeEvents, false, nil) },
@@ -314,12 +339,13 @@ func (m *Module) groupMembers() []string {
 			if s.Name != m.def.Name || s.Group != m.cfg.Group || s.Status != "running" {
 				continue
 			}
-			if s.Partitions != m.cfg.Partitions {
-				// Its slots are bound over another count: a key may be in
-				// two partitions. Said once per peer and count.
-				if _, said := m.mismatched.LoadOrStore(fmt.Sprintf("%s/%d", p.Node, s.Partitions), true); !said {
-					m.log.Error("a member of the group keeps order over another partition count: the events of a key may reach two partitions and lose their order; give every member the same partitions:",
-						"group", m.cfg.Group, "peer", p.Node, "peer_partitions", s.Partitions, "partitions", m.cfg.Partitions)
+			if s.Partitions != m.cfg.Partitions || s.OrderKey != m.cfg.OrderKey {
+				// Its slots are bound over another count, or its events
+				// keyed by another rule: a key may be in two partitions.
+				// Said once per peer, count and rule.
+				if _, said := m.mismatched.LoadOrStore(fmt.Sprintf("%s/%d/%s", p.Node, s.Partitions, s.OrderKey), true); !said {
+					m.log.Error("a member of the group keeps order over another partition count or by another order_key: the events of a key may reach two partitions and lose their order; give every member the same partitions and order_key:",
+						"group", m.cfg.Group, "peer", p.Node, "peer_partitions", s.Partitions, "partitions", m.cfg.Partitions, "peer_order_key", s.OrderKey, "order_key", m.cfg.OrderKey)
 				}
 				continue
 			}
@@ -538,37 +564,52 @@ func (l *lane) retry(delay time.Duration) {
 }
 
 // consumeIntake consumes the group's intake: one member at a time (single
-// active consumer) slots each event there by its key and sends it on to
-// the group's exchange, confirmed, then acknowledges it; one at a time,
-// so in order.
-func (m *Module) consumeIntake(s *session, intake, exchange string) error {
+// active consumer) slots each event there by its key (by rule, when the
+// group has one) and sends it on to the group's exchange, confirmed, then
+// acknowledges it; one at a time, so in order.
+func (m *Module) consumeIntake(s *session, intake, exchange string, rule orderKey) error {
 	_, deliveries, err := m.consumeOrdered(s, intake, m.consumerTag(".intake"), 1)
 	if err != nil {
 		return err
 	}
 	go func() {
 		for d := range deliveries {
-			m.slotOnward(s, d, exchange)
+			m.slotOnward(s, d, exchange, rule)
 		}
 	}()
 	return nil
 }
 
 // slotOnward sends d on to the group's exchange with its key's slot, then
-// acknowledges it. An event whose key is malformed is dead-lettered.
-func (m *Module) slotOnward(s *session, d amqp.Delivery, exchange string) {
-	key, err := keyOf(d)
-	src := source{queue: d.RoutingKey, quorum: true}
+// acknowledges it. Under a rule, the key is the rule's: it replaces the
+// emitter's (x-partition-key) and every slot header the event bore. An
+// event whose key is malformed, or that has none by the rule, is
+// dead-lettered.
+func (m *Module) slotOnward(s *session, d amqp.Delivery, exchange string, rule orderKey) {
+	var key string
+	var err error
+	if rule.rule != "" {
+		key, err = rule.of(d)
+	} else {
+		key, err = keyOf(d)
+	}
+	o, _ := m.node.originOf(d)
 	if err != nil {
-		o, _ := m.node.originOf(d)
-		src.queue = wire.GroupIntake(m.cfg.Group, m.def.Name)
+		src := source{queue: wire.GroupIntake(m.cfg.Group, m.def.Name), quorum: true}
 		m.deadLetter(src, d, o.eventType, 1, wire.DeadReasonMalformed, err)
 		return
 	}
-	o, _ := m.node.originOf(d)
 	msg := amqpmsg.Republishing(d, amqpmsg.Bookkeeping)
 	msg.UserId = m.node.userID
 	msg.Headers[wire.HeaderUserID] = o.userID
+	if rule.rule != "" {
+		for h := range msg.Headers {
+			if strings.HasPrefix(h, wire.SlotHeaderPrefix) {
+				delete(msg.Headers, h)
+			}
+		}
+		msg.Headers[wire.HeaderPartitionKey] = key
+	}
 	msg.Headers[wire.SlotHeader(key)] = wire.SlotMark
 	for attempt := 1; ; attempt++ {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

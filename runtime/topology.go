@@ -144,17 +144,25 @@ func NodeObjects(cfg Config, mcs map[string]ModuleConfig) ([]BrokerObject, error
 
 // orderedObjects are what a group that keeps order by key declares
 // (partitions.go): its headers exchange, bound to mesh.events with the
-// module's patterns, its intake exchange and queue, and its partitions,
+// module's patterns (under an order_key, its intake exchange is, instead),
+// its intake exchange and queue, and its partitions,
 // each bound to the headers exchange on its slots (the binding is
 // checked, not the slots it matches; nor the exchange's own bindings to
 // mesh.events).
 func orderedObjects(mc ModuleConfig, module, when string) []BrokerObject {
 	exchange, intake := wire.GroupExchange(mc.Group, module), wire.GroupIntake(mc.Group, module)
 	args := partitionQueueArgs(mc)
+	byPatterns := wire.ExchangeEvents + " with the patterns the module subscribes (group " + mc.Group + ", ordered by key)"
+	intakeBinds, exchangeBinds := "", byPatterns
+	if mc.OrderKey != "" {
+		// Under a rule every event comes in through the intake, which
+		// keys it and sends it on to the exchange.
+		intakeBinds, exchangeBinds = byPatterns+", keyed by order_key "+mc.OrderKey, ""
+	}
 	objs := []BrokerObject{
-		{Kind: "exchange", Name: intake, Type: amqp.ExchangeFanout, Durable: true, When: when},
+		{Kind: "exchange", Name: intake, Type: amqp.ExchangeFanout, Durable: true, Binds: intakeBinds, When: when},
 		{Kind: "exchange", Name: exchange, Type: amqp.ExchangeHeaders, Durable: true, Args: amqp.Table{"alternate-exchange": intake},
-			Binds: wire.ExchangeEvents + " with the patterns the module subscribes (group " + mc.Group + ", ordered by key)", When: when},
+			Binds: exchangeBinds, When: when},
 		{Kind: "queue", Name: intake, Type: QueueQuorum, Durable: true, Args: args, Binds: intake,
 			Bindings: []Binding{{intake, ""}}, BindingsKnown: true, When: when},
 	}

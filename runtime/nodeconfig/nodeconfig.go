@@ -132,9 +132,12 @@ type Module struct {
 	Group string `yaml:"group"`
 	// Partitions makes the group keep order by key over that many
 	// partitions (runtime.ModuleConfig.Partitions).
-	Partitions int    `yaml:"partitions"`
-	QueueType  string `yaml:"queue_type"`
-	Prefetch   int    `yaml:"prefetch"`
+	Partitions int `yaml:"partitions"`
+	// OrderKey is the group's rule for an event's key: source, or
+	// body.FIELD (runtime.ModuleConfig.OrderKey).
+	OrderKey  string `yaml:"order_key"`
+	QueueType string `yaml:"queue_type"`
+	Prefetch  int    `yaml:"prefetch"`
 	// Concurrency is how many handler calls run at once (1 to prefetch,
 	// default 1: in queue order), in a module process as in-process.
 	Concurrency    int           `yaml:"concurrency"`
@@ -348,7 +351,7 @@ func (m Module) runtime() runtime.ModuleConfig {
 		HandlerTimeout: m.HandlerTimeout, Retry: m.Retry, MaxPriority: m.MaxPriority, EmitGrants: m.EmitGrants,
 		MaxDelay: m.MaxDelay, MaxScheduled: m.MaxScheduled, MaxScheduledBytes: m.MaxScheduledBytes,
 		AllowDuplicates: m.AllowDuplicates, AllowUndeclaredEmits: m.AllowUndeclaredEmits,
-		SkipBodyValidation: m.SkipBodyValidation, DenyHistory: !m.History, Group: m.Group, Partitions: m.Partitions,
+		SkipBodyValidation: m.SkipBodyValidation, DenyHistory: !m.History, Group: m.Group, Partitions: m.Partitions, OrderKey: m.OrderKey,
 		CallGrants: m.Calls, ConsumeGrants: m.Consumes, DeadLetterGrants: m.DeadLetters, Callers: m.Callers,
 	}
 }
@@ -365,6 +368,9 @@ func (f File) Validate() error {
 	}
 	if f.Defaults.Required {
 		errs = append(errs, errors.New("defaults.required: a module is required entry by entry (required: true in an entry)"))
+	}
+	if f.Defaults.OrderKey != "" {
+		errs = append(errs, errors.New("defaults.order_key: a group's key is given entry by entry (order_key: in an entry)"))
 	}
 	if f.Defaults.Partitions != 0 {
 		errs = append(errs, errors.New("defaults.partitions: a group keeps order entry by entry (partitions: N in an entry)"))

@@ -42,7 +42,7 @@ func TestSettingsCoverTheFile(t *testing.T) {
 	for _, k := range yamlKeys(reflect.TypeOf(nodeconfig.File{}), "") {
 		want[k] = nodeconfig.ScopeNode
 	}
-	entryOnly := []string{"name", "path", "args", "config", "kind", "user", "required", "group", "partitions"}
+	entryOnly := []string{"name", "path", "args", "config", "kind", "user", "required", "group", "partitions", "order_key"}
 	for _, k := range yamlKeys(reflect.TypeOf(nodeconfig.Module{}), "") {
 		if slices.Contains(entryOnly, k) {
 			want[k] = nodeconfig.ScopeEntry
