@@ -28,8 +28,11 @@ import (
 //     it) matches no binding and goes to the exchange's alternate,
 //     group.<group>.<module>.intake, a fanout exchange and its queue, which
 //     one member at a time (single active consumer) slots and sends on
-//     to the group's exchange, confirmed, before it acknowledges it: in
-//     order;
+//     to the group's exchange, confirmed, before it acknowledges it, a
+//     key's events one at a time: in order (sendOnward);
+//   - under an order_key (ModuleConfig.OrderKey) the intake, not the
+//     headers exchange, is bound to mesh.events: every event comes in
+//     through it and is keyed by the rule;
 //   - every member consumes every partition, each on a channel of its own;
 //     the broker feeds one consumer of each at a time (single active
 //     consumer), and hands the partition over to the next when its
@@ -563,42 +566,96 @@ func (l *lane) retry(delay time.Duration) {
 	l.p.m.later(delay, l.run)
 }
 
+// intakeWindow is how many of the intake's events its member sends on at
+// once, of different keys: a key's go one at a time.
+const intakeWindow = 64
+
 // consumeIntake consumes the group's intake: one member at a time (single
-// active consumer) slots each event there by its key (by rule, when the
-// group has one) and sends it on to the group's exchange, confirmed, then
-// acknowledges it; one at a time, so in order.
+// active consumer) keys each event there (by the group's rule, when it has
+// one) and sends it on to the group's exchange (sendOnward).
 func (m *Module) consumeIntake(s *session, intake, exchange string, rule orderKey) error {
-	_, deliveries, err := m.consumeOrdered(s, intake, m.consumerTag(".intake"), 1)
+	_, deliveries, err := m.consumeOrdered(s, intake, m.consumerTag(".intake"), intakeWindow)
 	if err != nil {
 		return err
 	}
-	go func() {
-		for d := range deliveries {
-			m.slotOnward(s, d, exchange, rule)
-		}
-	}()
+	go m.sendOnward(s, deliveries, exchange, rule)
 	return nil
 }
 
-// slotOnward sends d on to the group's exchange with its key's slot, then
-// acknowledges it. Under a rule, the key is the rule's: it replaces the
-// emitter's (x-partition-key) and every slot header the event bore. An
-// event whose key is malformed, or that has none by the rule, is
-// dead-lettered.
-func (m *Module) slotOnward(s *session, d amqp.Delivery, exchange string, rule orderKey) {
-	var key string
-	var err error
+// intakeKey is d's key: by rule, when the group has one (it replaces the
+// emitter's), else its x-partition-key.
+func intakeKey(d amqp.Delivery, rule orderKey) (string, error) {
 	if rule.rule != "" {
-		key, err = rule.of(d)
-	} else {
-		key, err = keyOf(d)
+		return rule.of(d)
 	}
+	return keyOf(d)
+}
+
+// onward is an event of the intake being sent on: done closes once it is
+// settled, sent saying whether it went (written before done closes).
+type onward struct {
+	done chan struct{}
+	sent bool
+}
+
+// sendOnward sends the intake's deliveries on, in order by key: up to
+// intakeWindow at once, but an event only once its key's previous one was
+// sent and acknowledged, so that a key's events reach their partition in
+// the intake's order even when one must be tried again (other keys' may
+// pass it: their order is their own). An event with a malformed key, or
+// none by the rule, is dead-lettered. It stops at an event that could not
+// be sent (the module stopping, the session lost): what it has not
+// acknowledged waits, in order, for the intake's next consumer.
+func (m *Module) sendOnward(s *session, deliveries <-chan amqp.Delivery, exchange string, rule orderKey) {
+	window := make(chan struct{}, intakeWindow)
+	pending := map[string]*onward{}
+	for d := range deliveries {
+		key, err := intakeKey(d, rule)
+		if err != nil {
+			o, _ := m.node.originOf(d)
+			m.deadLetter(source{queue: wire.GroupIntake(m.cfg.Group, m.def.Name), quorum: true}, d, o.eventType, 1, wire.DeadReasonMalformed, err)
+			continue
+		}
+		if prev := pending[key]; prev != nil {
+			<-prev.done
+			if !prev.sent {
+				return
+			}
+		}
+		if len(pending) > 4*intakeWindow {
+			for k, p := range pending {
+				select {
+				case <-p.done:
+					delete(pending, k)
+				default:
+				}
+			}
+		}
+		select {
+		case window <- struct{}{}:
+		case <-m.stopping:
+			return
+		}
+		if s.isLost() {
+			return
+		}
+		w := &onward{done: make(chan struct{})}
+		pending[key] = w
+		go func() {
+			defer close(w.done)
+			defer func() { <-window }()
+			w.sent = m.slotOnward(s, d, exchange, rule, key)
+		}()
+	}
+}
+
+// slotOnward sends d on to the group's exchange with key's slot, then
+// acknowledges it; under a rule, key replaces the emitter's
+// (x-partition-key) and every slot header the event bore. It reports
+// whether it sent it: not when the module stops or the session is lost
+// first (d then waits, unacknowledged, for the next consumer).
+func (m *Module) slotOnward(s *session, d amqp.Delivery, exchange string, rule orderKey, key string) bool {
 	o, _ := m.node.originOf(d)
-	if err != nil {
-		src := source{queue: wire.GroupIntake(m.cfg.Group, m.def.Name), quorum: true}
-		m.deadLetter(src, d, o.eventType, 1, wire.DeadReasonMalformed, err)
-		return
-	}
 	msg := amqpmsg.Republishing(d, amqpmsg.Bookkeeping)
 	msg.UserId = m.node.userID
 	msg.Headers[wire.HeaderUserID] = o.userID
@@ -623,13 +680,15 @@ func (m *Module) slotOnward(s *session, d amqp.Delivery, exchange string, rule o
 		select {
 		case <-time.After(delay):
 		case <-m.stopping:
-			return // unacknowledged: it waits, in order, for the next member
+			return false // unacknowledged: it waits, in order, for the next member
 		}
 		if s.isLost() {
-			return
+			return false
 		}
 	}
 	if err := d.Ack(false); err != nil {
 		m.log.Warn("ack of an event sent on from the group's intake failed; it may reach its partition twice", "event_id", d.MessageId, "err", err)
+		return false
 	}
+	return true
 }
