@@ -85,6 +85,22 @@ func (o *orderLog) breach(format string, args ...any) {
 	o.breaches = append(o.breaches, fmt.Sprintf(format, args...))
 }
 
+// check fails t with every breach, and for each key k0 to k(keys-1) not
+// handled up to each.
+func (o *orderLog) check(t *testing.T, keys, each int) {
+	t.Helper()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, b := range o.breaches {
+		t.Error(b)
+	}
+	for k := range keys {
+		if got := o.next[fmt.Sprintf("k%d", k)]; got != each {
+			t.Errorf("key k%d: handled up to %d, want %d", k, got, each)
+		}
+	}
+}
+
 func (o *orderLog) count() int {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -171,16 +187,9 @@ func TestAGroupKeepsEachKeysOrder(t *testing.T) {
 		}
 	}
 	waitFor(t, 60*time.Second, func() bool { return log.count() == total })
+	log.check(t, keys, each)
 	log.mu.Lock()
 	defer log.mu.Unlock()
-	for _, b := range log.breaches {
-		t.Error(b)
-	}
-	for k := range keys {
-		if got := log.next[fmt.Sprintf("k%d", k)]; got != each {
-			t.Errorf("key k%d: handled up to %d, want %d", k, got, each)
-		}
-	}
 	if log.next["foreign"] != 10 {
 		t.Errorf("the foreign key: handled up to %d, want 10", log.next["foreign"])
 	}
@@ -381,14 +390,5 @@ func TestAGroupKeysEventsByItsRule(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the event with no key by the rule was not dead-lettered")
 	}
-	log.mu.Lock()
-	defer log.mu.Unlock()
-	for _, b := range log.breaches {
-		t.Error(b)
-	}
-	for k := range keys {
-		if got := log.next[fmt.Sprintf("k%d", k)]; got != each {
-			t.Errorf("key k%d: handled up to %d, want %d", k, got, each)
-		}
-	}
+	log.check(t, keys, each)
 }

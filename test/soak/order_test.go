@@ -60,20 +60,7 @@ func TestSoakOrder(t *testing.T) {
 	rng := rand.New(rand.NewPCG(seed, seed^0x51ed270b27a9f1c3))
 	fmt.Printf("order soak seed=%d length=%v keys=%d events=%d (SOAK_SEEDS=%d repeats its schedule)\n", seed, length, keys, events, seed)
 
-	dir, err := os.MkdirTemp("", fmt.Sprintf("mesh-order-%d-", seed))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			fmt.Printf("order soak seed=%d: history, configs and meshd logs kept in %s\n", seed, dir)
-			return
-		}
-		_ = os.RemoveAll(dir)
-	})
+	dir := keptDir(t, fmt.Sprintf("order soak seed=%d", seed), fmt.Sprintf("mesh-order-%d-", seed))
 	// The shared broker, in a virtual host of its own: the nemesis here
 	// kills the mesh's processes, not the broker's (TestSoak does that,
 	// on its cluster), and three broker nodes replicating every event

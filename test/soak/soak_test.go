@@ -88,6 +88,28 @@ printf 'stamped gamma %s/%s %s %s\n' "$job" "$call" "$agent" "$(date +%s%N)" >> 
 printf '{"stamped":"%s"}\n' "$job"
 `
 
+// keptDir is a directory for a soak's history, configs and logs, readable
+// by the module processes' users; removed when t passes, kept (and what
+// says where) when it fails.
+func keptDir(t *testing.T, what, prefix string) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			fmt.Printf("%s: history, configs and meshd logs kept in %s\n", what, dir)
+			return
+		}
+		_ = os.RemoveAll(dir)
+	})
+	return dir
+}
+
 func soakLength(t *testing.T) time.Duration {
 	s := os.Getenv("SOAK")
 	if s == "" {
@@ -169,21 +191,7 @@ func soak(t *testing.T, bins binaries, length, pace time.Duration, seed uint64) 
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	fmt.Printf("soak seed=%d length=%v (SOAK_SEEDS=%d repeats its schedule)\n", seed, length, seed)
 
-	// The history is kept on failure.
-	dir, err := os.MkdirTemp("", fmt.Sprintf("mesh-soak-%d-", seed))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			fmt.Printf("soak seed=%d: history, configs and meshd logs kept in %s\n", seed, dir)
-			return
-		}
-		_ = os.RemoveAll(dir)
-	})
+	dir := keptDir(t, fmt.Sprintf("soak seed=%d", seed), fmt.Sprintf("mesh-soak-%d-", seed))
 
 	vhost := fmt.Sprintf("mesh-soak-%d-%d", seed, time.Now().UnixNano())
 	if _, err := cluster.CtlAny("add_vhost", vhost); err != nil {
@@ -258,7 +266,7 @@ func soak(t *testing.T, bins binaries, length, pace time.Duration, seed uint64) 
 	// edge: the emitters and the sink, in this process.
 	edge := newEdge(t, urls["edge"], filepath.Join(dir, "edge"))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	_, err = edge.Load(ctx, sdk.Module{Name: "sink", Setup: func(m sdk.Mesh) error {
+	_, err := edge.Load(ctx, sdk.Module{Name: "sink", Setup: func(m sdk.Mesh) error {
 		booked := m.On("module.ledger.booked", sdk.HandlerFunc(func(ctx context.Context, ev sdk.Event) error {
 			var o order
 			if err := ev.Decode(&o); err != nil {
