@@ -119,7 +119,8 @@ func ordered(t *testing.T, n *runtime.Node, h sdk.Handler, partitions int) *runt
 // order over 4 partitions with 8 handler calls at once: 20 keys of 15
 // events each, emitted key by key in turns from both nodes, and a foreign
 // publisher's key (raw amqp091-go, x-partition-key and no slot: through
-// the group's intake), are each handled once, a key's events one at a time
+// the group's intake) and another's by the CloudEvents partitioning
+// extension (cloudEvents:partitionkey), are each handled once, a key's events one at a time
 // and in their order, while other keys run beside them (key k0's first
 // event waits until another key's handling starts, which only parallel
 // lanes allow). Key k3's third event fails twice: its later events wait
@@ -159,7 +160,7 @@ func TestAGroupKeepsEachKeysOrder(t *testing.T) {
 		}
 	}
 	const keys, each = 20, 15
-	total := keys*each + 10
+	total := keys*each + 20
 	for seq := 1; seq <= each; seq++ {
 		for k := range keys {
 			n := a
@@ -175,21 +176,29 @@ func TestAGroupKeepsEachKeysOrder(t *testing.T) {
 	if err := raw.Confirm(false); err != nil {
 		t.Fatal(err)
 	}
+	// The foreign key by x-partition-key, another by the CloudEvents
+	// partitioning extension's header (its key stamped in x-partition-key
+	// by the intake, as the handler checks).
 	for seq := 1; seq <= 10; seq++ {
-		id := ulid.Make().String()
-		b, _ := json.Marshal(body{Key: "foreign", Seq: seq})
-		conf, err := raw.PublishWithDeferredConfirmWithContext(emitCtx(t), wire.ExchangeEvents, "mesh.ledger.entry", true, false, amqp.Publishing{
-			MessageId: id, ContentType: wire.ContentTypeJSON, DeliveryMode: amqp.Persistent, Body: b,
-			Headers: amqp.Table{wire.HeaderEventID: id, wire.HeaderSource: "outside", wire.HeaderNode: "outside",
-				wire.HeaderTime: time.Now().UTC().Format(time.RFC3339Nano), wire.HeaderPartitionKey: "foreign"}})
-		if err != nil || !conf.Wait() {
-			t.Fatalf("foreign publish %d: %v", seq, err)
+		for key, header := range map[string]string{"foreign": wire.HeaderPartitionKey, "cloud": "cloudEvents:partitionkey"} {
+			id := ulid.Make().String()
+			b, _ := json.Marshal(body{Key: key, Seq: seq})
+			conf, err := raw.PublishWithDeferredConfirmWithContext(emitCtx(t), wire.ExchangeEvents, "mesh.ledger.entry", true, false, amqp.Publishing{
+				MessageId: id, ContentType: wire.ContentTypeJSON, DeliveryMode: amqp.Persistent, Body: b,
+				Headers: amqp.Table{wire.HeaderEventID: id, wire.HeaderSource: "outside", wire.HeaderNode: "outside",
+					wire.HeaderTime: time.Now().UTC().Format(time.RFC3339Nano), header: key}})
+			if err != nil || !conf.Wait() {
+				t.Fatalf("foreign publish %d of %s: %v", seq, key, err)
+			}
 		}
 	}
 	waitFor(t, 60*time.Second, func() bool { return log.count() == total })
 	log.check(t, keys, each)
 	log.mu.Lock()
 	defer log.mu.Unlock()
+	if log.next["cloud"] != 10 {
+		t.Errorf("the CloudEvents key: handled up to %d, want 10", log.next["cloud"])
+	}
 	if log.next["foreign"] != 10 {
 		t.Errorf("the foreign key: handled up to %d, want 10", log.next["foreign"])
 	}

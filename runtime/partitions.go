@@ -14,6 +14,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshkit/mesh/internal/amqpmsg"
+	"github.com/meshkit/mesh/internal/cloudevents"
 	"github.com/meshkit/mesh/internal/wire"
 )
 
@@ -484,18 +485,29 @@ func (p *partition) flush() {
 	}
 }
 
-// keyOf is a delivery's key: its x-partition-key, "" when it has none.
+// keyOf is a delivery's key: its x-partition-key, else the CloudEvents
+// partitioning extension's partitionkey of a binary-mode CloudEvent
+// (cloudEvents_partitionkey, cloudEvents:partitionkey or ce-partitionkey,
+// as cloudevents.Prefixes), "" when it has neither.
 func keyOf(d amqp.Delivery) (string, error) {
-	v, ok := d.Headers[wire.HeaderPartitionKey]
+	header := wire.HeaderPartitionKey
+	v, ok := d.Headers[header]
+	for _, prefix := range cloudevents.Prefixes {
+		if ok {
+			break
+		}
+		header = prefix + cloudevents.PartitionKey
+		v, ok = d.Headers[header]
+	}
 	if !ok {
 		return "", nil
 	}
 	key, isText := v.(string)
 	if !isText {
-		return "", &wire.MalformedError{Reason: fmt.Sprintf("header %s is %T, want a string", wire.HeaderPartitionKey, v)}
+		return "", &wire.MalformedError{Reason: fmt.Sprintf("header %s is %T, want a string", header, v)}
 	}
 	if err := wire.CheckKey(key); err != nil {
-		return "", &wire.MalformedError{Reason: fmt.Sprintf("header %s: %v", wire.HeaderPartitionKey, err)}
+		return "", &wire.MalformedError{Reason: fmt.Sprintf("header %s: %v", header, err)}
 	}
 	return key, nil
 }
@@ -665,7 +677,9 @@ func (m *Module) slotOnward(s *session, d amqp.Delivery, exchange string, rule o
 				delete(msg.Headers, h)
 			}
 		}
-		msg.Headers[wire.HeaderPartitionKey] = key
+	}
+	if rule.rule != "" || key != "" {
+		msg.Headers[wire.HeaderPartitionKey] = key // the rule's, or a CloudEvent's partitionkey: the handler sees it where a key is
 	}
 	msg.Headers[wire.SlotHeader(key)] = wire.SlotMark
 	for attempt := 1; ; attempt++ {

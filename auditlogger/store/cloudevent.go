@@ -13,7 +13,9 @@ import (
 // is data when it is JSON, data_base64 otherwise. The other headers are
 // extension attributes, named as CloudEvents allows (lower-case letters
 // and digits: "x-tenant-id" is "xtenantid"); traceparent keeps its name,
-// the distributed tracing extension's. A header whose name would take an
+// the distributed tracing extension's, and x-partition-key is partitionkey,
+// the partitioning extension's (the slot headers, mesh-slot-S, are left
+// out: they are the key's, for routing). A header whose name would take an
 // attribute's name, or another header's, is left out.
 func (ev Event) CloudEvent() map[string]any {
 	out := map[string]any{"specversion": "1.0", "id": ev.ID, "type": ev.Type, "source": "mesh://" + ev.Node + "/" + ev.Source}
@@ -34,10 +36,15 @@ func (ev Event) CloudEvent() map[string]any {
 	if ct := ev.Headers["content-type"]; ct != "" {
 		out["datacontenttype"] = ct
 	}
+	if key := ev.Headers["x-partition-key"]; key != "" {
+		out["partitionkey"] = key // the partitioning extension's
+	}
 	for k, v := range ev.Headers {
-		switch k {
-		case "x-event-id", "x-source", "x-node", "x-time", "x-schema", "content-type":
+		switch {
+		case k == "x-event-id", k == "x-source", k == "x-node", k == "x-time", k == "x-schema", k == "content-type", k == "x-partition-key":
 			continue // mapped above
+		case strings.HasPrefix(k, "mesh-slot-"):
+			continue // the key's slot, for routing alone
 		}
 		name := attributeName(k)
 		if _, taken := out[name]; taken || name == "" {

@@ -58,6 +58,10 @@ const (
 // Prefixes are the header prefixes of binary mode.
 var Prefixes = []string{"cloudEvents_", "cloudEvents:", "ce-"}
 
+// PartitionKey is the attribute of the partitioning extension: the key
+// whose events keep their order (mesh's x-partition-key).
+const PartitionKey = "partitionkey"
+
 // maxAttribute bounds an attribute's value, as mesh bounds its own
 // headers' (wire.MaxHeaderBytes is larger; a CloudEvent's id or type has
 // no reason to be long).
