@@ -402,13 +402,17 @@ func (m *Module) hotKeys(n int) []HotKey {
 		}
 		p.mu.Unlock()
 	}
-	slices.SortFunc(hot, func(a, b HotKey) int {
-		if a.Waiting != b.Waiting {
-			return b.Waiting - a.Waiting
-		}
-		return strings.Compare(a.Key, b.Key)
-	})
+	slices.SortFunc(hot, HotterFirst)
 	return hot[:min(n, len(hot))]
+}
+
+// HotterFirst orders hot keys the most held first, then by key: for
+// slices.SortFunc.
+func HotterFirst(a, b HotKey) int {
+	if a.Waiting != b.Waiting {
+		return b.Waiting - a.Waiting
+	}
+	return strings.Compare(a.Key, b.Key)
 }
 
 // lane is the events of one key of a partition in hand: the first is

@@ -125,12 +125,7 @@ func groups(c *cli.Context) error {
 		}
 	}
 	for _, r := range rows {
-		slices.SortFunc(r.Hot, func(a, b hotKey) int {
-			if a.Waiting != b.Waiting {
-				return b.Waiting - a.Waiting
-			}
-			return strings.Compare(a.Key, b.Key)
-		})
+		slices.SortFunc(r.Hot, func(a, b hotKey) int { return runtime.HotterFirst(a.HotKey, b.HotKey) })
 		r.Hot = r.Hot[:min(hotKeysShown, len(r.Hot))]
 	}
 	if err := readGroupQueues(c, rows); err != nil {

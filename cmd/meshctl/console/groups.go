@@ -121,9 +121,7 @@ func (s *Server) groupsPage(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		slices.SortFunc(g.Members, func(a, b memberView) int { return strings.Compare(a.Node, b.Node) })
-		slices.SortFunc(g.Hot, func(a, b hotKeyView) int {
-			return cmp.Or(b.Waiting-a.Waiting, strings.Compare(a.Key, b.Key))
-		})
+		slices.SortFunc(g.Hot, func(a, b hotKeyView) int { return runtime.HotterFirst(a.HotKey, b.HotKey) })
 		g.Hot = g.Hot[:min(hotKeysShown, len(g.Hot))]
 		v.Groups = append(v.Groups, *g)
 	}
