@@ -49,11 +49,16 @@ type TestHooks struct {
 	// Described: a module process described itself at its first load and
 	// the module is loaded; the process is not started yet.
 	Described func(module string, pid int)
+	// IntakeMarker: a group's intake member reached a marker of a
+	// partition count change and handles it when this returns.
+	IntakeMarker func(marker string)
+	// CaughtUp: an event of a change's catch-up queue was settled.
+	CaughtUp func(queue string)
 }
 
 // SetTestHooks makes the node call h's functions (those set).
 func (n *Node) SetTestHooks(h TestHooks) {
-	n.hooks.Store(&hooks{resumed: h.Resumed, setUp: h.SetUp, relaunched: h.Relaunched, stopWaiting: h.StopWaiting, exited: h.Exited, awaiting: h.Awaiting, reconsume: h.Reconsume, drainWaits: h.DrainWaits, refused: h.Refused, record: h.Record, writeRecords: h.WriteRecords, unseen: h.Unseen, lookedAt: h.LookedAt, checked: h.Checked, launched: h.Launched, described: h.Described})
+	n.hooks.Store(&hooks{resumed: h.Resumed, setUp: h.SetUp, relaunched: h.Relaunched, stopWaiting: h.StopWaiting, exited: h.Exited, awaiting: h.Awaiting, reconsume: h.Reconsume, drainWaits: h.DrainWaits, refused: h.Refused, record: h.Record, writeRecords: h.WriteRecords, unseen: h.Unseen, lookedAt: h.LookedAt, checked: h.Checked, launched: h.Launched, described: h.Described, intakeMarker: h.IntakeMarker, caughtUp: h.CaughtUp})
 }
 
 // ErrDescribesAnother is errDescribesAnother, for tests.

@@ -113,6 +113,9 @@ type ModuleSummary struct {
 	// consumer of an idle partition is not known to be one).
 	Partitions int   `json:"partitions,omitempty"`
 	Owns       []int `json:"owns,omitempty"`
+	// Epoch is the number of the group's partition count: 0 its first,
+	// one more at each change (meshctl groups repartition; ADR 48).
+	Epoch int `json:"epoch,omitempty"`
 	// OrderKey is the group's rule for an event's key
 	// (ModuleConfig.OrderKey), empty for the emitter's.
 	OrderKey string `json:"order_key,omitempty"`
@@ -378,6 +381,8 @@ func (m *Module) summary() ModuleSummary {
 	sum := ModuleSummary{Name: m.def.Name, Kind: string(m.def.Kind), Calls: slices.Clone(m.def.Calls), DeadLetters: m.def.DeadLetters != nil,
 		History: m.def.History != nil, Reads: m.contracts.Reads(), Group: m.cfg.Group, Partitions: m.cfg.Partitions, OrderKey: m.cfg.OrderKey}
 	if m.cfg.Partitions > 0 {
+		e := m.currentEpoch()
+		sum.Partitions, sum.Epoch = e.Count, e.Number
 		sum.Owns = m.ownedPartitions()
 		sum.Hot = m.hotKeys(hotKeysHeard)
 	}

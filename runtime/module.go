@@ -41,9 +41,16 @@ type Module struct {
 	// partitionSlots bounds the handler calls of an ordered group's lanes
 	// at once to Concurrency (partitions.go).
 	partitionSlots chan struct{}
-	// partitions are the consumers of an ordered group's partitions on the
-	// current session, by index (guarded by mu).
-	partitions map[int]*partition
+	// partitions are the consumers of an ordered group's partitions and
+	// catch-up queues on the node, by queue (consumePartition).
+	partitions map[string]*partition
+	// epoch is the group's partition count as the node knows it, gone
+	// the queues of a change known gone (closed channels), followMu
+	// serializes follow (repartition.go).
+	epoch    groupEpoch
+	gone     map[string]chan struct{}
+	followMu sync.Mutex
+	settleMu sync.Mutex // one checkSettled at a time
 	// mismatched are the peers found keeping order over another partition
 	// count, each said once (groupMembers).
 	mismatched sync.Map

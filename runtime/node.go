@@ -131,6 +131,8 @@ type hooks struct {
 	checked      func(module string)              // a module's consumers were checked once (checkConsumers)
 	launched     func(path string, pid int)       // a module process passed the handshake and is about to be asked to describe itself
 	described    func(module string, pid int)     // a module process described itself at its first load and is loaded; it is not started yet
+	intakeMarker func(marker string)              // a group's intake member reached a marker of a partition count change, and handles it next
+	caughtUp     func(queue string)               // an event of a change's catch-up queue was settled
 }
 
 // noHooks is what hook returns when no test set any: one value, so that

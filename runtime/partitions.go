@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -96,8 +97,12 @@ func (m *Module) consumePartitions(ctx context.Context, s *session, patterns []s
 	if err != nil {
 		return err
 	}
-	if len(had) >= 1 && had[0] != strconv.Itoa(n) {
-		return fmt.Errorf("partitions: this node bound group %s's slots over %s partitions, and its entry now says %d: a group's partition count does not change yet (issue 61); give it %s again", g, had[0], n, had[0])
+	e, err := m.loadEpoch()
+	if err != nil {
+		return err
+	}
+	if e.Number == 0 && len(had) >= 1 && had[0] != strconv.Itoa(n) {
+		return fmt.Errorf("partitions: this node bound group %s's slots over %s partitions, and its entry now says %d: a group's count changes by meshctl groups repartition, not by its entries; give it %s again", g, had[0], n, had[0])
 	}
 	if len(had) >= 1 {
 		if was := strings.Join(had[1:], ""); was != rule.rule {
@@ -117,10 +122,22 @@ func (m *Module) consumePartitions(ctx context.Context, s *session, patterns []s
 	if err := m.reconcileExchangeBindings(ch, other, nil); err != nil {
 		return err
 	}
+	// The group's count is its latest epoch's, which the broker's queues
+	// say (repartition.go): the entry's only until a change.
+	if e, err = m.discoverEpoch(s, e); err != nil {
+		return err
+	}
+	if err := m.setEpoch(e); err != nil {
+		return err
+	}
+	if e.Number > 0 && e.Count != n {
+		m.log.Warn("the group's partition count was changed by meshctl groups repartition; the group's count stands, not the entry's: give the entry the group's", "group", g, "partitions", e.Count, "entry_partitions", n, "epoch", e.Number)
+	}
+	n = e.Count
 	args := partitionQueueArgs(m.cfg)
 	queues := append([]string{intake}, make([]string, n)...)
 	for i := range n {
-		queues[i+1] = wire.PartitionQueue(g, name, i)
+		queues[i+1] = wire.PartitionQueueOf(g, name, e.Number, i)
 	}
 	for _, q := range queues {
 		if ch, err = m.node.declareQueue(ctx, s, m.reusing(s, ch), m.untrack, q, args); err != nil {
@@ -131,16 +148,15 @@ func (m *Module) consumePartitions(ctx context.Context, s *session, patterns []s
 		return fmt.Errorf("bind %s: %w", intake, err)
 	}
 	for i := range n {
-		q := wire.PartitionQueue(g, name, i)
-		match := amqp.Table{"x-match": "any"}
-		for slot := i; slot < wire.Slots; slot += n {
-			match[wire.SlotHeaderOf(slot)] = wire.SlotMark
-		}
-		if err := ch.QueueBind(q, "", exchange, false, match); err != nil {
+		q := wire.PartitionQueueOf(g, name, e.Number, i)
+		if err := ch.QueueBind(q, "", exchange, false, slotMatch(i, n)); err != nil {
 			return fmt.Errorf("bind %s to its slots: %w", q, err)
 		}
 	}
-	stored := []string{strconv.Itoa(n)}
+	stored := []string{strconv.Itoa(m.cfg.Partitions)}
+	if e.Number == 0 {
+		stored[0] = strconv.Itoa(n)
+	}
 	if rule.rule != "" {
 		stored = append(stored, rule.rule)
 	}
@@ -151,12 +167,7 @@ func (m *Module) consumePartitions(ctx context.Context, s *session, patterns []s
 	if err := m.consumeIntake(s, intake, exchange, rule); err != nil {
 		return err
 	}
-	for i := range n {
-		if err := m.consumePartition(s, i, queues[i+1]); err != nil {
-			return err
-		}
-	}
-	return nil
+	return m.consumeEpoch(s, e)
 }
 
 // reconcileExchangeBindings binds exchange (the group's or its intake) to
@@ -171,16 +182,18 @@ func (m *Module) reconcileExchangeBindings(ch *amqp.Channel, exchange string, wa
 // consumeOrdered opens a tracked channel with prefetch and consumes queue
 // on it with tag; the channel is an ordered one, which Stop closes without
 // cancelling its consumer (see above).
-func (m *Module) consumeOrdered(s *session, queue, tag string, prefetch int) (*amqp.Channel, <-chan amqp.Delivery, error) {
+func (m *Module) consumeOrdered(s *session, queue, tag string, prefetch int, watch bool) (*amqp.Channel, <-chan amqp.Delivery, error) {
 	ch, err := m.openTracked(s)()
 	if err != nil {
 		return nil, nil, fmt.Errorf("open channel: %w", err)
 	}
 	if err := ch.Qos(prefetch, 0, false); err != nil {
+		m.untrack(ch)
 		return nil, nil, fmt.Errorf("set prefetch: %w", err)
 	}
 	deliveries, err := ch.Consume(queue, tag, false, false, false, false, nil)
 	if err != nil {
+		m.untrack(ch)
 		return nil, nil, fmt.Errorf("consume %s: %w", queue, err)
 	}
 	m.addTag(ch, tag, queue)
@@ -191,30 +204,57 @@ func (m *Module) consumeOrdered(s *session, queue, tag string, prefetch int) (*a
 		}
 	}
 	m.mu.Unlock()
-	go m.watch(s, ch, ch.NotifyClose(make(chan *amqp.Error, 1)), ch.NotifyCancel(make(chan string, 1)))
+	if watch {
+		go m.watch(s, ch, ch.NotifyClose(make(chan *amqp.Error, 1)), ch.NotifyCancel(make(chan string, 1)))
+	}
 	return ch, deliveries, nil
 }
 
-// consumePartition consumes partition i (queue), dispatching its
-// deliveries to lanes by key.
-func (m *Module) consumePartition(s *session, i int, queue string) error {
-	ch, deliveries, err := m.consumeOrdered(s, queue, m.consumerTag(fmt.Sprintf(".p%03d", i)), m.cfg.Prefetch)
+// consumePartition consumes queue, partition i of epoch (or its catch-up
+// queue), dispatching its deliveries to lanes by key once every queue in
+// after is gone (repartition.go).
+func (m *Module) consumePartition(s *session, epoch, i int, queue string, after []string) error {
+	ch, deliveries, err := m.consumeOrdered(s, queue, m.consumerTag(queue[strings.LastIndexByte(queue, '.'):]), m.cfg.Prefetch, false)
 	if err != nil {
 		return err
 	}
-	p := &partition{m: m, s: s, ch: ch, index: i, queue: queue, lanes: map[string]*lane{}, acks: newAcker(ch, m.cfg.Prefetch), kick: make(chan struct{}, 1)}
+	catchUp := queue == wire.CatchUpQueue(m.cfg.Group, m.def.Name, epoch, i)
+	p := &partition{m: m, s: s, ch: ch, epoch: epoch, index: i, queue: queue, catchUp: catchUp, after: after,
+		lanes: map[string]*lane{}, acks: newAcker(ch, m.cfg.Prefetch), kick: make(chan struct{}, 1), closed: make(chan struct{})}
 	if m.dedup != nil {
 		p.acks.records = m.writeRecords // no ack before the handled ids are written down
 	}
 	go p.flusher()
 	m.mu.Lock()
 	if m.partitions == nil {
-		m.partitions = map[int]*partition{}
+		m.partitions = map[string]*partition{}
 	}
-	m.partitions[i] = p
+	m.partitions[queue] = p
 	m.mu.Unlock()
+	go p.watch(ch.NotifyClose(make(chan *amqp.Error, 1)), ch.NotifyCancel(make(chan string, 1)))
 	go p.dispatch(deliveries)
 	return nil
+}
+
+// watch follows p's channel: once it closes, what waits for a gate stops
+// waiting (and the module resumes if the broker closed it); a cancel
+// says the queue was deleted (Module.partitionCancelled).
+func (p *partition) watch(closed <-chan *amqp.Error, cancelled <-chan string) {
+	for {
+		select {
+		case err, ok := <-closed:
+			close(p.closed)
+			if ok && err != nil {
+				p.m.resumeLater(p.s, p.ch, "its channel closed", err)
+			}
+			return
+		case _, ok := <-cancelled:
+			if ok {
+				p.m.partitionCancelled(p)
+			}
+			cancelled = nil
+		}
+	}
 }
 
 // partition is one ordered partition's consumer on this node, on one
@@ -223,8 +263,15 @@ type partition struct {
 	m     *Module
 	s     *session
 	ch    *amqp.Channel
+	epoch int
 	index int
 	queue string
+	// catchUp says the queue is a change's catch-up queue; after are the
+	// queues that must be gone before its events run (repartition.go), and
+	// closed closes with the channel.
+	catchUp bool
+	after   []string
+	closed  chan struct{}
 	// fed says the broker delivered to this consumer: it is the
 	// partition's active one (single active consumer), or was.
 	fed atomic.Bool
@@ -237,6 +284,8 @@ type partition struct {
 	mu       sync.Mutex
 	lanes    map[string]*lane // by key: the keys with an event in hand or waiting
 	draining bool             // letting go: no event is started any more
+	retiring bool             // its retire marker came: deleted once no lane holds an event
+	retired  bool             // deleted, or being deleted
 	running  sync.WaitGroup   // lanes' handler calls under way
 }
 
@@ -282,7 +331,13 @@ func (p *partition) yield() {
 	if stopped {
 		return
 	}
-	if err := m.consumePartition(p.s, p.index, p.queue); err != nil {
+	err := m.consumePartition(p.s, p.epoch, p.index, p.queue, p.after)
+	var ae *amqp.Error
+	if errors.As(err, &ae) && ae.Code == amqp.NotFound && (p.catchUp || p.epoch < m.currentEpoch().Number) {
+		m.markGone(p.queue) // retired meanwhile by the member it went to
+		return
+	}
+	if err != nil {
 		m.log.Warn("consuming a partition again after letting it go failed; it is consumed again when the module resumes", "queue", p.queue, "err", err)
 	}
 }
@@ -308,8 +363,8 @@ func (m *Module) balance(ctx context.Context) {
 		members := m.groupMembers()
 		m.mu.Lock()
 		var give []*partition
-		for i, p := range m.partitions {
-			if owner := spread(members, i); owner != m.node.cfg.Node && owner != "" && p.owned() {
+		for _, p := range m.partitions {
+			if owner := spread(members, p.index); owner != m.node.cfg.Node && owner != "" && p.owned() {
 				give = append(give, p)
 			}
 		}
@@ -334,6 +389,7 @@ func spread(members []string, i int) string {
 // group with as many partitions.
 func (m *Module) groupMembers() []string {
 	members := []string{m.node.cfg.Node}
+	e := m.currentEpoch()
 	now := time.Now()
 	for _, p := range m.node.Peers() {
 		if p.Unreachable || now.Sub(p.LastSeen) > 2*max(p.Interval, m.node.cfg.HeartbeatInterval) {
@@ -343,13 +399,22 @@ func (m *Module) groupMembers() []string {
 			if s.Name != m.def.Name || s.Group != m.cfg.Group || s.Status != "running" {
 				continue
 			}
-			if s.Partitions != m.cfg.Partitions || s.OrderKey != m.cfg.OrderKey {
+			if s.Epoch != e.Number {
+				// A change of the count under way: a peer ahead of this
+				// node says it was made (the node follows it), one behind
+				// it follows.
+				if _, heard := m.mismatched.LoadOrStore(fmt.Sprintf("epoch/%d", s.Epoch), true); !heard && s.Epoch > e.Number {
+					go m.follow(m.node.session())
+				}
+				continue
+			}
+			if s.Partitions != e.Count || s.OrderKey != m.cfg.OrderKey {
 				// Its slots are bound over another count, or its events
 				// keyed by another rule: a key may be in two partitions.
 				// Said once per peer, count and rule.
 				if _, said := m.mismatched.LoadOrStore(fmt.Sprintf("%s/%d/%s", p.Node, s.Partitions, s.OrderKey), true); !said {
 					m.log.Error("a member of the group keeps order over another partition count or by another order_key: the events of a key may reach two partitions and lose their order; give every member the same partitions and order_key:",
-						"group", m.cfg.Group, "peer", p.Node, "peer_partitions", s.Partitions, "partitions", m.cfg.Partitions, "peer_order_key", s.OrderKey, "order_key", m.cfg.OrderKey)
+						"group", m.cfg.Group, "peer", p.Node, "peer_partitions", s.Partitions, "partitions", e.Count, "peer_order_key", s.OrderKey, "order_key", m.cfg.OrderKey)
 				}
 				continue
 			}
@@ -366,9 +431,9 @@ func (m *Module) ownedPartitions() []int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var owned []int
-	for i, p := range m.partitions {
-		if p.owned() {
-			owned = append(owned, i)
+	for _, p := range m.partitions {
+		if !p.catchUp && p.epoch == m.epoch.Number && p.owned() {
+			owned = append(owned, p.index)
 		}
 	}
 	slices.Sort(owned)
@@ -427,8 +492,27 @@ type lane struct {
 // dispatch hands each delivery to the lane of its key, starting the lane
 // when it was idle, until the channel closes.
 func (p *partition) dispatch(deliveries <-chan amqp.Delivery) {
+	gated := len(p.after) > 0
 	for d := range deliveries {
 		p.fed.Store(true)
+		if gated {
+			// Held until the queues before it are gone: their events of
+			// its slots come first.
+			if !p.m.waitGone(p.after, p.closed) {
+				return // let go, or stopping: what it held returns in order
+			}
+			gated = false
+		}
+		if marker, ok := isMarker(d); ok {
+			if marker == wire.PartitionsRetire {
+				p.retire(d)
+			} else {
+				p.m.log.Warn("a marker of a partition count change reached a partition, not the intake; acknowledged and ignored", "queue", p.queue, "marker", marker, "user_id", d.UserId)
+				_ = p.acks.ack(d.DeliveryTag)
+				p.flushSoon()
+			}
+			continue
+		}
 		key, err := keyOf(d)
 		if err != nil {
 			o, _ := p.m.node.originOf(d)
@@ -561,6 +645,9 @@ func (l *lane) run() {
 // or ends.
 func (l *lane) settled() {
 	l.p.flushSoon()
+	if h := l.p.m.node.hook().caughtUp; h != nil && l.p.catchUp {
+		h(l.p.queue)
+	}
 	l.p.mu.Lock()
 	l.waiting = l.waiting[1:]
 	l.tried = 0
@@ -571,6 +658,8 @@ func (l *lane) settled() {
 	l.p.mu.Unlock()
 	if more {
 		l.run()
+	} else {
+		l.p.retireIfDrained()
 	}
 }
 
@@ -590,7 +679,7 @@ const intakeWindow = 64
 // active consumer) keys each event there (by the group's rule, when it has
 // one) and sends it on to the group's exchange (sendOnward).
 func (m *Module) consumeIntake(s *session, intake, exchange string, rule orderKey) error {
-	_, deliveries, err := m.consumeOrdered(s, intake, m.consumerTag(".intake"), intakeWindow)
+	_, deliveries, err := m.consumeOrdered(s, intake, m.consumerTag(".intake"), intakeWindow, true)
 	if err != nil {
 		return err
 	}
@@ -625,7 +714,64 @@ type onward struct {
 func (m *Module) sendOnward(s *session, deliveries <-chan amqp.Delivery, exchange string, rule orderKey) {
 	window := make(chan struct{}, intakeWindow)
 	pending := map[string]*onward{}
+	// settle waits until every event sent on is settled; false if one
+	// could not be sent.
+	settle := func() bool {
+		for k, p := range pending {
+			<-p.done
+			if !p.sent {
+				return false
+			}
+			delete(pending, k)
+		}
+		return true
+	}
+	// A change of the partition count under way (repartition.go): its
+	// start marker, held until its end marker comes, and where the
+	// events between them go.
+	var change *wire.PartitionChange
+	var started amqp.Delivery
 	for d := range deliveries {
+		if marker, ok := isMarker(d); ok {
+			if !settle() {
+				return
+			}
+			if h := m.node.hook().intakeMarker; h != nil {
+				h(marker)
+			}
+			switch marker {
+			case wire.PartitionsStart:
+				failed, ok := m.untilDone(s, "change the group's partition count", func() (bool, error) {
+					c, permanent, err := m.startChange(context.Background(), s, d)
+					if err == nil {
+						change, started = &c, d
+					}
+					return permanent, err
+				})
+				if !ok {
+					return
+				}
+				if failed {
+					m.ackMarker(d)
+				}
+			case wire.PartitionsEnd:
+				if change != nil {
+					c := *change
+					if _, ok := m.untilDone(s, "retire the catch-up queues of a partition count change", func() (bool, error) {
+						return false, m.endChange(context.Background(), s, c)
+					}); !ok {
+						return
+					}
+					m.ackMarker(started)
+					change = nil
+				}
+				m.ackMarker(d)
+			default:
+				m.log.Warn("a retire marker reached the group's intake; acknowledged and ignored", "user_id", d.UserId)
+				m.ackMarker(d)
+			}
+			continue
+		}
 		key, err := intakeKey(d, rule)
 		if err != nil {
 			o, _ := m.node.originOf(d)
@@ -657,24 +803,30 @@ func (m *Module) sendOnward(s *session, deliveries <-chan amqp.Delivery, exchang
 		}
 		w := &onward{done: make(chan struct{})}
 		pending[key] = w
+		to := ""
+		if change != nil {
+			to = wire.CatchUpQueue(m.cfg.Group, m.def.Name, change.Epoch, wire.Slot(key)%change.Partitions)
+		}
 		go func() {
 			defer close(w.done)
 			defer func() { <-window }()
-			w.sent = m.slotOnward(s, d, exchange, rule, key)
+			w.sent = m.slotOnward(s, d, exchange, to, rule, key)
 		}()
 	}
 }
 
-// slotOnward sends d on to the group's exchange with key's slot, then
+// slotOnward sends d on to the group's exchange with key's slot (or
+// straight to the queue to, a catch-up queue, when not ""), then
 // acknowledges it; under a rule, key replaces the emitter's
 // (x-partition-key) and every slot header the event bore. It reports
 // whether it sent it: not when the module stops or the session is lost
 // first (d then waits, unacknowledged, for the next consumer).
-func (m *Module) slotOnward(s *session, d amqp.Delivery, exchange string, rule orderKey, key string) bool {
+func (m *Module) slotOnward(s *session, d amqp.Delivery, exchange, to string, rule orderKey, key string) bool {
 	o, _ := m.node.originOf(d)
 	msg := amqpmsg.Republishing(d, amqpmsg.Bookkeeping)
 	msg.UserId = m.node.userID
 	msg.Headers[wire.HeaderUserID] = o.userID
+	delete(msg.Headers, wire.HeaderPartitions) // the node's own marker is never an event's
 	if rule.rule != "" {
 		for h := range msg.Headers {
 			if strings.HasPrefix(h, wire.SlotHeaderPrefix) {
@@ -686,9 +838,18 @@ func (m *Module) slotOnward(s *session, d amqp.Delivery, exchange string, rule o
 		msg.Headers[wire.HeaderPartitionKey] = key // the rule's, or a CloudEvent's partitionkey: the handler sees it where a key is
 	}
 	msg.Headers[wire.SlotHeader(key)] = wire.SlotMark
+	routingKey := d.RoutingKey
+	if to != "" {
+		// Straight to the queue: the event's type rides a header, as a
+		// node's own copy's does.
+		if _, kept := msg.Headers[wire.HeaderRoutingKey]; !kept || d.Exchange != "" {
+			msg.Headers[wire.HeaderRoutingKey] = d.RoutingKey
+		}
+		exchange, routingKey = "", to
+	}
 	for attempt := 1; ; attempt++ {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		err := m.node.publishConfirmed(ctx, s, exchange, d.RoutingKey, msg)
+		err := m.node.publishConfirmed(ctx, s, exchange, routingKey, msg)
 		cancel()
 		if err == nil {
 			break
@@ -709,4 +870,37 @@ func (m *Module) slotOnward(s *session, d amqp.Delivery, exchange string, rule o
 		return false
 	}
 	return true
+}
+
+// untilDone runs step until it succeeds or fails for good (it reports
+// permanent), trying again with back-off; false if the module stops or
+// the session is lost first. It says whether the step failed for good.
+func (m *Module) untilDone(s *session, what string, step func() (permanent bool, err error)) (failed, ok bool) {
+	for attempt := 1; ; attempt++ {
+		permanent, err := step()
+		if err == nil {
+			return false, true
+		}
+		if permanent {
+			m.log.Error("the group's intake: could not "+what+"; the marker is set aside", "err", err)
+			return true, true
+		}
+		delay := expBackoff(100*time.Millisecond, 10*time.Second, attempt)
+		m.log.Warn("the group's intake: could not "+what+"; trying again", "err", err, "retry_in", delay)
+		select {
+		case <-time.After(delay):
+		case <-m.stopping:
+			return false, false
+		}
+		if s.isLost() {
+			return false, false
+		}
+	}
+}
+
+// ackMarker acknowledges a marker of the intake.
+func (m *Module) ackMarker(d amqp.Delivery) {
+	if err := d.Ack(false); err != nil {
+		m.log.Warn("ack of a marker of the group's intake failed; it comes again", "err", err)
+	}
 }

@@ -85,8 +85,9 @@ func (l *queueLook) modules(n *Node) {
 			// An ordered group's: its partitions and its intake, whose
 			// consumers are each partition's active one.
 			queues := []string{wire.GroupIntake(m.cfg.Group, m.def.Name)}
-			for i := range m.cfg.Partitions {
-				queues = append(queues, wire.PartitionQueue(m.cfg.Group, m.def.Name, i))
+			e := m.currentEpoch()
+			for i := range e.Count {
+				queues = append(queues, wire.PartitionQueueOf(m.cfg.Group, m.def.Name, e.Number, i))
 			}
 			stat.consumers = 0
 			for _, pq := range queues {

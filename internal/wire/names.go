@@ -184,7 +184,7 @@ func GroupOfQueue(queue string) (group, module string, ok bool) {
 	}
 	switch last := rest[i+1:]; {
 	case last == "events", last == "intake":
-	case len(last) == 4 && last[0] == 'p' && strings.Trim(last[1:], "0123456789") == "":
+	case isPartitionWord(last):
 	default:
 		return "", "", false
 	}
@@ -278,9 +278,75 @@ func GroupExchange(group, module string) string {
 	return GroupQueuePrefix + group + "." + module
 }
 
-// PartitionQueue is partition i of a group that keeps order.
+// PartitionQueue is partition i of a group that keeps order, of its first
+// partition count (epoch 0).
 func PartitionQueue(group, module string, i int) string {
 	return fmt.Sprintf("%s%s.%s.p%03d", GroupQueuePrefix, group, module, i)
+}
+
+// PartitionQueueOf is partition i of a group's partition count number
+// epoch: the first count's are PartitionQueue's, a later count's
+// group.GROUP.MODULE.eEpNNN (a count changed by meshctl groups
+// repartition; ADR 48).
+func PartitionQueueOf(group, module string, epoch, i int) string {
+	if epoch == 0 {
+		return PartitionQueue(group, module, i)
+	}
+	return fmt.Sprintf("%s%s.%s.e%dp%03d", GroupQueuePrefix, group, module, epoch, i)
+}
+
+// EpochExchange marks that a group's partition count number epoch (from 1)
+// was made: a fanout exchange bound to nothing, declared once the epoch's
+// queues are, and kept, so that the latest epoch is found by looking for
+// each in turn (ADR 48).
+func EpochExchange(group, module string, epoch int) string {
+	return fmt.Sprintf("%s%s.%s.e%d", GroupQueuePrefix, group, module, epoch)
+}
+
+// CatchUpQueue is where a count change (epoch) puts the events of
+// partition i of the new count that reached the group while the change was
+// under way: handled after the old partitions those slots came from, before
+// partition i itself; deleted once handled (ADR 48).
+func CatchUpQueue(group, module string, epoch, i int) string {
+	return fmt.Sprintf("%s%s.%s.e%dc%03d", GroupQueuePrefix, group, module, epoch, i)
+}
+
+// isPartitionWord says whether word is the last word of a partition's or
+// a catch-up queue's name: pNNN, eEpNNN or eEcNNN.
+func isPartitionWord(word string) bool {
+	kinds := "p"
+	if rest, ok := strings.CutPrefix(word, "e"); ok {
+		i := strings.IndexAny(rest, "pc")
+		if i < 1 || strings.Trim(rest[:i], "0123456789") != "" {
+			return false
+		}
+		word, kinds = rest[i:], "pc"
+	}
+	return len(word) == 4 && strings.IndexByte(kinds, word[0]) >= 0 && strings.Trim(word[1:], "0123456789") == ""
+}
+
+// HeaderPartitions marks a message of the mesh's own in a group's intake,
+// partition or catch-up queue that changes the group's partition count
+// (ADR 48): PartitionsStart (its body a PartitionChange) and PartitionsEnd
+// in the intake, PartitionsRetire as the last message of a partition or
+// catch-up queue that a change retires. Honoured only from a node's or
+// an operator's user (the marker's user-id).
+const HeaderPartitions = "x-mesh-partitions"
+
+// The values of HeaderPartitions.
+const (
+	PartitionsStart  = "start"
+	PartitionsEnd    = "end"
+	PartitionsRetire = "retire"
+)
+
+// PartitionChange is the body of a PartitionsStart marker: the group's
+// next partition count and its epoch (the current one's plus one).
+type PartitionChange struct {
+	Epoch      int `json:"epoch"`
+	Partitions int `json:"partitions"`
+	// From is the count it changes from (the previous epoch's).
+	From int `json:"from"`
 }
 
 // GroupIntake is the exchange and queue that take an event of a group that

@@ -34,7 +34,8 @@ func TestAGroupQueueNeverMeetsANodesQueue(t *testing.T) {
 	if q != "group.eu.billing.events" {
 		t.Fatalf("GroupQueue = %q", q)
 	}
-	for _, q := range []string{q, wire.PartitionQueue("eu", "billing", 7), wire.GroupIntake("eu", "billing")} {
+	for _, q := range []string{q, wire.PartitionQueue("eu", "billing", 7), wire.GroupIntake("eu", "billing"),
+		wire.PartitionQueueOf("eu", "billing", 12, 31), wire.CatchUpQueue("eu", "billing", 1, 0)} {
 		if g, m, ok := wire.GroupOfQueue(q); !ok || g != "eu" || m != "billing" {
 			t.Fatalf("GroupOfQueue(%q) = %q, %q, %v", q, g, m, ok)
 		}
@@ -42,10 +43,17 @@ func TestAGroupQueueNeverMeetsANodesQueue(t *testing.T) {
 	if p := wire.PartitionQueue("eu", "billing", 7); p != "group.eu.billing.p007" {
 		t.Errorf("PartitionQueue = %q", p)
 	}
+	if p := wire.PartitionQueueOf("eu", "billing", 0, 7); p != "group.eu.billing.p007" {
+		t.Errorf("PartitionQueueOf epoch 0 = %q", p)
+	}
+	if p, c := wire.PartitionQueueOf("eu", "billing", 2, 7), wire.CatchUpQueue("eu", "billing", 2, 7); p != "group.eu.billing.e2p007" || c != "group.eu.billing.e2c007" {
+		t.Errorf("PartitionQueueOf, CatchUpQueue of epoch 2 = %q, %q", p, c)
+	}
 	// A node named "group" with a module named like a group keeps a queue
 	// of three words; a group's has four.
 	for _, q := range []string{wire.ModuleQueue("group", "eu"), wire.ModuleDeadQueue("group", "eu"), "group.eu.events", "group..billing.events",
-		"group.eu.billing.dead", "group.eu.a.b.events", "mesh.group.eu.billing.events", "group.eu.billing.p7", "group.eu.billing.pxyz", "group.eu.billing"} {
+		"group.eu.billing.dead", "group.eu.a.b.events", "mesh.group.eu.billing.events", "group.eu.billing.p7", "group.eu.billing.pxyz", "group.eu.billing",
+		"group.eu.billing.c007", "group.eu.billing.ep007", "group.eu.billing.e1x007", "group.eu.billing.exp007", "group.eu.billing.e1p07"} {
 		if g, m, ok := wire.GroupOfQueue(q); ok {
 			t.Errorf("GroupOfQueue(%q) = %q, %q: a group's queue", q, g, m)
 		}

@@ -1,0 +1,245 @@
+package runtime_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/internal/wire"
+	"github.com/meshkit/mesh/runtime"
+	"github.com/meshkit/mesh/sdk"
+)
+
+// TestAGroupChangesItsPartitionCountLive: billing keeps order over 16
+// partitions on two nodes while its keys' events come without pause (64
+// keys from the nodes by sdk.WithKey, 8 more from a raw client setting only
+// x-partition-key, through the intake). The operator's StartRepartition
+// changes the count to 32 and, once that change is over, back to 16. Every
+// key's events are handled once each and in order through both changes,
+// a key's events one at a time. The intake's member is held at each start
+// marker while the raw client sends: those events reach the group while the
+// change is under way and are handled from the change's catch-up queues. At
+// the end the group's partitions are epoch 2's 16 (the broker's queues say
+// so), the old partitions and catch-up queues are gone, both members say
+// epoch 2 in their heartbeats, and a change asked for while none is needed,
+// or to 65 partitions, is refused.
+func TestAGroupChangesItsPartitionCountLive(t *testing.T) {
+	t.Parallel()
+	url := brokertest.VHost(t)
+	fast := func(c *runtime.Config) { c.HeartbeatInterval = 200 * time.Millisecond }
+	a, b := testNode(t, url, "a", fast), testNode(t, url, "b", fast)
+	log := newOrderLog()
+	atStart, release := make(chan struct{}), make(chan struct{})
+	var caught atomic.Int64
+	hooks := runtime.TestHooks{
+		IntakeMarker: func(marker string) {
+			if marker != wire.PartitionsStart {
+				return
+			}
+			select {
+			case atStart <- struct{}{}:
+				<-release
+			case <-time.After(10 * time.Second): // a start marker seen again: not held
+			}
+		},
+		CaughtUp: func(string) { caught.Add(1) },
+	}
+	a.SetTestHooks(hooks)
+	b.SetTestHooks(hooks)
+	ordered(t, a, log.handler("a", nil), 16)
+	ordered(t, b, log.handler("b", nil), 16)
+
+	uri, err := amqp.ParseURI(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	raw := rawConn(t, url)
+	if err := raw.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+
+	// The nodes' keys, emitted in turns until stop; last says the last
+	// sequence number of each.
+	var (
+		mu   sync.Mutex
+		last = map[string]int{}
+	)
+	stop := make(chan struct{})
+	emitted := make(chan error, 1)
+	go func() {
+		for seq := 1; ; seq++ {
+			for k := range 64 {
+				select {
+				case <-stop:
+					emitted <- nil
+					return
+				default:
+				}
+				key := fmt.Sprintf("k%d", k)
+				n := a
+				if k%2 == 1 {
+					n = b
+				}
+				if _, err := n.Emit(context.Background(), "test", "mesh.ledger.entry", body{Key: key, Seq: seq}, sdk.WithKey(key)); err != nil {
+					emitted <- err
+					return
+				}
+				mu.Lock()
+				last[key] = seq
+				mu.Unlock()
+			}
+		}
+	}()
+	// The raw client's keys: each a next event, x-partition-key only.
+	foreign := func() {
+		t.Helper()
+		for k := range 8 {
+			key := fmt.Sprintf("r%d", k)
+			mu.Lock()
+			last[key]++
+			seq := last[key]
+			mu.Unlock()
+			id := ulid.Make().String()
+			bd, _ := json.Marshal(body{Key: key, Seq: seq})
+			conf, err := raw.PublishWithDeferredConfirmWithContext(emitCtx(t), wire.ExchangeEvents, "mesh.ledger.entry", true, false, amqp.Publishing{
+				MessageId: id, ContentType: wire.ContentTypeJSON, DeliveryMode: amqp.Persistent, Body: bd,
+				Headers: amqp.Table{wire.HeaderEventID: id, wire.HeaderSource: "outside", wire.HeaderNode: "outside",
+					wire.HeaderTime: time.Now().UTC().Format(time.RFC3339Nano), wire.HeaderPartitionKey: key}})
+			if err != nil || !conf.Wait() {
+				t.Fatalf("foreign publish of %s: %v", key, err)
+			}
+		}
+	}
+	for range 3 {
+		foreign()
+	}
+	handled := func(n int) { waitFor(t, 60*time.Second, func() bool { return log.count() >= n }) }
+	handled(500) // under way on both nodes
+
+	change := func(to, epoch int) {
+		t.Helper()
+		started, err := runtime.StartRepartition(emitCtx(t), conn, uri.Username, "g", "billing", to)
+		if err != nil {
+			t.Fatalf("repartition to %d: %v", to, err)
+		}
+		if started.Number != epoch || started.Partitions != to {
+			t.Fatalf("repartition to %d: asked for %+v, want epoch %d", to, started, epoch)
+		}
+		select {
+		case <-atStart:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("repartition to %d: the intake's member never reached the start marker", to)
+		}
+		before := caught.Load()
+		for range 3 {
+			foreign() // behind the start marker: to the catch-up queues
+		}
+		release <- struct{}{}
+		var seen runtime.GroupEpoch
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("repartition to %d: the group last read as %+v", to, seen)
+			}
+		})
+		waitFor(t, 60*time.Second, func() bool {
+			e, err := runtime.ReadGroupEpoch(conn, "g", "billing", 0, 0)
+			seen = e
+			return err == nil && e.Number == epoch && e.Partitions == to && len(e.Pending) == 0
+		})
+		if got := caught.Load() - before; got < 24 {
+			t.Errorf("repartition to %d: %d events handled from the catch-up queues, want the raw client's 24 at least", to, got)
+		}
+	}
+	change(32, 1)
+	handled(log.count() + 500) // on the new count
+	change(16, 2)
+	handled(log.count() + 500)
+	if _, err := runtime.StartRepartition(emitCtx(t), conn, uri.Username, "g", "billing", 16); err == nil {
+		t.Error("a change to the count the group has was not refused")
+	}
+	if _, err := runtime.StartRepartition(emitCtx(t), conn, uri.Username, "g", "billing", 65); err == nil {
+		t.Error("a change to 65 partitions was not refused")
+	}
+	close(stop)
+	if err := <-emitted; err != nil {
+		t.Fatal(err)
+	}
+	foreign()
+	mu.Lock()
+	want := map[string]int{}
+	total := 0
+	for k, n := range last {
+		want[k] = n
+		total += n
+	}
+	mu.Unlock()
+	waitFor(t, 90*time.Second, func() bool { return log.count() >= total })
+	log.mu.Lock()
+	for _, br := range log.breaches {
+		t.Error(br)
+	}
+	for k, n := range want {
+		if log.next[k] != n {
+			t.Errorf("key %s: handled up to %d, want %d", k, log.next[k], n)
+		}
+	}
+	if log.handled != total {
+		t.Errorf("%d handlings of %d events", log.handled, total)
+	}
+	log.mu.Unlock()
+
+	// On the wire: epoch 2's 16 partitions, each with its consumers; none
+	// of epochs 0 and 1, no catch-up queue.
+	for i := range 16 {
+		q, err := raw.QueueDeclarePassive(wire.PartitionQueueOf("g", "billing", 2, i), true, false, false, false, nil)
+		if err != nil {
+			t.Fatalf("partition %d of epoch 2: %v", i, err)
+		}
+		if q.Consumers == 0 {
+			t.Errorf("partition %d of epoch 2 has no consumer", i)
+		}
+	}
+	for _, q := range []string{wire.PartitionQueueOf("g", "billing", 0, 0), wire.PartitionQueueOf("g", "billing", 1, 31), wire.CatchUpQueue("g", "billing", 2, 0)} {
+		ch, err := conn.Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ch.QueueDeclarePassive(q, true, false, false, false, nil); err == nil {
+			t.Errorf("queue %s is still there", q)
+		}
+		_ = ch.Close()
+	}
+	waitFor(t, 30*time.Second, func() bool {
+		for _, n := range []*runtime.Node{a, b} {
+			other := "b"
+			if n == b {
+				other = "a"
+			}
+			heard := false
+			for _, p := range n.Peers() {
+				for _, s := range p.Modules {
+					if p.Node == other && s.Name == "billing" && s.Epoch == 2 && s.Partitions == 16 {
+						heard = true
+					}
+				}
+			}
+			if !heard {
+				return false
+			}
+		}
+		return true
+	})
+}
