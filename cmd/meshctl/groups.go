@@ -23,13 +23,14 @@ func groupsCommand() *cli.Command {
 		Name: "groups",
 		Usage: "list the module groups (a module entry's group:): each group's module, its shared queue group.GROUP.MODULE.events with the events " +
 			"waiting in it and its consumers (from the broker), and its members (the nodes whose heartbeats say the module runs there in the " +
-			"group, with their status). A group that keeps order by key (partitions:) shows its partitions group.GROUP.MODULE.p000..pNNN, the " +
+			"group, with their status). A group that keeps order by key (partitions:) shows its partitions group.GROUP.MODULE.p000..pNNN (eEpNNN after E changes of its count by meshctl groups repartition), the " +
 			"events waiting in them and in its intake, how many have an active consumer, how many each member owns, and its hot keys (those " +
 			"a member holds two or more events of, the most first; --json: each partition's waiting events and owner). A queue with no member heard keeps filling: a group every node left is removed by deleting its queues",
 		Flags: append(waitFlags(),
 			&cli.BoolFlag{Name: "json", Usage: "print one JSON object per group"},
 		),
-		Action: groups,
+		Action:      groups,
+		Subcommands: []*cli.Command{repartitionCommand()},
 	}
 }
 
@@ -54,6 +55,11 @@ type groupRow struct {
 	// events waiting, and the partitions with an active consumer.
 	Partitions int              `json:"partitions,omitempty"`
 	Each       []partitionState `json:"each,omitempty"`
+	// Epoch is the number of the group's partition count (0 its first,
+	// one more at each meshctl groups repartition), the highest a member
+	// says; Changing says members disagree (a change is under way).
+	Epoch    int  `json:"epoch,omitempty"`
+	Changing bool `json:"changing,omitempty"`
 	// Hot are the group's keys with the most events held by a member (two
 	// or more: one in hand and more behind it), the most first, at most
 	// hotKeysShown: a key near the members' prefetch holds up the other
@@ -93,9 +99,6 @@ func groups(c *cli.Context) error {
 				continue // what a heartbeat says is anyone's: a name that makes no queue is no group
 			}
 			q := wire.GroupQueue(m.Group, m.Name)
-			if m.Partitions > 0 && m.Partitions <= wire.Slots {
-				q = wire.PartitionQueue(m.Group, m.Name, 0)
-			}
 			r := rows[q]
 			if r == nil {
 				r = &groupRow{Group: m.Group, Module: m.Name, Queue: q, Members: map[string]string{}}
@@ -106,12 +109,21 @@ func groups(c *cli.Context) error {
 				status = "running"
 			}
 			r.Members[h.Node] = status
-			if m.Partitions > 0 && m.Partitions <= wire.Slots {
-				if r.Partitions == 0 {
-					r.Partitions = m.Partitions
+			if m.Partitions > 0 && m.Partitions <= wire.Slots && m.Epoch >= 0 {
+				if r.Partitions > 0 && m.Epoch != r.Epoch {
+					r.Changing = true
+				}
+				if r.Partitions == 0 || m.Epoch > r.Epoch {
+					// The latest count a member says: a member behind it
+					// follows it.
+					r.Partitions, r.Epoch, r.Each = m.Partitions, m.Epoch, nil
+					r.Queue = wire.PartitionQueueOf(m.Group, m.Name, m.Epoch, 0)
 					for i := range m.Partitions {
-						r.Each = append(r.Each, partitionState{Partition: i, Queue: wire.PartitionQueue(m.Group, m.Name, i)})
+						r.Each = append(r.Each, partitionState{Partition: i, Queue: wire.PartitionQueueOf(m.Group, m.Name, m.Epoch, i)})
 					}
+				}
+				if m.Epoch != r.Epoch {
+					continue // its partitions are the old count's
 				}
 				for _, i := range m.Owns {
 					if i >= 0 && i < len(r.Each) {
@@ -173,6 +185,9 @@ func groups(c *cli.Context) error {
 		queue := r.Queue
 		if r.Partitions > 1 {
 			queue = fmt.Sprintf("%s..p%03d", r.Queue, r.Partitions-1)
+		}
+		if r.Changing {
+			queue += " (count changing)"
 		}
 		hot := "-"
 		if len(r.Hot) > 0 {

@@ -48,7 +48,8 @@ type TopicPermission struct {
 //     modules' queues (<node>.<module>.events and .dead, and the queue
 //     group.<group>.<module>.events of a module in a group, or the
 //     exchange group.<group>.<module>, its intake and its partitions
-//     .pNNN for one that keeps order), the serve queues
+//     .pNNN for one that keeps order, and after a change of its count an
+//     epoch's .eE, .eEpNNN and .eEcNNN), the serve queues
 //     of the tools they are granted, and server-named queues (amq.gen-*:
 //     reply queues, the membership queue);
 //   - write: the exchanges it publishes to (mesh.events, mesh.rpc,
@@ -120,7 +121,10 @@ func (f File) Permissions(user string, consumed []string) Permissions {
 		case m.Group != "" && m.Partitions > 0:
 			// An ordered group's exchange, intake (exchange and queue) and
 			// partitions, which every member declares, binds and consumes.
-			own = append(own, q(wire.GroupExchange(m.Group, m.Name))+`(?:\.(?:intake|p[0-9]{3}))?`)
+			// A change of its count (meshctl groups repartition) adds an
+			// epoch's exchange .eE, partitions .eEpNNN and catch-up
+			// queues .eEcNNN.
+			own = append(own, q(wire.GroupExchange(m.Group, m.Name))+`(?:\.(?:intake|p[0-9]{3}|e[0-9]+(?:[pc][0-9]{3})?))?`)
 		case m.Group != "": // the queue its group shares, which every member declares, binds and consumes
 			own = append(own, q(wire.GroupQueue(m.Group, m.Name)))
 		}

@@ -97,6 +97,45 @@ func TestLeastPrivilegeOnTheBroker(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("ledger, through its ordered group's partition, never got module.mail.sent")
 	}
+	// The operator changes ledger's partition count (2 -> 4): n1, the
+	// intake's member, makes the change under its own permissions
+	// (the epoch's exchange, partitions and catch-up queues; bindings;
+	// the retired queues' deletes), and the group goes on.
+	opConn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer opConn.Close()
+	opUser, _ := nodeconfig.BrokerAccount(url)
+	if _, err := runtime.StartRepartition(ctx, opConn, opUser, "books", "ledger", 4); err != nil {
+		t.Fatalf("repartition ledger: %v", err)
+	}
+	for {
+		e, err := runtime.ReadGroupEpoch(opConn, "books", "ledger", 0, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e.Number == 1 && e.Partitions == 4 && len(e.Pending) == 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the change of ledger's partition count is not over under n1's permissions: %+v", e)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	again, err := mail.Mesh().Emit(ctx, "sent", map[string]int{"n": 2}, sdk.WithKey("acct-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case ev := <-booked:
+		if ev.ID != again {
+			t.Errorf("ledger got %s after the change, want %s", ev.ID, again)
+		}
+	case <-ctx.Done():
+		t.Fatal("ledger never got module.mail.sent after its partition count changed")
+	}
 	select {
 	case ev := <-got:
 		if ev.ID != id {
@@ -104,6 +143,14 @@ func TestLeastPrivilegeOnTheBroker(t *testing.T) {
 		}
 	case <-ctx.Done():
 		t.Fatal("shop never got module.mail.sent")
+	}
+	select {
+	case ev := <-got:
+		if ev.ID != again {
+			t.Errorf("shop got %s, want %s", ev.ID, again)
+		}
+	case <-ctx.Done():
+		t.Fatal("shop never got the second module.mail.sent")
 	}
 	var price int
 	if err := mail.Mesh().Call(ctx, "shop.price", nil, &price); err != nil || price != 42 {

@@ -97,8 +97,11 @@ func TestAGroupSharesItsEventsUnderMeshd(t *testing.T) {
 // the order they were published: keys the release's meshctl gives
 // (--key), keys a foreign publisher (raw amqp091-go) gives without a slot
 // (through the group's intake), and one it gives with the slot it
-// computed. The pongs the handler emits, one per event, reach a tap in the
-// order of their pings, key by key; each event is handled once.
+// computed. Between two such batches the operator doubles the partitions
+// live (meshctl groups repartition ordered echo 8), while the first is
+// being handled. The pongs the handler emits, one per event, reach a tap
+// in the order of their pings, key by key, across the change; each event
+// is handled once.
 func TestAGroupKeepsOrderUnderMeshd(t *testing.T) {
 	url := brokertest.VHost(t)
 	echo := userModule(t, "./runtime/testdata/echomodule")
@@ -131,22 +134,34 @@ func TestAGroupKeepsOrderUnderMeshd(t *testing.T) {
 		order[key] = append(order[key], id)
 		keyOf[id] = key
 	}
-	for i := range 10 {
-		if i < 5 {
-			for _, key := range []string{"cli-a", "cli-b"} {
-				out, err := meshctl(ctx, url, "emit", "--schema", "", "--key", key, "mesh.test.ping", `{"do":"pong"}`)
-				if err != nil {
-					t.Fatal(err)
+	batch := func() {
+		t.Helper()
+		for i := range 10 {
+			if i < 5 {
+				for _, key := range []string{"cli-a", "cli-b"} {
+					out, err := meshctl(ctx, url, "emit", "--schema", "", "--key", key, "mesh.test.ping", `{"do":"pong"}`)
+					if err != nil {
+						t.Fatal(err)
+					}
+					id := strings.TrimSpace(out)
+					order[key] = append(order[key], id)
+					keyOf[id] = key
 				}
-				id := strings.TrimSpace(out)
-				order[key] = append(order[key], id)
-				keyOf[id] = key
 			}
+			publish("raw-c", false)
+			publish("raw-d", false)
+			publish("raw-e", true)
 		}
-		publish("raw-c", false)
-		publish("raw-d", false)
-		publish("raw-e", true)
 	}
+	batch()
+	// The operator doubles the partitions live, while the first batch is
+	// being handled; the second comes over the new count.
+	out, err := meshctl(ctx, url, "groups", "repartition", "ordered", "echo", "8")
+	if err != nil || !strings.Contains(out, "done in") || !strings.Contains(out, "group.ordered.echo.e1p000..p007") {
+		t.Fatalf("meshctl groups repartition ordered echo 8: %v\n%s", err, out)
+	}
+	t.Logf("meshctl groups repartition ordered echo 8:\n%s", out)
+	batch()
 	seen := map[string][]string{}
 	total := 0
 	for total < len(keyOf) {

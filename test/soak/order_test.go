@@ -29,6 +29,8 @@ import (
 	"github.com/meshkit/mesh/internal/pgtest"
 	"github.com/meshkit/mesh/internal/proctest"
 	"github.com/meshkit/mesh/internal/wire"
+	"github.com/meshkit/mesh/runtime"
+	"github.com/meshkit/mesh/runtime/nodeconfig"
 	"github.com/meshkit/mesh/sdk"
 )
 
@@ -46,12 +48,14 @@ const orderPartitions = 16
 // client stamping x-partition-key itself (half of its keys with the slot
 // header too, half through the group's intake). While they publish, and
 // for SOAK (default 10m) at least, a seeded nemesis SIGKILLs orderer
-// processes and meshd (started again); n4 joins at a third of it, and n2
-// leaves for good at two thirds. Then the mesh settles, and the checker
+// processes and meshd (started again); n4 joins at a third of it, n2
+// leaves for good at two thirds, and the operator changes the group's
+// partition count live (runtime.StartRepartition, as meshctl groups
+// repartition) to 32 at half of it and back to 16 at five sixths, the
+// faults going on meanwhile. Then the mesh settles, and the checker
 // reads the effects and what each handler saw: per key, inversions,
-// lost and duplicated effects (all zero), the time each partition had
-// no owner, and how long partitions of a killed meshd waited for another
-// member. Last, with a trickle of events on every partition, each live
+// lost and duplicated effects (all zero), the time each slot had no
+// owner, and how long slots of a killed meshd waited for another member. Last, with a trickle of events on every partition, each live
 // node's mesh_group_partitions_owned must show the spread (5, 5 and 6).
 func TestSoakOrder(t *testing.T) {
 	length, seed := soakLength(t), soakSeeds(t)[0]
@@ -181,6 +185,39 @@ func TestSoakOrder(t *testing.T) {
 	}
 	began := time.Now()
 	joined, left := false, false
+	// The operator changes the count live, at half and at five sixths of
+	// the faults (16 -> 32 -> 16), while they go on.
+	repartitions := []int{2 * orderPartitions, orderPartitions}
+	var changing sync.WaitGroup
+	var changes []string
+	repartition := func(to, epoch int) {
+		op, err := amqp.Dial(urls[0])
+		if err != nil {
+			t.Errorf("repartition to %d: %v", to, err)
+			return
+		}
+		defer op.Close()
+		user, _ := nodeconfig.BrokerAccount(urls[0])
+		at := time.Now()
+		if _, err := runtime.StartRepartition(context.Background(), op, user, "orders", "orderer", to); err != nil {
+			t.Errorf("repartition to %d: %v", to, err)
+			return
+		}
+		for deadline := time.Now().Add(5 * time.Minute); ; pause(250 * time.Millisecond) {
+			e, err := runtime.ReadGroupEpoch(op, "orders", "orderer", 0, 0)
+			if err == nil && e.Number == epoch && len(e.Pending) == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Errorf("repartition to %d: not over after 5 minutes: %+v, %v", to, e, err)
+				return
+			}
+		}
+		say("the change to %d partitions is over after %v", to, time.Since(at).Round(time.Millisecond))
+		nemesisMu.Lock()
+		changes = append(changes, fmt.Sprintf("to %d in %v", to, time.Since(at).Round(time.Millisecond)))
+		nemesisMu.Unlock()
+	}
 	live := func() []string {
 		var out []string
 		for n := range mds {
@@ -200,6 +237,12 @@ func TestSoakOrder(t *testing.T) {
 			t.Fatalf("the publishers have not finished after %v", elapsed)
 		}
 		switch {
+		case len(repartitions) == 2 && elapsed > length/2, len(repartitions) == 1 && elapsed > 5*length/6:
+			to, epoch := repartitions[0], 3-len(repartitions)
+			repartitions = repartitions[1:]
+			changing.Wait() // one change at a time
+			say("the operator changes the count to %d", to)
+			changing.Go(func() { repartition(to, epoch) })
 		case !joined && elapsed > length/3:
 			joined = true
 			say("n4 joins")
@@ -241,8 +284,13 @@ func TestSoakOrder(t *testing.T) {
 		}
 		pause(time.Duration(2000+rng.IntN(3000)) * time.Millisecond)
 	}
+	changing.Wait()
 	close(stop)
 	say("faults end")
+	if len(changes) != 2 {
+		t.Errorf("the count changed %d times (%v), want twice (16 -> 32 -> 16)", len(changes), changes)
+	}
+	fmt.Printf("order soak: partition count changed live, under the faults: %s\n", strings.Join(changes, ", "))
 	fmt.Printf("order soak: faults end after %v; %d orderer processes and %d meshd killed\n", time.Since(began).Round(time.Second), moduleKills, len(kills))
 	if moduleKills == 0 || len(kills) == 0 {
 		t.Errorf("the nemesis killed %d orderer processes and %d meshd: the soak proves nothing of faults it did not make (a longer SOAK, or another seed)", moduleKills, len(kills))
@@ -567,18 +615,18 @@ type orderReport struct {
 	keys, effects, seen, redelivered                         int
 	inversions, lost, duplicated, unexpected, seenInversions int
 	broken                                                   int
-	changes                                                  int             // owner changes of a partition seen
+	changes                                                  int             // owner changes of a slot seen (a slot moves with its partition, whatever the count)
 	gaps                                                     []time.Duration // each change's time without an owner
-	perPartition                                             []time.Duration // each partition's time without an owner, in all
-	reowned                                                  []time.Duration // after a meshd's kill, each of its partitions' time until another member handled it
+	perSlot                                                  []time.Duration // each slot's time without an owner, in all
+	reowned                                                  []time.Duration // after a meshd's kill, each of its slots' time until another member handled it
 	examples                                                 []string
 }
 
 func (r orderReport) String() string {
 	return fmt.Sprintf("%d keys, %d effects, %d handler calls (%d again), %d keys left by their publisher; inversions %d, lost %d, duplicated %d, unexpected %d, inversions seen by handlers %d; "+
-		"no owner: %d owner changes, %s of them with an event waiting, per partition in all %s; a killed meshd's partitions owned again in %s",
+		"no owner: %d owner changes of a slot, %s of them with an event waiting, per slot in all %s; a killed meshd's slots owned again in %s",
 		r.keys, r.effects, r.seen, r.redelivered, r.broken, r.inversions, r.lost, r.duplicated, r.unexpected, r.seenInversions,
-		r.changes, quantiles(r.gaps), quantiles(r.perPartition), quantiles(r.reowned))
+		r.changes, quantiles(r.gaps), quantiles(r.perSlot), quantiles(r.reowned))
 }
 
 func quantiles(ds []time.Duration) string {
@@ -697,8 +745,9 @@ func checkOrder(t *testing.T, db *sql.DB, histPath string, sent *sentLog, kills 
 		seq int
 	}
 	first, highest := map[keySeq]bool{}, map[string]int{}
-	owner := make([]sighting, orderPartitions)
-	r.perPartition = make([]time.Duration, orderPartitions)
+	// By slot, not partition: the partition count changes mid-way.
+	owner := make([]sighting, wire.Slots)
+	r.perSlot = make([]time.Duration, wire.Slots)
 	for _, s := range seen {
 		ks := keySeq{s.key, s.seq}
 		if first[ks] {
@@ -714,25 +763,25 @@ func checkOrder(t *testing.T, db *sql.DB, histPath string, sent *sentLog, kills 
 		// An owner change counts as time without one only where the new
 		// owner's first event was waiting all along: sent before the old
 		// owner's last call (otherwise the partition was idle).
-		p := wire.Slot(s.key) % orderPartitions
+		p := wire.Slot(s.key)
 		if prev := owner[p]; prev.node != "" && prev.node != s.node {
 			r.changes++
 			if !s.sent.IsZero() && s.sent.Before(prev.at) {
 				gap := s.at.Sub(prev.at)
 				r.gaps = append(r.gaps, gap)
-				r.perPartition[p] += gap
+				r.perSlot[p] += gap
 			}
 		}
 		owner[p] = s
 	}
-	// A killed meshd's partitions: those it handled in the second before
+	// A killed meshd's slots: those it handled in the second before
 	// its kill, and the time until another member handled each.
 	for _, k := range kills {
-		for p := range orderPartitions {
+		for p := range wire.Slots {
 			var lastBefore, nextAfter *sighting
 			for i := range seen {
 				s := &seen[i]
-				if wire.Slot(s.key)%orderPartitions != p {
+				if wire.Slot(s.key) != p {
 					continue
 				}
 				if s.at.Before(k.at) {
