@@ -55,24 +55,29 @@ type groupEpoch struct {
 	Settled bool `json:"settled"`
 }
 
-// epochRecord is the name of the node's record of m's group's epoch.
-func (m *Module) epochRecord() string {
-	return wire.GroupExchange(m.cfg.Group, m.def.Name) + ".epoch"
+// epochRecord is the name of a node's record of module's group's epoch.
+func epochRecord(group, module string) string {
+	return wire.GroupExchange(group, module) + ".epoch"
 }
 
-// loadEpoch is the recorded epoch of m's group, or the first (its entry's
-// count, settled) when there is none.
-func (m *Module) loadEpoch() (groupEpoch, error) {
-	first := groupEpoch{Count: m.cfg.Partitions, Settled: true}
-	had, err := m.node.bindings.load(m.epochRecord())
+// loadEpoch is the epoch of module's group as the node's record says, or
+// the first (the entry's count, settled) when there is none.
+func loadEpoch(record bindingRecord, group, module string, count int) (groupEpoch, error) {
+	first := groupEpoch{Count: count, Settled: true}
+	had, err := record.load(epochRecord(group, module))
 	if err != nil || len(had) != 1 {
 		return first, err
 	}
 	var e groupEpoch
 	if err := json.Unmarshal([]byte(had[0]), &e); err != nil || e.Count < 1 || e.Count > wire.Slots {
-		return first, fmt.Errorf("read the record of group %s's partition count %q: %v", m.cfg.Group, had[0], err)
+		return first, fmt.Errorf("read the record of group %s's partition count %q: %v", group, had[0], err)
 	}
 	return e, nil
+}
+
+// loadEpoch is m's group's recorded epoch (loadEpoch).
+func (m *Module) loadEpoch() (groupEpoch, error) {
+	return loadEpoch(m.node.bindings, m.cfg.Group, m.def.Name, m.cfg.Partitions)
 }
 
 // setEpoch makes e m's epoch and records it.
@@ -81,7 +86,7 @@ func (m *Module) setEpoch(e groupEpoch) error {
 	m.epoch = e
 	m.mu.Unlock()
 	b, _ := json.Marshal(e)
-	return m.node.bindings.store(m.epochRecord(), []string{string(b)})
+	return m.node.bindings.store(epochRecord(m.cfg.Group, m.def.Name), []string{string(b)})
 }
 
 // currentEpoch is m's epoch as it knows it.

@@ -127,7 +127,11 @@ func NodeObjects(cfg Config, mcs map[string]ModuleConfig) ([]BrokerObject, error
 		objs = append(objs, queue)
 		switch {
 		case mc.Partitions > 0:
-			objs = append(objs, orderedObjects(mc, name, group.When)...)
+			e, err := recordedEpoch(record, mc, name)
+			if err != nil {
+				return nil, err
+			}
+			objs = append(objs, orderedObjects(mc, name, group.When, e)...)
 		case mc.Group != "":
 			objs = append(objs, group)
 		}
@@ -149,7 +153,7 @@ func NodeObjects(cfg Config, mcs map[string]ModuleConfig) ([]BrokerObject, error
 // each bound to the headers exchange on its slots (the binding is
 // checked, not the slots it matches; nor the exchange's own bindings to
 // mesh.events).
-func orderedObjects(mc ModuleConfig, module, when string) []BrokerObject {
+func orderedObjects(mc ModuleConfig, module, when string, e groupEpoch) []BrokerObject {
 	exchange, intake := wire.GroupExchange(mc.Group, module), wire.GroupIntake(mc.Group, module)
 	args := partitionQueueArgs(mc)
 	byPatterns := wire.ExchangeEvents + " with the patterns the module subscribes (group " + mc.Group + ", ordered by key)"
@@ -166,12 +170,22 @@ func orderedObjects(mc ModuleConfig, module, when string) []BrokerObject {
 		{Kind: "queue", Name: intake, Type: QueueQuorum, Durable: true, Args: args, Binds: intake,
 			Bindings: []Binding{{intake, ""}}, BindingsKnown: true, When: when},
 	}
-	for i := range mc.Partitions {
-		objs = append(objs, BrokerObject{Kind: "queue", Name: wire.PartitionQueue(mc.Group, module, i), Type: QueueQuorum, Durable: true, Args: args,
-			Binds:    fmt.Sprintf("%s on its slots (those equal to %d modulo %d)", exchange, i, mc.Partitions),
+	if e.Number > 0 {
+		objs = append(objs, BrokerObject{Kind: "exchange", Name: wire.EpochExchange(mc.Group, module, e.Number), Type: amqp.ExchangeFanout, Durable: true,
+			Binds: fmt.Sprintf("nothing: it says the group's partition count changed to %d (epoch %d, meshctl groups repartition)", e.Count, e.Number), When: when})
+	}
+	for i := range e.Count {
+		objs = append(objs, BrokerObject{Kind: "queue", Name: wire.PartitionQueueOf(mc.Group, module, e.Number, i), Type: QueueQuorum, Durable: true, Args: args,
+			Binds:    fmt.Sprintf("%s on its slots (those equal to %d modulo %d)", exchange, i, e.Count),
 			Bindings: []Binding{{exchange, ""}}, BindingsKnown: true, When: when})
 	}
 	return objs
+}
+
+// recordedEpoch is the partition count of module's group as the node's
+// record says (after meshctl groups repartition), else its entry's.
+func recordedEpoch(record bindingRecord, mc ModuleConfig, module string) (groupEpoch, error) {
+	return loadEpoch(record, mc.Group, module, mc.Partitions)
 }
 
 // declareTopology declares the mesh's exchanges and the queues that keep

@@ -132,6 +132,37 @@ modules:
 		}
 	}
 
+	// After meshctl groups repartition, the node's record of its group's
+	// epoch says the count: print shows the epoch's exchange and
+	// partitions, not the entry's.
+	changed := filepath.Join(testdir.Reachable(t), "changed")
+	if err := os.MkdirAll(filepath.Join(changed, "bindings"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(changed, "bindings", "group.books.ledger.epoch.json"), []byte(`["{\"epoch\":2,\"partitions\":8,\"previous\":4,\"settled\":true}"]`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg2 := filepath.Join(testdir.Reachable(t), "changed.yaml")
+	b, err := os.ReadFile(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cfg2, []byte(strings.Replace(string(b), "state_dir: "+state, "state_dir: "+changed, 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err = run("topology", "print", "--config", cfg2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"exchange  group.books.ledger.e2 ", "queue     group.books.ledger.e2p007"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("print after a change of the count lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "group.books.ledger.p003") {
+		t.Errorf("print after a change of the count shows the entry's partitions:\n%s", out)
+	}
+
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	n, err := runtime.New(ctx, runtime.Config{Node: "n1", AMQPURL: url, StateDir: state, Delays: true, Logger: slog.New(slog.DiscardHandler)})

@@ -639,4 +639,20 @@ func TestGroupsPageShowsMembersPartitionsAndHotKeys(t *testing.T) {
 	if strings.Count(body, "1 of 2 partitions") != 2 || strings.Contains(body, "<b>acct") || strings.Contains(body, "../x") {
 		t.Errorf("/groups: each member owns 1 of 2, the key escaped, no group of a name that makes no queue:\n%s", body)
 	}
+
+	// A change of the count under way (meshctl groups repartition): west
+	// says epoch 1 and 4 partitions, east is still at epoch 0. The page
+	// shows the new count's partitions, west's ownership of them, and
+	// that the count is changing.
+	f.nodes[1] = hb("west", runtime.ModuleSummary{Name: "ledger", Group: "books", Partitions: 4, Epoch: 1, Owns: []int{0, 3}})
+	_, body = do(t, http.MethodGet, ts.URL+"/groups", "", nil)
+	for _, want := range []string{"ordered by key over 4 partitions (epoch 1: changed by meshctl groups repartition), count changing",
+		`<tr data-queue="group.books.ledger.e1p003"><td>group.books.ledger.e1p003</td><td class="owner">west</td>`, "2 of 4 partitions"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/groups during a change lacks %q:\n%s", want, body)
+		}
+	}
+	if strings.Contains(body, "group.books.ledger.p000") {
+		t.Errorf("/groups during a change lists the old count's partitions:\n%s", body)
+	}
 }

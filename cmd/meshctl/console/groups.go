@@ -27,8 +27,13 @@ type groupView struct {
 	// it does not); Queues are then its partitions and its intake, else
 	// its one shared queue.
 	Partitions int
-	Members    []memberView
-	Queues     []groupQueueView
+	// Epoch is the number of its partition count (one more at each
+	// meshctl groups repartition), the highest a member says; Changing
+	// says its members disagree (a change is under way).
+	Epoch    int
+	Changing bool
+	Members  []memberView
+	Queues   []groupQueueView
 	// Hot are its hot keys, the most held first.
 	Hot []hotKeyView
 }
@@ -81,24 +86,35 @@ func (s *Server) groupsPage(w http.ResponseWriter, r *http.Request) {
 			}
 			key := m.Group + "/" + m.Name
 			g := byKey[key]
-			if g == nil {
-				g = &groupView{Group: m.Group, Module: m.Name, Partitions: partitions}
+			if g == nil || (partitions > 0 && m.Epoch > g.Epoch) {
+				// The latest partition count a member says (after
+				// meshctl groups repartition): one behind it follows it.
+				was := g
+				g = &groupView{Group: m.Group, Module: m.Name, Partitions: partitions, Epoch: max(m.Epoch, 0)}
 				if partitions > 0 {
 					for i := range partitions {
-						g.Queues = append(g.Queues, groupQueueView{Name: wire.PartitionQueue(m.Group, m.Name, i)})
+						g.Queues = append(g.Queues, groupQueueView{Name: wire.PartitionQueueOf(m.Group, m.Name, g.Epoch, i)})
 					}
 					g.Queues = append(g.Queues, groupQueueView{Name: wire.GroupIntake(m.Group, m.Name)})
 				} else {
 					g.Queues = []groupQueueView{{Name: wire.GroupQueue(m.Group, m.Name)}}
 				}
+				if was != nil {
+					g.Members, g.Changing = was.Members, true
+					for i := range g.Members {
+						g.Members[i].Owns = 0
+					}
+				}
 				byKey[key] = g
+			} else if partitions > 0 && m.Epoch != g.Epoch {
+				g.Changing = true
 			}
 			status := m.Status
 			if status == "" {
 				status = "running"
 			}
 			mv := memberView{Node: n.Node, Status: status, Stale: stale}
-			if g.Partitions > 0 && partitions == g.Partitions {
+			if g.Partitions > 0 && partitions == g.Partitions && m.Epoch == g.Epoch {
 				for _, i := range m.Owns {
 					if i >= 0 && i < g.Partitions {
 						g.Queues[i].Owner = n.Node
