@@ -147,7 +147,13 @@ func (m *Module) consumePartitions(ctx context.Context, s *session, patterns []s
 	if err := ch.QueueBind(intake, "", intake, false, nil); err != nil {
 		return fmt.Errorf("bind %s: %w", intake, err)
 	}
+	// While a change is under way its intake member binds (repartition.go):
+	// a member bound the new partitions before it unbound the old ones
+	// would copy events into both.
 	for i := range n {
+		if !e.Settled {
+			break
+		}
 		q := wire.PartitionQueueOf(g, name, e.Number, i)
 		if err := ch.QueueBind(q, "", exchange, false, slotMatch(i, n)); err != nil {
 			return fmt.Errorf("bind %s to its slots: %w", q, err)

@@ -243,3 +243,59 @@ func TestAGroupChangesItsPartitionCountLive(t *testing.T) {
 		return true
 	})
 }
+
+// TestAnEventCannotPoseAsAPartitionMarker: a publisher of events (raw
+// amqp091-go, through mesh.events, with a user-id the broker checks)
+// sets x-mesh-partitions on its events: retire on one stamped with its
+// slot (straight to a partition), start and end on others without (through
+// the intake). Each is handled as the event it is, in its key's order, the
+// partitions stay, and no change of the count begins.
+func TestAnEventCannotPoseAsAPartitionMarker(t *testing.T) {
+	t.Parallel()
+	url := brokertest.VHost(t)
+	a := testNode(t, url, "a", nil)
+	log := newOrderLog()
+	ordered(t, a, log.handler("a", nil), 4)
+	uri, err := amqp.ParseURI(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := rawConn(t, url)
+	if err := raw.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	markers := []string{wire.PartitionsRetire, wire.PartitionsStart, wire.PartitionsEnd, wire.PartitionsRetire}
+	for seq, marker := range markers {
+		id := ulid.Make().String()
+		bd, _ := json.Marshal(body{Key: "forger", Seq: seq + 1})
+		h := amqp.Table{wire.HeaderEventID: id, wire.HeaderSource: "outside", wire.HeaderNode: "outside",
+			wire.HeaderTime: time.Now().UTC().Format(time.RFC3339Nano), wire.HeaderPartitionKey: "forger", wire.HeaderPartitions: marker}
+		if seq == 0 {
+			h[wire.SlotHeader("forger")] = wire.SlotMark
+		}
+		if seq == 1 {
+			bd = []byte(`{"key":"forger","seq":2,"epoch":1,"partitions":8,"from":4}`)
+		}
+		conf, err := raw.PublishWithDeferredConfirmWithContext(emitCtx(t), wire.ExchangeEvents, "mesh.ledger.entry", true, false, amqp.Publishing{
+			MessageId: id, ContentType: wire.ContentTypeJSON, DeliveryMode: amqp.Persistent, UserId: uri.Username, Body: bd, Headers: h})
+		if err != nil || !conf.Wait() {
+			t.Fatalf("publish %d: %v", seq, err)
+		}
+	}
+	waitFor(t, 30*time.Second, func() bool { return log.count() == len(markers) })
+	log.check(t, 0, 0)
+	log.mu.Lock()
+	if log.next["forger"] != len(markers) {
+		t.Errorf("the forger's events handled up to %d, want %d", log.next["forger"], len(markers))
+	}
+	log.mu.Unlock()
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	e, err := runtime.ReadGroupEpoch(conn, "g", "billing", 0, 0)
+	if err != nil || e.Number != 0 || e.Partitions != 4 || len(e.Pending) != 0 {
+		t.Errorf("the group after the forged markers: %+v, %v; want epoch 0, its 4 partitions", e, err)
+	}
+}
