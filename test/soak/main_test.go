@@ -37,6 +37,9 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	code := m.Run()
+	for _, f := range failures.list {
+		fmt.Printf("soak failure: %s\n", f)
+	}
 	if os.Getenv("SOAK_KEEP_CLUSTER") == "" {
 		if out, err := cluster.Run("down"); err != nil {
 			fmt.Fprintf(os.Stderr, "%v\n%s", err, out)

@@ -72,14 +72,14 @@ func nemesis(t *testing.T, rng *rand.Rand, length time.Duration, nt *nemesisTarg
 			return
 		}
 		if err := cluster.Kill(i); err != nil {
-			t.Errorf("%s: %v", kind, err)
+			soakErrorf(t, "%s: %v", kind, err)
 		}
 		count(kind)
 		down := time.Duration(2000+rng.IntN(8000)) * time.Millisecond
 		healing.Go(func() {
 			pause(down)
 			if out, err := cluster.Run("up"); err != nil {
-				t.Errorf("restart broker node %d: %v\n%s", i, err, out)
+				soakErrorf(t, "restart broker node %d: %v\n%s", i, err, out)
 			}
 			brokerDown.Store(false)
 		})
@@ -183,7 +183,7 @@ func nemesis(t *testing.T, rng *rand.Rand, length time.Duration, nt *nemesisTarg
 			healing.Go(func() {
 				pause(d)
 				if err := m.start(); err != nil {
-					t.Errorf("restart meshd %s: %v", m.name, err)
+					soakErrorf(t, "restart meshd %s: %v", m.name, err)
 				}
 				restarting[meshdNode].Store(false)
 			})
@@ -201,11 +201,11 @@ func nemesis(t *testing.T, rng *rand.Rand, length time.Duration, nt *nemesisTarg
 			healing.Go(func() {
 				pause(long)
 				if err := cluster.Heal(broker); err != nil {
-					t.Errorf("heal broker node %d: %v", broker, err)
+					soakErrorf(t, "heal broker node %d: %v", broker, err)
 				}
 				// It resumes by itself once it sees the majority again.
 				if _, err := cluster.Ctl(broker, "await_startup"); err != nil {
-					t.Errorf("broker node %d after the partition: %v", broker, err)
+					soakErrorf(t, "broker node %d after the partition: %v", broker, err)
 				}
 				brokerDown.Store(false)
 			})
@@ -239,7 +239,7 @@ func nemesis(t *testing.T, rng *rand.Rand, length time.Duration, nt *nemesisTarg
 	healing.Wait()
 	for _, m := range nt.mds {
 		if err := m.awaitReady(); err != nil {
-			t.Errorf("after the faults: %v", err)
+			soakErrorf(t, "after the faults: %v", err)
 		}
 	}
 	fmt.Printf("soak: faults ended; %d kinds applied\n", len(faults))

@@ -76,15 +76,15 @@ func TestSoakOrder(t *testing.T) {
 	dsn := pgtest.Start(t)
 	pg, err := url.Parse(dsn)
 	if err != nil {
-		t.Fatal(err)
+		soakFatal(t, err)
 	}
 	dsn += "&synchronous_commit=off"
 	histPath := filepath.Join(dir, "history")
 	if err := os.WriteFile(histPath, nil, 0o666); err != nil {
-		t.Fatal(err)
+		soakFatal(t, err)
 	}
 	if err := os.Chmod(histPath, 0o666); err != nil { // module processes of their own users write it
-		t.Fatal(err)
+		soakFatal(t, err)
 	}
 
 	mds := map[string]*meshd{}
@@ -92,14 +92,14 @@ func TestSoakOrder(t *testing.T) {
 		t.Helper()
 		m := &meshd{name: name, bin: bins.meshd, dir: dir, http: freeAddr(t), config: filepath.Join(dir, name+".yaml")}
 		if err := os.WriteFile(m.config, []byte(orderConfig(name, urls, filepath.Join(dir, name), m.http, bins.module, histPath, dsn, pg.Port())), 0o600); err != nil {
-			t.Fatal(err)
+			soakFatal(t, err)
 		}
 		if err := m.start(); err != nil {
-			t.Fatal(err)
+			soakFatal(t, err)
 		}
 		t.Cleanup(m.stop)
 		if err := m.awaitReady(); err != nil {
-			t.Fatal(err)
+			soakFatal(t, err)
 		}
 		mds[name] = m
 	}
@@ -149,7 +149,7 @@ func TestSoakOrder(t *testing.T) {
 					break
 				}
 				if attempt == 10 {
-					t.Errorf("feed %d-%d not emitted after %d attempts: %v", f.From, f.To, attempt, err)
+					soakErrorf(t, "feed %d-%d not emitted after %d attempts: %v", f.From, f.To, attempt, err)
 					return
 				}
 				t.Logf("feed %d-%d not emitted, again: %v", f.From, f.To, err)
@@ -162,7 +162,7 @@ func TestSoakOrder(t *testing.T) {
 	// raw: one channel, confirms in flight.
 	raw, err := amqp.Dial(urls[0])
 	if err != nil {
-		t.Fatal(err)
+		soakFatal(t, err)
 	}
 	t.Cleanup(func() { _ = raw.Close() })
 	publishers.Go(func() { rawPublish(t, raw, rKeys, events, sent) })
@@ -172,7 +172,7 @@ func TestSoakOrder(t *testing.T) {
 	// The nemesis: while the publishers publish, and for length at least.
 	timeline, err := os.Create(filepath.Join(dir, "nemesis.log"))
 	if err != nil {
-		t.Fatal(err)
+		soakFatal(t, err)
 	}
 	defer timeline.Close()
 	var kills []meshdKill
@@ -193,14 +193,14 @@ func TestSoakOrder(t *testing.T) {
 	repartition := func(to, epoch int) {
 		op, err := amqp.Dial(urls[0])
 		if err != nil {
-			t.Errorf("repartition to %d: %v", to, err)
+			soakErrorf(t, "repartition to %d: %v", to, err)
 			return
 		}
 		defer op.Close()
 		user, _ := nodeconfig.BrokerAccount(urls[0])
 		at := time.Now()
 		if _, err := runtime.StartRepartition(context.Background(), op, user, "orders", "orderer", to); err != nil {
-			t.Errorf("repartition to %d: %v", to, err)
+			soakErrorf(t, "repartition to %d: %v", to, err)
 			return
 		}
 		for deadline := time.Now().Add(5 * time.Minute); ; pause(250 * time.Millisecond) {
@@ -209,7 +209,7 @@ func TestSoakOrder(t *testing.T) {
 				break
 			}
 			if time.Now().After(deadline) {
-				t.Errorf("repartition to %d: not over after 5 minutes: %+v, %v", to, e, err)
+				soakErrorf(t, "repartition to %d: not over after 5 minutes: %+v, %v", to, e, err)
 				return
 			}
 		}
@@ -234,7 +234,7 @@ func TestSoakOrder(t *testing.T) {
 			break
 		}
 		if elapsed > 10*length+10*time.Minute {
-			t.Fatalf("the publishers have not finished after %v", elapsed)
+			soakFatalf(t, "the publishers have not finished after %v", elapsed)
 		}
 		switch {
 		case len(repartitions) == 2 && elapsed > length/2, len(repartitions) == 1 && elapsed > 5*length/6:
@@ -275,10 +275,10 @@ func TestSoakOrder(t *testing.T) {
 				pause(time.Duration(500+rng.IntN(2500)) * time.Millisecond)
 				say("meshd %s starts again", n)
 				if err := mds[n].start(); err != nil {
-					t.Fatal(err)
+					soakFatal(t, err)
 				}
 				if err := mds[n].awaitReady(); err != nil {
-					t.Fatal(err)
+					soakFatal(t, err)
 				}
 			}
 		}
@@ -288,19 +288,19 @@ func TestSoakOrder(t *testing.T) {
 	close(stop)
 	say("faults end")
 	if len(changes) != 2 {
-		t.Errorf("the count changed %d times (%v), want twice (16 -> 32 -> 16)", len(changes), changes)
+		soakErrorf(t, "the count changed %d times (%v), want twice (16 -> 32 -> 16)", len(changes), changes)
 	}
 	fmt.Printf("order soak: partition count changed live, under the faults: %s\n", strings.Join(changes, ", "))
 	fmt.Printf("order soak: faults end after %v; %d orderer processes and %d meshd killed\n", time.Since(began).Round(time.Second), moduleKills, len(kills))
 	if moduleKills == 0 || len(kills) == 0 {
-		t.Errorf("the nemesis killed %d orderer processes and %d meshd: the soak proves nothing of faults it did not make (a longer SOAK, or another seed)", moduleKills, len(kills))
+		soakErrorf(t, "the nemesis killed %d orderer processes and %d meshd: the soak proves nothing of faults it did not make (a longer SOAK, or another seed)", moduleKills, len(kills))
 	}
 
 	// Settle: until every expected effect is there, or none comes for a
 	// minute (10 minutes at most).
 	db, err := sql.Open("pgx", dsn)
 	if err != nil {
-		t.Fatal(err)
+		soakFatal(t, err)
 	}
 	defer db.Close()
 	want := sent.total()
@@ -308,7 +308,7 @@ func TestSoakOrder(t *testing.T) {
 	quiet := time.Now()
 	for deadline := time.Now().Add(10 * time.Minute); time.Now().Before(deadline) && time.Since(quiet) < time.Minute; pause(time.Second) {
 		if err := db.QueryRow(`SELECT count(DISTINCT (key, seq)) FROM effects`).Scan(&have); err != nil {
-			t.Fatal(err)
+			soakFatal(t, err)
 		}
 		if have >= want {
 			break
@@ -354,14 +354,14 @@ func TestSoakOrder(t *testing.T) {
 	close(tickStop)
 	trickle.Wait()
 	if !spreadEven(owned) {
-		t.Errorf("partitions owned by the live members a minute after the faults: %v, want %d spread with max - min <= 1", owned, orderPartitions)
+		soakErrorf(t, "partitions owned by the live members a minute after the faults: %v, want %d spread with max - min <= 1", owned, orderPartitions)
 	}
 	fmt.Printf("order soak: spread %v, %v after the trickle began (heartbeat 1s)\n", owned, spreadTook.Round(100*time.Millisecond))
 	// The ticks' last effects.
 	want = sent.total()
 	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); pause(500 * time.Millisecond) {
 		if err := db.QueryRow(`SELECT count(DISTINCT (key, seq)) FROM effects`).Scan(&have); err != nil {
-			t.Fatal(err)
+			soakFatal(t, err)
 		}
 		if have >= want {
 			break
@@ -371,7 +371,7 @@ func TestSoakOrder(t *testing.T) {
 	r := checkOrder(t, db, histPath, sent, kills)
 	fmt.Printf("order soak: %s\n", r)
 	if r.inversions != 0 || r.lost != 0 || r.duplicated != 0 || r.seenInversions != 0 || r.unexpected != 0 {
-		t.Errorf("order soak: %d inversions, %d lost, %d duplicated, %d inversions seen by handlers, %d unexpected effects; want none (e.g. %s)",
+		soakErrorf(t, "order soak: %d inversions, %d lost, %d duplicated, %d inversions seen by handlers, %d unexpected effects; want none (e.g. %s)",
 			r.inversions, r.lost, r.duplicated, r.seenInversions, r.unexpected, strings.Join(r.examples, "; "))
 	}
 }
@@ -472,12 +472,12 @@ func (s *sentLog) total() int {
 func rawPublish(t *testing.T, conn *amqp.Connection, keys, events int, sent *sentLog) {
 	ch, err := conn.Channel()
 	if err != nil {
-		t.Errorf("raw publisher: %v", err)
+		soakErrorf(t, "raw publisher: %v", err)
 		return
 	}
 	defer ch.Close()
 	if err := ch.Confirm(false); err != nil {
-		t.Errorf("raw publisher: %v", err)
+		soakErrorf(t, "raw publisher: %v", err)
 		return
 	}
 	type pending struct {
@@ -511,7 +511,7 @@ func rawPublish(t *testing.T, conn *amqp.Connection, keys, events int, sent *sen
 			dc, err := ch.PublishWithDeferredConfirm(wire.ExchangeEvents, "module.raw.keyed", false, false, amqp.Publishing{
 				Headers: headers, ContentType: "application/json", DeliveryMode: amqp.Persistent, MessageId: id, Body: body})
 			if err != nil {
-				t.Errorf("raw publisher: %v", err)
+				soakErrorf(t, "raw publisher: %v", err)
 				return
 			}
 			window = append(window, pending{key, seq, dc})
@@ -596,7 +596,7 @@ func envInt(t *testing.T, name string, def int) int {
 	}
 	n, err := strconv.Atoi(s)
 	if err != nil || n < 1 {
-		t.Fatalf("%s=%q: want a positive number", name, s)
+		soakFatalf(t, "%s=%q: want a positive number", name, s)
 	}
 	return n
 }
@@ -661,20 +661,20 @@ func checkOrder(t *testing.T, db *sql.DB, histPath string, sent *sentLog, kills 
 
 	rows, err := db.Query(`SELECT key, seq FROM effects ORDER BY id`)
 	if err != nil {
-		t.Fatal(err)
+		soakFatal(t, err)
 	}
 	applied := map[string][]int{}
 	for rows.Next() {
 		var key string
 		var seq int
 		if err := rows.Scan(&key, &seq); err != nil {
-			t.Fatal(err)
+			soakFatal(t, err)
 		}
 		applied[key] = append(applied[key], seq)
 		r.effects++
 	}
 	if err := rows.Err(); err != nil {
-		t.Fatal(err)
+		soakFatal(t, err)
 	}
 	for key, seqs := range applied {
 		have, highest := map[int]bool{}, 0
@@ -709,7 +709,7 @@ func checkOrder(t *testing.T, db *sql.DB, histPath string, sent *sentLog, kills 
 	// events in order; the owner of each partition over time.
 	f, err := os.Open(histPath)
 	if err != nil {
-		t.Fatal(err)
+		soakFatal(t, err)
 	}
 	defer f.Close()
 	var seen []sighting
@@ -721,13 +721,13 @@ func checkOrder(t *testing.T, db *sql.DB, histPath string, sent *sentLog, kills 
 		}
 		parts := strings.Split(fields[2], "/")
 		if len(parts) != 3 {
-			t.Fatalf("history line %q", sc.Text())
+			soakFatalf(t, "history line %q", sc.Text())
 		}
 		seq, err1 := strconv.Atoi(parts[1])
 		sentAt, err2 := strconv.ParseInt(parts[2], 10, 64)
 		nanos, err3 := strconv.ParseInt(fields[4], 10, 64)
 		if err1 != nil || err2 != nil || err3 != nil {
-			t.Fatalf("history line %q", sc.Text())
+			soakFatalf(t, "history line %q", sc.Text())
 		}
 		s := sighting{node: fields[1], key: parts[0], seq: seq, at: time.Unix(0, nanos)}
 		if sentAt != 0 {
@@ -736,7 +736,7 @@ func checkOrder(t *testing.T, db *sql.DB, histPath string, sent *sentLog, kills 
 		seen = append(seen, s)
 	}
 	if err := sc.Err(); err != nil {
-		t.Fatal(err)
+		soakFatal(t, err)
 	}
 	slices.SortStableFunc(seen, func(a, b sighting) int { return a.at.Compare(b.at) })
 	r.seen = len(seen)

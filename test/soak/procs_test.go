@@ -37,7 +37,7 @@ func freeAddr(t *testing.T) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		t.Fatal(err)
+		soakFatal(t, err)
 	}
 	defer ln.Close()
 	return ln.Addr().String()

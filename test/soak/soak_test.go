@@ -95,10 +95,10 @@ func keptDir(t *testing.T, what, prefix string) string {
 	t.Helper()
 	dir, err := os.MkdirTemp("", prefix)
 	if err != nil {
-		t.Fatal(err)
+		soakFatal(t, err)
 	}
 	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
+		soakFatal(t, err)
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -117,7 +117,7 @@ func soakLength(t *testing.T) time.Duration {
 	}
 	d, err := time.ParseDuration(s)
 	if err != nil {
-		t.Fatalf("SOAK=%q: %v", s, err)
+		soakFatalf(t, "SOAK=%q: %v", s, err)
 	}
 	return d
 }
@@ -138,7 +138,7 @@ func soakSeeds(t *testing.T) []uint64 {
 		}
 		n, err := strconv.ParseUint(s, 10, 64)
 		if err != nil {
-			t.Fatalf("SOAK_SEEDS=%q: %q is neither a number nor random", list, s)
+			soakFatalf(t, "SOAK_SEEDS=%q: %q is neither a number nor random", list, s)
 		}
 		seeds = append(seeds, n)
 	}
@@ -162,7 +162,7 @@ func build(t *testing.T) binaries {
 	for out, pkg := range map[string]string{b.meshd: "../../cmd/meshd", b.module: "./soakmodule", b.audit: "../../auditlogger/cmd/audit-logger",
 		b.dispatcher: "../../modules/dispatcher/cmd/dispatcher", b.agent: "../../modules/agent/cmd/agent"} {
 		if o, err := exec.Command("go", "build", "-o", out, pkg).CombinedOutput(); err != nil {
-			t.Fatalf("build %s: %v\n%s", pkg, err, o)
+			soakFatalf(t, "build %s: %v\n%s", pkg, err, o)
 		}
 	}
 	return b
@@ -174,13 +174,47 @@ func TestSoak(t *testing.T) {
 	if v := os.Getenv("SOAK_PACE"); v != "" {
 		var err error
 		if pace, err = time.ParseDuration(v); err != nil {
-			t.Fatalf("SOAK_PACE=%q: %v", v, err)
+			soakFatalf(t, "SOAK_PACE=%q: %v", v, err)
 		}
 	}
 	bins := build(t)
 	for _, seed := range seeds {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) { soak(t, bins, length, pace, seed) })
 	}
+}
+
+// failures are the soak's failures, by test, said again at its end
+// (TestMain): the output's end is what a CI report shows.
+var failures struct {
+	mu   sync.Mutex
+	list []string
+}
+
+// soakErrorf is t.Errorf, recorded in failures.
+func soakErrorf(t testing.TB, format string, args ...any) {
+	t.Helper()
+	failed(t, fmt.Sprintf(format, args...))
+	t.Errorf(format, args...)
+}
+
+// soakFatalf is t.Fatalf, recorded in failures.
+func soakFatalf(t testing.TB, format string, args ...any) {
+	t.Helper()
+	failed(t, fmt.Sprintf(format, args...))
+	t.Fatalf(format, args...)
+}
+
+// soakFatal is t.Fatal, recorded in failures.
+func soakFatal(t testing.TB, args ...any) {
+	t.Helper()
+	failed(t, fmt.Sprint(args...))
+	t.Fatal(args...)
+}
+
+func failed(t testing.TB, msg string) {
+	failures.mu.Lock()
+	defer failures.mu.Unlock()
+	failures.list = append(failures.list, t.Name()+": "+msg)
 }
 
 // nodes are the mesh's nodes; each reaches broker node i through
@@ -195,15 +229,15 @@ func soak(t *testing.T, bins binaries, length, pace time.Duration, seed uint64) 
 
 	vhost := fmt.Sprintf("mesh-soak-%d-%d", seed, time.Now().UnixNano())
 	if _, err := cluster.CtlAny("add_vhost", vhost); err != nil {
-		t.Fatal(err)
+		soakFatal(t, err)
 	}
 	t.Cleanup(func() {
 		if _, err := cluster.CtlAny("delete_vhost", vhost); err != nil {
-			t.Errorf("delete the soak's virtual host: %v", err)
+			soakErrorf(t, "delete the soak's virtual host: %v", err)
 		}
 	})
 	if _, err := cluster.CtlAny("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*"); err != nil {
-		t.Fatal(err)
+		soakFatal(t, err)
 	}
 	proxies := map[string][]*brokertest.Proxy{}
 	urls := map[string][]string{}
@@ -218,13 +252,13 @@ func soak(t *testing.T, bins binaries, length, pace time.Duration, seed uint64) 
 	h := newHistory()
 	histPath := filepath.Join(dir, "history")
 	if err := os.WriteFile(histPath, nil, 0o666); err != nil {
-		t.Fatal(err)
+		soakFatal(t, err)
 	}
 	if err := os.Chmod(histPath, 0o666); err != nil { // module processes of their own users write it
-		t.Fatal(err)
+		soakFatal(t, err)
 	}
 	if err := os.WriteFile(filepath.Join(dir, "stamp.sh"), []byte(strings.ReplaceAll(stampScript, "HISTORY", histPath)), 0o755); err != nil {
-		t.Fatal(err)
+		soakFatal(t, err)
 	}
 
 	// The raw side: the consumed queue, declared and fed from outside.
@@ -235,13 +269,13 @@ func soak(t *testing.T, bins binaries, length, pace time.Duration, seed uint64) 
 		return err
 	}
 	if err := rc.do(declareLegacy); err != nil {
-		t.Fatal(err)
+		soakFatal(t, err)
 	}
 	if err := rc.do(func(ch *amqp.Channel) error {
 		_, err := ch.QueueDeclare(jobsQueue, true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
 		return err
 	}); err != nil {
-		t.Fatal(err)
+		soakFatal(t, err)
 	}
 
 	// meshd beta and gamma, with their module processes.
@@ -249,17 +283,17 @@ func soak(t *testing.T, bins binaries, length, pace time.Duration, seed uint64) 
 	for _, n := range []string{"beta", "gamma"} {
 		m := &meshd{name: n, bin: bins.meshd, dir: dir, http: freeAddr(t), config: filepath.Join(dir, n+".yaml")}
 		if err := os.WriteFile(m.config, []byte(meshdConfig(n, urls[n], filepath.Join(dir, n), m.http, bins, histPath)), 0o600); err != nil {
-			t.Fatal(err)
+			soakFatal(t, err)
 		}
 		if err := m.start(); err != nil {
-			t.Fatal(err)
+			soakFatal(t, err)
 		}
 		t.Cleanup(m.stop)
 		mds[n] = m
 	}
 	for _, m := range mds {
 		if err := m.awaitReady(); err != nil {
-			t.Fatal(err)
+			soakFatal(t, err)
 		}
 	}
 
@@ -297,7 +331,7 @@ func soak(t *testing.T, bins binaries, length, pace time.Duration, seed uint64) 
 	}}, runtime.ModuleConfig{MaxAttempts: 50, HandlerTimeout: 20 * time.Second})
 	cancel()
 	if err != nil {
-		t.Fatal(err)
+		soakFatal(t, err)
 	}
 
 	// The workload: four emitters of orders on edge; a raw publisher into
@@ -339,7 +373,7 @@ func soak(t *testing.T, bins binaries, length, pace time.Duration, seed uint64) 
 	var legacyMu sync.Mutex
 	published, err := os.Create(filepath.Join(dir, "legacy.log"))
 	if err != nil {
-		t.Fatal(err)
+		soakFatal(t, err)
 	}
 	defer published.Close()
 	workload.Go(func() {
@@ -391,7 +425,7 @@ func soak(t *testing.T, bins binaries, length, pace time.Duration, seed uint64) 
 	for n, m := range mds {
 		u, err := m.usage()
 		if err != nil {
-			t.Fatal(err)
+			soakFatal(t, err)
 		}
 		startUsage[n] = u
 	}
@@ -399,7 +433,7 @@ func soak(t *testing.T, bins binaries, length, pace time.Duration, seed uint64) 
 
 	timeline, err := os.Create(filepath.Join(dir, "nemesis.log"))
 	if err != nil {
-		t.Fatal(err)
+		soakFatal(t, err)
 	}
 	defer timeline.Close()
 	faults := nemesis(t, rng, length, &nemesisTargets{h: h, timeline: timeline, proxies: proxies, mds: mds, vhost: vhost, rc: rc, legacyMu: &legacyMu, declareLegacy: declareLegacy})
@@ -412,7 +446,7 @@ func soak(t *testing.T, bins binaries, length, pace time.Duration, seed uint64) 
 	hr := &historyReader{path: histPath}
 	missing := func() int {
 		if err := hr.readInto(h); err != nil {
-			t.Fatal(err)
+			soakFatal(t, err)
 		}
 		h.mu.Lock()
 		defer h.mu.Unlock()
@@ -478,7 +512,7 @@ func soak(t *testing.T, bins binaries, length, pace time.Duration, seed uint64) 
 	}
 	dead, err := readDeadLetters(vhost)
 	if err != nil {
-		t.Errorf("the dead letters: %v", err)
+		soakErrorf(t, "the dead letters: %v", err)
 	}
 	endUsage := map[string]usage{}
 	for n, m := range mds {
@@ -494,12 +528,12 @@ func soak(t *testing.T, bins binaries, length, pace time.Duration, seed uint64) 
 	mds["beta"].stop()
 	a, err := readAudit(filepath.Join(dir, "beta", "modules", "audit-logger", "audit.db"), h)
 	if err != nil {
-		t.Errorf("audit log: %v", err)
+		soakErrorf(t, "audit log: %v", err)
 	}
 
 	applied, err := readLedger(ledgerDB(histPath))
 	if err != nil {
-		t.Errorf("the ledger's database: %v", err)
+		soakErrorf(t, "the ledger's database: %v", err)
 	}
 
 	h.mu.Lock()
@@ -588,7 +622,7 @@ func soak(t *testing.T, bins binaries, length, pace time.Duration, seed uint64) 
 		seed, total, js, settled, len(h.confirmed), refused, lost, dup, rerun, doneLost, doneDup, toolDup, toolRerun, len(dead.orders), len(dead.jobs), dead.expired, deadWhy, dead.false,
 		len(h.legacyIn), legacyLost, legacyRerun, len(h.jobsIn), jobsLost, jobsDup, jobsRerun, jobsRetried, a.missing, a.doubled, effectsLost, effectsDoubled, outboxLost, outboxDoubled, unacked, left, leaks, strings.Join(use, ","))
 	if lost+dup+doneLost+doneDup+toolDup+dead.false+legacyLost+jobsLost+jobsDup+a.missing+a.doubled+effectsLost+effectsDoubled+outboxLost+outboxDoubled+unacked+leaks != 0 {
-		t.Errorf("violations (seed %d); repeats not explained by the nemesis: handled %v, tool %v, jobs %v", seed, dupEx, toolEx, jobsEx)
+		soakErrorf(t, "violations (seed %d); repeats not explained by the nemesis: handled %v, tool %v, jobs %v", seed, dupEx, toolEx, jobsEx)
 	}
 }
 
@@ -711,7 +745,7 @@ func newEdge(t *testing.T, urls []string, state string) *runtime.Node {
 		// emits past it are refused with ErrBackPressure, none is lost.
 		SpoolMaxBytes: 256 << 10})
 	if err != nil {
-		t.Fatalf("node edge: %v", err)
+		soakFatalf(t, "node edge: %v", err)
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -792,7 +826,7 @@ func readDeadLetters(vhost string) (deadLetters, error) {
 func queueCounts(t *testing.T, vhost string) (unacked, ready int) {
 	out, err := cluster.CtlAny("list_queues", "-p", vhost, "name", "messages_unacknowledged", "messages_ready", "--formatter", "json")
 	if err != nil {
-		t.Errorf("list_queues: %v", err)
+		soakErrorf(t, "list_queues: %v", err)
 		return 0, 0
 	}
 	var qs []struct {
@@ -801,7 +835,7 @@ func queueCounts(t *testing.T, vhost string) (unacked, ready int) {
 		Ready   int `json:"messages_ready"`
 	}
 	if err := json.Unmarshal(out, &qs); err != nil {
-		t.Errorf("list_queues: %v: %s", err, out)
+		soakErrorf(t, "list_queues: %v: %s", err, out)
 	}
 	for _, q := range qs {
 		if q.Unacked > 0 {
