@@ -299,3 +299,84 @@ func TestAnEventCannotPoseAsAPartitionMarker(t *testing.T) {
 		t.Errorf("the group after the forged markers: %+v, %v; want epoch 0, its 4 partitions", e, err)
 	}
 }
+
+// TestAGroupKeyedByARuleChangesItsCount: billing keeps order by order_key
+// body.key over 4 partitions on two nodes, every event through the intake;
+// while 32 keys are emitted without pause (none with sdk.WithKey), the
+// count changes to 8. The intake's member is held at the start marker
+// until more events have come: those wait in the catch-up queues. Every
+// key's events are handled once each, in order.
+func TestAGroupKeyedByARuleChangesItsCount(t *testing.T) {
+	t.Parallel()
+	url := brokertest.VHost(t)
+	a, b := testNode(t, url, "a", nil), testNode(t, url, "b", nil)
+	log := newOrderLog()
+	atStart, release := make(chan struct{}), make(chan struct{})
+	var caught atomic.Int64
+	hooks := runtime.TestHooks{
+		IntakeMarker: func(marker string) {
+			if marker == wire.PartitionsStart {
+				atStart <- struct{}{}
+				<-release
+			}
+		},
+		CaughtUp: func(string) { caught.Add(1) },
+	}
+	for name, n := range map[string]*runtime.Node{"a": a, "b": b} {
+		n.SetTestHooks(hooks)
+		load(t, n, sdk.Module{Name: "billing", Setup: func(m sdk.Mesh) error { return m.On("mesh.ledger.#", log.handler(name, nil)) }},
+			runtime.ModuleConfig{Group: "g", Partitions: 4, OrderKey: "body.key", Concurrency: 8, MaxAttempts: 5})
+	}
+	const keys = 32
+	var sent atomic.Int64
+	stop, emitted := make(chan struct{}), make(chan error, 1)
+	go func() {
+		for seq := 1; ; seq++ {
+			for k := range keys {
+				select {
+				case <-stop:
+					emitted <- nil
+					return
+				default:
+				}
+				if _, err := a.Emit(context.Background(), "test", "mesh.ledger.entry", body{Key: fmt.Sprintf("k%d", k), Seq: seq}); err != nil {
+					emitted <- err
+					return
+				}
+				sent.Add(1)
+			}
+		}
+	}()
+	waitFor(t, 60*time.Second, func() bool { return log.count() >= 300 })
+	uri, err := amqp.ParseURI(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := runtime.StartRepartition(emitCtx(t), conn, uri.Username, "g", "billing", 8); err != nil {
+		t.Fatal(err)
+	}
+	<-atStart
+	held := sent.Load()
+	waitFor(t, 30*time.Second, func() bool { return sent.Load() >= held+200 }) // behind the start marker
+	close(release)
+	waitFor(t, 60*time.Second, func() bool {
+		e, err := runtime.ReadGroupEpoch(conn, "g", "billing", 0, 0)
+		return err == nil && e.Number == 1 && e.Partitions == 8 && len(e.Pending) == 0
+	})
+	after := int(sent.Load()) + 300 // handled on the new count
+	waitFor(t, 60*time.Second, func() bool { return log.count() >= after })
+	close(stop)
+	if err := <-emitted; err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, func() bool { return log.count() == int(sent.Load()) })
+	log.check(t, 0, 0)
+	if c := caught.Load(); c < 200 {
+		t.Errorf("%d events handled from the catch-up queues, want the 200 and more emitted while the change was held", c)
+	}
+}
