@@ -54,11 +54,15 @@ type TestHooks struct {
 	IntakeMarker func(marker string)
 	// CaughtUp: an event of a change's catch-up queue was settled.
 	CaughtUp func(queue string)
+	// IntakeSend: the intake is about to send an event of key on to its
+	// partition; an error it returns fails that send (as a broker's
+	// negative confirm would).
+	IntakeSend func(key string) error
 }
 
 // SetTestHooks makes the node call h's functions (those set).
 func (n *Node) SetTestHooks(h TestHooks) {
-	n.hooks.Store(&hooks{resumed: h.Resumed, setUp: h.SetUp, relaunched: h.Relaunched, stopWaiting: h.StopWaiting, exited: h.Exited, awaiting: h.Awaiting, reconsume: h.Reconsume, drainWaits: h.DrainWaits, refused: h.Refused, record: h.Record, writeRecords: h.WriteRecords, unseen: h.Unseen, lookedAt: h.LookedAt, checked: h.Checked, launched: h.Launched, described: h.Described, intakeMarker: h.IntakeMarker, caughtUp: h.CaughtUp})
+	n.hooks.Store(&hooks{resumed: h.Resumed, setUp: h.SetUp, relaunched: h.Relaunched, stopWaiting: h.StopWaiting, exited: h.Exited, awaiting: h.Awaiting, reconsume: h.Reconsume, drainWaits: h.DrainWaits, refused: h.Refused, record: h.Record, writeRecords: h.WriteRecords, unseen: h.Unseen, lookedAt: h.LookedAt, checked: h.Checked, launched: h.Launched, described: h.Described, intakeMarker: h.IntakeMarker, caughtUp: h.CaughtUp, intakeSend: h.IntakeSend})
 }
 
 // ErrDescribesAnother is errDescribesAnother, for tests.

@@ -133,6 +133,7 @@ type hooks struct {
 	described    func(module string, pid int)     // a module process described itself at its first load and is loaded; it is not started yet
 	intakeMarker func(marker string)              // a group's intake member reached a marker of a partition count change, and handles it next
 	caughtUp     func(queue string)               // an event of a change's catch-up queue was settled
+	intakeSend   func(key string) error           // the intake is about to send an event of key on: an error fails the send
 }
 
 // noHooks is what hook returns when no test set any: one value, so that

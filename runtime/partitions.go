@@ -712,8 +712,9 @@ type onward struct {
 // sendOnward sends the intake's deliveries on, in order by key: up to
 // intakeWindow at once, but an event only once its key's previous one was
 // sent and acknowledged, so that a key's events reach their partition in
-// the intake's order even when one must be tried again (other keys' may
-// pass it: their order is their own). An event with a malformed key, or
+// the intake's order even when one must be tried again; it waits behind
+// that one while the intake goes on to other keys' (their order is their
+// own), as long as the window has room. An event with a malformed key, or
 // none by the rule, is dead-lettered. It stops at an event that could not
 // be sent (the module stopping, the session lost): what it has not
 // acknowledged waits, in order, for the intake's next consumer.
@@ -784,12 +785,7 @@ func (m *Module) sendOnward(s *session, deliveries <-chan amqp.Delivery, exchang
 			m.deadLetter(source{queue: wire.GroupIntake(m.cfg.Group, m.def.Name), quorum: true}, d, o.eventType, 1, wire.DeadReasonMalformed, err)
 			continue
 		}
-		if prev := pending[key]; prev != nil {
-			<-prev.done
-			if !prev.sent {
-				return
-			}
-		}
+		prev := pending[key]
 		if len(pending) > 4*intakeWindow {
 			for k, p := range pending {
 				select {
@@ -816,6 +812,14 @@ func (m *Module) sendOnward(s *session, deliveries <-chan amqp.Delivery, exchang
 		go func() {
 			defer close(w.done)
 			defer func() { <-window }()
+			if prev != nil {
+				// Behind its key's previous: the loop goes on to other
+				// keys meanwhile, however long that one takes.
+				<-prev.done
+				if !prev.sent {
+					return // unacknowledged, in order, for the next consumer
+				}
+			}
 			w.sent = m.slotOnward(s, d, exchange, to, rule, key)
 		}()
 	}
@@ -854,9 +858,15 @@ func (m *Module) slotOnward(s *session, d amqp.Delivery, exchange, to string, ru
 		exchange, routingKey = "", to
 	}
 	for attempt := 1; ; attempt++ {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		err := m.node.publishConfirmed(ctx, s, exchange, routingKey, msg)
-		cancel()
+		var err error
+		if h := m.node.hook().intakeSend; h != nil {
+			err = h(key)
+		}
+		if err == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			err = m.node.publishConfirmed(ctx, s, exchange, routingKey, msg)
+			cancel()
+		}
 		if err == nil {
 			break
 		}

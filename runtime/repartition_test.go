@@ -3,6 +3,7 @@ package runtime_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -378,5 +379,70 @@ func TestAGroupKeyedByARuleChangesItsCount(t *testing.T) {
 	log.check(t, 0, 0)
 	if c := caught.Load(); c < 200 {
 		t.Errorf("%d events handled from the catch-up queues, want the 200 and more emitted while the change was held", c)
+	}
+}
+
+// TestAnIntakeThatCannotSendHoldsOnlyItsKey: the intake's sends on of one
+// key's events fail (forced by a hook, as a broker's negative confirm or a
+// lost channel would), again and again. A raw client's events without a
+// slot, of key "held" and of another key, come through the intake: the
+// other key's are all handled while "held"'s are tried again, none lost or
+// skipped; once sends go, "held"'s are handled, once each, in order.
+func TestAnIntakeThatCannotSendHoldsOnlyItsKey(t *testing.T) {
+	t.Parallel()
+	url := brokertest.VHost(t)
+	a := testNode(t, url, "a", nil)
+	log := newOrderLog()
+	const held, other = "held", "other"
+	var failing atomic.Bool
+	failing.Store(true)
+	var failed atomic.Int64
+	a.SetTestHooks(runtime.TestHooks{IntakeSend: func(key string) error {
+		if key == held && failing.Load() {
+			failed.Add(1)
+			return errors.New("refused (forced)")
+		}
+		return nil
+	}})
+	ordered(t, a, log.handler("a", nil), 2)
+	raw := rawConn(t, url)
+	if err := raw.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	const each = 10
+	for seq := 1; seq <= each; seq++ {
+		for _, key := range []string{held, other} {
+			id := ulid.Make().String()
+			bd, _ := json.Marshal(body{Key: key, Seq: seq})
+			conf, err := raw.PublishWithDeferredConfirmWithContext(emitCtx(t), wire.ExchangeEvents, "mesh.ledger.entry", true, false, amqp.Publishing{
+				MessageId: id, ContentType: wire.ContentTypeJSON, DeliveryMode: amqp.Persistent, Body: bd,
+				Headers: amqp.Table{wire.HeaderEventID: id, wire.HeaderSource: "outside", wire.HeaderNode: "outside",
+					wire.HeaderTime: time.Now().UTC().Format(time.RFC3339Nano), wire.HeaderPartitionKey: key}})
+			if err != nil || !conf.Wait() {
+				t.Fatalf("publish: %v", err)
+			}
+		}
+	}
+	// The other key's all handled: the intake got past "held"'s first,
+	// which it still tries to send on.
+	waitFor(t, 60*time.Second, func() bool { log.mu.Lock(); defer log.mu.Unlock(); return log.next[other] == each })
+	log.mu.Lock()
+	if log.next[held] != 0 {
+		t.Errorf("key %s handled up to %d while its partition refused everything", held, log.next[held])
+	}
+	log.mu.Unlock()
+	waitFor(t, 30*time.Second, func() bool { return failed.Load() >= 3 }) // tried again and again
+	log.mu.Lock()
+	if log.next[held] != 0 {
+		t.Errorf("key %s handled up to %d while its sends failed", held, log.next[held])
+	}
+	log.mu.Unlock()
+	failing.Store(false)
+	waitFor(t, 60*time.Second, func() bool { return log.count() == 2*each })
+	log.check(t, 0, 0)
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	if log.next[held] != each {
+		t.Errorf("key %s handled up to %d, want %d", held, log.next[held], each)
 	}
 }
