@@ -10,6 +10,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/meshkit/mesh/internal/exists"
 	"github.com/meshkit/mesh/internal/wire"
 )
 
@@ -96,44 +97,9 @@ func (m *Module) currentEpoch() groupEpoch {
 	return m.epoch
 }
 
-// queueExists says whether queue exists, asking the broker on a channel of
-// its own (a passive declare of a missing queue closes its channel).
-func queueExists(conn *amqp.Connection, queue string) (bool, error) {
-	ch, err := conn.Channel()
-	if err != nil {
-		return false, fmt.Errorf("open channel: %w", err)
-	}
-	defer ch.Close()
-	if _, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil); err != nil {
-		var ae *amqp.Error
-		if errors.As(err, &ae) && ae.Code == amqp.NotFound {
-			return false, nil
-		}
-		return false, fmt.Errorf("look for queue %s: %w", queue, err)
-	}
-	return true, nil
-}
-
-// exchangeExists says whether exchange exists, as queueExists.
-func exchangeExists(conn *amqp.Connection, exchange string) (bool, error) {
-	ch, err := conn.Channel()
-	if err != nil {
-		return false, fmt.Errorf("open channel: %w", err)
-	}
-	defer ch.Close()
-	if err := ch.ExchangeDeclarePassive(exchange, amqp.ExchangeFanout, true, false, false, false, nil); err != nil {
-		var ae *amqp.Error
-		if errors.As(err, &ae) && ae.Code == amqp.NotFound {
-			return false, nil
-		}
-		return false, fmt.Errorf("look for exchange %s: %w", exchange, err)
-	}
-	return true, nil
-}
-
 // laterEpoch says whether the group has an epoch after epoch.
 func (m *Module) laterEpoch(s *session, epoch int) (bool, error) {
-	return exchangeExists(s.subConn, wire.EpochExchange(m.cfg.Group, m.def.Name, epoch+1))
+	return exists.Exchange(s.subConn, wire.EpochExchange(m.cfg.Group, m.def.Name, epoch+1))
 }
 
 // GroupEpoch is an ordered group's partition count as the broker's queues
@@ -153,10 +119,9 @@ type GroupEpoch struct {
 // from epoch from on (count is from's partition count, when known; 0
 // to count it).
 func ReadGroupEpoch(conn *amqp.Connection, group, module string, from, count int) (GroupEpoch, error) {
-	exists := func(q string) (bool, error) { return queueExists(conn, q) }
 	latest := from
 	for {
-		ok, err := exchangeExists(conn, wire.EpochExchange(group, module, latest+1))
+		ok, err := exists.Exchange(conn, wire.EpochExchange(group, module, latest+1))
 		if err != nil {
 			return GroupEpoch{}, err
 		}
@@ -171,7 +136,7 @@ func ReadGroupEpoch(conn *amqp.Connection, group, module string, from, count int
 		// first missing.
 		e.Partitions = 0
 		for e.Partitions < wire.Slots {
-			ok, err := exists(wire.PartitionQueueOf(group, module, latest, e.Partitions))
+			ok, err := exists.Queue(conn, wire.PartitionQueueOf(group, module, latest, e.Partitions))
 			if err != nil {
 				return e, err
 			}
@@ -189,7 +154,7 @@ func ReadGroupEpoch(conn *amqp.Connection, group, module string, from, count int
 		return e, nil
 	}
 	for _, q := range changeQueues(group, module, e.Number, e.Partitions, e.Previous) {
-		ok, err := exists(q)
+		ok, err := exists.Queue(conn, q)
 		if err != nil {
 			return e, err
 		}
@@ -211,7 +176,7 @@ func StartRepartition(ctx context.Context, conn *amqp.Connection, userID, group,
 		return GroupEpoch{}, fmt.Errorf("%w: a group keeps order over 1 to %d partitions, not %d", wire.ErrInvalid, wire.Slots, partitions)
 	}
 	intake := wire.GroupIntake(group, module)
-	if ok, err := queueExists(conn, intake); err != nil {
+	if ok, err := exists.Queue(conn, intake); err != nil {
 		return GroupEpoch{}, err
 	} else if !ok {
 		return GroupEpoch{}, fmt.Errorf("%w: no queue %s: %s is no ordered group of module %s on this broker (or no member has started)", ErrNoSuchGroup, intake, group, module)
@@ -375,7 +340,7 @@ func (m *Module) consumeIfThere(s *session, epoch, i int, queue string, after []
 	if m.consuming(queue) {
 		return nil
 	}
-	ok, err := queueExists(s.subConn, queue)
+	ok, err := exists.Queue(s.subConn, queue)
 	if err != nil {
 		return err
 	}

@@ -58,15 +58,7 @@ func TestAGroupChangesItsPartitionCountLive(t *testing.T) {
 	ordered(t, a, log.handler("a", nil), 16)
 	ordered(t, b, log.handler("b", nil), 16)
 
-	uri, err := amqp.ParseURI(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
+	conn, user := operator(t, url)
 	raw := rawConn(t, url)
 	if err := raw.Confirm(false); err != nil {
 		t.Fatal(err)
@@ -113,15 +105,8 @@ func TestAGroupChangesItsPartitionCountLive(t *testing.T) {
 			last[key]++
 			seq := last[key]
 			mu.Unlock()
-			id := ulid.Make().String()
 			bd, _ := json.Marshal(body{Key: key, Seq: seq})
-			conf, err := raw.PublishWithDeferredConfirmWithContext(emitCtx(t), wire.ExchangeEvents, "mesh.ledger.entry", true, false, amqp.Publishing{
-				MessageId: id, ContentType: wire.ContentTypeJSON, DeliveryMode: amqp.Persistent, Body: bd,
-				Headers: amqp.Table{wire.HeaderEventID: id, wire.HeaderSource: "outside", wire.HeaderNode: "outside",
-					wire.HeaderTime: time.Now().UTC().Format(time.RFC3339Nano), wire.HeaderPartitionKey: key}})
-			if err != nil || !conf.Wait() {
-				t.Fatalf("foreign publish of %s: %v", key, err)
-			}
+			publishForeign(t, raw, key, bd, "", nil)
 		}
 	}
 	for range 3 {
@@ -132,7 +117,7 @@ func TestAGroupChangesItsPartitionCountLive(t *testing.T) {
 
 	change := func(to, epoch int) {
 		t.Helper()
-		started, err := runtime.StartRepartition(emitCtx(t), conn, uri.Username, "g", "billing", to)
+		started, err := runtime.StartRepartition(emitCtx(t), conn, user, "g", "billing", to)
 		if err != nil {
 			t.Fatalf("repartition to %d: %v", to, err)
 		}
@@ -168,10 +153,10 @@ func TestAGroupChangesItsPartitionCountLive(t *testing.T) {
 	handled(log.count() + 500) // on the new count
 	change(16, 2)
 	handled(log.count() + 500)
-	if _, err := runtime.StartRepartition(emitCtx(t), conn, uri.Username, "g", "billing", 16); err == nil {
+	if _, err := runtime.StartRepartition(emitCtx(t), conn, user, "g", "billing", 16); err == nil {
 		t.Error("a change to the count the group has was not refused")
 	}
-	if _, err := runtime.StartRepartition(emitCtx(t), conn, uri.Username, "g", "billing", 65); err == nil {
+	if _, err := runtime.StartRepartition(emitCtx(t), conn, user, "g", "billing", 65); err == nil {
 		t.Error("a change to 65 partitions was not refused")
 	}
 	close(stop)
@@ -257,31 +242,22 @@ func TestAnEventCannotPoseAsAPartitionMarker(t *testing.T) {
 	a := testNode(t, url, "a", nil)
 	log := newOrderLog()
 	ordered(t, a, log.handler("a", nil), 4)
-	uri, err := amqp.ParseURI(url)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn, user := operator(t, url)
 	raw := rawConn(t, url)
 	if err := raw.Confirm(false); err != nil {
 		t.Fatal(err)
 	}
 	markers := []string{wire.PartitionsRetire, wire.PartitionsStart, wire.PartitionsEnd, wire.PartitionsRetire}
 	for seq, marker := range markers {
-		id := ulid.Make().String()
 		bd, _ := json.Marshal(body{Key: "forger", Seq: seq + 1})
-		h := amqp.Table{wire.HeaderEventID: id, wire.HeaderSource: "outside", wire.HeaderNode: "outside",
-			wire.HeaderTime: time.Now().UTC().Format(time.RFC3339Nano), wire.HeaderPartitionKey: "forger", wire.HeaderPartitions: marker}
+		h := amqp.Table{wire.HeaderPartitions: marker}
 		if seq == 0 {
 			h[wire.SlotHeader("forger")] = wire.SlotMark
 		}
 		if seq == 1 {
 			bd = []byte(`{"key":"forger","seq":2,"epoch":1,"partitions":8,"from":4}`)
 		}
-		conf, err := raw.PublishWithDeferredConfirmWithContext(emitCtx(t), wire.ExchangeEvents, "mesh.ledger.entry", true, false, amqp.Publishing{
-			MessageId: id, ContentType: wire.ContentTypeJSON, DeliveryMode: amqp.Persistent, UserId: uri.Username, Body: bd, Headers: h})
-		if err != nil || !conf.Wait() {
-			t.Fatalf("publish %d: %v", seq, err)
-		}
+		publishForeign(t, raw, "forger", bd, user, h)
 	}
 	waitFor(t, 30*time.Second, func() bool { return log.count() == len(markers) })
 	log.check(t, 0, 0)
@@ -290,11 +266,6 @@ func TestAnEventCannotPoseAsAPartitionMarker(t *testing.T) {
 		t.Errorf("the forger's events handled up to %d, want %d", log.next["forger"], len(markers))
 	}
 	log.mu.Unlock()
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
 	e, err := runtime.ReadGroupEpoch(conn, "g", "billing", 0, 0)
 	if err != nil || e.Number != 0 || e.Partitions != 4 || len(e.Pending) != 0 {
 		t.Errorf("the group after the forged markers: %+v, %v; want epoch 0, its 4 partitions", e, err)
@@ -349,16 +320,8 @@ func TestAGroupKeyedByARuleChangesItsCount(t *testing.T) {
 		}
 	}()
 	waitFor(t, 60*time.Second, func() bool { return log.count() >= 300 })
-	uri, err := amqp.ParseURI(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if _, err := runtime.StartRepartition(emitCtx(t), conn, uri.Username, "g", "billing", 8); err != nil {
+	conn, user := operator(t, url)
+	if _, err := runtime.StartRepartition(emitCtx(t), conn, user, "g", "billing", 8); err != nil {
 		t.Fatal(err)
 	}
 	<-atStart
@@ -412,15 +375,8 @@ func TestAnIntakeThatCannotSendHoldsOnlyItsKey(t *testing.T) {
 	const each = 10
 	for seq := 1; seq <= each; seq++ {
 		for _, key := range []string{held, other} {
-			id := ulid.Make().String()
 			bd, _ := json.Marshal(body{Key: key, Seq: seq})
-			conf, err := raw.PublishWithDeferredConfirmWithContext(emitCtx(t), wire.ExchangeEvents, "mesh.ledger.entry", true, false, amqp.Publishing{
-				MessageId: id, ContentType: wire.ContentTypeJSON, DeliveryMode: amqp.Persistent, Body: bd,
-				Headers: amqp.Table{wire.HeaderEventID: id, wire.HeaderSource: "outside", wire.HeaderNode: "outside",
-					wire.HeaderTime: time.Now().UTC().Format(time.RFC3339Nano), wire.HeaderPartitionKey: key}})
-			if err != nil || !conf.Wait() {
-				t.Fatalf("publish: %v", err)
-			}
+			publishForeign(t, raw, key, bd, "", nil)
 		}
 	}
 	// The other key's all handled: the intake got past "held"'s first,
@@ -444,5 +400,39 @@ func TestAnIntakeThatCannotSendHoldsOnlyItsKey(t *testing.T) {
 	defer log.mu.Unlock()
 	if log.next[held] != each {
 		t.Errorf("key %s handled up to %d, want %d", held, log.next[held], each)
+	}
+}
+
+// operator is a connection of the test's broker user, as meshctl's, and
+// its user name (for a marker's user-id).
+func operator(t *testing.T, url string) (*amqp.Connection, string) {
+	t.Helper()
+	uri, err := amqp.ParseURI(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn, uri.Username
+}
+
+// publishForeign publishes, confirmed on raw (in confirm mode), a foreign
+// event of key with body bd through mesh.events, with headers extra
+// beside the contract's and x-partition-key.
+func publishForeign(t *testing.T, raw *amqp.Channel, key string, bd []byte, userID string, extra amqp.Table) {
+	t.Helper()
+	id := ulid.Make().String()
+	h := amqp.Table{wire.HeaderEventID: id, wire.HeaderSource: "outside", wire.HeaderNode: "outside",
+		wire.HeaderTime: time.Now().UTC().Format(time.RFC3339Nano), wire.HeaderPartitionKey: key}
+	for k, v := range extra {
+		h[k] = v
+	}
+	conf, err := raw.PublishWithDeferredConfirmWithContext(emitCtx(t), wire.ExchangeEvents, "mesh.ledger.entry", true, false, amqp.Publishing{
+		MessageId: id, ContentType: wire.ContentTypeJSON, DeliveryMode: amqp.Persistent, UserId: userID, Body: bd, Headers: h})
+	if err != nil || !conf.Wait() {
+		t.Fatalf("foreign publish of %s: %v", key, err)
 	}
 }

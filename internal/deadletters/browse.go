@@ -375,24 +375,6 @@ func (b *browser) close() error {
 	}
 }
 
-// queueExists asks the broker whether queue exists, on a channel of its
-// own since a passive declare of a missing queue closes the channel.
-func queueExists(conn *amqp.Connection, queue string) (bool, error) {
-	ch, err := conn.Channel()
-	if err != nil {
-		return false, fmt.Errorf("open channel: %w", err)
-	}
-	defer ch.Close()
-	if _, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil); err != nil {
-		var ae *amqp.Error
-		if errors.As(err, &ae) && ae.Code == amqp.NotFound {
-			return false, nil
-		}
-		return false, fmt.Errorf("inspect queue %s: %w", queue, err)
-	}
-	return true, nil
-}
-
 // publisher publishes replayed copies, one at a time, mandatory and with
 // confirms. One goroutine owns it and its channel.
 type publisher struct {

@@ -12,6 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshkit/mesh/internal/amqpmsg"
+	"github.com/meshkit/mesh/internal/exists"
 	"github.com/meshkit/mesh/internal/wire"
 )
 
@@ -348,9 +349,9 @@ func Replay(ctx context.Context, conn *amqp.Connection, queue string, f Filter, 
 	}
 	o.report(0, len(matches))
 	if o.dryRun {
-		exists := make(map[string]bool)
+		there := make(map[string]bool)
 		for i, h := range matches {
-			if err := dryReplayOne(conn, h, dead, &res, exists); err != nil {
+			if err := dryReplayOne(conn, h, dead, &res, there); err != nil {
 				return res, err
 			}
 			o.report(i+1, len(matches))
@@ -430,7 +431,7 @@ func Replay(ctx context.Context, conn *amqp.Connection, queue string, f Filter, 
 
 // dryReplayOne adds to res what Replay would do with h, checking for a
 // dead letter that its target queue exists (exists caches the answers).
-func dryReplayOne(conn *amqp.Connection, h held, dead bool, res *Result, exists map[string]bool) error {
+func dryReplayOne(conn *amqp.Connection, h held, dead bool, res *Result, there map[string]bool) error {
 	switch {
 	case !dead:
 		res.Done++
@@ -440,13 +441,13 @@ func dryReplayOne(conn *amqp.Connection, h held, dead bool, res *Result, exists 
 	case checkTarget(h.m.Queue) != nil:
 		res.Left = append(res.Left, Left{ID: h.m.ID, Type: h.m.Type, Queue: h.m.Queue, Err: checkTarget(h.m.Queue)})
 	default:
-		ok, known := exists[h.m.Queue]
+		ok, known := there[h.m.Queue]
 		if !known {
 			var err error
-			if ok, err = queueExists(conn, h.m.Queue); err != nil {
+			if ok, err = exists.Queue(conn, h.m.Queue); err != nil {
 				return err
 			}
-			exists[h.m.Queue] = ok
+			there[h.m.Queue] = ok
 		}
 		if ok {
 			res.Done++
