@@ -315,7 +315,7 @@ func (m *Module) consumeEpoch(s *session, e groupEpoch) error {
 		if !e.Settled {
 			after = []string{wire.CatchUpQueue(g, name, e.Number, i)}
 		}
-		if m.consuming(q) {
+		if m.consuming(s, q) {
 			continue
 		}
 		if err := m.consumePartition(s, e.Number, i, q, after); err != nil {
@@ -326,18 +326,20 @@ func (m *Module) consumeEpoch(s *session, e groupEpoch) error {
 	return nil
 }
 
-// consuming says whether m consumes queue (a partition or catch-up queue).
-func (m *Module) consuming(queue string) bool {
+// consuming says whether m consumes queue (a partition or catch-up queue)
+// on session s: a consumer of a lost session, or whose channel closed
+// (the module resumes), is none.
+func (m *Module) consuming(s *session, queue string) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	_, ok := m.partitions[queue]
-	return ok
+	p, ok := m.partitions[queue]
+	return ok && p.s == s && !p.ch.IsClosed()
 }
 
 // consumeIfThere consumes queue, a queue of a change, if it still exists;
 // if not, it is gone (what waits on it goes on).
 func (m *Module) consumeIfThere(s *session, epoch, i int, queue string, after []string) error {
-	if m.consuming(queue) {
+	if m.consuming(s, queue) {
 		return nil
 	}
 	ok, err := exists.Queue(s.subConn, queue)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -435,4 +436,50 @@ func publishForeign(t *testing.T, raw *amqp.Channel, key string, bd []byte, user
 	if err != nil || !conf.Wait() {
 		t.Fatalf("foreign publish of %s: %v", key, err)
 	}
+}
+
+// TestAnOrderedGroupResumesAfterItsConnectionIsCut: billing keeps order
+// over 4 partitions on a node whose connections go through a proxy; the
+// proxy cuts them mid-stream. The node resumes on new connections and
+// consumes its partitions again: every key's events, those before the cut
+// and after, are handled in order, none lost.
+func TestAnOrderedGroupResumesAfterItsConnectionIsCut(t *testing.T) {
+	t.Parallel()
+	url := brokertest.VHost(t)
+	proxy := brokertest.NewProxy(t)
+	a := testNode(t, strings.Replace(url, brokertest.Host(), proxy.Addr(), 1), "a", func(c *runtime.Config) {
+		c.ReconnectMin, c.ReconnectMax = 20*time.Millisecond, 100*time.Millisecond
+	})
+	resumed := make(chan struct{}, 1)
+	a.SetTestHooks(runtime.TestHooks{Resumed: func() {
+		select {
+		case resumed <- struct{}{}:
+		default:
+		}
+	}})
+	log := newOrderLog()
+	ordered(t, a, log.handler("a", nil), 4)
+	const keys, each = 16, 10
+	emit := func(from, to int) {
+		t.Helper()
+		for seq := from; seq <= to; seq++ {
+			for k := range keys {
+				key := fmt.Sprintf("k%d", k)
+				if _, err := a.Emit(emitCtx(t), "test", "mesh.ledger.entry", body{Key: key, Seq: seq}, sdk.WithKey(key)); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	emit(1, each/2)
+	waitFor(t, 60*time.Second, func() bool { return log.count() == keys*each/2 })
+	proxy.Cut()
+	select {
+	case <-resumed:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the node did not resume after its connections were cut")
+	}
+	emit(each/2+1, each)
+	waitFor(t, 60*time.Second, func() bool { return log.count() == keys*each })
+	log.check(t, keys, each)
 }

@@ -185,3 +185,120 @@ func TestAGroupKeepsOrderUnderMeshd(t *testing.T) {
 		}
 	}
 }
+
+// TestAGroupByRuleAndItsDeadLettersUnderMeshd (issue 61): the user's module
+// binary in group books, ordered by order_key body.acct over 4 partitions
+// on two nodes of the release's meshd, handles each account's events in
+// the order they were published: events the release's meshctl emits with
+// no key, and a foreign publisher's (raw amqp091-go) with none either,
+// every one keyed by its body's acct through the group's intake. An event
+// whose handling fails is dead-lettered after its max_attempts, naming the
+// group's partition; the release's meshctl dlq replay sends it back there,
+// and the group handles it again (and dead-letters it again: it fails for
+// good). meshctl topology print shows the ordered group's queues.
+func TestAGroupByRuleAndItsDeadLettersUnderMeshd(t *testing.T) {
+	url := brokertest.VHost(t)
+	echo := userModule(t, "./runtime/testdata/echomodule")
+	entry := fmt.Sprintf("  - name: echo\n    path: %s\n    tools: [\"echo.upper\"]\n    group: books\n    partitions: 4\n    order_key: body.acct\n    concurrency: 4\n    max_attempts: 2\n", echo)
+	var first *node
+	for _, name := range []string{uniqueName("east"), uniqueName("west")} {
+		n := startNode(t, url, name, entry)
+		if first == nil {
+			first = n
+		}
+	}
+	pongs := brokertest.Tap(t, url, wire.ExchangeEvents, "module.echo.pong")
+	dead := brokertest.Tap(t, url, wire.ExchangeDead, "#")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	raw := brokertest.Channel(t, url)
+	if err := raw.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	order := map[string][]string{} // account → ids in publish order
+	accountOf := map[string]string{}
+	for i := range 8 {
+		for _, acct := range []string{"a1", "a2", "a3"} {
+			body := fmt.Sprintf(`{"do":"pong","acct":%q}`, acct)
+			var id string
+			if i%2 == 0 {
+				out, err := meshctl(ctx, url, "emit", "--schema", "", "mesh.test.ping", body)
+				if err != nil {
+					t.Fatal(err)
+				}
+				id = strings.TrimSpace(out)
+			} else {
+				id = ulid.Make().String()
+				conf, err := raw.PublishWithDeferredConfirmWithContext(ctx, wire.ExchangeEvents, "mesh.test.ping", true, false, amqp.Publishing{
+					MessageId: id, ContentType: wire.ContentTypeJSON, DeliveryMode: amqp.Persistent, Body: []byte(body),
+					Headers: amqp.Table{wire.HeaderEventID: id, wire.HeaderSource: "foreign", wire.HeaderNode: "outside", wire.HeaderTime: time.Now().UTC().Format(time.RFC3339Nano)}})
+				if err != nil || !conf.Wait() {
+					t.Fatalf("publish: %v", err)
+				}
+			}
+			order[acct] = append(order[acct], id)
+			accountOf[id] = acct
+		}
+	}
+	seen := map[string][]string{}
+	for total := 0; total < len(accountOf); total++ {
+		select {
+		case p := <-pongs:
+			var body struct{ Ping string }
+			_ = json.Unmarshal(p.Body, &body)
+			acct, ok := accountOf[body.Ping]
+			if !ok {
+				t.Fatalf("a pong for %s, which was not sent", body.Ping)
+			}
+			seen[acct] = append(seen[acct], body.Ping)
+		case <-ctx.Done():
+			t.Fatalf("%d of %d events handled", total, len(accountOf))
+		}
+	}
+	for acct, want := range order {
+		if got := seen[acct]; strings.Join(got, " ") != strings.Join(want, " ") {
+			t.Errorf("account %s: handled in the order\n%v\nwant\n%v", acct, got, want)
+		}
+	}
+
+	// A failing event: dead-lettered from the group's partition, replayed
+	// there by meshctl, handled and dead-lettered again.
+	out, err := meshctl(ctx, url, "emit", "--schema", "", "mesh.test.ping", `{"do":"fail","acct":"a9"}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	failing := strings.TrimSpace(out)
+	partition := wire.PartitionQueue("books", "echo", wire.Slot("a9")%4)
+	deadOnce := func(what string) {
+		t.Helper()
+		for {
+			select {
+			case d := <-dead:
+				if d.MessageId != failing {
+					continue
+				}
+				if q := d.Headers[wire.HeaderDeadQueue]; q != partition {
+					t.Errorf("%s: dead-lettered from %v, want the group's partition %s", what, q, partition)
+				}
+				return
+			case <-ctx.Done():
+				t.Fatalf("%s: the failing event was not dead-lettered", what)
+			}
+		}
+	}
+	deadOnce("first")
+	if out, err := meshctl(ctx, url, "dlq", "replay", "--id", failing); err != nil {
+		t.Fatalf("meshctl dlq replay: %v\n%s", err, out)
+	}
+	deadOnce("after the replay")
+
+	out, err = meshctl(ctx, url, "topology", "print", "--config", first.config)
+	if err != nil {
+		t.Fatalf("meshctl topology print: %v\n%s", err, out)
+	}
+	for _, want := range []string{"exchange  group.books.echo ", "queue     group.books.echo.intake", "queue     group.books.echo.p003", "x-single-active-consumer=true"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("meshctl topology print lacks %q:\n%s", want, out)
+		}
+	}
+}
