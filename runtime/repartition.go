@@ -446,7 +446,8 @@ func (m *Module) follow(s *session) {
 	e := m.currentEpoch()
 	next, err := m.discoverEpoch(s, e)
 	if err != nil {
-		m.log.Warn("read the group's partition count", "group", m.cfg.Group, "err", err)
+		m.log.Warn("read the group's partition count; trying again in a second", "group", m.cfg.Group, "err", err)
+		time.AfterFunc(time.Second, func() { m.follow(s) })
 		return
 	}
 	if next.Number == e.Number {
@@ -457,8 +458,22 @@ func (m *Module) follow(s *session) {
 	}
 	m.log.Info("the group's partition count was changed; following it", "group", m.cfg.Group, "epoch", next.Number, "partitions", next.Count, "previous", next.Prev, "entry_partitions", m.cfg.Partitions)
 	if err := m.consumeEpoch(s, next); err != nil {
-		m.log.Warn("consume the group's new partitions; they are consumed when the module resumes", "err", err)
-		m.resumeLater(s, nil, "consuming the group's new partitions failed", err)
+		m.log.Warn("consume the group's new partitions; trying again in a second", "err", err)
+		time.AfterFunc(time.Second, func() { m.followAgain(s) })
+	}
+}
+
+// followAgain consumes what m's epoch needs on s, as follow does for a
+// later one: after a follow that failed part-way.
+func (m *Module) followAgain(s *session) {
+	m.followMu.Lock()
+	defer m.followMu.Unlock()
+	if s == nil || m.node.session() != s || s.isLost() {
+		return // the next session consumes all
+	}
+	if err := m.consumeEpoch(s, m.currentEpoch()); err != nil {
+		m.log.Warn("consume the group's new partitions; trying again in a second", "err", err)
+		time.AfterFunc(time.Second, func() { m.followAgain(s) })
 	}
 }
 
