@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -20,6 +19,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/internal/freeport"
 	"github.com/meshkit/mesh/internal/testdir"
 	"github.com/meshkit/mesh/runtime"
 )
@@ -75,12 +75,7 @@ func TestRunAnnouncesAndStopsOnSIGTERM(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0") // a free port for the health endpoints
-	if err != nil {
-		t.Fatal(err)
-	}
-	httpAddr := ln.Addr().String()
-	ln.Close()
+	httpAddr := freeport.Addr(t) // meshd listens on it
 	cmd := exec.CommandContext(ctx, bin, "run")
 	cmd.Env = append(os.Environ(), "MESH_NODE=anchor", "MESH_AMQP_URL="+url, "MESH_STATE_DIR="+testdir.Reachable(t), "MESH_HTTP_ADDR="+httpAddr)
 	var logs lockedBuffer

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -17,6 +16,7 @@ import (
 	"time"
 
 	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/internal/freeport"
 	"github.com/meshkit/mesh/internal/testdir"
 	"github.com/meshkit/mesh/runtime"
 )
@@ -31,12 +31,7 @@ func startMeshd(t *testing.T, ctx context.Context, config string) (*exec.Cmd, st
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := freeport.Addr(t) // meshd listens on it
 	cfg := filepath.Join(dir, "mesh.yaml")
 	if err := os.WriteFile(cfg, []byte(config+fmt.Sprintf("\nstate_dir: %s\nhttp_addr: %s\n", filepath.Join(dir, "state"), addr)), 0o600); err != nil {
 		t.Fatal(err)

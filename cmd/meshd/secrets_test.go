@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/internal/freeport"
 	"github.com/meshkit/mesh/internal/testdir"
 )
 
@@ -37,12 +37,7 @@ func TestSecretsStayOut(t *testing.T) {
 	if out, err := exec.Command("go", "build", "-o", meshctl, "../meshctl").CombinedOutput(); err != nil {
 		t.Fatalf("build meshctl: %v\n%s", err, out)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	httpAddr := ln.Addr().String()
-	ln.Close()
+	httpAddr := freeport.Addr(t) // meshd listens on it
 	cfg := filepath.Join(dir, "mesh.yaml")
 	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(`
 node: secretive

@@ -15,7 +15,6 @@ package pgtest
 
 import (
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -25,6 +24,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/meshkit/mesh/internal/freeport"
 	"github.com/meshkit/mesh/internal/testdir"
 )
 
@@ -109,10 +109,5 @@ func Start(t testing.TB) string {
 // freePort is a TCP port of 127.0.0.1 no one listened on a moment ago.
 func freePort(t testing.TB) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return freeport.Port(t)
 }

@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -17,6 +16,7 @@ import (
 	"time"
 
 	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/internal/freeport"
 	"github.com/meshkit/mesh/internal/testdir"
 	"github.com/meshkit/mesh/runtime"
 )
@@ -37,12 +37,7 @@ func TestBrokerAfterTheNode(t *testing.T) {
 			t.Fatalf("build %s: %v\n%s", b.pkg, err, out)
 		}
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	httpAddr := ln.Addr().String()
-	ln.Close() // meshd listens on it; nothing else here takes ports from the kernel meanwhile
+	httpAddr := freeport.Addr(t) // meshd listens on it
 	config := filepath.Join(dir, "mesh.yaml")
 	if err := os.WriteFile(config, []byte(fmt.Sprintf(`node: lateboot
 amqp_url: %s

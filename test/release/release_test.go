@@ -20,7 +20,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"io/fs"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -34,6 +33,7 @@ import (
 
 	"github.com/meshkit/mesh/internal/brokertest"
 	"github.com/meshkit/mesh/internal/confine"
+	"github.com/meshkit/mesh/internal/freeport"
 	"github.com/meshkit/mesh/internal/unitfile"
 )
 
@@ -514,12 +514,7 @@ func runAsTheUnit(t *testing.T) {
 	}
 	uid, _ := strconv.Atoi(usr.Uid)
 	gid, _ := strconv.Atoi(usr.Gid)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	httpAddr := l.Addr().String()
-	l.Close()
+	httpAddr := freeport.Addr(t) // meshd listens on it
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	argv := append(svc.Setpriv(uid, gid), svc.Shell(svc.ExecStart...)...)

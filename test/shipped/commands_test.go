@@ -60,7 +60,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/cookiejar"
 	"os"
@@ -77,6 +76,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/internal/freeport"
 	"github.com/meshkit/mesh/internal/testdir"
 	"github.com/meshkit/mesh/internal/wire"
 )
@@ -1064,12 +1064,8 @@ func queueExists(t *testing.T, f *fixture, queue string) error {
 
 // freeAddr is a loopback address no one listens on.
 func freeAddr(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
+	t.Helper()
+	return freeport.Addr(t)
 }
 
 // splitLine splits a command line as a shell does for the lines the docs

@@ -26,7 +26,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -38,6 +37,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshkit/mesh/internal/freeport"
 	"github.com/meshkit/mesh/internal/testdir"
 	"github.com/meshkit/mesh/internal/unitfile"
 )
@@ -150,12 +150,7 @@ type node struct {
 func startNode(t *testing.T, url, name, modules string) *node {
 	t.Helper()
 	dir := testdir.Reachable(t) // as root, each module runs as a user of its own
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := freeport.Addr(t)    // meshd listens on it
 	cfg := filepath.Join(dir, "mesh.yaml")
 	text := fmt.Sprintf("node: %s\nstate_dir: %s\nhttp_addr: %s\n", name, filepath.Join(dir, "state"), addr)
 	if modules != "" {

@@ -6,7 +6,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -18,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshkit/mesh/internal/freeport"
 	"github.com/meshkit/mesh/internal/proctest"
 )
 
@@ -35,12 +35,7 @@ type meshd struct {
 // freeAddr is a 127.0.0.1 address no one listens on now.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		soakFatal(t, err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return freeport.Addr(t)
 }
 
 // start runs meshd, its output in a log file of its own per incarnation.

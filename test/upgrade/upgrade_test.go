@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -21,6 +20,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/meshkit/mesh/internal/brokertest"
+	"github.com/meshkit/mesh/internal/freeport"
 	"github.com/meshkit/mesh/internal/releasetest"
 	"github.com/meshkit/mesh/internal/testdir"
 )
@@ -189,12 +189,8 @@ func (n *node) reload(ctx context.Context, config string) {
 
 // freeAddr is a free loopback address for a node's http_addr.
 func freeAddr(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
+	t.Helper()
+	return freeport.Addr(t)
 }
 
 // alphaConfig is node alpha's config, with its three modules' binaries.
