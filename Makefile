@@ -51,11 +51,11 @@ test: ## Run the whole test suite (race detector, about 35 min on 2 cores) again
 	scripts/together.sh \
 		"fault tests (they stop, cut and alarm a broker: a private node on 127.0.0.1:5711, made and removed by them), then failover tests (on a local three-node cluster, scripts/cluster.sh, made and removed by them)" \
 		"$(GO) test -race -count=1 -p 1 -v -timeout 20m -tags fault ./test/fault && $(GO) test -race -count=1 -p 1 -v -timeout 20m -tags failover ./test/fault" \
-		"soak (a minute of faults on a seed of its own and on a random one, on a cluster of its own; then the order checker: an ordered group of three meshd under SIGKILLs, a node joining and one leaving, 10,000 keys x 20 events; make soak runs longer), then the release test (make release twice, compared; as root, the .deb installed, run, upgraded and purged on this machine), then the as-shipped suite (test/shipped: the release's own binaries, run as users run them)" \
+		"soak (a minute of faults on a seed of its own and on a random one, on a cluster of its own; then the order checker: an ordered group of three meshd under SIGKILLs, a node joining and one leaving, its partition count changed live 16 -> 32 -> 16, 10,000 keys x 20 events; make soak runs longer), then the release test (make release twice, compared; as root, the .deb installed, run, upgraded and purged on this machine), then the as-shipped suite (test/shipped: the release's own binaries, run as users run them)" \
 		"SOAK=1m SOAK_SEEDS=24,random $(GO) test -race -count=1 -v -timeout 30m -tags soak -run TestSoak ./test/soak && rm -rf bin/release && mkdir -p bin/release && RELEASE_KEEP_DIST=$(CURDIR)/bin/release $(GO) test -count=1 -v -timeout 15m -tags release ./test/release && SHIPPED_DIST=$(CURDIR)/bin/release $(GO) test -count=1 -v -timeout 15m -tags shipped ./test/shipped"
 	@scripts/broker-untouched.sh check bin/.shared-broker
 
-soak: ## Run the nemesis soak (test/soak): SOAK=10m of seeded faults on three nodes and a three-node cluster, then a checker over the history; then the order checker (TestSoakOrder: ORDER_KEYS=10000 keys x ORDER_EVENTS=20 through an ordered group under faults); SOAK_SEEDS=S1,S2 repeats schedules
+soak: ## Run the nemesis soak (test/soak): SOAK=10m of seeded faults on three nodes and a three-node cluster, then a checker over the history; then the order checker (TestSoakOrder: ORDER_KEYS=10000 keys x ORDER_EVENTS=20 through an ordered group under faults, its partition count changed live twice); SOAK_SEEDS=S1,S2 repeats schedules
 	$(ENSURE)
 	$(GO) test -count=1 -v -tags soak -timeout 0 -run TestSoak ./test/soak
 
