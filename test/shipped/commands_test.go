@@ -260,6 +260,10 @@ func commandRows() []cmdRow {
 		{doc: "meshctl nodes --wait 3s --json", from: "docs/commands.md", want: []string{`"node":"{node}"`}, check: isJSON},
 		{doc: "meshctl nodes --within 5s --json", from: "docs/commands.md", want: []string{`"node":"{node}"`}, check: isJSON},
 		{doc: "meshctl groups --within 5s", from: "docs/commands.md", want: []string{"GROUP", "echoes", "group.echoes.echo.events", "{node}"}},
+		// The fixture's group keeps no order: the command refuses it (a
+		// change of an ordered group's count: TestAGroupKeepsOrderUnderMeshd).
+		{doc: "meshctl groups repartition billing ledger 32 --wait 1m", from: "docs/commands.md", run: "meshctl groups repartition echoes echo 32 --wait 1m", code: 1,
+			wantErr: []string{"no such ordered group", "group.echoes.echo.intake"}},
 		{doc: "meshctl nodes --wait 2s", from: "docs/where-did-my-event-go.md", want: []string{"{node}", "audit-logger"}},
 		{doc: "meshctl graph --wait 2s", from: "docs/where-did-my-event-go.md", want: []string{"flowchart LR", "invoice.create"}},
 		{doc: "meshctl graph --format dot --wait 3s", from: "docs/commands.md", want: []string{"digraph", "invoice.create", "audit.query", "shop.orders"}},
