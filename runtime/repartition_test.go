@@ -483,3 +483,78 @@ func TestAnOrderedGroupResumesAfterItsConnectionIsCut(t *testing.T) {
 	waitFor(t, 60*time.Second, func() bool { return log.count() == keys*each })
 	log.check(t, keys, each)
 }
+
+// TestAChangeSurvivesItsIntakeMembersLoss: node a, the group's intake
+// member, makes a change of the count (4 -> 8) up to its end marker and
+// loses its connections there (a proxy cuts them): the start and end
+// markers return to the intake, b takes it over, does the change's steps
+// again and ends it. Keys emitted from b throughout are each handled once,
+// in order.
+func TestAChangeSurvivesItsIntakeMembersLoss(t *testing.T) {
+	t.Parallel()
+	url := brokertest.VHost(t)
+	proxy := brokertest.NewProxy(t)
+	fast := func(c *runtime.Config) {
+		c.ReconnectMin, c.ReconnectMax = 20*time.Millisecond, 100*time.Millisecond
+		c.HeartbeatInterval = 200 * time.Millisecond
+	}
+	a := testNode(t, strings.Replace(url, brokertest.Host(), proxy.Addr(), 1), "a", fast)
+	b := testNode(t, url, "b", fast)
+	atEnd, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	a.SetTestHooks(runtime.TestHooks{IntakeMarker: func(marker string) {
+		if marker == wire.PartitionsEnd {
+			once.Do(func() { close(atEnd); <-release })
+		}
+	}})
+	log := newOrderLog()
+	ordered(t, a, log.handler("a", nil), 4) // first: the intake's active member
+	ordered(t, b, log.handler("b", nil), 4)
+	var sent atomic.Int64
+	stop, emitted := make(chan struct{}), make(chan error, 1)
+	go func() {
+		for seq := 1; ; seq++ {
+			for k := range 16 {
+				select {
+				case <-stop:
+					emitted <- nil
+					return
+				default:
+				}
+				key := fmt.Sprintf("k%d", k)
+				if _, err := b.Emit(context.Background(), "test", "mesh.ledger.entry", body{Key: key, Seq: seq}, sdk.WithKey(key)); err != nil {
+					emitted <- err
+					return
+				}
+				sent.Add(1)
+			}
+		}
+	}()
+	waitFor(t, 60*time.Second, func() bool { return log.count() >= 200 })
+	conn, user := operator(t, url)
+	if _, err := runtime.StartRepartition(emitCtx(t), conn, user, "g", "billing", 8); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-atEnd:
+	case <-time.After(30 * time.Second):
+		t.Fatal("a never reached the change's end marker")
+	}
+	proxy.Cut()
+	close(release)
+	waitFor(t, 60*time.Second, func() bool {
+		e, err := runtime.ReadGroupEpoch(conn, "g", "billing", 0, 0)
+		return err == nil && e.Number == 1 && e.Partitions == 8 && len(e.Pending) == 0
+	})
+	after := int(sent.Load()) + 200
+	waitFor(t, 60*time.Second, func() bool { return log.count() >= after })
+	close(stop)
+	if err := <-emitted; err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, func() bool { return log.count() >= int(sent.Load()) })
+	log.check(t, 0, 0)
+	if got := log.count(); got != int(sent.Load()) {
+		t.Errorf("%d handlings of %d events", got, sent.Load())
+	}
+}
