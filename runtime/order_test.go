@@ -24,7 +24,14 @@ import (
 // order (a handling of a key's event other than the next, or two of one
 // key at once).
 type orderLog struct {
-	mu       sync.Mutex
+	// atLeastOnce: an event of a key handled again (its ack lost with a
+	// connection, or its channel) is counted in redelivered, not a
+	// breach, and so is a key handled on two members at once while one
+	// finishes what it started before it lost its connection; an event
+	// handled before an earlier one of its key still is a breach.
+	atLeastOnce bool
+	redelivered int
+	mu          sync.Mutex
 	next     map[string]int // the sequence number each key expects next
 	inFlight map[string]int
 	breaches []string
@@ -56,10 +63,13 @@ func (o *orderLog) handler(node string, fail func(b body, attempt int) error) sd
 		}
 		o.mu.Lock()
 		o.inFlight[b.Key]++
-		if o.inFlight[b.Key] > 1 {
+		if o.inFlight[b.Key] > 1 && !o.atLeastOnce {
 			o.breaches = append(o.breaches, fmt.Sprintf("key %q: two events handled at once (seq %d on %s)", b.Key, b.Seq, node))
 		}
-		if want := o.next[b.Key] + 1; b.Seq != want {
+		switch want := o.next[b.Key] + 1; {
+		case b.Seq < want && o.atLeastOnce:
+			o.redelivered++
+		case b.Seq != want:
 			o.breaches = append(o.breaches, fmt.Sprintf("key %q: seq %d handled on %s (attempt %d) when %d was next", b.Key, b.Seq, node, ev.Attempt, want))
 		}
 		o.mu.Unlock()
@@ -69,7 +79,7 @@ func (o *orderLog) handler(node string, fail func(b body, attempt int) error) sd
 		}
 		o.mu.Lock()
 		o.inFlight[b.Key]--
-		if err == nil {
+		if err == nil && b.Seq > o.next[b.Key] {
 			o.next[b.Key] = b.Seq
 			o.handled++
 			o.by[node]++

@@ -370,6 +370,14 @@ func (m *Module) balance(ctx context.Context) {
 		m.mu.Lock()
 		var give []*partition
 		for _, p := range m.partitions {
+			if p.catchUp || p.epoch < m.epoch.Number {
+				// A change's queue, deleted once handled: consuming it again
+				// while its owner deletes it can crash the broker's channel
+				// and with it the connection (RabbitMQ 3.10: a consume_ok
+				// for a consumer the delete removed, badkey in
+				// rabbit_channel:consumer_monitor); it is not moved.
+				continue
+			}
 			if owner := spread(members, p.index); owner != m.node.cfg.Node && owner != "" && p.owned() {
 				give = append(give, p)
 			}
