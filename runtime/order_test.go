@@ -32,11 +32,11 @@ type orderLog struct {
 	atLeastOnce bool
 	redelivered int
 	mu          sync.Mutex
-	next     map[string]int // the sequence number each key expects next
-	inFlight map[string]int
-	breaches []string
-	handled  int
-	by       map[string]int // successes by node
+	next        map[string]int // the sequence number each key expects next
+	inFlight    map[string]int
+	breaches    []string
+	handled     int
+	by          map[string]int // successes by node
 }
 
 func newOrderLog() *orderLog {

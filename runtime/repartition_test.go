@@ -511,7 +511,7 @@ func TestAChangeSurvivesItsIntakeMembersLoss(t *testing.T) {
 		}
 	}})
 	log := newOrderLog()
-	log.atLeastOnce = true // a member that loses its connection leaves what it handled unacknowledged
+	log.atLeastOnce = true                  // a member that loses its connection leaves what it handled unacknowledged
 	ordered(t, a, log.handler("a", nil), 4) // first: the intake's active member
 	ordered(t, b, log.handler("b", nil), 4)
 	var sent atomic.Int64
