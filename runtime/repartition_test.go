@@ -136,17 +136,7 @@ func TestAGroupChangesItsPartitionCountLive(t *testing.T) {
 			foreign() // behind the start marker: to the catch-up queues
 		}
 		release <- struct{}{}
-		var seen runtime.GroupEpoch
-		t.Cleanup(func() {
-			if t.Failed() {
-				t.Logf("repartition to %d: the group last read as %+v", to, seen)
-			}
-		})
-		waitFor(t, 60*time.Second, func() bool {
-			e, err := runtime.ReadGroupEpoch(conn, "g", "billing", 0, 0)
-			seen = e
-			return err == nil && e.Number == epoch && e.Partitions == to && len(e.Pending) == 0
-		})
+		waitChanged(t, conn, epoch, to)
 		if got := caught.Load() - before; got < 24 {
 			t.Errorf("repartition to %d: %d events handled from the catch-up queues, want the raw client's 24 at least", to, got)
 		}
@@ -302,26 +292,10 @@ func TestAGroupKeyedByARuleChangesItsCount(t *testing.T) {
 		load(t, n, sdk.Module{Name: "billing", Setup: func(m sdk.Mesh) error { return m.On("mesh.ledger.#", log.handler(name, nil)) }},
 			runtime.ModuleConfig{Group: "g", Partitions: 4, OrderKey: "body.key", Concurrency: 8, MaxAttempts: 5})
 	}
-	const keys = 32
-	var sent atomic.Int64
-	stop, emitted := make(chan struct{}), make(chan error, 1)
-	go func() {
-		for seq := 1; ; seq++ {
-			for k := range keys {
-				select {
-				case <-stop:
-					emitted <- nil
-					return
-				default:
-				}
-				if _, err := a.Emit(context.Background(), "test", "mesh.ledger.entry", body{Key: fmt.Sprintf("k%d", k), Seq: seq}); err != nil {
-					emitted <- err
-					return
-				}
-				sent.Add(1)
-			}
-		}
-	}()
+	sent, stop := emitting(32, func(k, seq int) error {
+		_, err := a.Emit(context.Background(), "test", "mesh.ledger.entry", body{Key: fmt.Sprintf("k%d", k), Seq: seq})
+		return err
+	})
 	waitFor(t, 60*time.Second, func() bool { return log.count() >= 300 })
 	conn, user := operator(t, url)
 	if _, err := runtime.StartRepartition(emitCtx(t), conn, user, "g", "billing", 8); err != nil {
@@ -331,14 +305,10 @@ func TestAGroupKeyedByARuleChangesItsCount(t *testing.T) {
 	held := sent.Load()
 	waitFor(t, 30*time.Second, func() bool { return sent.Load() >= held+200 }) // behind the start marker
 	close(release)
-	waitFor(t, 60*time.Second, func() bool {
-		e, err := runtime.ReadGroupEpoch(conn, "g", "billing", 0, 0)
-		return err == nil && e.Number == 1 && e.Partitions == 8 && len(e.Pending) == 0
-	})
+	waitChanged(t, conn, 1, 8)
 	after := int(sent.Load()) + 300 // handled on the new count
 	waitFor(t, 60*time.Second, func() bool { return log.count() >= after })
-	close(stop)
-	if err := <-emitted; err != nil {
+	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 60*time.Second, func() bool { return log.count() == int(sent.Load()) })
@@ -514,26 +484,11 @@ func TestAChangeSurvivesItsIntakeMembersLoss(t *testing.T) {
 	log.atLeastOnce = true                  // a member that loses its connection leaves what it handled unacknowledged
 	ordered(t, a, log.handler("a", nil), 4) // first: the intake's active member
 	ordered(t, b, log.handler("b", nil), 4)
-	var sent atomic.Int64
-	stop, emitted := make(chan struct{}), make(chan error, 1)
-	go func() {
-		for seq := 1; ; seq++ {
-			for k := range 16 {
-				select {
-				case <-stop:
-					emitted <- nil
-					return
-				default:
-				}
-				key := fmt.Sprintf("k%d", k)
-				if _, err := b.Emit(context.Background(), "test", "mesh.ledger.entry", body{Key: key, Seq: seq}, sdk.WithKey(key)); err != nil {
-					emitted <- err
-					return
-				}
-				sent.Add(1)
-			}
-		}
-	}()
+	sent, stop := emitting(16, func(k, seq int) error {
+		key := fmt.Sprintf("k%d", k)
+		_, err := b.Emit(context.Background(), "test", "mesh.ledger.entry", body{Key: key, Seq: seq}, sdk.WithKey(key))
+		return err
+	})
 	waitFor(t, 60*time.Second, func() bool { return log.count() >= 200 })
 	conn, user := operator(t, url)
 	if _, err := runtime.StartRepartition(emitCtx(t), conn, user, "g", "billing", 8); err != nil {
@@ -546,14 +501,10 @@ func TestAChangeSurvivesItsIntakeMembersLoss(t *testing.T) {
 	}
 	proxy.Cut()
 	close(release)
-	waitFor(t, 60*time.Second, func() bool {
-		e, err := runtime.ReadGroupEpoch(conn, "g", "billing", 0, 0)
-		return err == nil && e.Number == 1 && e.Partitions == 8 && len(e.Pending) == 0
-	})
+	waitChanged(t, conn, 1, 8)
 	after := int(sent.Load()) + 200
 	waitFor(t, 60*time.Second, func() bool { return log.count() >= after })
-	close(stop)
-	if err := <-emitted; err != nil {
+	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 60*time.Second, func() bool { return log.count() >= int(sent.Load()) })
@@ -561,4 +512,47 @@ func TestAChangeSurvivesItsIntakeMembersLoss(t *testing.T) {
 	if got := log.count(); got != int(sent.Load()) {
 		t.Errorf("%d handlings of %d events", got, sent.Load())
 	}
+}
+
+// emitting emits key k's next event (emit(k, seq)) for keys 0 to keys-1 in
+// turns, from seq 1, until stop is called; sent counts those emitted, and
+// stop returns the first emit error.
+func emitting(keys int, emit func(k, seq int) error) (sent *atomic.Int64, stop func() error) {
+	sent = new(atomic.Int64)
+	done, emitted := make(chan struct{}), make(chan error, 1)
+	go func() {
+		for seq := 1; ; seq++ {
+			for k := range keys {
+				select {
+				case <-done:
+					emitted <- nil
+					return
+				default:
+				}
+				if err := emit(k, seq); err != nil {
+					emitted <- err
+					return
+				}
+				sent.Add(1)
+			}
+		}
+	}()
+	return sent, func() error { close(done); return <-emitted }
+}
+
+// waitChanged waits until group g's billing is at epoch with count
+// partitions and no queue of the change is left.
+func waitChanged(t *testing.T, conn *amqp.Connection, epoch, count int) {
+	t.Helper()
+	var seen runtime.GroupEpoch
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the change to %d partitions: the group last read as %+v", count, seen)
+		}
+	})
+	waitFor(t, 60*time.Second, func() bool {
+		e, err := runtime.ReadGroupEpoch(conn, "g", "billing", 0, 0)
+		seen = e
+		return err == nil && e.Number == epoch && e.Partitions == count && len(e.Pending) == 0
+	})
 }
