@@ -127,7 +127,7 @@ func NodeObjects(cfg Config, mcs map[string]ModuleConfig) ([]BrokerObject, error
 		objs = append(objs, queue)
 		switch {
 		case mc.Partitions > 0:
-			e, err := recordedEpoch(record, mc, name)
+			e, err := loadEpoch(record, mc.Group, name, mc.Partitions) // the count the node last knew (meshctl groups repartition)
 			if err != nil {
 				return nil, err
 			}
@@ -182,11 +182,6 @@ func orderedObjects(mc ModuleConfig, module, when string, e groupEpoch) []Broker
 	return objs
 }
 
-// recordedEpoch is the partition count of module's group as the node's
-// record says (after meshctl groups repartition), else its entry's.
-func recordedEpoch(record bindingRecord, mc ModuleConfig, module string) (groupEpoch, error) {
-	return loadEpoch(record, mc.Group, module, mc.Partitions)
-}
 
 // declareTopology declares the mesh's exchanges and the queues that keep
 // dead letters and unrouted events (MeshObjects), and binds the queues.
