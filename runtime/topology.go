@@ -182,7 +182,6 @@ func orderedObjects(mc ModuleConfig, module, when string, e groupEpoch) []Broker
 	return objs
 }
 
-
 // declareTopology declares the mesh's exchanges and the queues that keep
 // dead letters and unrouted events (MeshObjects), and binds the queues.
 func declareTopology(ch *amqp.Channel) error {
